@@ -1,0 +1,81 @@
+#pragma once
+// The CPU op set: fp32 for training, fp64 for the finite-difference tests. Plain functions on flat
+// row-major buffers, llm.c style; a CUDA op of the same name mirrors each one.
+//
+// "accumulates" means the function ADDS into its output, because gradients sum over micro-batches
+// and the caller zeroes them once per step; every other output is overwritten.
+// Every loop is either race-free OpenMP with static schedules or a BLAS call, so a result is
+// bit-for-bit the same for a given thread count (checkpoint restart is tested to the bit).
+#include <cstddef>
+#include <cstdint>
+
+namespace tessera::cpu {
+
+// C (M,N) = alpha * op(A) · op(B) + beta * C, row-major with leading dimensions; op(A) is (M,K),
+// op(B) is (K,N). cblas_sgemm / cblas_dgemm. beta == 0 ignores what C held (NaN included).
+template <typename F>
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, F alpha, const F* A, int lda, const F* B,
+          int ldb, F beta, F* C, int ldc);
+
+// out (B,T,C) = wte[tokens[b,t], :] + wpe[t, :]; tokens (B,T), wte (V,C), wpe (>=T,C).
+template <typename F>
+void encoder_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T, int C);
+// Accumulates dwte (V,C) and dwpe (>=T,C) from dout (B,T,C).
+template <typename F>
+void encoder_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B, int T, int C);
+
+// out, inp (N,C); weight, bias (C); mean, rstd (N) saved for backward. eps = 1e-5 as torch.
+template <typename F>
+void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, const F* bias, int N,
+                       int C);
+// Accumulates dinp (N,C), dweight (C), dbias (C).
+template <typename F>
+void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
+                        const F* mean, const F* rstd, int N, int C);
+
+// out (N,OC) = inp (N,IC) · weightᵀ + bias; weight (OC,IC) as torch nn.Linear; bias (OC) or nullptr.
+template <typename F>
+void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int N, int IC, int OC);
+// Accumulates dinp (N,IC) += dout·weight, dweight (OC,IC) += doutᵀ·inp, dbias (OC) += colsum(dout).
+// dinp and dbias may be nullptr (skipped).
+template <typename F>
+void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
+                     int N, int IC, int OC);
+
+// qkv (B,T,3C): q, k, v in cols [0,C), [C,2C), [2C,3C); head h uses [h*hs,(h+1)*hs), hs = C/NH.
+// att (B,NH,T,T) = causal softmax(q·kᵀ/sqrt(hs)), exactly 0 above the diagonal.
+// out (B,T,C) = att·v, head h in cols [h*hs,(h+1)*hs). Overwrites out and att.
+template <typename F>
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH);
+// Accumulates dqkv (B,T,3C) from dout (B,T,C); datt (B,NH,T,T) is scratch, overwritten.
+template <typename F>
+void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att, int B, int T,
+                        int C, int NH);
+
+// out, inp (n): GELU, tanh form as torch GELU(approximate='tanh').
+template <typename F>
+void gelu_forward(F* out, const F* inp, size_t n);
+// Accumulates dinp (n).
+template <typename F>
+void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n);
+
+// out = a + b, all (n).
+template <typename F>
+void residual_forward(F* out, const F* a, const F* b, size_t n);
+// dst (n) += src (n).
+template <typename F>
+void add_inplace(F* dst, const F* src, size_t n);
+
+// logits, probs (N,Vp), only the first V columns real (padded vocabulary); targets (N) in [0,V).
+// probs = softmax over the first V columns, padded columns 0; losses (N) = -log probs[target].
+// probs may alias logits.
+template <typename F>
+void crossentropy_forward(F* losses, F* probs, const F* logits, const int32_t* targets, int N, int V,
+                          int Vp);
+// dlogits (N,Vp) overwritten = dloss * (probs - onehot(target)) on the first V columns, 0 on the
+// padded ones; dloss is the same for every row (e.g. 1/(B*T)). dlogits may alias probs.
+template <typename F>
+void crossentropy_backward(F* dlogits, const F* probs, const int32_t* targets, F dloss, int N, int V,
+                           int Vp);
+
+}  // namespace tessera::cpu

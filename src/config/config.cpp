@@ -1,0 +1,651 @@
+// The input deck: YAML text -> Config. The checks run in this order and the first problem found
+// is thrown as one line: YAML syntax, deck structure (sections, unknown and duplicate keys),
+// overrides, value types, the required key, ranges. Nothing here prints, exits or aborts.
+#include "config/config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string_view>
+#include <variant>
+
+#include "common/error.hpp"
+
+namespace tessera {
+namespace {
+
+using FieldRef = std::variant<int*, uint64_t*, double*, std::string*>;
+
+struct Field {
+  const char* section;
+  const char* key;
+  FieldRef ref;
+};
+
+// Every deck key, pointing into `c`, in the order to_yaml writes them. The one list that ties a
+// deck name to a struct field: parsing, overrides, suggestions and to_yaml all walk it.
+std::vector<Field> fields_of(Config& c) {
+  return {
+      {"model", "n_layer", &c.model.n_layer},
+      {"model", "n_head", &c.model.n_head},
+      {"model", "n_embd", &c.model.n_embd},
+      {"model", "block_size", &c.model.block_size},
+      {"model", "vocab_size", &c.model.vocab_size},
+      {"model", "vocab_multiple", &c.model.vocab_multiple},
+      {"model", "init_std", &c.model.init_std},
+      {"data", "train", &c.data.train},
+      {"data", "val", &c.data.val},
+      {"data", "seq_len", &c.data.seq_len},
+      {"train", "steps", &c.train.steps},
+      {"train", "batch_size", &c.train.batch_size},
+      {"train", "micro_batch", &c.train.micro_batch},
+      {"train", "seed", &c.train.seed},
+      {"optim", "lr", &c.optim.lr},
+      {"optim", "min_lr", &c.optim.min_lr},
+      {"optim", "warmup_steps", &c.optim.warmup_steps},
+      {"optim", "decay_steps", &c.optim.decay_steps},
+      {"optim", "weight_decay", &c.optim.weight_decay},
+      {"optim", "beta1", &c.optim.beta1},
+      {"optim", "beta2", &c.optim.beta2},
+      {"optim", "eps", &c.optim.eps},
+      {"optim", "grad_clip", &c.optim.grad_clip},
+      {"eval", "every", &c.eval.every},
+      {"eval", "batches", &c.eval.batches},
+      {"checkpoint", "dir", &c.checkpoint.dir},
+      {"checkpoint", "every", &c.checkpoint.every},
+      {"checkpoint", "restart", &c.checkpoint.restart},
+      {"log", "every", &c.log.every},
+      {"log", "peak_gflops", &c.log.peak_gflops},
+      {"run", "dir", &c.run.dir},
+      {"device", "backend", &c.device.backend},
+      {"device", "threads", &c.device.threads},
+  };
+}
+
+const char* const kSections[] = {"model",      "data", "train", "optim", "eval",
+                                 "checkpoint", "log",  "run",   "device"};
+
+std::string dotted(const Field& f) { return std::string(f.section) + "." + f.key; }
+
+bool is_section(std::string_view name) {
+  return std::find(std::begin(kSections), std::end(kSections), name) != std::end(kSections);
+}
+
+// Appends `ch`, a control character as the escape YAML's double quotes use (\n, \t, \x01).
+void append_escaped(std::string& out, unsigned char ch) {
+  if (ch == '\n') {
+    out += "\\n";
+  } else if (ch == '\t') {
+    out += "\\t";
+  } else if (ch < 0x20 || ch == 0x7f) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02X", ch);
+    out += buf;
+  } else {
+    out += static_cast<char>(ch);
+  }
+}
+
+// Control characters escaped, so that a message stays one line whatever the deck holds.
+std::string one_line(std::string_view s) {
+  std::string out;
+  for (unsigned char ch : s) append_escaped(out, ch);
+  return out;
+}
+
+// A value as messages show it: quoted, one line, cut short if long.
+std::string shown(std::string_view s) {
+  std::string text = one_line(s);
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return "'" + text + "'";
+}
+
+// "file:LINE:COL", 1-based; just "file" where yaml-cpp has no position.
+std::string at(const std::string& origin, const YAML::Mark& mark) {
+  if (mark.is_null()) return one_line(origin);
+  return one_line(origin) + ":" + std::to_string(mark.line + 1) + ":" +
+         std::to_string(mark.column + 1);
+}
+
+[[noreturn]] void fail(const std::string& where, const std::string& problem) {
+  throw UserError(where + ": " + problem, kExitBadInput);
+}
+
+// Optimal string alignment distance: Levenshtein plus adjacent transpositions, so that
+// "n_layres" is one edit from "n_layer".
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); i++) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); j++) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); i++) {
+    for (size_t j = 1; j <= b.size(); j++) {
+      size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// Close enough to be a typo of `candidate` rather than a different word.
+bool is_close(std::string_view word, std::string_view candidate) {
+  return edit_distance(word, candidate) <= 1 + candidate.size() / 4;
+}
+
+// " (did you mean model.n_layer?)" for an unknown `section.key`, preferring the same section; a
+// key put under the wrong section (train.lr) finds its own (optim.lr). Without a close match it
+// lists the section's keys.
+std::string suggest_key(const std::vector<Field>& fields, std::string_view section,
+                        std::string_view key) {
+  const Field* best = nullptr;
+  size_t best_score = 0;
+  for (const Field& f : fields) {
+    if (!is_close(key, f.key)) continue;
+    size_t score = edit_distance(key, f.key) + (section == f.section ? 0 : 1);
+    if (!best || score < best_score) {
+      best = &f;
+      best_score = score;
+    }
+  }
+  if (best) return " (did you mean " + dotted(*best) + "?)";
+  std::string known;
+  for (const Field& f : fields) {
+    if (section != f.section) continue;
+    known += (known.empty() ? "" : ", ") + std::string(f.key);
+  }
+  return " (" + std::string(section) + " has: " + known + ")";
+}
+
+// " (did you mean model?)" for an unknown section; a key written at the top level
+// (steps: 10) finds its section (train.steps).
+std::string suggest_section(const std::vector<Field>& fields, std::string_view name) {
+  for (const Field& f : fields) {
+    if (name == f.key) return " (did you mean " + dotted(f) + "? keys go inside their section)";
+  }
+  const char* best = nullptr;
+  size_t best_distance = 0;
+  for (const char* s : kSections) {
+    size_t d = edit_distance(name, s);
+    if (is_close(name, s) && (!best || d < best_distance)) {
+      best = s;
+      best_distance = d;
+    }
+  }
+  if (best) return " (did you mean " + std::string(best) + "?)";
+  std::string known;
+  for (const char* s : kSections) known += (known.empty() ? "" : ", ") + std::string(s);
+  return " (sections: " + known + ")";
+}
+
+// Where a key's value came from, so that an error about it can point there.
+struct Source {
+  bool present = false;
+  YAML::Node value;
+  std::string where;     // "deck.yaml:3:12: model.n_layer" or "command line: model.n_layer=3"
+  long long order = -1;  // deck: byte offset of the value; overrides follow the deck, in order
+  int key_line = 0;      // deck: 1-based line of the key, for duplicates
+};
+
+// The deck being read: the field table over the Config under construction and where each value
+// came from, parallel to it.
+struct Deck {
+  std::string origin;
+  std::vector<Field> fields;
+  std::vector<Source> sources;
+  std::string data_where;  // where to report a missing data.train
+
+  size_t index(std::string_view section, std::string_view key) const {
+    for (size_t i = 0; i < fields.size(); i++) {
+      if (section == fields[i].section && key == fields[i].key) return i;
+    }
+    return fields.size();
+  }
+
+  size_t index(std::string_view name) const {
+    size_t dot = name.find('.');
+    return index(name.substr(0, dot), name.substr(dot + 1));
+  }
+
+  // An absent key (its default) is reported against the deck as a whole.
+  std::string where(size_t i) const {
+    if (sources[i].present) return sources[i].where;
+    return one_line(origin) + ": " + dotted(fields[i]);
+  }
+
+  [[noreturn]] void fail_key(std::string_view name, const std::string& problem) const {
+    fail(where(index(name)), problem);
+  }
+
+  // A rule between two keys is reported at whichever was given later (or the one given at all).
+  [[noreturn]] void fail_later(std::string_view a, std::string_view b,
+                               const std::string& problem) const {
+    size_t ia = index(a), ib = index(b);
+    fail(where(sources[ia].order >= sources[ib].order ? ia : ib), problem);
+  }
+};
+
+std::string kind_of(const YAML::Node& node) {
+  if (node.IsNull()) return "nothing";
+  if (node.IsMap()) return "a map";
+  if (node.IsSequence()) return "a sequence";
+  return shown(node.Scalar());
+}
+
+// The text of a scalar value, or an error naming what was expected.
+const std::string& scalar_text(const Source& s, const char* expected) {
+  if (!s.value.IsScalar()) {
+    std::string hint = s.value.IsNull() && std::string_view(expected) == "a string"
+                           ? " (write \"\" for an empty one)"
+                           : "";
+    fail(s.where, std::string("expected ") + expected + ", got " + kind_of(s.value) + hint);
+  }
+  return s.value.Scalar();
+}
+
+bool all_digits(std::string_view s) {
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+}
+
+// Decimal integers only: 1.5, 1e3 and 0x10 are refused rather than rounded or guessed at.
+int to_int(const Source& s) {
+  const std::string& text = scalar_text(s, "an integer");
+  size_t sign = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+  if (!all_digits(std::string_view(text).substr(sign))) {
+    fail(s.where, "expected an integer, got " + shown(text));
+  }
+  std::string_view number = text;
+  if (text[0] == '+') number.remove_prefix(1);  // from_chars takes '-' but not '+'
+  int value = 0;
+  auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
+  if (ec != std::errc() || end != number.data() + number.size()) {
+    fail(s.where, "expected an integer from " + std::to_string(std::numeric_limits<int>::min()) +
+                      " to " + std::to_string(std::numeric_limits<int>::max()) + ", got " +
+                      shown(text));
+  }
+  return value;
+}
+
+uint64_t to_uint64(const Source& s) {
+  const std::string& text = scalar_text(s, "an integer");
+  std::string_view digits = text;
+  if (!digits.empty() && digits[0] == '+') digits.remove_prefix(1);
+  uint64_t value = 0;
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  if (!all_digits(digits) || ec != std::errc() || end != digits.data() + digits.size()) {
+    fail(s.where, "expected an integer from 0 to " +
+                      std::to_string(std::numeric_limits<uint64_t>::max()) + ", got " +
+                      shown(text));
+  }
+  return value;
+}
+
+// YAML 1.2 decimal numbers: [-+]?(D+(.D*)?|.D+)([eE][-+]?D+)?, so 3e-4, 1 and .5 all read, while
+// inf, nan and hexadecimal, which strtod would take, do not.
+bool is_decimal_number(std::string_view s) {
+  size_t i = 0, n = s.size();
+  auto digits = [&] {
+    size_t start = i;
+    while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    return i - start;
+  };
+  if (i < n && (s[i] == '-' || s[i] == '+')) i++;
+  size_t mantissa = digits();
+  if (i < n && s[i] == '.') {
+    i++;
+    mantissa += digits();
+  }
+  if (mantissa == 0) return false;
+  if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+    i++;
+    if (i < n && (s[i] == '-' || s[i] == '+')) i++;
+    if (digits() == 0) return false;
+  }
+  return i == n;
+}
+
+double to_double(const Source& s) {
+  const std::string& text = scalar_text(s, "a number");
+  if (!is_decimal_number(text)) fail(s.where, "expected a number, got " + shown(text));
+  std::string_view digits = text;
+  if (digits[0] == '+') digits.remove_prefix(1);
+  double value = 0;
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  if (ec != std::errc() || end != digits.data() + digits.size() || !std::isfinite(value)) {
+    fail(s.where, "expected a number within the range of a double, got " + shown(text));
+  }
+  return value;
+}
+
+// The shortest text that reads back to the same double: 0.0001, 1e-05.
+std::string shortest(double v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, ec == std::errc() ? end : buf);
+}
+
+// shortest(), spelled so that YAML 1.1 readers (PyYAML) see a float too: they need a '.' and a
+// signed exponent, "1.0e-08" rather than "1e-08".
+std::string format_double(double v) {
+  std::string text = shortest(v);
+  size_t e = text.find('e');
+  std::string mantissa = text.substr(0, e);
+  if (mantissa.find('.') == std::string::npos) mantissa += ".0";
+  if (e == std::string::npos) return mantissa;
+  std::string power = text.substr(e + 1);
+  return mantissa + (power[0] == '-' || power[0] == '+' ? "e" : "e+") + power;
+}
+
+// A double-quoted YAML string that yaml-cpp and PyYAML both read back unchanged.
+std::string quote(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    append_escaped(out, ch);
+  }
+  return out + "\"";
+}
+
+YAML::Node load_yaml(const std::string& text, const std::string& origin) {
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {
+    fail(at(origin, e.mark), e.msg);
+  }
+  // A trailing "---" makes an empty second document, harmless; a second deck is not.
+  for (size_t i = 1; i < documents.size(); i++) {
+    if (!documents[i].IsNull()) {
+      fail(at(origin, documents[i].Mark()), "expected one YAML document, found a second");
+    }
+  }
+  return documents.empty() ? YAML::Node() : documents[0];
+}
+
+// Walks the document's sections and keys, recording where each known key's value is. Refuses
+// what is not a map of maps, unknown names and duplicates (which yaml-cpp keeps silently).
+void read_sections(const YAML::Node& root, Deck& deck) {
+  const std::string& origin = deck.origin;
+  deck.data_where = one_line(origin) + ":1:1";
+  if (root.IsNull()) return;  // an empty deck: only data.train will be missing
+  if (!root.IsMap()) {
+    fail(at(origin, root.Mark()),
+         "expected a map of sections (model:, data:, ...), got " + kind_of(root));
+  }
+  std::vector<std::pair<std::string, int>> seen;  // section name, line
+  for (const auto& section_entry : root) {
+    YAML::Node name_node = section_entry.first;
+    YAML::Node body = section_entry.second;
+    if (!name_node.IsScalar()) {
+      fail(at(origin, name_node.Mark()), "expected a section name, got " + kind_of(name_node));
+    }
+    const std::string& section = name_node.Scalar();
+    std::string section_where = at(origin, name_node.Mark()) + ": " + one_line(section);
+    if (!is_section(section))
+      fail(section_where, "unknown section" + suggest_section(deck.fields, section));
+    for (const auto& [name, line] : seen) {
+      if (name == section)
+        fail(section_where, "duplicate section (first at line " + std::to_string(line) + ")");
+    }
+    seen.emplace_back(section, name_node.Mark().line + 1);
+    if (section == "data") deck.data_where = at(origin, name_node.Mark());
+    if (body.IsNull()) continue;  // "eval:" with nothing under it: all defaults
+    if (!body.IsMap()) {
+      fail(at(origin, body.Mark()) + ": " + one_line(section),
+           "expected a map of keys, got " + kind_of(body));
+    }
+
+    for (const auto& entry : body) {
+      YAML::Node key_node = entry.first;
+      YAML::Node value = entry.second;
+      if (!key_node.IsScalar()) {
+        fail(section_where, "expected a key name, got " + kind_of(key_node) + " at " +
+                                at(origin, key_node.Mark()));
+      }
+      const std::string& key = key_node.Scalar();
+      std::string key_where = at(origin, key_node.Mark()) + ": " + one_line(section + "." + key);
+      size_t i = deck.index(section, key);
+      if (i == deck.fields.size())
+        fail(key_where, "unknown key" + suggest_key(deck.fields, section, key));
+      Source& source = deck.sources[i];
+      if (source.present) {
+        fail(key_where, "duplicate key (first at line " + std::to_string(source.key_line) + ")");
+      }
+      // An empty value's mark is wherever the next token starts, so point at its key instead.
+      YAML::Mark mark = value.IsNull() ? key_node.Mark() : value.Mark();
+      source.present = true;
+      source.value = value;
+      source.where = at(origin, mark) + ": " + dotted(deck.fields[i]);
+      source.order = mark.pos;
+      source.key_line = key_node.Mark().line + 1;
+    }
+  }
+}
+
+// "section.key=value": the value is read as a YAML scalar and replaces the deck's.
+void apply_override(const std::string& text, size_t position, Deck& deck) {
+  std::string where = "command line: " + one_line(text);
+  size_t eq = text.find('=');
+  if (eq == std::string::npos) fail(where, "expected section.key=value");
+  std::string name = text.substr(0, eq);
+  std::string value_text = text.substr(eq + 1);
+  size_t dot = name.find('.');
+  if (dot == std::string::npos) {
+    for (const Field& f : deck.fields) {
+      if (name == f.key) {
+        fail(where, "expected section.key=value (did you mean " + dotted(f) + "=" +
+                        one_line(value_text) + "?)");
+      }
+    }
+    fail(where, "expected section.key=value");
+  }
+  std::string section = name.substr(0, dot), key = name.substr(dot + 1);
+  if (!is_section(section)) fail(where, "unknown section" + suggest_section(deck.fields, section));
+  size_t i = deck.index(section, key);
+  if (i == deck.fields.size()) fail(where, "unknown key" + suggest_key(deck.fields, section, key));
+
+  YAML::Node value;
+  if (value_text.empty()) {
+    value = YAML::Node(std::string());  // "data.val=": the empty string, not YAML's null
+  } else {
+    try {
+      value = YAML::Load(value_text);
+    } catch (const YAML::Exception& e) {
+      fail(where, e.msg);
+    }
+  }
+  Source& source = deck.sources[i];
+  source.present = true;
+  source.value = value;
+  source.where = where;
+  source.order = std::numeric_limits<int>::max() + static_cast<long long>(position);
+}
+
+// Stores each given value into its field, in the order they were given, so that the first bad
+// value in the file is the one reported.
+void convert_values(Deck& deck) {
+  std::vector<size_t> given;
+  for (size_t i = 0; i < deck.fields.size(); i++) {
+    if (deck.sources[i].present) given.push_back(i);
+  }
+  std::sort(given.begin(), given.end(),
+            [&](size_t a, size_t b) { return deck.sources[a].order < deck.sources[b].order; });
+  for (size_t i : given) {
+    const Source& s = deck.sources[i];
+    std::visit(
+        [&](auto* field) {
+          using T = std::remove_pointer_t<decltype(field)>;
+          if constexpr (std::is_same_v<T, int>) *field = to_int(s);
+          if constexpr (std::is_same_v<T, uint64_t>) *field = to_uint64(s);
+          if constexpr (std::is_same_v<T, double>) *field = to_double(s);
+          if constexpr (std::is_same_v<T, std::string>) *field = scalar_text(s, "a string");
+        },
+        deck.fields[i].ref);
+  }
+}
+
+std::string num(int v) { return std::to_string(v); }
+std::string num(long long v) { return std::to_string(v); }
+std::string num(double v) { return shortest(v); }
+
+void at_least(const Deck& deck, std::string_view name, long long v, long long min) {
+  if (v < min) deck.fail_key(name, "must be >= " + num(min) + ", got " + num(v));
+}
+
+void positive(const Deck& deck, std::string_view name, double v) {
+  if (!(v > 0)) deck.fail_key(name, "must be > 0, got " + num(v));
+}
+
+void non_negative(const Deck& deck, std::string_view name, double v) {
+  if (!(v >= 0)) deck.fail_key(name, "must be >= 0, got " + num(v));
+}
+
+void below_one(const Deck& deck, std::string_view name, double v) {
+  if (!(v >= 0 && v < 1)) deck.fail_key(name, "must be in [0, 1), got " + num(v));
+}
+
+void not_empty(const Deck& deck, std::string_view name, const std::string& v, const char* meaning) {
+  if (v.empty()) deck.fail_key(name, std::string("must not be empty (") + meaning + ")");
+}
+
+// Range rules, in deck order; a rule between two keys follows the second of them.
+void validate(const Config& c, const Deck& deck) {
+  const ModelConfig& m = c.model;
+  at_least(deck, "model.n_layer", m.n_layer, 1);
+  at_least(deck, "model.n_head", m.n_head, 1);
+  at_least(deck, "model.n_embd", m.n_embd, 1);
+  if (m.n_embd % m.n_head != 0) {
+    deck.fail_later("model.n_embd", "model.n_head",
+                    "model.n_embd = " + num(m.n_embd) +
+                        " is not a multiple of model.n_head = " + num(m.n_head));
+  }
+  at_least(deck, "model.block_size", m.block_size, 1);
+  at_least(deck, "model.vocab_size", m.vocab_size, 0);
+  at_least(deck, "model.vocab_multiple", m.vocab_multiple, 1);
+  positive(deck, "model.init_std", m.init_std);
+
+  not_empty(deck, "data.train", c.data.train, "the training token file");
+  at_least(deck, "data.seq_len", c.data.seq_len, 1);
+  if (c.data.seq_len > m.block_size) {
+    deck.fail_later("data.seq_len", "model.block_size",
+                    "data.seq_len = " + num(c.data.seq_len) +
+                        " is more than model.block_size = " + num(m.block_size));
+  }
+
+  const TrainConfig& t = c.train;
+  at_least(deck, "train.steps", t.steps, 0);
+  at_least(deck, "train.batch_size", t.batch_size, 1);
+  at_least(deck, "train.micro_batch", t.micro_batch, 0);
+  if (t.micro_batch > 0 && t.batch_size % t.micro_batch != 0) {
+    deck.fail_later("train.batch_size", "train.micro_batch",
+                    "train.batch_size = " + num(t.batch_size) +
+                        " is not a multiple of train.micro_batch = " + num(t.micro_batch));
+  }
+
+  const OptimConfig& o = c.optim;
+  positive(deck, "optim.lr", o.lr);
+  non_negative(deck, "optim.min_lr", o.min_lr);
+  if (o.min_lr > o.lr) {
+    deck.fail_later("optim.lr", "optim.min_lr",
+                    "optim.min_lr = " + num(o.min_lr) + " is more than optim.lr = " + num(o.lr));
+  }
+  at_least(deck, "optim.warmup_steps", o.warmup_steps, 0);
+  at_least(deck, "optim.decay_steps", o.decay_steps, 0);
+  non_negative(deck, "optim.weight_decay", o.weight_decay);
+  below_one(deck, "optim.beta1", o.beta1);
+  below_one(deck, "optim.beta2", o.beta2);
+  positive(deck, "optim.eps", o.eps);
+  non_negative(deck, "optim.grad_clip", o.grad_clip);
+
+  at_least(deck, "eval.every", c.eval.every, 0);
+  at_least(deck, "eval.batches", c.eval.batches, 1);
+  at_least(deck, "checkpoint.every", c.checkpoint.every, 0);
+  not_empty(deck, "checkpoint.restart", c.checkpoint.restart, "auto, none or a checkpoint path");
+  at_least(deck, "log.every", c.log.every, 1);
+  non_negative(deck, "log.peak_gflops", c.log.peak_gflops);
+  not_empty(deck, "run.dir", c.run.dir, "the run directory");
+  const std::string& backend = c.device.backend;
+  if (backend != "cpu" && backend != "cuda" && backend != "auto") {
+    deck.fail_key("device.backend", "must be cpu, cuda or auto, got " + shown(backend));
+  }
+  at_least(deck, "device.threads", c.device.threads, 0);
+}
+
+std::string read_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f)
+    throw UserError("cannot read deck " + one_line(path) + ": " + std::strerror(errno), kExitIO);
+  std::string text;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  int err = std::ferror(f) ? errno : 0;
+  std::fclose(f);
+  if (err)
+    throw UserError("cannot read deck " + one_line(path) + ": " + std::strerror(err), kExitIO);
+  return text;
+}
+
+}  // namespace
+
+Config parse_deck(const std::string& yaml_text, const std::string& origin,
+                  const std::vector<std::string>& overrides) {
+  Config config;
+  Deck deck;
+  deck.origin = origin;
+  deck.fields = fields_of(config);
+  deck.sources.resize(deck.fields.size());
+
+  read_sections(load_yaml(yaml_text, origin), deck);
+  for (size_t i = 0; i < overrides.size(); i++) apply_override(overrides[i], i, deck);
+  convert_values(deck);
+  if (!deck.sources[deck.index("data.train")].present) {
+    fail(deck.data_where + ": data.train",
+         "required key missing (the HDF5 token file made by tools/prepare_data.py)");
+  }
+  validate(config, deck);
+  return config;
+}
+
+Config load_deck(const std::string& path, const std::vector<std::string>& overrides) {
+  Config config = parse_deck(read_file(path), path, overrides);
+  config.deck_path = path;
+  return config;
+}
+
+std::string to_yaml(const Config& config) {
+  Config copy = config;  // fields_of points into a Config it may write through
+  std::string out;
+  const char* section = "";
+  for (const Field& f : fields_of(copy)) {
+    if (std::string_view(section) != f.section) {
+      section = f.section;
+      out += std::string(section) + ":\n";
+    }
+    out += "  " + std::string(f.key) + ": ";
+    std::visit(
+        [&](auto* field) {
+          using T = std::remove_pointer_t<decltype(field)>;
+          if constexpr (std::is_same_v<T, std::string>) {
+            out += quote(*field);
+          } else if constexpr (std::is_same_v<T, double>) {
+            out += format_double(*field);
+          } else {
+            out += std::to_string(*field);
+          }
+        },
+        f.ref);
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,95 @@
+#pragma once
+// The input deck: YAML -> typed Config. Every key has a default or is required; every key is
+// documented in input/README.md. Errors are UserError("deck.yaml:LINE:COL: key: problem").
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+struct ModelConfig {
+  int n_layer = 4;
+  int n_head = 4;
+  int n_embd = 128;
+  int block_size = 256;      // rows of wpe: the longest sequence the model can take
+  int vocab_size = 0;        // 0: the training data's vocab_size attribute
+  int vocab_multiple = 64;   // wte rows are padded to a multiple of this (Vp)
+  double init_std = 0.02;
+};
+
+struct DataConfig {
+  std::string train;         // required: HDF5 token file
+  std::string val;           // "" = no validation
+  int seq_len = 128;         // T, must be <= model.block_size
+};
+
+struct TrainConfig {
+  int steps = 1000;
+  int batch_size = 16;       // global sequences per optimizer step
+  int micro_batch = 0;       // sequences per forward/backward; 0 = batch_size
+  uint64_t seed = 1337;
+};
+
+struct OptimConfig {
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int warmup_steps = 0;
+  int decay_steps = 0;       // cosine reaches min_lr here; 0 = train.steps
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;    // 0 = off
+};
+
+struct EvalConfig {
+  int every = 0;             // 0 = only after the last step
+  int batches = 8;
+};
+
+struct CheckpointConfig {
+  std::string dir;           // "" = <run.dir>/checkpoints
+  int every = 0;             // 0 = only after the last step
+  std::string restart = "auto";  // auto | none | PATH
+};
+
+struct LogConfig {
+  int every = 10;
+  double peak_gflops = 0;    // 0 = measure sgemm at start-up, as `make bench` does
+};
+
+struct RunConfig {
+  std::string dir = "runs/default";
+};
+
+struct DeviceConfig {
+  std::string backend = "cpu";  // cpu | cuda | auto
+  int threads = 0;              // OpenMP threads; 0 = the runtime's default (OMP_NUM_THREADS)
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  EvalConfig eval;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  RunConfig run;
+  DeviceConfig device;
+  std::string deck_path;        // as given on the command line; "" when parsed from text
+};
+
+// Reads the deck file, applies "section.key=value" overrides (in order), validates, and returns
+// the Config. Throws UserError (exit 2) naming "file:line:col: key: problem"; an override error
+// names "command line: section.key=value: problem". A missing or unreadable file is exit 1.
+Config load_deck(const std::string& path, const std::vector<std::string>& overrides);
+
+// The same from YAML text; `origin` stands in for the file name in messages.
+Config parse_deck(const std::string& yaml_text, const std::string& origin,
+                  const std::vector<std::string>& overrides);
+
+// The fully resolved deck (every key, defaults filled in) as YAML text, loadable by parse_deck.
+std::string to_yaml(const Config& config);
+
+}  // namespace tessera

@@ -1,0 +1,319 @@
+#include "io/checkpoint.hpp"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/rng.hpp"
+#include "common/version.hpp"
+#include "io/hdf5_util.hpp"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+
+uint64_t tensor_checksum(const float* values, size_t n, uint64_t first_index) {
+  // A sum of per-element hashes of (index, bits) is independent of how the tensor is split
+  // between ranks and of the order in which the parts are added.
+  uint64_t sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[i], sizeof bits);
+    sum += mix64(((first_index + i) << 32) ^ bits ^ 0x5DEECE66DULL);
+  }
+  return sum;
+}
+
+namespace {
+
+std::string step_name(int64_t step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(step));
+  return name;
+}
+
+H5Handle create_parallel_file(MPI_Comm comm, const std::string& path) {
+  H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
+  H5Pset_all_coll_metadata_ops(fapl.get(), true);
+  H5Pset_coll_metadata_write(fapl.get(), true);
+  H5Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+  if (!file.valid()) throw UserError("cannot create checkpoint file " + path, kExitIO);
+  return file;
+}
+
+H5Handle open_parallel_file(MPI_Comm comm, const std::string& path) {
+  H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
+  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  if (!file.valid()) throw UserError("cannot open checkpoint " + path, kExitIO);
+  return file;
+}
+
+H5Handle collective_transfer() {
+  H5Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
+  return dxpl;
+}
+
+H5Handle make_group(hid_t parent, const std::string& name) {
+  H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  H5Handle group(H5Gcreate2(parent, name.c_str(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  if (!group.valid()) throw UserError("HDF5: cannot create group " + name, kExitIO);
+  return group;
+}
+
+// Writes one canonical tensor; this rank contributes elements [0, numel) (the whole tensor while
+// there is one rank). Returns the checksum summed over the ranks.
+void write_tensor(MPI_Comm comm, hid_t file, hid_t checksums, const std::string& path,
+                  const ParamTensor& t, const float* local, hid_t dxpl) {
+  std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+  H5Handle space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
+  H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  H5Handle dset(H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(),
+                           H5P_DEFAULT, H5P_DEFAULT),
+                H5Dclose);
+  if (!dset.valid()) throw UserError("HDF5: cannot create dataset " + path, kExitIO);
+  H5Sselect_all(space.get());
+  const hsize_t n = t.numel;
+  H5Handle mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), dxpl, local) < 0)
+    throw UserError("HDF5: write of " + path + " failed", kExitIO);
+
+  uint64_t sum = tensor_checksum(local, t.numel, 0), total = 0;
+  MPI_Allreduce(&sum, &total, 1, MPI_UINT64_T, MPI_SUM, comm);
+  H5Handle scalar(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Handle cset(H5Dcreate2(checksums, path.c_str(), H5T_STD_U64LE, scalar.get(), lcpl.get(),
+                           H5P_DEFAULT, H5P_DEFAULT),
+                H5Dclose);
+  if (!cset.valid() || H5Dwrite(cset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, dxpl, &total) < 0)
+    throw UserError("HDF5: cannot write checksum of " + path, kExitIO);
+}
+
+void read_tensor(MPI_Comm comm, hid_t file, const std::string& ckpt, const std::string& path,
+                 const ParamTensor& t, float* local, hid_t dxpl) {
+  if (H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
+    throw UserError(ckpt + ": missing dataset /" + path);
+  H5Handle dset(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
+  H5Handle space(H5Dget_space(dset.get()), H5Sclose);
+  std::vector<hsize_t> dims(size_t(std::max(0, H5Sget_simple_extent_ndims(space.get()))));
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  if (std::vector<size_t>(dims.begin(), dims.end()) != t.shape)
+    throw UserError(ckpt + ": /" + path + " has a different shape from the deck's model");
+  H5Sselect_all(space.get());
+  const hsize_t n = t.numel;
+  H5Handle mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), dxpl, local) < 0)
+    throw UserError(ckpt + ": read of /" + path + " failed", kExitIO);
+
+  uint64_t sum = tensor_checksum(local, t.numel, 0), total = 0, stored = 0;
+  MPI_Allreduce(&sum, &total, 1, MPI_UINT64_T, MPI_SUM, comm);
+  const std::string cpath = "checksum/" + path;
+  H5Handle cset(H5Dopen2(file, cpath.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!cset.valid() || H5Dread(cset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, dxpl, &stored) < 0)
+    throw UserError(ckpt + ": missing checksum for /" + path);
+  if (stored != total)
+    throw UserError(ckpt + ": checksum mismatch in /" + path + " (file corrupt?)", kExitIO);
+}
+
+void write_text_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw UserError("cannot write " + tmp, kExitIO);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw UserError("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno), kExitIO);
+}
+
+int64_t require_int(hid_t obj, const std::string& file, const std::string& name) {
+  auto v = h5_read_int_attr(obj, name);
+  if (!v) throw UserError(file + ": missing attribute " + name + " (not a tessera checkpoint?)");
+  return *v;
+}
+
+}  // namespace
+
+std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamLayout& layout,
+                             const ModelBuffers& buffers, const TrainState& state,
+                             const std::string& deck_yaml, const TokenizerInfo& tokenizer) {
+  hdf5_quiet();
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  int ok = 1;
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    ok = !ec;
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
+  if (!ok) throw UserError("cannot create checkpoint directory " + dir, kExitIO);
+
+  const std::string final_path = (fs::path(dir) / step_name(state.step)).string();
+  const std::string tmp_path = final_path + ".tmp";
+  {
+    H5Handle file = create_parallel_file(comm, tmp_path);
+    const hid_t root = file.get();
+    h5_write_string_attr(root, "format", "tessera-checkpoint");
+    h5_write_int_attr(root, "format_version", kCheckpointFormatVersion);
+    h5_write_int_attr(root, "step", state.step);
+    h5_write_int_attr(root, "tokens_seen", state.tokens_seen);
+    h5_write_string_attr(root, "deck", deck_yaml);
+    h5_write_string_attr(root, "software_version", kSoftwareVersion);
+    int world = 1;
+    MPI_Comm_size(comm, &world);
+    h5_write_string_attr(root, "saved_layout",
+                         "dp=1,tp=1,pp=1,world=" + std::to_string(world));
+
+    H5Handle model = make_group(root, "model");
+    const ModelShape& s = layout.shape;
+    h5_write_int_attr(model.get(), "n_layer", s.n_layer);
+    h5_write_int_attr(model.get(), "n_head", s.n_head);
+    h5_write_int_attr(model.get(), "n_embd", s.n_embd);
+    h5_write_int_attr(model.get(), "block_size", s.block_size);
+    h5_write_int_attr(model.get(), "vocab_size", s.vocab_size);
+    h5_write_int_attr(model.get(), "padded_vocab", s.padded_vocab);
+
+    H5Handle optim = make_group(root, "optim");
+    h5_write_int_attr(optim.get(), "step", state.step);
+    H5Handle train = make_group(root, "train");
+    h5_write_int_attr(train.get(), "next_sample", state.next_sample);
+    h5_write_int_attr(train.get(), "seed", int64_t(state.seed));
+    h5_write_int_attr(train.get(), "vocab_size", s.vocab_size);
+    h5_write_double_attr(train.get(), "lr", state.lr);
+    H5Handle tok = make_group(root, "tokenizer");
+    h5_write_string_attr(tok.get(), "type", tokenizer.type);
+    h5_write_int_attr(tok.get(), "vocab_size", tokenizer.vocab_size);
+    h5_write_int_attr(tok.get(), "eot", tokenizer.eot);
+    H5Handle checksums = make_group(root, "checksum");
+
+    H5Handle dxpl = collective_transfer();
+    for (const ParamTensor& t : layout.tensors) {
+      write_tensor(comm, root, checksums.get(), "model/" + t.name, t, buffers.params + t.offset,
+                   dxpl.get());
+      write_tensor(comm, root, checksums.get(), "optim/exp_avg/" + t.name, t,
+                   buffers.exp_avg + t.offset, dxpl.get());
+      write_tensor(comm, root, checksums.get(), "optim/exp_avg_sq/" + t.name, t,
+                   buffers.exp_avg_sq + t.offset, dxpl.get());
+    }
+    if (H5Fflush(root, H5F_SCOPE_GLOBAL) < 0)
+      throw UserError("HDF5: flush of " + tmp_path + " failed", kExitIO);
+  }
+  MPI_Barrier(comm);
+  if (rank == 0) {
+    if (std::rename(tmp_path.c_str(), final_path.c_str()) != 0)
+      ok = 0;
+    else
+      write_text_atomically((fs::path(dir) / "latest").string(), step_name(state.step) + "\n");
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
+  if (!ok) throw UserError("cannot rename " + tmp_path + " to " + final_path, kExitIO);
+  return final_path;
+}
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  hdf5_quiet();
+  if (access(path.c_str(), R_OK) != 0)
+    throw UserError("cannot read checkpoint " + path + ": no such file or not readable", kExitIO);
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    throw UserError(path + ": not an HDF5 file (a tessera checkpoint is step_NNNNNNNN.h5)");
+  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) throw UserError("cannot open checkpoint " + path, kExitIO);
+  const hid_t root = file.get();
+  if (h5_read_string_attr(root, "format").value_or("") != "tessera-checkpoint")
+    throw UserError(path + ": not a tessera checkpoint (no format=tessera-checkpoint attribute)");
+  const int64_t version = require_int(root, path, "format_version");
+  if (version != kCheckpointFormatVersion)
+    throw UserError(path + ": checkpoint format_version " + std::to_string(version) +
+                    ", this tessera reads " + std::to_string(kCheckpointFormatVersion));
+  CheckpointInfo info;
+  info.path = path;
+  info.deck_yaml = h5_read_string_attr(root, "deck").value_or("");
+  info.saved_layout = h5_read_string_attr(root, "saved_layout").value_or("");
+  info.state.step = require_int(root, path, "step");
+  info.state.tokens_seen = require_int(root, path, "tokens_seen");
+  for (const char* group : {"model", "train", "tokenizer", "optim"})
+    if (H5Lexists(root, group, H5P_DEFAULT) <= 0)
+      throw UserError(path + ": missing group /" + group);
+  H5Handle model(H5Gopen2(root, "model", H5P_DEFAULT), H5Gclose);
+  info.shape.n_layer = int(require_int(model.get(), path, "n_layer"));
+  info.shape.n_head = int(require_int(model.get(), path, "n_head"));
+  info.shape.n_embd = int(require_int(model.get(), path, "n_embd"));
+  info.shape.block_size = int(require_int(model.get(), path, "block_size"));
+  info.shape.vocab_size = int(require_int(model.get(), path, "vocab_size"));
+  info.shape.padded_vocab = int(require_int(model.get(), path, "padded_vocab"));
+  H5Handle train(H5Gopen2(root, "train", H5P_DEFAULT), H5Gclose);
+  info.state.next_sample = require_int(train.get(), path, "next_sample");
+  info.state.seed = uint64_t(require_int(train.get(), path, "seed"));
+  info.state.lr = h5_read_double_attr(train.get(), "lr").value_or(0.0);
+  H5Handle tok(H5Gopen2(root, "tokenizer", H5P_DEFAULT), H5Gclose);
+  info.tokenizer.type = h5_read_string_attr(tok.get(), "type").value_or("byte");
+  info.tokenizer.vocab_size = require_int(tok.get(), path, "vocab_size");
+  info.tokenizer.eot = require_int(tok.get(), path, "eot");
+  return info;
+}
+
+CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const ParamLayout& layout,
+                               const ModelBuffers& buffers) {
+  CheckpointInfo info = read_checkpoint_info(path);
+  const ModelShape &a = info.shape, &b = layout.shape;
+  std::string diff;
+  auto check = [&](const char* key, int stored, int wanted) {
+    if (stored != wanted)
+      diff += std::string(diff.empty() ? "" : ", ") + key + " " + std::to_string(stored) +
+              " in the checkpoint, " + std::to_string(wanted) + " in the deck";
+  };
+  check("model.n_layer", a.n_layer, b.n_layer);
+  check("model.n_head", a.n_head, b.n_head);
+  check("model.n_embd", a.n_embd, b.n_embd);
+  check("model.block_size", a.block_size, b.block_size);
+  check("vocab_size", a.vocab_size, b.vocab_size);
+  check("padded vocab", a.padded_vocab, b.padded_vocab);
+  if (!diff.empty()) throw UserError(path + ": model shape differs from the deck: " + diff);
+
+  H5Handle file = open_parallel_file(comm, path);
+  H5Handle dxpl = collective_transfer();
+  for (const ParamTensor& t : layout.tensors) {
+    read_tensor(comm, file.get(), path, "model/" + t.name, t, buffers.params + t.offset,
+                dxpl.get());
+    if (buffers.exp_avg)
+      read_tensor(comm, file.get(), path, "optim/exp_avg/" + t.name, t,
+                  buffers.exp_avg + t.offset, dxpl.get());
+    if (buffers.exp_avg_sq)
+      read_tensor(comm, file.get(), path, "optim/exp_avg_sq/" + t.name, t,
+                  buffers.exp_avg_sq + t.offset, dxpl.get());
+  }
+  return info;
+}
+
+std::string resolve_checkpoint(const std::string& dir_or_file) {
+  std::error_code ec;
+  if (fs::is_regular_file(dir_or_file, ec)) return dir_or_file;
+  if (!fs::is_directory(dir_or_file, ec)) return "";
+  const fs::path dir(dir_or_file);
+  std::ifstream latest(dir / "latest");
+  std::string name;
+  if (latest >> name && fs::is_regular_file(dir / name, ec)) return (dir / name).string();
+  // No usable `latest` (a job killed between rename and update): newest complete file wins.
+  std::string best;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string f = entry.path().filename().string();
+    if (f.size() == 16 && f.rfind("step_", 0) == 0 && f.substr(13) == ".h5" && f > best) best = f;
+  }
+  return best.empty() ? "" : (dir / best).string();
+}
+
+}  // namespace tessera

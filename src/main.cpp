@@ -1,0 +1,181 @@
+// tessera: init MPI, read the command line and the deck, run the command, finalize.
+#include <mpi.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "backend/peak.hpp"
+#include "common/error.hpp"
+#include "common/version.hpp"
+#include "config/config.hpp"
+#include "train/generate.hpp"
+#include "train/trainer.hpp"
+
+namespace {
+
+const char* kUsage = R"(tessera: trains GPT-style language models with MPI (data, tensor and pipeline parallel)
+
+usage:
+  tessera train DECK.yaml [section.key=value ...]   train as the input deck says
+  tessera eval CKPT --data FILE [--batches N]       mean loss of a checkpoint on a token file
+  tessera sample CKPT [--prompt TEXT] [--tokens N] [--temperature T] [--seed S]
+                                                    generate text from a checkpoint
+  tessera peak                                      measure this machine's sgemm GFLOP/s
+  tessera --version | --help | COMMAND --help
+
+CKPT is a checkpoint file (step_NNNNNNNN.h5) or a directory holding checkpoints (its newest is
+used). Launch training with mpiexec/srun. Exit status: 0 done, 1 I/O error, 2 bad input.
+Deck keys are documented in input/README.md.
+)";
+
+const char* kTrainUsage = R"(usage: tessera train DECK.yaml [section.key=value ...]
+
+Reads the YAML input deck, applies the overrides in order (e.g. train.steps=100 optim.lr=3e-4),
+writes the resolved deck to <run.dir>/deck.yaml, and trains. Rank 0 logs one line every log.every
+steps (step, loss, lr, grad norm, ms/step, tokens/s, MFU) and appends the same fields as JSON lines
+to <run.dir>/metrics.jsonl. Checkpoints go to checkpoint.dir (default <run.dir>/checkpoints);
+checkpoint.restart: auto continues from the newest one there. Every deck key: input/README.md.
+)";
+
+const char* kEvalUsage = R"(usage: tessera eval CKPT --data FILE [--batches N]
+
+Prints the mean cross-entropy of the checkpoint's model on the first N micro-batches of windows
+of the HDF5 token file FILE, in file order (N defaults to the deck's eval.batches; the micro-batch
+size and sequence length are the checkpoint's deck's).
+)";
+
+const char* kSampleUsage = R"(usage: tessera sample CKPT [--prompt TEXT] [--tokens N] [--temperature T] [--seed S]
+
+Writes the prompt and up to N (default 200) generated tokens as text to stdout. Temperature 0 is
+greedy; the default is 1. The same seed gives the same text.
+)";
+
+using tessera::UserError;
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
+// Flags of the form --name VALUE after the positional argument.
+struct Flags {
+  std::string command;
+  std::vector<std::string> args;
+  size_t i = 1;
+  bool next(std::string& name, std::string& value) {
+    if (i >= args.size()) return false;
+    name = args[i++];
+    if (name.rfind("--", 0) != 0)
+      throw UserError("tessera " + command + ": unexpected argument '" + name + "' (see --help)");
+    if (i >= args.size()) throw UserError("tessera " + command + ": " + name + " needs a value");
+    value = args[i++];
+    return true;
+  }
+};
+
+long parse_long(const std::string& flag, const std::string& v, long lo) {
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0 || x < lo)
+    throw UserError(flag + ": expected an integer >= " + std::to_string(lo) + ", got '" + v + "'");
+  return x;
+}
+
+double parse_double(const std::string& flag, const std::string& v, double lo) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !(x >= lo))
+    throw UserError(flag + ": expected a number >= " + std::to_string(lo) + ", got '" + v + "'");
+  return x;
+}
+
+int run(const std::vector<std::string>& argv) {
+  if (argv.empty() || argv[0] == "--help" || argv[0] == "-h" || argv[0] == "help") {
+    std::fputs(kUsage, stdout);
+    return argv.empty() ? tessera::kExitBadInput : 0;
+  }
+  if (argv[0] == "--version" || argv[0] == "version") {
+    std::printf("%s\n", tessera::kSoftwareVersion);
+    return 0;
+  }
+  const std::string command = argv[0];
+  const std::vector<std::string> args(argv.begin() + 1, argv.end());
+  if (command == "train") {
+    if (wants_help(args) || args.empty()) {
+      std::fputs(kTrainUsage, args.empty() ? stderr : stdout);
+      return args.empty() ? tessera::kExitBadInput : 0;
+    }
+    const std::vector<std::string> overrides(args.begin() + 1, args.end());
+    const tessera::Config config = tessera::load_deck(args[0], overrides);
+    return tessera::train(MPI_COMM_WORLD, config);
+  }
+  if (command == "eval") {
+    if (wants_help(args) || args.empty()) {
+      std::fputs(kEvalUsage, args.empty() ? stderr : stdout);
+      return args.empty() ? tessera::kExitBadInput : 0;
+    }
+    Flags flags{command, args};
+    std::string name, value, data;
+    long batches = 0;
+    while (flags.next(name, value)) {
+      if (name == "--data") data = value;
+      else if (name == "--batches") batches = parse_long(name, value, 1);
+      else throw UserError("tessera eval: unknown option " + name + " (see --help)");
+    }
+    if (data.empty()) throw UserError("tessera eval: --data FILE is required");
+    tessera::eval_checkpoint(args[0], data, int(batches));
+    return 0;
+  }
+  if (command == "sample") {
+    if (wants_help(args) || args.empty()) {
+      std::fputs(kSampleUsage, args.empty() ? stderr : stdout);
+      return args.empty() ? tessera::kExitBadInput : 0;
+    }
+    Flags flags{command, args};
+    std::string name, value;
+    tessera::SampleOptions options;
+    while (flags.next(name, value)) {
+      if (name == "--prompt") options.prompt = value;
+      else if (name == "--tokens") options.tokens = int(parse_long(name, value, 0));
+      else if (name == "--temperature") options.temperature = parse_double(name, value, 0.0);
+      else if (name == "--seed") options.seed = uint64_t(parse_long(name, value, 0));
+      else throw UserError("tessera sample: unknown option " + name + " (see --help)");
+    }
+    tessera::sample_text(args[0], options);
+    return 0;
+  }
+  if (command == "peak") {
+    std::printf("sgemm_gflops %.1f\n", tessera::measure_sgemm_gflops(2.0));
+    return 0;
+  }
+  throw UserError("tessera: unknown command '" + command + "' (see tessera --help)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int status = 0;
+  try {
+    status = run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const UserError& e) {
+    if (rank == 0) std::fprintf(stderr, "%s\n", e.what());
+    status = e.exit_code;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessera: internal error on rank %d: %s\n", rank, e.what());
+    status = tessera::kExitIO;
+  }
+  if (status != 0 && size > 1) MPI_Abort(MPI_COMM_WORLD, status);  // a peer may be blocked
+  MPI_Finalize();
+  return status;
+}

@@ -1,0 +1,92 @@
+# Shared by the integration tests: paths, a scratch directory, tiny test data, PASS/FAIL helpers.
+# Each test sources it, calls `pass`/`fail`/`expect_error`, and ends with `finish`.
+set -u
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+PYTHON=${PYTHON:-/usr/bin/python3}
+MPIEXEC=${MPIEXEC:-mpiexec}
+TESSERA=$ROOT/bin/tessera
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+export PYTHONPATH=$ROOT/tools
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/tessera_test.XXXXXX")
+trap '[ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
+FAILS=0
+
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1"; FAILS=$((FAILS + 1)); }
+finish() { [ "$FAILS" -eq 0 ]; exit $?; }
+
+# Token files of the embedded corpus, made once per checkout under build/testdata.
+DATA=$ROOT/build/testdata
+test_data() {
+  if [ ! -f "$DATA/train.h5" ]; then
+    mkdir -p "$DATA"
+    "$PYTHON" "$ROOT/tools/prepare_data.py" --stdlib --out-dir "$DATA" >/dev/null 2>&1 ||
+      { echo "FAIL could not make test data"; exit 1; }
+  fi
+}
+
+# A tiny deck in $WORK/NAME.yaml on the test data, run dir $WORK/NAME.
+tiny_deck() {
+  local name=$1
+  test_data
+  cat >"$WORK/$name.yaml" <<DECK
+model:
+  n_layer: 2
+  n_head: 2
+  n_embd: 32
+  block_size: 32
+data:
+  train: $DATA/train.h5
+  val: $DATA/val.h5
+  seq_len: 16
+train:
+  steps: 10
+  batch_size: 4
+  micro_batch: 2
+  seed: 7
+optim:
+  lr: 3.0e-3
+  min_lr: 3.0e-4
+  warmup_steps: 3
+  weight_decay: 0.1
+  grad_clip: 1.0
+eval:
+  batches: 4
+log:
+  every: 1
+  peak_gflops: 50
+checkpoint:
+  restart: none
+run:
+  dir: $WORK/$name
+DECK
+  echo "$WORK/$name.yaml"
+}
+
+# expect_error NAME CODE PATTERN CMD...: CMD exits CODE, prints exactly one line on stderr that
+# matches the extended regex PATTERN, and nothing on stdout (unless ALLOW_STDOUT=1: errors found
+# once training has started follow the start-up log).
+expect_error() {
+  local name=$1 code=$2 pattern=$3
+  shift 3
+  "$@" >"$WORK/out.txt" 2>"$WORK/err.txt"
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$WORK/err.txt")
+  if [ "$rc" -eq "$code" ] && [ "$lines" -eq 1 ] && grep -Eq -- "$pattern" "$WORK/err.txt" &&
+     { [ -n "${ALLOW_STDOUT:-}" ] || [ ! -s "$WORK/out.txt" ]; }; then
+    pass "$name: exit $rc: $(cat "$WORK/err.txt")"
+  else
+    fail "$name: exit $rc (want $code), stderr ($lines lines) / stdout:"
+    sed 's/^/    err: /' "$WORK/err.txt" | head -5
+    sed 's/^/    out: /' "$WORK/out.txt" | head -5
+  fi
+}
+
+# The losses of metrics.jsonl, one "step loss" per line.
+losses() {
+  "$PYTHON" -c 'import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if r["type"] == "train": print(r["step"], repr(r["loss"]))' "$1"
+}

@@ -1,0 +1,141 @@
+// HDF5 checkpoints: exact round trip, checksums, shape checks, and which file restart picks.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "common/error.hpp"
+#include "io/checkpoint.hpp"
+#include "model/init.hpp"
+
+using namespace tessera;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Fixture {
+  fs::path dir;
+  ParamLayout layout = make_param_layout(make_model_shape(2, 2, 8, 16, 20, 8));
+  std::vector<float> p, m, v;
+  TokenizerInfo tok{"byte", 257, 256};
+  Fixture() {
+    dir = fs::temp_directory_path() / ("tessera_ckpt_" + std::to_string(getpid()) + "_" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    p.resize(layout.total);
+    m.resize(layout.total);
+    v.resize(layout.total);
+    init_parameters(p.data(), layout, 5, 0.02);
+    for (size_t i = 0; i < layout.total; ++i) {
+      m[i] = 1e-3f * float(i % 13);
+      v[i] = 1e-6f * float(i % 17);
+    }
+  }
+  ~Fixture() { fs::remove_all(dir); }
+  std::string save(int64_t step) {
+    TrainState s{step, step * 64, step * 4, 5, 1e-3};
+    return write_checkpoint(MPI_COMM_WORLD, dir.string(), layout, {p.data(), m.data(), v.data()}, s,
+                            "model:\n  n_layer: 2\n", tok);
+  }
+};
+
+}  // namespace
+
+TEST(Checkpoint, RoundTripIsBitExact) {
+  Fixture f;
+  const std::string path = f.save(7);
+  EXPECT_EQ(fs::path(path).filename(), "step_00000007.h5");
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  std::vector<float> p(f.layout.total), m(f.layout.total), v(f.layout.total);
+  const CheckpointInfo info =
+      read_checkpoint(MPI_COMM_WORLD, path, f.layout, {p.data(), m.data(), v.data()});
+  EXPECT_EQ(p, f.p);
+  EXPECT_EQ(m, f.m);
+  EXPECT_EQ(v, f.v);
+  EXPECT_EQ(info.state.step, 7);
+  EXPECT_EQ(info.state.tokens_seen, 7 * 64);
+  EXPECT_EQ(info.state.next_sample, 28);
+  EXPECT_EQ(info.state.seed, 5u);
+  EXPECT_EQ(info.deck_yaml, "model:\n  n_layer: 2\n");
+  EXPECT_EQ(info.tokenizer.eot, 256);
+  EXPECT_EQ(info.shape.padded_vocab, 24);
+}
+
+TEST(Checkpoint, LatestPointsAtNewestAndSurvivesAMissingLatest) {
+  Fixture f;
+  f.save(1);
+  const std::string second = f.save(2);
+  EXPECT_EQ(resolve_checkpoint(f.dir.string()), second);
+  // A job killed between the rename and the `latest` update, and a half-written .tmp beside it.
+  fs::remove(f.dir / "latest");
+  std::ofstream(f.dir / "step_00000003.h5.tmp") << "partial";
+  EXPECT_EQ(resolve_checkpoint(f.dir.string()), second);
+  EXPECT_EQ(resolve_checkpoint((f.dir / "nothing").string()), "");
+}
+
+TEST(Checkpoint, ShapeMismatchNamesTheValues) {
+  Fixture f;
+  const std::string path = f.save(1);
+  const ParamLayout other = make_param_layout(make_model_shape(3, 2, 8, 16, 20, 8));
+  std::vector<float> p(other.total);
+  try {
+    read_checkpoint(MPI_COMM_WORLD, path, other, {p.data(), nullptr, nullptr});
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.exit_code, kExitBadInput);
+    EXPECT_NE(std::string(e.what()).find("model.n_layer 2 in the checkpoint, 3 in the deck"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Checkpoint, CorruptionIsCaughtByTheChecksum) {
+  Fixture f;
+  const std::string path = f.save(1);
+  {  // flip one value behind the writer's back
+    hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t dset = H5Dopen2(file, "model/h.1.mlp.c_fc.weight", H5P_DEFAULT);
+    std::vector<float> w(4 * 8 * 8);
+    H5Dread(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, w.data());
+    w[17] += 1.0f;
+    H5Dwrite(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, w.data());
+    H5Dclose(dset);
+    H5Fclose(file);
+  }
+  std::vector<float> p(f.layout.total);
+  try {
+    read_checkpoint(MPI_COMM_WORLD, path, f.layout, {p.data(), nullptr, nullptr});
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum mismatch in /model/h.1.mlp.c_fc.weight"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Checkpoint, NotACheckpoint) {
+  Fixture f;
+  fs::create_directories(f.dir);
+  const std::string junk = (f.dir / "junk.h5").string();
+  std::ofstream(junk) << "not hdf5";
+  EXPECT_THROW(read_checkpoint_info(junk), UserError);
+  try {
+    read_checkpoint_info((f.dir / "missing.h5").string());
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.exit_code, kExitIO);
+  }
+}
+
+TEST(Checkpoint, ChecksumIsSplitIndependent) {
+  std::vector<float> x(1000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
+  const uint64_t whole = tensor_checksum(x.data(), x.size(), 0);
+  EXPECT_EQ(whole, tensor_checksum(x.data(), 300, 0) + tensor_checksum(x.data() + 300, 700, 300));
+  std::swap(x[3], x[4]);
+  EXPECT_NE(whole, tensor_checksum(x.data(), x.size(), 0));
+}

@@ -1,0 +1,517 @@
+// The input deck: defaults, every key, every error class with its exact file:line:col, overrides,
+// load_deck's I/O errors and the to_yaml round trip.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "config/config.hpp"
+
+namespace tessera {
+namespace {
+
+const char* const kMinimal = "data:\n  train: t.h5\n";
+
+// The message parse_deck throws for `text`; checks it is a one-line bad-input error.
+std::string deck_error(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_deck(text, "deck.yaml", overrides);
+  } catch (const UserError& e) {
+    std::string message = e.what();
+    EXPECT_EQ(e.exit_code, kExitBadInput) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    return message;
+  }
+  ADD_FAILURE() << "no error for deck:\n" << text;
+  return "";
+}
+
+// Every field, so that a field added to Config and forgotten here shows up in review.
+void expect_same(const Config& a, const Config& b) {
+  EXPECT_EQ(a.model.n_layer, b.model.n_layer);
+  EXPECT_EQ(a.model.n_head, b.model.n_head);
+  EXPECT_EQ(a.model.n_embd, b.model.n_embd);
+  EXPECT_EQ(a.model.block_size, b.model.block_size);
+  EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
+  EXPECT_EQ(a.model.vocab_multiple, b.model.vocab_multiple);
+  EXPECT_EQ(a.model.init_std, b.model.init_std);
+  EXPECT_EQ(a.data.train, b.data.train);
+  EXPECT_EQ(a.data.val, b.data.val);
+  EXPECT_EQ(a.data.seq_len, b.data.seq_len);
+  EXPECT_EQ(a.train.steps, b.train.steps);
+  EXPECT_EQ(a.train.batch_size, b.train.batch_size);
+  EXPECT_EQ(a.train.micro_batch, b.train.micro_batch);
+  EXPECT_EQ(a.train.seed, b.train.seed);
+  EXPECT_EQ(a.optim.lr, b.optim.lr);
+  EXPECT_EQ(a.optim.min_lr, b.optim.min_lr);
+  EXPECT_EQ(a.optim.warmup_steps, b.optim.warmup_steps);
+  EXPECT_EQ(a.optim.decay_steps, b.optim.decay_steps);
+  EXPECT_EQ(a.optim.weight_decay, b.optim.weight_decay);
+  EXPECT_EQ(a.optim.beta1, b.optim.beta1);
+  EXPECT_EQ(a.optim.beta2, b.optim.beta2);
+  EXPECT_EQ(a.optim.eps, b.optim.eps);
+  EXPECT_EQ(a.optim.grad_clip, b.optim.grad_clip);
+  EXPECT_EQ(a.eval.every, b.eval.every);
+  EXPECT_EQ(a.eval.batches, b.eval.batches);
+  EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
+  EXPECT_EQ(a.checkpoint.every, b.checkpoint.every);
+  EXPECT_EQ(a.checkpoint.restart, b.checkpoint.restart);
+  EXPECT_EQ(a.log.every, b.log.every);
+  EXPECT_EQ(a.log.peak_gflops, b.log.peak_gflops);
+  EXPECT_EQ(a.run.dir, b.run.dir);
+  EXPECT_EQ(a.device.backend, b.device.backend);
+  EXPECT_EQ(a.device.threads, b.device.threads);
+}
+
+TEST(Config, MinimalDeckTakesEveryDefault) {
+  Config c = parse_deck(kMinimal, "deck.yaml", {});
+  Config expected;
+  expected.data.train = "t.h5";
+  expect_same(c, expected);
+  EXPECT_EQ(c.deck_path, "");
+  // The defaults the README documents.
+  EXPECT_EQ(c.model.n_layer, 4);
+  EXPECT_EQ(c.model.n_embd, 128);
+  EXPECT_EQ(c.data.seq_len, 128);
+  EXPECT_EQ(c.train.seed, 1337u);
+  EXPECT_EQ(c.optim.lr, 1e-3);
+  EXPECT_EQ(c.checkpoint.restart, "auto");
+  EXPECT_EQ(c.run.dir, "runs/default");
+  EXPECT_EQ(c.device.backend, "cpu");
+}
+
+TEST(Config, EveryKeyReachesItsField) {
+  const char* text =
+      "model:\n  n_layer: 2\n  n_head: 3\n  n_embd: 96\n  block_size: 64\n  vocab_size: 500\n"
+      "  vocab_multiple: 32\n  init_std: 0.01\n"
+      "data:\n  train: a.h5\n  val: b.h5\n  seq_len: 48\n"
+      "train:\n  steps: 7\n  batch_size: 12\n  micro_batch: 4\n  seed: 42\n"
+      "optim:\n  lr: 6e-4\n  min_lr: 6e-5\n  warmup_steps: 5\n  decay_steps: 70\n"
+      "  weight_decay: 0.05\n  beta1: 0.8\n  beta2: 0.99\n  eps: 1e-6\n  grad_clip: 0.5\n"
+      "eval:\n  every: 3\n  batches: 2\n"
+      "checkpoint:\n  dir: ck\n  every: 4\n  restart: none\n"
+      "log:\n  every: 1\n  peak_gflops: 250.5\n"
+      "run:\n  dir: r\n"
+      "device:\n  backend: auto\n  threads: 2\n";
+  Config c = parse_deck(text, "deck.yaml", {});
+  Config e;
+  e.model = {2, 3, 96, 64, 500, 32, 0.01};
+  e.data.train = "a.h5";
+  e.data.val = "b.h5";
+  e.data.seq_len = 48;
+  e.train = {7, 12, 4, 42};
+  e.optim = {6e-4, 6e-5, 5, 70, 0.05, 0.8, 0.99, 1e-6, 0.5};
+  e.eval = {3, 2};
+  e.checkpoint = {"ck", 4, "none"};
+  e.log = {1, 250.5};
+  e.run.dir = "r";
+  e.device = {"auto", 2};
+  expect_same(c, e);
+}
+
+TEST(Config, EmptySectionsAndFlowMapsAreFine) {
+  Config c = parse_deck("eval:\ndata: {train: t.h5, seq_len: 32}\n", "deck.yaml", {});
+  EXPECT_EQ(c.data.train, "t.h5");
+  EXPECT_EQ(c.data.seq_len, 32);
+  EXPECT_EQ(c.eval.batches, 8);
+}
+
+TEST(Config, NumbersAndStrings) {
+  Config c = parse_deck(
+      "data:\n  train: 123\n  val: 'my file.h5'\n"
+      "optim:\n  lr: 3e-4\n  min_lr: 0\n  eps: 1E-8\n  beta1: +.5\n  beta2: 0.\n  grad_clip: 2\n"
+      "train:\n  steps: +10\n  micro_batch: 0\n  seed: 18446744073709551615\n"
+      "model:\n  vocab_size: -0\n",
+      "deck.yaml", {});
+  EXPECT_EQ(c.data.train, "123");
+  EXPECT_EQ(c.data.val, "my file.h5");
+  EXPECT_EQ(c.optim.lr, 3e-4);
+  EXPECT_EQ(c.optim.min_lr, 0.0);
+  EXPECT_EQ(c.optim.eps, 1e-8);
+  EXPECT_EQ(c.optim.beta1, 0.5);
+  EXPECT_EQ(c.optim.beta2, 0.0);
+  EXPECT_EQ(c.optim.grad_clip, 2.0);
+  EXPECT_EQ(c.train.steps, 10);
+  EXPECT_EQ(c.train.seed, std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(c.model.vocab_size, 0);
+}
+
+TEST(Config, SyntaxErrorsCarryYamlCppPosition) {
+  // yaml-cpp reports the unclosed '[' where the input ends: line 5, column 1.
+  EXPECT_EQ(deck_error("data:\n  train: t.h5\nmodel:\n  n_layer: [1\n"),
+            "deck.yaml:5:1: end of sequence flow not found");
+  // A tab in indentation: yaml-cpp stops at the value after it.
+  EXPECT_EQ(deck_error("data:\n\ttrain: t.h5\n"), "deck.yaml:2:7: illegal map value");
+  EXPECT_EQ(deck_error("data:\n  train: a: b\n"), "deck.yaml:2:11: illegal map value");
+}
+
+TEST(Config, UnknownKeysSuggestTheNearestName) {
+  EXPECT_EQ(deck_error("data: {train: t.h5}\nmodel:\n  n_layers: 3\n"),
+            "deck.yaml:3:3: model.n_layers: unknown key (did you mean model.n_layer?)");
+  EXPECT_EQ(deck_error("data: {train: t.h5}\nmodel:\n  n_layer: 3\n  n_haed: 2\n"),
+            "deck.yaml:4:3: model.n_haed: unknown key (did you mean model.n_head?)");
+  // A key under the wrong section finds its own.
+  EXPECT_EQ(deck_error("data: {train: t.h5}\ntrain:\n  lr: 0.1\n"),
+            "deck.yaml:3:3: train.lr: unknown key (did you mean optim.lr?)");
+  EXPECT_EQ(deck_error("data: {train: t.h5}\nmodel:\n  seq_len: 64\n"),
+            "deck.yaml:3:3: model.seq_len: unknown key (did you mean data.seq_len?)");
+  EXPECT_EQ(deck_error("data: {train: t.h5}\ntrain:\n  xyzzy: 3\n"),
+            "deck.yaml:3:3: train.xyzzy: unknown key (train has: steps, batch_size, micro_batch, "
+            "seed)");
+}
+
+TEST(Config, UnknownSectionsSuggestTheNearestName) {
+  EXPECT_EQ(deck_error("data: {train: t.h5}\nmodle:\n  n_layer: 3\n"),
+            "deck.yaml:2:1: modle: unknown section (did you mean model?)");
+  EXPECT_EQ(deck_error("data: {train: t.h5}\nsteps: 10\n"),
+            "deck.yaml:2:1: steps: unknown section (did you mean train.steps? keys go inside "
+            "their section)");
+  EXPECT_EQ(deck_error("data: {train: t.h5}\nfoo:\n  a: 1\n"),
+            "deck.yaml:2:1: foo: unknown section (sections: model, data, train, optim, eval, "
+            "checkpoint, log, run, device)");
+}
+
+TEST(Config, DuplicatesAreRefused) {
+  EXPECT_EQ(deck_error("data:\n  train: a.h5\n  seq_len: 8\n  train: b.h5\n"),
+            "deck.yaml:4:3: data.train: duplicate key (first at line 2)");
+  EXPECT_EQ(deck_error("data:\n  train: a.h5\nmodel:\n  n_layer: 2\ndata:\n  val: b.h5\n"),
+            "deck.yaml:5:1: data: duplicate section (first at line 1)");
+}
+
+TEST(Config, StructureErrors) {
+  EXPECT_EQ(deck_error("data:\n  train: t\nmodel: 3\n"),
+            "deck.yaml:3:8: model: expected a map of keys, got '3'");
+  EXPECT_EQ(deck_error("data:\n  train: t\nmodel: [1, 2]\n"),
+            "deck.yaml:3:8: model: expected a map of keys, got a sequence");
+  EXPECT_EQ(deck_error("- data\n- model\n"),
+            "deck.yaml:1:1: expected a map of sections (model:, data:, ...), got a sequence");
+  EXPECT_EQ(deck_error("hello\n"),
+            "deck.yaml:1:1: expected a map of sections (model:, data:, ...), got 'hello'");
+  EXPECT_EQ(deck_error("data:\n  train: t\n---\nmodel:\n  n_layer: 2\n"),
+            "deck.yaml:4:1: expected one YAML document, found a second");
+  // A trailing document marker is harmless.
+  EXPECT_EQ(parse_deck("data:\n  train: t\n---\n", "deck.yaml", {}).data.train, "t");
+}
+
+TEST(Config, MissingTrainData) {
+  const std::string missing =
+      "data.train: required key missing (the HDF5 token file made by tools/prepare_data.py)";
+  EXPECT_EQ(deck_error(""), "deck.yaml:1:1: " + missing);
+  EXPECT_EQ(deck_error("# only a comment\n\n"), "deck.yaml:1:1: " + missing);
+  EXPECT_EQ(deck_error("model:\n  n_layer: 2\n"), "deck.yaml:1:1: " + missing);
+  // With a data section, at that section.
+  EXPECT_EQ(deck_error("model:\n  n_layer: 2\ndata:\n  val: v.h5\n"), "deck.yaml:3:1: " + missing);
+  EXPECT_EQ(deck_error("data:\n  train: \"\"\n"),
+            "deck.yaml:2:10: data.train: must not be empty (the training token file)");
+}
+
+TEST(Config, WrongTypes) {
+  auto in_train = [](const std::string& line) {
+    return std::string(kMinimal) + "train:\n  " + line + "\n";
+  };
+  EXPECT_EQ(deck_error(in_train("steps: ten")),
+            "deck.yaml:4:10: train.steps: expected an integer, got 'ten'");
+  EXPECT_EQ(deck_error(in_train("steps: 1.5")),
+            "deck.yaml:4:10: train.steps: expected an integer, got '1.5'");
+  EXPECT_EQ(deck_error(in_train("steps: 1e3")),
+            "deck.yaml:4:10: train.steps: expected an integer, got '1e3'");
+  EXPECT_EQ(deck_error(in_train("steps: 0x10")),
+            "deck.yaml:4:10: train.steps: expected an integer, got '0x10'");
+  EXPECT_EQ(deck_error(in_train("steps: 99999999999")),
+            "deck.yaml:4:10: train.steps: expected an integer from -2147483648 to 2147483647, got "
+            "'99999999999'");
+  // An empty value points at its key: yaml-cpp gives it no position of its own.
+  EXPECT_EQ(deck_error(in_train("steps:")),
+            "deck.yaml:4:3: train.steps: expected an integer, got nothing");
+  EXPECT_EQ(deck_error(in_train("steps: {a: 1}")),
+            "deck.yaml:4:10: train.steps: expected an integer, got a map");
+  EXPECT_EQ(deck_error(in_train("batch_size: [1]")),
+            "deck.yaml:4:15: train.batch_size: expected an integer, got a sequence");
+  const std::string seed_range = "expected an integer from 0 to 18446744073709551615, got ";
+  EXPECT_EQ(deck_error(in_train("seed: -1")), "deck.yaml:4:9: train.seed: " + seed_range + "'-1'");
+  EXPECT_EQ(deck_error(in_train("seed: 18446744073709551616")),
+            "deck.yaml:4:9: train.seed: " + seed_range + "'18446744073709551616'");
+  EXPECT_EQ(deck_error(in_train("seed: 1.5")),
+            "deck.yaml:4:9: train.seed: " + seed_range + "'1.5'");
+
+  auto in_optim = [](const std::string& line) {
+    return std::string(kMinimal) + "optim:\n  " + line + "\n";
+  };
+  EXPECT_EQ(deck_error(in_optim("lr: fast")),
+            "deck.yaml:4:7: optim.lr: expected a number, got 'fast'");
+  EXPECT_EQ(deck_error(in_optim("lr: .inf")),
+            "deck.yaml:4:7: optim.lr: expected a number, got '.inf'");
+  EXPECT_EQ(deck_error(in_optim("lr: nan")),
+            "deck.yaml:4:7: optim.lr: expected a number, got 'nan'");
+  EXPECT_EQ(deck_error(in_optim("lr: 1e999")),
+            "deck.yaml:4:7: optim.lr: expected a number within the range of a double, got '1e999'");
+
+  EXPECT_EQ(
+      deck_error("data:\n  train: t\n  val:\n"),
+      "deck.yaml:3:3: data.val: expected a string, got nothing (write \"\" for an empty one)");
+  EXPECT_EQ(deck_error("data:\n  train: [a, b]\n"),
+            "deck.yaml:2:10: data.train: expected a string, got a sequence");
+}
+
+TEST(Config, MessagesStayOnOneLine) {
+  EXPECT_EQ(deck_error("data:\n  train: t\n  \"x\\ny\": 1\n"),
+            "deck.yaml:3:3: data.x\\ny: unknown key (data has: train, val, seq_len)");
+  EXPECT_EQ(deck_error("data:\n  train: t\ndevice:\n  backend: \"g\\tp\\x01u\"\n"),
+            "deck.yaml:4:12: device.backend: must be cpu, cuda or auto, got 'g\\tp\\x01u'");
+}
+
+struct RangeCase {
+  const char* section;
+  const char* key;
+  const char* value;
+  const char* problem;
+};
+
+// Each single-key rule, with the value as the first key of its section: line 2, column len+5.
+TEST(Config, RangeRules) {
+  const RangeCase cases[] = {
+      {"model", "n_layer", "0", "must be >= 1, got 0"},
+      {"model", "n_head", "0", "must be >= 1, got 0"},
+      {"model", "n_embd", "-4", "must be >= 1, got -4"},
+      {"model", "block_size", "0", "must be >= 1, got 0"},
+      {"model", "vocab_size", "-1", "must be >= 0, got -1"},
+      {"model", "vocab_multiple", "0", "must be >= 1, got 0"},
+      {"model", "init_std", "0", "must be > 0, got 0"},
+      {"model", "init_std", "-0.5", "must be > 0, got -0.5"},
+      {"data", "seq_len", "0", "must be >= 1, got 0"},
+      {"train", "steps", "-1", "must be >= 0, got -1"},
+      {"train", "batch_size", "0", "must be >= 1, got 0"},
+      {"train", "micro_batch", "-2", "must be >= 0, got -2"},
+      {"optim", "lr", "0", "must be > 0, got 0"},
+      {"optim", "lr", "-1e-3", "must be > 0, got -0.001"},
+      {"optim", "min_lr", "-1e-5", "must be >= 0, got -1e-05"},
+      {"optim", "warmup_steps", "-1", "must be >= 0, got -1"},
+      {"optim", "decay_steps", "-1", "must be >= 0, got -1"},
+      {"optim", "weight_decay", "-0.1", "must be >= 0, got -0.1"},
+      {"optim", "beta1", "1", "must be in [0, 1), got 1"},
+      {"optim", "beta1", "-0.1", "must be in [0, 1), got -0.1"},
+      {"optim", "beta2", "1.5", "must be in [0, 1), got 1.5"},
+      {"optim", "eps", "0", "must be > 0, got 0"},
+      {"optim", "grad_clip", "-1", "must be >= 0, got -1"},
+      {"eval", "every", "-1", "must be >= 0, got -1"},
+      {"eval", "batches", "0", "must be >= 1, got 0"},
+      {"checkpoint", "every", "-5", "must be >= 0, got -5"},
+      {"checkpoint", "restart", "\"\"", "must not be empty (auto, none or a checkpoint path)"},
+      {"log", "every", "0", "must be >= 1, got 0"},
+      {"log", "peak_gflops", "-1", "must be >= 0, got -1"},
+      {"run", "dir", "''", "must not be empty (the run directory)"},
+      {"device", "backend", "gpu", "must be cpu, cuda or auto, got 'gpu'"},
+      {"device", "threads", "-1", "must be >= 0, got -1"},
+  };
+  for (const RangeCase& c : cases) {
+    std::string section = c.section, key = c.key;
+    std::string text = section + ":\n  " + key + ": " + c.value + "\n" +
+                       (section == "data" ? "  train: t.h5\n" : "data:\n  train: t.h5\n");
+    std::string expected = "deck.yaml:2:" + std::to_string(key.size() + 5) + ": " + section + "." +
+                           key + ": " + c.problem;
+    EXPECT_EQ(deck_error(text), expected);
+  }
+  // The edges that are allowed.
+  Config c =
+      parse_deck(std::string(kMinimal) +
+                     "train: {steps: 0, micro_batch: 0}\n"
+                     "optim: {beta1: 0, beta2: 0.999, min_lr: 0.001, lr: 0.001, grad_clip: 0}\n"
+                     "model: {vocab_size: 0, block_size: 128}\n",
+                 "deck.yaml", {});
+  EXPECT_EQ(c.optim.min_lr, c.optim.lr);
+  EXPECT_EQ(c.data.seq_len, c.model.block_size);
+}
+
+// A rule between two keys points at the later of them, or at the one given.
+TEST(Config, CrossKeyRules) {
+  EXPECT_EQ(
+      deck_error(std::string(kMinimal) + "model:\n  n_embd: 100\n  n_head: 3\n"),
+      "deck.yaml:5:11: model.n_head: model.n_embd = 100 is not a multiple of model.n_head = 3");
+  EXPECT_EQ(
+      deck_error(std::string(kMinimal) + "model:\n  n_head: 3\n  n_embd: 100\n"),
+      "deck.yaml:5:11: model.n_embd: model.n_embd = 100 is not a multiple of model.n_head = 3");
+  EXPECT_EQ(
+      deck_error(std::string(kMinimal) + "model:\n  n_head: 3\n"),
+      "deck.yaml:4:11: model.n_head: model.n_embd = 128 is not a multiple of model.n_head = 3");
+
+  EXPECT_EQ(deck_error("model:\n  block_size: 64\ndata:\n  train: t.h5\n  seq_len: 128\n"),
+            "deck.yaml:5:12: data.seq_len: data.seq_len = 128 is more than model.block_size = 64");
+  EXPECT_EQ(
+      deck_error("data:\n  seq_len: 128\n  train: t.h5\nmodel:\n  block_size: 64\n"),
+      "deck.yaml:5:15: model.block_size: data.seq_len = 128 is more than model.block_size = 64");
+  EXPECT_EQ(
+      deck_error(std::string(kMinimal) + "model:\n  block_size: 64\n"),
+      "deck.yaml:4:15: model.block_size: data.seq_len = 128 is more than model.block_size = 64");
+
+  EXPECT_EQ(deck_error(std::string(kMinimal) + "train:\n  batch_size: 16\n  micro_batch: 6\n"),
+            "deck.yaml:5:16: train.micro_batch: train.batch_size = 16 is not a multiple of "
+            "train.micro_batch = 6");
+  EXPECT_EQ(deck_error(std::string(kMinimal) + "train:\n  micro_batch: 32\n"),
+            "deck.yaml:4:16: train.micro_batch: train.batch_size = 16 is not a multiple of "
+            "train.micro_batch = 32");
+
+  EXPECT_EQ(deck_error(std::string(kMinimal) + "optim:\n  lr: 1e-5\n"),
+            "deck.yaml:4:7: optim.lr: optim.min_lr = 1e-04 is more than optim.lr = 1e-05");
+  EXPECT_EQ(deck_error(std::string(kMinimal) + "optim:\n  min_lr: 0.5\n  lr: 0.25\n"),
+            "deck.yaml:5:7: optim.lr: optim.min_lr = 0.5 is more than optim.lr = 0.25");
+}
+
+TEST(Config, OverridesReplaceDeckValues) {
+  const std::string deck = std::string(kMinimal) + "train:\n  steps: 10\n";
+  EXPECT_EQ(parse_deck(deck, "deck.yaml", {}).train.steps, 10);
+  EXPECT_EQ(parse_deck(deck, "deck.yaml", {"train.steps=20"}).train.steps, 20);
+  // In order: the last one wins.
+  EXPECT_EQ(parse_deck(deck, "deck.yaml", {"train.steps=20", "train.steps=30"}).train.steps, 30);
+  // Before validation: a bad deck value that is overridden is never looked at.
+  EXPECT_EQ(
+      parse_deck(std::string(kMinimal) + "train:\n  steps: ten\n", "deck.yaml", {"train.steps=5"})
+          .train.steps,
+      5);
+  // Keys the deck does not mention, and the required key itself.
+  Config c = parse_deck("", "deck.yaml",
+                        {"data.train='my file.h5'", "optim.lr=3e-4", "data.val=", "train.seed=7",
+                         "device.backend=auto", "checkpoint.restart=runs/x/step_100.h5"});
+  EXPECT_EQ(c.data.train, "my file.h5");
+  EXPECT_EQ(c.optim.lr, 3e-4);
+  EXPECT_EQ(c.data.val, "");
+  EXPECT_EQ(c.train.seed, 7u);
+  EXPECT_EQ(c.device.backend, "auto");
+  EXPECT_EQ(c.checkpoint.restart, "runs/x/step_100.h5");
+}
+
+TEST(Config, OverrideErrors) {
+  EXPECT_EQ(deck_error(kMinimal, {"train.steps"}),
+            "command line: train.steps: expected section.key=value");
+  EXPECT_EQ(deck_error(kMinimal, {"steps=4"}),
+            "command line: steps=4: expected section.key=value (did you mean train.steps=4?)");
+  EXPECT_EQ(deck_error(kMinimal, {"model.n_layers=4"}),
+            "command line: model.n_layers=4: unknown key (did you mean model.n_layer?)");
+  EXPECT_EQ(deck_error(kMinimal, {"modle.n_layer=4"}),
+            "command line: modle.n_layer=4: unknown section (did you mean model?)");
+  EXPECT_EQ(deck_error(kMinimal, {"train.steps=ten"}),
+            "command line: train.steps=ten: expected an integer, got 'ten'");
+  EXPECT_EQ(deck_error(kMinimal, {"train.steps=1.5"}),
+            "command line: train.steps=1.5: expected an integer, got '1.5'");
+  EXPECT_EQ(deck_error(kMinimal, {"train.steps=[1, 2]"}),
+            "command line: train.steps=[1, 2]: expected an integer, got a sequence");
+  EXPECT_EQ(deck_error(kMinimal, {"train.steps='ten"}),
+            "command line: train.steps='ten: illegal EOF in scalar");
+  EXPECT_EQ(deck_error(kMinimal, {"train.steps=-1"}),
+            "command line: train.steps=-1: must be >= 0, got -1");
+  // The second override of a pair is the later key, even when the deck has both.
+  EXPECT_EQ(
+      deck_error(std::string(kMinimal) + "model:\n  n_head: 3\n  n_embd: 96\n",
+                 {"model.n_embd=100"}),
+      "command line: model.n_embd=100: model.n_embd = 100 is not a multiple of model.n_head = 3");
+  // Values are checked in the order given, the deck's then the overrides': the first is reported.
+  EXPECT_EQ(deck_error(std::string(kMinimal) + "train:\n  steps: ten\n", {"train.seed=x"}),
+            "deck.yaml:4:10: train.steps: expected an integer, got 'ten'");
+  EXPECT_EQ(
+      deck_error(kMinimal, {"train.seed=x", "train.steps=y"}),
+      "command line: train.seed=x: expected an integer from 0 to 18446744073709551615, got 'x'");
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(Config, LoadDeckReadsTheFile) {
+  std::string path =
+      write_temp("tessera_test_config_ok.yaml", std::string(kMinimal) + "train:\n  steps: 3\n");
+  Config c = load_deck(path, {"train.batch_size=8"});
+  EXPECT_EQ(c.deck_path, path);
+  EXPECT_EQ(c.train.steps, 3);
+  EXPECT_EQ(c.train.batch_size, 8);
+
+  std::string bad =
+      write_temp("tessera_test_config_bad.yaml", "data:\n  train: t\n  sequence_len: 3\n");
+  try {
+    load_deck(bad, {});
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.exit_code, kExitBadInput);
+    EXPECT_EQ(std::string(e.what()),
+              bad + ":3:3: data.sequence_len: unknown key (data has: train, val, seq_len)");
+  }
+}
+
+TEST(Config, UnreadableDeckIsAnIOError) {
+  try {
+    load_deck("/nonexistent-tessera-dir/deck.yaml", {});
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.exit_code, kExitIO);
+    EXPECT_EQ(std::string(e.what()),
+              "cannot read deck /nonexistent-tessera-dir/deck.yaml: No such file or directory");
+  }
+  std::string dir = ::testing::TempDir();
+  try {
+    load_deck(dir, {});
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.exit_code, kExitIO);
+    EXPECT_EQ(std::string(e.what()), "cannot read deck " + dir + ": Is a directory");
+  }
+}
+
+// Every field away from its default, with awkward doubles and strings that need quoting.
+Config unusual_config() {
+  Config c;
+  c.model = {12, 12, 768, 1024, 50257, 128, 1.0 / 3.0};
+  c.data.train = "data/my \"quoted\" file: #1.h5";
+  c.data.val = "tab\there\nnew line \\ back ünïcode 'single'";
+  c.data.seq_len = 1000;
+  c.train = {123456, 480, 12, std::numeric_limits<uint64_t>::max()};
+  c.optim = {0.1 + 0.2, 5e-324, 7, 99, 0.0, 0.0, 0.999999999, 1e-8, 123456789.125};
+  c.eval = {250, 20};
+  c.checkpoint = {" leading space", 1000, "none"};
+  c.log = {5, 1.5e12};
+  c.run.dir = "yes";
+  c.device = {"cuda", 16};
+  return c;
+}
+
+TEST(Config, ToYamlRoundTrips) {
+  for (const Config& c : {unusual_config(), parse_deck(kMinimal, "deck.yaml", {})}) {
+    std::string text = to_yaml(c);
+    Config back = parse_deck(text, "resolved.yaml", {});
+    expect_same(back, c);
+    EXPECT_EQ(to_yaml(back), text);
+  }
+}
+
+TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
+  std::string text = to_yaml(parse_deck(kMinimal, "deck.yaml", {}));
+  for (const char* line :
+       {"model:\n", "  n_layer: 4\n", "  init_std: 0.02\n", "data:\n", "  train: \"t.h5\"\n",
+        "  val: \"\"\n", "  seed: 1337\n", "  min_lr: 1.0e-04\n", "  eps: 1.0e-08\n",
+        "  grad_clip: 1.0\n", "  peak_gflops: 0.0\n", "  restart: \"auto\"\n", "device:\n",
+        "  threads: 0\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << "not in:\n" << text;
+  }
+  // Sections of "key: value" lines, nothing else: 9 sections, 33 keys.
+  int sections = 0, keys = 0;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    std::string line = text.substr(start, end - start);
+    if (line.rfind("  ", 0) == 0) {
+      keys++;
+    } else {
+      EXPECT_EQ(line.back(), ':') << line;
+      sections++;
+    }
+    start = end + 1;
+  }
+  EXPECT_EQ(sections, 9);
+  EXPECT_EQ(keys, 33);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,598 @@
+// The CPU op set against finite differences (double), naive references, and itself (float vs
+// double, repeated calls, thread counts).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cpu/ops.hpp"
+
+namespace {
+
+using namespace tessera::cpu;
+using Vec = std::vector<double>;
+
+constexpr double kStep = 1e-6;  // central-difference step
+constexpr double kTol = 1e-6;   // max relative error, analytic vs numeric gradient
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+Vec random_vec(size_t n, std::mt19937_64& rng, double lo = -1.0, double hi = 1.0) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  Vec v(n);
+  for (double& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<int32_t> random_ints(size_t n, int hi, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int32_t> u(0, hi - 1);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = u(rng);
+  return v;
+}
+
+double rel_err(double a, double n) {
+  return std::fabs(a - n) / std::max(1e-8, std::fabs(a) + std::fabs(n));
+}
+
+// Σ w ⊙ out, kept in long double: rounding the loss to double would add ulp(L)/2h ~ 1e-9 of noise
+// to every numeric gradient, more than 1e-6 relative for the small components.
+long double weighted_sum(const Vec& w, const Vec& out) {
+  long double s = 0.0L;
+  for (size_t i = 0; i < w.size(); i++) s += (long double)w[i] * out[i];
+  return s;
+}
+
+// Largest relative error between grad and central differences of loss() over every element of x.
+// The step actually taken, (x+h)-(x-h), divides, not 2h, which x's rounding would make inexact.
+double fd_max_error(Vec& x, const Vec& grad, const std::function<long double()>& loss) {
+  double worst = 0.0;
+  for (size_t i = 0; i < x.size(); i++) {
+    const double x0 = x[i], xp = x0 + kStep, xm = x0 - kStep;
+    x[i] = xp;
+    const long double lp = loss();
+    x[i] = xm;
+    const long double lm = loss();
+    x[i] = x0;
+    worst = std::max(worst, rel_err(grad[i], (double)((lp - lm) / (xp - xm))));
+  }
+  return worst;
+}
+
+// A backward that accumulates turns a pre-filled buffer `pre` into pre + grad.
+void expect_accumulates(const Vec& pre, const Vec& after, const Vec& grad, const std::string& what) {
+  ASSERT_EQ(pre.size(), after.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < pre.size(); i++)
+    worst = std::max(worst, std::fabs(after[i] - (pre[i] + grad[i])) / (1.0 + std::fabs(pre[i] + grad[i])));
+  EXPECT_LE(worst, 1e-13) << what << " does not accumulate into its gradient buffer";
+}
+
+double max_abs_diff(const Vec& a, const Vec& b) {
+  double m = 0.0;
+  for (size_t i = 0; i < a.size(); i++) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// gemm
+
+template <typename F>
+void check_gemm_all_transposes(double tol) {
+  std::mt19937_64 rng(11);
+  const int M = 7, N = 5, K = 9;
+  const F alpha = F(0.75), beta = F(-1.25);
+  for (int ta = 0; ta < 2; ta++) {
+    for (int tb = 0; tb < 2; tb++) {
+      // stored shapes: A is (M,K) or (K,M); B is (K,N) or (N,K); leading dims padded by 3
+      const int a_rows = ta ? K : M, a_cols = ta ? M : K;
+      const int b_rows = tb ? N : K, b_cols = tb ? K : N;
+      const int lda = a_cols + 3, ldb = b_cols + 2, ldc = N + 4;
+      Vec a = random_vec((size_t)a_rows * lda, rng), b = random_vec((size_t)b_rows * ldb, rng);
+      Vec c = random_vec((size_t)M * ldc, rng);
+      std::vector<F> af(a.begin(), a.end()), bf(b.begin(), b.end()), cf(c.begin(), c.end());
+      gemm<F>(ta, tb, M, N, K, alpha, af.data(), lda, bf.data(), ldb, beta, cf.data(), ldc);
+      for (int i = 0; i < M; i++) {
+        for (int j = 0; j < ldc; j++) {
+          const double got = cf[(size_t)i * ldc + j];
+          if (j >= N) {  // padding between rows is never written
+            EXPECT_EQ(got, (double)F(c[(size_t)i * ldc + j]));
+            continue;
+          }
+          double ref = 0.0;
+          for (int k = 0; k < K; k++) {
+            const double aik = ta ? (double)af[(size_t)k * lda + i] : (double)af[(size_t)i * lda + k];
+            const double bkj = tb ? (double)bf[(size_t)j * ldb + k] : (double)bf[(size_t)k * ldb + j];
+            ref += aik * bkj;
+          }
+          ref = (double)alpha * ref + (double)beta * (double)F(c[(size_t)i * ldc + j]);
+          EXPECT_NEAR(got, ref, tol) << "trans_a=" << ta << " trans_b=" << tb << " at " << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuOps, GemmMatchesNaiveForAllTransposesAndLeadingDims) {
+  check_gemm_all_transposes<double>(1e-13);
+  check_gemm_all_transposes<float>(1e-5);
+}
+
+TEST(CpuOps, GemmWithBetaZeroIgnoresOldC) {
+  const double a[2] = {1.0, 2.0}, b[2] = {3.0, 4.0};
+  double c[4] = {kNaN, kNaN, kNaN, kNaN};
+  gemm<double>(false, false, 2, 2, 1, 1.0, a, 1, b, 2, 0.0, c, 2);  // outer product (2,1)·(1,2)
+  EXPECT_EQ(c[0], 3.0);
+  EXPECT_EQ(c[1], 4.0);
+  EXPECT_EQ(c[2], 6.0);
+  EXPECT_EQ(c[3], 8.0);
+
+  // K = 0: an empty product, only the beta scaling is left (BLAS itself would reject lda = 0)
+  gemm<double>(false, false, 2, 2, 0, 1.0, a, 1, b, 2, 2.0, c, 2);
+  EXPECT_EQ(c[0], 6.0);
+  EXPECT_EQ(c[3], 16.0);
+  c[1] = kNaN;
+  gemm<double>(false, false, 2, 2, 0, 1.0, a, 1, b, 2, 0.0, c, 2);
+  for (double v : c) EXPECT_EQ(v, 0.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// encoder
+
+TEST(CpuOps, EncoderForwardAndGradients) {
+  const int B = 2, T = 5, C = 12, V = 11;
+  std::mt19937_64 rng(1);
+  std::vector<int32_t> tokens = random_ints((size_t)B * T, V, rng);
+  tokens[7] = tokens[2];  // repeated tokens are the case a racy backward gets wrong
+  tokens[9] = tokens[2];
+  Vec wte = random_vec((size_t)V * C, rng), wpe = random_vec((size_t)T * C, rng);
+  Vec w = random_vec((size_t)B * T * C, rng), out((size_t)B * T * C, kNaN);
+
+  encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  for (int bt = 0; bt < B * T; bt++)
+    for (int c = 0; c < C; c++)
+      EXPECT_EQ(out[(size_t)bt * C + c], wte[(size_t)tokens[bt] * C + c] + wpe[(size_t)(bt % T) * C + c]);
+
+  auto loss = [&] {
+    encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    return weighted_sum(w, out);
+  };
+  Vec dwte(wte.size(), 0.0), dwpe(wpe.size(), 0.0);
+  encoder_backward(dwte.data(), dwpe.data(), w.data(), tokens.data(), B, T, C);
+  EXPECT_LE(fd_max_error(wte, dwte, loss), kTol);
+  EXPECT_LE(fd_max_error(wpe, dwpe, loss), kTol);
+
+  const Vec pre_wte = random_vec(wte.size(), rng), pre_wpe = random_vec(wpe.size(), rng);
+  Vec acc_wte = pre_wte, acc_wpe = pre_wpe;
+  encoder_backward(acc_wte.data(), acc_wpe.data(), w.data(), tokens.data(), B, T, C);
+  expect_accumulates(pre_wte, acc_wte, dwte, "encoder dwte");
+  expect_accumulates(pre_wpe, acc_wpe, dwpe, "encoder dwpe");
+}
+
+// ---------------------------------------------------------------------------------------------
+// layernorm
+
+TEST(CpuOps, LayernormForwardAndGradients) {
+  const int N = 10, C = 12;
+  std::mt19937_64 rng(2);
+  Vec inp = random_vec((size_t)N * C, rng, 1.0, 4.0);  // a non-zero mean, as in a residual stream
+  Vec weight = random_vec(C, rng, 0.5, 1.5), bias = random_vec(C, rng);
+  Vec w = random_vec((size_t)N * C, rng);
+  Vec out((size_t)N * C, kNaN), mean(N, kNaN), rstd(N, kNaN);
+
+  layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
+  for (int n = 0; n < N; n++) {
+    long double m = 0.0L, v = 0.0L;
+    for (int c = 0; c < C; c++) m += inp[(size_t)n * C + c];
+    m /= C;
+    for (int c = 0; c < C; c++) v += (inp[(size_t)n * C + c] - m) * (inp[(size_t)n * C + c] - m);
+    v /= C;  // biased variance, as torch.nn.LayerNorm
+    const long double s = 1.0L / std::sqrt(v + 1e-5L);
+    EXPECT_NEAR(mean[n], (double)m, 1e-14);
+    EXPECT_NEAR(rstd[n], (double)s, 1e-12);
+    for (int c = 0; c < C; c++)
+      EXPECT_NEAR(out[(size_t)n * C + c],
+                  (double)((inp[(size_t)n * C + c] - m) * s * weight[c] + bias[c]), 1e-12);
+  }
+
+  auto loss = [&] {
+    layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
+    return weighted_sum(w, out);
+  };
+  loss();
+  Vec dinp(inp.size(), 0.0), dweight(C, 0.0), dbias(C, 0.0);
+  layernorm_backward(dinp.data(), dweight.data(), dbias.data(), w.data(), inp.data(), weight.data(),
+                     mean.data(), rstd.data(), N, C);
+  EXPECT_LE(fd_max_error(inp, dinp, loss), kTol);
+  EXPECT_LE(fd_max_error(weight, dweight, loss), kTol);
+  EXPECT_LE(fd_max_error(bias, dbias, loss), kTol);
+
+  loss();  // restore mean, rstd of the unperturbed input
+  const Vec pre_inp = random_vec(dinp.size(), rng), pre_w = random_vec(C, rng), pre_b = random_vec(C, rng);
+  Vec acc_inp = pre_inp, acc_w = pre_w, acc_b = pre_b;
+  layernorm_backward(acc_inp.data(), acc_w.data(), acc_b.data(), w.data(), inp.data(), weight.data(),
+                     mean.data(), rstd.data(), N, C);
+  expect_accumulates(pre_inp, acc_inp, dinp, "layernorm dinp");
+  expect_accumulates(pre_w, acc_w, dweight, "layernorm dweight");
+  expect_accumulates(pre_b, acc_b, dbias, "layernorm dbias");
+}
+
+// ---------------------------------------------------------------------------------------------
+// matmul
+
+TEST(CpuOps, MatmulForwardAndGradients) {
+  const int N = 10, IC = 12, OC = 7;
+  std::mt19937_64 rng(3);
+  Vec inp = random_vec((size_t)N * IC, rng), weight = random_vec((size_t)OC * IC, rng);
+  Vec bias = random_vec(OC, rng), w = random_vec((size_t)N * OC, rng);
+  Vec out((size_t)N * OC, kNaN), out_nb((size_t)N * OC, kNaN);
+
+  matmul_forward(out.data(), inp.data(), weight.data(), bias.data(), N, IC, OC);
+  matmul_forward(out_nb.data(), inp.data(), weight.data(), (const double*)nullptr, N, IC, OC);
+  for (int n = 0; n < N; n++) {
+    for (int o = 0; o < OC; o++) {
+      double ref = 0.0;
+      for (int i = 0; i < IC; i++) ref += inp[(size_t)n * IC + i] * weight[(size_t)o * IC + i];
+      EXPECT_NEAR(out_nb[(size_t)n * OC + o], ref, 1e-13);
+      EXPECT_NEAR(out[(size_t)n * OC + o], ref + bias[o], 1e-13);
+    }
+  }
+
+  auto loss = [&] {
+    matmul_forward(out.data(), inp.data(), weight.data(), bias.data(), N, IC, OC);
+    return weighted_sum(w, out);
+  };
+  Vec dinp(inp.size(), 0.0), dweight(weight.size(), 0.0), dbias(OC, 0.0);
+  matmul_backward(dinp.data(), dweight.data(), dbias.data(), w.data(), inp.data(), weight.data(), N, IC, OC);
+  EXPECT_LE(fd_max_error(inp, dinp, loss), kTol);
+  EXPECT_LE(fd_max_error(weight, dweight, loss), kTol);
+  EXPECT_LE(fd_max_error(bias, dbias, loss), kTol);
+
+  const Vec pre_inp = random_vec(dinp.size(), rng), pre_w = random_vec(dweight.size(), rng);
+  const Vec pre_b = random_vec(OC, rng);
+  Vec acc_inp = pre_inp, acc_w = pre_w, acc_b = pre_b;
+  matmul_backward(acc_inp.data(), acc_w.data(), acc_b.data(), w.data(), inp.data(), weight.data(), N, IC, OC);
+  expect_accumulates(pre_inp, acc_inp, dinp, "matmul dinp");
+  expect_accumulates(pre_w, acc_w, dweight, "matmul dweight");
+  expect_accumulates(pre_b, acc_b, dbias, "matmul dbias");
+
+  // dinp and dbias skipped: dweight alone, unchanged
+  Vec only_w(weight.size(), 0.0);
+  matmul_backward((double*)nullptr, only_w.data(), (double*)nullptr, w.data(), inp.data(), weight.data(),
+                  N, IC, OC);
+  EXPECT_EQ(only_w, dweight);
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention
+
+// Straightforward causal attention and its backward in long double, one (b,h) and one query row
+// at a time: the values the blocked products must reproduce. dqkv accumulates like the op's.
+void reference_attention(Vec& out, Vec& dqkv, const Vec& qkv, const Vec& dout, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const long double scale = 1.0L / std::sqrt((long double)hs);
+  out.assign((size_t)B * T * C, 0.0);
+  dqkv.assign(qkv.size(), 0.0);
+  auto at = [&](int b, int t, int part, int h, int e) {  // q, k, v = part 0, 1, 2
+    return ((size_t)b * T + t) * 3 * C + part * C + h * hs + e;
+  };
+  for (int b = 0; b < B; b++) {
+    for (int h = 0; h < NH; h++) {
+      for (int i = 0; i < T; i++) {
+        std::vector<long double> p(i + 1), dp(i + 1);
+        long double mx = -1e300L, sum = 0.0L, dot = 0.0L;
+        for (int j = 0; j <= i; j++) {
+          long double s = 0.0L;
+          for (int e = 0; e < hs; e++) s += (long double)qkv[at(b, i, 0, h, e)] * qkv[at(b, j, 1, h, e)];
+          p[j] = s * scale;
+          mx = std::max(mx, p[j]);
+        }
+        for (int j = 0; j <= i; j++) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = 0; j <= i; j++) p[j] /= sum;
+        for (int e = 0; e < hs; e++) {
+          long double o = 0.0L;
+          for (int j = 0; j <= i; j++) o += p[j] * qkv[at(b, j, 2, h, e)];
+          out[((size_t)b * T + i) * C + h * hs + e] = (double)o;
+        }
+        const double* d = dout.data() + ((size_t)b * T + i) * C + h * hs;
+        for (int j = 0; j <= i; j++) {
+          long double s = 0.0L;
+          for (int e = 0; e < hs; e++) s += (long double)d[e] * qkv[at(b, j, 2, h, e)];
+          dp[j] = s;
+          dot += p[j] * s;
+        }
+        for (int j = 0; j <= i; j++) {
+          const long double ds = p[j] * (dp[j] - dot) * scale;  // d(pre-softmax score) · scale
+          for (int e = 0; e < hs; e++) {
+            dqkv[at(b, i, 0, h, e)] += (double)(ds * qkv[at(b, j, 1, h, e)]);
+            dqkv[at(b, j, 1, h, e)] += (double)(ds * qkv[at(b, i, 0, h, e)]);
+            dqkv[at(b, j, 2, h, e)] += (double)(p[j] * d[e]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Finite differences check the math on small T; the long-double reference checks the blocked
+// products for any T, where the double-precision differences get too noisy for 1e-6.
+void check_attention(int B, int T, int C, int NH, uint64_t seed, bool finite_differences) {
+  SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+               " NH=" + std::to_string(NH));
+  std::mt19937_64 rng(seed);
+  Vec qkv = random_vec((size_t)B * T * 3 * C, rng, -1.5, 1.5), w = random_vec((size_t)B * T * C, rng);
+  Vec out((size_t)B * T * C, kNaN), att((size_t)B * NH * T * T, kNaN), ref_out, ref_dqkv;
+
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  reference_attention(ref_out, ref_dqkv, qkv, w, B, T, C, NH);
+  EXPECT_LE(max_abs_diff(out, ref_out), 1e-13);
+  for (int bh = 0; bh < B * NH; bh++) {
+    for (int i = 0; i < T; i++) {
+      const double* row = att.data() + ((size_t)bh * T + i) * T;
+      double sum = 0.0;
+      for (int j = 0; j <= i; j++) sum += row[j];
+      EXPECT_NEAR(sum, 1.0, 1e-14);
+      for (int j = i + 1; j < T; j++) ASSERT_EQ(row[j], 0.0) << "att not causal at row " << i << " col " << j;
+    }
+  }
+
+  Vec dqkv(qkv.size(), 0.0), datt(att.size(), kNaN);  // scratch: its old contents must not matter
+  attention_backward(dqkv.data(), datt.data(), w.data(), qkv.data(), att.data(), B, T, C, NH);
+  EXPECT_LE(max_abs_diff(dqkv, ref_dqkv), 1e-13);
+
+  auto loss = [&] {
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    return weighted_sum(w, out);
+  };
+  if (finite_differences) {
+    EXPECT_LE(fd_max_error(qkv, dqkv, loss), kTol);
+  }
+
+  loss();
+  const Vec pre = random_vec(dqkv.size(), rng);
+  Vec acc = pre;
+  std::fill(datt.begin(), datt.end(), kNaN);
+  attention_backward(acc.data(), datt.data(), w.data(), qkv.data(), att.data(), B, T, C, NH);
+  expect_accumulates(pre, acc, dqkv, "attention dqkv");
+}
+
+TEST(CpuOps, AttentionForwardAndGradients) { check_attention(2, 5, 12, 2, 4, true); }
+
+// T past two row blocks (64) and not a multiple of one: the blocked causal products must still
+// cover every (query, key) pair below the diagonal.
+TEST(CpuOps, AttentionForwardAndGradientsAcrossRowBlocks) { check_attention(2, 150, 12, 3, 5, false); }
+
+// ---------------------------------------------------------------------------------------------
+// gelu, residual
+
+TEST(CpuOps, GeluForwardMatchesTorchAndGradients) {
+  const Vec x = {-3.0, -0.5, 0.0, 1.0, 2.5};
+  // torch.nn.functional.gelu(x, approximate='tanh') in float64
+  const Vec torch_ref = {-0.0036373920817729943, -0.15428599017485606, 0.0, 0.8411919906082768,
+                         2.484915733910001};
+  Vec y(x.size(), kNaN);
+  gelu_forward(y.data(), x.data(), x.size());
+  for (size_t i = 0; i < x.size(); i++) EXPECT_NEAR(y[i], torch_ref[i], 1e-15);
+
+  std::mt19937_64 rng(6);
+  const size_t n = 37;
+  Vec inp = random_vec(n, rng, -4.0, 4.0), w = random_vec(n, rng), out(n, kNaN);
+  auto loss = [&] {
+    gelu_forward(out.data(), inp.data(), n);
+    return weighted_sum(w, out);
+  };
+  Vec dinp(n, 0.0);
+  gelu_backward(dinp.data(), inp.data(), w.data(), n);
+  EXPECT_LE(fd_max_error(inp, dinp, loss), kTol);
+
+  const Vec pre = random_vec(n, rng);
+  Vec acc = pre;
+  gelu_backward(acc.data(), inp.data(), w.data(), n);
+  expect_accumulates(pre, acc, dinp, "gelu dinp");
+}
+
+TEST(CpuOps, ResidualAndAddInplace) {
+  std::mt19937_64 rng(7);
+  const size_t n = 1001;
+  const Vec a = random_vec(n, rng), b = random_vec(n, rng);
+  Vec out(n, kNaN), dst = a;
+  residual_forward(out.data(), a.data(), b.data(), n);
+  add_inplace(dst.data(), b.data(), n);
+  for (size_t i = 0; i < n; i++) {
+    EXPECT_EQ(out[i], a[i] + b[i]);
+    EXPECT_EQ(dst[i], a[i] + b[i]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// crossentropy
+
+TEST(CpuOps, CrossentropyForwardAndGradients) {
+  const int N = 10, V = 11, Vp = 16;
+  const double dloss = 0.37;
+  std::mt19937_64 rng(8);
+  Vec logits = random_vec((size_t)N * Vp, rng, -3.0, 3.0);
+  const std::vector<int32_t> targets = random_ints(N, V, rng);
+  Vec probs((size_t)N * Vp, kNaN), losses(N, kNaN);
+
+  crossentropy_forward(losses.data(), probs.data(), logits.data(), targets.data(), N, V, Vp);
+  for (int n = 0; n < N; n++) {
+    const double* x = logits.data() + (size_t)n * Vp;
+    long double sum = 0.0L;
+    for (int v = 0; v < V; v++) sum += std::exp((long double)x[v]);
+    for (int v = 0; v < V; v++)
+      EXPECT_NEAR(probs[(size_t)n * Vp + v], (double)(std::exp((long double)x[v]) / sum), 1e-15);
+    for (int v = V; v < Vp; v++) EXPECT_EQ(probs[(size_t)n * Vp + v], 0.0);
+    EXPECT_NEAR(losses[n], (double)(std::log(sum) - x[targets[n]]), 1e-14);
+  }
+
+  auto loss = [&] {
+    crossentropy_forward(losses.data(), probs.data(), logits.data(), targets.data(), N, V, Vp);
+    long double s = 0.0L;
+    for (double l : losses) s += (long double)l * dloss;
+    return s;
+  };
+  loss();
+  Vec dlogits(logits.size(), kNaN);  // overwritten, not accumulated
+  crossentropy_backward(dlogits.data(), probs.data(), targets.data(), dloss, N, V, Vp);
+  EXPECT_LE(fd_max_error(logits, dlogits, loss), kTol);  // padded columns: both exactly 0
+  for (int n = 0; n < N; n++)
+    for (int v = V; v < Vp; v++) EXPECT_EQ(dlogits[(size_t)n * Vp + v], 0.0);
+}
+
+TEST(CpuOps, CrossentropyIgnoresPaddingAndWorksInPlace) {
+  const int N = 10, V = 11, Vp = 16;
+  std::mt19937_64 rng(9);
+  const Vec logits = random_vec((size_t)N * Vp, rng, -3.0, 3.0);
+  const std::vector<int32_t> targets = random_ints(N, V, rng);
+  Vec probs((size_t)N * Vp), losses(N), dlogits((size_t)N * Vp);
+  crossentropy_forward(losses.data(), probs.data(), logits.data(), targets.data(), N, V, Vp);
+  crossentropy_backward(dlogits.data(), probs.data(), targets.data(), 0.25, N, V, Vp);
+
+  // Padded logits hold whatever the GEMM left there: huge, NaN; nothing may change.
+  Vec padded = logits;
+  for (int n = 0; n < N; n++) {
+    padded[(size_t)n * Vp + V] = 1e30;
+    padded[(size_t)n * Vp + Vp - 1] = kNaN;
+  }
+  Vec probs2((size_t)N * Vp), losses2(N);
+  crossentropy_forward(losses2.data(), probs2.data(), padded.data(), targets.data(), N, V, Vp);
+  EXPECT_EQ(probs2, probs);
+  EXPECT_EQ(losses2, losses);
+
+  // In place: probs over the logits, then dlogits over the probs.
+  Vec inplace = logits, losses3(N);
+  crossentropy_forward(losses3.data(), inplace.data(), inplace.data(), targets.data(), N, V, Vp);
+  EXPECT_EQ(inplace, probs);
+  EXPECT_EQ(losses3, losses);
+  crossentropy_backward(inplace.data(), inplace.data(), targets.data(), 0.25, N, V, Vp);
+  EXPECT_EQ(inplace, dlogits);
+}
+
+// ---------------------------------------------------------------------------------------------
+// every op at once: float vs double, repeated calls, thread counts
+
+// Shapes past the 64-wide column and row blocks, none a power of two.
+struct OpInputs {
+  int B = 2, T = 70, C = 96, NH = 3, V = 101, Vp = 128, OC = 200;
+  std::vector<int32_t> tokens, targets;
+  Vec wte, wpe, x, ln_w, ln_b, mm_w, mm_b, qkv, dout_c, dout_oc, gelu_in, logits;
+
+  OpInputs() {
+    std::mt19937_64 rng(10);
+    const size_t N = (size_t)B * T;
+    tokens = random_ints(N, V, rng);
+    targets = random_ints(N, V, rng);
+    wte = random_vec((size_t)V * C, rng);
+    wpe = random_vec((size_t)T * C, rng);
+    x = random_vec(N * C, rng, -2.0, 3.0);
+    ln_w = random_vec(C, rng, 0.5, 1.5);
+    ln_b = random_vec(C, rng);
+    mm_w = random_vec((size_t)OC * C, rng, -0.2, 0.2);
+    mm_b = random_vec(OC, rng);
+    qkv = random_vec(N * 3 * C, rng, -0.5, 0.5);
+    dout_c = random_vec(N * C, rng);
+    dout_oc = random_vec(N * OC, rng);
+    gelu_in = random_vec(N * OC, rng, -4.0, 4.0);
+    logits = random_vec(N * Vp, rng, -4.0, 4.0);
+  }
+};
+
+using Results = std::vector<std::pair<std::string, Vec>>;
+
+template <typename F>
+std::vector<F> to(const Vec& v) { return std::vector<F>(v.begin(), v.end()); }
+
+// Runs every forward and backward on the inputs cast to F; returns each output, widened to double.
+template <typename F>
+Results run_all_ops(const OpInputs& in, bool include_blas = true) {
+  const int B = in.B, T = in.T, C = in.C, NH = in.NH, V = in.V, Vp = in.Vp, OC = in.OC, N = B * T;
+  Results r;
+  auto keep = [&r](const std::string& name, const std::vector<F>& v) {
+    r.emplace_back(name, Vec(v.begin(), v.end()));
+  };
+
+  const std::vector<F> wte = to<F>(in.wte), wpe = to<F>(in.wpe), x = to<F>(in.x), ln_w = to<F>(in.ln_w);
+  const std::vector<F> ln_b = to<F>(in.ln_b), mm_w = to<F>(in.mm_w), mm_b = to<F>(in.mm_b);
+  const std::vector<F> qkv = to<F>(in.qkv);
+  const std::vector<F> dout_c = to<F>(in.dout_c), dout_oc = to<F>(in.dout_oc), gelu_in = to<F>(in.gelu_in);
+
+  std::vector<F> enc((size_t)N * C), dwte((size_t)V * C, F(0)), dwpe((size_t)T * C, F(0));
+  encoder_forward(enc.data(), in.tokens.data(), wte.data(), wpe.data(), B, T, C);
+  encoder_backward(dwte.data(), dwpe.data(), dout_c.data(), in.tokens.data(), B, T, C);
+  keep("encoder.out", enc), keep("encoder.dwte", dwte), keep("encoder.dwpe", dwpe);
+
+  std::vector<F> ln((size_t)N * C), mean(N), rstd(N), dln((size_t)N * C, F(0)), dlw(C, F(0)), dlb(C, F(0));
+  layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), ln_w.data(), ln_b.data(), N, C);
+  layernorm_backward(dln.data(), dlw.data(), dlb.data(), dout_c.data(), x.data(), ln_w.data(), mean.data(),
+                     rstd.data(), N, C);
+  keep("layernorm.out", ln), keep("layernorm.mean", mean), keep("layernorm.rstd", rstd);
+  keep("layernorm.dinp", dln), keep("layernorm.dweight", dlw), keep("layernorm.dbias", dlb);
+
+  std::vector<F> g((size_t)N * OC), dg((size_t)N * OC, F(0)), res((size_t)N * OC), acc = gelu_in;
+  gelu_forward(g.data(), gelu_in.data(), g.size());
+  gelu_backward(dg.data(), gelu_in.data(), dout_oc.data(), dg.size());
+  residual_forward(res.data(), g.data(), dout_oc.data(), res.size());
+  add_inplace(acc.data(), dout_oc.data(), acc.size());
+  keep("gelu.out", g), keep("gelu.dinp", dg), keep("residual.out", res), keep("add_inplace.dst", acc);
+
+  std::vector<F> logits = to<F>(in.logits), losses(N), probs((size_t)N * Vp), dlogits((size_t)N * Vp);
+  crossentropy_forward(losses.data(), probs.data(), logits.data(), in.targets.data(), N, V, Vp);
+  crossentropy_backward(dlogits.data(), probs.data(), in.targets.data(), F(1.0 / N), N, V, Vp);
+  keep("crossentropy.losses", losses), keep("crossentropy.probs", probs);
+  keep("crossentropy.dlogits", dlogits);
+
+  if (!include_blas) return r;
+
+  std::vector<F> mm((size_t)N * OC), dmi((size_t)N * C, F(0)), dmw((size_t)OC * C, F(0)), dmb(OC, F(0));
+  matmul_forward(mm.data(), x.data(), mm_w.data(), mm_b.data(), N, C, OC);
+  matmul_backward(dmi.data(), dmw.data(), dmb.data(), dout_oc.data(), x.data(), mm_w.data(), N, C, OC);
+  keep("matmul.out", mm), keep("matmul.dinp", dmi), keep("matmul.dweight", dmw), keep("matmul.dbias", dmb);
+
+  std::vector<F> att((size_t)B * NH * T * T), ao((size_t)N * C), dqkv((size_t)N * 3 * C, F(0));
+  std::vector<F> datt(att.size());
+  attention_forward(ao.data(), att.data(), qkv.data(), B, T, C, NH);
+  attention_backward(dqkv.data(), datt.data(), dout_c.data(), qkv.data(), att.data(), B, T, C, NH);
+  keep("attention.out", ao), keep("attention.att", att), keep("attention.dqkv", dqkv);
+  return r;
+}
+
+TEST(CpuOps, FloatAndDoubleAgree) {
+  const OpInputs in;
+  const Results d = run_all_ops<double>(in), f = run_all_ops<float>(in);
+  ASSERT_EQ(d.size(), f.size());
+  for (size_t i = 0; i < d.size(); i++) {
+    double scale = 1.0;
+    for (double v : d[i].second) scale = std::max(scale, std::fabs(v));
+    EXPECT_LE(max_abs_diff(f[i].second, d[i].second) / scale, 1e-5) << d[i].first;
+  }
+}
+
+TEST(CpuOps, BitIdenticalAcrossCalls) {
+  const OpInputs in;
+  const Results a = run_all_ops<float>(in), b = run_all_ops<float>(in);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); i++) EXPECT_TRUE(a[i].second == b[i].second) << a[i].first;
+}
+
+// The non-BLAS ops never split a sum across threads, so they do not even depend on the thread count.
+TEST(CpuOps, NonBlasOpsIndependentOfThreadCount) {
+  const OpInputs in;
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const Results one = run_all_ops<float>(in, false);
+  omp_set_num_threads(3);
+  const Results three = run_all_ops<float>(in, false);
+  omp_set_num_threads(saved);
+  ASSERT_EQ(one.size(), three.size());
+  for (size_t i = 0; i < one.size(); i++) EXPECT_TRUE(one[i].second == three[i].second) << one[i].first;
+}
+
+}  // namespace
