@@ -16,6 +16,7 @@ CXX      ?= g++
 PYTHON   ?= /usr/bin/python3
 MPIEXEC  ?= mpiexec
 NP       ?= 1
+JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 ARCH     ?=
 OPT      ?= -O3
 CXXFLAGS ?=
@@ -102,18 +103,18 @@ $(DATA_DIR)/train.h5: tools/prepare_data.py
 data: deps $(DATA_DIR)/train.h5
 
 run: deps
-	$(MAKE) bin/tessera
+	$(MAKE) -j$(JOBS) bin/tessera
 	$(MAKE) $(DATA_DIR)/train.h5
 	$(MPIEXEC) -n $(NP) bin/tessera train input/default.yaml
-	bin/tessera sample runs/default/latest --prompt "def " --tokens 300
+	bin/tessera sample runs/default/checkpoints --prompt "def " --tokens 400 --temperature 0.8
 
 test: deps
-	$(MAKE) bin/tessera bin/unit_tests
+	$(MAKE) -j$(JOBS) bin/tessera bin/unit_tests
 	bin/unit_tests
 	PYTHON=$(PYTHON) MPIEXEC=$(MPIEXEC) bash tests/run_integration.sh
 
 bench: deps
-	$(MAKE) bin/tessera
+	$(MAKE) -j$(JOBS) bin/tessera
 	PYTHON=$(PYTHON) bash tools/bench.sh
 
 asan: deps

@@ -3,7 +3,7 @@
 
 namespace tessera {
 
-// Runs 1024^3 sgemms on all OpenMP threads for about `seconds` and returns GFLOP/s.
+// Runs 1024^3 sgemms on all OpenMP threads for about `seconds`; GFLOP/s of the fastest one.
 double measure_sgemm_gflops(double seconds);
 
 }  // namespace tessera

@@ -103,27 +103,9 @@ int train(MPI_Comm world, const Config& cfg) {
   std::vector<float> params(layout.total), grads(layout.total), m(layout.total), v(layout.total);
   Gpt model(layout, mb, T);
 
-  std::error_code ec;
-  fs::create_directories(cfg.run.dir, ec);
-  if (ec) throw UserError("cannot create run directory " + cfg.run.dir + ": " + ec.message(), kExitIO);
-  RunLog log(rank == 0, cfg.run.dir);
-  const std::string deck_yaml = to_yaml(cfg);
-  {
-    std::ofstream deck(fs::path(cfg.run.dir) / "deck.yaml");
-    deck << deck_yaml;
-  }
   const std::string ckpt_dir =
       cfg.checkpoint.dir.empty() ? (fs::path(cfg.run.dir) / "checkpoints").string()
                                  : cfg.checkpoint.dir;
-  log.say("tessera: %d layers, %d heads, n_embd %d, vocab %d (padded %d): %.2fM parameters",
-          shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.padded_vocab,
-          layout.total / 1e6);
-  log.say("memory: parameters, gradients, Adam moments %.1f MB; activations %.1f MB",
-          4.0 * layout.total * 4 / 1e6, model.activation_bytes() / 1e6);
-  log.say("data: %s: %llu tokens, %llu windows of %d; batch %d = %d x %d micro-batches",
-          cfg.data.train.c_str(), (unsigned long long)train_data.num_tokens(),
-          (unsigned long long)train_data.num_windows(T), T + 1, B, n_micro, mb);
-
   // --- start: fresh or from a checkpoint ---
   TrainState state;
   state.seed = cfg.train.seed;
@@ -138,15 +120,37 @@ int train(MPI_Comm world, const Config& cfg) {
                       kExitIO);
   }
   const ModelBuffers buffers{params.data(), m.data(), v.data()};
+  // A bad checkpoint is refused before anything is printed.
+  CheckpointInfo restored;
+  const auto t_read = Clock::now();
   if (!restart_from.empty()) {
-    const auto t0 = Clock::now();
-    const CheckpointInfo info = read_checkpoint(world, restart_from, layout, buffers);
-    state = info.state;
+    restored = read_checkpoint(world, restart_from, layout, buffers);
+    state = restored.state;
+  }
+  const double read_seconds = seconds_since(t_read);
+
+  std::error_code ec;
+  if (rank == 0) fs::create_directories(cfg.run.dir, ec);
+  if (ec) throw UserError("cannot create run directory " + cfg.run.dir + ": " + ec.message(), kExitIO);
+  RunLog log(rank == 0, cfg.run.dir);
+  const std::string deck_yaml = to_yaml(cfg);
+  if (rank == 0) std::ofstream(fs::path(cfg.run.dir) / "deck.yaml") << deck_yaml;
+
+  log.say("tessera: %d layers, %d heads, n_embd %d, vocab %d (padded %d): %.2fM parameters",
+          shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.padded_vocab,
+          layout.total / 1e6);
+  log.say("memory: parameters, gradients, Adam moments %.1f MB; activations %.1f MB",
+          4.0 * layout.total * 4 / 1e6, model.activation_bytes() / 1e6);
+  log.say("data: %s: %llu tokens, %llu windows of %d; batch %d = %d x %d micro-batches",
+          cfg.data.train.c_str(), (unsigned long long)train_data.num_tokens(),
+          (unsigned long long)train_data.num_windows(T), T + 1, B, n_micro, mb);
+
+  if (!restart_from.empty()) {
     if (state.seed != cfg.train.seed)
       log.say("restart: note: checkpoint seed %llu kept (deck says %llu)",
               (unsigned long long)state.seed, (unsigned long long)cfg.train.seed);
     log.say("restart: %s at step %lld (read in %.2f s)", restart_from.c_str(),
-            (long long)state.step, seconds_since(t0));
+            (long long)state.step, read_seconds);
   } else {
     const auto t0 = Clock::now();
     init_parameters(params.data(), layout, cfg.train.seed, cfg.model.init_std);
@@ -155,7 +159,7 @@ int train(MPI_Comm world, const Config& cfg) {
   }
 
   const double peak_gflops =
-      cfg.log.peak_gflops > 0 ? cfg.log.peak_gflops : measure_sgemm_gflops(0.3);
+      cfg.log.peak_gflops > 0 ? cfg.log.peak_gflops : measure_sgemm_gflops(0.5);
   log.say("peak: %.1f GFLOP/s (%s) on %d threads", peak_gflops,
           cfg.log.peak_gflops > 0 ? "log.peak_gflops" : "sgemm measured now",
           omp_get_max_threads());

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# `make bench`: sgemm peak, tessera's training throughput on a GPT-2 124M shape, and the PyTorch
+# reference's on the same shape, threads and batch, measured side by side in one run. Writes the
+# table to build/bench/results.md and prints it.
+#   THREADS (2)  STEPS (6 timed steps after one warm-up)  PYTHON (/usr/bin/python3)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PYTHON=${PYTHON:-/usr/bin/python3}
+THREADS=${THREADS:-2}
+STEPS=${STEPS:-6}
+OUT=$ROOT/build/bench
+mkdir -p "$OUT"
+export OMP_NUM_THREADS=$THREADS
+L=12 H=12 C=768 V=50257 T=64 B=4
+
+echo "bench: sgemm peak ($THREADS threads)" >&2
+peak=$("$ROOT/bin/tessera" peak | awk '/sgemm_gflops/ {print $2}')
+
+echo "bench: random GPT-2-vocabulary token file" >&2
+"$PYTHON" - "$OUT/tokens.h5" "$V" <<'PY'
+import sys, h5py, numpy as np
+path, vocab = sys.argv[1], int(sys.argv[2])
+with h5py.File(path, "w") as f:
+    f.create_dataset("tokens", data=np.random.default_rng(0).integers(0, vocab, 200_000, dtype=np.uint16))
+    f.attrs["vocab_size"] = np.int64(vocab)
+    f.attrs["eot"] = np.int64(vocab - 1)
+    f.attrs["tokenizer"] = np.bytes_("gpt2-ids")
+PY
+
+echo "bench: tessera, GPT-2 124M shape, T=$T B=$B, $((STEPS + 1)) steps" >&2
+rm -rf "$OUT/run"
+cat >"$OUT/deck.yaml" <<DECK
+model: {n_layer: $L, n_head: $H, n_embd: $C, block_size: $T, vocab_size: $V, vocab_multiple: 64}
+data: {train: "$OUT/tokens.h5", seq_len: $T}
+train: {steps: $((STEPS + 1)), batch_size: $B}
+checkpoint: {every: 1000000, restart: none, dir: "$OUT/run/ckpt"}
+log: {every: 1, peak_gflops: $peak}
+run: {dir: "$OUT/run"}
+device: {threads: $THREADS}
+DECK
+# The end-of-run checkpoint is part of a real run but not of the step rate: only steps are timed.
+"$ROOT/bin/tessera" train "$OUT/deck.yaml" >"$OUT/tessera.log"
+read -r tessera_tps tessera_mfu < <("$PYTHON" - "$OUT/run/metrics.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"train"' in l][1:]   # step 1 is the warm-up
+print(statistics.median(r["tokens_per_s"] for r in rows), statistics.median(r["mfu"] for r in rows))
+PY
+)
+
+echo "bench: PyTorch reference, same shape" >&2
+torch_tps=$("$PYTHON" "$ROOT/tools/reference_gpt.py" --bench --n-layer $L --n-head $H --n-embd $C \
+  --vocab $V --seq $T --batch $B --steps "$STEPS" --threads "$THREADS" 2>"$OUT/torch.log" |
+  awk '/tokens_per_second/ {print $2}')
+torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)')
+
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
+"$PYTHON" - "$peak" "$tessera_tps" "$tessera_mfu" "$torch_tps" "$torch_version" "$cpu" "$THREADS" >"$OUT/results.md" <<'PY'
+import sys
+peak, tps, mfu, torch_tps = map(float, sys.argv[1:5])
+version, cpu, threads = sys.argv[5:8]
+print(f"# tessera bench ({cpu}, {threads} threads)\n")
+print("| what | value |")
+print("|---|---|")
+print(f"| sgemm 1024^3, OpenBLAS | {peak:.1f} GFLOP/s |")
+print(f"| tessera train, GPT-2 124M shape (T=64, B=4) | {tps:.0f} tokens/s, MFU {100 * mfu:.1f}% of sgemm peak |")
+print(f"| PyTorch {version} reference, same shape | {torch_tps:.0f} tokens/s |")
+print(f"| tessera / PyTorch | {tps / torch_tps:.2f}x (target >= 1.5x) |")
+print("\nMFU counts 6*N_matmul + 12*L*C*T FLOPs per token (FORMULAS.md), against the sgemm rate above.")
+PY
+cat "$OUT/results.md"
