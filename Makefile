@@ -120,7 +120,8 @@ bench: deps
 asan: deps
 	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" bin/unit_tests
 	mv bin/unit_tests bin/unit_tests_asan
-	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 bin/unit_tests_asan
+	ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 LSAN_OPTIONS=suppressions=tests/lsan.supp \
+	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 bin/unit_tests_asan
 
 clean:
 	rm -rf build build-asan bin
