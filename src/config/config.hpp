@@ -67,6 +67,15 @@ struct DeviceConfig {
   int threads = 0;              // OpenMP threads; 0 = the runtime's default (OMP_NUM_THREADS)
 };
 
+struct ParallelConfig {
+  int dp = 1;                     // data-parallel ranks; 0 = auto (world size / (tp * pp))
+  int tp = 1;                     // tensor-parallel ranks; 0 = auto
+  int pp = 1;                     // pipeline stages; 0 = auto
+  std::string schedule = "1f1b";  // gpipe | 1f1b
+  int zero = 0;                   // 0 | 1 (ZeRO-1: optimizer state sharded over dp)
+  std::vector<int> stage_layers;  // layers per stage (sums to n_layer); empty = balanced
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -77,6 +86,7 @@ struct Config {
   LogConfig log;
   RunConfig run;
   DeviceConfig device;
+  ParallelConfig parallel;
   std::string deck_path;        // as given on the command line; "" when parsed from text
 };
 
