@@ -2,6 +2,8 @@
 #include <mpi.h>
 
 #include <cerrno>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -169,13 +171,22 @@ int main(int argc, char** argv) {
   try {
     status = run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const UserError& e) {
-    if (rank == 0) std::fprintf(stderr, "%s\n", e.what());
     status = e.exit_code;
+    if (size > 1 && e.every_rank && rank != 0) {
+      // Rank 0 meets the same error, prints it and aborts the job; this rank speaks only if
+      // that has not happened after a while (then the error was not everyone's after all).
+      std::this_thread::sleep_for(std::chrono::seconds(5));
+    }
+    std::fprintf(stderr, "%s%s\n", size > 1 && rank != 0 ? ("rank " + std::to_string(rank) + ": ").c_str() : "",
+                 e.what());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessera: internal error on rank %d: %s\n", rank, e.what());
     status = tessera::kExitIO;
   }
-  if (status != 0 && size > 1) MPI_Abort(MPI_COMM_WORLD, status);  // a peer may be blocked
+  if (status != 0 && size > 1) {
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, status);  // peers may be blocked in a collective
+  }
   MPI_Finalize();
   return status;
 }

@@ -1,6 +1,10 @@
 #pragma once
 // Errors a user can cause (deck, data, checkpoint, layout). main() prints the message as one line
-// on rank 0 and exits with exit_code: 2 for bad input, 1 for I/O failures. No stack trace.
+// and exits with exit_code: 2 for bad input, 1 for I/O failures. No stack trace.
+//
+// `every_rank` says whether every rank meets the same error (a deck or layout problem, a file
+// every rank opens): then rank 0 alone prints it. An error only some ranks meet (the samples one
+// data-parallel rank reads) is printed by the rank that met it, and MPI_Abort ends the others.
 #include <stdexcept>
 #include <string>
 
@@ -11,8 +15,9 @@ inline constexpr int kExitBadInput = 2;
 
 struct UserError : std::runtime_error {
   int exit_code;
-  explicit UserError(const std::string& message, int code = kExitBadInput)
-      : std::runtime_error(message), exit_code(code) {}
+  bool every_rank;
+  explicit UserError(const std::string& message, int code = kExitBadInput, bool every_rank = true)
+      : std::runtime_error(message), exit_code(code), every_rank(every_rank) {}
 };
 
 }  // namespace tessera

@@ -20,16 +20,26 @@ namespace tessera {
 
 namespace fs = std::filesystem;
 
+uint64_t element_hash(uint64_t canonical_index, float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return mix64((canonical_index << 32) ^ bits ^ 0x5DEECE66DULL);
+}
+
 uint64_t tensor_checksum(const float* values, size_t n, uint64_t first_index) {
-  // A sum of per-element hashes of (index, bits) is independent of how the tensor is split
-  // between ranks and of the order in which the parts are added.
+  // A sum of per-element hashes is independent of how the tensor is split between ranks and of
+  // the order in which the parts are added.
   uint64_t sum = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sum)
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &values[i], sizeof bits);
-    sum += mix64(((first_index + i) << 32) ^ bits ^ 0x5DEECE66DULL);
-  }
+  for (size_t i = 0; i < n; ++i) sum += element_hash(first_index + i, values[i]);
+  return sum;
+}
+
+uint64_t tile_checksum(const LocalLayout& layout, const LocalTensor& t, const float* values) {
+  uint64_t sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+  for (size_t i = 0; i < t.numel; ++i)
+    sum += element_hash(layout.canonical_index(t, i), values[i]);
   return sum;
 }
 
@@ -73,11 +83,36 @@ H5Handle make_group(hid_t parent, const std::string& name) {
   return group;
 }
 
-// Writes one canonical tensor; this rank contributes elements [0, numel) (the whole tensor while
-// there is one rank). Returns the checksum summed over the ranks.
+// Selects this rank's blocks of a canonical tensor in the dataset's dataspace, or nothing when
+// it holds none. A vector's dataspace has rank 1, so only row0/rows of each block are read.
+void select_tile(hid_t space, const LocalTensor* t) {
+  if (t == nullptr) {
+    H5Sselect_none(space);
+    return;
+  }
+  bool first = true;
+  for (const Block& b : t->blocks) {
+    const hsize_t start[2] = {b.row0, b.col0}, count[2] = {b.rows, b.cols};
+    H5Sselect_hyperslab(space, first ? H5S_SELECT_SET : H5S_SELECT_OR, start, nullptr, count,
+                        nullptr);
+    first = false;
+  }
+}
+
+// The local buffer as a 1-D dataspace; one element, unselected, when this rank writes nothing.
+H5Handle memory_space(const LocalTensor* t) {
+  const hsize_t n = t ? t->numel : 1;
+  H5Handle mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  if (!t) H5Sselect_none(mem.get());
+  return mem;
+}
+
+// Creates the dataset of canonical tensor c (collective) and writes this rank's tile, if it holds
+// one that it owns; the checksum over all ranks' tiles is stored beside it.
 void write_tensor(MPI_Comm comm, hid_t file, hid_t checksums, const std::string& path,
-                  const ParamTensor& t, const float* local, hid_t dxpl) {
-  std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+                  const LocalLayout& layout, const ParamTensor& c, const LocalTensor* t,
+                  const float* local, hid_t dxpl) {
+  std::vector<hsize_t> dims(c.shape.begin(), c.shape.end());
   H5Handle space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
   H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl.get(), 1);
@@ -85,13 +120,14 @@ void write_tensor(MPI_Comm comm, hid_t file, hid_t checksums, const std::string&
                            H5P_DEFAULT, H5P_DEFAULT),
                 H5Dclose);
   if (!dset.valid()) throw UserError("HDF5: cannot create dataset " + path, kExitIO);
-  H5Sselect_all(space.get());
-  const hsize_t n = t.numel;
-  H5Handle mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
-  if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), dxpl, local) < 0)
+  H5Handle file_space(H5Dget_space(dset.get()), H5Sclose);
+  select_tile(file_space.get(), t);
+  H5Handle mem = memory_space(t);
+  if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mem.get(), file_space.get(), dxpl,
+               local) < 0)
     throw UserError("HDF5: write of " + path + " failed", kExitIO);
 
-  uint64_t sum = tensor_checksum(local, t.numel, 0), total = 0;
+  uint64_t sum = t ? tile_checksum(layout, *t, local) : 0, total = 0;
   MPI_Allreduce(&sum, &total, 1, MPI_UINT64_T, MPI_SUM, comm);
   H5Handle scalar(H5Screate(H5S_SCALAR), H5Sclose);
   H5Handle cset(H5Dcreate2(checksums, path.c_str(), H5T_STD_U64LE, scalar.get(), lcpl.get(),
@@ -101,23 +137,25 @@ void write_tensor(MPI_Comm comm, hid_t file, hid_t checksums, const std::string&
     throw UserError("HDF5: cannot write checksum of " + path, kExitIO);
 }
 
+// Reads this rank's tile of canonical tensor c (every rank that holds one, owner or not) and
+// checks the dataset's checksum over the tiles of the `counted` ranks.
 void read_tensor(MPI_Comm comm, hid_t file, const std::string& ckpt, const std::string& path,
-                 const ParamTensor& t, float* local, hid_t dxpl) {
+                 const LocalLayout& layout, const ParamTensor& c, const LocalTensor* t,
+                 bool counted, float* local, hid_t dxpl) {
   if (H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
     throw UserError(ckpt + ": missing dataset /" + path);
   H5Handle dset(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
   H5Handle space(H5Dget_space(dset.get()), H5Sclose);
   std::vector<hsize_t> dims(size_t(std::max(0, H5Sget_simple_extent_ndims(space.get()))));
   H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  if (std::vector<size_t>(dims.begin(), dims.end()) != t.shape)
+  if (std::vector<size_t>(dims.begin(), dims.end()) != c.shape)
     throw UserError(ckpt + ": /" + path + " has a different shape from the deck's model");
-  H5Sselect_all(space.get());
-  const hsize_t n = t.numel;
-  H5Handle mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  select_tile(space.get(), t);
+  H5Handle mem = memory_space(t);
   if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), dxpl, local) < 0)
     throw UserError(ckpt + ": read of /" + path + " failed", kExitIO);
 
-  uint64_t sum = tensor_checksum(local, t.numel, 0), total = 0, stored = 0;
+  uint64_t sum = t && counted ? tile_checksum(layout, *t, local) : 0, total = 0, stored = 0;
   MPI_Allreduce(&sum, &total, 1, MPI_UINT64_T, MPI_SUM, comm);
   const std::string cpath = "checksum/" + path;
   H5Handle cset(H5Dopen2(file, cpath.c_str(), H5P_DEFAULT), H5Dclose);
@@ -125,6 +163,13 @@ void read_tensor(MPI_Comm comm, hid_t file, const std::string& ckpt, const std::
     throw UserError(ckpt + ": missing checksum for /" + path);
   if (stored != total)
     throw UserError(ckpt + ": checksum mismatch in /" + path + " (file corrupt?)", kExitIO);
+}
+
+// The local tensor holding canonical tensor i on this rank, or null.
+std::vector<const LocalTensor*> tiles_by_canonical(const LocalLayout& layout) {
+  std::vector<const LocalTensor*> tiles(layout.canonical.tensors.size(), nullptr);
+  for (const LocalTensor& t : layout.tensors) tiles[t.canonical] = &t;
+  return tiles;
 }
 
 void write_text_atomically(const std::string& path, const std::string& text) {
@@ -147,9 +192,10 @@ int64_t require_int(hid_t obj, const std::string& file, const std::string& name)
 
 }  // namespace
 
-std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamLayout& layout,
-                             const ModelBuffers& buffers, const TrainState& state,
-                             const std::string& deck_yaml, const TokenizerInfo& tokenizer) {
+std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalLayout& layout,
+                             bool writer, const ModelBuffers& buffers, const TrainState& state,
+                             const std::string& deck_yaml, const TokenizerInfo& tokenizer,
+                             const std::string& saved_layout) {
   hdf5_quiet();
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
@@ -173,13 +219,10 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamL
     h5_write_int_attr(root, "tokens_seen", state.tokens_seen);
     h5_write_string_attr(root, "deck", deck_yaml);
     h5_write_string_attr(root, "software_version", kSoftwareVersion);
-    int world = 1;
-    MPI_Comm_size(comm, &world);
-    h5_write_string_attr(root, "saved_layout",
-                         "dp=1,tp=1,pp=1,world=" + std::to_string(world));
+    h5_write_string_attr(root, "saved_layout", saved_layout);
 
     H5Handle model = make_group(root, "model");
-    const ModelShape& s = layout.shape;
+    const ModelShape& s = layout.canonical.shape;
     h5_write_int_attr(model.get(), "n_layer", s.n_layer);
     h5_write_int_attr(model.get(), "n_head", s.n_head);
     h5_write_int_attr(model.get(), "n_embd", s.n_embd);
@@ -201,13 +244,18 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamL
     H5Handle checksums = make_group(root, "checksum");
 
     H5Handle dxpl = collective_transfer();
-    for (const ParamTensor& t : layout.tensors) {
-      write_tensor(comm, root, checksums.get(), "model/" + t.name, t, buffers.params + t.offset,
-                   dxpl.get());
-      write_tensor(comm, root, checksums.get(), "optim/exp_avg/" + t.name, t,
-                   buffers.exp_avg + t.offset, dxpl.get());
-      write_tensor(comm, root, checksums.get(), "optim/exp_avg_sq/" + t.name, t,
-                   buffers.exp_avg_sq + t.offset, dxpl.get());
+    const std::vector<const LocalTensor*> tiles = tiles_by_canonical(layout);
+    for (size_t i = 0; i < tiles.size(); ++i) {
+      const ParamTensor& c = layout.canonical.tensors[i];
+      // Replicated copies (other dp ranks, other tp ranks, the tied wte copy) stay silent.
+      const LocalTensor* t = writer && tiles[i] && tiles[i]->owner ? tiles[i] : nullptr;
+      const size_t off = t ? t->offset : 0;
+      write_tensor(comm, root, checksums.get(), "model/" + c.name, layout, c, t,
+                   buffers.params + off, dxpl.get());
+      write_tensor(comm, root, checksums.get(), "optim/exp_avg/" + c.name, layout, c, t,
+                   buffers.exp_avg + off, dxpl.get());
+      write_tensor(comm, root, checksums.get(), "optim/exp_avg_sq/" + c.name, layout, c, t,
+                   buffers.exp_avg_sq + off, dxpl.get());
     }
     if (H5Fflush(root, H5F_SCOPE_GLOBAL) < 0)
       throw UserError("HDF5: flush of " + tmp_path + " failed", kExitIO);
@@ -266,10 +314,10 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   return info;
 }
 
-CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const ParamLayout& layout,
-                               const ModelBuffers& buffers) {
+CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const LocalLayout& layout,
+                               bool writer, const ModelBuffers& buffers) {
   CheckpointInfo info = read_checkpoint_info(path);
-  const ModelShape &a = info.shape, &b = layout.shape;
+  const ModelShape &a = info.shape, &b = layout.canonical.shape;
   std::string diff;
   auto check = [&](const char* key, int stored, int wanted) {
     if (stored != wanted)
@@ -286,15 +334,20 @@ CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const Par
 
   H5Handle file = open_parallel_file(comm, path);
   H5Handle dxpl = collective_transfer();
-  for (const ParamTensor& t : layout.tensors) {
-    read_tensor(comm, file.get(), path, "model/" + t.name, t, buffers.params + t.offset,
-                dxpl.get());
-    if (buffers.exp_avg)
-      read_tensor(comm, file.get(), path, "optim/exp_avg/" + t.name, t,
-                  buffers.exp_avg + t.offset, dxpl.get());
-    if (buffers.exp_avg_sq)
-      read_tensor(comm, file.get(), path, "optim/exp_avg_sq/" + t.name, t,
-                  buffers.exp_avg_sq + t.offset, dxpl.get());
+  const std::vector<const LocalTensor*> tiles = tiles_by_canonical(layout);
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const ParamTensor& c = layout.canonical.tensors[i];
+    const LocalTensor* t = tiles[i];
+    const bool counted = t && writer && t->owner;
+    const size_t off = t ? t->offset : 0;
+    read_tensor(comm, file.get(), path, "model/" + c.name, layout, c, t, counted,
+                buffers.params + off, dxpl.get());
+    // Sampling and evaluation pass no moment buffers, on every rank alike: nothing to read.
+    if (!buffers.exp_avg) continue;
+    read_tensor(comm, file.get(), path, "optim/exp_avg/" + c.name, layout, c, t, counted,
+                buffers.exp_avg + off, dxpl.get());
+    read_tensor(comm, file.get(), path, "optim/exp_avg_sq/" + c.name, layout, c, t, counted,
+                buffers.exp_avg_sq + off, dxpl.get());
   }
   return info;
 }

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "io/token_file.hpp"
-#include "model/param_layout.hpp"
+#include "model/shard.hpp"
 
 namespace tessera {
 
@@ -32,31 +32,39 @@ struct CheckpointInfo {
   std::string saved_layout;
 };
 
-// The flat buffers of one rank (the full model while there is one rank).
+// One rank's flat local buffers (its tile of the model, LocalLayout offsets).
 struct ModelBuffers {
   float* params = nullptr;
   float* exp_avg = nullptr;     // may be null on read: moments are then skipped
   float* exp_avg_sq = nullptr;
 };
 
-// Collective over comm. Returns the path of the completed checkpoint.
-std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamLayout& layout,
-                             const ModelBuffers& buffers, const TrainState& state,
-                             const std::string& deck_yaml, const TokenizerInfo& tokenizer);
+// Collective over comm (every rank of the job). Each canonical tensor is one dataset; the rank
+// that owns a block of it (LocalTensor::owner, and `writer`: one rank of each data-parallel
+// group) writes its hyperslabs, every other rank takes part with an empty selection. Returns the
+// path of the completed checkpoint.
+std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalLayout& layout,
+                             bool writer, const ModelBuffers& buffers, const TrainState& state,
+                             const std::string& deck_yaml, const TokenizerInfo& tokenizer,
+                             const std::string& saved_layout);
 
 // Reads attributes only (deck, shape, state). Throws UserError naming the file on anything wrong.
 CheckpointInfo read_checkpoint_info(const std::string& path);
 
 // Collective over comm. Checks the stored model shape against layout (UserError naming each
-// differing value), reads the tensors and verifies their checksums.
-CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const ParamLayout& layout,
-                               const ModelBuffers& buffers);
+// differing value), reads every rank's tile, whatever layout wrote the file, and verifies the
+// checksums (over the blocks of the owning `writer` ranks, which together cover each tensor once).
+CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const LocalLayout& layout,
+                               bool writer, const ModelBuffers& buffers);
 
 // The checkpoint `latest` names in dir, else the newest complete step_*.h5 there; "" if none.
 // A path that is a file is returned as is.
 std::string resolve_checkpoint(const std::string& dir_or_file);
 
-// Order-free checksum of canonical elements [0, n) of a tensor, offset by `first_index`.
+// Order-free checksum of a tensor's elements: the sum over elements of a hash of (canonical
+// index, value bits), so the parts held by different ranks add up to the whole.
+uint64_t element_hash(uint64_t canonical_index, float value);
 uint64_t tensor_checksum(const float* values, size_t n, uint64_t first_index);
+uint64_t tile_checksum(const LocalLayout& layout, const LocalTensor& tensor, const float* values);
 
 }  // namespace tessera

@@ -39,19 +39,21 @@ void TokenFile::read_window(uint64_t w, int seq_len, int vocab_size, int32_t* in
   const hsize_t start[1] = {w * uint64_t(seq_len)};
   const hsize_t count[1] = {hsize_t(seq_len) + 1};
   if (start[0] + count[0] > num_tokens_)
-    throw UserError(path_ + ": window " + std::to_string(w) + " runs past the end of /tokens");
+    throw UserError(path_ + ": window " + std::to_string(w) + " runs past the end of /tokens",
+                    kExitBadInput, false);
   buffer_.resize(count[0]);
   H5Sselect_hyperslab(file_space_.get(), H5S_SELECT_SET, start, nullptr, count, nullptr);
   H5Handle mem(H5Screate_simple(1, count, nullptr), H5Sclose);
   if (H5Dread(dataset_.get(), H5T_NATIVE_UINT32, mem.get(), file_space_.get(), H5P_DEFAULT,
               buffer_.data()) < 0)
     throw UserError(path_ + ": read of /tokens failed at token " + std::to_string(start[0]),
-                    kExitIO);
+                    kExitIO, false);
   for (size_t i = 0; i < buffer_.size(); ++i) {
     if (buffer_[i] >= uint32_t(vocab_size))
       throw UserError(path_ + ": token " + std::to_string(start[0] + i) + " has id " +
                       std::to_string(buffer_[i]) + ", not below the model's vocab_size " +
-                      std::to_string(vocab_size));
+                      std::to_string(vocab_size),
+                      kExitBadInput, false);
   }
   for (int t = 0; t < seq_len; ++t) {
     inputs[t] = int32_t(buffer_[t]);

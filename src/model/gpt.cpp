@@ -1,6 +1,5 @@
 #include "model/gpt.hpp"
 
-#include <algorithm>
 #include <cstring>
 
 #include "backend/cpu/ops.hpp"
@@ -9,121 +8,176 @@ namespace tessera {
 
 using namespace tessera::cpu;
 
-Gpt::Gpt(const ParamLayout& layout, int max_batch, int max_seq)
-    : layout_(layout), max_batch_(max_batch), max_seq_(max_seq) {
-  const ModelShape& s = layout.shape;
-  const size_t N = size_t(max_batch) * max_seq, C = s.n_embd, L = s.n_layer;
-  const size_t att = size_t(max_batch) * s.n_head * max_seq * max_seq;
-  struct { Slot slot; size_t size; size_t count; } plan[] = {
-      {kEncoded, N * C, 1},     {kLn1, N * C, L},        {kLn1Mean, N, L},
-      {kLn1Rstd, N, L},         {kQkv, 3 * N * C, L},    {kAtt, att, L},
-      {kAttY, N * C, L},        {kAttProj, N * C, L},    {kRes2, N * C, L},
-      {kLn2, N * C, L},         {kLn2Mean, N, L},        {kLn2Rstd, N, L},
-      {kFcH, 4 * N * C, L},     {kFcGelu, 4 * N * C, L}, {kFcProj, N * C, L},
-      {kRes3, N * C, L},        {kLnF, N * C, 1},        {kLnFMean, N, 1},
-      {kLnFRstd, N, 1},         {kLogits, N * size_t(s.vocab_size), 1}, {kLosses, N, 1},
-      {kDRes, N * C, 1},        {kDLn, N * C, 1},        {kDQkv, 3 * N * C, 1},
-      {kDAtt, att, 1},          {kDAttY, N * C, 1},      {kDFcH, 4 * N * C, 1},
-      {kDFcGelu, 4 * N * C, 1},
+Gpt::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots)
+    : layout_(layout), tp_(tp), max_batch_(max_batch), max_seq_(max_seq), slots_(slots) {
+  const ModelShape& s = layout.canonical.shape;
+  const size_t N = size_t(max_batch) * max_seq, C = s.n_embd;
+  const size_t Cl = C / layout.tp;  // this rank's share of the heads / MLP width, per C
+  const size_t L = size_t(layout.layer_end - layout.layer_begin);
+  const size_t att = size_t(max_batch) * (s.n_head / layout.tp) * max_seq * max_seq;
+  const size_t last = layout.last ? 1 : 0;
+  struct { Slot kind; size_t size, count; } plan[] = {
+      {kEncoded, N * C, 1},     {kLn1, N * C, L},          {kLn1Mean, N, L},
+      {kLn1Rstd, N, L},         {kQkv, 3 * N * Cl, L},     {kAtt, att, L},
+      {kAttY, N * Cl, L},       {kAttProj, N * C, L},      {kRes2, N * C, L},
+      {kLn2, N * C, L},         {kLn2Mean, N, L},          {kLn2Rstd, N, L},
+      {kFcH, 4 * N * Cl, L},    {kFcGelu, 4 * N * Cl, L},  {kFcProj, N * C, L},
+      {kRes3, N * C, L},        {kLnF, N * C, last},       {kLnFMean, N, last},
+      {kLnFRstd, N, last},      {kLogits, N * size_t(layout.vocab_rows), last},
+      {kLosses, N, last},
   };
-  size_t total = 0;
   for (const auto& p : plan) {
-    slot_offset_[p.slot] = total;
-    slot_size_[p.slot] = p.size;
-    total += p.size * p.count;
+    offset_[p.kind] = slot_stride_;
+    size_[p.kind] = p.size;
+    slot_stride_ += p.size * p.count;
   }
-  acts_.assign(total, 0.0f);
+  acts_.assign(slot_stride_ * size_t(slots), 0.0f);
+  const size_t scratch_sizes[kScratchKinds] = {N * C, N * C, 3 * N * Cl, att,
+                                                N * Cl, 4 * N * Cl, 4 * N * Cl, N};
+  size_t total = 0;
+  for (int k = 0; k < kScratchKinds; ++k) {
+    scratch_offset_[k] = total;
+    total += scratch_sizes[k];
+  }
+  scratch_.assign(total, 0.0f);
+  ce_sums_.assign(2 * N, 0.0);
+  targets_.resize(size_t(slots));
 }
 
-double Gpt::forward(const float* params, const int32_t* tokens, const int32_t* targets, int B,
-                    int T) {
-  const ModelShape& s = layout_.shape;
-  const int C = s.n_embd, NH = s.n_head, V = s.vocab_size, N = B * T;
-  auto P = [&](size_t tensor) { return params + layout_.tensors[tensor].offset; };
+const float* Gpt::output(int slot) const {
+  const int L = layout_.layer_end - layout_.layer_begin;
+  return L > 0 ? act(kRes3, slot, L - 1) : act(kEncoded, slot);
+}
 
-  encoder_forward(act(kEncoded), tokens, P(layout_.wte()), P(layout_.wpe()), B, T, C);
-  const float* residual = act(kEncoded);
-  for (int l = 0; l < s.n_layer; ++l) {
-    auto W = [&](LayerTensor t) { return P(layout_.layer(l, t)); };
-    layernorm_forward(act(kLn1, l), act(kLn1Mean, l), act(kLn1Rstd, l), residual, W(kLn1W),
-                      W(kLn1B), N, C);
-    matmul_forward(act(kQkv, l), act(kLn1, l), W(kAttnW), W(kAttnB), N, C, 3 * C);
-    attention_forward(act(kAttY, l), act(kAtt, l), act(kQkv, l), B, T, C, NH);
-    matmul_forward(act(kAttProj, l), act(kAttY, l), W(kAttnProjW), W(kAttnProjB), N, C, C);
-    residual_forward(act(kRes2, l), residual, act(kAttProj, l), size_t(N) * C);
-    layernorm_forward(act(kLn2, l), act(kLn2Mean, l), act(kLn2Rstd, l), act(kRes2, l), W(kLn2W),
-                      W(kLn2B), N, C);
-    matmul_forward(act(kFcH, l), act(kLn2, l), W(kFcW), W(kFcB), N, C, 4 * C);
-    gelu_forward(act(kFcGelu, l), act(kFcH, l), size_t(N) * 4 * C);
-    matmul_forward(act(kFcProj, l), act(kFcGelu, l), W(kFcProjW), W(kFcProjB), N, 4 * C, C);
-    residual_forward(act(kRes3, l), act(kRes2, l), act(kFcProj, l), size_t(N) * C);
-    residual = act(kRes3, l);
+double Gpt::forward(const float* params, int slot, const int32_t* tokens, const int32_t* targets,
+                    int B, int T) {
+  const LocalLayout& lay = layout_;
+  const ModelShape& s = lay.canonical.shape;
+  const int C = s.n_embd, Cl = C / lay.tp, NHl = s.n_head / lay.tp, N = B * T;
+  const size_t NC = size_t(N) * C;
+  auto P = [&](int tensor) { return params + lay.tensors[size_t(tensor)].offset; };
+
+  if (lay.first) {
+    // Vocab-parallel lookup: each rank fills its rows' tokens, tp rank 0 adds the positions once.
+    encoder_forward(act(kEncoded, slot), tokens, P(lay.wte), lay.tp_rank == 0 ? P(lay.wpe) : nullptr,
+                    B, T, C, lay.vocab_begin, lay.vocab_rows);
+    tp_->all_reduce_sum(act(kEncoded, slot), NC);
   }
-  layernorm_forward(act(kLnF), act(kLnFMean), act(kLnFRstd), residual, P(layout_.ln_f_weight()),
-                    P(layout_.ln_f_bias()), N, C);
-  // Tied head over the real vocabulary only: the padded rows of wte never become logits.
-  matmul_forward(act(kLogits), act(kLnF), P(layout_.wte()), static_cast<const float*>(nullptr), N,
-                 C, V);
+  const float* residual = act(kEncoded, slot);
+  for (int l = lay.layer_begin; l < lay.layer_end; ++l) {
+    const int i = l - lay.layer_begin;
+    auto W = [&](LayerTensor t) { return P(lay.layer(l, t)); };
+    layernorm_forward(act(kLn1, slot, i), act(kLn1Mean, slot, i), act(kLn1Rstd, slot, i), residual,
+                      W(kLn1W), W(kLn1B), N, C);
+    // Column-parallel c_attn: this rank's heads of q, k and v.
+    matmul_forward(act(kQkv, slot, i), act(kLn1, slot, i), W(kAttnW), W(kAttnB), N, C, 3 * Cl);
+    attention_forward(act(kAttY, slot, i), act(kAtt, slot, i), act(kQkv, slot, i), B, T, Cl, NHl);
+    // Row-parallel c_proj: partial products summed over tp, then the replicated bias once.
+    matmul_forward(act(kAttProj, slot, i), act(kAttY, slot, i), W(kAttnProjW),
+                   static_cast<const float*>(nullptr), N, Cl, C);
+    tp_->all_reduce_sum(act(kAttProj, slot, i), NC);
+    bias_add(act(kAttProj, slot, i), W(kAttnProjB), N, C);
+    residual_forward(act(kRes2, slot, i), residual, act(kAttProj, slot, i), NC);
+    layernorm_forward(act(kLn2, slot, i), act(kLn2Mean, slot, i), act(kLn2Rstd, slot, i),
+                      act(kRes2, slot, i), W(kLn2W), W(kLn2B), N, C);
+    matmul_forward(act(kFcH, slot, i), act(kLn2, slot, i), W(kFcW), W(kFcB), N, C, 4 * Cl);
+    gelu_forward(act(kFcGelu, slot, i), act(kFcH, slot, i), size_t(N) * 4 * Cl);
+    matmul_forward(act(kFcProj, slot, i), act(kFcGelu, slot, i), W(kFcProjW),
+                   static_cast<const float*>(nullptr), N, 4 * Cl, C);
+    tp_->all_reduce_sum(act(kFcProj, slot, i), NC);
+    bias_add(act(kFcProj, slot, i), W(kFcProjB), N, C);
+    residual_forward(act(kRes3, slot, i), act(kRes2, slot, i), act(kFcProj, slot, i), NC);
+    residual = act(kRes3, slot, i);
+  }
+  if (!lay.last) return 0.0;
+
+  layernorm_forward(act(kLnF, slot), act(kLnFMean, slot), act(kLnFRstd, slot), residual,
+                    P(lay.ln_f_weight), P(lay.ln_f_bias), N, C);
+  // Vocab-parallel tied head over this rank's real vocabulary rows only.
+  const int Vl = lay.vocab_valid();
+  float* logits = act(kLogits, slot);
+  matmul_forward(logits, act(kLnF, slot), P(lay.wte), static_cast<const float*>(nullptr), N, C, Vl);
   if (targets == nullptr) return 0.0;
 
-  targets_.assign(targets, targets + N);
-  crossentropy_forward(act(kLosses), act(kLogits), act(kLogits), targets, N, V, V);
+  // Vocab-parallel cross-entropy: the max, then the sum of exponentials and the target logit,
+  // are reduced over tp; full logits never exist on one rank.
+  targets_[size_t(slot)].assign(targets, targets + N);
+  float* row_max = scratch(kRowMax);
+  crossentropy_row_max(row_max, logits, N, Vl, Vl);
+  tp_->all_reduce_max(row_max, size_t(N));
+  crossentropy_exp_sums(ce_sums_.data(), logits, logits, row_max, targets, N, Vl, Vl,
+                        lay.vocab_begin);
+  tp_->all_reduce_sum(ce_sums_.data(), 2 * size_t(N));
+  float* losses = act(kLosses, slot);
+  crossentropy_finish(losses, logits, ce_sums_.data(), N, Vl, Vl);
   double sum = 0.0;
-  for (int i = 0; i < N; ++i) sum += act(kLosses)[i];
+  for (int n = 0; n < N; ++n) sum += losses[n];
   return sum / N;
 }
 
-void Gpt::backward(const float* params, float* grads, const int32_t* tokens, int B, int T,
-                   float dloss) {
-  const ModelShape& s = layout_.shape;
-  const int C = s.n_embd, NH = s.n_head, V = s.vocab_size, N = B * T;
+void Gpt::backward(const float* params, float* grads, int slot, const int32_t* tokens, int B,
+                   int T, float dloss) {
+  const LocalLayout& lay = layout_;
+  const ModelShape& s = lay.canonical.shape;
+  const int C = s.n_embd, Cl = C / lay.tp, NHl = s.n_head / lay.tp, N = B * T;
   const size_t NC = size_t(N) * C;
-  auto P = [&](size_t tensor) { return params + layout_.tensors[tensor].offset; };
-  auto G = [&](size_t tensor) { return grads + layout_.tensors[tensor].offset; };
+  auto P = [&](int tensor) { return params + lay.tensors[size_t(tensor)].offset; };
+  auto G = [&](int tensor) { return grads + lay.tensors[size_t(tensor)].offset; };
   auto zero = [](float* p, size_t n) { std::memset(p, 0, n * sizeof(float)); };
+  const int L = lay.layer_end - lay.layer_begin;
+  float* dres = scratch(kDRes);
 
-  // Logits become their own gradient in place: probs - onehot, scaled.
-  float* dlogits = act(kLogits);
-  crossentropy_backward(dlogits, dlogits, targets_.data(), dloss, N, V, V);
-  zero(act(kDLn), NC);
-  matmul_backward(act(kDLn), G(layout_.wte()), static_cast<float*>(nullptr), dlogits, act(kLnF),
-                  P(layout_.wte()), N, C, V);
-  float* dres = act(kDRes);
-  zero(dres, NC);
-  const float* last = s.n_layer > 0 ? act(kRes3, s.n_layer - 1) : act(kEncoded);
-  layernorm_backward(dres, G(layout_.ln_f_weight()), G(layout_.ln_f_bias()), act(kDLn), last,
-                     P(layout_.ln_f_weight()), act(kLnFMean), act(kLnFRstd), N, C);
-
-  // dres holds the gradient of each layer's output; the residual path passes it through unchanged,
-  // so each branch's backward only adds its input gradient into it.
-  for (int l = s.n_layer - 1; l >= 0; --l) {
-    auto W = [&](LayerTensor t) { return P(layout_.layer(l, t)); };
-    auto GW = [&](LayerTensor t) { return G(layout_.layer(l, t)); };
-    const float* residual_in = l == 0 ? act(kEncoded) : act(kRes3, l - 1);
-
-    zero(act(kDFcGelu), 4 * NC);
-    matmul_backward(act(kDFcGelu), GW(kFcProjW), GW(kFcProjB), dres, act(kFcGelu, l), W(kFcProjW),
-                    N, 4 * C, C);
-    zero(act(kDFcH), 4 * NC);
-    gelu_backward(act(kDFcH), act(kFcH, l), act(kDFcGelu), 4 * NC);
-    zero(act(kDLn), NC);
-    matmul_backward(act(kDLn), GW(kFcW), GW(kFcB), act(kDFcH), act(kLn2, l), W(kFcW), N, C, 4 * C);
-    layernorm_backward(dres, GW(kLn2W), GW(kLn2B), act(kDLn), act(kRes2, l), W(kLn2W),
-                       act(kLn2Mean, l), act(kLn2Rstd, l), N, C);
-
-    zero(act(kDAttY), NC);
-    matmul_backward(act(kDAttY), GW(kAttnProjW), GW(kAttnProjB), dres, act(kAttY, l),
-                    W(kAttnProjW), N, C, C);
-    zero(act(kDQkv), 3 * NC);
-    attention_backward(act(kDQkv), act(kDAtt), act(kDAttY), act(kQkv, l), act(kAtt, l), B, T, C,
-                       NH);
-    zero(act(kDLn), NC);
-    matmul_backward(act(kDLn), GW(kAttnW), GW(kAttnB), act(kDQkv), act(kLn1, l), W(kAttnW), N, C,
-                    3 * C);
-    layernorm_backward(dres, GW(kLn1W), GW(kLn1B), act(kDLn), residual_in, W(kLn1W),
-                       act(kLn1Mean, l), act(kLn1Rstd, l), N, C);
+  if (lay.last) {
+    // The probabilities become their own gradient in place: probs - onehot, scaled.
+    const int Vl = lay.vocab_valid();
+    float* dlogits = act(kLogits, slot);
+    crossentropy_backward(dlogits, dlogits, targets_[size_t(slot)].data(), dloss, N, Vl, Vl,
+                          lay.vocab_begin);
+    zero(scratch(kDLn), NC);
+    matmul_backward(scratch(kDLn), G(lay.wte), static_cast<float*>(nullptr), dlogits,
+                    act(kLnF, slot), P(lay.wte), N, C, Vl);
+    tp_->all_reduce_sum(scratch(kDLn), NC);
+    zero(dres, NC);
+    const float* last_out = L > 0 ? act(kRes3, slot, L - 1) : act(kEncoded, slot);
+    layernorm_backward(dres, G(lay.ln_f_weight), G(lay.ln_f_bias), scratch(kDLn), last_out,
+                       P(lay.ln_f_weight), act(kLnFMean, slot), act(kLnFRstd, slot), N, C);
   }
-  encoder_backward(G(layout_.wte()), G(layout_.wpe()), dres, tokens, B, T, C);
+  // dres holds the gradient of each layer's output; the residual path passes it through
+  // unchanged, so each branch's backward only adds its input gradient into it.
+  for (int l = lay.layer_end - 1; l >= lay.layer_begin; --l) {
+    const int i = l - lay.layer_begin;
+    auto W = [&](LayerTensor t) { return P(lay.layer(l, t)); };
+    auto GW = [&](LayerTensor t) { return G(lay.layer(l, t)); };
+    const float* residual_in = i == 0 ? act(kEncoded, slot) : act(kRes3, slot, i - 1);
+
+    zero(scratch(kDFcGelu), 4 * size_t(N) * Cl);
+    matmul_backward(scratch(kDFcGelu), GW(kFcProjW), GW(kFcProjB), dres, act(kFcGelu, slot, i),
+                    W(kFcProjW), N, 4 * Cl, C);
+    zero(scratch(kDFcH), 4 * size_t(N) * Cl);
+    gelu_backward(scratch(kDFcH), act(kFcH, slot, i), scratch(kDFcGelu), 4 * size_t(N) * Cl);
+    zero(scratch(kDLn), NC);
+    matmul_backward(scratch(kDLn), GW(kFcW), GW(kFcB), scratch(kDFcH), act(kLn2, slot, i), W(kFcW),
+                    N, C, 4 * Cl);
+    tp_->all_reduce_sum(scratch(kDLn), NC);  // column-parallel input: partial over tp
+    layernorm_backward(dres, GW(kLn2W), GW(kLn2B), scratch(kDLn), act(kRes2, slot, i), W(kLn2W),
+                       act(kLn2Mean, slot, i), act(kLn2Rstd, slot, i), N, C);
+
+    zero(scratch(kDAttY), size_t(N) * Cl);
+    matmul_backward(scratch(kDAttY), GW(kAttnProjW), GW(kAttnProjB), dres, act(kAttY, slot, i),
+                    W(kAttnProjW), N, Cl, C);
+    zero(scratch(kDQkv), 3 * size_t(N) * Cl);
+    attention_backward(scratch(kDQkv), scratch(kDAtt), scratch(kDAttY), act(kQkv, slot, i),
+                       act(kAtt, slot, i), B, T, Cl, NHl);
+    zero(scratch(kDLn), NC);
+    matmul_backward(scratch(kDLn), GW(kAttnW), GW(kAttnB), scratch(kDQkv), act(kLn1, slot, i),
+                    W(kAttnW), N, C, 3 * Cl);
+    tp_->all_reduce_sum(scratch(kDLn), NC);
+    layernorm_backward(dres, GW(kLn1W), GW(kLn1B), scratch(kDLn), residual_in, W(kLn1W),
+                       act(kLn1Mean, slot, i), act(kLn1Rstd, slot, i), N, C);
+  }
+  if (lay.first)
+    encoder_backward(G(lay.wte), G(lay.wpe), dres, tokens, B, T, C, lay.vocab_begin,
+                     lay.vocab_rows);
 }
 
 }  // namespace tessera

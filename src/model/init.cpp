@@ -24,12 +24,4 @@ float init_value(const ParamTensor& t, const ModelShape& shape, uint64_t seed, d
   return 0.0f;
 }
 
-void init_parameters(float* params, const ParamLayout& layout, uint64_t seed, double std) {
-  for (const ParamTensor& t : layout.tensors) {
-    float* p = params + t.offset;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < t.numel; ++i) p[i] = init_value(t, layout.shape, seed, std, i);
-  }
-}
-
 }  // namespace tessera

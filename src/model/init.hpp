@@ -11,7 +11,4 @@ namespace tessera {
 float init_value(const ParamTensor& tensor, const ModelShape& shape, uint64_t seed, double std,
                  size_t index);
 
-// Fills the whole flat buffer (one rank holding the full model).
-void init_parameters(float* params, const ParamLayout& layout, uint64_t seed, double std);
-
 }  // namespace tessera

@@ -2,30 +2,25 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace tessera {
 
-void adamw_step(float* params, const float* grads, float* m, float* v, const ParamLayout& layout,
-                const AdamWHyper& h, double lr, long t) {
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, bool decay,
+                  const AdamWHyper& h, double lr, long t) {
   const float b1 = float(h.beta1), b2 = float(h.beta2);
   const double bc1 = 1.0 - std::pow(h.beta1, double(t));
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(h.beta2, double(t)));
+  const float bc2_sqrt = float(std::sqrt(1.0 - std::pow(h.beta2, double(t))));
   const float step_size = float(lr / bc1);
   const float eps = float(h.eps);
-  for (const ParamTensor& tensor : layout.tensors) {
-    const float decay = tensor.weight_decay ? float(1.0 - lr * h.weight_decay) : 1.0f;
-    float* p = params + tensor.offset;
-    const float* g = grads + tensor.offset;
-    float* mt = m + tensor.offset;
-    float* vt = v + tensor.offset;
+  const float keep = decay ? float(1.0 - lr * h.weight_decay) : 1.0f;
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < tensor.numel; ++i) {
-      const float gi = g[i];
-      mt[i] = b1 * mt[i] + (1.0f - b1) * gi;
-      vt[i] = b2 * vt[i] + (1.0f - b2) * gi * gi;
-      const float denom = std::sqrt(vt[i]) / float(bc2_sqrt) + eps;
-      p[i] = p[i] * decay - step_size * mt[i] / denom;
-    }
+  for (size_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    m[i] = b1 * m[i] + (1.0f - b1) * gi;
+    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+    const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+    p[i] = p[i] * keep - step_size * m[i] / denom;
   }
 }
 
@@ -45,12 +40,14 @@ double sum_of_squares(const float* x, size_t n) {
   return total;
 }
 
-void clip_gradients(float* grads, size_t n, double norm, double max_norm) {
+double clip_factor(double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
-  if (coef >= 1.0) return;
-  const float c = float(coef);
+  return coef < 1.0 ? coef : 1.0;
+}
+
+void scale(float* x, size_t n, float factor) {
 #pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) grads[i] *= c;
+  for (size_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
 }  // namespace tessera

@@ -4,8 +4,8 @@
 // (and a simulation of all stages together) without MPI.
 //
 // Per stage the list is built from compute ops, each wrapped by its point-to-point ops:
-//   RecvForward(mb)  Forward(mb)  SendForward(mb)     recv only on stage > 0, send only on stage < pp-1
-//   RecvBackward(mb) Backward(mb) SendBackward(mb)    recv only on stage < pp-1, send only on stage > 0
+//   RecvForward(mb)  Forward(mb)  SendForward(mb)   recv on stage > 0, send on stage < pp-1
+//   RecvBackward(mb) Backward(mb) SendBackward(mb)  recv on stage < pp-1, send on stage > 0
 // Sends are non-blocking (MPI_Isend) and receives blocking, and each stage receives from a
 // neighbour in the order that neighbour sent, so `simulate` checks exactly those semantics.
 #include <string>
@@ -38,7 +38,7 @@ struct Action {
 // The actions of stage `stage` of `pp`, in the order the executor performs them, for
 // `microbatches` micro-batches. Every micro-batch is forwarded and backwarded exactly once.
 // 1F1B: warmup = min(pp - stage - 1, m) forwards, then (m - warmup) steady pairs F(warmup+i) B(i),
-// then warmup cooldown backwards; so stage s holds at most min(pp - s, m) micro-batches' activations.
+// then warmup cooldown backwards; so stage s holds at most min(pp - s, m) activation sets.
 // GPipe: F0..F(m-1) then B(m-1)..B0 (reverse order, as in the GPipe paper; gradients accumulate,
 // so the order only affects which activations are freed first); every stage holds all m.
 // Throws std::invalid_argument unless pp >= 1, 0 <= stage < pp and microbatches >= 1.
@@ -51,12 +51,11 @@ int max_in_flight(const std::vector<Action>& actions);
 // Runs per_stage[s] (the list of stage s, pp = per_stage.size()) together: sends are buffered,
 // a receive blocks until the neighbour has issued the matching send, and messages on each link and
 // direction arrive in the order they were sent. Returns "" if every stage runs to completion with
-// each micro-batch in [0, microbatches) forwarded and backwarded exactly once and every message
-// received; otherwise a one-line description of the first problem: a deadlock (which stage waits
-// on what), a neighbour sending a different micro-batch than the one expected, a Forward before
-// its RecvForward, a Backward before its Forward / RecvBackward, a send before its compute, a
-// Recv/Send on a stage without that neighbour, a message never received, a micro-batch never
-// forwarded or backwarded.
+// each micro-batch in [0, microbatches) forwarded and backwarded exactly once; otherwise a
+// one-line description of the first problem: a deadlock (which stage waits on what), a
+// neighbour sending a different micro-batch than the one expected, a Forward before its
+// RecvForward, a Backward before its Forward / RecvBackward, a send before its compute, a
+// Recv/Send on a stage without that neighbour, a micro-batch done twice or never.
 std::string simulate(const std::vector<std::vector<Action>>& per_stage, int microbatches);
 
 // Text form for logs and tests: compute ops only, e.g. "F0 F1 B0 F2 B1 B2"; with `full` the

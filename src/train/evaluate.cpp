@@ -7,21 +7,26 @@
 
 namespace tessera {
 
-double evaluate_loss(Gpt& model, const float* params, TokenFile& file, int micro_batch,
-                     int seq_len, int batches) {
+uint64_t eval_windows(TokenFile& file, int seq_len, int batch_size, int batches) {
   const uint64_t windows = file.num_windows(seq_len);
-  const uint64_t usable = std::min<uint64_t>(uint64_t(batches), windows / uint64_t(micro_batch));
+  const uint64_t usable = std::min<uint64_t>(uint64_t(batches), windows / uint64_t(batch_size));
   if (usable == 0)
     throw UserError(file.path() + ": too short to evaluate: " + std::to_string(windows) +
                     " windows of " + std::to_string(seq_len + 1) + " tokens, a batch needs " +
-                    std::to_string(micro_batch));
-  Batch batch(micro_batch, seq_len);
-  double sum = 0;
-  for (uint64_t i = 0; i < usable; ++i) {
-    read_eval_batch(file, i * uint64_t(micro_batch), model.layout().shape.vocab_size, batch);
-    sum += model.forward(params, batch.inputs.data(), batch.targets.data(), batch.B, batch.T);
+                    std::to_string(batch_size));
+  return usable * uint64_t(batch_size);
+}
+
+double evaluate_loss_sum(PipelineExecutor& executor, const float* params, TokenFile& file,
+                         int micro_batch, int seq_len, int vocab, uint64_t first, uint64_t count) {
+  const size_t n = size_t(count / uint64_t(micro_batch));
+  std::vector<Batch> batches(n, Batch(micro_batch, seq_len));
+  std::vector<MicroBatch> views(n);
+  for (size_t i = 0; i < n; ++i) {
+    read_eval_batch(file, first + i * uint64_t(micro_batch), vocab, batches[i]);
+    views[i] = {batches[i].inputs.data(), batches[i].targets.data()};
   }
-  return sum / double(usable);
+  return executor.forward_only(params, views);
 }
 
 }  // namespace tessera

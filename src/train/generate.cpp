@@ -12,15 +12,18 @@
 #include "config/config.hpp"
 #include "io/checkpoint.hpp"
 #include "model/gpt.hpp"
+#include "parallel/comm.hpp"
+#include "pipeline/executor.hpp"
 #include "train/evaluate.hpp"
 
 namespace tessera {
 
 namespace {
 
+// The whole model on this one rank, whatever layout wrote the checkpoint.
 struct LoadedModel {
   CheckpointInfo info;
-  ParamLayout layout;
+  LocalLayout layout;
   std::vector<float> params;
 };
 
@@ -30,9 +33,9 @@ LoadedModel load_model(const std::string& checkpoint) {
     throw UserError("cannot read checkpoint " + checkpoint + ": no such file or directory", kExitIO);
   LoadedModel m;
   m.info = read_checkpoint_info(path);
-  m.layout = make_param_layout(m.info.shape);
+  m.layout = make_local_layout(m.info.shape, 1, 0, 0, m.info.shape.n_layer, true, true);
   m.params.resize(m.layout.total);
-  read_checkpoint(MPI_COMM_SELF, path, m.layout, ModelBuffers{m.params.data(), nullptr, nullptr});
+  read_checkpoint(MPI_COMM_SELF, path, m.layout, true, {m.params.data(), nullptr, nullptr});
   return m;
 }
 
@@ -40,7 +43,7 @@ LoadedModel load_model(const std::string& checkpoint) {
 
 void sample_text(const std::string& checkpoint, const SampleOptions& opt) {
   LoadedModel m = load_model(checkpoint);
-  const ModelShape& s = m.layout.shape;
+  const ModelShape& s = m.layout.canonical.shape;
   if (m.info.tokenizer.type != "byte")
     throw UserError(m.info.path + ": tokenizer '" + m.info.tokenizer.type +
                     "' cannot be decoded by this tessera");
@@ -49,14 +52,15 @@ void sample_text(const std::string& checkpoint, const SampleOptions& opt) {
   if (context.empty()) context.push_back(int32_t(m.info.tokenizer.eot));
   std::fwrite(opt.prompt.data(), 1, opt.prompt.size(), stdout);
 
-  Gpt model(m.layout, 1, s.block_size);
+  Comm single;
+  Gpt model(m.layout, &single, 1, s.block_size, 1);
   const uint64_t key = stream_key(opt.seed, "sample");
   std::vector<double> p(size_t(s.vocab_size));
   for (int i = 0; i < opt.tokens; ++i) {
     // The model sees at most block_size positions: the oldest tokens fall off the front.
     const int T = std::min<int>(int(context.size()), s.block_size);
-    model.forward(m.params.data(), context.data() + context.size() - T, nullptr, 1, T);
-    const float* logits = model.logits() + size_t(T - 1) * s.vocab_size;
+    model.forward(m.params.data(), 0, context.data() + context.size() - T, nullptr, 1, T);
+    const float* logits = model.logits(0) + size_t(T - 1) * s.vocab_size;
     int next = 0;
     if (opt.temperature <= 0) {
       next = int(std::max_element(logits, logits + s.vocab_size) - logits);
@@ -82,14 +86,20 @@ void eval_checkpoint(const std::string& checkpoint, const std::string& data, int
   LoadedModel m = load_model(checkpoint);
   const Config deck = parse_deck(m.info.deck_yaml, m.info.path + ":/deck", {});
   const int T = deck.data.seq_len;
-  const int mb = deck.train.micro_batch > 0 ? deck.train.micro_batch : deck.train.batch_size;
+  const int B = deck.train.batch_size;
+  const int mb = deck.train.micro_batch > 0 ? deck.train.micro_batch : B;
   if (batches <= 0) batches = deck.eval.batches;
   TokenFile file(data);
-  Gpt model(m.layout, mb, T);
-  const double loss = evaluate_loss(model, m.params.data(), file, mb, T, batches);
-  std::printf("eval: %s (step %lld) on %s: %d batches of %d x %d tokens: loss %.6f\n",
-              m.info.path.c_str(), (long long)m.info.state.step, data.c_str(), batches, mb, T,
-              loss);
+  const uint64_t windows = eval_windows(file, T, B, batches);
+  Comm single;
+  Gpt model(m.layout, &single, mb, T, 1);
+  PipelineExecutor executor(model, &single, {}, mb, T);
+  const double loss = evaluate_loss_sum(executor, m.params.data(), file, mb, T,
+                                        m.layout.canonical.shape.vocab_size, 0, windows) /
+                      double(windows / uint64_t(mb));
+  std::printf("eval: %s (step %lld) on %s: %llu windows of %d tokens: loss %.6f\n",
+              m.info.path.c_str(), (long long)m.info.state.step, data.c_str(),
+              (unsigned long long)windows, T + 1, loss);
 }
 
 }  // namespace tessera

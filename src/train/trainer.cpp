@@ -15,9 +15,13 @@
 #include "io/checkpoint.hpp"
 #include "io/token_file.hpp"
 #include "model/gpt.hpp"
-#include "model/init.hpp"
-#include "optim/adamw.hpp"
+#include "model/shard.hpp"
+#include "optim/distributed.hpp"
 #include "optim/lr_schedule.hpp"
+#include "parallel/comm.hpp"
+#include "parallel/topology.hpp"
+#include "pipeline/executor.hpp"
+#include "pipeline/schedule.hpp"
 #include "train/batch.hpp"
 #include "train/evaluate.hpp"
 
@@ -32,7 +36,7 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Console and metrics.jsonl, rank 0 only.
+// Console and metrics.jsonl, world rank 0 only.
 class RunLog {
  public:
   RunLog(bool active, const std::string& run_dir) : active_(active) {
@@ -64,22 +68,24 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+std::string layout_name(const ParallelLayout& l) {
+  return "dp=" + std::to_string(l.dp) + ",tp=" + std::to_string(l.tp) +
+         ",pp=" + std::to_string(l.pp);
+}
+
 }  // namespace
 
-int train(MPI_Comm world, const Config& cfg) {
-  int rank = 0, world_size = 1;
-  MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &world_size);
-  if (world_size != 1)
-    throw UserError("this tessera trains on one rank; run it with mpiexec -n 1 (got " +
-                    std::to_string(world_size) + " ranks)");
+int train(MPI_Comm world_comm, const Config& cfg) {
+  int world_rank = 0, world_size = 1;
+  MPI_Comm_rank(world_comm, &world_rank);
+  MPI_Comm_size(world_comm, &world_size);
   if (cfg.device.backend == "cuda")
     throw UserError(cfg.deck_path + ": device.backend = cuda, but this tessera was built without "
                     "the CUDA backend; use device.backend: cpu");
   if (cfg.device.threads > 0) omp_set_num_threads(cfg.device.threads);
   const auto t_start = Clock::now();
 
-  // --- data and model shape ---
+  // --- data, model shape and layout: everything checked before anything is allocated ---
   TokenFile train_data(cfg.data.train);
   std::unique_ptr<TokenFile> val_data;
   if (!cfg.data.val.empty()) val_data = std::make_unique<TokenFile>(cfg.data.val);
@@ -90,23 +96,45 @@ int train(MPI_Comm world, const Config& cfg) {
                     " exceeds model.vocab_size " + std::to_string(vocab));
   const int T = cfg.data.seq_len;
   const int B = cfg.train.batch_size;
-  const int mb = cfg.train.micro_batch > 0 ? cfg.train.micro_batch : B;
-  const int n_micro = B / mb;
   if (train_data.num_windows(T) == 0)
     throw UserError(cfg.data.train + ": " + std::to_string(train_data.num_tokens()) +
                     " tokens hold no window of data.seq_len + 1 = " + std::to_string(T + 1));
-
   const ModelShape shape =
       make_model_shape(cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd,
                        cfg.model.block_size, vocab, cfg.model.vocab_multiple);
-  const ParamLayout layout = make_param_layout(shape);
-  std::vector<float> params(layout.total), grads(layout.total), m(layout.total), v(layout.total);
-  Gpt model(layout, mb, T);
+
+  ParallelLayout layout;
+  if (std::string e = resolve_layout(cfg.parallel, world_size, &layout); !e.empty())
+    throw UserError(cfg.deck_path + ": " + e);
+  const int mb = cfg.train.micro_batch > 0 ? cfg.train.micro_batch : B / layout.dp;
+  if (std::string e = check_layout(layout, shape.n_head, shape.padded_vocab, shape.n_layer,
+                                   cfg.parallel.stage_layers, B, mb);
+      !e.empty())
+    throw UserError(cfg.deck_path + ": " + e);
+  const int n_micro = B / (layout.dp * mb);
+
+  Topology topo(world_comm, layout);
+  const RankCoord me = topo.coord();
+  Comm world(world_comm), tp(topo.comm(CommName::tp)), dp(topo.comm(CommName::dp)),
+      pp(topo.comm(CommName::pp)), embed(topo.comm(CommName::embed));
+  const auto stages = stage_layer_ranges(shape.n_layer, layout.pp, cfg.parallel.stage_layers);
+  const auto [layer_begin, layer_end] = stages[size_t(me.pp_rank)];
+  const LocalLayout tile = make_local_layout(shape, layout.tp, me.tp_rank, layer_begin, layer_end,
+                                             topo.first_stage(), topo.last_stage());
+  const std::vector<Action> schedule =
+      make_schedule(parse_schedule(cfg.parallel.schedule), me.pp_rank, layout.pp, n_micro);
+
+  const AdamWHyper hyper{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+  DistributedOptimizer optimizer(tile, &dp, &world, cfg.parallel.zero == 1, hyper);
+  std::vector<float> params(optimizer.buffer_size()), grads(optimizer.buffer_size());
+  Gpt model(tile, &tp, mb, T, schedule_slots(schedule));
+  PipelineExecutor executor(model, &pp, schedule, mb, T);
+  const bool writer = me.dp_rank == 0;  // one rank of each data-parallel group writes its tile
 
   const std::string ckpt_dir =
       cfg.checkpoint.dir.empty() ? (fs::path(cfg.run.dir) / "checkpoints").string()
                                  : cfg.checkpoint.dir;
-  // --- start: fresh or from a checkpoint ---
+  // --- start: fresh or from a checkpoint of any layout ---
   TrainState state;
   state.seed = cfg.train.seed;
   std::string restart_from;
@@ -119,69 +147,91 @@ int train(MPI_Comm world, const Config& cfg) {
                           ": no such checkpoint file or directory with one",
                       kExitIO);
   }
-  const ModelBuffers buffers{params.data(), m.data(), v.data()};
   // A bad checkpoint is refused before anything is printed.
-  CheckpointInfo restored;
   const auto t_read = Clock::now();
+  std::string restored_layout;
   if (!restart_from.empty()) {
-    restored = read_checkpoint(world, restart_from, layout, buffers);
-    state = restored.state;
+    std::vector<float> m(optimizer.buffer_size()), v(optimizer.buffer_size());
+    const CheckpointInfo info =
+        read_checkpoint(world_comm, restart_from, tile, writer, {params.data(), m.data(), v.data()});
+    optimizer.set_moments(m, v);
+    state = info.state;
+    restored_layout = info.saved_layout;
   }
   const double read_seconds = seconds_since(t_read);
 
   std::error_code ec;
-  if (rank == 0) fs::create_directories(cfg.run.dir, ec);
+  if (world_rank == 0) fs::create_directories(cfg.run.dir, ec);
   if (ec) throw UserError("cannot create run directory " + cfg.run.dir + ": " + ec.message(), kExitIO);
-  RunLog log(rank == 0, cfg.run.dir);
+  MPI_Barrier(world_comm);
+  RunLog log(world_rank == 0, cfg.run.dir);
   const std::string deck_yaml = to_yaml(cfg);
-  if (rank == 0) std::ofstream(fs::path(cfg.run.dir) / "deck.yaml") << deck_yaml;
+  if (world_rank == 0) std::ofstream(fs::path(cfg.run.dir) / "deck.yaml") << deck_yaml;
 
   log.say("tessera: %d layers, %d heads, n_embd %d, vocab %d (padded %d): %.2fM parameters",
           shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.padded_vocab,
-          layout.total / 1e6);
-  log.say("memory: parameters, gradients, Adam moments %.1f MB; activations %.1f MB",
-          4.0 * layout.total * 4 / 1e6, model.activation_bytes() / 1e6);
-  log.say("data: %s: %llu tokens, %llu windows of %d; batch %d = %d x %d micro-batches",
-          cfg.data.train.c_str(), (unsigned long long)train_data.num_tokens(),
-          (unsigned long long)train_data.num_windows(T), T + 1, B, n_micro, mb);
-
+          tile.canonical.total / 1e6);
+  log.say("layout: %s on %d ranks, %s schedule, %d micro-batches of %d per dp rank%s",
+          layout_name(layout).c_str(), world_size, cfg.parallel.schedule.c_str(), n_micro, mb,
+          cfg.parallel.zero == 1 ? ", ZeRO-1" : "");
+  if (world_size > 1) log.say("%s", topo.rank_grid(stages).c_str());
+  log.say("memory (rank 0): parameters %.1f MB, gradients %.1f MB, Adam moments %.1f MB, "
+          "activations %.1f MB",
+          4.0 * tile.total / 1e6, 4.0 * tile.total / 1e6, optimizer.moment_bytes() / 1e6,
+          model.activation_bytes() / 1e6);
+  log.say("data: %s: %llu tokens, %llu windows of %d; batch %d", cfg.data.train.c_str(),
+          (unsigned long long)train_data.num_tokens(),
+          (unsigned long long)train_data.num_windows(T), T + 1, B);
   if (!restart_from.empty()) {
     if (state.seed != cfg.train.seed)
       log.say("restart: note: checkpoint seed %llu kept (deck says %llu)",
               (unsigned long long)state.seed, (unsigned long long)cfg.train.seed);
-    log.say("restart: %s at step %lld (read in %.2f s)", restart_from.c_str(),
-            (long long)state.step, read_seconds);
+    log.say("restart: %s at step %lld, saved on %s (read in %.2f s)", restart_from.c_str(),
+            (long long)state.step, restored_layout.c_str(), read_seconds);
   } else {
     const auto t0 = Clock::now();
-    init_parameters(params.data(), layout, cfg.train.seed, cfg.model.init_std);
+    init_local_parameters(params.data(), tile, cfg.train.seed, cfg.model.init_std);
     log.say("init: fresh model from seed %llu (%.2f s)", (unsigned long long)cfg.train.seed,
             seconds_since(t0));
   }
 
-  const double peak_gflops =
-      cfg.log.peak_gflops > 0 ? cfg.log.peak_gflops : measure_sgemm_gflops(0.5);
-  log.say("peak: %.1f GFLOP/s (%s) on %d threads", peak_gflops,
+  double peak_gflops = cfg.log.peak_gflops;
+  if (peak_gflops <= 0) {
+    peak_gflops = measure_sgemm_gflops(0.5);
+    MPI_Bcast(&peak_gflops, 1, MPI_DOUBLE, 0, world_comm);  // one figure for the whole job
+  }
+  log.say("peak: %.1f GFLOP/s per rank (%s) on %d threads", peak_gflops,
           cfg.log.peak_gflops > 0 ? "log.peak_gflops" : "sgemm measured now",
           omp_get_max_threads());
   const double flops_token = flops_per_token(shape, T);
 
-  LrSchedule schedule{cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps,
-                      cfg.optim.decay_steps > 0 ? cfg.optim.decay_steps : cfg.train.steps};
-  const AdamWHyper hyper{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+  const LrSchedule schedule_lr{cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps,
+                               cfg.optim.decay_steps > 0 ? cfg.optim.decay_steps : cfg.train.steps};
   const TokenizerInfo& tokenizer = train_data.tokenizer();
+  const bool reads_tokens = tile.first || tile.last;
+  const bool speaks_loss = tile.last && me.tp_rank == 0;  // one copy of each dp group's loss
 
   auto save = [&] {
     const auto t0 = Clock::now();
+    std::vector<float> m, v;
+    optimizer.get_moments(m, v);
     const std::string path =
-        write_checkpoint(world, ckpt_dir, layout, buffers, state, deck_yaml, tokenizer);
+        write_checkpoint(world_comm, ckpt_dir, tile, writer, {params.data(), m.data(), v.data()},
+                         state, deck_yaml, tokenizer, layout_name(layout));
     log.say("checkpoint: wrote %s (%.1f MB) in %.2f s", path.c_str(),
-            fs::file_size(path, ec) / 1e6, seconds_since(t0));
+            world_rank == 0 ? fs::file_size(path, ec) / 1e6 : 0.0, seconds_since(t0));
   };
   auto evaluate = [&] {
     if (!val_data) return;
     const auto t0 = Clock::now();
-    const double loss =
-        evaluate_loss(model, params.data(), *val_data, mb, T, cfg.eval.batches);
+    // Every layout evaluates the same windows: dp rank d takes the d-th share of them.
+    const uint64_t total = eval_windows(*val_data, T, B, cfg.eval.batches);
+    const uint64_t share = total / uint64_t(layout.dp);
+    double sum = evaluate_loss_sum(executor, params.data(), *val_data, mb, T, vocab,
+                                   share * uint64_t(me.dp_rank), share);
+    if (!speaks_loss) sum = 0;
+    world.all_reduce_sum(&sum, 1);
+    const double loss = sum / double(total / uint64_t(mb));
     log.say("eval: step %lld val_loss %.4f (%.2f s)", (long long)state.step, loss,
             seconds_since(t0));
     log.json("{\"type\":\"eval\",\"step\":" + std::to_string(state.step) +
@@ -191,33 +241,44 @@ int train(MPI_Comm world, const Config& cfg) {
   if (restart_from.empty() && cfg.train.steps == 0) save();  // the initial model, for references
   if (state.step == 0 && cfg.train.steps > 0) evaluate();
 
-  Batch batch(mb, T);
+  std::vector<Batch> batches(size_t(n_micro), Batch(mb, T));
+  std::vector<MicroBatch> views(static_cast<size_t>(n_micro));
   long last_saved = restart_from.empty() ? -1 : state.step;
+  // Every micro-batch's gradient is scaled so that the sum over the job is that of the mean
+  // over the global batch's B*T positions.
+  const float dloss = 1.0f / float(size_t(B) * T);
   while (state.step < cfg.train.steps) {
     const auto t0 = Clock::now();
-    std::fill(grads.begin(), grads.end(), 0.0f);
-    double loss = 0;
-    // Every micro-batch's gradient is scaled so that the sum is that of the mean over B*T tokens.
-    const float dloss = 1.0f / float(size_t(B) * T);
+    // This dp rank's share of the global batch: samples [first, first + n_micro * mb).
+    const uint64_t first = uint64_t(state.next_sample) + uint64_t(me.dp_rank) * n_micro * mb;
     for (int k = 0; k < n_micro; ++k) {
-      read_train_batch(train_data, uint64_t(state.next_sample) + uint64_t(k) * mb, state.seed,
-                       vocab, batch);
-      loss += model.forward(params.data(), batch.inputs.data(), batch.targets.data(), mb, T) /
-              n_micro;
-      model.backward(params.data(), grads.data(), batch.inputs.data(), mb, T, dloss);
+      if (reads_tokens)
+        read_train_batch(train_data, first + uint64_t(k) * mb, state.seed, vocab, batches[size_t(k)]);
+      views[size_t(k)] = {batches[size_t(k)].inputs.data(), batches[size_t(k)].targets.data()};
     }
-    const double norm = std::sqrt(sum_of_squares(grads.data(), grads.size()));
-    if (cfg.optim.grad_clip > 0) clip_gradients(grads.data(), grads.size(), norm, cfg.optim.grad_clip);
-    state.lr = schedule.at(state.step);
-    adamw_step(params.data(), grads.data(), m.data(), v.data(), layout, hyper, state.lr,
-               state.step + 1);
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    double loss = executor.run(params.data(), grads.data(), views, dloss);
+    // The tied embedding: stage 0's wte and the last stage's copy see the sum of both gradients.
+    if (layout.pp > 1 && tile.wte >= 0) {
+      const LocalTensor& wte = tile.tensors[size_t(tile.wte)];
+      embed.all_reduce_sum(grads.data() + wte.offset, wte.numel);
+    }
+    optimizer.reduce_gradients(grads.data());
+    const double norm = optimizer.grad_norm(grads.data());
+    state.lr = schedule_lr.at(state.step);
+    optimizer.step(params.data(), grads.data(),
+                   cfg.optim.grad_clip > 0 ? clip_factor(norm, cfg.optim.grad_clip) : 1.0,
+                   state.lr, state.step + 1);
+    if (!speaks_loss) loss = 0;
+    world.all_reduce_sum(&loss, 1);
+    loss /= double(n_micro) * layout.dp;
     state.step += 1;
     state.next_sample += B;
     state.tokens_seen += int64_t(B) * T;
 
     const double secs = seconds_since(t0);
     const double tok_s = double(B) * T / secs;
-    const double mfu = flops_token * tok_s / (peak_gflops * 1e9);
+    const double mfu = flops_token * tok_s / (peak_gflops * 1e9 * world_size);
     if (state.step % cfg.log.every == 0 || state.step == 1 || state.step == cfg.train.steps) {
       log.say("step %6lld/%d | loss %.4f | lr %.3e | norm %.3f | %.1f ms | %.0f tok/s | MFU %.1f%%",
               (long long)state.step, cfg.train.steps, loss, state.lr, norm, secs * 1e3, tok_s,
@@ -225,7 +286,8 @@ int train(MPI_Comm world, const Config& cfg) {
       log.json("{\"type\":\"train\",\"step\":" + std::to_string(state.step) +
                ",\"loss\":" + fmt("%.17g", loss) + ",\"lr\":" + fmt("%.9g", state.lr) +
                ",\"grad_norm\":" + fmt("%.9g", norm) + ",\"ms\":" + fmt("%.3f", secs * 1e3) +
-               ",\"tokens_per_s\":" + fmt("%.1f", tok_s) + ",\"mfu\":" + fmt("%.5f", mfu) + "}");
+               ",\"tokens_per_s\":" + fmt("%.1f", tok_s) + ",\"mfu\":" + fmt("%.5f", mfu) +
+               ",\"pipeline_wait\":" + fmt("%.5f", executor.wait_seconds() / secs) + "}");
     }
     const bool last = state.step == cfg.train.steps;
     if (cfg.eval.every > 0 && state.step % cfg.eval.every == 0 && !last) evaluate();

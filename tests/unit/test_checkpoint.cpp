@@ -10,16 +10,18 @@
 
 #include "common/error.hpp"
 #include "io/checkpoint.hpp"
-#include "model/init.hpp"
+#include "model/shard.hpp"
 
 using namespace tessera;
 namespace fs = std::filesystem;
 
 namespace {
 
+LocalLayout whole(const ModelShape& s) { return make_local_layout(s, 1, 0, 0, s.n_layer, true, true); }
+
 struct Fixture {
   fs::path dir;
-  ParamLayout layout = make_param_layout(make_model_shape(2, 2, 8, 16, 20, 8));
+  LocalLayout layout = whole(make_model_shape(2, 2, 8, 16, 20, 8));
   std::vector<float> p, m, v;
   TokenizerInfo tok{"byte", 257, 256};
   Fixture() {
@@ -29,7 +31,7 @@ struct Fixture {
     p.resize(layout.total);
     m.resize(layout.total);
     v.resize(layout.total);
-    init_parameters(p.data(), layout, 5, 0.02);
+    init_local_parameters(p.data(), layout, 5, 0.02);
     for (size_t i = 0; i < layout.total; ++i) {
       m[i] = 1e-3f * float(i % 13);
       v[i] = 1e-6f * float(i % 17);
@@ -38,8 +40,9 @@ struct Fixture {
   ~Fixture() { fs::remove_all(dir); }
   std::string save(int64_t step) {
     TrainState s{step, step * 64, step * 4, 5, 1e-3};
-    return write_checkpoint(MPI_COMM_WORLD, dir.string(), layout, {p.data(), m.data(), v.data()}, s,
-                            "model:\n  n_layer: 2\n", tok);
+    return write_checkpoint(MPI_COMM_WORLD, dir.string(), layout, true,
+                            {p.data(), m.data(), v.data()}, s, "model:\n  n_layer: 2\n", tok,
+                            "dp=1,tp=1,pp=1");
   }
 };
 
@@ -52,7 +55,7 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   EXPECT_FALSE(fs::exists(path + ".tmp"));
   std::vector<float> p(f.layout.total), m(f.layout.total), v(f.layout.total);
   const CheckpointInfo info =
-      read_checkpoint(MPI_COMM_WORLD, path, f.layout, {p.data(), m.data(), v.data()});
+      read_checkpoint(MPI_COMM_WORLD, path, f.layout, true, {p.data(), m.data(), v.data()});
   EXPECT_EQ(p, f.p);
   EXPECT_EQ(m, f.m);
   EXPECT_EQ(v, f.v);
@@ -80,10 +83,10 @@ TEST(Checkpoint, LatestPointsAtNewestAndSurvivesAMissingLatest) {
 TEST(Checkpoint, ShapeMismatchNamesTheValues) {
   Fixture f;
   const std::string path = f.save(1);
-  const ParamLayout other = make_param_layout(make_model_shape(3, 2, 8, 16, 20, 8));
+  const LocalLayout other = whole(make_model_shape(3, 2, 8, 16, 20, 8));
   std::vector<float> p(other.total);
   try {
-    read_checkpoint(MPI_COMM_WORLD, path, other, {p.data(), nullptr, nullptr});
+    read_checkpoint(MPI_COMM_WORLD, path, other, true, {p.data(), nullptr, nullptr});
     FAIL() << "no error";
   } catch (const UserError& e) {
     EXPECT_EQ(e.exit_code, kExitBadInput);
@@ -108,7 +111,7 @@ TEST(Checkpoint, CorruptionIsCaughtByTheChecksum) {
   }
   std::vector<float> p(f.layout.total);
   try {
-    read_checkpoint(MPI_COMM_WORLD, path, f.layout, {p.data(), nullptr, nullptr});
+    read_checkpoint(MPI_COMM_WORLD, path, f.layout, true, {p.data(), nullptr, nullptr});
     FAIL() << "no error";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("checksum mismatch in /model/h.1.mlp.c_fc.weight"),

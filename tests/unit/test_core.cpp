@@ -7,6 +7,7 @@
 
 #include "io/sample_order.hpp"
 #include "model/init.hpp"
+#include "model/shard.hpp"
 #include "model/param_layout.hpp"
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
@@ -50,29 +51,68 @@ TEST(SampleOrder, KnownValuesOfThePythonTool) {
   EXPECT_EQ(got5, want5);
 }
 
+namespace {
+LocalLayout whole(const ModelShape& s) { return make_local_layout(s, 1, 0, 0, s.n_layer, true, true); }
+}  // namespace
+
 TEST(Init, PureFunctionOfSeedNameIndex) {
   const ModelShape shape = make_model_shape(2, 2, 16, 8, 50, 16);
-  const ParamLayout layout = make_param_layout(shape);
+  const LocalLayout layout = whole(shape);
   EXPECT_EQ(shape.padded_vocab, 64);
   std::vector<float> a(layout.total), b(layout.total);
-  init_parameters(a.data(), layout, 42, 0.02);
-  init_parameters(b.data(), layout, 42, 0.02);
+  init_local_parameters(a.data(), layout, 42, 0.02);
+  init_local_parameters(b.data(), layout, 42, 0.02);
   EXPECT_EQ(a, b);
   // Element by element, in any order, gives the same values (what a shard-generating rank does).
-  for (const ParamTensor& t : layout.tensors) {
+  for (const LocalTensor& t : layout.tensors) {
     for (size_t i = t.numel; i-- > 0;) {
-      ASSERT_EQ(init_value(t, shape, 42, 0.02, i), a[t.offset + i]) << t.name << "[" << i << "]";
+      ASSERT_EQ(init_value(layout.canon(t), shape, 42, 0.02, i), a[t.offset + i])
+          << layout.canon(t).name << "[" << i << "]";
     }
   }
-  init_parameters(b.data(), layout, 43, 0.02);
+  init_local_parameters(b.data(), layout, 43, 0.02);
   EXPECT_NE(a, b);
+}
+
+TEST(Shard, TilesAreBlocksOfTheCanonicalModel) {
+  // Every tile of a tp = 2, 2-stage split holds exactly the canonical values at its blocks, and
+  // the owned tiles cover every canonical element exactly once.
+  const ModelShape shape = make_model_shape(4, 4, 16, 8, 50, 16);
+  const LocalLayout full = whole(shape);
+  std::vector<float> canonical(full.total);
+  init_local_parameters(canonical.data(), full, 7, 0.02);
+  std::vector<int> covered(full.total, 0);
+  for (int stage = 0; stage < 2; ++stage) {
+    for (int r = 0; r < 2; ++r) {
+      const LocalLayout tile = make_local_layout(shape, 2, r, 2 * stage, 2 * stage + 2, stage == 0,
+                                                 stage == 1);
+      std::vector<float> local(tile.total);
+      init_local_parameters(local.data(), tile, 7, 0.02);
+      for (const LocalTensor& t : tile.tensors) {
+        const size_t base = full.canonical.tensors[t.canonical].offset;
+        for (size_t i = 0; i < t.numel; ++i) {
+          const size_t c = tile.canonical_index(t, i);
+          ASSERT_EQ(local[t.offset + i], canonical[base + c]) << tile.canon(t).name;
+          if (t.owner) covered[base + c] += 1;
+        }
+      }
+      EXPECT_EQ(tile.vocab_rows, 32);
+      EXPECT_EQ(tile.vocab_valid(), r == 0 ? 32 : 18);
+      const LocalTensor& qkv = tile.tensors[size_t(tile.layer(2 * stage, kAttnW))];
+      ASSERT_EQ(qkv.blocks.size(), 3u);  // this rank's heads of q, of k and of v
+      EXPECT_EQ(qkv.blocks[1].row0, 16u + 8u * r);
+      const LocalTensor& proj = tile.tensors[size_t(tile.layer(2 * stage, kFcProjW))];
+      EXPECT_EQ(proj.shape, (std::vector<size_t>{16, 32}));  // row-parallel: a column block
+    }
+  }
+  for (size_t i = 0; i < covered.size(); ++i) ASSERT_EQ(covered[i], 1) << "element " << i;
 }
 
 TEST(Init, Gpt2Statistics) {
   const ModelShape shape = make_model_shape(4, 4, 64, 32, 100, 64);
   const ParamLayout layout = make_param_layout(shape);
   std::vector<float> p(layout.total);
-  init_parameters(p.data(), layout, 1, 0.02);
+  init_local_parameters(p.data(), whole(shape), 1, 0.02);
   auto stats = [&](const std::string& name, size_t first, size_t count) {
     const ParamTensor* t = layout.find(name);
     double s = 0, s2 = 0;
@@ -123,12 +163,7 @@ TEST(LrSchedule, WarmupThenCosine) {
 }
 
 TEST(AdamW, MatchesHandComputation) {
-  // One 2-D tensor (decayed) and one bias (not decayed), two steps.
-  ModelShape shape;
-  ParamLayout layout;
-  layout.shape = shape;
-  layout.tensors = {{"w", {1, 1}, 0, 1, Init::Normal, true}, {"b", {1}, 1, 1, Init::Zeros, false}};
-  layout.total = 2;
+  // A decayed weight and an undecayed bias, two steps.
   float p[2] = {0.5f, -0.25f}, m[2] = {0, 0}, v[2] = {0, 0};
   const AdamWHyper h{0.9, 0.95, 1e-8, 0.1};
   double pw = 0.5, pb = -0.25, mw = 0, vw = 0, mb = 0, vb = 0;
@@ -136,7 +171,8 @@ TEST(AdamW, MatchesHandComputation) {
   for (int t = 1; t <= 2; ++t) {
     const float g[2] = {float(grads[t - 1][0]), float(grads[t - 1][1])};
     const double lr = 0.01 * t;
-    adamw_step(p, g, m, v, layout, h, lr, t);
+    adamw_update(p, g, m, v, 1, true, h, lr, t);
+    adamw_update(p + 1, g + 1, m + 1, v + 1, 1, false, h, lr, t);
     auto ref = [&](double& x, double& mm, double& vv, double gg, bool decay) {
       if (decay) x *= 1 - lr * h.weight_decay;
       mm = h.beta1 * mm + (1 - h.beta1) * gg;
@@ -159,9 +195,7 @@ TEST(GradClip, NormAndScale) {
   EXPECT_DOUBLE_EQ(sum_of_squares(g.data(), g.size()), expect);
   const double norm = std::sqrt(expect);
   std::vector<float> c = g;
-  clip_gradients(c.data(), c.size(), norm, 1.0);
+  scale(c.data(), c.size(), float(clip_factor(norm, 1.0)));
   EXPECT_NEAR(std::sqrt(sum_of_squares(c.data(), c.size())), 1.0, 1e-5);
-  c = g;
-  clip_gradients(c.data(), c.size(), norm, 2 * norm);  // below the limit: untouched
-  EXPECT_EQ(c, g);
+  EXPECT_EQ(clip_factor(norm, 2 * norm), 1.0);  // below the limit: untouched
 }

@@ -155,25 +155,54 @@ TEST(CpuOps, EncoderForwardAndGradients) {
   Vec wte = random_vec((size_t)V * C, rng), wpe = random_vec((size_t)T * C, rng);
   Vec w = random_vec((size_t)B * T * C, rng), out((size_t)B * T * C, kNaN);
 
-  encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, 0, V);
   for (int bt = 0; bt < B * T; bt++)
     for (int c = 0; c < C; c++)
       EXPECT_EQ(out[(size_t)bt * C + c], wte[(size_t)tokens[bt] * C + c] + wpe[(size_t)(bt % T) * C + c]);
 
   auto loss = [&] {
-    encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, 0, V);
     return weighted_sum(w, out);
   };
   Vec dwte(wte.size(), 0.0), dwpe(wpe.size(), 0.0);
-  encoder_backward(dwte.data(), dwpe.data(), w.data(), tokens.data(), B, T, C);
+  encoder_backward(dwte.data(), dwpe.data(), w.data(), tokens.data(), B, T, C, 0, V);
   EXPECT_LE(fd_max_error(wte, dwte, loss), kTol);
   EXPECT_LE(fd_max_error(wpe, dwpe, loss), kTol);
 
   const Vec pre_wte = random_vec(wte.size(), rng), pre_wpe = random_vec(wpe.size(), rng);
   Vec acc_wte = pre_wte, acc_wpe = pre_wpe;
-  encoder_backward(acc_wte.data(), acc_wpe.data(), w.data(), tokens.data(), B, T, C);
+  encoder_backward(acc_wte.data(), acc_wpe.data(), w.data(), tokens.data(), B, T, C, 0, V);
   expect_accumulates(pre_wte, acc_wte, dwte, "encoder dwte");
   expect_accumulates(pre_wpe, acc_wpe, dwpe, "encoder dwpe");
+}
+
+TEST(CpuOps, EncoderVocabShardsSumToTheWhole) {
+  // Tensor parallel splits wte by rows: rank r holds [v0, v0 + vcount), adds wpe only once, and
+  // the sum of the ranks' outputs (an all-reduce) is the unsplit result; each rank's dwte is its
+  // rows of the unsplit gradient and dwpe is whole on every rank that asks for it.
+  const int B = 2, T = 5, C = 8, V = 12;
+  std::mt19937_64 rng(11);
+  std::vector<int32_t> tokens = random_ints((size_t)B * T, V, rng);
+  Vec wte = random_vec((size_t)V * C, rng), wpe = random_vec((size_t)T * C, rng);
+  Vec dout = random_vec((size_t)B * T * C, rng);
+  Vec whole((size_t)B * T * C), dwte_whole(wte.size(), 0.0), dwpe_whole(wpe.size(), 0.0);
+  encoder_forward(whole.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, 0, V);
+  encoder_backward(dwte_whole.data(), dwpe_whole.data(), dout.data(), tokens.data(), B, T, C, 0, V);
+  Vec sum(whole.size(), 0.0);
+  for (int r = 0; r < 3; r++) {
+    const int v0 = r * 4;
+    Vec part(whole.size()), dwte((size_t)4 * C, 0.0), dwpe(wpe.size(), 0.0);
+    encoder_forward(part.data(), tokens.data(), wte.data() + (size_t)v0 * C,
+                    r == 0 ? wpe.data() : nullptr, B, T, C, v0, 4);
+    for (size_t i = 0; i < sum.size(); i++) sum[i] += part[i];
+    encoder_backward(dwte.data(), r == 1 ? dwpe.data() : nullptr, dout.data(), tokens.data(), B,
+                     T, C, v0, 4);
+    for (size_t i = 0; i < dwte.size(); i++) EXPECT_EQ(dwte[i], dwte_whole[(size_t)v0 * C + i]);
+    if (r == 1) {
+      EXPECT_EQ(dwpe, dwpe_whole);
+    }
+  }
+  EXPECT_EQ(sum, whole);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -414,6 +443,17 @@ TEST(CpuOps, ResidualAndAddInplace) {
 // ---------------------------------------------------------------------------------------------
 // crossentropy
 
+// The whole vocabulary on one rank: the three passes with no reduction between them.
+template <typename F>
+void crossentropy_whole(F* losses, F* probs, const F* logits, const int32_t* targets, int N, int V,
+                        int Vp) {
+  std::vector<F> row_max(N);
+  std::vector<double> sums(2 * (size_t)N);
+  crossentropy_row_max(row_max.data(), logits, N, Vp, V);
+  crossentropy_exp_sums(sums.data(), probs, logits, row_max.data(), targets, N, Vp, V, 0);
+  crossentropy_finish(losses, probs, sums.data(), N, Vp, V);
+}
+
 TEST(CpuOps, CrossentropyForwardAndGradients) {
   const int N = 10, V = 11, Vp = 16;
   const double dloss = 0.37;
@@ -422,7 +462,7 @@ TEST(CpuOps, CrossentropyForwardAndGradients) {
   const std::vector<int32_t> targets = random_ints(N, V, rng);
   Vec probs((size_t)N * Vp, kNaN), losses(N, kNaN);
 
-  crossentropy_forward(losses.data(), probs.data(), logits.data(), targets.data(), N, V, Vp);
+  crossentropy_whole(losses.data(), probs.data(), logits.data(), targets.data(), N, V, Vp);
   for (int n = 0; n < N; n++) {
     const double* x = logits.data() + (size_t)n * Vp;
     long double sum = 0.0L;
@@ -434,14 +474,14 @@ TEST(CpuOps, CrossentropyForwardAndGradients) {
   }
 
   auto loss = [&] {
-    crossentropy_forward(losses.data(), probs.data(), logits.data(), targets.data(), N, V, Vp);
+    crossentropy_whole(losses.data(), probs.data(), logits.data(), targets.data(), N, V, Vp);
     long double s = 0.0L;
     for (double l : losses) s += (long double)l * dloss;
     return s;
   };
   loss();
   Vec dlogits(logits.size(), kNaN);  // overwritten, not accumulated
-  crossentropy_backward(dlogits.data(), probs.data(), targets.data(), dloss, N, V, Vp);
+  crossentropy_backward(dlogits.data(), probs.data(), targets.data(), dloss, N, Vp, V, 0);
   EXPECT_LE(fd_max_error(logits, dlogits, loss), kTol);  // padded columns: both exactly 0
   for (int n = 0; n < N; n++)
     for (int v = V; v < Vp; v++) EXPECT_EQ(dlogits[(size_t)n * Vp + v], 0.0);
@@ -453,8 +493,8 @@ TEST(CpuOps, CrossentropyIgnoresPaddingAndWorksInPlace) {
   const Vec logits = random_vec((size_t)N * Vp, rng, -3.0, 3.0);
   const std::vector<int32_t> targets = random_ints(N, V, rng);
   Vec probs((size_t)N * Vp), losses(N), dlogits((size_t)N * Vp);
-  crossentropy_forward(losses.data(), probs.data(), logits.data(), targets.data(), N, V, Vp);
-  crossentropy_backward(dlogits.data(), probs.data(), targets.data(), 0.25, N, V, Vp);
+  crossentropy_whole(losses.data(), probs.data(), logits.data(), targets.data(), N, V, Vp);
+  crossentropy_backward(dlogits.data(), probs.data(), targets.data(), 0.25, N, Vp, V, 0);
 
   // Padded logits hold whatever the GEMM left there: huge, NaN; nothing may change.
   Vec padded = logits;
@@ -463,17 +503,55 @@ TEST(CpuOps, CrossentropyIgnoresPaddingAndWorksInPlace) {
     padded[(size_t)n * Vp + Vp - 1] = kNaN;
   }
   Vec probs2((size_t)N * Vp), losses2(N);
-  crossentropy_forward(losses2.data(), probs2.data(), padded.data(), targets.data(), N, V, Vp);
+  crossentropy_whole(losses2.data(), probs2.data(), padded.data(), targets.data(), N, V, Vp);
   EXPECT_EQ(probs2, probs);
   EXPECT_EQ(losses2, losses);
 
   // In place: probs over the logits, then dlogits over the probs.
   Vec inplace = logits, losses3(N);
-  crossentropy_forward(losses3.data(), inplace.data(), inplace.data(), targets.data(), N, V, Vp);
+  crossentropy_whole(losses3.data(), inplace.data(), inplace.data(), targets.data(), N, V, Vp);
   EXPECT_EQ(inplace, probs);
   EXPECT_EQ(losses3, losses);
-  crossentropy_backward(inplace.data(), inplace.data(), targets.data(), 0.25, N, V, Vp);
+  crossentropy_backward(inplace.data(), inplace.data(), targets.data(), 0.25, N, Vp, V, 0);
   EXPECT_EQ(inplace, dlogits);
+}
+
+TEST(CpuOps, CrossentropyVocabShardsMatchTheWhole) {
+  // Three ranks of 6 columns over a vocabulary of 14 real ids (18 padded): reducing max and sums
+  // between the passes gives the unsplit losses, probabilities and gradients.
+  const int N = 7, V = 14, Vp = 18, R = 3, Vl = Vp / R;
+  std::mt19937_64 rng(12);
+  const Vec logits = random_vec((size_t)N * Vp, rng, -3.0, 3.0);
+  const std::vector<int32_t> targets = random_ints(N, V, rng);
+  Vec probs((size_t)N * Vp), losses(N), dlogits((size_t)N * Vp);
+  crossentropy_whole(losses.data(), probs.data(), logits.data(), targets.data(), N, V, Vp);
+  crossentropy_backward(dlogits.data(), probs.data(), targets.data(), 0.5, N, Vp, V, 0);
+
+  std::vector<Vec> shard(R, Vec((size_t)N * Vl));
+  Vec row_max(N, -1e300), part(N);
+  std::vector<double> sums(2 * (size_t)N, 0.0), part_sums(2 * (size_t)N);
+  auto valid = [&](int r) { return std::clamp(V - r * Vl, 0, Vl); };
+  for (int r = 0; r < R; r++) {
+    for (int n = 0; n < N; n++)
+      for (int v = 0; v < Vl; v++) shard[r][(size_t)n * Vl + v] = logits[(size_t)n * Vp + r * Vl + v];
+    crossentropy_row_max(part.data(), shard[r].data(), N, Vl, valid(r));
+    for (int n = 0; n < N; n++) row_max[n] = std::max(row_max[n], part[n]);
+  }
+  for (int r = 0; r < R; r++) {
+    crossentropy_exp_sums(part_sums.data(), shard[r].data(), shard[r].data(), row_max.data(),
+                          targets.data(), N, Vl, valid(r), r * Vl);
+    for (size_t i = 0; i < sums.size(); i++) sums[i] += part_sums[i];
+  }
+  for (int r = 0; r < R; r++) {
+    Vec shard_losses(N);
+    crossentropy_finish(shard_losses.data(), shard[r].data(), sums.data(), N, Vl, valid(r));
+    for (int n = 0; n < N; n++) EXPECT_NEAR(shard_losses[n], losses[n], 1e-14);
+    crossentropy_backward(shard[r].data(), shard[r].data(), targets.data(), 0.5, N, Vl, valid(r),
+                          r * Vl);
+    for (int n = 0; n < N; n++)
+      for (int v = 0; v < Vl; v++)
+        EXPECT_NEAR(shard[r][(size_t)n * Vl + v], dlogits[(size_t)n * Vp + r * Vl + v], 1e-15);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -525,8 +603,8 @@ Results run_all_ops(const OpInputs& in, bool include_blas = true) {
   const std::vector<F> dout_c = to<F>(in.dout_c), dout_oc = to<F>(in.dout_oc), gelu_in = to<F>(in.gelu_in);
 
   std::vector<F> enc((size_t)N * C), dwte((size_t)V * C, F(0)), dwpe((size_t)T * C, F(0));
-  encoder_forward(enc.data(), in.tokens.data(), wte.data(), wpe.data(), B, T, C);
-  encoder_backward(dwte.data(), dwpe.data(), dout_c.data(), in.tokens.data(), B, T, C);
+  encoder_forward(enc.data(), in.tokens.data(), wte.data(), wpe.data(), B, T, C, 0, V);
+  encoder_backward(dwte.data(), dwpe.data(), dout_c.data(), in.tokens.data(), B, T, C, 0, V);
   keep("encoder.out", enc), keep("encoder.dwte", dwte), keep("encoder.dwpe", dwpe);
 
   std::vector<F> ln((size_t)N * C), mean(N), rstd(N), dln((size_t)N * C, F(0)), dlw(C, F(0)), dlb(C, F(0));
@@ -544,8 +622,8 @@ Results run_all_ops(const OpInputs& in, bool include_blas = true) {
   keep("gelu.out", g), keep("gelu.dinp", dg), keep("residual.out", res), keep("add_inplace.dst", acc);
 
   std::vector<F> logits = to<F>(in.logits), losses(N), probs((size_t)N * Vp), dlogits((size_t)N * Vp);
-  crossentropy_forward(losses.data(), probs.data(), logits.data(), in.targets.data(), N, V, Vp);
-  crossentropy_backward(dlogits.data(), probs.data(), in.targets.data(), F(1.0 / N), N, V, Vp);
+  crossentropy_whole(losses.data(), probs.data(), logits.data(), in.targets.data(), N, V, Vp);
+  crossentropy_backward(dlogits.data(), probs.data(), in.targets.data(), F(1.0 / N), N, Vp, V, 0);
   keep("crossentropy.losses", losses), keep("crossentropy.probs", probs);
   keep("crossentropy.dlogits", dlogits);
 

@@ -1,61 +1,88 @@
-// Softmax cross-entropy over a padded vocabulary.
+// Softmax cross-entropy over a vocabulary that may be split between tensor-parallel ranks.
+// The forward is three passes with a reduction between them (max, then sum-exp and the target
+// logit), so full logits never exist on one rank: with one rank the reductions are no-ops.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "backend/cpu/ops.hpp"
 
 namespace tessera::cpu {
 
-// logits, probs (N,Vp), first V columns real, the rest padding (Vp is V rounded up for GEMM
-// alignment and vocab-parallel sharding); targets (N) in [0,V); losses (N).
-// probs = softmax of the first V columns, padding 0; losses = -log probs[target].
-// probs may alias logits: each element is read before it is written at the same index, and the
-// target logit is read before the row is overwritten.
+// logits (N,Vl): vocabulary ids [v0, v0 + Vl), the first `valid` columns real. row_max (N)
+// overwritten with the max of the real columns (lowest() when this rank has none).
 template <typename F>
-void crossentropy_forward(F* losses, F* probs, const F* logits, const int32_t* targets, int N, int V,
-                          int Vp) {
+void crossentropy_row_max(F* row_max, const F* logits, int N, int Vl, int valid) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; n++) {
-    const F* x = logits + (size_t)n * Vp;
-    F* p = probs + (size_t)n * Vp;
-    F mx = x[0];
+    const F* x = logits + (size_t)n * Vl;
+    F mx = std::numeric_limits<F>::lowest();
 #pragma omp simd reduction(max : mx)
-    for (int v = 1; v < V; v++) mx = std::max(mx, x[v]);
-    const F target_shifted = x[targets[n]] - mx;
+    for (int v = 0; v < valid; v++) mx = std::max(mx, x[v]);
+    row_max[n] = mx;
+  }
+}
+
+// row_max (N): the max over the whole vocabulary. probs (N,Vl) = exp(logit - max) on the real
+// columns, 0 on the padding (may alias logits: the target logit is read first). sums (N,2):
+// [sum of exp over this rank's columns, target logit - max if the target is here, else 0].
+template <typename F>
+void crossentropy_exp_sums(double* sums, F* probs, const F* logits, const F* row_max,
+                           const int32_t* targets, int N, int Vl, int valid, int v0) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    const F* x = logits + (size_t)n * Vl;
+    F* p = probs + (size_t)n * Vl;
+    const F mx = row_max[n];
+    const int t = targets[n] - v0;
+    sums[2 * n + 1] = t >= 0 && t < valid ? double(x[t] - mx) : 0.0;
     double sum = 0.0;  // up to ~10^5 terms: a float sum would lose the small ones
-    for (int v = 0; v < V; v++) {
+    for (int v = 0; v < valid; v++) {
       const F e = std::exp(x[v] - mx);
       p[v] = e;
       sum += e;
     }
-    const F inv = F(1.0 / sum);
-    for (int v = 0; v < V; v++) p[v] *= inv;
-    std::fill(p + V, p + Vp, F(0));
-    // -log p[target] from the logit itself: exact even where p[target] underflows to 0
-    losses[n] = F(std::log(sum) - (double)target_shifted);
+    std::fill(p + valid, p + Vl, F(0));
+    sums[2 * n] = sum;
   }
 }
 
-// probs (N,Vp) from the forward, targets (N). dlogits (N,Vp) overwritten:
-// dloss * (probs - onehot(target)) on the first V columns, 0 on the padding. May alias probs.
+// sums (N,2) reduced over the vocabulary. probs (N,Vl) normalised in place; losses (N) =
+// log(sum) - (target logit - max), exact even where the target's probability underflows to 0.
 template <typename F>
-void crossentropy_backward(F* dlogits, const F* probs, const int32_t* targets, F dloss, int N, int V,
-                           int Vp) {
+void crossentropy_finish(F* losses, F* probs, const double* sums, int N, int Vl, int valid) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; n++) {
-    const F* p = probs + (size_t)n * Vp;
-    F* d = dlogits + (size_t)n * Vp;
-    const int t = targets[n];
-    const F pt = p[t];  // read before the row is overwritten when dlogits aliases probs
-    for (int v = 0; v < V; v++) d[v] = dloss * p[v];
-    d[t] = dloss * (pt - F(1));
-    std::fill(d + V, d + Vp, F(0));
+    F* p = probs + (size_t)n * Vl;
+    const F inv = F(1.0 / sums[2 * n]);
+    for (int v = 0; v < valid; v++) p[v] *= inv;
+    losses[n] = F(std::log(sums[2 * n]) - sums[2 * n + 1]);
+  }
+}
+
+// probs (N,Vl) from the forward, targets (N). dlogits (N,Vl) overwritten:
+// dloss * (probs - onehot(target)) on the real columns, 0 on the padding. May alias probs.
+template <typename F>
+void crossentropy_backward(F* dlogits, const F* probs, const int32_t* targets, F dloss, int N,
+                           int Vl, int valid, int v0) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    const F* p = probs + (size_t)n * Vl;
+    F* d = dlogits + (size_t)n * Vl;
+    const int t = targets[n] - v0;
+    const F pt = t >= 0 && t < valid ? p[t] : F(0);  // read before an aliased row is overwritten
+    for (int v = 0; v < valid; v++) d[v] = dloss * p[v];
+    if (t >= 0 && t < valid) d[t] = dloss * (pt - F(1));
+    std::fill(d + valid, d + Vl, F(0));
   }
 }
 
 #define TESSERA_INSTANTIATE(F)                                                                     \
-  template void crossentropy_forward<F>(F*, F*, const F*, const int32_t*, int, int, int);         \
-  template void crossentropy_backward<F>(F*, const F*, const int32_t*, F, int, int, int);
+  template void crossentropy_row_max<F>(F*, const F*, int, int, int);                             \
+  template void crossentropy_exp_sums<F>(double*, F*, const F*, const F*, const int32_t*, int,    \
+                                         int, int, int);                                          \
+  template void crossentropy_finish<F>(F*, F*, const double*, int, int, int);                     \
+  template void crossentropy_backward<F>(F*, const F*, const int32_t*, F, int, int, int, int);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
 #undef TESSERA_INSTANTIATE

@@ -21,6 +21,18 @@ void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int N,
   gemm<F>(false, true, N, OC, IC, F(1), inp, IC, weight, IC, beta, out, OC);
 }
 
+// out (N,OC) += bias (OC): the bias of a row-parallel layer, added once after the partial
+// products of the tensor-parallel ranks are summed.
+template <typename F>
+void bias_add(F* out, const F* bias, int N, int OC) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    F* o = out + (size_t)n * OC;
+#pragma omp simd
+    for (int c = 0; c < OC; c++) o[c] += bias[c];
+  }
+}
+
 // dout (N,OC), inp (N,IC), weight (OC,IC). Accumulates dinp (N,IC), dweight (OC,IC), dbias (OC);
 // dinp and dbias may be nullptr (the first layer's input needs no gradient; c_proj bias may be
 // handled elsewhere under tensor parallelism).
@@ -44,6 +56,7 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
 }
 
 #define TESSERA_INSTANTIATE(F)                                                                     \
+  template void bias_add<F>(F*, const F*, int, int);                                             \
   template void matmul_forward<F>(F*, const F*, const F*, const F*, int, int, int);               \
   template void matmul_backward<F>(F*, F*, F*, const F*, const F*, const F*, int, int, int);
 TESSERA_INSTANTIATE(float)

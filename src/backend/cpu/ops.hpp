@@ -17,13 +17,17 @@ template <typename F>
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, F alpha, const F* A, int lda, const F* B,
           int ldb, F beta, F* C, int ldc);
 
-// out (B,T,C) = wte[tokens[b,t], :] + wpe[t, :]; tokens (B,T), wte (V,C), wpe (>=T,C).
+// out (B,T,C) = wte[tokens[b,t] - v0, :] + wpe[t, :]; tokens (B,T); wte (vcount,C) holds rows
+// [v0, v0 + vcount) of the vocabulary, other tokens contribute 0 (vocab-parallel); wpe (>=T,C) or
+// nullptr (then nothing is added).
 template <typename F>
-void encoder_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T, int C);
-// Accumulates dwte (V,C) and dwpe (>=T,C) from dout (B,T,C).
+void encoder_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T, int C,
+                     int v0, int vcount);
+// Accumulates dwte (vcount,C) for tokens in [v0, v0 + vcount) and dwpe (>=T,C) unless nullptr,
+// from dout (B,T,C).
 template <typename F>
-void encoder_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B, int T, int C);
-
+void encoder_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B, int T, int C,
+                      int v0, int vcount);
 // out, inp (N,C); weight, bias (C); mean, rstd (N) saved for backward. eps = 1e-5 as torch.
 template <typename F>
 void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, const F* bias, int N,
@@ -36,6 +40,9 @@ void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* i
 // out (N,OC) = inp (N,IC) · weightᵀ + bias; weight (OC,IC) as torch nn.Linear; bias (OC) or nullptr.
 template <typename F>
 void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int N, int IC, int OC);
+// out (N,OC) += bias (OC), for row-parallel layers whose partial products are summed first.
+template <typename F>
+void bias_add(F* out, const F* bias, int N, int OC);
 // Accumulates dinp (N,IC) += dout·weight, dweight (OC,IC) += doutᵀ·inp, dbias (OC) += colsum(dout).
 // dinp and dbias may be nullptr (skipped).
 template <typename F>
@@ -66,16 +73,24 @@ void residual_forward(F* out, const F* a, const F* b, size_t n);
 template <typename F>
 void add_inplace(F* dst, const F* src, size_t n);
 
-// logits, probs (N,Vp), only the first V columns real (padded vocabulary); targets (N) in [0,V).
-// probs = softmax over the first V columns, padded columns 0; losses (N) = -log probs[target].
-// probs may alias logits.
+// Cross-entropy over a vocabulary split between tensor-parallel ranks (one rank: the whole).
+// logits, probs (N,Vl) hold vocabulary ids [v0, v0 + Vl), of which the first `valid` columns are
+// real (the rest is padding); targets (N). The forward is
+//   crossentropy_row_max -> max-reduce row_max over ranks -> crossentropy_exp_sums ->
+//   sum-reduce sums (N,2) over ranks -> crossentropy_finish
+// and gives probs = softmax over the real vocabulary (padding 0), losses (N) = -log probs[target].
+// probs may alias logits throughout.
 template <typename F>
-void crossentropy_forward(F* losses, F* probs, const F* logits, const int32_t* targets, int N, int V,
-                          int Vp);
-// dlogits (N,Vp) overwritten = dloss * (probs - onehot(target)) on the first V columns, 0 on the
-// padded ones; dloss is the same for every row (e.g. 1/(B*T)). dlogits may alias probs.
+void crossentropy_row_max(F* row_max, const F* logits, int N, int Vl, int valid);
 template <typename F>
-void crossentropy_backward(F* dlogits, const F* probs, const int32_t* targets, F dloss, int N, int V,
-                           int Vp);
+void crossentropy_exp_sums(double* sums, F* probs, const F* logits, const F* row_max,
+                           const int32_t* targets, int N, int Vl, int valid, int v0);
+template <typename F>
+void crossentropy_finish(F* losses, F* probs, const double* sums, int N, int Vl, int valid);
+// dlogits (N,Vl) overwritten = dloss * (probs - onehot(target)) on the real columns, 0 on the
+// padding; dloss is the same for every row (e.g. 1/(B*T)). dlogits may alias probs.
+template <typename F>
+void crossentropy_backward(F* dlogits, const F* probs, const int32_t* targets, F dloss, int N,
+                           int Vl, int valid, int v0);
 
 }  // namespace tessera::cpu

@@ -1,0 +1,104 @@
+#include "model/shard.hpp"
+
+#include <algorithm>
+
+#include "model/init.hpp"
+
+namespace tessera {
+
+namespace {
+
+enum class Split { Replicated, Rows, Columns, QkvRows };
+
+Split split_of(LayerTensor t) {
+  switch (t) {
+    case kAttnW: case kAttnB: return Split::QkvRows;   // column-parallel, by heads of q, k and v
+    case kFcW: case kFcB: return Split::Rows;          // column-parallel
+    case kAttnProjW: case kFcProjW: return Split::Columns;  // row-parallel
+    default: return Split::Replicated;  // LayerNorms and the biases added after the reduction
+  }
+}
+
+}  // namespace
+
+size_t LocalLayout::canonical_index(const LocalTensor& t, size_t i) const {
+  const size_t cols = t.blocks.front().cols;
+  size_t row = i / cols;
+  const size_t col = i % cols;
+  const size_t canon_cols = canon(t).shape.size() == 2 ? canon(t).shape[1] : 1;
+  for (const Block& b : t.blocks) {
+    if (row < b.rows) return (b.row0 + row) * canon_cols + b.col0 + col;
+    row -= b.rows;
+  }
+  return size_t(-1);
+}
+
+int LocalLayout::vocab_valid() const {
+  return std::clamp(canonical.shape.vocab_size - vocab_begin, 0, vocab_rows);
+}
+
+LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int layer_begin,
+                              int layer_end, bool first, bool last) {
+  LocalLayout L;
+  L.canonical = make_param_layout(shape);
+  L.tp = tp;
+  L.tp_rank = tp_rank;
+  L.layer_begin = layer_begin;
+  L.layer_end = layer_end;
+  L.first = first;
+  L.last = last;
+  L.vocab_rows = shape.padded_vocab / tp;
+  L.vocab_begin = tp_rank * L.vocab_rows;
+
+  auto add = [&](size_t canonical, Split split, bool owner) {
+    const ParamTensor& c = L.canonical.tensors[canonical];
+    const size_t rows = c.shape[0], cols = c.shape.size() == 2 ? c.shape[1] : 1;
+    LocalTensor t;
+    t.canonical = canonical;
+    switch (split) {
+      case Split::Replicated: t.blocks = {{0, rows, 0, cols}}; break;
+      case Split::Rows: t.blocks = {{tp_rank * rows / tp, rows / tp, 0, cols}}; break;
+      case Split::Columns: t.blocks = {{0, rows, tp_rank * cols / tp, cols / tp}}; break;
+      case Split::QkvRows:  // rows q, k, v of C each; this rank's heads of each
+        for (size_t part = 0; part < 3; ++part)
+          t.blocks.push_back({part * rows / 3 + tp_rank * rows / 3 / tp, rows / 3 / tp, 0, cols});
+        break;
+    }
+    size_t local_rows = 0;
+    for (const Block& b : t.blocks) local_rows += b.rows;
+    const size_t local_cols = t.blocks.front().cols;
+    t.shape = c.shape.size() == 2 ? std::vector<size_t>{local_rows, local_cols}
+                                  : std::vector<size_t>{local_rows};
+    t.numel = local_rows * local_cols;
+    t.offset = L.total;
+    t.owner = owner && (split != Split::Replicated || tp_rank == 0);
+    L.total += t.numel;
+    L.tensors.push_back(std::move(t));
+    return int(L.tensors.size()) - 1;
+  };
+
+  const ParamLayout& P = L.canonical;
+  if (first || last) L.wte = add(P.wte(), Split::Rows, first);  // vocab-parallel
+  if (first) L.wpe = add(P.wpe(), Split::Replicated, true);
+  L.layer_base_ = int(L.tensors.size());
+  for (int l = layer_begin; l < layer_end; ++l)
+    for (int t = 0; t < kLayerTensorCount; ++t)
+      add(P.layer(l, LayerTensor(t)), split_of(LayerTensor(t)), true);
+  if (last) {
+    L.ln_f_weight = add(P.ln_f_weight(), Split::Replicated, true);
+    L.ln_f_bias = add(P.ln_f_bias(), Split::Replicated, true);
+  }
+  return L;
+}
+
+void init_local_parameters(float* params, const LocalLayout& layout, uint64_t seed, double std) {
+  for (const LocalTensor& t : layout.tensors) {
+    const ParamTensor& c = layout.canon(t);
+    float* p = params + t.offset;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < t.numel; ++i)
+      p[i] = init_value(c, layout.canonical.shape, seed, std, layout.canonical_index(t, i));
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,57 @@
+#pragma once
+// One rank's tile of the model (DESIGN §4): the tensors of its pipeline stage, split by its
+// tensor-parallel rank, in one flat local buffer. Every local tensor knows which blocks of the
+// canonical tensor it holds, which is all that initialisation, checkpoints and the gradient norm
+// need to be layout-free.
+#include <cstddef>
+#include <vector>
+
+#include "model/param_layout.hpp"
+
+namespace tessera {
+
+// A block of a canonical tensor seen as 2-D [rows, cols] (a 1-D tensor is [n, 1]).
+struct Block {
+  size_t row0 = 0, rows = 0, col0 = 0, cols = 0;
+};
+
+struct LocalTensor {
+  size_t canonical = 0;          // index into ParamLayout::tensors
+  std::vector<size_t> shape;     // local shape
+  size_t offset = 0, numel = 0;  // in the local flat buffer
+  std::vector<Block> blocks;     // stacked by local rows, in increasing canonical row order
+  bool owner = true;  // the copy that counts (norm, checkpoint): tp rank 0 of replicated tensors,
+                      // and stage 0's wte, not the last stage's tied copy
+};
+
+struct LocalLayout {
+  ParamLayout canonical;
+  int tp = 1, tp_rank = 0;
+  int layer_begin = 0, layer_end = 0;   // this stage's layers [begin, end)
+  bool first = true, last = true;       // holds wte/wpe; holds ln_f and (a copy of) wte
+  int vocab_begin = 0, vocab_rows = 0;  // wte rows [vocab_begin, vocab_begin + vocab_rows)
+  std::vector<LocalTensor> tensors;
+  size_t total = 0;
+
+  // Local tensor indices; -1 where this stage has none.
+  int wte = -1, wpe = -1, ln_f_weight = -1, ln_f_bias = -1;
+  int layer(int l, LayerTensor t) const {
+    return layer_base_ + (l - layer_begin) * int(kLayerTensorCount) + int(t);
+  }
+  int layer_base_ = 0;
+
+  const ParamTensor& canon(const LocalTensor& t) const { return canonical.tensors[t.canonical]; }
+  // Row-major canonical element index of local element i of tensor t.
+  size_t canonical_index(const LocalTensor& t, size_t i) const;
+  // Real (not padding) vocabulary columns of this rank's logits.
+  int vocab_valid() const;
+};
+
+// tp must divide n_head and padded_vocab (checked before, with a message, by check_layout).
+LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int layer_begin,
+                              int layer_end, bool first, bool last);
+
+// Fills the local buffer with this tile of the canonical initialisation.
+void init_local_parameters(float* params, const LocalLayout& layout, uint64_t seed, double std);
+
+}  // namespace tessera

@@ -1,0 +1,54 @@
+#pragma once
+// The optimizer step of one rank's tile under data parallelism (DESIGN §6): gradients summed
+// over dp (bucketed all-reduce, or ZeRO-1's reduce-scatter), the global gradient norm with every
+// parameter counted once, clipping, AdamW, and under ZeRO-1 the all-gather of the parameters.
+#include <cstddef>
+#include <vector>
+
+#include "model/shard.hpp"
+#include "optim/adamw.hpp"
+#include "parallel/comm.hpp"
+
+namespace tessera {
+
+class DistributedOptimizer {
+ public:
+  // dp: this rank's data-parallel group; world: every rank (norm reduction).
+  DistributedOptimizer(const LocalLayout& layout, Comm* dp, Comm* world, bool zero,
+                       const AdamWHyper& hyper);
+
+  // Length of the parameter and gradient buffers: layout.total rounded up to a multiple of dp
+  // under ZeRO-1 (equal shards), else layout.total.
+  size_t buffer_size() const { return padded_; }
+
+  // Sums the micro-batch gradients of every dp rank (in buckets), or under ZeRO-1 reduces and
+  // scatters them so this rank holds its shard's sum.
+  void reduce_gradients(float* grads);
+  // L2 norm of the reduced gradient, every parameter counted exactly once across tp, pp and dp.
+  double grad_norm(const float* grads) const;
+  // Scales this rank's gradients (the shard under ZeRO-1), then AdamW; under ZeRO-1 the updated
+  // shards are all-gathered so every dp rank holds the whole tile again.
+  void step(float* params, float* grads, double clip, double lr, long t);
+
+  // Adam moments as full local buffers (checkpoints): gathered over dp under ZeRO-1.
+  void get_moments(std::vector<float>& m, std::vector<float>& v);
+  void set_moments(const std::vector<float>& m, const std::vector<float>& v);
+
+  size_t moment_bytes() const { return 2 * m_.size() * sizeof(float); }
+
+ private:
+  // Calls f(tensor, begin, end) for the parts of the local tensors inside [lo, hi).
+  template <typename F>
+  void for_each_piece(size_t lo, size_t hi, F f) const;
+  const float* reduced(const float* grads) const { return zero_ ? grad_shard_.data() : grads; }
+
+  const LocalLayout& layout_;
+  Comm* dp_;
+  Comm* world_;
+  bool zero_;
+  AdamWHyper hyper_;
+  size_t padded_, shard_begin_, shard_end_;
+  std::vector<float> m_, v_, grad_shard_;
+};
+
+}  // namespace tessera

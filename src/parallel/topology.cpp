@@ -1,0 +1,216 @@
+// The rank grid: coordinates, layout checks and communicators (DESIGN §3).
+#include "parallel/topology.hpp"
+
+#include <cstdio>
+
+#include "common/error.hpp"
+
+namespace tessera {
+namespace {
+
+std::string num(long long v) { return std::to_string(v); }
+
+// "[3, 3, 2]"
+std::string list(const std::vector<int>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); i++) out += (i ? ", " : "") + num(v[i]);
+  return out + "]";
+}
+
+std::string ranks(long long n) { return num(n) + (n == 1 ? " rank" : " ranks"); }
+
+// "parallel: dp=2 x tp=2 x pp=2 = 8 ranks, but the job has 6"
+std::string size_mismatch(const ParallelLayout& l, int world_size) {
+  long long n = static_cast<long long>(l.dp) * l.tp * l.pp;
+  return "parallel: dp=" + num(l.dp) + " x tp=" + num(l.tp) + " x pp=" + num(l.pp) + " = " +
+         ranks(n) + ", but the job has " + num(world_size);
+}
+
+// The ranks that share `color` form one communicator, ordered by `key`; MPI_UNDEFINED: none.
+MPI_Comm split(MPI_Comm world, int color, int key) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_split(world, color, key, &comm);
+  return comm;
+}
+
+}  // namespace
+
+RankCoord coord_of(int world_rank, const ParallelLayout& layout) {
+  RankCoord c;
+  c.tp_rank = world_rank % layout.tp;
+  c.dp_rank = world_rank / layout.tp % layout.dp;
+  c.pp_rank = world_rank / (layout.tp * layout.dp);
+  return c;
+}
+
+int world_rank_of(const RankCoord& coord, const ParallelLayout& layout) {
+  return (coord.pp_rank * layout.dp + coord.dp_rank) * layout.tp + coord.tp_rank;
+}
+
+std::string resolve_layout(const ParallelConfig& cfg, int world_size, ParallelLayout* out) {
+  const char* const names[3] = {"dp", "tp", "pp"};
+  int value[3] = {cfg.dp, cfg.tp, cfg.pp};
+  std::vector<int> autos;
+  long long fixed = 1;
+  std::string fixed_text;  // "tp=4 x pp=1"
+  for (int i = 0; i < 3; i++) {
+    if (value[i] < 0) {
+      return "parallel." + std::string(names[i]) + " = " + num(value[i]) + " must be >= 1 or auto";
+    }
+    if (value[i] == 0) {
+      autos.push_back(i);
+    } else {
+      fixed *= value[i];
+      fixed_text += (fixed_text.empty() ? "" : " x ") + std::string(names[i]) + "=" + num(value[i]);
+    }
+  }
+  if (autos.size() > 1) {
+    std::string which;
+    for (size_t k = 0; k < autos.size(); k++) {
+      const char* sep = k == 0 ? "" : k + 1 == autos.size() ? " and " : ", ";
+      which += sep + std::string(names[autos[k]]);
+    }
+    return "parallel: " + which + " are auto; at most one of dp, tp, pp may be auto";
+  }
+  if (autos.empty()) {
+    ParallelLayout l{value[0], value[1], value[2]};
+    if (fixed != world_size) return size_mismatch(l, world_size);
+  } else {
+    int a = autos[0];
+    if (world_size % fixed != 0) {
+      return "parallel: world size " + num(world_size) + " is not divisible by " + fixed_text +
+             " (" + names[a] + "=auto)";
+    }
+    value[a] = static_cast<int>(world_size / fixed);
+  }
+  *out = ParallelLayout{value[0], value[1], value[2]};
+  return "";
+}
+
+std::vector<std::pair<int, int>> stage_layer_ranges(int n_layer, int pp,
+                                                    const std::vector<int>& stage_layers) {
+  std::vector<std::pair<int, int>> ranges;
+  int first = 0;
+  for (int s = 0; s < pp; s++) {
+    int count = stage_layers.empty() ? n_layer / pp + (s < n_layer % pp ? 1 : 0)
+                                     : stage_layers.at(s);
+    ranges.emplace_back(first, first + count);
+    first += count;
+  }
+  return ranges;
+}
+
+std::string check_layout(const ParallelLayout& layout, int n_head, int padded_vocab, int n_layer,
+                         const std::vector<int>& stage_layers, int batch_size, int micro_batch) {
+  const int dp = layout.dp, tp = layout.tp, pp = layout.pp;
+  if (n_head % tp != 0) {
+    return "parallel.tp = " + num(tp) + " does not divide model.n_head = " + num(n_head);
+  }
+  if (padded_vocab % tp != 0) {
+    return "parallel.tp = " + num(tp) + " does not divide the padded vocabulary Vp = " +
+           num(padded_vocab) + " (make model.vocab_multiple a multiple of " + num(tp) + ")";
+  }
+
+  if (stage_layers.empty()) {
+    if (pp > n_layer) {
+      return "parallel.pp = " + num(pp) + " is more than model.n_layer = " + num(n_layer) +
+             " (every stage needs at least one layer)";
+    }
+  } else {
+    const std::string given = "parallel.stage_layers = " + list(stage_layers);
+    if (static_cast<int>(stage_layers.size()) != pp) {
+      return given + " has " + num(stage_layers.size()) + " entries, but parallel.pp = " + num(pp);
+    }
+    long long sum = 0;
+    for (size_t s = 0; s < stage_layers.size(); s++) {
+      if (stage_layers[s] < 1) {
+        return given + " gives stage " + num(s) + " no layers (every stage needs at least one)";
+      }
+      sum += stage_layers[s];
+    }
+    if (sum != n_layer) {
+      return given + " sums to " + num(sum) + ", but model.n_layer = " + num(n_layer);
+    }
+  }
+
+  // Each step is batch_size / (dp * micro_batch) micro-batches of micro_batch sequences per rank.
+  if (batch_size < dp) {
+    return "train.batch_size = " + num(batch_size) + " is less than parallel.dp = " + num(dp) +
+           " (every data-parallel rank needs at least one sequence per step)";
+  }
+  if (micro_batch < 1) return "the micro-batch size must be >= 1, got " + num(micro_batch);
+  long long per_micro_step = static_cast<long long>(dp) * micro_batch;
+  std::string per_text = "parallel.dp = " + num(dp) + " x micro-batch " + num(micro_batch) +
+                         " = " + num(per_micro_step);
+  if (batch_size < per_micro_step) {
+    return "train.batch_size = " + num(batch_size) + " is less than " + per_text;
+  }
+  if (batch_size % per_micro_step != 0) {
+    return "train.batch_size = " + num(batch_size) + " is not a multiple of " + per_text;
+  }
+  return "";
+}
+
+Topology::Topology(MPI_Comm world, const ParallelLayout& layout) : layout_(layout), world_(world) {
+  MPI_Comm_rank(world, &world_rank_);
+  MPI_Comm_size(world, &world_size_);
+  // Every rank sees the same sizes, so every rank throws, and none is left in a split.
+  if (static_cast<long long>(layout.dp) * layout.tp * layout.pp != world_size_) {
+    throw UserError(size_mismatch(layout, world_size_), kExitBadInput);
+  }
+  coord_ = coord_of(world_rank_, layout);
+  const RankCoord& c = coord_;
+  const int dp = layout.dp, tp = layout.tp;
+  // Colour: the coordinates the group shares; key: the one it is ordered by.
+  comms_[static_cast<int>(CommName::tp)] = split(world, c.pp_rank * dp + c.dp_rank, c.tp_rank);
+  comms_[static_cast<int>(CommName::dp)] = split(world, c.pp_rank * tp + c.tp_rank, c.dp_rank);
+  comms_[static_cast<int>(CommName::pp)] = split(world, c.dp_rank * tp + c.tp_rank, c.pp_rank);
+  // With one stage the embedding and the head share wte on the same rank: nothing to connect.
+  if (layout.pp > 1) {
+    bool ends = first_stage() || last_stage();
+    comms_[static_cast<int>(CommName::embed)] =
+        split(world, ends ? c.dp_rank * tp + c.tp_rank : MPI_UNDEFINED, c.pp_rank);
+  }
+}
+
+Topology::~Topology() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // MPI_Finalize already released every communicator
+  for (MPI_Comm& comm : comms_) {
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  }
+}
+
+std::string Topology::rank_grid(const std::vector<std::pair<int, int>>& stage_layers) const {
+  auto width = [](int n) { return static_cast<int>(num(n - 1).size()); };
+  std::string out;
+  for (int r = 0; r < world_size_; r++) {
+    RankCoord c = coord_of(r, layout_);
+    auto [first, last] = stage_layers.at(c.pp_rank);
+    char line[200];
+    int n = std::snprintf(line, sizeof line, "rank %*d: dp %*d tp %*d pp %*d  ", width(world_size_),
+                          r, width(layout_.dp), c.dp_rank, width(layout_.tp), c.tp_rank,
+                          width(layout_.pp), c.pp_rank);
+    if (last - first == 1) {
+      std::snprintf(line + n, sizeof line - n, "layer %d", first);
+    } else {
+      std::snprintf(line + n, sizeof line - n, "layers %d-%d", first, last - 1);
+    }
+    out += line;
+    // The first stage embeds (wte, wpe); the last applies ln_f and the head, which is tied to
+    // wte: a copy of it when the stages differ.
+    bool is_first = c.pp_rank == 0, is_last = c.pp_rank == layout_.pp - 1;
+    if (is_first && is_last) {
+      out += " (+ wte, wpe, ln_f)";
+    } else if (is_first) {
+      out += " (+ wte, wpe)";
+    } else if (is_last) {
+      out += " (+ wte copy, ln_f)";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace tessera
