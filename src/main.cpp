@@ -160,6 +160,19 @@ int run(const std::vector<std::string>& argv) {
   throw UserError("tessera: unknown command '" + command + "' (see tessera --help)");
 }
 
+// True when every rank enters this barrier within `seconds`.
+bool all_ranks_arrive(double seconds) {
+  MPI_Request request;
+  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int done = 0;
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done != 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,24 +181,34 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int status = 0;
+  std::string message;
+  bool every_rank = false;
   try {
     status = run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const UserError& e) {
     status = e.exit_code;
-    if (size > 1 && e.every_rank && rank != 0) {
-      // Rank 0 meets the same error, prints it and aborts the job; this rank speaks only if
-      // that has not happened after a while (then the error was not everyone's after all).
-      std::this_thread::sleep_for(std::chrono::seconds(5));
-    }
-    std::fprintf(stderr, "%s%s\n", size > 1 && rank != 0 ? ("rank " + std::to_string(rank) + ": ").c_str() : "",
-                 e.what());
+    message = e.what();
+    every_rank = e.every_rank;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tessera: internal error on rank %d: %s\n", rank, e.what());
     status = tessera::kExitIO;
+    message = "tessera: internal error on rank " + std::to_string(rank) + ": " + e.what();
   }
-  if (status != 0 && size > 1) {
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, status);  // peers may be blocked in a collective
+  if (status != 0) {
+    // An error every rank meets (the deck, the layout, a file they all open) ends the job
+    // quietly once all ranks have reached this point: rank 0 alone prints it. Anything else, or
+    // a peer that never arrives (it is blocked in a collective), is printed by the rank that
+    // met it and ends the job with MPI_Abort.
+    if (size > 1 && every_rank && all_ranks_arrive(10.0)) {
+      if (rank == 0) std::fprintf(stderr, "%s\n", message.c_str());
+    } else if (size > 1) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, message.c_str());
+      std::fflush(stderr);
+      // The launcher forwards output through a pipe: give it a moment before the job dies.
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      MPI_Abort(MPI_COMM_WORLD, status);
+    } else {
+      std::fprintf(stderr, "%s\n", message.c_str());
+    }
   }
   MPI_Finalize();
   return status;

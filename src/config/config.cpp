@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <string_view>
+#include <utility>
 #include <variant>
 
 #include "common/error.hpp"
@@ -20,7 +21,13 @@
 namespace tessera {
 namespace {
 
-using FieldRef = std::variant<int*, uint64_t*, double*, std::string*>;
+// parallel.dp, tp, pp: a positive integer or the word `auto`, stored as 0.
+struct IntOrAuto {
+  int* value;
+};
+
+using FieldRef =
+    std::variant<int*, uint64_t*, double*, std::string*, IntOrAuto, std::vector<int>*>;
 
 struct Field {
   const char* section;
@@ -60,16 +67,23 @@ std::vector<Field> fields_of(Config& c) {
       {"checkpoint", "dir", &c.checkpoint.dir},
       {"checkpoint", "every", &c.checkpoint.every},
       {"checkpoint", "restart", &c.checkpoint.restart},
+      {"checkpoint", "collective_bytes", &c.checkpoint.collective_bytes},
       {"log", "every", &c.log.every},
       {"log", "peak_gflops", &c.log.peak_gflops},
       {"run", "dir", &c.run.dir},
       {"device", "backend", &c.device.backend},
       {"device", "threads", &c.device.threads},
+      {"parallel", "dp", IntOrAuto{&c.parallel.dp}},
+      {"parallel", "tp", IntOrAuto{&c.parallel.tp}},
+      {"parallel", "pp", IntOrAuto{&c.parallel.pp}},
+      {"parallel", "schedule", &c.parallel.schedule},
+      {"parallel", "zero", &c.parallel.zero},
+      {"parallel", "stage_layers", &c.parallel.stage_layers},
   };
 }
 
-const char* const kSections[] = {"model",      "data", "train", "optim", "eval",
-                                 "checkpoint", "log",  "run",   "device"};
+const char* const kSections[] = {"model", "data", "train", "optim", "eval",
+                                 "checkpoint", "log", "run", "device", "parallel"};
 
 std::string dotted(const Field& f) { return std::string(f.section) + "." + f.key; }
 
@@ -224,11 +238,20 @@ struct Deck {
     fail(where(index(name)), problem);
   }
 
-  // A rule between two keys is reported at whichever was given later (or the one given at all).
+  // A rule between keys is reported at whichever was given last (or the one given at all); on a
+  // tie (none given), at the first named.
+  [[noreturn]] void fail_latest(const std::vector<std::string_view>& names,
+                                const std::string& problem) const {
+    size_t latest = index(names[0]);
+    for (std::string_view name : names) {
+      if (sources[index(name)].order > sources[latest].order) latest = index(name);
+    }
+    fail(where(latest), problem);
+  }
+
   [[noreturn]] void fail_later(std::string_view a, std::string_view b,
                                const std::string& problem) const {
-    size_t ia = index(a), ib = index(b);
-    fail(where(sources[ia].order >= sources[ib].order ? ia : ib), problem);
+    fail_latest({a, b}, problem);
   }
 };
 
@@ -272,6 +295,34 @@ int to_int(const Source& s) {
                       shown(text));
   }
   return value;
+}
+
+int to_int_or_auto(const Source& s) {
+  const std::string& text = scalar_text(s, "an integer or auto");
+  if (text == "auto") return 0;
+  size_t sign = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+  if (!all_digits(std::string_view(text).substr(sign))) {
+    fail(s.where, "expected an integer or auto, got " + shown(text));
+  }
+  return to_int(s);
+}
+
+// A YAML sequence of integers, block or flow ([3, 3, 2]). In the deck an entry's error points at
+// the entry; on the command line at the override.
+std::vector<int> to_int_list(const Source& s, const std::string& origin, const std::string& name) {
+  if (!s.value.IsSequence()) {
+    std::string hint = s.value.IsNull() ? " (write [] for the default)" : "";
+    fail(s.where, "expected a sequence of integers, got " + kind_of(s.value) + hint);
+  }
+  const bool in_deck = s.key_line > 0;
+  std::vector<int> out;
+  for (const YAML::Node& entry : s.value) {
+    // Built whole: assigning to a Node that already refers to one overwrites that one's content.
+    Source e{true, entry, in_deck ? at(origin, entry.Mark()) + ": " + name : s.where, s.order,
+             s.key_line};
+    out.push_back(to_int(e));
+  }
+  return out;
 }
 
 uint64_t to_uint64(const Source& s) {
@@ -481,12 +532,16 @@ void convert_values(Deck& deck) {
   for (size_t i : given) {
     const Source& s = deck.sources[i];
     std::visit(
-        [&](auto* field) {
-          using T = std::remove_pointer_t<decltype(field)>;
-          if constexpr (std::is_same_v<T, int>) *field = to_int(s);
-          if constexpr (std::is_same_v<T, uint64_t>) *field = to_uint64(s);
-          if constexpr (std::is_same_v<T, double>) *field = to_double(s);
-          if constexpr (std::is_same_v<T, std::string>) *field = scalar_text(s, "a string");
+        [&](auto field) {
+          using T = decltype(field);
+          if constexpr (std::is_same_v<T, int*>) *field = to_int(s);
+          if constexpr (std::is_same_v<T, uint64_t*>) *field = to_uint64(s);
+          if constexpr (std::is_same_v<T, double*>) *field = to_double(s);
+          if constexpr (std::is_same_v<T, std::string*>) *field = scalar_text(s, "a string");
+          if constexpr (std::is_same_v<T, IntOrAuto>) *field.value = to_int_or_auto(s);
+          if constexpr (std::is_same_v<T, std::vector<int>*>) {
+            *field = to_int_list(s, deck.origin, dotted(deck.fields[i]));
+          }
         },
         deck.fields[i].ref);
   }
@@ -495,6 +550,13 @@ void convert_values(Deck& deck) {
 std::string num(int v) { return std::to_string(v); }
 std::string num(long long v) { return std::to_string(v); }
 std::string num(double v) { return shortest(v); }
+
+// "[3, 3, 2]", as the deck writes it.
+std::string flow(const std::vector<int>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); i++) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
 
 void at_least(const Deck& deck, std::string_view name, long long v, long long min) {
   if (v < min) deck.fail_key(name, "must be >= " + num(min) + ", got " + num(v));
@@ -512,8 +574,93 @@ void below_one(const Deck& deck, std::string_view name, double v) {
   if (!(v >= 0 && v < 1)) deck.fail_key(name, "must be in [0, 1), got " + num(v));
 }
 
+// dp, tp, pp: 0 is how `auto` is stored, so a 0 is only fine where the deck said auto.
+void positive_or_auto(const Deck& deck, std::string_view name, int v) {
+  const Source& s = deck.sources[deck.index(name)];
+  bool said_auto = v == 0 && s.present && s.value.IsScalar() && s.value.Scalar() == "auto";
+  if (v < 1 && !said_auto) deck.fail_key(name, "must be >= 1 or auto, got " + num(v));
+}
+
 void not_empty(const Deck& deck, std::string_view name, const std::string& v, const char* meaning) {
   if (v.empty()) deck.fail_key(name, std::string("must not be empty (") + meaning + ")");
+}
+
+// The layout rules that need no world size; src/parallel/topology.cpp checks the resolved layout
+// again (check_layout) once `auto` is known. 0 in dp, tp, pp is auto.
+void validate_parallel(const Config& c, const Deck& deck) {
+  const ParallelConfig& p = c.parallel;
+  positive_or_auto(deck, "parallel.dp", p.dp);
+  positive_or_auto(deck, "parallel.tp", p.tp);
+  positive_or_auto(deck, "parallel.pp", p.pp);
+  const std::pair<std::string_view, int> sizes[] = {
+      {"parallel.dp", p.dp}, {"parallel.tp", p.tp}, {"parallel.pp", p.pp}};
+  std::vector<std::string_view> autos;
+  for (const auto& [key, v] : sizes) {
+    if (v == 0) autos.push_back(key);
+  }
+  if (autos.size() > 1) {
+    std::string which(autos[0]);
+    for (size_t k = 1; k < autos.size(); k++) {
+      which += (k + 1 == autos.size() ? " and " : ", ") + std::string(autos[k]);
+    }
+    deck.fail_latest(autos, which + " are auto; at most one of dp, tp, pp may be auto");
+  }
+  if (p.schedule != "gpipe" && p.schedule != "1f1b") {
+    deck.fail_key("parallel.schedule", "must be gpipe or 1f1b, got " + shown(p.schedule));
+  }
+  if (p.zero != 0 && p.zero != 1) {
+    deck.fail_key("parallel.zero", "must be 0 or 1, got " + num(p.zero));
+  }
+
+  const ModelConfig& m = c.model;
+  if (p.tp > 0 && m.n_head % p.tp != 0) {
+    deck.fail_later("parallel.tp", "model.n_head",
+                    "parallel.tp = " + num(p.tp) + " does not divide model.n_head = " +
+                        num(m.n_head));
+  }
+  const std::vector<int>& layers = p.stage_layers;
+  if (!layers.empty()) {
+    const std::string given = "parallel.stage_layers = " + flow(layers);
+    long long sum = 0;
+    for (int n : layers) {
+      if (n < 1) {
+        deck.fail_key("parallel.stage_layers",
+                      "every stage needs at least one layer, got " + flow(layers));
+      }
+      sum += n;
+    }
+    if (p.pp > 0 && static_cast<int>(layers.size()) != p.pp) {
+      deck.fail_later("parallel.stage_layers", "parallel.pp",
+                      given + " has " + num(static_cast<long long>(layers.size())) +
+                          " entries, but parallel.pp = " + num(p.pp));
+    }
+    if (sum != m.n_layer) {
+      deck.fail_later("parallel.stage_layers", "model.n_layer",
+                      given + " sums to " + num(sum) + ", but model.n_layer = " + num(m.n_layer));
+    }
+  } else if (p.pp > m.n_layer) {
+    deck.fail_later("parallel.pp", "model.n_layer",
+                    "parallel.pp = " + num(p.pp) + " is more than model.n_layer = " +
+                        num(m.n_layer) + " (every stage needs at least one layer)");
+  }
+
+  // train.micro_batch is per data-parallel rank: a step is batch_size / (dp * micro_batch)
+  // micro-batches on every rank; micro_batch 0 is batch_size / dp (no accumulation).
+  const TrainConfig& t = c.train;
+  if (p.dp > 0) {
+    long long per = static_cast<long long>(p.dp) * std::max(t.micro_batch, 1);
+    std::string per_text = t.micro_batch > 0
+                               ? "parallel.dp x train.micro_batch = " + num(p.dp) + " x " +
+                                     num(t.micro_batch) + " = " + num(per)
+                               : "parallel.dp = " + num(p.dp);
+    const char* problem = t.batch_size < per        ? " is less than "
+                          : t.batch_size % per != 0 ? " is not a multiple of "
+                                                    : nullptr;
+    if (problem) {
+      deck.fail_latest({"train.batch_size", "train.micro_batch", "parallel.dp"},
+                       "train.batch_size = " + num(t.batch_size) + problem + per_text);
+    }
+  }
 }
 
 // Range rules, in deck order; a rule between two keys follows the second of them.
@@ -568,6 +715,7 @@ void validate(const Config& c, const Deck& deck) {
   at_least(deck, "eval.every", c.eval.every, 0);
   at_least(deck, "eval.batches", c.eval.batches, 1);
   at_least(deck, "checkpoint.every", c.checkpoint.every, 0);
+  at_least(deck, "checkpoint.collective_bytes", c.checkpoint.collective_bytes, 0);
   not_empty(deck, "checkpoint.restart", c.checkpoint.restart, "auto, none or a checkpoint path");
   at_least(deck, "log.every", c.log.every, 1);
   non_negative(deck, "log.peak_gflops", c.log.peak_gflops);
@@ -577,6 +725,7 @@ void validate(const Config& c, const Deck& deck) {
     deck.fail_key("device.backend", "must be cpu, cuda or auto, got " + shown(backend));
   }
   at_least(deck, "device.threads", c.device.threads, 0);
+  validate_parallel(c, deck);
 }
 
 std::string read_file(const std::string& path) {
@@ -632,12 +781,16 @@ std::string to_yaml(const Config& config) {
     }
     out += "  " + std::string(f.key) + ": ";
     std::visit(
-        [&](auto* field) {
-          using T = std::remove_pointer_t<decltype(field)>;
-          if constexpr (std::is_same_v<T, std::string>) {
+        [&](auto field) {
+          using T = decltype(field);
+          if constexpr (std::is_same_v<T, std::string*>) {
             out += quote(*field);
-          } else if constexpr (std::is_same_v<T, double>) {
+          } else if constexpr (std::is_same_v<T, double*>) {
             out += format_double(*field);
+          } else if constexpr (std::is_same_v<T, IntOrAuto>) {
+            out += *field.value == 0 ? "auto" : std::to_string(*field.value);
+          } else if constexpr (std::is_same_v<T, std::vector<int>*>) {
+            out += flow(*field);
           } else {
             out += std::to_string(*field);
           }

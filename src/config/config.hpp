@@ -26,7 +26,7 @@ struct DataConfig {
 struct TrainConfig {
   int steps = 1000;
   int batch_size = 16;       // global sequences per optimizer step
-  int micro_batch = 0;       // sequences per forward/backward; 0 = batch_size
+  int micro_batch = 0;       // sequences per forward/backward per dp rank; 0 = batch_size / dp
   uint64_t seed = 1337;
 };
 
@@ -51,6 +51,7 @@ struct CheckpointConfig {
   std::string dir;           // "" = <run.dir>/checkpoints
   int every = 0;             // 0 = only after the last step
   std::string restart = "auto";  // auto | none | PATH
+  int collective_bytes = 1 << 20;  // tensors this large or larger use collective MPI-IO transfers
 };
 
 struct LogConfig {

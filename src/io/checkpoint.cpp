@@ -69,9 +69,9 @@ H5Handle open_parallel_file(MPI_Comm comm, const std::string& path) {
   return file;
 }
 
-H5Handle collective_transfer() {
+H5Handle transfer(H5FD_mpio_xfer_t mode) {
   H5Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-  H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
+  H5Pset_dxpl_mpio(dxpl.get(), mode);
   return dxpl;
 }
 
@@ -107,11 +107,19 @@ H5Handle memory_space(const LocalTensor* t) {
   return mem;
 }
 
+// Collective MPI-IO transfers for tensors of at least `collective_bytes` (two-phase aggregation
+// pays for large data on a parallel file system); independent ones for the small tensors, where a
+// collective round per tensor costs more than the data. Either way each rank moves only its tile.
+H5FD_mpio_xfer_t transfer_mode(const ParamTensor& c, long collective_bytes) {
+  return double(c.numel) * sizeof(float) >= double(collective_bytes) ? H5FD_MPIO_COLLECTIVE
+                                                                     : H5FD_MPIO_INDEPENDENT;
+}
+
 // Creates the dataset of canonical tensor c (collective) and writes this rank's tile, if it holds
-// one that it owns; the checksum over all ranks' tiles is stored beside it.
-void write_tensor(MPI_Comm comm, hid_t file, hid_t checksums, const std::string& path,
-                  const LocalLayout& layout, const ParamTensor& c, const LocalTensor* t,
-                  const float* local, hid_t dxpl) {
+// one it owns. Returns this rank's part of the dataset's checksum.
+uint64_t write_tensor(hid_t file, const std::string& path, const LocalLayout& layout,
+                      const ParamTensor& c, const LocalTensor* t, const float* local,
+                      long collective_bytes) {
   std::vector<hsize_t> dims(c.shape.begin(), c.shape.end());
   H5Handle space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
   H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
@@ -123,25 +131,20 @@ void write_tensor(MPI_Comm comm, hid_t file, hid_t checksums, const std::string&
   H5Handle file_space(H5Dget_space(dset.get()), H5Sclose);
   select_tile(file_space.get(), t);
   H5Handle mem = memory_space(t);
-  if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mem.get(), file_space.get(), dxpl,
+  const H5FD_mpio_xfer_t mode = transfer_mode(c, collective_bytes);
+  // Independent: a rank without a tile has nothing to do. Collective: every rank takes part.
+  if ((t || mode == H5FD_MPIO_COLLECTIVE) &&
+      H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mem.get(), file_space.get(), transfer(mode).get(),
                local) < 0)
     throw UserError("HDF5: write of " + path + " failed", kExitIO);
-
-  uint64_t sum = t ? tile_checksum(layout, *t, local) : 0, total = 0;
-  MPI_Allreduce(&sum, &total, 1, MPI_UINT64_T, MPI_SUM, comm);
-  H5Handle scalar(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Handle cset(H5Dcreate2(checksums, path.c_str(), H5T_STD_U64LE, scalar.get(), lcpl.get(),
-                           H5P_DEFAULT, H5P_DEFAULT),
-                H5Dclose);
-  if (!cset.valid() || H5Dwrite(cset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, dxpl, &total) < 0)
-    throw UserError("HDF5: cannot write checksum of " + path, kExitIO);
+  return t ? tile_checksum(layout, *t, local) : 0;
 }
 
-// Reads this rank's tile of canonical tensor c (every rank that holds one, owner or not) and
-// checks the dataset's checksum over the tiles of the `counted` ranks.
-void read_tensor(MPI_Comm comm, hid_t file, const std::string& ckpt, const std::string& path,
-                 const LocalLayout& layout, const ParamTensor& c, const LocalTensor* t,
-                 bool counted, float* local, hid_t dxpl) {
+// Reads this rank's tile of canonical tensor c (every rank that holds one, owner or not).
+// Returns this rank's part of the checksum when it is `counted`, else 0.
+uint64_t read_tensor(hid_t file, const std::string& ckpt, const std::string& path,
+                     const LocalLayout& layout, const ParamTensor& c, const LocalTensor* t,
+                     bool counted, float* local, long collective_bytes) {
   if (H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
     throw UserError(ckpt + ": missing dataset /" + path);
   H5Handle dset(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
@@ -152,17 +155,46 @@ void read_tensor(MPI_Comm comm, hid_t file, const std::string& ckpt, const std::
     throw UserError(ckpt + ": /" + path + " has a different shape from the deck's model");
   select_tile(space.get(), t);
   H5Handle mem = memory_space(t);
-  if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), dxpl, local) < 0)
+  const H5FD_mpio_xfer_t mode = transfer_mode(c, collective_bytes);
+  if ((t || mode == H5FD_MPIO_COLLECTIVE) &&
+      H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), transfer(mode).get(), local) < 0)
     throw UserError(ckpt + ": read of /" + path + " failed", kExitIO);
+  return t && counted ? tile_checksum(layout, *t, local) : 0;
+}
 
-  uint64_t sum = t && counted ? tile_checksum(layout, *t, local) : 0, total = 0, stored = 0;
-  MPI_Allreduce(&sum, &total, 1, MPI_UINT64_T, MPI_SUM, comm);
-  const std::string cpath = "checksum/" + path;
-  H5Handle cset(H5Dopen2(file, cpath.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!cset.valid() || H5Dread(cset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, dxpl, &stored) < 0)
-    throw UserError(ckpt + ": missing checksum for /" + path);
-  if (stored != total)
-    throw UserError(ckpt + ": checksum mismatch in /" + path + " (file corrupt?)", kExitIO);
+// The /checksum/... datasets: created by every rank, written by rank 0 alone.
+void write_checksums(hid_t file, const std::vector<std::string>& paths,
+                     const std::vector<uint64_t>& sums, int rank) {
+  H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  H5Handle scalar(H5Screate(H5S_SCALAR), H5Sclose);
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const std::string path = "checksum/" + paths[i];
+    H5Handle cset(H5Dcreate2(file, path.c_str(), H5T_STD_U64LE, scalar.get(), lcpl.get(),
+                             H5P_DEFAULT, H5P_DEFAULT),
+                  H5Dclose);
+    if (!cset.valid() ||
+        (rank == 0 && H5Dwrite(cset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL,
+                               transfer(H5FD_MPIO_INDEPENDENT).get(), &sums[i]) < 0))
+      throw UserError("HDF5: cannot write /" + path, kExitIO);
+  }
+}
+
+void verify_checksums(hid_t file, const std::string& ckpt, const std::vector<std::string>& paths,
+                      const std::vector<uint64_t>& sums) {
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const std::string path = "checksum/" + paths[i];
+    uint64_t stored = 0;
+    H5Handle cset(H5Lexists(file, path.c_str(), H5P_DEFAULT) > 0
+                      ? H5Dopen2(file, path.c_str(), H5P_DEFAULT)
+                      : H5I_INVALID_HID,
+                  H5Dclose);
+    if (!cset.valid() || H5Dread(cset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL,
+                                 transfer(H5FD_MPIO_INDEPENDENT).get(), &stored) < 0)
+      throw UserError(ckpt + ": missing checksum for /" + paths[i]);
+    if (stored != sums[i])
+      throw UserError(ckpt + ": checksum mismatch in /" + paths[i] + " (file corrupt?)", kExitIO);
+  }
 }
 
 // The local tensor holding canonical tensor i on this rank, or null.
@@ -195,7 +227,7 @@ int64_t require_int(hid_t obj, const std::string& file, const std::string& name)
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalLayout& layout,
                              bool writer, const ModelBuffers& buffers, const TrainState& state,
                              const std::string& deck_yaml, const TokenizerInfo& tokenizer,
-                             const std::string& saved_layout) {
+                             const std::string& saved_layout, long collective_bytes) {
   hdf5_quiet();
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
@@ -241,22 +273,25 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
     h5_write_string_attr(tok.get(), "type", tokenizer.type);
     h5_write_int_attr(tok.get(), "vocab_size", tokenizer.vocab_size);
     h5_write_int_attr(tok.get(), "eot", tokenizer.eot);
-    H5Handle checksums = make_group(root, "checksum");
-
-    H5Handle dxpl = collective_transfer();
     const std::vector<const LocalTensor*> tiles = tiles_by_canonical(layout);
+    std::vector<std::string> paths;
+    std::vector<uint64_t> sums;
     for (size_t i = 0; i < tiles.size(); ++i) {
       const ParamTensor& c = layout.canonical.tensors[i];
       // Replicated copies (other dp ranks, other tp ranks, the tied wte copy) stay silent.
       const LocalTensor* t = writer && tiles[i] && tiles[i]->owner ? tiles[i] : nullptr;
       const size_t off = t ? t->offset : 0;
-      write_tensor(comm, root, checksums.get(), "model/" + c.name, layout, c, t,
-                   buffers.params + off, dxpl.get());
-      write_tensor(comm, root, checksums.get(), "optim/exp_avg/" + c.name, layout, c, t,
-                   buffers.exp_avg + off, dxpl.get());
-      write_tensor(comm, root, checksums.get(), "optim/exp_avg_sq/" + c.name, layout, c, t,
-                   buffers.exp_avg_sq + off, dxpl.get());
+      const std::pair<const char*, const float*> parts[] = {{"model/", buffers.params},
+                                                            {"optim/exp_avg/", buffers.exp_avg},
+                                                            {"optim/exp_avg_sq/", buffers.exp_avg_sq}};
+      for (const auto& [prefix, base] : parts) {
+        paths.push_back(prefix + c.name);
+        sums.push_back(write_tensor(root, paths.back(), layout, c, t, base + off, collective_bytes));
+      }
     }
+    // One reduction for all checksums: each is the sum of the owners' parts.
+    MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
+    write_checksums(root, paths, sums, rank);
     if (H5Fflush(root, H5F_SCOPE_GLOBAL) < 0)
       throw UserError("HDF5: flush of " + tmp_path + " failed", kExitIO);
   }
@@ -315,7 +350,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
 }
 
 CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const LocalLayout& layout,
-                               bool writer, const ModelBuffers& buffers) {
+                               bool writer, const ModelBuffers& buffers, long collective_bytes) {
   CheckpointInfo info = read_checkpoint_info(path);
   const ModelShape &a = info.shape, &b = layout.canonical.shape;
   std::string diff;
@@ -333,22 +368,27 @@ CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const Loc
   if (!diff.empty()) throw UserError(path + ": model shape differs from the deck: " + diff);
 
   H5Handle file = open_parallel_file(comm, path);
-  H5Handle dxpl = collective_transfer();
   const std::vector<const LocalTensor*> tiles = tiles_by_canonical(layout);
+  std::vector<std::string> paths;
+  std::vector<uint64_t> sums;
   for (size_t i = 0; i < tiles.size(); ++i) {
     const ParamTensor& c = layout.canonical.tensors[i];
     const LocalTensor* t = tiles[i];
     const bool counted = t && writer && t->owner;
     const size_t off = t ? t->offset : 0;
-    read_tensor(comm, file.get(), path, "model/" + c.name, layout, c, t, counted,
-                buffers.params + off, dxpl.get());
+    std::vector<std::pair<const char*, float*>> parts = {{"model/", buffers.params}};
     // Sampling and evaluation pass no moment buffers, on every rank alike: nothing to read.
-    if (!buffers.exp_avg) continue;
-    read_tensor(comm, file.get(), path, "optim/exp_avg/" + c.name, layout, c, t, counted,
-                buffers.exp_avg + off, dxpl.get());
-    read_tensor(comm, file.get(), path, "optim/exp_avg_sq/" + c.name, layout, c, t, counted,
-                buffers.exp_avg_sq + off, dxpl.get());
+    if (buffers.exp_avg)
+      parts.insert(parts.end(), {{"optim/exp_avg/", buffers.exp_avg},
+                                 {"optim/exp_avg_sq/", buffers.exp_avg_sq}});
+    for (const auto& [prefix, base] : parts) {
+      paths.push_back(prefix + c.name);
+      sums.push_back(read_tensor(file.get(), path, paths.back(), layout, c, t, counted, base + off,
+                                 collective_bytes));
+    }
   }
+  MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
+  verify_checksums(file.get(), path, paths, sums);
   return info;
 }
 

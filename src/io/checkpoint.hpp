@@ -46,7 +46,7 @@ struct ModelBuffers {
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalLayout& layout,
                              bool writer, const ModelBuffers& buffers, const TrainState& state,
                              const std::string& deck_yaml, const TokenizerInfo& tokenizer,
-                             const std::string& saved_layout);
+                             const std::string& saved_layout, long collective_bytes = 1 << 20);
 
 // Reads attributes only (deck, shape, state). Throws UserError naming the file on anything wrong.
 CheckpointInfo read_checkpoint_info(const std::string& path);
@@ -55,7 +55,8 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 // differing value), reads every rank's tile, whatever layout wrote the file, and verifies the
 // checksums (over the blocks of the owning `writer` ranks, which together cover each tensor once).
 CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const LocalLayout& layout,
-                               bool writer, const ModelBuffers& buffers);
+                               bool writer, const ModelBuffers& buffers,
+                               long collective_bytes = 1 << 20);
 
 // The checkpoint `latest` names in dir, else the newest complete step_*.h5 there; "" if none.
 // A path that is a file is returned as is.

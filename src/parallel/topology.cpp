@@ -186,6 +186,7 @@ std::string Topology::rank_grid(const std::vector<std::pair<int, int>>& stage_la
   auto width = [](int n) { return static_cast<int>(num(n - 1).size()); };
   std::string out;
   for (int r = 0; r < world_size_; r++) {
+    if (r > 0) out += "\n";
     RankCoord c = coord_of(r, layout_);
     auto [first, last] = stage_layers.at(c.pp_rank);
     char line[200];
@@ -208,7 +209,6 @@ std::string Topology::rank_grid(const std::vector<std::pair<int, int>>& stage_la
     } else if (is_last) {
       out += " (+ wte copy, ln_f)";
     }
-    out += "\n";
   }
   return out;
 }

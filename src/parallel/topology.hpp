@@ -67,7 +67,7 @@ class Topology {
   bool first_stage() const { return coord_.pp_rank == 0; }
   bool last_stage() const { return coord_.pp_rank == layout_.pp - 1; }
 
-  // One line per world rank, for rank 0 to print:
+  // One line per world rank, for rank 0 to print (no newline after the last):
   //   "rank 5: dp 0 tp 1 pp 1  layers 2-3 (+ wte copy, ln_f)"
   // stage_layers is stage_layer_ranges() for this layout.
   std::string rank_grid(const std::vector<std::pair<int, int>>& stage_layers) const;

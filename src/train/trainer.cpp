@@ -153,7 +153,8 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   if (!restart_from.empty()) {
     std::vector<float> m(optimizer.buffer_size()), v(optimizer.buffer_size());
     const CheckpointInfo info =
-        read_checkpoint(world_comm, restart_from, tile, writer, {params.data(), m.data(), v.data()});
+        read_checkpoint(world_comm, restart_from, tile, writer, {params.data(), m.data(), v.data()},
+                        cfg.checkpoint.collective_bytes);
     optimizer.set_moments(m, v);
     state = info.state;
     restored_layout = info.saved_layout;
@@ -217,7 +218,8 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     optimizer.get_moments(m, v);
     const std::string path =
         write_checkpoint(world_comm, ckpt_dir, tile, writer, {params.data(), m.data(), v.data()},
-                         state, deck_yaml, tokenizer, layout_name(layout));
+                         state, deck_yaml, tokenizer, layout_name(layout),
+                         cfg.checkpoint.collective_bytes);
     log.say("checkpoint: wrote %s (%.1f MB) in %.2f s", path.c_str(),
             world_rank == 0 ? fs::file_size(path, ec) / 1e6 : 0.0, seconds_since(t0));
   };

@@ -6,6 +6,8 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 MPIEXEC=${MPIEXEC:-mpiexec}
 TESSERA=$ROOT/bin/tessera
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+# Multi-rank tests oversubscribe the cores: MPICH then yields the processor while it polls.
+export MPIR_CVAR_POLLS_BEFORE_YIELD=${MPIR_CVAR_POLLS_BEFORE_YIELD:-1}
 export PYTHONPATH=$ROOT/tools
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tessera_test.XXXXXX")
 trap '[ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT

@@ -21,7 +21,7 @@ fi
 run_check() {
   local name=$1 np=$2
   shift 2
-  timeout 120 $MPIEXEC -n "$np" "$CHECK" "$@" >"$WORK/$name.txt" 2>&1
+  timeout 60 $MPIEXEC -n "$np" "$CHECK" "$@" >"$WORK/$name.txt" 2>&1
   local rc=$?
   if [ "$rc" -eq 0 ] && grep -q ", 0 problems$" "$WORK/$name.txt"; then
     pass "$name: $(tail -1 "$WORK/$name.txt")"
@@ -69,7 +69,7 @@ else
 fi
 
 # A layout that does not fit the job: refused before any communicator is made.
-timeout 120 $MPIEXEC -n 4 "$CHECK" 2 2 2 4 >"$WORK/bad.txt" 2>&1
+timeout 60 $MPIEXEC -n 4 "$CHECK" 2 2 2 4 >"$WORK/bad.txt" 2>&1
 rc=$?
 if [ "$rc" -ne 0 ] &&
    grep -qx 'parallel: dp=2 x tp=2 x pp=2 = 8 ranks, but the job has 4' "$WORK/bad.txt"; then

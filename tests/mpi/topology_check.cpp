@@ -131,7 +131,8 @@ int main(int argc, char** argv) {
     int mine = static_cast<int>(problems.size());
     MPI_Allreduce(&mine, &failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (world_rank == 0) {
-      std::printf("%s", topo.rank_grid(tessera::stage_layer_ranges(n_layer, l.pp, {})).c_str());
+      const auto stages = tessera::stage_layer_ranges(n_layer, l.pp, {});
+      std::printf("%s\n", topo.rank_grid(stages).c_str());
       std::printf("checked dp=%d tp=%d pp=%d on %d ranks, %d problems\n", l.dp, l.tp, l.pp,
                   world_size, failed);
     }

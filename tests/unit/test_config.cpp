@@ -60,11 +60,18 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
   EXPECT_EQ(a.checkpoint.every, b.checkpoint.every);
   EXPECT_EQ(a.checkpoint.restart, b.checkpoint.restart);
+  EXPECT_EQ(a.checkpoint.collective_bytes, b.checkpoint.collective_bytes);
   EXPECT_EQ(a.log.every, b.log.every);
   EXPECT_EQ(a.log.peak_gflops, b.log.peak_gflops);
   EXPECT_EQ(a.run.dir, b.run.dir);
   EXPECT_EQ(a.device.backend, b.device.backend);
   EXPECT_EQ(a.device.threads, b.device.threads);
+  EXPECT_EQ(a.parallel.dp, b.parallel.dp);
+  EXPECT_EQ(a.parallel.tp, b.parallel.tp);
+  EXPECT_EQ(a.parallel.pp, b.parallel.pp);
+  EXPECT_EQ(a.parallel.schedule, b.parallel.schedule);
+  EXPECT_EQ(a.parallel.zero, b.parallel.zero);
+  EXPECT_EQ(a.parallel.stage_layers, b.parallel.stage_layers);
 }
 
 TEST(Config, MinimalDeckTakesEveryDefault) {
@@ -82,6 +89,12 @@ TEST(Config, MinimalDeckTakesEveryDefault) {
   EXPECT_EQ(c.checkpoint.restart, "auto");
   EXPECT_EQ(c.run.dir, "runs/default");
   EXPECT_EQ(c.device.backend, "cpu");
+  EXPECT_EQ(c.parallel.dp, 1);
+  EXPECT_EQ(c.parallel.tp, 1);
+  EXPECT_EQ(c.parallel.pp, 1);
+  EXPECT_EQ(c.parallel.schedule, "1f1b");
+  EXPECT_EQ(c.parallel.zero, 0);
+  EXPECT_TRUE(c.parallel.stage_layers.empty());
 }
 
 TEST(Config, EveryKeyReachesItsField) {
@@ -93,10 +106,12 @@ TEST(Config, EveryKeyReachesItsField) {
       "optim:\n  lr: 6e-4\n  min_lr: 6e-5\n  warmup_steps: 5\n  decay_steps: 70\n"
       "  weight_decay: 0.05\n  beta1: 0.8\n  beta2: 0.99\n  eps: 1e-6\n  grad_clip: 0.5\n"
       "eval:\n  every: 3\n  batches: 2\n"
-      "checkpoint:\n  dir: ck\n  every: 4\n  restart: none\n"
+      "checkpoint:\n  dir: ck\n  every: 4\n  restart: none\n  collective_bytes: 4096\n"
       "log:\n  every: 1\n  peak_gflops: 250.5\n"
       "run:\n  dir: r\n"
-      "device:\n  backend: auto\n  threads: 2\n";
+      "device:\n  backend: auto\n  threads: 2\n"
+      "parallel:\n  dp: 3\n  tp: 3\n  pp: 2\n  schedule: gpipe\n  zero: 1\n"
+      "  stage_layers: [1, 1]\n";
   Config c = parse_deck(text, "deck.yaml", {});
   Config e;
   e.model = {2, 3, 96, 64, 500, 32, 0.01};
@@ -106,10 +121,11 @@ TEST(Config, EveryKeyReachesItsField) {
   e.train = {7, 12, 4, 42};
   e.optim = {6e-4, 6e-5, 5, 70, 0.05, 0.8, 0.99, 1e-6, 0.5};
   e.eval = {3, 2};
-  e.checkpoint = {"ck", 4, "none"};
+  e.checkpoint = {"ck", 4, "none", 4096};
   e.log = {1, 250.5};
-  e.run.dir = "r";
+  e.run = RunConfig{"r"};  // not `e.run.dir = "r"`: GCC 12 -O3 warns falsely (-Wrestrict)
   e.device = {"auto", 2};
+  e.parallel = {3, 3, 2, "gpipe", 1, {1, 1}};
   expect_same(c, e);
 }
 
@@ -172,7 +188,9 @@ TEST(Config, UnknownSectionsSuggestTheNearestName) {
             "their section)");
   EXPECT_EQ(deck_error("data: {train: t.h5}\nfoo:\n  a: 1\n"),
             "deck.yaml:2:1: foo: unknown section (sections: model, data, train, optim, eval, "
-            "checkpoint, log, run, device)");
+            "checkpoint, log, run, device, parallel)");
+  EXPECT_EQ(deck_error("data: {train: t.h5}\nparalel:\n  dp: 2\n"),
+            "deck.yaml:2:1: paralel: unknown section (did you mean parallel?)");
 }
 
 TEST(Config, DuplicatesAreRefused) {
@@ -306,6 +324,13 @@ TEST(Config, RangeRules) {
       {"run", "dir", "''", "must not be empty (the run directory)"},
       {"device", "backend", "gpu", "must be cpu, cuda or auto, got 'gpu'"},
       {"device", "threads", "-1", "must be >= 0, got -1"},
+      {"parallel", "dp", "0", "must be >= 1 or auto, got 0"},
+      {"parallel", "tp", "-2", "must be >= 1 or auto, got -2"},
+      {"parallel", "pp", "0", "must be >= 1 or auto, got 0"},
+      {"parallel", "schedule", "zb", "must be gpipe or 1f1b, got 'zb'"},
+      {"parallel", "zero", "2", "must be 0 or 1, got 2"},
+      {"parallel", "zero", "-1", "must be 0 or 1, got -1"},
+      {"parallel", "stage_layers", "[4, 0]", "every stage needs at least one layer, got [4, 0]"},
   };
   for (const RangeCase& c : cases) {
     std::string section = c.section, key = c.key;
@@ -474,11 +499,13 @@ Config unusual_config() {
   c.log = {5, 1.5e12};
   c.run.dir = "yes";
   c.device = {"cuda", 16};
+  c.parallel = {0, 4, 3, "gpipe", 1, {5, 4, 3}};
   return c;
 }
 
 TEST(Config, ToYamlRoundTrips) {
-  for (const Config& c : {unusual_config(), parse_deck(kMinimal, "deck.yaml", {})}) {
+  Config pp_auto = parse_deck(kMinimal, "deck.yaml", {"parallel.pp=auto", "parallel.tp=2"});
+  for (const Config& c : {unusual_config(), parse_deck(kMinimal, "deck.yaml", {}), pp_auto}) {
     std::string text = to_yaml(c);
     Config back = parse_deck(text, "resolved.yaml", {});
     expect_same(back, c);
@@ -492,10 +519,11 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
        {"model:\n", "  n_layer: 4\n", "  init_std: 0.02\n", "data:\n", "  train: \"t.h5\"\n",
         "  val: \"\"\n", "  seed: 1337\n", "  min_lr: 1.0e-04\n", "  eps: 1.0e-08\n",
         "  grad_clip: 1.0\n", "  peak_gflops: 0.0\n", "  restart: \"auto\"\n", "device:\n",
-        "  threads: 0\n"}) {
+        "  threads: 0\n", "parallel:\n", "  dp: 1\n", "  schedule: \"1f1b\"\n", "  zero: 0\n",
+        "  stage_layers: []\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << "not in:\n" << text;
   }
-  // Sections of "key: value" lines, nothing else: 9 sections, 33 keys.
+  // Sections of "key: value" lines, nothing else: 10 sections, 40 keys.
   int sections = 0, keys = 0;
   size_t start = 0;
   while (start < text.size()) {
@@ -509,8 +537,157 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     }
     start = end + 1;
   }
-  EXPECT_EQ(sections, 9);
-  EXPECT_EQ(keys, 33);
+  EXPECT_EQ(sections, 10);
+  EXPECT_EQ(keys, 40);
+  // auto and the stage list as a deck would write them.
+  std::string unusual = to_yaml(unusual_config());
+  for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",
+                           "  stage_layers: [5, 4, 3]\n"}) {
+    EXPECT_NE(unusual.find(line), std::string::npos) << line << "not in:\n" << unusual;
+  }
+}
+
+TEST(Config, ParallelSection) {
+  Config c = parse_deck(std::string(kMinimal) +
+                            "model:\n  n_layer: 8\n"
+                            "parallel:\n  dp: auto\n  tp: 2\n  pp: 3\n  schedule: gpipe\n"
+                            "  zero: 1\n  stage_layers:\n    - 2\n    - 3\n    - 3\n",
+                        "deck.yaml", {});
+  EXPECT_EQ(c.parallel.dp, 0);
+  EXPECT_EQ(c.parallel.tp, 2);
+  EXPECT_EQ(c.parallel.pp, 3);
+  EXPECT_EQ(c.parallel.schedule, "gpipe");
+  EXPECT_EQ(c.parallel.zero, 1);
+  EXPECT_EQ(c.parallel.stage_layers, (std::vector<int>{2, 3, 3}));
+  // auto in any one position, quoted or not; an explicit empty list is the balanced default.
+  c = parse_deck(std::string(kMinimal) + "parallel: {tp: \"auto\", stage_layers: []}\n",
+                 "deck.yaml", {});
+  EXPECT_EQ(c.parallel.tp, 0);
+  EXPECT_TRUE(c.parallel.stage_layers.empty());
+  // With pp auto, stage_layers fixes only the layer count, not how many entries.
+  c = parse_deck(std::string(kMinimal) + "parallel: {pp: auto, stage_layers: [1, 3]}\n",
+                 "deck.yaml", {});
+  EXPECT_EQ(c.parallel.pp, 0);
+  EXPECT_EQ(c.parallel.stage_layers, (std::vector<int>{1, 3}));
+  // zero=1 goes with any dp, 1 included.
+  EXPECT_EQ(parse_deck(kMinimal, "deck.yaml", {"parallel.zero=1"}).parallel.zero, 1);
+}
+
+TEST(Config, ParallelOverrides) {
+  Config c = parse_deck(std::string(kMinimal) + "parallel: {pp: 4, stage_layers: [1, 1, 1, 1]}\n",
+                        "deck.yaml",
+                        {"parallel.tp=2", "parallel.dp=auto", "parallel.stage_layers=[2,2]",
+                         "parallel.pp=2", "parallel.schedule=gpipe"});
+  EXPECT_EQ(c.parallel.tp, 2);
+  EXPECT_EQ(c.parallel.dp, 0);
+  EXPECT_EQ(c.parallel.pp, 2);
+  EXPECT_EQ(c.parallel.stage_layers, (std::vector<int>{2, 2}));
+  EXPECT_EQ(c.parallel.schedule, "gpipe");
+  c = parse_deck(std::string(kMinimal) + "parallel:\n  stage_layers: [4]\n", "deck.yaml",
+                 {"parallel.stage_layers=[]"});
+  EXPECT_TRUE(c.parallel.stage_layers.empty());
+
+  EXPECT_EQ(deck_error(kMinimal, {"parallel.dp=0"}),
+            "command line: parallel.dp=0: must be >= 1 or auto, got 0");
+  EXPECT_EQ(deck_error(kMinimal, {"parallel.dp=many"}),
+            "command line: parallel.dp=many: expected an integer or auto, got 'many'");
+  EXPECT_EQ(deck_error(kMinimal, {"parallel.pp=2", "parallel.stage_layers=[2, x]"}),
+            "command line: parallel.stage_layers=[2, x]: expected an integer, got 'x'");
+  EXPECT_EQ(deck_error(kMinimal, {"parallel.stage_layers=2"}),
+            "command line: parallel.stage_layers=2: expected a sequence of integers, got '2'");
+  // Two autos: reported at the later one, here the override.
+  EXPECT_EQ(deck_error(std::string(kMinimal) + "parallel:\n  tp: auto\n", {"parallel.dp=auto"}),
+            "command line: parallel.dp=auto: parallel.dp and parallel.tp are auto; at most one of "
+            "dp, tp, pp may be auto");
+}
+
+TEST(Config, ParallelErrors) {
+  auto in_parallel = [](const std::string& lines) {
+    return std::string(kMinimal) + "parallel:\n" + lines;
+  };
+  EXPECT_EQ(deck_error(in_parallel("  dp: two\n")),
+            "deck.yaml:4:7: parallel.dp: expected an integer or auto, got 'two'");
+  EXPECT_EQ(deck_error(in_parallel("  dp: Auto\n")),
+            "deck.yaml:4:7: parallel.dp: expected an integer or auto, got 'Auto'");
+  EXPECT_EQ(deck_error(in_parallel("  pp: 1.5\n")),
+            "deck.yaml:4:7: parallel.pp: expected an integer or auto, got '1.5'");
+  EXPECT_EQ(deck_error(in_parallel("  tp: [2]\n")),
+            "deck.yaml:4:7: parallel.tp: expected an integer or auto, got a sequence");
+  EXPECT_EQ(deck_error(in_parallel("  zero: auto\n")),
+            "deck.yaml:4:9: parallel.zero: expected an integer, got 'auto'");
+
+  // At most one auto, reported at the last of them.
+  EXPECT_EQ(deck_error(in_parallel("  dp: auto\n  tp: auto\n")),
+            "deck.yaml:5:7: parallel.tp: parallel.dp and parallel.tp are auto; at most one of dp, "
+            "tp, pp may be auto");
+  EXPECT_EQ(deck_error(std::string(kMinimal) + "parallel: {dp: auto, tp: auto, pp: auto}\n"),
+            "deck.yaml:3:36: parallel.pp: parallel.dp, parallel.tp and parallel.pp are auto; at "
+            "most one of dp, tp, pp may be auto");
+
+  // stage_layers: a sequence of integers; an entry's error points at the entry.
+  EXPECT_EQ(deck_error(in_parallel("  stage_layers: 3\n")),
+            "deck.yaml:4:17: parallel.stage_layers: expected a sequence of integers, got '3'");
+  EXPECT_EQ(deck_error(in_parallel("  stage_layers:\n")),
+            "deck.yaml:4:3: parallel.stage_layers: expected a sequence of integers, got nothing "
+            "(write [] for the default)");
+  EXPECT_EQ(deck_error(in_parallel("  stage_layers: {a: 1}\n")),
+            "deck.yaml:4:17: parallel.stage_layers: expected a sequence of integers, got a map");
+  EXPECT_EQ(deck_error(in_parallel("  pp: 2\n  stage_layers: [2, x]\n")),
+            "deck.yaml:5:21: parallel.stage_layers: expected an integer, got 'x'");
+  EXPECT_EQ(deck_error(in_parallel("  pp: 2\n  stage_layers:\n    - 2\n    - 1.5\n")),
+            "deck.yaml:7:7: parallel.stage_layers: expected an integer, got '1.5'");
+  EXPECT_EQ(deck_error(in_parallel("  pp: 2\n  stage_layers: [2, [2]]\n")),
+            "deck.yaml:5:21: parallel.stage_layers: expected an integer, got a sequence");
+}
+
+// Layout rules that need no world size, each at the later of its keys.
+TEST(Config, ParallelCrossKeyRules) {
+  const std::string deck = kMinimal;
+  EXPECT_EQ(deck_error(deck + "parallel:\n  tp: 3\n"),
+            "deck.yaml:4:7: parallel.tp: parallel.tp = 3 does not divide model.n_head = 4");
+  EXPECT_EQ(deck_error(deck + "parallel:\n  tp: 8\nmodel:\n  n_head: 2\n"),
+            "deck.yaml:6:11: model.n_head: parallel.tp = 8 does not divide model.n_head = 2");
+
+  EXPECT_EQ(deck_error(deck + "model:\n  n_layer: 4\nparallel:\n  pp: 2\n"
+                              "  stage_layers: [1, 1, 2]\n"),
+            "deck.yaml:7:17: parallel.stage_layers: parallel.stage_layers = [1, 1, 2] has 3 "
+            "entries, but parallel.pp = 2");
+  EXPECT_EQ(deck_error(deck + "parallel:\n  stage_layers: [1, 1, 2]\n  pp: 2\n"),
+            "deck.yaml:5:7: parallel.pp: parallel.stage_layers = [1, 1, 2] has 3 entries, but "
+            "parallel.pp = 2");
+  // pp is 1 unless given: a list of more than one stage needs pp (or pp: auto).
+  EXPECT_EQ(deck_error(deck + "parallel:\n  stage_layers: [2, 2]\n"),
+            "deck.yaml:4:17: parallel.stage_layers: parallel.stage_layers = [2, 2] has 2 "
+            "entries, but parallel.pp = 1");
+  EXPECT_EQ(deck_error(deck + "parallel:\n  pp: 2\n  stage_layers: [3, 3]\n"),
+            "deck.yaml:5:17: parallel.stage_layers: parallel.stage_layers = [3, 3] sums to 6, "
+            "but model.n_layer = 4");
+  EXPECT_EQ(deck_error(deck + "parallel:\n  pp: auto\n  stage_layers: [3, 3]\n"
+                              "model:\n  n_layer: 5\n"),
+            "deck.yaml:7:12: model.n_layer: parallel.stage_layers = [3, 3] sums to 6, but "
+            "model.n_layer = 5");
+  EXPECT_EQ(deck_error(deck + "parallel:\n  pp: 5\n"),
+            "deck.yaml:4:7: parallel.pp: parallel.pp = 5 is more than model.n_layer = 4 (every "
+            "stage needs at least one layer)");
+
+  // train.micro_batch is per data-parallel rank.
+  EXPECT_EQ(deck_error(deck + "parallel:\n  dp: 3\n"),
+            "deck.yaml:4:7: parallel.dp: train.batch_size = 16 is not a multiple of parallel.dp "
+            "= 3");
+  EXPECT_EQ(deck_error(deck + "parallel:\n  dp: 32\n"),
+            "deck.yaml:4:7: parallel.dp: train.batch_size = 16 is less than parallel.dp = 32");
+  EXPECT_EQ(deck_error(deck + "train:\n  micro_batch: 4\nparallel:\n  dp: 8\n"),
+            "deck.yaml:6:7: parallel.dp: train.batch_size = 16 is less than parallel.dp x "
+            "train.micro_batch = 8 x 4 = 32");
+  EXPECT_EQ(deck_error(deck + "parallel:\n  dp: 2\ntrain:\n  batch_size: 12\n  micro_batch: 4\n"),
+            "deck.yaml:7:16: train.micro_batch: train.batch_size = 12 is not a multiple of "
+            "parallel.dp x train.micro_batch = 2 x 4 = 8");
+  // dp auto: checked once the world size is known (check_layout).
+  EXPECT_EQ(parse_deck(deck + "parallel:\n  dp: auto\n  tp: 2\n", "deck.yaml", {}).parallel.dp, 0);
+  EXPECT_EQ(parse_deck(deck + "train: {batch_size: 12, micro_batch: 2}\nparallel: {dp: 3}\n",
+                       "deck.yaml", {})
+                .parallel.dp,
+            3);
 }
 
 }  // namespace

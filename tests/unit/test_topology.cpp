@@ -184,7 +184,7 @@ TEST(Topology, OneRankHasOneRankCommunicators) {
   EXPECT_NE(topo.comm(CommName::dp), topo.comm(CommName::pp));
   EXPECT_EQ(topo.comm(CommName::embed), MPI_COMM_NULL);
   EXPECT_EQ(topo.rank_grid(stage_layer_ranges(4, 1, {})),
-            "rank 0: dp 0 tp 0 pp 0  layers 0-3 (+ wte, wpe, ln_f)\n");
+            "rank 0: dp 0 tp 0 pp 0  layers 0-3 (+ wte, wpe, ln_f)");
 }
 
 TEST(Topology, WrongWorldSizeIsRefused) {
@@ -201,7 +201,7 @@ TEST(Topology, WrongWorldSizeIsRefused) {
 // bigger grid; the text format is checked on the 8-rank grid in test_topology_mpi.sh.
 TEST(Topology, RankGridNamesSingleLayers) {
   Topology topo(MPI_COMM_WORLD, ParallelLayout{1, 1, 1});
-  EXPECT_EQ(topo.rank_grid({{0, 1}}), "rank 0: dp 0 tp 0 pp 0  layer 0 (+ wte, wpe, ln_f)\n");
+  EXPECT_EQ(topo.rank_grid({{0, 1}}), "rank 0: dp 0 tp 0 pp 0  layer 0 (+ wte, wpe, ln_f)");
 }
 
 }  // namespace

@@ -1,0 +1,75 @@
+#!/usr/bin/python3
+"""Compares tessera runs with a reference run: every logged training loss (relative tolerance)
+and every /model tensor of a checkpoint (max |a - b| <= tol * max |reference|).
+
+  compare_runs.py REF_METRICS REF_CKPT OTHER_METRICS OTHER_CKPT [--loss-rtol 1e-5]
+                  [--param-tol 1e-4] [--steps FIRST:LAST] [--exact]
+
+Prints one line with the worst relative loss difference and the worst tensor; exit 0 when all
+pass, 1 otherwise. --exact demands bit equality of losses and of every dataset (same layout).
+"""
+import argparse
+import json
+import sys
+
+import h5py
+import numpy as np
+
+
+def losses(path, first, last):
+    out = {}
+    for line in open(path):
+        r = json.loads(line)
+        if r["type"] == "train" and first <= r["step"] <= last:
+            out[r["step"]] = r["loss"]   # a restart may log a step again: the last one counts
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("ref_metrics"), ap.add_argument("ref_ckpt")
+    ap.add_argument("metrics"), ap.add_argument("ckpt")
+    ap.add_argument("--loss-rtol", type=float, default=1e-5)
+    ap.add_argument("--param-tol", type=float, default=1e-4)
+    ap.add_argument("--steps", default="1:1000000")
+    ap.add_argument("--exact", action="store_true")
+    a = ap.parse_args()
+    first, last = map(int, a.steps.split(":"))
+    ref, got = losses(a.ref_metrics, first, last), losses(a.metrics, first, last)
+    problems = []
+    if sorted(ref) != sorted(got) or not ref:
+        problems.append(f"steps differ: reference {sorted(ref)}, run {sorted(got)}")
+    worst_loss = 0.0
+    for s in sorted(set(ref) & set(got)):
+        d = abs(got[s] - ref[s]) / abs(ref[s])
+        worst_loss = max(worst_loss, d)
+        if (a.exact and got[s] != ref[s]) or d > a.loss_rtol:
+            problems.append(f"step {s}: loss {got[s]!r} vs {ref[s]!r} (rel {d:.2e})")
+    worst_param, worst_name = 0.0, ""
+    with h5py.File(a.ref_ckpt) as fr, h5py.File(a.ckpt) as fo:
+        groups = ["model", "optim"] if a.exact else ["model"]
+        names = []
+        for g in groups:
+            fr[g].visit(lambda n, g=g: names.append(f"{g}/{n}") if isinstance(fr[f"{g}/{n}"], h5py.Dataset) else None)
+        for n in names:
+            if n not in fo:
+                problems.append(f"missing {n}")
+                continue
+            x, y = fr[n][()], fo[n][()]
+            if a.exact:
+                if not np.array_equal(x, y):
+                    problems.append(f"{n} differs")
+                continue
+            scale = float(np.abs(x).max()) or 1.0
+            d = float(np.abs(x - y).max()) / scale
+            if d > worst_param:
+                worst_param, worst_name = d, n
+            if d > a.param_tol:
+                problems.append(f"{n}: max diff {d:.2e} of max |value|")
+    print(f"{len(ref)} steps, worst loss rel diff {worst_loss:.2e}, worst tensor {worst_name} "
+          f"{worst_param:.2e}" + ("" if not problems else "; " + "; ".join(problems[:5])))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
