@@ -15,8 +15,12 @@
 CXX      ?= g++
 PYTHON   ?= /usr/bin/python3
 MPIEXEC  ?= mpiexec
-NP       ?= 1
+NP       ?= 4
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
+# `make run` puts NP ranks on this machine: one thread each, and MPICH yields the core while it
+# polls (set RUN_YIELD=0 when every rank has a core of its own).
+RUN_THREADS ?= 1
+RUN_YIELD   ?= 1
 ARCH     ?=
 OPT      ?= -O3
 CXXFLAGS ?=
@@ -105,7 +109,8 @@ data: deps $(DATA_DIR)/train.h5
 run: deps
 	$(MAKE) -j$(JOBS) bin/tessera
 	$(MAKE) $(DATA_DIR)/train.h5
-	$(MPIEXEC) -n $(NP) bin/tessera train input/default.yaml
+	OMP_NUM_THREADS=$(RUN_THREADS) MPIR_CVAR_POLLS_BEFORE_YIELD=$(RUN_YIELD) \
+	  $(MPIEXEC) -n $(NP) bin/tessera train input/default.yaml
 	bin/tessera sample runs/default/checkpoints --prompt "def " --tokens 400 --temperature 0.8
 
 test: deps
@@ -115,6 +120,7 @@ test: deps
 
 bench: deps
 	$(MAKE) -j$(JOBS) bin/tessera
+	$(MAKE) $(DATA_DIR)/train.h5
 	PYTHON=$(PYTHON) bash tools/bench.sh
 
 asan: deps

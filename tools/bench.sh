@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: sgemm peak, tessera's training throughput on a GPT-2 124M shape, and the PyTorch
-# reference's on the same shape, threads and batch, measured side by side in one run. Writes the
-# table to build/bench/results.md and prints it.
+# reference's on the same shape, threads and batch, measured side by side in one run; then the
+# parallel layouts (tools/bench_parallel.py). Writes the tables to build/bench/results.md and
+# prints them.
 #   THREADS (2)  STEPS (6 timed steps after one warm-up)  PYTHON (/usr/bin/python3)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -67,4 +68,7 @@ print(f"| PyTorch {version} reference, same shape | {torch_tps:.0f} tokens/s |")
 print(f"| tessera / PyTorch | {tps / torch_tps:.2f}x (target >= 1.5x) |")
 print("\nMFU counts 6*N_matmul + 12*L*C*T FLOPs per token (FORMULAS.md), against the sgemm rate above.")
 PY
+echo "bench: parallel layouts (memory, communication, bubble, dp throughput)" >&2
+{ echo; "$PYTHON" "$ROOT/tools/bench_parallel.py" --tessera "$ROOT/bin/tessera" --data "$ROOT/data/default" \
+    --out "$OUT"; } >>"$OUT/results.md"
 cat "$OUT/results.md"

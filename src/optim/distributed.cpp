@@ -37,8 +37,7 @@ void DistributedOptimizer::reduce_gradients(float* grads) {
   if (zero_) {
     const size_t shard = shard_end_ - shard_begin_;
     MPI_Reduce_scatter_block(grads, grad_shard_.data(), int(shard), MPI_FLOAT, MPI_SUM, dp_->get());
-    dp_->payload_bytes += padded_ * sizeof(float);
-    dp_->ring_bytes += double(dp_->size() - 1) / dp_->size() * double(padded_ * sizeof(float));
+    dp_->count(padded_ * sizeof(float), dp_->gather_factor());
     return;
   }
   // Buckets in flight together: MPI progresses them while the next is posted.
@@ -49,8 +48,7 @@ void DistributedOptimizer::reduce_gradients(float* grads) {
                    dp_->get(), &requests.back());
   }
   MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
-  dp_->payload_bytes += padded_ * sizeof(float);
-  dp_->ring_bytes += 2.0 * (dp_->size() - 1) / dp_->size() * double(padded_ * sizeof(float));
+  dp_->count(padded_ * sizeof(float), dp_->all_reduce_factor());
 }
 
 double DistributedOptimizer::grad_norm(const float* grads) const {
@@ -80,8 +78,7 @@ void DistributedOptimizer::step(float* params, float* grads, double clip, double
   });
   if (zero_) {
     MPI_Allgather(MPI_IN_PLACE, int(shard), MPI_FLOAT, params, int(shard), MPI_FLOAT, dp_->get());
-    dp_->payload_bytes += padded_ * sizeof(float);
-    dp_->ring_bytes += double(dp_->size() - 1) / dp_->size() * double(padded_ * sizeof(float));
+    dp_->count(padded_ * sizeof(float), dp_->gather_factor());
   }
 }
 

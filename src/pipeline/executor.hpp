@@ -37,7 +37,6 @@ class PipelineExecutor {
   // the measured pipeline bubble is their ratio.
   double wait_seconds() const { return wait_seconds_; }
   double run_seconds() const { return run_seconds_; }
-  uint64_t bytes_sent = 0;
 
  private:
   Gpt& model_;

@@ -243,6 +243,12 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   if (restart_from.empty() && cfg.train.steps == 0) save();  // the initial model, for references
   if (state.step == 0 && cfg.train.steps > 0) evaluate();
 
+  // Per-rank measurements for `make bench`: bytes each communicator moved during training steps
+  // (not evaluation) and the pipeline's measured bubble.
+  Comm* comms[] = {&tp, &dp, &pp, &embed};
+  double step_bytes[4] = {}, wait_sum = 0, run_sum = 0;
+  long measured_steps = 0;
+
   std::vector<Batch> batches(size_t(n_micro), Batch(mb, T));
   std::vector<MicroBatch> views(static_cast<size_t>(n_micro));
   long last_saved = restart_from.empty() ? -1 : state.step;
@@ -251,6 +257,8 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   const float dloss = 1.0f / float(size_t(B) * T);
   while (state.step < cfg.train.steps) {
     const auto t0 = Clock::now();
+    double bytes_before[4];
+    for (int c = 0; c < 4; ++c) bytes_before[c] = double(comms[c]->payload_bytes);
     // This dp rank's share of the global batch: samples [first, first + n_micro * mb).
     const uint64_t first = uint64_t(state.next_sample) + uint64_t(me.dp_rank) * n_micro * mb;
     for (int k = 0; k < n_micro; ++k) {
@@ -271,6 +279,11 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     optimizer.step(params.data(), grads.data(),
                    cfg.optim.grad_clip > 0 ? clip_factor(norm, cfg.optim.grad_clip) : 1.0,
                    state.lr, state.step + 1);
+    for (int c = 0; c < 4; ++c) step_bytes[c] += double(comms[c]->payload_bytes) - bytes_before[c];
+    if (measured_steps++ > 0) {  // the first step warms up
+      wait_sum += executor.wait_seconds();
+      run_sum += executor.run_seconds();
+    }
     if (!speaks_loss) loss = 0;
     world.all_reduce_sum(&loss, 1);
     loss /= double(n_micro) * layout.dp;
@@ -300,6 +313,28 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     if (last) evaluate();
   }
   if (last_saved != state.step && cfg.train.steps > 0) save();
+
+  // One line per rank in metrics.jsonl: its memory, its bytes per step on each communicator
+  // (payload handed to MPI), and its pipeline bubble.
+  const double n = double(std::max(1L, measured_steps));
+  const double mine[] = {double(me.dp_rank), double(me.tp_rank), double(me.pp_rank),
+                         4.0 * tile.total, 4.0 * tile.total, double(optimizer.moment_bytes()),
+                         double(model.activation_bytes()), step_bytes[0] / n, step_bytes[1] / n,
+                         step_bytes[2] / n, step_bytes[3] / n,
+                         run_sum > 0 ? wait_sum / run_sum : 0.0, double(n_micro)};
+  constexpr int kStats = sizeof(mine) / sizeof(mine[0]);
+  std::vector<double> all(size_t(kStats) * world_size);
+  MPI_Gather(mine, kStats, MPI_DOUBLE, all.data(), kStats, MPI_DOUBLE, 0, world_comm);
+  const char* names[kStats] = {"dp_rank", "tp_rank", "pp_rank", "param_bytes", "grad_bytes",
+                               "optim_bytes", "activation_bytes", "tp_bytes_per_step",
+                               "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step",
+                               "pipeline_bubble", "micro_batches"};
+  for (int r = 0; r < world_size; ++r) {
+    std::string line = "{\"type\":\"rank\",\"rank\":" + std::to_string(r);
+    for (int k = 0; k < kStats; ++k)
+      line += std::string(",\"") + names[k] + "\":" + fmt("%.6g", all[size_t(r) * kStats + k]);
+    log.json(line + "}");
+  }
   log.say("done: %lld steps, %.1f s", (long long)state.step, seconds_since(t_start));
   return 0;
 }

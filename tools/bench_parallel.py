@@ -1,0 +1,110 @@
+#!/usr/bin/python3
+"""The parallel half of `make bench`: per-rank memory and communication of a 3D layout against
+the formulas (tools/parallel_counts.py), the measured pipeline bubble against (pp-1)/(m+pp-1),
+and data-parallel throughput (dp=2 against dp=1) on this machine. Prints a markdown table.
+
+  bench_parallel.py --tessera bin/tessera --data data/default --out build/bench
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from parallel_counts import counts  # noqa: E402
+
+
+def train(args, name, np_, threads, overrides):
+    run_dir = os.path.join(args.out, name)
+    subprocess.run(["rm", "-rf", run_dir], check=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads),
+               MPIR_CVAR_POLLS_BEFORE_YIELD=os.environ.get("MPIR_CVAR_POLLS_BEFORE_YIELD", "1"))
+    cmd = ["mpiexec", "-n", str(np_), args.tessera, "train", args.deck, f"run.dir={run_dir}",
+           f"data.train={args.data}/train.h5", "data.val=", "checkpoint.every=1000000",
+           "log.every=1", "log.peak_gflops=1"] + overrides
+    with open(run_dir + ".log", "w") as log:
+        subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    deck = yaml.safe_load(open(os.path.join(run_dir, "deck.yaml")))
+    return rows, deck
+
+
+def mb(x):
+    return f"{x / 1e6:.3f}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tessera", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    args.deck = os.path.join(args.out, "parallel.yaml")
+    with open(args.deck, "w") as f:
+        f.write("model: {n_layer: 4, n_head: 4, n_embd: 128, block_size: 128}\n"
+                "data: {train: x, seq_len: 128}\n"
+                "train: {steps: 6, batch_size: 16, micro_batch: 2}\n"
+                "checkpoint: {restart: none}\n")
+    out = []
+
+    # 1. Memory and communication of every rank of (2,2,2).
+    rows, deck = train(args, "layout222", 8, 1, ["parallel.dp=2", "parallel.tp=2", "parallel.pp=2",
+                                                 "train.steps=3"])
+    out.append("## Per-rank memory and communication, (dp,tp,pp) = (2,2,2), 8 ranks\n")
+    out.append("GPT-2 shape L=4, H=4, C=128, T=128, vocab 257; batch 16, micro-batch 2 (2 per dp rank). "
+               "Memory in MB measured (tessera's allocations) / formula; communication is the payload "
+               "handed to MPI per step, MB measured / formula (FORMULAS.md), and the ring volume it "
+               "implies (all-reduce 2(n-1)/n).\n")
+    out.append("| rank | (dp,tp,pp) | params | grads | Adam m,v | activations (all slots) | "
+               "layers' activations, formula / Korthikanti | tp | dp | pp | embed |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in (x for x in rows if x["type"] == "rank"):
+        c = counts(deck, 2, 2, 2, 257, int(r["dp_rank"]), int(r["tp_rank"]), int(r["pp_rank"]))
+        L_here = 2
+        slots = min(2 - int(r["pp_rank"]), c["micro_batches"])
+        layer_acts = slots * L_here * c["activation_bytes_per_layer_mb"]
+        korth = slots * L_here * c["korthikanti_bytes_per_layer_mb"]
+        ring = lambda key, n: r[key] * (2 * (n - 1) / n)  # noqa: E731
+        out.append(
+            f"| {r['rank']} | ({int(r['dp_rank'])},{int(r['tp_rank'])},{int(r['pp_rank'])}) "
+            f"| {mb(r['param_bytes'])} / {mb(c['param_bytes'])} | {mb(r['grad_bytes'])} / {mb(c['grad_bytes'])} "
+            f"| {mb(r['optim_bytes'])} / {mb(c['optim_bytes'])} | {mb(r['activation_bytes'])} "
+            f"| {mb(layer_acts)} / {mb(korth)} "
+            f"| {mb(r['tp_bytes_per_step'])} / {mb(c['tp_bytes_per_step'])} (ring {mb(ring('tp_bytes_per_step', 2))}) "
+            f"| {mb(r['dp_bytes_per_step'])} / {mb(c['dp_bytes_per_step'])} (ring {mb(ring('dp_bytes_per_step', 2))}) "
+            f"| {mb(r['pp_bytes_per_step'])} / {mb(c['pp_bytes_per_step'])} "
+            f"| {mb(r['embed_bytes_per_step'])} / {mb(c['embed_bytes_per_step'])} |")
+
+    # 2. Pipeline bubble: 2 stages on 2 ranks (one core each), m = 2, 4, 8 micro-batches.
+    out.append("\n## Pipeline bubble, pp = 2 on 2 ranks (1F1B)\n")
+    out.append("Idle fraction of each stage: time blocked in receives over the step's pipeline time, "
+               "steps 2-6, against (pp-1)/(m+pp-1).\n")
+    out.append("| micro-batches m | stage 0 measured | stage 1 measured | formula |")
+    out.append("|---|---|---|---|")
+    for m in (2, 4, 8):
+        rows, deck = train(args, f"bubble{m}", 2, 1, ["parallel.pp=2", f"train.micro_batch={16 // m}"])
+        stages = {int(r["pp_rank"]): r["pipeline_bubble"] for r in rows if r["type"] == "rank"}
+        out.append(f"| {m} | {stages[0]:.3f} | {stages[1]:.3f} | {1 / (m + 1):.3f} |")
+
+    # 3. Data-parallel throughput on this machine's 2 cores.
+    out.append("\n## Data parallel throughput, 2 cores\n")
+    out.append("| layout | ranks x threads | tokens/s (median of steps 2-6) |")
+    out.append("|---|---|---|")
+    tps = {}
+    for dp, threads in ((1, 2), (2, 1)):
+        rows, _ = train(args, f"dp{dp}", dp, threads, [f"parallel.dp={dp}", "train.micro_batch=0"])
+        tps[dp] = statistics.median(r["tokens_per_s"] for r in rows if r["type"] == "train" and r["step"] > 1)
+        out.append(f"| dp={dp} | {dp} x {threads} | {tps[dp]:.0f} |")
+    out.append(f"\ndp=2 / dp=1 throughput: {tps[2] / tps[1]:.2f}x on the same 2 cores (the ideal is 1.0: "
+               "both use both cores; the difference is what the gradient all-reduce and two half-size "
+               "problems cost or save).")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+#!/usr/bin/python3
+"""Analytic per-rank counts for a (dp, tp, pp) layout of tessera's GPT-2 (../shared/FORMULAS.md):
+parameter, gradient, optimizer and activation bytes, bytes handed to MPI per step on each
+communicator, and the pipeline bubble. Written from the formulas, not from tessera's code, so
+`make bench` and tests/integration/test_comm_volume.sh can hold tessera's own per-rank report
+(the "rank" lines of metrics.jsonl) against them.
+
+  parallel_counts.py METRICS.jsonl   compare a run's rank lines with the formulas (exit 1 on a
+                                     mismatch of memory or communication)
+"""
+import json
+import sys
+
+import yaml
+
+
+def stage_layers(L, pp, given):
+    if given:
+        bounds, first = [], 0
+        for n in given:
+            bounds.append((first, first + n))
+            first += n
+        return bounds
+    base, extra = divmod(L, pp)
+    bounds, first = [], 0
+    for s in range(pp):
+        n = base + (1 if s < extra else 0)
+        bounds.append((first, first + n))
+        first += n
+    return bounds
+
+
+def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
+    """Expected figures for one rank, from the deck (a dict) and the layout."""
+    m, d, t, p = deck["model"], deck["data"], deck["train"], deck["parallel"]
+    L, H, C, Tmax = m["n_layer"], m["n_head"], m["n_embd"], m["block_size"]
+    Vp = -(-vocab // m["vocab_multiple"]) * m["vocab_multiple"]
+    T, B = d["seq_len"], t["batch_size"]
+    b = t["micro_batch"] or B // dp
+    micro = B // (dp * b)
+    lo, hi = stage_layers(L, pp, p.get("stage_layers") or [])[pp_rank]
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    L_here = hi - lo
+
+    # Parameters: per layer c_attn 3C^2/tp + 3C/tp, attn c_proj C^2/tp + C, c_fc 4C^2/tp + 4C/tp,
+    # mlp c_proj 4C^2/tp + C, two LayerNorms 4C; wte rows Vp/tp on the first and the last stage.
+    n_local = L_here * (12 * C * C // tp + 7 * C // tp + 6 * C)
+    if first:
+        n_local += Vp * C // tp + Tmax * C
+    if last:
+        n_local += 2 * C + (Vp * C // tp if not first else 0)
+    zero = p.get("zero", 0) == 1 and dp > 1
+    padded = -(-n_local // dp) * dp if zero else n_local
+    out = {
+        "param_bytes": 4 * n_local,
+        "grad_bytes": 4 * n_local,
+        "optim_bytes": 8 * padded // (dp if zero else 1),
+    }
+    # Communication payload per step (bytes handed to MPI), FORMULAS.md "Communication":
+    # tp: per micro-batch per layer 2 all-reduces of b*T*C forward and 2 backward; the embedding's
+    # all-reduce on the first stage; on the last stage the LM head's input gradient (b*T*C) and the
+    # vocab-parallel cross-entropy's max (b*T floats) and sum-exp + target logit (2 b*T doubles).
+    act = 4 * b * T * C
+    tp_bytes = 0
+    if tp > 1:
+        tp_bytes = micro * (L_here * 4 * act + (act if first else 0) + (act + 4 * b * T + 16 * b * T if last else 0))
+    dp_bytes = 0
+    if dp > 1:
+        dp_bytes = 4 * padded * (2 if zero else 1)   # all-reduce, or reduce-scatter + all-gather
+    pp_bytes = micro * act * ((0 if last else 1) + (0 if first else 1)) if pp > 1 else 0
+    embed_bytes = 4 * Vp * C // tp if pp > 1 and (first or last) else 0
+    out.update(tp_bytes_per_step=tp_bytes, dp_bytes_per_step=dp_bytes, pp_bytes_per_step=pp_bytes,
+               embed_bytes_per_step=embed_bytes)
+    # Activations of one micro-batch and layer as tessera keeps them (fp32, no recompute, no
+    # dropout): b*T*(6C + 12C/tp + 4) floats of C-wide, tp-split and LayerNorm-statistic buffers,
+    # and the b*(H/tp)*T^2 attention probabilities. Korthikanti et al. (16-bit, with dropout masks):
+    # T*b*C*(10 + 24/tp + 5*H*T/(C*tp)) bytes per layer.
+    per_layer = 4 * (b * T * (6 * C + 12 * C // tp + 4) + b * (H // tp) * T * T)
+    out["activation_bytes_per_layer_mb"] = per_layer
+    out["korthikanti_bytes_per_layer_mb"] = T * b * C * (10 + 24 / tp + 5 * H * T / (C * tp))
+    out["bubble"] = (pp - 1) / (micro + pp - 1)
+    out["micro_batches"] = micro
+    return out
+
+
+def compare(metrics_path):
+    rows = [json.loads(l) for l in open(metrics_path)]
+    deck = yaml.safe_load(open(metrics_path.rsplit("/", 1)[0] + "/deck.yaml"))
+    ranks = [r for r in rows if r["type"] == "rank"]
+    size = len(ranks)
+    p = deck["parallel"]
+    tp = p["tp"] if p["tp"] != "auto" else None
+    pp = p["pp"] if p["pp"] != "auto" else None
+    dp = p["dp"] if p["dp"] != "auto" else None
+    dp = dp or size // (tp * pp)
+    tp = tp or size // (dp * pp)
+    pp = pp or size // (dp * tp)
+    vocab = deck["model"]["vocab_size"] or 257
+    bad = 0
+    for r in ranks:
+        want = counts(deck, dp, tp, pp, vocab, int(r["dp_rank"]), int(r["tp_rank"]), int(r["pp_rank"]))
+        for key in ("param_bytes", "grad_bytes", "optim_bytes", "tp_bytes_per_step",
+                    "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step"):
+            if abs(r[key] - want[key]) > 1e-6 * max(1.0, want[key]):
+                print(f"rank {r['rank']}: {key} measured {r[key]:.0f}, formula {want[key]:.0f}")
+                bad += 1
+    print(f"{size} ranks of dp={dp} tp={tp} pp={pp}: {'all' if not bad else 'not all'} "
+          f"memory and communication figures equal the formulas")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(compare(sys.argv[1]))
