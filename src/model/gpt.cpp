@@ -116,7 +116,7 @@ double Gpt::forward(const float* params, int slot, const int32_t* tokens, const 
 }
 
 void Gpt::backward(const float* params, float* grads, int slot, const int32_t* tokens, int B,
-                   int T, float dloss) {
+                   int T, float dloss, const std::function<void(int layer)>& layer_done) {
   const LocalLayout& lay = layout_;
   const ModelShape& s = lay.canonical.shape;
   const int C = s.n_embd, Cl = C / lay.tp, NHl = s.n_head / lay.tp, N = B * T;
@@ -174,6 +174,7 @@ void Gpt::backward(const float* params, float* grads, int slot, const int32_t* t
     tp_->all_reduce_sum(scratch(kDLn), NC);
     layernorm_backward(dres, GW(kLn1W), GW(kLn1B), scratch(kDLn), residual_in, W(kLn1W),
                        act(kLn1Mean, slot, i), act(kLn1Rstd, slot, i), N, C);
+    if (layer_done) layer_done(l);
   }
   if (lay.first)
     encoder_backward(G(lay.wte), G(lay.wpe), dres, tokens, B, T, C, lay.vocab_begin,

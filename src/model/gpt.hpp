@@ -4,6 +4,7 @@
 // buffer. Activations of `slots` micro-batches live in one allocation, so a pipeline schedule can
 // keep several micro-batches in flight. With tp = pp = 1 this is the whole model on one rank.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/shard.hpp"
@@ -32,8 +33,11 @@ class Gpt {
   // Accumulates parameter gradients of micro-batch `slot` into grads; on the last stage each
   // position's loss is weighted by dloss. Afterwards, on stages after the first, grad_input()
   // holds the gradient of the stage's input (B,T,C).
+  // When layer_done is given, it is called with each layer's index as soon as that layer's
+  // parameter gradients are complete (the data-parallel reduction of the step's last backward
+  // starts there, while the layers below are still computing).
   void backward(const float* params, float* grads, int slot, const int32_t* tokens, int B, int T,
-                float dloss);
+                float dloss, const std::function<void(int layer)>& layer_done = {});
   const float* grad_input() const { return scratch(kDRes); }
 
   // Last stage, after a forward without targets: this rank's logits (B*T, vocab_valid()).

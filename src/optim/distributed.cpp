@@ -32,6 +32,20 @@ void DistributedOptimizer::for_each_piece(size_t lo, size_t hi, F f) const {
   }
 }
 
+void DistributedOptimizer::start_reduce(float* grads, size_t begin, size_t end) {
+  if (!dp_->active() || zero_ || begin >= end) return;
+  for (size_t b = begin; b < end; b += kBucket) {
+    pending_.emplace_back();
+    MPI_Iallreduce(MPI_IN_PLACE, grads + b, int(std::min(kBucket, end - b)), MPI_FLOAT, MPI_SUM,
+                   dp_->get(), &pending_.back());
+  }
+  started_.emplace_back(begin, end);
+  dp_->count((end - begin) * sizeof(float), dp_->all_reduce_factor());
+  // MPICH progresses non-blocking collectives only inside MPI calls: give it one now.
+  int done = 0;
+  MPI_Testall(int(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE);
+}
+
 void DistributedOptimizer::reduce_gradients(float* grads) {
   if (!dp_->active()) return;
   if (zero_) {
@@ -40,15 +54,18 @@ void DistributedOptimizer::reduce_gradients(float* grads) {
     dp_->count(padded_ * sizeof(float), dp_->gather_factor());
     return;
   }
-  // Buckets in flight together: MPI progresses them while the next is posted.
-  std::vector<MPI_Request> requests;
-  for (size_t b = 0; b < padded_; b += kBucket) {
-    requests.emplace_back();
-    MPI_Iallreduce(MPI_IN_PLACE, grads + b, int(std::min(kBucket, padded_ - b)), MPI_FLOAT, MPI_SUM,
-                   dp_->get(), &requests.back());
+  // Whatever the backward pass did not start: the gaps between the started ranges.
+  std::vector<std::pair<size_t, size_t>> started = started_;
+  std::sort(started.begin(), started.end());
+  size_t at = 0;
+  for (const auto& [begin, end] : started) {
+    start_reduce(grads, at, begin);
+    at = std::max(at, end);
   }
-  MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
-  dp_->count(padded_ * sizeof(float), dp_->all_reduce_factor());
+  start_reduce(grads, at, padded_);
+  MPI_Waitall(int(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE);
+  pending_.clear();
+  started_.clear();
 }
 
 double DistributedOptimizer::grad_norm(const float* grads) const {

@@ -2,7 +2,10 @@
 // The optimizer step of one rank's tile under data parallelism (DESIGN §6): gradients summed
 // over dp (bucketed all-reduce, or ZeRO-1's reduce-scatter), the global gradient norm with every
 // parameter counted once, clipping, AdamW, and under ZeRO-1 the all-gather of the parameters.
+#include <mpi.h>
+
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "model/shard.hpp"
@@ -21,8 +24,11 @@ class DistributedOptimizer {
   // under ZeRO-1 (equal shards), else layout.total.
   size_t buffer_size() const { return padded_; }
 
-  // Sums the micro-batch gradients of every dp rank (in buckets), or under ZeRO-1 reduces and
-  // scatters them so this rank holds its shard's sum.
+  // Without ZeRO-1: starts summing grads[begin, end) over dp in the background (a layer whose
+  // gradients are complete, while the backward pass goes on below it).
+  void start_reduce(float* grads, size_t begin, size_t end);
+  // Sums the gradients of every dp rank: the ranges not started yet, in buckets, then waits for
+  // all. Under ZeRO-1 reduces and scatters them so this rank holds its shard's sum.
   void reduce_gradients(float* grads);
   // L2 norm of the reduced gradient, every parameter counted exactly once across tp, pp and dp.
   double grad_norm(const float* grads) const;
@@ -49,6 +55,8 @@ class DistributedOptimizer {
   AdamWHyper hyper_;
   size_t padded_, shard_begin_, shard_end_;
   std::vector<float> m_, v_, grad_shard_;
+  std::vector<MPI_Request> pending_;
+  std::vector<std::pair<size_t, size_t>> started_;  // ranges already in flight this step
 };
 
 }  // namespace tessera

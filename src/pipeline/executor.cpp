@@ -30,8 +30,9 @@ PipelineExecutor::PipelineExecutor(Gpt& model, Comm* pp, std::vector<Action> sch
 }
 
 double PipelineExecutor::run(const float* params, float* grads,
-                             const std::vector<MicroBatch>& batches, float dloss) {
-  return walk(schedule_, params, grads, batches, dloss);
+                             const std::vector<MicroBatch>& batches, float dloss,
+                             const std::function<void(int layer)>& layer_done) {
+  return walk(schedule_, params, grads, batches, dloss, layer_done);
 }
 
 double PipelineExecutor::forward_only(const float* params, const std::vector<MicroBatch>& batches) {
@@ -42,16 +43,21 @@ double PipelineExecutor::forward_only(const float* params, const std::vector<Mic
     actions.push_back({Op::Forward, mb});
     if (!last) actions.push_back({Op::SendForward, mb});
   }
-  return walk(actions, params, nullptr, batches, 0.0f);
+  return walk(actions, params, nullptr, batches, 0.0f, {});
 }
 
 double PipelineExecutor::walk(const std::vector<Action>& actions, const float* params,
-                              float* grads, const std::vector<MicroBatch>& batches, float dloss) {
+                              float* grads, const std::vector<MicroBatch>& batches, float dloss,
+                              const std::function<void(int layer)>& layer_done) {
   const double t_start = now();
   wait_seconds_ = 0;
   const int prev = pp_->rank() - 1, next = pp_->rank() + 1;
   const int n = int(activation_elems_);
   double loss = 0;
+  // The last backward of the step completes the gradients: only it reports finished layers.
+  const Action* last_backward = nullptr;
+  for (const Action& a : actions)
+    if (a.op == Op::Backward) last_backward = &a;
   for (const Action& a : actions) {
     const int slot = a.mb % slots_;
     const MicroBatch& mb = batches[size_t(a.mb)];
@@ -79,7 +85,8 @@ double PipelineExecutor::walk(const std::vector<Action>& actions, const float* p
         break;
       }
       case Op::Backward:
-        model_.backward(params, grads, slot, mb.tokens, B_, T_, dloss);
+        model_.backward(params, grads, slot, mb.tokens, B_, T_, dloss,
+                        &a == last_backward ? layer_done : std::function<void(int)>{});
         break;
       case Op::SendBackward: {
         // grad_input() is scratch the next backward reuses: send from a copy per slot.

@@ -26,8 +26,9 @@ class PipelineExecutor {
 
   // Runs every action of the step. dloss weights each position's loss. Returns the sum over this
   // stage's micro-batches of their mean loss (non-zero on the last stage only).
+  // layer_done, if given, is passed to the step's last backward pass (see Gpt::backward).
   double run(const float* params, float* grads, const std::vector<MicroBatch>& batches,
-             float dloss);
+             float dloss, const std::function<void(int layer)>& layer_done = {});
 
   // Forward passes only (evaluation): each micro-batch received, forwarded and sent on. Returns
   // the sum of the micro-batches' mean losses on the last stage, 0 elsewhere.
@@ -49,7 +50,8 @@ class PipelineExecutor {
   double wait_seconds_ = 0, run_seconds_ = 0;
 
   double walk(const std::vector<Action>& actions, const float* params, float* grads,
-              const std::vector<MicroBatch>& batches, float dloss);
+              const std::vector<MicroBatch>& batches, float dloss,
+              const std::function<void(int layer)>& layer_done);
 };
 
 // Slots a stage needs for its schedule (at least 1).

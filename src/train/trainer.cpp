@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -267,7 +268,14 @@ int train(MPI_Comm world_comm, const Config& cfg) {
       views[size_t(k)] = {batches[size_t(k)].inputs.data(), batches[size_t(k)].targets.data()};
     }
     std::fill(grads.begin(), grads.end(), 0.0f);
-    double loss = executor.run(params.data(), grads.data(), views, dloss);
+    // Each layer's gradient is summed over dp as soon as the step's last backward finishes it.
+    auto layer_done = [&](int l) {
+      const LocalTensor& a = tile.tensors[size_t(tile.layer(l, LayerTensor(0)))];
+      const LocalTensor& b = tile.tensors[size_t(tile.layer(l, kFcProjB))];
+      optimizer.start_reduce(grads.data(), a.offset, b.offset + b.numel);
+    };
+    double loss = executor.run(params.data(), grads.data(), views, dloss,
+                               cfg.parallel.zero == 1 ? std::function<void(int)>{} : layer_done);
     // The tied embedding: stage 0's wte and the last stage's copy see the sum of both gradients.
     if (layout.pp > 1 && tile.wte >= 0) {
       const LocalTensor& wte = tile.tensors[size_t(tile.wte)];
