@@ -46,9 +46,10 @@ checkpoint.restart: auto continues from the newest one there. Every deck key: in
 
 const char* kEvalUsage = R"(usage: tessera eval CKPT --data FILE [--batches N]
 
-Prints the mean cross-entropy of the checkpoint's model on the first N micro-batches of windows
-of the HDF5 token file FILE, in file order (N defaults to the deck's eval.batches; the micro-batch
-size and sequence length are the checkpoint's deck's).
+Prints the mean cross-entropy of the checkpoint's model on the first N batches of windows of the
+HDF5 token file FILE, in file order: N x train.batch_size windows of data.seq_len + 1 tokens, as
+the checkpoint's deck says (N defaults to its eval.batches). These are the windows a training run
+evaluates with the same deck, on any layout.
 )";
 
 const char* kSampleUsage = R"(usage: tessera sample CKPT [--prompt TEXT] [--tokens N] [--temperature T] [--seed S]
