@@ -16,6 +16,7 @@
 #include "common/version.hpp"
 #include "config/config.hpp"
 #include "train/generate.hpp"
+#include "train/signals.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -31,7 +32,9 @@ usage:
   tessera --version | --help | COMMAND --help
 
 CKPT is a checkpoint file (step_NNNNNNNN.h5) or a directory holding checkpoints (its newest is
-used). Launch training with mpiexec/srun. Exit status: 0 done, 1 I/O error, 2 bad input.
+used). Launch training with mpiexec/srun. Exit status: 0 done, 1 I/O error, 2 bad input,
+3 stopped early by SIGUSR1/SIGTERM or run.max_minutes after writing a checkpoint (requeue the
+job to continue), 130 stopped by SIGINT after writing a checkpoint.
 Deck keys are documented in input/README.md.
 )";
 
@@ -177,24 +180,30 @@ bool all_ranks_arrive(double seconds) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before MPI_Init: a batch system's signal during start-up must not kill the job half-way;
+  // again after it, in case the MPI library installed handlers of its own.
+  tessera::install_stop_handlers();
   MPI_Init(&argc, &argv);
+  tessera::install_stop_handlers();
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int status = 0;
   std::string message;
-  bool every_rank = false;
+  bool failed = false, every_rank = false;
   try {
     status = run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const UserError& e) {
     status = e.exit_code;
     message = e.what();
+    failed = true;
     every_rank = e.every_rank;
   } catch (const std::exception& e) {
     status = tessera::kExitIO;
     message = "tessera: internal error on rank " + std::to_string(rank) + ": " + e.what();
+    failed = true;
   }
-  if (status != 0) {
+  if (failed) {
     // An error every rank meets (the deck, the layout, a file they all open) ends the job
     // quietly once all ranks have reached this point: rank 0 alone prints it. Anything else, or
     // a peer that never arrives (it is blocked in a collective), is printed by the rank that

@@ -12,6 +12,11 @@ namespace tessera {
 
 inline constexpr int kExitIO = 1;
 inline constexpr int kExitBadInput = 2;
+// Stopped early by SIGUSR1, SIGTERM or run.max_minutes after writing a checkpoint: a job script
+// requeues (or the next job of a chain continues) on this status.
+inline constexpr int kExitRequeue = 3;
+// Stopped by SIGINT after writing a checkpoint (128 + SIGINT, as a shell reports it).
+inline constexpr int kExitInterrupted = 130;
 
 struct UserError : std::runtime_error {
   int exit_code;

@@ -71,6 +71,7 @@ std::vector<Field> fields_of(Config& c) {
       {"log", "every", &c.log.every},
       {"log", "peak_gflops", &c.log.peak_gflops},
       {"run", "dir", &c.run.dir},
+      {"run", "max_minutes", &c.run.max_minutes},
       {"device", "backend", &c.device.backend},
       {"device", "threads", &c.device.threads},
       {"parallel", "dp", IntOrAuto{&c.parallel.dp}},
@@ -720,6 +721,7 @@ void validate(const Config& c, const Deck& deck) {
   at_least(deck, "log.every", c.log.every, 1);
   non_negative(deck, "log.peak_gflops", c.log.peak_gflops);
   not_empty(deck, "run.dir", c.run.dir, "the run directory");
+  non_negative(deck, "run.max_minutes", c.run.max_minutes);
   const std::string& backend = c.device.backend;
   if (backend != "cpu" && backend != "cuda" && backend != "auto") {
     deck.fail_key("device.backend", "must be cpu, cuda or auto, got " + shown(backend));

@@ -61,6 +61,7 @@ struct LogConfig {
 
 struct RunConfig {
   std::string dir = "runs/default";
+  double max_minutes = 0;    // wall-time budget: checkpoint and exit 3 before it runs out; 0 = none
 };
 
 struct DeviceConfig {

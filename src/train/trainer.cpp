@@ -3,6 +3,8 @@
 #include <omp.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -25,6 +27,7 @@
 #include "pipeline/schedule.hpp"
 #include "train/batch.hpp"
 #include "train/evaluate.hpp"
+#include "train/signals.hpp"
 
 namespace tessera {
 
@@ -184,6 +187,10 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   log.say("data: %s: %llu tokens, %llu windows of %d; batch %d", cfg.data.train.c_str(),
           (unsigned long long)train_data.num_tokens(),
           (unsigned long long)train_data.num_windows(T), T + 1, B);
+  std::string job;
+  for (const char* var : {"SLURM_JOB_ID", "SLURM_RESTART_COUNT", "PBS_JOBID", "PBS_RUN_COUNT"})
+    if (const char* v = std::getenv(var)) job += std::string(job.empty() ? "" : " ") + var + "=" + v;
+  if (!job.empty()) log.say("job: %s", job.c_str());
   if (!restart_from.empty()) {
     if (state.seed != cfg.train.seed)
       log.say("restart: note: checkpoint seed %llu kept (deck says %llu)",
@@ -210,6 +217,13 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   const LrSchedule schedule_lr{cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps,
                                cfg.optim.decay_steps > 0 ? cfg.optim.decay_steps : cfg.train.steps};
   const TokenizerInfo& tokenizer = train_data.tokenizer();
+  // <run.dir>/exit_status: how this run ended (0 done, 3 stopped for a requeue, 130 SIGINT), for
+  // job scripts whose launcher does not pass the ranks' status on (MPICH's mpiexec reports 0
+  // after it forwarded a signal).
+  auto write_exit_status = [&](int status) {
+    if (world_rank == 0) std::ofstream(fs::path(cfg.run.dir) / "exit_status") << status << "\n";
+  };
+  if (world_rank == 0) fs::remove(fs::path(cfg.run.dir) / "exit_status", ec);
   const bool reads_tokens = tile.first || tile.last;
   const bool speaks_loss = tile.last && me.tp_rank == 0;  // one copy of each dp group's loss
 
@@ -250,6 +264,24 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   double step_bytes[4] = {}, wait_sum = 0, run_sum = 0;
   long measured_steps = 0;
 
+  // Stop requests, agreed by all ranks at a step boundary: a signal any rank received, or (rank 0's
+  // clock) a wall-time budget the next step and its checkpoint would overrun. Larger wins.
+  enum Stop { kNone, kBudget, kSigint, kSigterm, kSigusr1 };
+  double last_step_seconds = 0, last_save_seconds = 0;
+  auto stop_requested = [&] {
+    int code = kNone;
+    switch (stop_signal()) {
+      case SIGUSR1: code = kSigusr1; break;
+      case SIGTERM: code = kSigterm; break;
+      case SIGINT: code = kSigint; break;
+    }
+    if (code == kNone && world_rank == 0 && cfg.run.max_minutes > 0 &&
+        seconds_since(t_start) + last_step_seconds + last_save_seconds > cfg.run.max_minutes * 60)
+      code = kBudget;
+    MPI_Allreduce(MPI_IN_PLACE, &code, 1, MPI_INT, MPI_MAX, world_comm);
+    return code;
+  };
+
   std::vector<Batch> batches(size_t(n_micro), Batch(mb, T));
   std::vector<MicroBatch> views(static_cast<size_t>(n_micro));
   long last_saved = restart_from.empty() ? -1 : state.step;
@@ -257,6 +289,16 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   // over the global batch's B*T positions.
   const float dloss = 1.0f / float(size_t(B) * T);
   while (state.step < cfg.train.steps) {
+    if (const int stop = stop_requested(); stop != kNone) {
+      if (last_saved != state.step) save();
+      const char* why[] = {"", "wall-time budget run.max_minutes reached", "SIGINT", "SIGTERM",
+                           "SIGUSR1"};
+      const int status = stop == kSigint ? kExitInterrupted : kExitRequeue;
+      log.say("stop: %s at step %lld: checkpoint written, exit %d%s", why[stop],
+              (long long)state.step, status, status == kExitRequeue ? " (requeue to continue)" : "");
+      write_exit_status(status);
+      return status;
+    }
     const auto t0 = Clock::now();
     double bytes_before[4];
     for (int c = 0; c < 4; ++c) bytes_before[c] = double(comms[c]->payload_bytes);
@@ -300,6 +342,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     state.tokens_seen += int64_t(B) * T;
 
     const double secs = seconds_since(t0);
+    last_step_seconds = secs;
     const double tok_s = double(B) * T / secs;
     const double mfu = flops_token * tok_s / (peak_gflops * 1e9 * world_size);
     if (state.step % cfg.log.every == 0 || state.step == 1 || state.step == cfg.train.steps) {
@@ -315,8 +358,10 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     const bool last = state.step == cfg.train.steps;
     if (cfg.eval.every > 0 && state.step % cfg.eval.every == 0 && !last) evaluate();
     if ((cfg.checkpoint.every > 0 && state.step % cfg.checkpoint.every == 0) || last) {
+      const auto t_save = Clock::now();
       save();
       last_saved = state.step;
+      last_save_seconds = seconds_since(t_save);
     }
     if (last) evaluate();
   }
@@ -344,6 +389,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     log.json(line + "}");
   }
   log.say("done: %lld steps, %.1f s", (long long)state.step, seconds_since(t_start));
+  write_exit_status(0);
   return 0;
 }
 

@@ -64,6 +64,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.log.every, b.log.every);
   EXPECT_EQ(a.log.peak_gflops, b.log.peak_gflops);
   EXPECT_EQ(a.run.dir, b.run.dir);
+  EXPECT_EQ(a.run.max_minutes, b.run.max_minutes);
   EXPECT_EQ(a.device.backend, b.device.backend);
   EXPECT_EQ(a.device.threads, b.device.threads);
   EXPECT_EQ(a.parallel.dp, b.parallel.dp);
@@ -108,7 +109,7 @@ TEST(Config, EveryKeyReachesItsField) {
       "eval:\n  every: 3\n  batches: 2\n"
       "checkpoint:\n  dir: ck\n  every: 4\n  restart: none\n  collective_bytes: 4096\n"
       "log:\n  every: 1\n  peak_gflops: 250.5\n"
-      "run:\n  dir: r\n"
+      "run:\n  dir: r\n  max_minutes: 1.5\n"
       "device:\n  backend: auto\n  threads: 2\n"
       "parallel:\n  dp: 3\n  tp: 3\n  pp: 2\n  schedule: gpipe\n  zero: 1\n"
       "  stage_layers: [1, 1]\n";
@@ -123,7 +124,7 @@ TEST(Config, EveryKeyReachesItsField) {
   e.eval = {3, 2};
   e.checkpoint = {"ck", 4, "none", 4096};
   e.log = {1, 250.5};
-  e.run = RunConfig{"r"};  // not `e.run.dir = "r"`: GCC 12 -O3 warns falsely (-Wrestrict)
+  e.run = RunConfig{"r", 1.5};  // not `e.run.dir = "r"`: GCC 12 -O3 warns falsely (-Wrestrict)
   e.device = {"auto", 2};
   e.parallel = {3, 3, 2, "gpipe", 1, {1, 1}};
   expect_same(c, e);
@@ -523,7 +524,7 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
         "  stage_layers: []\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << "not in:\n" << text;
   }
-  // Sections of "key: value" lines, nothing else: 10 sections, 40 keys.
+  // Sections of "key: value" lines, nothing else: 10 sections, 41 keys.
   int sections = 0, keys = 0;
   size_t start = 0;
   while (start < text.size()) {
@@ -538,7 +539,7 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 40);
+  EXPECT_EQ(keys, 41);
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",
