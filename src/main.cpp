@@ -44,7 +44,9 @@ Reads the YAML input deck, applies the overrides in order (e.g. train.steps=100 
 writes the resolved deck to <run.dir>/deck.yaml, and trains. Rank 0 logs one line every log.every
 steps (step, loss, lr, grad norm, ms/step, tokens/s, MFU) and appends the same fields as JSON lines
 to <run.dir>/metrics.jsonl. Checkpoints go to checkpoint.dir (default <run.dir>/checkpoints);
-checkpoint.restart: auto continues from the newest one there. Every deck key: input/README.md.
+checkpoint.restart: auto continues from the newest one there. SIGUSR1 or SIGTERM (or the
+run.max_minutes budget) make every rank finish its step, write a checkpoint and exit 3 (requeue
+to continue); SIGINT does the same and exits 130. Every deck key: input/README.md.
 )";
 
 const char* kEvalUsage = R"(usage: tessera eval CKPT --data FILE [--batches N]
