@@ -26,16 +26,9 @@ uint64_t element_hash(uint64_t canonical_index, float value) {
   return mix64((canonical_index << 32) ^ bits ^ 0x5DEECE66DULL);
 }
 
-uint64_t tensor_checksum(const float* values, size_t n, uint64_t first_index) {
+uint64_t tile_checksum(const LocalLayout& layout, const LocalTensor& t, const float* values) {
   // A sum of per-element hashes is independent of how the tensor is split between ranks and of
   // the order in which the parts are added.
-  uint64_t sum = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sum)
-  for (size_t i = 0; i < n; ++i) sum += element_hash(first_index + i, values[i]);
-  return sum;
-}
-
-uint64_t tile_checksum(const LocalLayout& layout, const LocalTensor& t, const float* values) {
   uint64_t sum = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sum)
   for (size_t i = 0; i < t.numel; ++i)

@@ -65,7 +65,6 @@ std::string resolve_checkpoint(const std::string& dir_or_file);
 // Order-free checksum of a tensor's elements: the sum over elements of a hash of (canonical
 // index, value bits), so the parts held by different ranks add up to the whole.
 uint64_t element_hash(uint64_t canonical_index, float value);
-uint64_t tensor_checksum(const float* values, size_t n, uint64_t first_index);
 uint64_t tile_checksum(const LocalLayout& layout, const LocalTensor& tensor, const float* values);
 
 }  // namespace tessera

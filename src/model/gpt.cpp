@@ -9,7 +9,7 @@ namespace tessera {
 using namespace tessera::cpu;
 
 Gpt::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots)
-    : layout_(layout), tp_(tp), max_batch_(max_batch), max_seq_(max_seq), slots_(slots) {
+    : layout_(layout), tp_(tp) {
   const ModelShape& s = layout.canonical.shape;
   const size_t N = size_t(max_batch) * max_seq, C = s.n_embd;
   const size_t Cl = C / layout.tp;  // this rank's share of the heads / MLP width, per C

@@ -67,7 +67,6 @@ class Gpt {
 
   LocalLayout layout_;
   Comm* tp_;
-  int max_batch_, max_seq_, slots_;
   size_t offset_[kSlotKinds] = {}, size_[kSlotKinds] = {}, slot_stride_ = 0;
   size_t scratch_offset_[kScratchKinds] = {};
   std::vector<float> acts_, scratch_;

@@ -40,7 +40,7 @@ void DistributedOptimizer::start_reduce(float* grads, size_t begin, size_t end) 
                    dp_->get(), &pending_.back());
   }
   started_.emplace_back(begin, end);
-  dp_->count((end - begin) * sizeof(float), dp_->all_reduce_factor());
+  dp_->count((end - begin) * sizeof(float));
   // MPICH progresses non-blocking collectives only inside MPI calls: give it one now.
   int done = 0;
   MPI_Testall(int(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE);
@@ -51,7 +51,7 @@ void DistributedOptimizer::reduce_gradients(float* grads) {
   if (zero_) {
     const size_t shard = shard_end_ - shard_begin_;
     MPI_Reduce_scatter_block(grads, grad_shard_.data(), int(shard), MPI_FLOAT, MPI_SUM, dp_->get());
-    dp_->count(padded_ * sizeof(float), dp_->gather_factor());
+    dp_->count(padded_ * sizeof(float));
     return;
   }
   // Whatever the backward pass did not start: the gaps between the started ranges.
@@ -95,7 +95,7 @@ void DistributedOptimizer::step(float* params, float* grads, double clip, double
   });
   if (zero_) {
     MPI_Allgather(MPI_IN_PLACE, int(shard), MPI_FLOAT, params, int(shard), MPI_FLOAT, dp_->get());
-    dp_->count(padded_ * sizeof(float), dp_->gather_factor());
+    dp_->count(padded_ * sizeof(float));
   }
 }
 

@@ -28,17 +28,10 @@ class Comm {
   void all_reduce_sum(double* x, size_t n) { reduce(x, n, MPI_DOUBLE, MPI_SUM, sizeof(double)); }
   void all_reduce_max(float* x, size_t n) { reduce(x, n, MPI_FLOAT, MPI_MAX, sizeof(float)); }
 
-  // Payload bytes this rank handed to MPI on this communicator, and the bytes a ring algorithm
-  // sends for them: 2 (n-1)/n of the payload for an all-reduce, (n-1)/n for a reduce-scatter or
-  // an all-gather (of the whole buffer), all of it for a point-to-point send.
+  // Payload bytes this rank handed to MPI on this communicator (what `make bench` and
+  // tools/parallel_counts.py compare with the formulas; the ring volume follows from it).
   uint64_t payload_bytes = 0;
-  double ring_bytes = 0;
-  void count(size_t bytes, double ring_factor) {
-    payload_bytes += bytes;
-    ring_bytes += ring_factor * double(bytes);
-  }
-  double all_reduce_factor() const { return 2.0 * (size_ - 1) / size_; }
-  double gather_factor() const { return double(size_ - 1) / size_; }
+  void count(size_t bytes) { payload_bytes += bytes; }
 
  private:
   void reduce(void* x, size_t n, MPI_Datatype type, MPI_Op op, size_t elem) {
@@ -47,7 +40,7 @@ class Comm {
     for (size_t done = 0; done < n; done += kChunk)
       MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(x) + done * elem,
                     int(std::min(kChunk, n - done)), type, op, comm_);
-    count(n * elem, all_reduce_factor());
+    count(n * elem);
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -76,7 +76,7 @@ double PipelineExecutor::walk(const std::vector<Action>& actions, const float* p
       case Op::SendForward:
         MPI_Isend(model_.output(slot), n, MPI_FLOAT, next, a.mb, pp_->get(),
                   &forward_sends_[size_t(slot)]);
-        pp_->count(activation_elems_ * sizeof(float), 1.0);
+        pp_->count(activation_elems_ * sizeof(float));
         break;
       case Op::RecvBackward: {
         const double t0 = now();
@@ -95,7 +95,7 @@ double PipelineExecutor::walk(const std::vector<Action>& actions, const float* p
         std::copy(model_.grad_input(), model_.grad_input() + activation_elems_, buffer.begin());
         MPI_Isend(buffer.data(), n, MPI_FLOAT, prev, a.mb, pp_->get(),
                   &backward_sends_[size_t(slot)]);
-        pp_->count(activation_elems_ * sizeof(float), 1.0);
+        pp_->count(activation_elems_ * sizeof(float));
         break;
       }
     }

@@ -135,10 +135,27 @@ TEST(Checkpoint, NotACheckpoint) {
 }
 
 TEST(Checkpoint, ChecksumIsSplitIndependent) {
-  std::vector<float> x(1000);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
-  const uint64_t whole = tensor_checksum(x.data(), x.size(), 0);
-  EXPECT_EQ(whole, tensor_checksum(x.data(), 300, 0) + tensor_checksum(x.data() + 300, 700, 300));
-  std::swap(x[3], x[4]);
-  EXPECT_NE(whole, tensor_checksum(x.data(), x.size(), 0));
+  // The tiles of a tp = 2, 2-stage split add up to the whole model's checksum, tensor by tensor.
+  const ModelShape shape = make_model_shape(2, 2, 8, 16, 20, 8);
+  const LocalLayout full = whole(shape);
+  std::vector<float> canonical(full.total);
+  init_local_parameters(canonical.data(), full, 3, 0.02);
+  std::vector<uint64_t> sums(full.tensors.size(), 0);
+  for (int stage = 0; stage < 2; ++stage) {
+    for (int r = 0; r < 2; ++r) {
+      const LocalLayout tile = make_local_layout(shape, 2, r, stage, stage + 1, stage == 0, stage == 1);
+      std::vector<float> local(tile.total);
+      init_local_parameters(local.data(), tile, 3, 0.02);
+      for (const LocalTensor& t : tile.tensors)
+        if (t.owner) sums[t.canonical] += tile_checksum(tile, t, local.data() + t.offset);
+    }
+  }
+  for (const LocalTensor& t : full.tensors)
+    EXPECT_EQ(sums[t.canonical], tile_checksum(full, t, canonical.data() + t.offset))
+        << full.canon(t).name;
+  // Two values trading places change it.
+  const LocalTensor& w = full.tensors[size_t(full.layer(0, kFcW))];
+  const uint64_t before = tile_checksum(full, w, canonical.data() + w.offset);
+  std::swap(canonical[w.offset + 3], canonical[w.offset + 4]);
+  EXPECT_NE(before, tile_checksum(full, w, canonical.data() + w.offset));
 }
