@@ -5,6 +5,7 @@
 # MPI_HOME   MPI install prefix (include/, lib/ with libmpi or libmpich); default: pkg-config mpich
 # HDF5_HOME  parallel HDF5 prefix; default: pkg-config hdf5-mpich
 # YAML_HOME  yaml-cpp prefix; default: pkg-config yaml-cpp
+# SENTENCEPIECE_HOME  sentencepiece prefix (the BPE tokenizer); default: pkg-config sentencepiece
 # BLAS_LIBS  link line of a CBLAS library; default: pkg-config openblas
 # BLAS_CFLAGS include flags for cblas.h
 # CXX, CXXFLAGS, LDFLAGS as usual; ARCH=native adds -march=native (off by default: a binary
@@ -51,6 +52,14 @@ else
 YAML_CFLAGS := $(shell pkg-config --cflags yaml-cpp 2>/dev/null)
 YAML_LIBS   := $(shell pkg-config --libs yaml-cpp 2>/dev/null)
 endif
+ifdef SENTENCEPIECE_HOME
+SPM_CFLAGS := -I$(SENTENCEPIECE_HOME)/include
+SPM_LIBS   := -L$(SENTENCEPIECE_HOME)/lib -Wl,-rpath,$(SENTENCEPIECE_HOME)/lib -lsentencepiece \
+              -lsentencepiece_train
+else
+SPM_CFLAGS := $(shell pkg-config --cflags sentencepiece 2>/dev/null)
+SPM_LIBS   := $(shell pkg-config --libs sentencepiece 2>/dev/null || echo -lsentencepiece -lsentencepiece_train)
+endif
 # The OpenMP build of OpenBLAS: called from inside our OpenMP loops it runs single-threaded
 # instead of oversubscribing the cores as the pthread build does.
 OPENBLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
@@ -60,16 +69,78 @@ BLAS_LIBS    ?= -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas
 ARCH_FLAGS := $(if $(filter native,$(ARCH)),-march=native,)
 WARN       := -Wall -Wextra -Werror
 BASE_FLAGS := -std=c++20 $(OPT) -g $(ARCH_FLAGS) -fopenmp $(WARN) -MMD -MP -Isrc
-ALL_CFLAGS := $(BASE_FLAGS) $(MPI_CFLAGS) $(HDF5_CFLAGS) $(YAML_CFLAGS) $(BLAS_CFLAGS) $(CXXFLAGS)
-ALL_LIBS   := $(HDF5_LIBS) $(YAML_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -fopenmp -lm $(LDFLAGS)
+ALL_CFLAGS := $(BASE_FLAGS) $(MPI_CFLAGS) $(HDF5_CFLAGS) $(YAML_CFLAGS) $(SPM_CFLAGS) $(BLAS_CFLAGS) $(CXXFLAGS)
+ALL_LIBS   := $(HDF5_LIBS) $(YAML_LIBS) $(SPM_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -fopenmp -lm $(LDFLAGS)
 
 BUILD ?= build
+
+# ---- CUDA backend ------------------------------------------------------------------------------
+# CUDA=auto builds src/backend/cuda and the CUDA half of src/device into bin/tessera when nvcc is
+# found (CUDA_HOME/bin/nvcc or nvcc on PATH); CUDA=0 never, CUDA=1 always (an error without nvcc).
+# CUDA_ARCH lists the SASS targets ("80;90": sm_80 and sm_90), plus PTX of the last one so newer
+# GPUs can JIT it. nvcc treats every warning as an error, host code included.
+CUDA      ?= auto
+CUDA_HOME ?= /usr/local/cuda
+CUDA_ARCH ?= 80;90
+NVCC      ?= $(shell [ -x $(CUDA_HOME)/bin/nvcc ] && echo $(CUDA_HOME)/bin/nvcc || command -v nvcc 2>/dev/null)
+ifeq ($(CUDA),auto)
+  CUDA_ON := $(if $(NVCC),1,0)
+else
+  CUDA_ON := $(CUDA)
+endif
+ifeq ($(CUDA_ON),1)
+  ifeq ($(NVCC),)
+    $(error CUDA=1 but no nvcc in $(CUDA_HOME)/bin or on PATH: set CUDA_HOME)
+  endif
+endif
+CUDA_ARCHS     := $(subst ;, ,$(CUDA_ARCH))
+CUDA_GENCODE   := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+                  -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
+CUDA_SRC       := $(sort $(wildcard src/backend/cuda/*.cu))
+CUDA_OBJ       := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+# Host files that call the CUDA runtime, NCCL or cuBLAS: compiled only into a CUDA build.
+# src/device/select.cpp (the node-local rank, the backend decision) is in every build.
+# Also every *_cuda.cpp (the GPU twins of CPU classes, e.g. src/model/gpt_cuda.cpp).
+CUDA_HOST_SRC  := $(filter-out src/device/select.cpp,$(wildcard src/device/*.cpp)) \
+                  $(shell find src -name '*_cuda.cpp')
+NVCC_OPT       ?= -O3
+NVCC_FLAGS     := -std=c++20 $(NVCC_OPT) -lineinfo $(CUDA_GENCODE) --Werror all-warnings \
+                  -Xcompiler -Wall,-Wextra,-Werror \
+                  -Xptxas -v -MMD -MP -Isrc
+ifeq ($(CUDA_ON),1)
+  CUDA_CFLAGS  := -DTESSERA_CUDA -I$(CUDA_HOME)/include
+  CUDA_LIBS    := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcublas -lcudart
+else
+  CUDA_CFLAGS  :=
+  CUDA_LIBS    :=
+  CUDA_OBJ     :=
+endif
+ALL_CFLAGS += $(CUDA_CFLAGS)
+ALL_LIBS   += $(CUDA_LIBS)
+# cuFile (GPUDirect Storage): compiled in when a CUDA build finds cufile.h and libcufile
+# (CUFILE=auto), never with CUFILE=0. src/io/gds_reader.cpp holds the code it enables.
+CUFILE ?= auto
+ifeq ($(CUDA_ON)$(CUFILE),1auto)
+  ifneq ($(wildcard $(CUDA_HOME)/include/cufile.h)$(wildcard /usr/include/cufile.h),)
+    ifneq ($(wildcard $(CUDA_HOME)/lib64/libcufile.so*)$(wildcard /usr/lib/x86_64-linux-gnu/libcufile.so*),)
+      ALL_CFLAGS += -DTESSERA_CUFILE
+      ALL_LIBS   += -lcufile
+    endif
+  endif
+endif
+
+# (the CUDA rules follow bin/unit_tests below)
+# ------------------------------------------------------------------------------------------------
+
 SRC      := $(shell find src -name '*.cpp' ! -name main.cpp | sort)
-OBJ      := $(SRC:%.cpp=$(BUILD)/%.o)
+ifneq ($(CUDA_ON),1)
+SRC      := $(filter-out $(CUDA_HOST_SRC),$(SRC))
+endif
+OBJ      := $(SRC:%.cpp=$(BUILD)/%.o) $(CUDA_OBJ)
 UNIT_SRC := $(sort $(wildcard tests/unit/*.cpp))
 UNIT_OBJ := $(UNIT_SRC:%.cpp=$(BUILD)/%.o)
 
-.PHONY: all deps run test unit integration bench asan clean data
+.PHONY: all deps run test unit integration bench asan clean data cuda-report test-gpu bench-gpu
 all: bin/tessera
 
 $(BUILD)/%.o: %.cpp
@@ -88,8 +159,47 @@ bin/unit_tests: $(OBJ) $(UNIT_OBJ)
 
 -include $(OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/src/main.d
 
+# ---- CUDA rules (see the CUDA backend variables above) ------------------------------------------
+# ptxas -v prints each kernel's registers, shared memory and spills; the rule keeps that in a
+# .ptxas file beside the object, which `make cuda-report` tabulates.
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) $(CUDA_CFLAGS) -c $< -o $@ 2>$(@:.o=.ptxas) || { cat $(@:.o=.ptxas); exit 1; }
+	@grep -v '^ptxas info\|^    [0-9]* bytes stack frame' $(@:.o=.ptxas) >&2 || true
+
+cuda-report: $(CUDA_OBJ)
+	@if [ "$(CUDA_ON)" != 1 ]; then echo "cuda-report: no CUDA build (CUDA=$(CUDA), nvcc: $(if $(NVCC),$(NVCC),none))"; exit 1; fi
+	@mkdir -p $(BUILD)
+	$(PYTHON) tests/gpu/cuda_report.py --out $(BUILD)/cuda-report.txt $(CUDA_OBJ:.o=.ptxas)
+
+GPU_TEST_SRC := $(sort $(wildcard tests/gpu/*.cpp))
+GPU_TEST_OBJ := $(GPU_TEST_SRC:%.cpp=$(BUILD)/%.o)
+$(BUILD)/tests/gpu/%.o: ALL_CFLAGS += -Wno-error=deprecated-declarations
+bin/gpu_tests: $(OBJ) $(CUDA_OBJ) $(GPU_TEST_OBJ)
+	@mkdir -p bin
+	$(CXX) $(OPT) -o $@ $^ -lgtest -pthread $(ALL_LIBS)
+
+# Not part of `make test`: a machine without a GPU prints "no GPU: skipped" and succeeds.
+test-gpu:
+	@if [ "$(CUDA_ON)" != 1 ]; then echo "test-gpu: no CUDA build (no nvcc): skipped"; exit 0; fi
+	$(MAKE) -j$(JOBS) bin/gpu_tests
+	bin/gpu_tests
+	@gpus=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); \
+	if [ "$${gpus:-0}" -ge 2 ]; then \
+	  echo "test-gpu: tensor and data parallel over NCCL on 2 GPUs"; \
+	  $(MPIEXEC) -n 2 bin/gpu_tests --gtest_filter='CudaModelTp.*:CudaModelDp.*'; \
+	else echo "test-gpu: fewer than 2 GPUs: the tensor/data-parallel (NCCL) tests are skipped"; fi
+
+bench-gpu:
+	@if [ "$(CUDA_ON)" != 1 ]; then echo "bench-gpu: no CUDA build (no nvcc): skipped"; exit 0; fi
+	$(MAKE) -j$(JOBS) bin/gpu_tests
+	bin/gpu_tests --bench
+-include $(CUDA_OBJ:.o=.d) $(GPU_TEST_OBJ:.o=.d)
+# ------------------------------------------------------------------------------------------------
+
 # Debian packages tessera builds and tests with. Idempotent: installs only what is missing.
 DEB_PKGS := g++ make pkg-config mpich libmpich-dev libhdf5-mpich-dev hdf5-tools libyaml-cpp-dev \
+            libsentencepiece-dev python3-sentencepiece \
             libopenblas-dev libopenblas-openmp-dev libgtest-dev python3 python3-torch python3-h5py python3-numpy python3-yaml \
             munge slurmctld slurmd slurm-client shellcheck
 deps:
@@ -125,7 +235,7 @@ bench: deps
 	PYTHON=$(PYTHON) bash tools/bench.sh
 
 asan: deps
-	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" bin/unit_tests
+	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" bin/unit_tests
 	mv bin/unit_tests bin/unit_tests_asan
 	ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 LSAN_OPTIONS=suppressions=tests/lsan.supp \
 	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 bin/unit_tests_asan

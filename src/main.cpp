@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "common/version.hpp"
 #include "config/config.hpp"
+#include "train/data_command.hpp"
 #include "train/generate.hpp"
 #include "train/signals.hpp"
 #include "train/trainer.hpp"
@@ -28,6 +29,7 @@ usage:
   tessera eval CKPT --data FILE [--batches N]       mean loss of a checkpoint on a token file
   tessera sample CKPT [--prompt TEXT] [--tokens N] [--temperature T] [--seed S]
                                                     generate text from a checkpoint
+  tessera data info|dump|bench FILE ...             inspect token files (tessera data --help)
   tessera peak                                      measure this machine's sgemm GFLOP/s
   tessera --version | --help | COMMAND --help
 
@@ -159,6 +161,7 @@ int run(const std::vector<std::string>& argv) {
     tessera::sample_text(args[0], options);
     return 0;
   }
+  if (command == "data") return tessera::data_command(args);
   if (command == "peak") {
     std::printf("sgemm_gflops %.1f\n", tessera::measure_sgemm_gflops(2.0));
     return 0;
@@ -185,7 +188,9 @@ int main(int argc, char** argv) {
   // Before MPI_Init: a batch system's signal during start-up must not kill the job half-way;
   // again after it, in case the MPI library installed handlers of its own.
   tessera::install_stop_handlers();
-  MPI_Init(&argc, &argv);
+  // Funneled: the data loader's thread reads files and never calls MPI.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   tessera::install_stop_handlers();
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: sgemm peak, tessera's training throughput on a GPT-2 124M shape, and the PyTorch
 # reference's on the same shape, threads and batch, measured side by side in one run; then the
-# parallel layouts (tools/bench_parallel.py). Writes the tables to build/bench/results.md and
+# parallel layouts (tools/bench_parallel.py), then the data loader (tools/bench_data.sh). Writes the tables to build/bench/results.md and
 # prints them.
 #   THREADS (2)  STEPS (6 timed steps after one warm-up)  PYTHON (/usr/bin/python3)
 set -euo pipefail
@@ -71,4 +71,6 @@ PY
 echo "bench: parallel layouts (memory, communication, bubble, dp throughput)" >&2
 { echo; "$PYTHON" "$ROOT/tools/bench_parallel.py" --tessera "$ROOT/bin/tessera" --data "$ROOT/data/default" \
     --out "$OUT"; } >>"$OUT/results.md"
+echo "bench: data loader (1 GiB per format; tools/bench_data.sh)" >&2
+{ echo; echo "## Data loader"; echo; PYTHON=$PYTHON bash "$ROOT/tools/bench_data.sh"; } >>"$OUT/results.md"
 cat "$OUT/results.md"

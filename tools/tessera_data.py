@@ -6,7 +6,13 @@ parity test holds it to. Imported by prepare_data.py, reference_gpt.py and compa
 
 Token file (HDF5): dataset /tokens, 1-D uint16 (uint32 when vocab_size > 65536), contiguous;
 root attributes format="tessera-tokens", format_version=1, tokenizer, vocab_size, eot,
-num_documents.
+num_documents. Documents follow each other, each ended by the eot token. The tokenizer is
+  "byte"           token = byte value 0..255, eot = 256, vocab_size = 257;
+  "sentencepiece"  a sentencepiece model (BPE, byte fallback, identity normalization, no dummy
+                   prefix: decode(encode(text)) == text for UTF-8 text) serialized as a ModelProto
+                   in the 1-D uint8 dataset /tokenizer_model; vocab_size = its piece count, eot =
+                   its eos id. tessera encodes prompts and decodes samples with the same model and
+                   copies it into every checkpoint (/tokenizer/model).
 
 Sample order: with T = seq_len and N tokens there are n = (N - 1) // T windows; window w is
 tokens[w*T : w*T + T + 1]. Global sample g is in epoch g // n at position g % n and uses window
@@ -18,8 +24,10 @@ Usage:
   tessera_data.py selftest
   tessera_data.py order --n N [--seed S] [--epoch E] [--count K]   # windows for positions 0..K-1
   tessera_data.py info FILE.h5                                       # describe a token file
+  tessera_data.py decode FILE.h5 [--start S] [--count N]             # tokens S..S+N-1 as text
 """
 import argparse
+import math
 import os
 import sys
 
@@ -29,6 +37,9 @@ FORMAT = "tessera-tokens"
 FORMAT_VERSION = 1
 BYTE_VOCAB = 257
 BYTE_EOT = 256
+SENTENCEPIECE = "sentencepiece"
+SENTENCEPIECE_EOT = 1                  # the eos id prepare_data.py gives its BPE models (<eot>)
+TOKENIZER_MODEL = "tokenizer_model"    # the dataset holding a sentencepiece model
 
 MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -130,6 +141,9 @@ def read_token_file(path):
             "eot": attr_int(f.attrs, "eot", path),
             "num_documents": attr_int(f.attrs, "num_documents", path),
         }
+        meta["tokenizer_model"] = bytes(f[TOKENIZER_MODEL][...].tobytes()) if TOKENIZER_MODEL in f else None
+        if meta["tokenizer"] == SENTENCEPIECE and meta["tokenizer_model"] is None:
+            raise ToolError(f"{path}: tokenizer '{SENTENCEPIECE}' without its model /{TOKENIZER_MODEL}")
         if "tokens" not in f:
             raise ToolError(f"{path}: no dataset /tokens")
         ds = f["tokens"]
@@ -139,6 +153,20 @@ def read_token_file(path):
     if tokens.size and int(tokens.max()) >= meta["vocab_size"]:
         raise ToolError(f"{path}: token {int(tokens.max())} >= vocab_size {meta['vocab_size']}")
     return tokens, meta
+
+
+def decode_tokens(meta, ids, where="token file"):
+    """Text of token ids with the file's tokenizer (eot decodes to nothing; a byte file's bytes
+    are read as UTF-8 with U+FFFD for what is not)."""
+    ids = [int(i) for i in ids]
+    if meta["tokenizer"] == "byte":
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+    if meta["tokenizer"] == SENTENCEPIECE:
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_proto=meta["tokenizer_model"])
+        return sp.decode([i for i in ids if i != meta["eot"]])
+    raise ToolError(f"{where}: tokenizer '{meta['tokenizer']}' cannot be decoded here")
 
 
 def num_windows(num_tokens, seq_len):
@@ -229,6 +257,54 @@ def gather_windows(tokens, windows, seq_len):
     return w[:, :-1], w[:, 1:]
 
 
+# ---------------------------------------------------------------------------------------------
+# Blends (src/io/dataset.cpp, Blend): the literal specification, for checking the C++ order.
+
+BLEND_BLOCK = 4096
+
+
+def fnv1a64(name):
+    h = 0xCBF29CE484222325
+    for c in name.encode():
+        h = ((h ^ c) * 0x100000001B3) & MASK
+    return h
+
+
+def stream_key(seed, name):
+    return mix64(mix64(seed & MASK) ^ fnv1a64(name))
+
+
+def blend_counts(weights):
+    """Samples of each source per block of BLEND_BLOCK: largest remainder, at least 1 each."""
+    total = 0.0
+    for w in weights:
+        total += w
+    quota = [w / total * BLEND_BLOCK for w in weights]
+    counts = [max(1, int(math.floor(q))) for q in quota]
+    rem = lambda i: quota[i] - counts[i]                      # noqa: E731
+    while sum(counts) < BLEND_BLOCK:
+        i = max(range(len(counts)), key=lambda i: (rem(i), -i))   # the first largest
+        counts[i] += 1
+    while sum(counts) > BLEND_BLOCK:
+        i = min(range(len(counts)), key=lambda i: (counts[i] <= 1, rem(i), i))
+        counts[i] -= 1
+    return counts
+
+
+def blend_sample(g, weights, windows, seed):
+    """(source, window) of global sample g of a blend of sources with these weights and windows."""
+    if len(weights) == 1:
+        return 0, permute(g % windows[0], windows[0], seed, g // windows[0])
+    counts = blend_counts(weights)
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    block, j = divmod(g, BLEND_BLOCK)
+    p = permute(j, BLEND_BLOCK, stream_key(seed, "blend"), block)
+    s = max(i for i in range(len(starts)) if starts[i] <= p)
+    k = block * counts[s] + p - starts[s]
+    n = windows[s]
+    return s, permute(k % n, n, mix64((stream_key(seed, "source") + s) & MASK), k // n)
+
+
 def micro_batch_size(batch_size, micro_batch):
     b = micro_batch if micro_batch > 0 else batch_size
     if batch_size % b != 0:
@@ -298,6 +374,13 @@ def self_test(verbose=True):
     if x[1, 0] != 30 or y[1, -1] != 40 or not np.array_equal(x[:, 1:], y[:, :-1]):
         failures += 1
         print("FAIL gather_windows", file=sys.stderr)
+    # Blend counts: exact per block, the rounding of the weights, every source at least once.
+    for weights in ([0.7, 0.3], [0.6, 0.3, 0.1], [1.0, 1e-9, 1e-9], [1.0] * 7):
+        c = blend_counts(weights)
+        if sum(c) != BLEND_BLOCK or min(c) < 1 or any(
+                abs(x - w / sum(weights) * BLEND_BLOCK) > len(c) for x, w in zip(c, weights)):
+            failures += 1
+            print(f"FAIL blend_counts {weights}: {c}", file=sys.stderr)
     if verbose:
         print("tessera_data selftest: " + ("PASS" if failures == 0 else f"FAIL ({failures})"))
     return failures == 0
@@ -312,9 +395,19 @@ def main():
     o.add_argument("--seed", type=int, default=1337)
     o.add_argument("--epoch", type=int, default=0)
     o.add_argument("--count", type=int, default=0, help="how many positions (0 = all n)")
+    b = sub.add_parser("blend", help="print 'g source window' of global samples of a blend")
+    b.add_argument("--weights", required=True, help="comma-separated, as data.train gives them")
+    b.add_argument("--windows", required=True, help="comma-separated windows of each source")
+    b.add_argument("--seed", type=int, default=1337)
+    b.add_argument("--first", type=int, default=0)
+    b.add_argument("--count", type=int, default=16)
     i = sub.add_parser("info", help="describe a token file")
     i.add_argument("file")
     i.add_argument("--seq-len", type=int, default=0, help="also print the number of windows")
+    d = sub.add_parser("decode", help="print tokens of a token file as text, with its tokenizer")
+    d.add_argument("file")
+    d.add_argument("--start", type=int, default=0)
+    d.add_argument("--count", type=int, default=200)
     args = ap.parse_args()
 
     if args.cmd == "selftest":
@@ -325,9 +418,25 @@ def main():
         count = min(args.count or args.n, args.n)
         print(" ".join(str(v) for v in permute_np(np.arange(count), args.n, args.seed, args.epoch)))
         return 0
+    if args.cmd == "blend":
+        weights = [float(w) for w in args.weights.split(",")]
+        windows = [int(n) for n in args.windows.split(",")]
+        if len(weights) != len(windows) or min(weights) <= 0 or min(windows) <= 0:
+            raise ToolError("blend: --weights and --windows need as many positive entries")
+        for g in range(args.first, args.first + args.count):
+            print(g, *blend_sample(g, weights, windows, args.seed))
+        return 0
     tokens, meta = read_token_file(args.file)
+    if args.cmd == "decode":
+        if args.start < 0 or args.count < 0:
+            raise ToolError("decode: --start and --count must be non-negative")
+        sys.stdout.write(decode_tokens(meta, tokens[args.start:args.start + args.count], args.file))
+        sys.stdout.write("\n")
+        return 0
+    model = meta["tokenizer_model"]
     print(f"{args.file}: {tokens.size} tokens ({tokens.dtype}), {meta['num_documents']} documents, "
-          f"tokenizer {meta['tokenizer']}, vocab_size {meta['vocab_size']}, eot {meta['eot']}")
+          f"tokenizer {meta['tokenizer']}, vocab_size {meta['vocab_size']}, eot {meta['eot']}"
+          + (f", model {len(model)} bytes" if model is not None else ""))
     if args.seq_len > 0:
         print(f"windows of seq_len {args.seq_len}: {num_windows(tokens.size, args.seq_len)}")
     return 0

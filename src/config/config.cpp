@@ -17,6 +17,7 @@
 #include <variant>
 
 #include "common/error.hpp"
+#include "io/dataset.hpp"
 
 namespace tessera {
 namespace {
@@ -27,7 +28,7 @@ struct IntOrAuto {
 };
 
 using FieldRef =
-    std::variant<int*, uint64_t*, double*, std::string*, IntOrAuto, std::vector<int>*>;
+    std::variant<int*, uint64_t*, double*, bool*, std::string*, IntOrAuto, std::vector<int>*>;
 
 struct Field {
   const char* section;
@@ -48,7 +49,14 @@ std::vector<Field> fields_of(Config& c) {
       {"model", "init_std", &c.model.init_std},
       {"data", "train", &c.data.train},
       {"data", "val", &c.data.val},
+      {"data", "format", &c.data.format},
+      {"data", "dtype", &c.data.dtype},
       {"data", "seq_len", &c.data.seq_len},
+      {"data", "prefetch", &c.data.prefetch},
+      {"data", "readers", &c.data.readers},
+      {"data", "direct_io", &c.data.direct_io},
+      {"data", "check_tokens", &c.data.check_tokens},
+      {"data", "trace", &c.data.trace},
       {"train", "steps", &c.train.steps},
       {"train", "batch_size", &c.train.batch_size},
       {"train", "micro_batch", &c.train.micro_batch},
@@ -73,6 +81,7 @@ std::vector<Field> fields_of(Config& c) {
       {"run", "dir", &c.run.dir},
       {"run", "max_minutes", &c.run.max_minutes},
       {"device", "backend", &c.device.backend},
+      {"device", "precision", &c.device.precision},
       {"device", "threads", &c.device.threads},
       {"parallel", "dp", IntOrAuto{&c.parallel.dp}},
       {"parallel", "tp", IntOrAuto{&c.parallel.tp}},
@@ -340,6 +349,14 @@ uint64_t to_uint64(const Source& s) {
   return value;
 }
 
+// true or false, as YAML 1.2 spells them; yes/no/on/off are refused rather than guessed at.
+bool to_bool(const Source& s) {
+  const std::string& text = scalar_text(s, "true or false");
+  if (text == "true") return true;
+  if (text == "false") return false;
+  fail(s.where, "expected true or false, got " + shown(text));
+}
+
 // YAML 1.2 decimal numbers: [-+]?(D+(.D*)?|.D+)([eE][-+]?D+)?, so 3e-4, 1 and .5 all read, while
 // inf, nan and hexadecimal, which strtod would take, do not.
 bool is_decimal_number(std::string_view s) {
@@ -538,6 +555,7 @@ void convert_values(Deck& deck) {
           if constexpr (std::is_same_v<T, int*>) *field = to_int(s);
           if constexpr (std::is_same_v<T, uint64_t*>) *field = to_uint64(s);
           if constexpr (std::is_same_v<T, double*>) *field = to_double(s);
+          if constexpr (std::is_same_v<T, bool*>) *field = to_bool(s);
           if constexpr (std::is_same_v<T, std::string*>) *field = scalar_text(s, "a string");
           if constexpr (std::is_same_v<T, IntOrAuto>) *field.value = to_int_or_auto(s);
           if constexpr (std::is_same_v<T, std::vector<int>*>) {
@@ -681,7 +699,19 @@ void validate(const Config& c, const Deck& deck) {
   positive(deck, "model.init_std", m.init_std);
 
   not_empty(deck, "data.train", c.data.train, "the training token file");
+  std::vector<BlendEntry> blend;
+  if (std::string e = parse_blend(c.data.train, &blend); !e.empty()) deck.fail_key("data.train", e);
+  const std::string& format = c.data.format;
+  if (format != "auto" && format != "hdf5" && format != "llmc" && format != "megatron" &&
+      format != "raw") {
+    deck.fail_key("data.format", "must be auto, hdf5, llmc, megatron or raw, got " + shown(format));
+  }
+  if (c.data.dtype != "uint16" && c.data.dtype != "uint32") {
+    deck.fail_key("data.dtype", "must be uint16 or uint32, got " + shown(c.data.dtype));
+  }
   at_least(deck, "data.seq_len", c.data.seq_len, 1);
+  at_least(deck, "data.prefetch", c.data.prefetch, 0);
+  at_least(deck, "data.readers", c.data.readers, 1);
   if (c.data.seq_len > m.block_size) {
     deck.fail_later("data.seq_len", "model.block_size",
                     "data.seq_len = " + num(c.data.seq_len) +
@@ -725,6 +755,15 @@ void validate(const Config& c, const Deck& deck) {
   const std::string& backend = c.device.backend;
   if (backend != "cpu" && backend != "cuda" && backend != "auto") {
     deck.fail_key("device.backend", "must be cpu, cuda or auto, got " + shown(backend));
+  }
+  const std::string& precision = c.device.precision;
+  if (precision != "fp32" && precision != "bf16") {
+    deck.fail_key("device.precision", "must be fp32 or bf16, got " + shown(precision));
+  }
+  if (precision == "bf16" && backend == "cpu") {
+    deck.fail_later("device.backend", "device.precision",
+                    "device.precision = bf16 needs device.backend: cuda or auto (the CPU backend "
+                    "is fp32)");
   }
   at_least(deck, "device.threads", c.device.threads, 0);
   validate_parallel(c, deck);
@@ -789,6 +828,8 @@ std::string to_yaml(const Config& config) {
             out += quote(*field);
           } else if constexpr (std::is_same_v<T, double*>) {
             out += format_double(*field);
+          } else if constexpr (std::is_same_v<T, bool*>) {
+            out += *field ? "true" : "false";
           } else if constexpr (std::is_same_v<T, IntOrAuto>) {
             out += *field.value == 0 ? "auto" : std::to_string(*field.value);
           } else if constexpr (std::is_same_v<T, std::vector<int>*>) {

@@ -18,9 +18,16 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string train;         // required: HDF5 token file
+  std::string train;         // required: a token source, or a blend "W1 SRC1 W2 SRC2 ..."
   std::string val;           // "" = no validation
+  std::string format = "auto";  // auto | hdf5 | llmc | megatron | raw
+  std::string dtype = "uint16";  // raw files: uint16 | uint32
   int seq_len = 128;         // T, must be <= model.block_size
+  int prefetch = 4;          // steps read ahead by the loader threads; 0 = read in the step
+  int readers = 4;           // loader threads, each reading whole steps
+  bool direct_io = true;     // O_DIRECT reads where the file system allows them
+  bool check_tokens = true;  // scan every token id against the vocabulary before training
+  bool trace = false;        // <run.dir>/data_trace.rankN.txt: the token ids of every sample
 };
 
 struct TrainConfig {
@@ -66,6 +73,7 @@ struct RunConfig {
 
 struct DeviceConfig {
   std::string backend = "cpu";  // cpu | cuda | auto
+  std::string precision = "fp32";  // fp32 | bf16 (CUDA: bf16 parameters/activations, fp32 master)
   int threads = 0;              // OpenMP threads; 0 = the runtime's default (OMP_NUM_THREADS)
 };
 

@@ -15,6 +15,7 @@
 #include "common/rng.hpp"
 #include "common/version.hpp"
 #include "io/hdf5_util.hpp"
+#include "io/tokenizer.hpp"
 
 namespace tessera {
 
@@ -262,10 +263,15 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
     h5_write_int_attr(train.get(), "seed", int64_t(state.seed));
     h5_write_int_attr(train.get(), "vocab_size", s.vocab_size);
     h5_write_double_attr(train.get(), "lr", state.lr);
+    h5_write_string_attr(train.get(), "data_sources", state.data_sources);
+    h5_write_string_attr(train.get(), "data_position", state.data_position);
     H5Handle tok = make_group(root, "tokenizer");
     h5_write_string_attr(tok.get(), "type", tokenizer.type);
     h5_write_int_attr(tok.get(), "vocab_size", tokenizer.vocab_size);
     h5_write_int_attr(tok.get(), "eot", tokenizer.eot);
+    // The sentencepiece model, copied from the token file: `tessera sample` decodes with it.
+    write_tokenizer_model(tok.get(), "model", tokenizer.model, rank == 0,
+                          transfer(H5FD_MPIO_INDEPENDENT).get());
     const std::vector<const LocalTensor*> tiles = tiles_by_canonical(layout);
     std::vector<std::string> paths;
     std::vector<uint64_t> sums;
@@ -335,10 +341,14 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   info.state.next_sample = require_int(train.get(), path, "next_sample");
   info.state.seed = uint64_t(require_int(train.get(), path, "seed"));
   info.state.lr = h5_read_double_attr(train.get(), "lr").value_or(0.0);
+  info.state.data_sources = h5_read_string_attr(train.get(), "data_sources").value_or("");
+  info.state.data_position = h5_read_string_attr(train.get(), "data_position").value_or("");
   H5Handle tok(H5Gopen2(root, "tokenizer", H5P_DEFAULT), H5Gclose);
   info.tokenizer.type = h5_read_string_attr(tok.get(), "type").value_or("byte");
   info.tokenizer.vocab_size = require_int(tok.get(), path, "vocab_size");
   info.tokenizer.eot = require_int(tok.get(), path, "eot");
+  info.tokenizer.model = read_tokenizer_model(tok.get(), path, "model");
+  check_tokenizer(info.tokenizer, path);
   return info;
 }
 

@@ -20,6 +20,10 @@ struct TrainState {
   int64_t next_sample = 0;   // global sample index the next step starts at
   uint64_t seed = 0;
   double lr = 0;             // learning rate of the last step taken
+  // The data position is next_sample (with seed): the order is a function of the global sample
+  // index alone. These say what it indexes, for the log and for a restart on changed data.
+  std::string data_sources;  // "WEIGHT SPEC (FORMAT, N tokens)" per source
+  std::string data_position; // the epoch of each source at next_sample
 };
 
 // What a checkpoint holds besides the tensors.

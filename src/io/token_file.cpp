@@ -27,38 +27,33 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   hsize_t dims[1] = {0};
   H5Sget_simple_extent_dims(file_space_.get(), dims, nullptr);
   num_tokens_ = dims[0];
+  token_bytes_ = int(H5Tget_size(type.get()));
+  num_documents_ = h5_read_int_attr(file_.get(), "num_documents").value_or(-1);
+  {
+    H5Handle plist(H5Dget_create_plist(dataset_.get()), H5Pclose);
+    const haddr_t offset = H5Dget_offset(dataset_.get());
+    if (H5Pget_layout(plist.get()) == H5D_CONTIGUOUS && H5Pget_nfilters(plist.get()) == 0 &&
+        H5Tget_order(type.get()) == H5T_ORDER_LE && offset != HADDR_UNDEF)
+      contiguous_offset_ = int64_t(offset);
+  }
   if (auto v = h5_read_string_attr(file_.get(), "tokenizer")) tokenizer_.type = *v;
   if (auto v = h5_read_int_attr(file_.get(), "vocab_size")) tokenizer_.vocab_size = *v;
   if (auto v = h5_read_int_attr(file_.get(), "eot")) tokenizer_.eot = *v;
   if (tokenizer_.vocab_size <= 0)
     throw UserError(path + ": missing or bad vocab_size attribute on the root group");
+  tokenizer_.model = read_tokenizer_model(file_.get(), path, "tokenizer_model");
+  check_tokenizer(tokenizer_, path);
 }
 
-void TokenFile::read_window(uint64_t w, int seq_len, int vocab_size, int32_t* inputs,
-                            int32_t* targets) {
-  const hsize_t start[1] = {w * uint64_t(seq_len)};
-  const hsize_t count[1] = {hsize_t(seq_len) + 1};
-  if (start[0] + count[0] > num_tokens_)
-    throw UserError(path_ + ": window " + std::to_string(w) + " runs past the end of /tokens",
-                    kExitBadInput, false);
-  buffer_.resize(count[0]);
-  H5Sselect_hyperslab(file_space_.get(), H5S_SELECT_SET, start, nullptr, count, nullptr);
-  H5Handle mem(H5Screate_simple(1, count, nullptr), H5Sclose);
-  if (H5Dread(dataset_.get(), H5T_NATIVE_UINT32, mem.get(), file_space_.get(), H5P_DEFAULT,
-              buffer_.data()) < 0)
-    throw UserError(path_ + ": read of /tokens failed at token " + std::to_string(start[0]),
-                    kExitIO, false);
-  for (size_t i = 0; i < buffer_.size(); ++i) {
-    if (buffer_[i] >= uint32_t(vocab_size))
-      throw UserError(path_ + ": token " + std::to_string(start[0] + i) + " has id " +
-                      std::to_string(buffer_[i]) + ", not below the model's vocab_size " +
-                      std::to_string(vocab_size),
-                      kExitBadInput, false);
-  }
-  for (int t = 0; t < seq_len; ++t) {
-    inputs[t] = int32_t(buffer_[t]);
-    targets[t] = int32_t(buffer_[t + 1]);
-  }
+void TokenFile::read(uint64_t first, uint64_t count, uint32_t* out) {
+  if (count == 0) return;
+  const hsize_t start[1] = {first};
+  const hsize_t n[1] = {count};
+  H5Sselect_hyperslab(file_space_.get(), H5S_SELECT_SET, start, nullptr, n, nullptr);
+  H5Handle mem(H5Screate_simple(1, n, nullptr), H5Sclose);
+  if (H5Dread(dataset_.get(), H5T_NATIVE_UINT32, mem.get(), file_space_.get(), H5P_DEFAULT, out) < 0)
+    throw UserError(path_ + ": read of /tokens failed at token " + std::to_string(first), kExitIO,
+                    false);
 }
 
 }  // namespace tessera

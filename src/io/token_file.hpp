@@ -6,14 +6,9 @@
 #include <vector>
 
 #include "io/hdf5_util.hpp"
+#include "io/tokenizer.hpp"
 
 namespace tessera {
-
-struct TokenizerInfo {
-  std::string type = "byte";   // "byte": token = byte value, eot = 256
-  int64_t vocab_size = 0;
-  int64_t eot = -1;
-};
 
 class TokenFile {
  public:
@@ -23,21 +18,28 @@ class TokenFile {
   const std::string& path() const { return path_; }
   uint64_t num_tokens() const { return num_tokens_; }
   const TokenizerInfo& tokenizer() const { return tokenizer_; }
+  // Byte offset of /tokens in the file when it is one contiguous, unfiltered, little-endian
+  // dataset (as tools/prepare_data.py writes it, 4 KiB aligned), so it can be read without HDF5;
+  // -1 otherwise.
+  int64_t contiguous_offset() const { return contiguous_offset_; }
+  int token_bytes() const { return token_bytes_; }
+  int64_t num_documents() const { return num_documents_; }  // -1: no num_documents attribute
   // Windows of seq_len + 1 tokens at stride seq_len.
   uint64_t num_windows(int seq_len) const {
     return num_tokens_ < 2 ? 0 : (num_tokens_ - 1) / uint64_t(seq_len);
   }
 
-  // Reads window w into inputs (first T tokens) and targets (last T). Every id must be below
-  // vocab_size, else UserError naming the file, the token index and the value.
-  void read_window(uint64_t w, int seq_len, int vocab_size, int32_t* inputs, int32_t* targets);
+  // Tokens [first, first + count) as uint32. Main thread only: HDF5 is not thread-safe.
+  void read(uint64_t first, uint64_t count, uint32_t* out);
 
  private:
   std::string path_;
   H5Handle file_, dataset_, file_space_;
   uint64_t num_tokens_ = 0;
+  int64_t contiguous_offset_ = -1;
+  int token_bytes_ = 2;
+  int64_t num_documents_ = -1;
   TokenizerInfo tokenizer_;
-  std::vector<uint32_t> buffer_;
 };
 
 }  // namespace tessera

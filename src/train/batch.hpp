@@ -1,10 +1,9 @@
 #pragma once
-// Micro-batches of windows read from a token file.
+// Micro-batches of windows read from a token source.
 #include <cstdint>
 #include <vector>
 
-#include "io/sample_order.hpp"
-#include "io/token_file.hpp"
+#include "io/token_source.hpp"
 
 namespace tessera {
 
@@ -14,22 +13,18 @@ struct Batch {
   Batch(int b, int t) : B(b), T(t), inputs(size_t(b) * t), targets(size_t(b) * t) {}
 };
 
-// Training: the B samples starting at global sample `first`, in the seeded order.
-inline void read_train_batch(TokenFile& file, uint64_t first, uint64_t seed, int vocab,
-                             Batch& batch) {
-  const uint64_t n = file.num_windows(batch.T);
-  for (int b = 0; b < batch.B; ++b) {
-    const uint64_t w = sample_window(first + uint64_t(b), n, seed);
-    file.read_window(w, batch.T, vocab, &batch.inputs[size_t(b) * batch.T],
-                     &batch.targets[size_t(b) * batch.T]);
-  }
-}
-
 // Evaluation: windows first, first+1, ... in file order.
-inline void read_eval_batch(TokenFile& file, uint64_t first, int vocab, Batch& batch) {
-  for (int b = 0; b < batch.B; ++b)
-    file.read_window(first + uint64_t(b), batch.T, vocab, &batch.inputs[size_t(b) * batch.T],
-                     &batch.targets[size_t(b) * batch.T]);
+inline void read_eval_batch(const TokenSource& source, uint64_t first, int vocab, Batch& batch) {
+  std::vector<uint32_t> buf(size_t(batch.T) + 1);
+  for (int b = 0; b < batch.B; ++b) {
+    const uint64_t start = (first + uint64_t(b)) * uint64_t(batch.T);
+    source.read(start, buf.size(), buf.data());
+    source.check_ids(buf.data(), buf.size(), start, vocab, false);
+    for (int t = 0; t < batch.T; ++t) {
+      batch.inputs[size_t(b) * batch.T + size_t(t)] = int32_t(buf[size_t(t)]);
+      batch.targets[size_t(b) * batch.T + size_t(t)] = int32_t(buf[size_t(t) + 1]);
+    }
+  }
 }
 
 }  // namespace tessera

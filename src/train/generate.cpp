@@ -11,6 +11,7 @@
 #include "common/rng.hpp"
 #include "config/config.hpp"
 #include "io/checkpoint.hpp"
+#include "io/tokenizer.hpp"
 #include "model/gpt.hpp"
 #include "parallel/comm.hpp"
 #include "pipeline/executor.hpp"
@@ -39,18 +40,46 @@ LoadedModel load_model(const std::string& checkpoint) {
   return m;
 }
 
+// The length of text without its trailing U+FFFD characters: what sentencepiece decodes from
+// bytes of a character not yet complete, which the next ids may still complete.
+size_t stable_length(const std::string& text) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";
+  size_t n = text.size();
+  while (n >= kReplacement.size() &&
+         text.compare(n - kReplacement.size(), kReplacement.size(), kReplacement) == 0)
+    n -= kReplacement.size();
+  return n;
+}
+
 }  // namespace
 
 void sample_text(const std::string& checkpoint, const SampleOptions& opt) {
   LoadedModel m = load_model(checkpoint);
   const ModelShape& s = m.layout.canonical.shape;
-  if (m.info.tokenizer.type != "byte")
-    throw UserError(m.info.path + ": tokenizer '" + m.info.tokenizer.type +
-                    "' cannot be decoded by this tessera");
-  std::vector<int32_t> context;
-  for (unsigned char c : opt.prompt) context.push_back(c);
+  // The prompt is encoded, and the ids decoded, with the tokenizer of the training data.
+  const Tokenizer tokenizer(m.info.tokenizer, m.info.path);
+  std::vector<int32_t> context = tokenizer.encode(opt.prompt);
+  for (int32_t id : context)
+    if (id >= s.vocab_size)
+      throw UserError(m.info.path + ": the prompt encodes to id " + std::to_string(id) +
+                      ", not below the model's vocab_size " + std::to_string(s.vocab_size));
   if (context.empty()) context.push_back(int32_t(m.info.tokenizer.eot));
   std::fwrite(opt.prompt.data(), 1, opt.prompt.size(), stdout);
+  std::fflush(stdout);
+  // Text is printed as it is generated: the decoded text of the prompt and the new ids, past what
+  // the prompt alone decodes to, less a character whose bytes are not all there yet.
+  const size_t prompt_ids = context.size();
+  const std::string prompt_text = tokenizer.decode(context);
+  size_t printed = prompt_text.size();
+  auto print_new_text = [&](bool final) {
+    const std::string text = tokenizer.decode(context);
+    const size_t end = final ? text.size() : stable_length(text);
+    if (end > printed && text.compare(0, prompt_text.size(), prompt_text) == 0) {
+      std::fwrite(text.data() + printed, 1, end - printed, stdout);
+      std::fflush(stdout);
+      printed = end;
+    }
+  };
 
   Comm single;
   Gpt model(m.layout, &single, 1, s.block_size, 1);
@@ -76,8 +105,13 @@ void sample_text(const std::string& checkpoint, const SampleOptions& opt) {
     }
     if (next == m.info.tokenizer.eot) break;
     context.push_back(next);
-    if (next < 256) std::fputc(next, stdout);
+    if (m.info.tokenizer.type == "byte") {
+      if (next < 256) std::fputc(next, stdout);
+    } else {
+      print_new_text(false);
+    }
   }
+  if (context.size() > prompt_ids && m.info.tokenizer.type != "byte") print_new_text(true);
   std::fputc('\n', stdout);
   std::fflush(stdout);
 }
@@ -89,7 +123,7 @@ void eval_checkpoint(const std::string& checkpoint, const std::string& data, int
   const int B = deck.train.batch_size;
   const int mb = deck.train.micro_batch > 0 ? deck.train.micro_batch : B;
   if (batches <= 0) batches = deck.eval.batches;
-  TokenFile file(data);
+  TokenSource file(data, deck.data.format, deck.data.dtype);
   const uint64_t windows = eval_windows(file, T, B, batches);
   Comm single;
   Gpt model(m.layout, &single, mb, T, 1);

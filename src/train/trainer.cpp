@@ -15,8 +15,10 @@
 
 #include "backend/peak.hpp"
 #include "common/error.hpp"
+#include "device/select.hpp"
 #include "io/checkpoint.hpp"
-#include "io/token_file.hpp"
+#include "io/dataset.hpp"
+#include "io/prefetch.hpp"
 #include "model/gpt.hpp"
 #include "model/shard.hpp"
 #include "optim/distributed.hpp"
@@ -83,26 +85,48 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   int world_rank = 0, world_size = 1;
   MPI_Comm_rank(world_comm, &world_rank);
   MPI_Comm_size(world_comm, &world_size);
-  if (cfg.device.backend == "cuda")
-    throw UserError(cfg.deck_path + ": device.backend = cuda, but this tessera was built without "
-                    "the CUDA backend; use device.backend: cpu");
+  const device::DeviceChoice backend = device::choose_backend(cfg, world_comm);  // may refuse
   if (cfg.device.threads > 0) omp_set_num_threads(cfg.device.threads);
   const auto t_start = Clock::now();
 
   // --- data, model shape and layout: everything checked before anything is allocated ---
-  TokenFile train_data(cfg.data.train);
-  std::unique_ptr<TokenFile> val_data;
-  if (!cfg.data.val.empty()) val_data = std::make_unique<TokenFile>(cfg.data.val);
-  const int data_vocab = int(train_data.tokenizer().vocab_size);
-  const int vocab = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data_vocab;
-  if (data_vocab > vocab)
-    throw UserError(cfg.data.train + ": tokenizer vocab_size " + std::to_string(data_vocab) +
-                    " exceeds model.vocab_size " + std::to_string(vocab));
   const int T = cfg.data.seq_len;
   const int B = cfg.train.batch_size;
-  if (train_data.num_windows(T) == 0)
-    throw UserError(cfg.data.train + ": " + std::to_string(train_data.num_tokens()) +
-                    " tokens hold no window of data.seq_len + 1 = " + std::to_string(T + 1));
+  Dataset train_data(cfg.data.train, cfg.data.format, cfg.data.dtype, T, cfg.train.seed);
+  std::unique_ptr<TokenSource> val_data;
+  if (!cfg.data.val.empty())
+    val_data = std::make_unique<TokenSource>(cfg.data.val, cfg.data.format, cfg.data.dtype);
+  const TokenizerInfo& tokenizer = train_data.sources().front().tokenizer();
+  const int data_vocab = int(tokenizer.vocab_size);
+  if (data_vocab == 0 && cfg.model.vocab_size == 0)
+    throw UserError(cfg.data.train + ": " + format_name(train_data.sources().front().format()) +
+                    " data does not record its vocabulary size; set model.vocab_size");
+  const int vocab = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : data_vocab;
+  // An HDF5 token file records its tokenizer; an llm.c header only implies GPT-2's (or LLaMA-3's)
+  // vocabulary, so there the deck may set a smaller one and the token check below decides.
+  if (data_vocab > vocab && train_data.sources().front().format() == TokenFormat::hdf5)
+    throw UserError(cfg.data.train + ": tokenizer vocab_size " + std::to_string(data_vocab) +
+                    " exceeds model.vocab_size " + std::to_string(vocab));
+  if (val_data && val_data->tokenizer().vocab_size != tokenizer.vocab_size)
+    throw UserError(cfg.data.val + ": tokenizer vocab_size " +
+                    std::to_string(val_data->tokenizer().vocab_size) + " differs from data.train's " +
+                    std::to_string(data_vocab));
+  // Every token id against the vocabulary, each rank a share, before anything is allocated: a bad
+  // id is one message naming its file and offset, not a crash hours into the run.
+  const auto t_check = Clock::now();
+  uint64_t checked_tokens = 0;
+  uint32_t max_id = 0;
+  if (cfg.data.check_tokens) {
+    for (const TokenSource& s : train_data.sources()) {
+      max_id = std::max(max_id, check_token_ids(world_comm, s, vocab));
+      checked_tokens += s.num_tokens();
+    }
+    if (val_data) {
+      max_id = std::max(max_id, check_token_ids(world_comm, *val_data, vocab));
+      checked_tokens += val_data->num_tokens();
+    }
+  }
+  const double check_seconds = seconds_since(t_check);
   const ModelShape shape =
       make_model_shape(cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd,
                        cfg.model.block_size, vocab, cfg.model.vocab_multiple);
@@ -162,6 +186,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     optimizer.set_moments(m, v);
     state = info.state;
     restored_layout = info.saved_layout;
+    train_data.reseed(state.seed);
   }
   const double read_seconds = seconds_since(t_read);
 
@@ -180,13 +205,25 @@ int train(MPI_Comm world_comm, const Config& cfg) {
           layout_name(layout).c_str(), world_size, cfg.parallel.schedule.c_str(), n_micro, mb,
           cfg.parallel.zero == 1 ? ", ZeRO-1" : "");
   if (world_size > 1) log.say("%s", topo.rank_grid(stages).c_str());
+  if (!backend.note.empty()) log.say("%s", backend.note.c_str());
   log.say("memory (rank 0): parameters %.1f MB, gradients %.1f MB, Adam moments %.1f MB, "
           "activations %.1f MB",
           4.0 * tile.total / 1e6, 4.0 * tile.total / 1e6, optimizer.moment_bytes() / 1e6,
           model.activation_bytes() / 1e6);
-  log.say("data: %s: %llu tokens, %llu windows of %d; batch %d", cfg.data.train.c_str(),
-          (unsigned long long)train_data.num_tokens(),
-          (unsigned long long)train_data.num_windows(T), T + 1, B);
+  for (size_t s = 0; s < train_data.sources().size(); ++s) {
+    const TokenSource& src = train_data.sources()[s];
+    log.say("data: %s: %s, %d-bit, %llu tokens in %zu file%s, %llu windows of %d, weight %.4g",
+            src.spec().c_str(), format_name(src.format()), 8 * src.token_bytes(),
+            (unsigned long long)src.num_tokens(), src.files().size(),
+            src.files().size() == 1 ? "" : "s", (unsigned long long)src.num_windows(T), T + 1,
+            train_data.entries()[s].weight);
+  }
+  if (val_data)
+    log.say("data: val %s: %s, %llu tokens", val_data->spec().c_str(),
+            format_name(val_data->format()), (unsigned long long)val_data->num_tokens());
+  if (cfg.data.check_tokens)
+    log.say("data: %llu token ids checked below vocab %d in %.2f s (largest %u)",
+            (unsigned long long)checked_tokens, vocab, check_seconds, max_id);
   std::string job;
   for (const char* var : {"SLURM_JOB_ID", "SLURM_RESTART_COUNT", "PBS_JOBID", "PBS_RUN_COUNT"})
     if (const char* v = std::getenv(var)) job += std::string(job.empty() ? "" : " ") + var + "=" + v;
@@ -197,6 +234,12 @@ int train(MPI_Comm world_comm, const Config& cfg) {
               (unsigned long long)state.seed, (unsigned long long)cfg.train.seed);
     log.say("restart: %s at step %lld, saved on %s (read in %.2f s)", restart_from.c_str(),
             (long long)state.step, restored_layout.c_str(), read_seconds);
+    log.say("restart: data resumes at global sample %lld (%s)", (long long)state.next_sample,
+            train_data.position(uint64_t(state.next_sample)).c_str());
+    if (!state.data_sources.empty() && state.data_sources != train_data.describe())
+      log.say("restart: note: the training data changed since the checkpoint (it read: %s); the "
+              "new data continues from global sample %lld",
+              state.data_sources.c_str(), (long long)state.next_sample);
   } else {
     const auto t0 = Clock::now();
     init_local_parameters(params.data(), tile, cfg.train.seed, cfg.model.init_std);
@@ -216,7 +259,6 @@ int train(MPI_Comm world_comm, const Config& cfg) {
 
   const LrSchedule schedule_lr{cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps,
                                cfg.optim.decay_steps > 0 ? cfg.optim.decay_steps : cfg.train.steps};
-  const TokenizerInfo& tokenizer = train_data.tokenizer();
   // <run.dir>/exit_status: how this run ended (0 done, 3 stopped for a requeue, 130 SIGINT), for
   // job scripts whose launcher does not pass the ranks' status on (MPICH's mpiexec reports 0
   // after it forwarded a signal).
@@ -231,6 +273,8 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     const auto t0 = Clock::now();
     std::vector<float> m, v;
     optimizer.get_moments(m, v);
+    state.data_sources = train_data.describe();
+    state.data_position = train_data.position(uint64_t(state.next_sample));
     const std::string path =
         write_checkpoint(world_comm, ckpt_dir, tile, writer, {params.data(), m.data(), v.data()},
                          state, deck_yaml, tokenizer, layout_name(layout),
@@ -282,8 +326,20 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     return code;
   };
 
-  std::vector<Batch> batches(size_t(n_micro), Batch(mb, T));
   std::vector<MicroBatch> views(static_cast<size_t>(n_micro));
+  // This dp rank's share of each global batch: samples [first, first + n_micro * mb) of the
+  // step, read ahead by the loader thread.
+  std::unique_ptr<Prefetcher> loader;
+  if (reads_tokens)
+    loader = std::make_unique<Prefetcher>(
+        train_data, vocab, uint64_t(state.next_sample) + uint64_t(me.dp_rank) * n_micro * mb,
+        uint64_t(B), n_micro * mb, cfg.data.prefetch, cfg.data.readers, cfg.data.direct_io);
+  std::ofstream trace;
+  if (cfg.data.trace && reads_tokens && tile.first && me.tp_rank == 0)
+    trace.open(fs::path(cfg.run.dir) / ("data_trace.rank" + std::to_string(world_rank) + ".txt"),
+               std::ios::app);
+  double data_wait = 0, interval_seconds = 0;
+  bool loader_logged = false;
   long last_saved = restart_from.empty() ? -1 : state.step;
   // Every micro-batch's gradient is scaled so that the sum over the job is that of the mean
   // over the global batch's B*T positions.
@@ -302,12 +358,23 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     const auto t0 = Clock::now();
     double bytes_before[4];
     for (int c = 0; c < 4; ++c) bytes_before[c] = double(comms[c]->payload_bytes);
-    // This dp rank's share of the global batch: samples [first, first + n_micro * mb).
-    const uint64_t first = uint64_t(state.next_sample) + uint64_t(me.dp_rank) * n_micro * mb;
-    for (int k = 0; k < n_micro; ++k) {
-      if (reads_tokens)
-        read_train_batch(train_data, first + uint64_t(k) * mb, state.seed, vocab, batches[size_t(k)]);
-      views[size_t(k)] = {batches[size_t(k)].inputs.data(), batches[size_t(k)].targets.data()};
+    if (loader) {
+      const StepSamples& samples = loader->next();
+      data_wait += loader->take_wait_seconds();
+      if (!loader_logged) log.say("loader: %s", loader->mode().c_str());
+      loader_logged = true;
+      for (int k = 0; k < n_micro; ++k)
+        views[size_t(k)] = {samples.inputs + size_t(k) * mb * T,
+                            samples.targets + size_t(k) * mb * T};
+      if (trace.is_open()) {
+        for (size_t i = 0; i < samples.refs.size(); ++i) {
+          trace << state.step + 1 << ' ' << samples.first + i << ' ' << samples.refs[i].source
+                << ' ' << samples.refs[i].window << ':';
+          for (int t = 0; t < T; ++t) trace << ' ' << samples.inputs[i * size_t(T) + size_t(t)];
+          trace << ' ' << samples.targets[i * size_t(T) + size_t(T - 1)] << '\n';
+        }
+        trace.flush();
+      }
     }
     std::fill(grads.begin(), grads.end(), 0.0f);
     // Each layer's gradient is summed over dp as soon as the step's last backward finishes it.
@@ -343,17 +410,23 @@ int train(MPI_Comm world_comm, const Config& cfg) {
 
     const double secs = seconds_since(t0);
     last_step_seconds = secs;
+    interval_seconds += secs;
     const double tok_s = double(B) * T / secs;
     const double mfu = flops_token * tok_s / (peak_gflops * 1e9 * world_size);
     if (state.step % cfg.log.every == 0 || state.step == 1 || state.step == cfg.train.steps) {
-      log.say("step %6lld/%d | loss %.4f | lr %.3e | norm %.3f | %.1f ms | %.0f tok/s | MFU %.1f%%",
+      // The loader's wait is rank 0's (a first-stage rank: it reads tokens) over the interval.
+      const double wait_fraction = interval_seconds > 0 ? data_wait / interval_seconds : 0;
+      log.say("step %6lld/%d | loss %.4f | lr %.3e | norm %.3f | %.1f ms | %.0f tok/s | MFU %.1f%% "
+              "| data wait %.2f%%",
               (long long)state.step, cfg.train.steps, loss, state.lr, norm, secs * 1e3, tok_s,
-              mfu * 100);
+              mfu * 100, wait_fraction * 100);
       log.json("{\"type\":\"train\",\"step\":" + std::to_string(state.step) +
                ",\"loss\":" + fmt("%.17g", loss) + ",\"lr\":" + fmt("%.9g", state.lr) +
                ",\"grad_norm\":" + fmt("%.9g", norm) + ",\"ms\":" + fmt("%.3f", secs * 1e3) +
                ",\"tokens_per_s\":" + fmt("%.1f", tok_s) + ",\"mfu\":" + fmt("%.5f", mfu) +
-               ",\"pipeline_wait\":" + fmt("%.5f", executor.wait_seconds() / secs) + "}");
+               ",\"pipeline_wait\":" + fmt("%.5f", executor.wait_seconds() / secs) +
+               ",\"data_wait\":" + fmt("%.6f", wait_fraction) + "}");
+      data_wait = interval_seconds = 0;
     }
     const bool last = state.step == cfg.train.steps;
     if (cfg.eval.every > 0 && state.step % cfg.eval.every == 0 && !last) evaluate();

@@ -39,7 +39,7 @@ struct Fixture {
   }
   ~Fixture() { fs::remove_all(dir); }
   std::string save(int64_t step) {
-    TrainState s{step, step * 64, step * 4, 5, 1e-3};
+    TrainState s{step, step * 64, step * 4, 5, 1e-3, "1 data.h5 (hdf5, 100 tokens)", "epoch 0.5"};
     return write_checkpoint(MPI_COMM_WORLD, dir.string(), layout, true,
                             {p.data(), m.data(), v.data()}, s, "model:\n  n_layer: 2\n", tok,
                             "dp=1,tp=1,pp=1");
@@ -63,6 +63,8 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   EXPECT_EQ(info.state.tokens_seen, 7 * 64);
   EXPECT_EQ(info.state.next_sample, 28);
   EXPECT_EQ(info.state.seed, 5u);
+  EXPECT_EQ(info.state.data_sources, "1 data.h5 (hdf5, 100 tokens)");
+  EXPECT_EQ(info.state.data_position, "epoch 0.5");
   EXPECT_EQ(info.deck_yaml, "model:\n  n_layer: 2\n");
   EXPECT_EQ(info.tokenizer.eot, 256);
   EXPECT_EQ(info.shape.padded_vocab, 24);

@@ -42,6 +42,13 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.data.train, b.data.train);
   EXPECT_EQ(a.data.val, b.data.val);
   EXPECT_EQ(a.data.seq_len, b.data.seq_len);
+  EXPECT_EQ(a.data.format, b.data.format);
+  EXPECT_EQ(a.data.dtype, b.data.dtype);
+  EXPECT_EQ(a.data.prefetch, b.data.prefetch);
+  EXPECT_EQ(a.data.readers, b.data.readers);
+  EXPECT_EQ(a.data.direct_io, b.data.direct_io);
+  EXPECT_EQ(a.data.check_tokens, b.data.check_tokens);
+  EXPECT_EQ(a.data.trace, b.data.trace);
   EXPECT_EQ(a.train.steps, b.train.steps);
   EXPECT_EQ(a.train.batch_size, b.train.batch_size);
   EXPECT_EQ(a.train.micro_batch, b.train.micro_batch);
@@ -66,6 +73,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.run.dir, b.run.dir);
   EXPECT_EQ(a.run.max_minutes, b.run.max_minutes);
   EXPECT_EQ(a.device.backend, b.device.backend);
+  EXPECT_EQ(a.device.precision, b.device.precision);
   EXPECT_EQ(a.device.threads, b.device.threads);
   EXPECT_EQ(a.parallel.dp, b.parallel.dp);
   EXPECT_EQ(a.parallel.tp, b.parallel.tp);
@@ -102,7 +110,8 @@ TEST(Config, EveryKeyReachesItsField) {
   const char* text =
       "model:\n  n_layer: 2\n  n_head: 3\n  n_embd: 96\n  block_size: 64\n  vocab_size: 500\n"
       "  vocab_multiple: 32\n  init_std: 0.01\n"
-      "data:\n  train: a.h5\n  val: b.h5\n  seq_len: 48\n"
+      "data:\n  train: a.h5\n  val: b.h5\n  format: raw\n  dtype: uint32\n  seq_len: 48\n"
+      "  prefetch: 2\n  readers: 3\n  direct_io: false\n  check_tokens: false\n  trace: true\n"
       "train:\n  steps: 7\n  batch_size: 12\n  micro_batch: 4\n  seed: 42\n"
       "optim:\n  lr: 6e-4\n  min_lr: 6e-5\n  warmup_steps: 5\n  decay_steps: 70\n"
       "  weight_decay: 0.05\n  beta1: 0.8\n  beta2: 0.99\n  eps: 1e-6\n  grad_clip: 0.5\n"
@@ -110,7 +119,7 @@ TEST(Config, EveryKeyReachesItsField) {
       "checkpoint:\n  dir: ck\n  every: 4\n  restart: none\n  collective_bytes: 4096\n"
       "log:\n  every: 1\n  peak_gflops: 250.5\n"
       "run:\n  dir: r\n  max_minutes: 1.5\n"
-      "device:\n  backend: auto\n  threads: 2\n"
+      "device:\n  backend: auto\n  precision: bf16\n  threads: 2\n"
       "parallel:\n  dp: 3\n  tp: 3\n  pp: 2\n  schedule: gpipe\n  zero: 1\n"
       "  stage_layers: [1, 1]\n";
   Config c = parse_deck(text, "deck.yaml", {});
@@ -119,13 +128,20 @@ TEST(Config, EveryKeyReachesItsField) {
   e.data.train = "a.h5";
   e.data.val = "b.h5";
   e.data.seq_len = 48;
+  e.data.format = "raw";
+  e.data.dtype = "uint32";
+  e.data.prefetch = 2;
+  e.data.readers = 3;
+  e.data.direct_io = false;
+  e.data.check_tokens = false;
+  e.data.trace = true;
   e.train = {7, 12, 4, 42};
   e.optim = {6e-4, 6e-5, 5, 70, 0.05, 0.8, 0.99, 1e-6, 0.5};
   e.eval = {3, 2};
   e.checkpoint = {"ck", 4, "none", 4096};
   e.log = {1, 250.5};
   e.run = RunConfig{"r", 1.5};  // not `e.run.dir = "r"`: GCC 12 -O3 warns falsely (-Wrestrict)
-  e.device = {"auto", 2};
+  e.device = {"auto", "bf16", 2};
   e.parallel = {3, 3, 2, "gpipe", 1, {1, 1}};
   expect_same(c, e);
 }
@@ -278,7 +294,7 @@ TEST(Config, WrongTypes) {
 
 TEST(Config, MessagesStayOnOneLine) {
   EXPECT_EQ(deck_error("data:\n  train: t\n  \"x\\ny\": 1\n"),
-            "deck.yaml:3:3: data.x\\ny: unknown key (data has: train, val, seq_len)");
+            "deck.yaml:3:3: data.x\\ny: unknown key (data has: train, val, format, dtype, seq_len, prefetch, readers, direct_io, check_tokens, trace)");
   EXPECT_EQ(deck_error("data:\n  train: t\ndevice:\n  backend: \"g\\tp\\x01u\"\n"),
             "deck.yaml:4:12: device.backend: must be cpu, cuda or auto, got 'g\\tp\\x01u'");
 }
@@ -463,7 +479,7 @@ TEST(Config, LoadDeckReadsTheFile) {
   } catch (const UserError& e) {
     EXPECT_EQ(e.exit_code, kExitBadInput);
     EXPECT_EQ(std::string(e.what()),
-              bad + ":3:3: data.sequence_len: unknown key (data has: train, val, seq_len)");
+              bad + ":3:3: data.sequence_len: unknown key (data has: train, val, format, dtype, seq_len, prefetch, readers, direct_io, check_tokens, trace)");
   }
 }
 
@@ -492,6 +508,13 @@ Config unusual_config() {
   c.model = {12, 12, 768, 1024, 50257, 128, 1.0 / 3.0};
   c.data.train = "data/my \"quoted\" file: #1.h5";
   c.data.val = "tab\there\nnew line \\ back ünïcode 'single'";
+  c.data.format = "megatron";
+  c.data.dtype = "uint32";
+  c.data.prefetch = 0;
+  c.data.readers = 7;
+  c.data.direct_io = false;
+  c.data.check_tokens = false;
+  c.data.trace = true;
   c.data.seq_len = 1000;
   c.train = {123456, 480, 12, std::numeric_limits<uint64_t>::max()};
   c.optim = {0.1 + 0.2, 5e-324, 7, 99, 0.0, 0.0, 0.999999999, 1e-8, 123456789.125};
@@ -499,7 +522,7 @@ Config unusual_config() {
   c.checkpoint = {" leading space", 1000, "none"};
   c.log = {5, 1.5e12};
   c.run.dir = "yes";
-  c.device = {"cuda", 16};
+  c.device = {"cuda", "bf16", 16};
   c.parallel = {0, 4, 3, "gpipe", 1, {5, 4, 3}};
   return c;
 }
@@ -524,7 +547,7 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
         "  stage_layers: []\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << "not in:\n" << text;
   }
-  // Sections of "key: value" lines, nothing else: 10 sections, 41 keys.
+  // Sections of "key: value" lines, nothing else: 10 sections, 49 keys.
   int sections = 0, keys = 0;
   size_t start = 0;
   while (start < text.size()) {
@@ -539,7 +562,7 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 41);
+  EXPECT_EQ(keys, 49);
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",

@@ -1,0 +1,14 @@
+#pragma once
+// `tessera data info|dump|bench`: inspect token files of any supported format, and measure the
+// loader against a plain sequential read of the same file.
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+extern const char* const kDataUsage;
+
+// args: what follows `tessera data`. Returns the exit status; throws UserError on bad input.
+int data_command(const std::vector<std::string>& args);
+
+}  // namespace tessera
