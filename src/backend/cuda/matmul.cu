@@ -1,0 +1,104 @@
+// Linear layer (torch nn.Linear layout): forward and backward through cuBLAS, twin of matmul.cpp.
+#include "backend/cuda/common.cuh"
+
+namespace tessera::cuda {
+
+namespace {
+
+// out (N,OC): each row = bias (OC) when `add` is false, += bias when true. A thread handles W
+// consecutive columns of one row; the host picks W = 16 bytes when OC is a multiple of it and
+// both pointers are aligned (then every row starts aligned too), else W = 1.
+template <typename F, int W>
+__global__ void bias_rows_kernel(F* out, const F* bias, int N, int OC, bool add) {
+  const int packs = OC / W;
+  const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (i >= size_t(N) * packs) return;
+  const int col = int(i % packs) * W;
+  const size_t at = (i / packs) * size_t(OC) + col;
+  const Pack<F, W> b = load_pack<F, W>(bias + col);
+  Pack<F, W> o = b;
+  if (add) {
+    o = load_pack<F, W>(out + at);
+#pragma unroll
+    for (int k = 0; k < W; k++) o.v[k] = from_float<F>(to_float(o.v[k]) + to_float(b.v[k]));
+  }
+  store_pack<F, W>(out + at, o);
+}
+
+template <typename F>
+void bias_rows(F* out, const F* bias, int N, int OC, bool add) {
+  if (N <= 0 || OC <= 0) return;
+  constexpr int W = kPack<F>;
+  constexpr int kThreads = 256;
+  if (OC % W == 0 && aligned16(out) && aligned16(bias)) {
+    bias_rows_kernel<F, W><<<blocks_for(size_t(N) * (OC / W), kThreads), kThreads, 0, stream()>>>(
+        out, bias, N, OC, add);
+  } else {
+    bias_rows_kernel<F, 1><<<blocks_for(size_t(N) * OC, kThreads), kThreads, 0, stream()>>>(
+        out, bias, N, OC, add);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+// dbias (OC) += column sums of dout (N,OC). A 32x32 block owns 32 columns: thread (x,y) sums
+// rows y, y+32, ... of column x (a warp reads 32 adjacent columns of one row: coalesced), then
+// the 32 partial sums of a column are added in a fixed order. No atomics: the same bits each run.
+template <typename F>
+__global__ void column_sum_kernel(float* dbias, const F* dout, int N, int OC) {
+  __shared__ float partial[kWarp][kWarp + 1];  // +1: the column-wise read below has no conflicts
+  const int col = blockIdx.x * kWarp + threadIdx.x;
+  float s = 0.0f;
+  if (col < OC)
+    for (int n = threadIdx.y; n < N; n += kWarp) s += to_float(dout[size_t(n) * OC + col]);
+  partial[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= OC) return;
+  float total = 0.0f;
+  for (int y = 0; y < kWarp; y++) total += partial[y][threadIdx.x];
+  dbias[col] += total;  // sum first, then add once, as the CPU twin
+}
+
+}  // namespace
+
+// out (N,OC) = inp (N,IC) · weightᵀ (IC,OC) + bias (OC); weight (OC,IC); bias may be nullptr.
+template <typename F>
+void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int N, int IC, int OC) {
+  float beta = 0.0f;
+  if (bias) {  // preload the bias so the product adds onto it in the same pass (beta = 1)
+    bias_rows(out, bias, N, OC, /*add=*/false);
+    beta = 1.0f;
+  }
+  gemm<F>(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+}
+
+// out (N,OC) += bias (OC): the bias of a row-parallel layer, added once after the partial
+// products of the tensor-parallel ranks are summed.
+template <typename F>
+void bias_add(F* out, const F* bias, int N, int OC) {
+  bias_rows(out, bias, N, OC, /*add=*/true);
+}
+
+// dout (N,OC), inp (N,IC), weight (OC,IC). Accumulates dinp (N,IC), dweight (OC,IC), dbias (OC);
+// dinp and dbias may be nullptr. dweight is fp32 whatever F is: cuBLAS reads bf16 dout and inp
+// and adds the fp32 product into the fp32 gradient (beta = 1), so micro-batches sum in fp32.
+template <typename F>
+void matmul_backward(F* dinp, float* dweight, float* dbias, const F* dout, const F* inp,
+                     const F* weight, int N, int IC, int OC) {
+  if (dinp) gemm<F>(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 1.0f, dinp, IC);
+  gemm_ex(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, data_type<F>(), 1.0f, dweight, IC,
+          CUDA_R_32F);
+  if (!dbias || OC <= 0) return;
+  column_sum_kernel<F><<<blocks_for(size_t(OC), kWarp), dim3(kWarp, kWarp), 0, stream()>>>(
+      dbias, dout, N, OC);
+  CUDA_CHECK_LAUNCH();
+}
+
+#define TESSERA_INSTANTIATE(F)                                                                     \
+  template void bias_add<F>(F*, const F*, int, int);                                             \
+  template void matmul_forward<F>(F*, const F*, const F*, const F*, int, int, int);               \
+  template void matmul_backward<F>(F*, float*, float*, const F*, const F*, const F*, int, int, int);
+TESSERA_INSTANTIATE(float)
+TESSERA_INSTANTIATE(bf16)
+#undef TESSERA_INSTANTIATE
+
+}  // namespace tessera::cuda

@@ -1,0 +1,121 @@
+#pragma once
+// The CUDA op set: the twin of backend/cpu/ops.hpp, op for op and in the same order, on device
+// pointers. Each op is in the .cu file named like its CPU twin (layernorm.cu beside
+// layernorm.cpp) and tests/gpu compares every one with the CPU op.
+//
+// Same signatures as the CPU ops, with two rules:
+//  - F is float or bf16 (__nv_bfloat16) instead of float or double. For F = float every signature
+//    is the CPU one exactly.
+//  - What must stay fp32 in mixed precision is fp32 in every instantiation: parameter gradients
+//    (dwte, dwpe, dweight, dbias: summed over micro-batches, "fp32 gradient accumulation"), the
+//    LayerNorm statistics, the cross-entropy's row max and losses, AdamW's master weights and
+//    moments. Activations, their gradients and the parameters the GEMMs read are F.
+// All arithmetic is fp32 (fp64 where the CPU op sums in double); bf16 is a storage format.
+//
+// Every op is asynchronous on the backend's stream (context.hpp: cuda::stream()), the stream the
+// cuBLAS handle is bound to, so ops run in call order; "accumulates" means ADDS into its output,
+// as on the CPU.
+#include <cuda_bf16.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "optim/adamw.hpp"
+
+namespace tessera::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// C (M,N) = alpha * op(A) · op(B) + beta * C, row-major with leading dimensions, through
+// cublasGemmEx with fp32 accumulation (fp32: CUBLAS_COMPUTE_32F, no TF32, for parity with the
+// CPU; bf16: tensor cores). beta == 0 ignores what C held (NaN included).
+template <typename F>
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const F* A, int lda,
+          const F* B, int ldb, float beta, F* C, int ldc);
+
+// out (B,T,C) = wte[tokens[b,t] - v0, :] + wpe[t, :]; tokens (B,T) on the device; wte (vcount,C)
+// holds rows [v0, v0 + vcount) of the vocabulary, other tokens contribute 0 (vocab-parallel);
+// wpe (>=T,C) or nullptr.
+template <typename F>
+void encoder_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T, int C,
+                     int v0, int vcount);
+// Accumulates dwte (vcount,C) for tokens in [v0, v0 + vcount) and dwpe (>=T,C) unless nullptr,
+// from dout (B,T,C). Deterministic: no atomics.
+template <typename F>
+void encoder_backward(float* dwte, float* dwpe, const F* dout, const int32_t* tokens, int B, int T,
+                      int C, int v0, int vcount);
+// out, inp (N,C); weight, bias (C); mean, rstd (N) saved for backward. eps = 1e-5 as torch.
+template <typename F>
+void layernorm_forward(F* out, float* mean, float* rstd, const F* inp, const F* weight,
+                       const F* bias, int N, int C);
+// Accumulates dinp (N,C), dweight (C), dbias (C).
+template <typename F>
+void layernorm_backward(F* dinp, float* dweight, float* dbias, const F* dout, const F* inp,
+                        const F* weight, const float* mean, const float* rstd, int N, int C);
+
+// out (N,OC) = inp (N,IC) · weightᵀ + bias; weight (OC,IC) as torch nn.Linear; bias (OC) or nullptr.
+template <typename F>
+void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int N, int IC, int OC);
+// out (N,OC) += bias (OC), for row-parallel layers whose partial products are summed first.
+template <typename F>
+void bias_add(F* out, const F* bias, int N, int OC);
+// Accumulates dinp (N,IC) += dout·weight, dweight (OC,IC) += doutᵀ·inp, dbias (OC) += colsum(dout).
+// dinp and dbias may be nullptr (skipped).
+template <typename F>
+void matmul_backward(F* dinp, float* dweight, float* dbias, const F* dout, const F* inp,
+                     const F* weight, int N, int IC, int OC);
+
+// qkv (B,T,3C): q, k, v in cols [0,C), [C,2C), [2C,3C); head h uses [h*hs,(h+1)*hs), hs = C/NH.
+// att (B,NH,T,T) = causal softmax(q·kᵀ/sqrt(hs)), exactly 0 above the diagonal.
+// out (B,T,C) = att·v, head h in cols [h*hs,(h+1)*hs). Overwrites out and att.
+template <typename F>
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH);
+// Accumulates dqkv (B,T,3C) from dout (B,T,C); datt (B,NH,T,T) is scratch, overwritten.
+template <typename F>
+void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att, int B, int T,
+                        int C, int NH);
+
+// out, inp (n): GELU, tanh form as torch GELU(approximate='tanh').
+template <typename F>
+void gelu_forward(F* out, const F* inp, size_t n);
+// Accumulates dinp (n).
+template <typename F>
+void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n);
+
+// out = a + b, all (n).
+template <typename F>
+void residual_forward(F* out, const F* a, const F* b, size_t n);
+// dst (n) += src (n).
+template <typename F>
+void add_inplace(F* dst, const F* src, size_t n);
+// dst (n) += src (n) with an fp32 destination: a bf16 micro-batch gradient summed in fp32.
+void add_inplace(float* dst, const bf16* src, size_t n);
+
+// Cross-entropy over a vocabulary split between tensor-parallel ranks, the same three passes as
+// the CPU's (see backend/cpu/ops.hpp), so the tensor-parallel code between them is unchanged:
+//   crossentropy_row_max -> max-reduce row_max -> crossentropy_exp_sums -> sum-reduce sums (N,2)
+//   -> crossentropy_finish.
+// row_max (N), sums (N,2) and losses (N) are device buffers; probs may alias logits throughout.
+template <typename F>
+void crossentropy_row_max(float* row_max, const F* logits, int N, int Vl, int valid);
+template <typename F>
+void crossentropy_exp_sums(double* sums, F* probs, const F* logits, const float* row_max,
+                           const int32_t* targets, int N, int Vl, int valid, int v0);
+template <typename F>
+void crossentropy_finish(float* losses, F* probs, const double* sums, int N, int Vl, int valid);
+// dlogits (N,Vl) overwritten = dloss * (probs - onehot(target)) on the real columns, 0 on the
+// padding. dlogits may alias probs.
+template <typename F>
+void crossentropy_backward(F* dlogits, const F* probs, const int32_t* targets, float dloss, int N,
+                           int Vl, int valid, int v0);
+
+// The optimizer's pieces (twins of optim/adamw.hpp). AdamW on fp32 master weights; `params_bf16`,
+// when not nullptr, receives the updated weights rounded to bf16 (what the bf16 GEMMs read).
+void adamw_update(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
+                  size_t n, bool decay, const AdamWHyper& hyper, double lr, long t);
+// Sum of squares of x[0, n) in double: fixed grid, fixed order, so the same n gives the same bits.
+// Synchronises the stream (the norm decides the clip factor on the host, as on the CPU).
+double sum_of_squares(const float* x, size_t n);
+void scale(float* x, size_t n, float factor);
+
+}  // namespace tessera::cuda

@@ -1,0 +1,100 @@
+#include "device/nccl_comm.hpp"
+
+#include <type_traits>
+
+#include "device/check.hpp"
+
+namespace tessera::device {
+
+namespace {
+
+template <typename T>
+ncclDataType_t nccl_type() {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return ncclBfloat16;
+  else if constexpr (std::is_same_v<T, int32_t>) return ncclInt32;
+  else static_assert(sizeof(T) == 0, "no NCCL type for T");
+}
+
+}  // namespace
+
+NcclComm::NcclComm(MPI_Comm comm) : mpi_(comm) {
+  if (comm == MPI_COMM_NULL) return;
+  MPI_Comm_size(comm, &size_);
+  MPI_Comm_rank(comm, &rank_);
+  if (size_ <= 1) return;  // nothing to communicate: no NCCL resources either
+  ncclUniqueId id;
+  if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm);
+  NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+}
+
+NcclComm::~NcclComm() {
+  if (comm_) ncclCommDestroy(comm_);  // no check: a destructor must not throw
+}
+
+template <typename T>
+void NcclComm::all_reduce_sum(T* x, size_t n, cudaStream_t stream) {
+  if (!active() || n == 0) return;
+  NCCL_CHECK(ncclAllReduce(x, x, n, nccl_type<T>(), ncclSum, comm_, stream));
+  payload_bytes += n * sizeof(T);
+}
+
+void NcclComm::all_reduce_max(float* x, size_t n, cudaStream_t stream) {
+  if (!active() || n == 0) return;
+  NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclMax, comm_, stream));
+  payload_bytes += n * sizeof(float);
+}
+
+template <typename T>
+void NcclComm::reduce_scatter_sum(const T* send, T* recv, size_t recv_count, cudaStream_t stream) {
+  if (recv_count == 0) return;
+  if (!active()) {  // one rank: its block is the whole buffer
+    if (send != recv)
+      CUDA_CHECK(cudaMemcpyAsync(recv, send, recv_count * sizeof(T), cudaMemcpyDeviceToDevice,
+                                 stream));
+    return;
+  }
+  NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type<T>(), ncclSum, comm_, stream));
+  payload_bytes += size_t(size_) * recv_count * sizeof(T);
+}
+
+template <typename T>
+void NcclComm::all_gather(const T* send, T* recv, size_t send_count, cudaStream_t stream) {
+  if (send_count == 0) return;
+  if (!active()) {
+    if (send != recv)
+      CUDA_CHECK(cudaMemcpyAsync(recv, send, send_count * sizeof(T), cudaMemcpyDeviceToDevice,
+                                 stream));
+    return;
+  }
+  NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type<T>(), comm_, stream));
+  payload_bytes += send_count * sizeof(T);
+}
+
+template <typename T>
+void NcclComm::send(const T* x, size_t n, int peer, cudaStream_t stream) {
+  if (n == 0) return;
+  NCCL_CHECK(ncclSend(x, n, nccl_type<T>(), peer, comm_, stream));
+  payload_bytes += n * sizeof(T);
+}
+
+template <typename T>
+void NcclComm::recv(T* x, size_t n, int peer, cudaStream_t stream) {
+  if (n == 0) return;
+  NCCL_CHECK(ncclRecv(x, n, nccl_type<T>(), peer, comm_, stream));
+}
+
+#define TESSERA_INSTANTIATE(T)                                                                     \
+  template void NcclComm::all_reduce_sum<T>(T*, size_t, cudaStream_t);                            \
+  template void NcclComm::reduce_scatter_sum<T>(const T*, T*, size_t, cudaStream_t);              \
+  template void NcclComm::all_gather<T>(const T*, T*, size_t, cudaStream_t);                      \
+  template void NcclComm::send<T>(const T*, size_t, int, cudaStream_t);                           \
+  template void NcclComm::recv<T>(T*, size_t, int, cudaStream_t);
+TESSERA_INSTANTIATE(float)
+TESSERA_INSTANTIATE(double)
+TESSERA_INSTANTIATE(__nv_bfloat16)
+#undef TESSERA_INSTANTIATE
+
+}  // namespace tessera::device

@@ -1,0 +1,43 @@
+#pragma once
+// Which backend a run uses and, on CUDA, which GPU each rank takes. Decided once at start, before
+// any data or model memory is allocated, and in every build (a CPU-only build still answers
+// `device.backend: cuda` with a message).
+#include <mpi.h>
+
+#include <string>
+
+#include "config/config.hpp"
+
+namespace tessera::device {
+
+// The rank's index among the ranks of its node: the launcher's variable (SLURM_LOCALID,
+// PALS_LOCAL_RANKID, PMI_LOCAL_RANK, MPI_LOCALRANKID, OMPI_COMM_WORLD_LOCAL_RANK, first found),
+// else its rank in MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED) (collective over `world`:
+// every rank must call this when no variable is set on any of them; they all are or none is).
+// `source` receives where the number came from, for the log.
+int node_local_rank(MPI_Comm world, std::string* source = nullptr);
+
+// The GPU a rank with node-local rank `local_rank` takes among `visible` devices: 0 when exactly
+// one is visible (the site bound one GPU per rank), else local_rank, which must be < visible.
+// Returns -1 when it is not (more ranks on the node than GPUs).
+int pick_device(int local_rank, int visible);
+
+struct DeviceChoice {
+  bool cuda = false;    // false: the CPU backend
+  int device = -1;      // the CUDA device ordinal this rank uses (cuda only)
+  std::string note;     // one line for rank 0's start-up log ("" = nothing to say)
+};
+
+// Applies device.backend and device.precision to what this build and this machine have:
+//   cpu  -> the CPU;
+//   cuda -> a GPU, or UserError (exit 2) naming why not: a CPU-only build, no visible GPU
+//           (cudaGetDeviceCount failed or found 0), more ranks on a node than GPUs;
+//   auto -> a GPU when the CUDA path can train, else the CPU, and `note` says which and why.
+// Collective over `world`: every rank learns whether every other rank found its GPU.
+DeviceChoice choose_backend(const Config& cfg, MPI_Comm world);
+
+// On a CUDA choice: cudaSetDevice(choice.device) and the backend's stream and cuBLAS handle
+// (cuda::init), before any device memory or NCCL communicator is made. A no-op for the CPU.
+void activate(const DeviceChoice& choice);
+
+}  // namespace tessera::device

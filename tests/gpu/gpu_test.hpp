@@ -1,0 +1,143 @@
+#pragma once
+// Shared by the GPU tests and the GPU bench: device buffers that upload and download with
+// conversion, fresh random inputs, and the comparison against the CPU op.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "backend/cuda/context.hpp"
+#include "backend/cuda/ops.hpp"
+
+namespace tessera::gpu_test {
+
+using bf16 = __nv_bfloat16;
+
+inline void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+inline void sync() { ck(cudaStreamSynchronize(cuda::stream()), "cudaStreamSynchronize"); }
+
+// Conversions on the host (cuda_bf16.h's are host-callable); rounding to nearest even.
+template <typename T>
+T from_double(double x) {
+  if constexpr (std::is_same_v<T, bf16>) return __float2bfloat16_rn(float(x));
+  else return T(x);
+}
+template <typename T>
+double to_double(T x) {
+  if constexpr (std::is_same_v<T, bf16>) return double(__bfloat162float(x));
+  else return double(x);
+}
+// x rounded to what a T holds, as a double: the CPU reference reads exactly the device's inputs.
+template <typename T>
+double round_to(double x) {
+  return to_double(from_double<T>(x));
+}
+
+// The generator of one run; its seed is printed at start so a failure can be replayed
+// (TESSERA_GPU_TEST_SEED=...).
+std::mt19937_64& rng();
+uint64_t seed();
+
+// n values uniform in [lo, hi), each representable in T.
+template <typename T>
+std::vector<double> random_of(size_t n, double lo = -1.0, double hi = 1.0) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<double> v(n);
+  for (double& x : v) x = round_to<T>(u(rng()));
+  return v;
+}
+
+// n elements of T on the device, `offset` elements past a cudaMalloc'd (256-byte aligned) base,
+// so offset 1 gives a pointer that is not 16-byte aligned (the ops' scalar paths). Starts
+// poisoned: every byte 0xFF is a NaN in fp32, fp64 and bf16, so an element an op should have
+// written but did not shows up as NaN.
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(size_t n, size_t offset = 0) : n_(n) {
+    ck(cudaMalloc(&base_, (n + offset) * sizeof(T) + 16), "cudaMalloc");
+    p_ = static_cast<T*>(base_) + offset;
+    poison();
+  }
+  Dev(const std::vector<double>& host, size_t offset = 0) : Dev(host.size(), offset) { put(host); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  ~Dev() { cudaFree(base_); }
+
+  T* get() const { return p_; }
+  operator T*() const { return p_; }
+  size_t size() const { return n_; }
+
+  void poison() {
+    ck(cudaMemsetAsync(p_, 0xFF, n_ * sizeof(T), cuda::stream()), "cudaMemsetAsync");
+    sync();
+  }
+  void put(const std::vector<double>& host) {
+    std::vector<T> t(n_);
+    for (size_t i = 0; i < n_; i++) t[i] = from_double<T>(host.at(i));
+    ck(cudaMemcpyAsync(p_, t.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, cuda::stream()),
+       "cudaMemcpyAsync H2D");
+    sync();  // t goes out of scope
+  }
+  std::vector<double> fetch() const {
+    sync();  // the ops run on cuda::stream(); wait for them first
+    std::vector<T> t(n_);
+    ck(cudaMemcpyAsync(t.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost, cuda::stream()),
+       "cudaMemcpyAsync D2H");
+    sync();
+    std::vector<double> out(n_);
+    for (size_t i = 0; i < n_; i++) out[i] = to_double(t[i]);
+    return out;
+  }
+
+ private:
+  void* base_ = nullptr;
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+// Integer buffers (tokens, targets) need no conversion.
+class DevInts {
+ public:
+  explicit DevInts(const std::vector<int32_t>& host) : n_(host.size()) {
+    ck(cudaMalloc(reinterpret_cast<void**>(&p_), n_ * sizeof(int32_t) + 16), "cudaMalloc");
+    ck(cudaMemcpyAsync(p_, host.data(), n_ * sizeof(int32_t), cudaMemcpyHostToDevice,
+                       cuda::stream()),
+       "cudaMemcpyAsync H2D");
+    sync();
+  }
+  DevInts(const DevInts&) = delete;
+  DevInts& operator=(const DevInts&) = delete;
+  ~DevInts() { cudaFree(p_); }
+  operator const int32_t*() const { return p_; }
+
+ private:
+  int32_t* p_ = nullptr;
+  size_t n_;
+};
+
+// The error measure of every comparison: max |got - want| / max |want| over the compared
+// elements (relative to the tensor's scale, so near-zero elements do not dominate). Any
+// non-finite `got` fails outright: a surviving poison NaN is an element the op did not write.
+struct Compare {
+  double rel = 0.0;
+  size_t worst = 0;
+  std::string problem;  // "" when every element is finite
+};
+Compare compare(const std::vector<double>& got, const std::vector<double>& want);
+
+template <typename F>
+constexpr double tolerance() {
+  return std::is_same_v<F, float> ? 1e-5 : 2e-2;
+}
+
+}  // namespace tessera::gpu_test
