@@ -180,10 +180,12 @@ bin/gpu_tests: $(OBJ) $(CUDA_OBJ) $(GPU_TEST_OBJ)
 	$(CXX) $(OPT) -o $@ $^ -lgtest -pthread $(ALL_LIBS)
 
 # Not part of `make test`: a machine without a GPU prints "no GPU: skipped" and succeeds.
+# tests/gpu/test_trainer.sh runs `tessera train` on cuda against the CPU (skipped without a GPU).
 test-gpu:
 	@if [ "$(CUDA_ON)" != 1 ]; then echo "test-gpu: no CUDA build (no nvcc): skipped"; exit 0; fi
-	$(MAKE) -j$(JOBS) bin/gpu_tests
+	$(MAKE) -j$(JOBS) bin/gpu_tests bin/tessera
 	bin/gpu_tests
+	PYTHON=$(PYTHON) MPIEXEC=$(MPIEXEC) bash tests/gpu/test_trainer.sh
 	@gpus=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); \
 	if [ "$${gpus:-0}" -ge 2 ]; then \
 	  echo "test-gpu: tensor and data parallel over NCCL on 2 GPUs"; \

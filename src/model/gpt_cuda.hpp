@@ -4,7 +4,8 @@
 // NCCL on the backend's stream. F is float (fp32 throughout, for parity with the CPU) or bf16
 // (parameters and activations bf16; parameter gradients, LayerNorm statistics and losses fp32).
 //
-// Not yet wired into the trainer: tests/gpu/test_model.cpp trains it against the CPU Gpt.
+// The trainer's CUDA path (train/engine_cuda.cpp) runs it through PipelineExecutorCuda;
+// tests/gpu/test_model.cpp trains it against the CPU Gpt.
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -37,6 +38,9 @@ class GptCuda {
                 float dloss, const std::function<void(int layer)>& layer_done = {});
   const F* grad_input() const { return scratch(kDRes); }
   const F* logits(int slot) const { return act(kLogits, slot); }
+
+  size_t activation_bytes() const { return arena_->bytes(h_acts_); }
+  const LocalLayout& layout() const { return layout_; }
 
  private:
   enum Slot {

@@ -1,6 +1,7 @@
 #include "pipeline/schedule.hpp"
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <stdexcept>
 
@@ -232,6 +233,121 @@ std::string simulate(const std::vector<std::vector<Action>>& per_stage, int micr
   if (per_stage.empty()) return "no stages to simulate";
   if (microbatches < 1) return "microbatches must be >= 1, got " + std::to_string(microbatches);
   return Simulation(per_stage, microbatches).run();
+}
+
+namespace {
+bool is_transfer(Op op) { return op != Op::Forward && op != Op::Backward; }
+}  // namespace
+
+std::vector<std::vector<Action>> transfer_groups(const std::vector<Action>& actions) {
+  std::vector<std::vector<Action>> groups;
+  for (const Action& a : actions) {
+    const bool joins = is_transfer(a.op) && !groups.empty() && is_transfer(groups.back()[0].op);
+    if (joins) groups.back().push_back(a);
+    else groups.push_back({a});
+  }
+  return groups;
+}
+
+std::string simulate_grouped(const std::vector<std::vector<Action>>& per_stage, int microbatches,
+                             bool grouped) {
+  if (std::string e = simulate(per_stage, microbatches); !e.empty()) return e;
+  const int pp = int(per_stage.size());
+  std::vector<std::vector<std::vector<Action>>> groups(static_cast<size_t>(pp));
+  for (int s = 0; s < pp; ++s) {
+    if (grouped) {
+      groups[size_t(s)] = transfer_groups(per_stage[size_t(s)]);
+      continue;
+    }
+    for (const Action& a : per_stage[size_t(s)]) groups[size_t(s)].push_back({a});
+  }
+  std::vector<size_t> pc(size_t(pp), 0);
+  // done[s][op]: transfers of kind op stage s has completed; a message's number on its link is
+  // the count of that kind before it, on both ends.
+  std::vector<std::array<int, 6>> done(size_t(pp), std::array<int, 6>{});
+  auto current = [&](int s) -> const std::vector<Action>* {
+    if (s < 0 || s >= pp || pc[size_t(s)] >= groups[size_t(s)].size()) return nullptr;
+    const std::vector<Action>& g = groups[size_t(s)][pc[size_t(s)]];
+    return is_transfer(g[0].op) ? &g : nullptr;
+  };
+  // The stage and the op kind of a transfer's partner.
+  auto partner = [](int s, Op op) -> std::pair<int, Op> {
+    switch (op) {
+      case Op::SendForward: return {s + 1, Op::RecvForward};
+      case Op::RecvForward: return {s - 1, Op::SendForward};
+      case Op::SendBackward: return {s - 1, Op::RecvBackward};
+      default: return {s + 1, Op::SendBackward};  // RecvBackward
+    }
+  };
+  // Where in stage s's current group the transfer of kind op numbered n is, or -1.
+  auto find = [&](int s, Op op, int n) {
+    const std::vector<Action>* g = current(s);
+    if (!g) return -1;
+    int k = done[size_t(s)][size_t(op)];
+    for (size_t i = 0; i < g->size(); ++i)
+      if ((*g)[i].op == op && k++ == n) return int(i);
+    return -1;
+  };
+  // matched[s][i]: transfer i of stage s's current group has met its partner.
+  std::vector<std::vector<char>> matched(static_cast<size_t>(pp));
+  for (;;) {
+    bool moved = false, finished = true;
+    for (int s = 0; s < pp; ++s) {
+      while (pc[size_t(s)] < groups[size_t(s)].size() && !current(s)) {  // compute runs freely
+        ++pc[size_t(s)];
+        moved = true;
+      }
+      if (const std::vector<Action>* g = current(s); g && matched[size_t(s)].empty())
+        matched[size_t(s)].assign(g->size(), 0);
+    }
+    // A transfer completes when its partner is posted too (both groups launched); a group ends
+    // when all of its transfers have.
+    for (int s = 0; s < pp; ++s) {
+      const std::vector<Action>* g = current(s);
+      if (!g) continue;
+      finished = false;
+      std::array<int, 6> n = done[size_t(s)];
+      for (size_t i = 0; i < g->size(); ++i) {
+        const Action& a = (*g)[i];
+        const int number = n[size_t(a.op)]++;
+        if (matched[size_t(s)][i]) continue;
+        const auto [peer, op] = partner(s, a.op);
+        const int j = find(peer, op, number);
+        if (j < 0) continue;
+        const Action& b = (*current(peer))[size_t(j)];
+        if (b.mb != a.mb)
+          return "stage " + std::to_string(s) + " " + label(a) + " meets " + label(b) +
+                 " on stage " + std::to_string(peer);
+        matched[size_t(s)][i] = matched[size_t(peer)][size_t(j)] = 1;
+        moved = true;
+      }
+    }
+    for (int s = 0; s < pp; ++s) {
+      const std::vector<Action>* g = current(s);
+      if (!g || std::find(matched[size_t(s)].begin(), matched[size_t(s)].end(), 0) !=
+                    matched[size_t(s)].end())
+        continue;
+      for (const Action& a : *g) ++done[size_t(s)][size_t(a.op)];
+      ++pc[size_t(s)];
+      matched[size_t(s)].clear();
+      moved = true;
+    }
+    if (finished) return "";
+    if (!moved) {
+      std::string e = "deadlock:";
+      for (int s = 0; s < pp; ++s) {
+        const std::vector<Action>* g = current(s);
+        if (!g) continue;
+        e += " stage " + std::to_string(s) + " waits in {";
+        for (const Action& a : *g) {
+          if (&a != &g->front()) e += ' ';
+          e += label(a);
+        }
+        e += "}";
+      }
+      return e;
+    }
+  }
 }
 
 std::string to_string(const std::vector<Action>& actions, bool full) {

@@ -58,6 +58,24 @@ int max_in_flight(const std::vector<Action>& actions);
 // Recv/Send on a stage without that neighbour, a micro-batch done twice or never.
 std::string simulate(const std::vector<std::vector<Action>>& per_stage, int microbatches);
 
+// The GPU executor's view of a list. An NCCL send blocks its stream until the peer posts the
+// matching receive (there is no MPI_Isend to walk on from), so a send issued alone where the
+// peer first sends back would deadlock (1F1B: stage s sends F(k) and waits for B(j) while stage
+// s+1 sends B(j) and waits for F(k)). The GPU executor therefore issues every run of consecutive
+// transfers of the list as one ncclGroupStart/End, as Megatron's send_forward_recv_backward does:
+// the groups are the list's compute actions, each alone, and its maximal runs of Recv/Send
+// actions, in list order.
+std::vector<std::vector<Action>> transfer_groups(const std::vector<Action>& actions);
+
+// `simulate` with the GPU's semantics: every stage walks transfer_groups(per_stage[s]) and waits
+// in each group of transfers until all of them are done; a send or receive is done only when its
+// partner (the message of the same number on that link and direction) is posted in the
+// neighbour's current group (a rendezvous: no send is buffered, as NCCL may not buffer). Returns "" when every stage
+// finishes and `simulate` accepts the lists; otherwise the first problem (a deadlock names each
+// waiting stage and its group). grouped = false: every transfer alone (what the grouping avoids).
+std::string simulate_grouped(const std::vector<std::vector<Action>>& per_stage, int microbatches,
+                             bool grouped = true);
+
 // Text form for logs and tests: compute ops only, e.g. "F0 F1 B0 F2 B1 B2"; with `full` the
 // point-to-point ops too, as RF/SF (recv/send forward) and RB/SB (recv/send backward):
 // "F0 SF0 F1 SF1 RB0 B0 RB1 B1".

@@ -19,15 +19,13 @@
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
 #include "io/prefetch.hpp"
-#include "model/gpt.hpp"
 #include "model/shard.hpp"
-#include "optim/distributed.hpp"
 #include "optim/lr_schedule.hpp"
 #include "parallel/comm.hpp"
 #include "parallel/topology.hpp"
-#include "pipeline/executor.hpp"
 #include "pipeline/schedule.hpp"
 #include "train/batch.hpp"
+#include "train/engine.hpp"
 #include "train/evaluate.hpp"
 #include "train/signals.hpp"
 
@@ -86,6 +84,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   MPI_Comm_rank(world_comm, &world_rank);
   MPI_Comm_size(world_comm, &world_size);
   const device::DeviceChoice backend = device::choose_backend(cfg, world_comm);  // may refuse
+  device::activate(backend);  // CUDA: this rank's GPU, stream and cuBLAS handle
   if (cfg.device.threads > 0) omp_set_num_threads(cfg.device.threads);
   const auto t_start = Clock::now();
 
@@ -153,10 +152,16 @@ int train(MPI_Comm world_comm, const Config& cfg) {
       make_schedule(parse_schedule(cfg.parallel.schedule), me.pp_rank, layout.pp, n_micro);
 
   const AdamWHyper hyper{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
-  DistributedOptimizer optimizer(tile, &dp, &world, cfg.parallel.zero == 1, hyper);
-  std::vector<float> params(optimizer.buffer_size()), grads(optimizer.buffer_size());
-  Gpt model(tile, &tp, mb, T, schedule_slots(schedule));
-  PipelineExecutor executor(model, &pp, schedule, mb, T);
+  // The model, pipeline executor and optimizer of the chosen backend (train/engine.hpp); on
+  // CUDA every device buffer is allocated here, once.
+  const EngineSetup setup{tile, &tp, &dp, &pp, &embed, &world, schedule, mb, T, n_micro,
+                          /*zero=*/cfg.parallel.zero == 1, /*embed_sum=*/layout.pp > 1, hyper};
+  std::unique_ptr<TrainEngine> engine;
+#ifdef TESSERA_CUDA
+  if (backend.cuda) engine = make_cuda_engine(setup, cfg.device.precision == "bf16");
+#endif
+  if (!engine) engine = std::make_unique<CpuEngine>(setup);
+  float* params = engine->host_params();  // fp32, host: initialised or read here
   const bool writer = me.dp_rank == 0;  // one rank of each data-parallel group writes its tile
 
   const std::string ckpt_dir =
@@ -179,11 +184,11 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   const auto t_read = Clock::now();
   std::string restored_layout;
   if (!restart_from.empty()) {
-    std::vector<float> m(optimizer.buffer_size()), v(optimizer.buffer_size());
+    std::vector<float> m(engine->buffer_size()), v(engine->buffer_size());
     const CheckpointInfo info =
-        read_checkpoint(world_comm, restart_from, tile, writer, {params.data(), m.data(), v.data()},
+        read_checkpoint(world_comm, restart_from, tile, writer, {params, m.data(), v.data()},
                         cfg.checkpoint.collective_bytes);
-    optimizer.set_moments(m, v);
+    engine->set_moments(m, v);
     state = info.state;
     restored_layout = info.saved_layout;
     train_data.reseed(state.seed);
@@ -208,8 +213,10 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   if (!backend.note.empty()) log.say("%s", backend.note.c_str());
   log.say("memory (rank 0): parameters %.1f MB, gradients %.1f MB, Adam moments %.1f MB, "
           "activations %.1f MB",
-          4.0 * tile.total / 1e6, 4.0 * tile.total / 1e6, optimizer.moment_bytes() / 1e6,
-          model.activation_bytes() / 1e6);
+          4.0 * tile.total / 1e6, 4.0 * tile.total / 1e6, engine->moment_bytes() / 1e6,
+          engine->activation_bytes() / 1e6);
+  if (const std::string report = engine->memory_report(); !report.empty())
+    log.say("%s", report.c_str());
   for (size_t s = 0; s < train_data.sources().size(); ++s) {
     const TokenSource& src = train_data.sources()[s];
     log.say("data: %s: %s, %d-bit, %llu tokens in %zu file%s, %llu windows of %d, weight %.4g",
@@ -242,18 +249,26 @@ int train(MPI_Comm world_comm, const Config& cfg) {
               state.data_sources.c_str(), (long long)state.next_sample);
   } else {
     const auto t0 = Clock::now();
-    init_local_parameters(params.data(), tile, cfg.train.seed, cfg.model.init_std);
+    init_local_parameters(params, tile, cfg.train.seed, cfg.model.init_std);
     log.say("init: fresh model from seed %llu (%.2f s)", (unsigned long long)cfg.train.seed,
             seconds_since(t0));
   }
+  engine->params_to_device();
 
   double peak_gflops = cfg.log.peak_gflops;
+  const char* peak_from = "log.peak_gflops";
   if (peak_gflops <= 0) {
-    peak_gflops = measure_sgemm_gflops(0.5);
+    // A GPU's datasheet figure for its precision (0 on the CPU, or a GPU not in the table),
+    // else the CPU's sgemm measured now.
+    peak_gflops = engine->peak_gflops();
+    peak_from = "GPU datasheet";
+    if (peak_gflops <= 0) {
+      peak_gflops = measure_sgemm_gflops(0.5);
+      peak_from = "sgemm measured now";
+    }
     MPI_Bcast(&peak_gflops, 1, MPI_DOUBLE, 0, world_comm);  // one figure for the whole job
   }
-  log.say("peak: %.1f GFLOP/s per rank (%s) on %d threads", peak_gflops,
-          cfg.log.peak_gflops > 0 ? "log.peak_gflops" : "sgemm measured now",
+  log.say("peak: %.1f GFLOP/s per rank (%s) on %d threads", peak_gflops, peak_from,
           omp_get_max_threads());
   const double flops_token = flops_per_token(shape, T);
 
@@ -272,11 +287,12 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   auto save = [&] {
     const auto t0 = Clock::now();
     std::vector<float> m, v;
-    optimizer.get_moments(m, v);
+    engine->get_moments(m, v);
+    float* saved = engine->params_to_host();
     state.data_sources = train_data.describe();
     state.data_position = train_data.position(uint64_t(state.next_sample));
     const std::string path =
-        write_checkpoint(world_comm, ckpt_dir, tile, writer, {params.data(), m.data(), v.data()},
+        write_checkpoint(world_comm, ckpt_dir, tile, writer, {saved, m.data(), v.data()},
                          state, deck_yaml, tokenizer, layout_name(layout),
                          cfg.checkpoint.collective_bytes);
     log.say("checkpoint: wrote %s (%.1f MB) in %.2f s", path.c_str(),
@@ -288,8 +304,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     // Every layout evaluates the same windows: dp rank d takes the d-th share of them.
     const uint64_t total = eval_windows(*val_data, T, B, cfg.eval.batches);
     const uint64_t share = total / uint64_t(layout.dp);
-    double sum = evaluate_loss_sum(executor, params.data(), *val_data, mb, T, vocab,
-                                   share * uint64_t(me.dp_rank), share);
+    double sum = engine->eval_loss_sum(*val_data, vocab, share * uint64_t(me.dp_rank), share);
     if (!speaks_loss) sum = 0;
     world.all_reduce_sum(&sum, 1);
     const double loss = sum / double(total / uint64_t(mb));
@@ -304,7 +319,6 @@ int train(MPI_Comm world_comm, const Config& cfg) {
 
   // Per-rank measurements for `make bench`: bytes each communicator moved during training steps
   // (not evaluation) and the pipeline's measured bubble.
-  Comm* comms[] = {&tp, &dp, &pp, &embed};
   double step_bytes[4] = {}, wait_sum = 0, run_sum = 0;
   long measured_steps = 0;
 
@@ -333,7 +347,8 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   if (reads_tokens)
     loader = std::make_unique<Prefetcher>(
         train_data, vocab, uint64_t(state.next_sample) + uint64_t(me.dp_rank) * n_micro * mb,
-        uint64_t(B), n_micro * mb, cfg.data.prefetch, cfg.data.readers, cfg.data.direct_io);
+        uint64_t(B), n_micro * mb, cfg.data.prefetch, cfg.data.readers, cfg.data.direct_io,
+        engine->loader_memory());
   std::ofstream trace;
   if (cfg.data.trace && reads_tokens && tile.first && me.tp_rank == 0)
     trace.open(fs::path(cfg.run.dir) / ("data_trace.rank" + std::to_string(world_rank) + ".txt"),
@@ -357,7 +372,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     }
     const auto t0 = Clock::now();
     double bytes_before[4];
-    for (int c = 0; c < 4; ++c) bytes_before[c] = double(comms[c]->payload_bytes);
+    for (int c = 0; c < 4; ++c) bytes_before[c] = engine->payload_bytes(c);
     if (loader) {
       const StepSamples& samples = loader->next();
       data_wait += loader->take_wait_seconds();
@@ -376,30 +391,17 @@ int train(MPI_Comm world_comm, const Config& cfg) {
         trace.flush();
       }
     }
-    std::fill(grads.begin(), grads.end(), 0.0f);
-    // Each layer's gradient is summed over dp as soon as the step's last backward finishes it.
-    auto layer_done = [&](int l) {
-      const LocalTensor& a = tile.tensors[size_t(tile.layer(l, LayerTensor(0)))];
-      const LocalTensor& b = tile.tensors[size_t(tile.layer(l, kFcProjB))];
-      optimizer.start_reduce(grads.data(), a.offset, b.offset + b.numel);
-    };
-    double loss = executor.run(params.data(), grads.data(), views, dloss,
-                               cfg.parallel.zero == 1 ? std::function<void(int)>{} : layer_done);
-    // The tied embedding: stage 0's wte and the last stage's copy see the sum of both gradients.
-    if (layout.pp > 1 && tile.wte >= 0) {
-      const LocalTensor& wte = tile.tensors[size_t(tile.wte)];
-      embed.all_reduce_sum(grads.data() + wte.offset, wte.numel);
-    }
-    optimizer.reduce_gradients(grads.data());
-    const double norm = optimizer.grad_norm(grads.data());
+    // Forward and backward through the pipeline, the gradient sums, the norm, clipping and
+    // AdamW, on the engine's backend (train/engine.hpp).
     state.lr = schedule_lr.at(state.step);
-    optimizer.step(params.data(), grads.data(),
-                   cfg.optim.grad_clip > 0 ? clip_factor(norm, cfg.optim.grad_clip) : 1.0,
-                   state.lr, state.step + 1);
-    for (int c = 0; c < 4; ++c) step_bytes[c] += double(comms[c]->payload_bytes) - bytes_before[c];
+    const TrainEngine::StepResult result =
+        engine->train_step(views, dloss, cfg.optim.grad_clip, state.lr, state.step + 1);
+    double loss = result.loss;
+    const double norm = result.norm;
+    for (int c = 0; c < 4; ++c) step_bytes[c] += engine->payload_bytes(c) - bytes_before[c];
     if (measured_steps++ > 0) {  // the first step warms up
-      wait_sum += executor.wait_seconds();
-      run_sum += executor.run_seconds();
+      wait_sum += engine->wait_seconds();
+      run_sum += engine->run_seconds();
     }
     if (!speaks_loss) loss = 0;
     world.all_reduce_sum(&loss, 1);
@@ -424,7 +426,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
                ",\"loss\":" + fmt("%.17g", loss) + ",\"lr\":" + fmt("%.9g", state.lr) +
                ",\"grad_norm\":" + fmt("%.9g", norm) + ",\"ms\":" + fmt("%.3f", secs * 1e3) +
                ",\"tokens_per_s\":" + fmt("%.1f", tok_s) + ",\"mfu\":" + fmt("%.5f", mfu) +
-               ",\"pipeline_wait\":" + fmt("%.5f", executor.wait_seconds() / secs) +
+               ",\"pipeline_wait\":" + fmt("%.5f", engine->wait_seconds() / secs) +
                ",\"data_wait\":" + fmt("%.6f", wait_fraction) + "}");
       data_wait = interval_seconds = 0;
     }
@@ -444,8 +446,8 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   // (payload handed to MPI), and its pipeline bubble.
   const double n = double(std::max(1L, measured_steps));
   const double mine[] = {double(me.dp_rank), double(me.tp_rank), double(me.pp_rank),
-                         4.0 * tile.total, 4.0 * tile.total, double(optimizer.moment_bytes()),
-                         double(model.activation_bytes()), step_bytes[0] / n, step_bytes[1] / n,
+                         4.0 * tile.total, 4.0 * tile.total, double(engine->moment_bytes()),
+                         double(engine->activation_bytes()), step_bytes[0] / n, step_bytes[1] / n,
                          step_bytes[2] / n, step_bytes[3] / n,
                          run_sum > 0 ? wait_sum / run_sum : 0.0, double(n_micro)};
   constexpr int kStats = sizeof(mine) / sizeof(mine[0]);

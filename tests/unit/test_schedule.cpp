@@ -29,17 +29,24 @@ std::vector<Action> compute_ops(const std::vector<Action>& actions) {
   return out;
 }
 
+// "F3": built by appending (g++ 12 -O3 misreads "F" + std::to_string(i) as an overlapping memcpy).
+std::string op_text(char kind, int i) {
+  std::string text(1, kind);
+  text += std::to_string(i);
+  return text;
+}
+
 // Megatron's non-interleaved 1F1B for stage s, written out independently of make_schedule:
 // `warmup` forwards, `m - warmup` (forward, backward) pairs, `warmup` backwards.
 std::string expected_1f1b(int s, int pp, int m) {
   const int warmup = std::min(pp - s - 1, m);
   std::vector<std::string> ops;
-  for (int i = 0; i < warmup; ++i) ops.push_back("F" + std::to_string(i));
+  for (int i = 0; i < warmup; ++i) ops.push_back(op_text('F', i));
   for (int i = 0; i < m - warmup; ++i) {
-    ops.push_back("F" + std::to_string(warmup + i));
-    ops.push_back("B" + std::to_string(i));
+    ops.push_back(op_text('F', warmup + i));
+    ops.push_back(op_text('B', i));
   }
-  for (int i = m - warmup; i < m; ++i) ops.push_back("B" + std::to_string(i));
+  for (int i = m - warmup; i < m; ++i) ops.push_back(op_text('B', i));
   std::string out;
   for (const std::string& op : ops) out += (out.empty() ? "" : " ") + op;
   return out;
@@ -215,6 +222,37 @@ TEST(Schedule, SimulateAcceptsEveryGeneratedSchedule) {
       for (int m = 1; m <= 12; ++m)
         EXPECT_EQ(simulate(all_stages(kind, pp, m), m), "")
             << (kind == ScheduleKind::GPipe ? "gpipe" : "1f1b") << " pp=" << pp << " m=" << m;
+}
+
+// The GPU executor's grouping (NCCL sends block until matched): every generated schedule still
+// completes when each run of consecutive transfers is one group and nothing is buffered.
+TEST(Schedule, GroupedTransfersCompleteForEveryGeneratedSchedule) {
+  for (ScheduleKind kind : kKinds)
+    for (int pp = 1; pp <= 8; ++pp)
+      for (int m = 1; m <= 12; ++m)
+        EXPECT_EQ(simulate_grouped(all_stages(kind, pp, m), m), "")
+            << (kind == ScheduleKind::GPipe ? "gpipe" : "1f1b") << " pp=" << pp << " m=" << m;
+}
+
+TEST(Schedule, TransferGroupsAreRunsOfConsecutiveTransfers) {
+  const auto g = transfer_groups(make_schedule(ScheduleKind::OneFOneB, 1, 3, 3));
+  std::string text;
+  for (const auto& group : g) {
+    text += '[';
+    text += to_string(group, true);
+    text += ']';
+  }
+  EXPECT_EQ(text, "[RF0][F0][SF0 RF1][F1][SF1 RB0][B0][SB0 RF2][F2][SF2 RB1][B1][SB1 RB2][B2][SB2]");
+}
+
+// Without the grouping 1F1B deadlocks under NCCL's rendezvous: stage 0 sends F1 while stage 1
+// sends B0, each waiting for the other's receive (buffered sends, as MPI's, run).
+TEST(Schedule, UngroupedTransfersDeadlockOneFOneB) {
+  const auto stages = all_stages(ScheduleKind::OneFOneB, 2, 2);
+  ASSERT_EQ(simulate(stages, 2), "");
+  EXPECT_EQ(simulate_grouped(stages, 2, /*grouped=*/false),
+            "deadlock: stage 0 waits in {SF1} stage 1 waits in {SB0}");
+  EXPECT_EQ(simulate_grouped(stages, 2), "");
 }
 
 // Expects simulate to fail with a message containing every one of `parts`.

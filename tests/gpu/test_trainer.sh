@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The trainer's CUDA path end to end (make test-gpu, after bin/gpu_tests): `tessera train` with
+# device.backend=cuda against the same deck on the CPU, 10 steps from the same seed, every
+# step's loss within a relative 1e-5 and every final tensor within 1e-4 of its largest (fp32;
+# bf16: losses within 2e-2). A CUDA checkpoint restarts on the CPU and the reverse (checkpoints
+# are fp32 on both). Where two GPUs are visible, pipeline (both schedules), tensor and data
+# parallel (ZeRO-1) layouts over NCCL against the 1-rank CPU run. Without a GPU: skipped, exit 0.
+# shellcheck source=tests/integration/lib.sh
+source "$(dirname "$0")/../integration/lib.sh"
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${gpus:-0}" -lt 1 ]; then
+  echo "test_trainer: no GPU: skipped"
+  exit 0
+fi
+deck=$(tiny_deck gpu)
+cd "$WORK" || exit 1
+common=(train.steps=10 checkpoint.every=5 eval.every=5)
+cmp() {  # NAME REF_DIR RUN_DIR [compare_runs options]
+  local name=$1 ref=$2 run=$3
+  shift 3
+  if out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$ref/metrics.jsonl" \
+             "$ref/checkpoints/step_00000010.h5" "$run/metrics.jsonl" \
+             "$run/checkpoints/step_00000010.h5" "$@" 2>&1); then
+    pass "$name: $out"
+  else
+    fail "$name: $out"
+  fi
+}
+train() {  # NAME NP OVERRIDES...: trains into $WORK/NAME
+  local name=$1 np=$2
+  shift 2
+  if timeout 600 "$MPIEXEC" -n "$np" "$TESSERA" train "$deck" "${common[@]}" run.dir="$WORK/$name" \
+       "$@" >"$WORK/$name.log" 2>&1; then
+    return 0
+  fi
+  fail "$name: tessera train exited non-zero"; tail -5 "$WORK/$name.log" | sed 's/^/    /'
+  return 1
+}
+
+train cpu 1 device.backend=cpu
+if train cuda 1 device.backend=cuda; then
+  if grep -q '^device: cuda: CUDA, fp32' cuda.log && grep -q '^device memory (rank 0, fp32):' cuda.log
+  then pass "cuda: device and arena logged"
+  else fail "cuda: no device / arena lines in the log"
+  fi
+  cmp cuda_matches_cpu cpu cuda --loss-rtol 1e-5 --param-tol 1e-4
+fi
+train bf16 1 device.backend=cuda device.precision=bf16 && cmp bf16_near_cpu cpu bf16 --loss-rtol 2e-2 --param-tol 1e-1
+# Restarts across backends from the step-5 checkpoints: the last 5 steps match the other run.
+# `latest` names the newest checkpoint: step 10 is removed, so the newest complete file (5) wins.
+cp -r "$WORK/cuda" "$WORK/cuda_to_cpu" && rm "$WORK/cuda_to_cpu/checkpoints/step_00000010.h5" &&
+  train cuda_to_cpu 1 device.backend=cpu checkpoint.restart=auto &&
+  cmp restart_cuda_on_cpu cpu cuda_to_cpu --steps 6:10
+cp -r "$WORK/cpu" "$WORK/cpu_to_cuda" && rm "$WORK/cpu_to_cuda/checkpoints/step_00000010.h5" &&
+  train cpu_to_cuda 1 device.backend=cuda checkpoint.restart=auto &&
+  cmp restart_cpu_on_cuda cpu cpu_to_cuda --steps 6:10
+
+if [ "$gpus" -ge 2 ]; then
+  for layout in "parallel.pp=2 parallel.schedule=1f1b" "parallel.pp=2 parallel.schedule=gpipe" \
+                "parallel.tp=2" "parallel.dp=2" "parallel.dp=2 parallel.zero=1"; do
+    name=cuda_$(echo "$layout" | tr ' .=' '_--')
+    # shellcheck disable=SC2086  # the layout is several overrides
+    train "$name" 2 device.backend=cuda $layout && cmp "$name" cpu "$name" --loss-rtol 1e-5 --param-tol 1e-4
+  done
+else
+  echo "test_trainer: 1 GPU: the 2-rank layouts over NCCL are skipped"
+fi
+finish
