@@ -1,7 +1,6 @@
 // tessera: init MPI, read the command line and the deck, run the command, finalize.
 #include <mpi.h>
 
-#include <cerrno>
 #include <chrono>
 #include <thread>
 #include <cstdio>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "backend/peak.hpp"
+#include "common/cli.hpp"
 #include "common/error.hpp"
 #include "common/version.hpp"
 #include "config/config.hpp"
@@ -66,6 +66,7 @@ greedy; the default is 1. The same seed gives the same text.
 )";
 
 using tessera::UserError;
+using tessera::parse_long;
 
 bool wants_help(const std::vector<std::string>& args) {
   for (const auto& a : args)
@@ -88,15 +89,6 @@ struct Flags {
     return true;
   }
 };
-
-long parse_long(const std::string& flag, const std::string& v, long lo) {
-  char* end = nullptr;
-  errno = 0;
-  const long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno != 0 || x < lo)
-    throw UserError(flag + ": expected an integer >= " + std::to_string(lo) + ", got '" + v + "'");
-  return x;
-}
 
 double parse_double(const std::string& flag, const std::string& v, double lo) {
   char* end = nullptr;

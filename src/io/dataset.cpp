@@ -122,8 +122,7 @@ std::vector<TokenSource> open_sources(const std::vector<BlendEntry>& entries,
       throw UserError(e.spec + ": " + std::to_string(s.num_tokens()) +
                       " tokens hold no window of data.seq_len + 1 = " + std::to_string(seq_len + 1));
     const TokenizerInfo& a = sources.front().tokenizer();
-    if (s.tokenizer().type != a.type || s.tokenizer().vocab_size != a.vocab_size ||
-        s.tokenizer().model != a.model)
+    if (!same_tokenizer(s.tokenizer(), a))
       throw UserError("data.train: the blend mixes tokenizers: " + entries.front().spec + " (" +
                       a.type + ", vocab " + std::to_string(a.vocab_size) + ") and " + e.spec +
                       " (" + s.tokenizer().type + ", vocab " +
@@ -165,11 +164,7 @@ void Dataset::read_sample(uint64_t g, int vocab, int32_t* inputs, int32_t* targe
   std::vector<uint32_t> buf(size_t(seq_len_) + 1);
   const uint64_t first = r.window * uint64_t(seq_len_);
   s.read(first, buf.size(), buf.data());
-  s.check_ids(buf.data(), buf.size(), first, vocab, false);
-  for (int t = 0; t < seq_len_; ++t) {
-    inputs[t] = int32_t(buf[size_t(t)]);
-    targets[t] = int32_t(buf[size_t(t) + 1]);
-  }
+  s.to_sample(buf.data(), first, seq_len_, vocab, inputs, targets);
 }
 
 std::string Dataset::position(uint64_t g) const {

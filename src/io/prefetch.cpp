@@ -136,25 +136,23 @@ void Prefetcher::fill(StepSamples& slot, uint64_t step, Worker& worker, bool dir
     int32_t* in = &slot.inputs[size_t(i) * T];
     int32_t* tg = &slot.targets[size_t(i) * T];
     slot.refs[size_t(i)] = data_.sample(g);
-    if (!direct) {
-      data_.read_sample(g, vocab_, in, tg);
-      continue;
-    }
     const SampleRef& r = slot.refs[size_t(i)];
     const TokenSource& src = data_.sources()[size_t(r.source)];
     const uint64_t first = r.window * uint64_t(T);
-    uint32_t* out = tokens.data();
-    src.for_each_piece(first, uint64_t(T) + 1, [&](const TokenExtent& x, uint64_t offset, uint64_t n) {
-      worker.bytes.resize(n * uint64_t(src.token_bytes()));
-      worker.reader.read(x.file, offset, worker.bytes.size(), worker.bytes.data());
-      decode_tokens(worker.bytes.data(), src.token_bytes(), n, out);
-      out += n;
-    });
-    src.check_ids(tokens.data(), tokens.size(), first, vocab_, false);
-    for (int t = 0; t < T; ++t) {
-      in[t] = int32_t(tokens[size_t(t)]);
-      tg[t] = int32_t(tokens[size_t(t) + 1]);
+    if (direct) {
+      uint32_t* out = tokens.data();
+      src.for_each_piece(first, uint64_t(T) + 1,
+                         [&](const TokenExtent& x, uint64_t offset, uint64_t n) {
+                           worker.bytes.resize(n * uint64_t(src.token_bytes()));
+                           worker.reader.read(x.file, offset, worker.bytes.size(),
+                                              worker.bytes.data());
+                           decode_tokens(worker.bytes.data(), src.token_bytes(), n, out);
+                           out += n;
+                         });
+    } else {
+      src.read(first, tokens.size(), tokens.data());  // through HDF5: the main thread
     }
+    src.to_sample(tokens.data(), first, T, vocab_, in, tg);
   }
 }
 

@@ -178,7 +178,7 @@ struct Part {  // what one file contributes
   std::vector<TokenExtent> extents;
   int token_bytes = 2;
   int64_t documents = -1;
-  TokenizerInfo tokenizer;
+  TokenizerInfo tokenizer{"none", 0, -1, {}};  // Megatron and raw files record none
 };
 
 Part open_llmc(const std::string& path) {
@@ -358,9 +358,7 @@ TokenSource::TokenSource(const std::string& spec, const std::string& format,
       throw UserError(spec + ": mixes token widths: " + files_.front() + " holds " +
                       std::to_string(8 * token_bytes_) + "-bit tokens, " + path + " " +
                       std::to_string(8 * part.token_bytes) + "-bit");
-    } else if (part.tokenizer.type != tokenizer_.type ||
-               part.tokenizer.vocab_size != tokenizer_.vocab_size ||
-               part.tokenizer.model != tokenizer_.model) {
+    } else if (!same_tokenizer(part.tokenizer, tokenizer_)) {
       throw UserError(spec + ": mixes tokenizers: " + files_.front() + " (" + tokenizer_.type +
                       ", vocab " + std::to_string(tokenizer_.vocab_size) + ") and " + path + " (" +
                       part.tokenizer.type + ", vocab " + std::to_string(part.tokenizer.vocab_size) +
@@ -375,13 +373,10 @@ TokenSource::TokenSource(const std::string& spec, const std::string& format,
     }
   }
   if (!hdf5_) num_tokens_ = total;
-  if (format_ != TokenFormat::hdf5 && format_ != TokenFormat::llmc) tokenizer_ = TokenizerInfo{};
-  if (format_ != TokenFormat::hdf5 && format_ != TokenFormat::llmc) tokenizer_.type = "none";
   for (const TokenExtent& e : extents_) fds_.push_back(open_read(e.file));
 }
 
 TokenSource::TokenSource(TokenSource&&) noexcept = default;
-TokenSource& TokenSource::operator=(TokenSource&&) noexcept = default;
 
 TokenSource::~TokenSource() {
   for (int fd : fds_) close(fd);
@@ -413,6 +408,15 @@ void TokenSource::check_ids(const uint32_t* ids, uint64_t count, uint64_t first,
                           std::to_string(ids[i]) + ", not below the model's vocab_size " +
                           std::to_string(vocab),
                       kExitBadInput, every_rank);
+}
+
+void TokenSource::to_sample(const uint32_t* window, uint64_t first, int T, int vocab,
+                            int32_t* inputs, int32_t* targets) const {
+  check_ids(window, uint64_t(T) + 1, first, vocab, false);
+  for (int t = 0; t < T; ++t) {
+    inputs[t] = int32_t(window[t]);
+    targets[t] = int32_t(window[t + 1]);
+  }
 }
 
 std::string TokenSource::locate(uint64_t token) const {

@@ -37,7 +37,7 @@ class TokenSource {
   // exit 1), raised alike on every rank.
   TokenSource(const std::string& spec, const std::string& format, const std::string& dtype);
   TokenSource(TokenSource&&) noexcept;
-  TokenSource& operator=(TokenSource&&) noexcept;
+  TokenSource& operator=(TokenSource&&) = delete;  // would have to close the held descriptors
   ~TokenSource();
 
   const std::string& spec() const { return spec_; }
@@ -68,6 +68,10 @@ class TokenSource {
   // not below vocab (every_rank: whether all ranks meet it alike).
   void check_ids(const uint32_t* ids, uint64_t count, uint64_t first, int vocab,
                  bool every_rank) const;
+  // A window's T + 1 ids (tokens first .. first + T) -> model inputs (T) and targets (T, the
+  // inputs shifted by one), after check_ids (an error only this rank meets).
+  void to_sample(const uint32_t* window, uint64_t first, int T, int vocab, int32_t* inputs,
+                 int32_t* targets) const;
 
  private:
   std::string spec_;

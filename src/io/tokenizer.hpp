@@ -45,6 +45,12 @@ void write_tokenizer_model(hid_t loc, const std::string& name, const std::string
 // Byte and other types pass unchanged.
 void check_tokenizer(const TokenizerInfo& info, const std::string& file);
 
+// Whether two token files were made by the same tokenizer (type, vocabulary and model), so their
+// ids mean the same and they may be concatenated or blended.
+inline bool same_tokenizer(const TokenizerInfo& a, const TokenizerInfo& b) {
+  return a.type == b.type && a.vocab_size == b.vocab_size && a.model == b.model;
+}
+
 // Text <-> ids with the tokenizer of a token file or checkpoint (`where` names it in errors).
 class Tokenizer {
  public:

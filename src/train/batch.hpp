@@ -19,11 +19,8 @@ inline void read_eval_batch(const TokenSource& source, uint64_t first, int vocab
   for (int b = 0; b < batch.B; ++b) {
     const uint64_t start = (first + uint64_t(b)) * uint64_t(batch.T);
     source.read(start, buf.size(), buf.data());
-    source.check_ids(buf.data(), buf.size(), start, vocab, false);
-    for (int t = 0; t < batch.T; ++t) {
-      batch.inputs[size_t(b) * batch.T + size_t(t)] = int32_t(buf[size_t(t)]);
-      batch.targets[size_t(b) * batch.T + size_t(t)] = int32_t(buf[size_t(t) + 1]);
-    }
+    source.to_sample(buf.data(), start, batch.T, vocab, &batch.inputs[size_t(b) * batch.T],
+                     &batch.targets[size_t(b) * batch.T]);
   }
 }
 

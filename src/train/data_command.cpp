@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 
+#include "common/cli.hpp"
 #include "common/error.hpp"
 #include "io/dataset.hpp"
 #include "io/gds_reader.hpp"
@@ -53,16 +54,6 @@ struct Args {
   bool gds = false;
 };
 
-long to_long(const std::string& flag, const std::string& v, long lo) {
-  char* end = nullptr;
-  errno = 0;
-  const long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno != 0 || x < lo)
-    throw UserError("tessera data: " + flag + ": expected an integer >= " + std::to_string(lo) +
-                    ", got '" + v + "'");
-  return x;
-}
-
 Args parse(const std::string& verb, const std::vector<std::string>& args) {
   Args a;
   for (size_t i = 1; i < args.size(); ++i) {
@@ -79,13 +70,13 @@ Args parse(const std::string& verb, const std::vector<std::string>& args) {
     const std::string& v = args[++i];
     if (s == "--format") a.format = v;
     else if (s == "--dtype") a.dtype = v;
-    else if (s == "--start") a.start = to_long(s, v, 0);
-    else if (s == "--count") a.count = to_long(s, v, 1);
-    else if (s == "--seq-len") a.seq_len = to_long(s, v, 1);
-    else if (s == "--batch") a.batch = to_long(s, v, 1);
-    else if (s == "--prefetch") a.depth = to_long(s, v, 1);
-    else if (s == "--readers") a.readers = to_long(s, v, 1);
-    else if (s == "--seconds") a.seconds = double(to_long(s, v, 1));
+    else if (s == "--start") a.start = parse_long(s, v, 0);
+    else if (s == "--count") a.count = parse_long(s, v, 1);
+    else if (s == "--seq-len") a.seq_len = parse_long(s, v, 1);
+    else if (s == "--batch") a.batch = parse_long(s, v, 1);
+    else if (s == "--prefetch") a.depth = parse_long(s, v, 1);
+    else if (s == "--readers") a.readers = parse_long(s, v, 1);
+    else if (s == "--seconds") a.seconds = double(parse_long(s, v, 1));
     else throw UserError("tessera data " + verb + ": unknown option " + s + " (see tessera data --help)");
   }
   if (a.files.empty()) throw UserError("tessera data " + verb + ": no FILE given");

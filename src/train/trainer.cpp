@@ -24,7 +24,6 @@
 #include "parallel/comm.hpp"
 #include "parallel/topology.hpp"
 #include "pipeline/schedule.hpp"
-#include "train/batch.hpp"
 #include "train/engine.hpp"
 #include "train/evaluate.hpp"
 #include "train/signals.hpp"
