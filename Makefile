@@ -79,16 +79,25 @@ BUILD ?= build
 # found (CUDA_HOME/bin/nvcc or nvcc on PATH); CUDA=0 never, CUDA=1 always (an error without nvcc).
 # CUDA_ARCH lists the SASS targets ("80;90": sm_80 and sm_90), plus PTX of the last one so newer
 # GPUs can JIT it. nvcc treats every warning as an error, host code included.
+#
+# CUDA_EMU=1 (what `make test-cuda-host` builds, in build-emu/, as bin/tessera-emu and
+# bin/gpu_tests-emu) is the same CUDA backend compiled by $(CXX) for the CPU: the .cu files as
+# C++, their kernels run by the emulator of src/device/emu (one fiber per CUDA thread), the CUDA
+# runtime, cuBLAS and NCCL calls answered by it; only the CUDA headers are needed, no GPU, driver
+# or CUDA library.
 CUDA      ?= auto
+CUDA_EMU  ?= 0
 CUDA_HOME ?= /usr/local/cuda
 CUDA_ARCH ?= 80;90
 NVCC      ?= $(shell [ -x $(CUDA_HOME)/bin/nvcc ] && echo $(CUDA_HOME)/bin/nvcc || command -v nvcc 2>/dev/null)
-ifeq ($(CUDA),auto)
+ifeq ($(CUDA_EMU),1)
+  CUDA_ON := 1
+else ifeq ($(CUDA),auto)
   CUDA_ON := $(if $(NVCC),1,0)
 else
   CUDA_ON := $(CUDA)
 endif
-ifeq ($(CUDA_ON),1)
+ifeq ($(CUDA_ON)$(CUDA_EMU),10)
   ifeq ($(NVCC),)
     $(error CUDA=1 but no nvcc in $(CUDA_HOME)/bin or on PATH: set CUDA_HOME)
   endif
@@ -99,28 +108,34 @@ CUDA_GENCODE   := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$
 CUDA_SRC       := $(sort $(wildcard src/backend/cuda/*.cu))
 CUDA_OBJ       := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 # Host files that call the CUDA runtime, NCCL or cuBLAS: compiled only into a CUDA build.
-# src/device/select.cpp (the node-local rank, the backend decision) is in every build.
-# Also every *_cuda.cpp (the GPU twins of CPU classes, e.g. src/model/gpt_cuda.cpp).
-CUDA_HOST_SRC  := $(filter-out src/device/select.cpp,$(wildcard src/device/*.cpp)) \
-                  $(shell find src -name '*_cuda.cpp')
+# src/device/select.cpp (the node-local rank, the backend decision) is in every build; the
+# emulator (src/device/emu) only in the emulated one.
+CUDA_HOST_SRC  := $(filter-out src/device/select.cpp,$(wildcard src/device/*.cpp))
+EMU_SRC        := $(wildcard src/device/emu/*.cpp)
 NVCC_OPT       ?= -O3
 NVCC_FLAGS     := -std=c++20 $(NVCC_OPT) -lineinfo $(CUDA_GENCODE) --Werror all-warnings \
                   -Xcompiler -Wall,-Wextra,-Werror \
                   -Xptxas -v -MMD -MP -Isrc
-ifeq ($(CUDA_ON),1)
+ifeq ($(CUDA_EMU),1)
+  CUDA_CFLAGS  := -DTESSERA_CUDA -DTESSERA_CUDA_EMU -I$(CUDA_HOME)/include
+  CUDA_LIBS    :=
+  EXE          := -emu
+else ifeq ($(CUDA_ON),1)
   CUDA_CFLAGS  := -DTESSERA_CUDA -I$(CUDA_HOME)/include
   CUDA_LIBS    := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcublas -lcudart
+  EXE          :=
 else
   CUDA_CFLAGS  :=
   CUDA_LIBS    :=
   CUDA_OBJ     :=
+  EXE          :=
 endif
 ALL_CFLAGS += $(CUDA_CFLAGS)
 ALL_LIBS   += $(CUDA_LIBS)
 # cuFile (GPUDirect Storage): compiled in when a CUDA build finds cufile.h and libcufile
 # (CUFILE=auto), never with CUFILE=0. src/io/gds_reader.cpp holds the code it enables.
 CUFILE ?= auto
-ifeq ($(CUDA_ON)$(CUFILE),1auto)
+ifeq ($(CUDA_ON)$(CUDA_EMU)$(CUFILE),10auto)
   ifneq ($(wildcard $(CUDA_HOME)/include/cufile.h)$(wildcard /usr/include/cufile.h),)
     ifneq ($(wildcard $(CUDA_HOME)/lib64/libcufile.so*)$(wildcard /usr/lib/x86_64-linux-gnu/libcufile.so*),)
       ALL_CFLAGS += -DTESSERA_CUFILE
@@ -132,16 +147,20 @@ endif
 # (the CUDA rules follow bin/unit_tests below)
 # ------------------------------------------------------------------------------------------------
 
-SRC      := $(shell find src -name '*.cpp' ! -name main.cpp | sort)
+SRC      := $(filter-out $(EMU_SRC),$(shell find src -name '*.cpp' ! -name main.cpp | sort))
 ifneq ($(CUDA_ON),1)
 SRC      := $(filter-out $(CUDA_HOST_SRC),$(SRC))
+endif
+ifeq ($(CUDA_EMU),1)
+SRC      += $(EMU_SRC)
 endif
 OBJ      := $(SRC:%.cpp=$(BUILD)/%.o) $(CUDA_OBJ)
 UNIT_SRC := $(sort $(wildcard tests/unit/*.cpp))
 UNIT_OBJ := $(UNIT_SRC:%.cpp=$(BUILD)/%.o)
 
-.PHONY: all deps run test unit integration bench asan clean data cuda-report test-gpu bench-gpu
-all: bin/tessera
+.PHONY: all deps run test unit integration bench asan clean data cuda-report test-gpu bench-gpu \
+        test-cuda-host
+all: bin/tessera$(EXE)
 
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(dir $@)
@@ -149,7 +168,7 @@ $(BUILD)/%.o: %.cpp
 
 $(BUILD)/tests/unit/%.o: ALL_CFLAGS += -Wno-error=deprecated-declarations
 
-bin/tessera: $(OBJ) $(BUILD)/src/main.o
+bin/tessera$(EXE): $(OBJ) $(BUILD)/src/main.o
 	@mkdir -p bin
 	$(CXX) $(OPT) -o $@ $^ $(ALL_LIBS)
 
@@ -160,12 +179,19 @@ bin/unit_tests: $(OBJ) $(UNIT_OBJ)
 -include $(OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/src/main.d
 
 # ---- CUDA rules (see the CUDA backend variables above) ------------------------------------------
+ifeq ($(CUDA_EMU),1)
+# The kernels as C++ for the emulator: `#pragma unroll` is nvcc's, a hint g++ does not know.
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(CXX) $(ALL_CFLAGS) -Wno-unknown-pragmas -x c++ -c $< -o $@
+else
 # ptxas -v prints each kernel's registers, shared memory and spills; the rule keeps that in a
 # .ptxas file beside the object, which `make cuda-report` tabulates.
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $(CUDA_CFLAGS) -c $< -o $@ 2>$(@:.o=.ptxas) || { cat $(@:.o=.ptxas); exit 1; }
 	@grep -v '^ptxas info\|^    [0-9]* bytes stack frame' $(@:.o=.ptxas) >&2 || true
+endif
 
 cuda-report: $(CUDA_OBJ)
 	@if [ "$(CUDA_ON)" != 1 ]; then echo "cuda-report: no CUDA build (CUDA=$(CUDA), nvcc: $(if $(NVCC),$(NVCC),none))"; exit 1; fi
@@ -175,7 +201,7 @@ cuda-report: $(CUDA_OBJ)
 GPU_TEST_SRC := $(sort $(wildcard tests/gpu/*.cpp))
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.cpp=$(BUILD)/%.o)
 $(BUILD)/tests/gpu/%.o: ALL_CFLAGS += -Wno-error=deprecated-declarations
-bin/gpu_tests: $(OBJ) $(CUDA_OBJ) $(GPU_TEST_OBJ)
+bin/gpu_tests$(EXE): $(OBJ) $(CUDA_OBJ) $(GPU_TEST_OBJ)
 	@mkdir -p bin
 	$(CXX) $(OPT) -o $@ $^ -lgtest -pthread $(ALL_LIBS)
 
@@ -196,6 +222,15 @@ bench-gpu:
 	@if [ "$(CUDA_ON)" != 1 ]; then echo "bench-gpu: no CUDA build (no nvcc): skipped"; exit 0; fi
 	$(MAKE) -j$(JOBS) bin/gpu_tests
 	bin/gpu_tests --bench
+
+# The CUDA backend executed without a GPU (part of `make test`): tests/gpu on the emulator, under
+# two thread and block orders, and the trainer on device.backend=cuda against the CPU.
+test-cuda-host: deps
+	@if [ ! -f $(CUDA_HOME)/include/cuda_runtime_api.h ] || [ ! -f $(CUDA_HOME)/include/nccl.h ]; then \
+	  echo "test-cuda-host: no CUDA headers (cuda_runtime_api.h, nccl.h) in $(CUDA_HOME)/include: skipped"; \
+	  exit 0; fi; \
+	$(MAKE) -j$(JOBS) CUDA_EMU=1 BUILD=build-emu bin/tessera-emu bin/gpu_tests-emu && \
+	PYTHON=$(PYTHON) MPIEXEC=$(MPIEXEC) bash tests/gpu/run_emulated.sh
 -include $(CUDA_OBJ:.o=.d) $(GPU_TEST_OBJ:.o=.d)
 # ------------------------------------------------------------------------------------------------
 
@@ -230,17 +265,26 @@ test: deps
 	$(MAKE) -j$(JOBS) bin/tessera bin/unit_tests
 	bin/unit_tests
 	PYTHON=$(PYTHON) MPIEXEC=$(MPIEXEC) bash tests/run_integration.sh
+	$(MAKE) test-cuda-host
 
 bench: deps
 	$(MAKE) -j$(JOBS) bin/tessera
 	$(MAKE) $(DATA_DIR)/train.h5
 	PYTHON=$(PYTHON) bash tools/bench.sh
 
+SANITIZE := OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer"
+ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 LSAN_OPTIONS=suppressions=tests/lsan.supp \
+            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+# The unit tests, then the emulated CUDA op suite once (random order), under ASan and UBSan.
 asan: deps
-	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" bin/unit_tests
+	$(MAKE) -j$(JOBS) BUILD=build-asan CUDA=0 $(SANITIZE) bin/unit_tests
 	mv bin/unit_tests bin/unit_tests_asan
-	ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 LSAN_OPTIONS=suppressions=tests/lsan.supp \
-	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 bin/unit_tests_asan
+	$(ASAN_ENV) bin/unit_tests_asan
+	@if [ -f $(CUDA_HOME)/include/cuda_runtime_api.h ] && [ -f $(CUDA_HOME)/include/nccl.h ]; then \
+	  $(MAKE) -j$(JOBS) BUILD=build-emu-asan CUDA_EMU=1 $(SANITIZE) bin/gpu_tests-emu && \
+	  mv bin/gpu_tests-emu bin/gpu_tests-emu-asan && \
+	  $(ASAN_ENV) TESSERA_EMU_ORDER=random:1 bin/gpu_tests-emu-asan; \
+	else echo "asan: no CUDA headers in $(CUDA_HOME)/include: the emulated CUDA suite is skipped"; fi
 
 clean:
-	rm -rf build build-asan bin
+	rm -rf build build-asan build-emu build-emu-asan bin

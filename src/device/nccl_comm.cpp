@@ -2,6 +2,7 @@
 
 #include <type_traits>
 
+#include "backend/cuda/context.hpp"
 #include "device/check.hpp"
 
 namespace tessera::device {
@@ -19,7 +20,7 @@ ncclDataType_t nccl_type() {
 
 }  // namespace
 
-NcclComm::NcclComm(MPI_Comm comm) : mpi_(comm) {
+NcclComm::NcclComm(MPI_Comm comm) : mpi_(comm), stream_(cuda::stream()) {
   if (comm == MPI_COMM_NULL) return;
   MPI_Comm_size(comm, &size_);
   MPI_Comm_rank(comm, &rank_);
@@ -35,63 +36,64 @@ NcclComm::~NcclComm() {
 }
 
 template <typename T>
-void NcclComm::all_reduce_sum(T* x, size_t n, cudaStream_t stream) {
+void NcclComm::all_reduce_sum(T* x, size_t n) {
   if (!active() || n == 0) return;
-  NCCL_CHECK(ncclAllReduce(x, x, n, nccl_type<T>(), ncclSum, comm_, stream));
+  NCCL_CHECK(ncclAllReduce(x, x, n, nccl_type<T>(), ncclSum, comm_, stream_));
   payload_bytes += n * sizeof(T);
 }
 
-void NcclComm::all_reduce_max(float* x, size_t n, cudaStream_t stream) {
+void NcclComm::all_reduce_max(float* x, size_t n) {
   if (!active() || n == 0) return;
-  NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclMax, comm_, stream));
+  NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclMax, comm_, stream_));
   payload_bytes += n * sizeof(float);
 }
 
 template <typename T>
-void NcclComm::reduce_scatter_sum(const T* send, T* recv, size_t recv_count, cudaStream_t stream) {
-  if (recv_count == 0) return;
+void NcclComm::reduce_scatter_sum(const T* send, T* recv, size_t count) {
+  if (count == 0) return;
   if (!active()) {  // one rank: its block is the whole buffer
     if (send != recv)
-      CUDA_CHECK(cudaMemcpyAsync(recv, send, recv_count * sizeof(T), cudaMemcpyDeviceToDevice,
-                                 stream));
+      CUDA_CHECK(cudaMemcpyAsync(recv, send, count * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
     return;
   }
-  NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type<T>(), ncclSum, comm_, stream));
-  payload_bytes += size_t(size_) * recv_count * sizeof(T);
+  NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type<T>(), ncclSum, comm_, stream_));
+  payload_bytes += size_t(size_) * count * sizeof(T);
 }
 
 template <typename T>
-void NcclComm::all_gather(const T* send, T* recv, size_t send_count, cudaStream_t stream) {
-  if (send_count == 0) return;
+void NcclComm::all_gather(const T* send, T* recv, size_t count) {
+  if (count == 0) return;
   if (!active()) {
     if (send != recv)
-      CUDA_CHECK(cudaMemcpyAsync(recv, send, send_count * sizeof(T), cudaMemcpyDeviceToDevice,
-                                 stream));
+      CUDA_CHECK(cudaMemcpyAsync(recv, send, count * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
     return;
   }
-  NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type<T>(), comm_, stream));
-  payload_bytes += send_count * sizeof(T);
+  NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type<T>(), comm_, stream_));
+  payload_bytes += size_t(size_) * count * sizeof(T);
 }
 
+void NcclComm::group_start() { NCCL_CHECK(ncclGroupStart()); }
+void NcclComm::group_end() { NCCL_CHECK(ncclGroupEnd()); }
+
 template <typename T>
-void NcclComm::send(const T* x, size_t n, int peer, cudaStream_t stream) {
+void NcclComm::send(const T* x, size_t n, int peer, int) {
   if (n == 0) return;
-  NCCL_CHECK(ncclSend(x, n, nccl_type<T>(), peer, comm_, stream));
+  NCCL_CHECK(ncclSend(x, n, nccl_type<T>(), peer, comm_, stream_));
   payload_bytes += n * sizeof(T);
 }
 
 template <typename T>
-void NcclComm::recv(T* x, size_t n, int peer, cudaStream_t stream) {
+void NcclComm::recv(T* x, size_t n, int peer, int) {
   if (n == 0) return;
-  NCCL_CHECK(ncclRecv(x, n, nccl_type<T>(), peer, comm_, stream));
+  NCCL_CHECK(ncclRecv(x, n, nccl_type<T>(), peer, comm_, stream_));
 }
 
 #define TESSERA_INSTANTIATE(T)                                                                     \
-  template void NcclComm::all_reduce_sum<T>(T*, size_t, cudaStream_t);                            \
-  template void NcclComm::reduce_scatter_sum<T>(const T*, T*, size_t, cudaStream_t);              \
-  template void NcclComm::all_gather<T>(const T*, T*, size_t, cudaStream_t);                      \
-  template void NcclComm::send<T>(const T*, size_t, int, cudaStream_t);                           \
-  template void NcclComm::recv<T>(T*, size_t, int, cudaStream_t);
+  template void NcclComm::all_reduce_sum<T>(T*, size_t);                                          \
+  template void NcclComm::reduce_scatter_sum<T>(const T*, T*, size_t);                            \
+  template void NcclComm::all_gather<T>(const T*, T*, size_t);                                    \
+  template void NcclComm::send<T>(const T*, size_t, int, int);                                    \
+  template void NcclComm::recv<T>(T*, size_t, int, int);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
 TESSERA_INSTANTIATE(__nv_bfloat16)

@@ -1,12 +1,13 @@
 #pragma once
-// An NCCL communicator twinned with one MPI communicator (tp, dp, pp, embed), the GPU transport
-// of parallel/comm.hpp: the same named collectives, on device buffers and a stream. MPI stays the
-// bootstrap: rank 0 of the MPI communicator makes the ncclUniqueId and MPI_Bcast hands it to the
-// others. A communicator of one rank (or MPI_COMM_NULL) makes every call a no-op, as Comm does.
+// An NCCL communicator twinned with one MPI communicator (tp, dp, pp, embed): the CUDA backend's
+// transport, with the named calls of parallel/comm.hpp on device buffers, queued on the backend's
+// stream (cuda::stream() when it is built). MPI stays the bootstrap: rank 0 of the MPI
+// communicator makes the ncclUniqueId and MPI_Bcast hands it to the others. A communicator of one
+// rank (or MPI_COMM_NULL) makes every call a no-op, as Comm does.
 //
 // Construction is collective over the MPI communicator and blocks until every member joins, so
-// all ranks must build their NcclComms in the same order (the trainer's fixed tp, dp, pp, embed).
-// cudaSetDevice must have been called first: the communicator binds to the current device.
+// all ranks must build their NcclComms in the same order (the engine's fixed tp, dp, pp, embed).
+// cudaSetDevice and cuda::init must have run first: the communicator binds to the current device.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <mpi.h>
@@ -33,20 +34,32 @@ class NcclComm {
 
   // In place: x (n) = Σ (or max) over the ranks of x.
   template <typename T>
-  void all_reduce_sum(T* x, size_t n, cudaStream_t stream);
-  void all_reduce_max(float* x, size_t n, cudaStream_t stream);
-  // send (size * recv_count) summed over ranks; this rank keeps block `rank` in recv (recv_count).
+  void all_reduce_sum(T* x, size_t n);
+  void all_reduce_max(float* x, size_t n);
+  // Queued on the stream like every call here, so nothing waits: wait_reductions is a no-op
+  // (whatever the stream runs afterwards sees the sums). One call however large: NCCL pipelines
+  // a big buffer itself, so the CPU's 16 MB buckets are not needed.
+  void start_all_reduce_sum(float* x, size_t n) { all_reduce_sum(x, n); }
+  void wait_reductions() {}
+  // send (size * count) summed over the ranks; this rank keeps block `rank` in recv (count).
   template <typename T>
-  void reduce_scatter_sum(const T* send, T* recv, size_t recv_count, cudaStream_t stream);
-  // recv (size * send_count) = every rank's send (send_count), in rank order.
+  void reduce_scatter_sum(const T* send, T* recv, size_t count);
+  // recv (size * count) = every rank's send (count), in rank order (in place when send is
+  // recv + rank * count).
   template <typename T>
-  void all_gather(const T* send, T* recv, size_t send_count, cudaStream_t stream);
-  // Point to point (the pipeline's activations and their gradients). A send and its recv must
-  // be issued in matching order on both ranks; grouping is the caller's (ncclGroupStart/End).
+  void all_gather(const T* send, T* recv, size_t count);
+
+  // Point to point, for the pipeline: group_start/end are ncclGroupStart/End. NCCL matches the
+  // messages between two ranks in order and has no tags (`tag` is Comm's, ignored here), and the
+  // stream orders a buffer's reuse after its send, so wait_send and wait_sends are no-ops.
+  void group_start();
+  void group_end();
   template <typename T>
-  void send(const T* x, size_t n, int peer, cudaStream_t stream);
+  void send(const T* x, size_t n, int peer, int tag);
   template <typename T>
-  void recv(T* x, size_t n, int peer, cudaStream_t stream);
+  void recv(T* x, size_t n, int peer, int tag);
+  void wait_send(const void*) {}
+  void wait_sends() {}
 
   // Payload bytes handed to NCCL, counted as Comm counts what it hands to MPI.
   uint64_t payload_bytes = 0;
@@ -54,6 +67,7 @@ class NcclComm {
  private:
   ncclComm_t comm_ = nullptr;
   MPI_Comm mpi_ = MPI_COMM_NULL;
+  cudaStream_t stream_ = nullptr;
   int size_ = 1, rank_ = 0;
 };
 

@@ -88,7 +88,7 @@ std::string DirectReader::mode() const {
 }
 
 Prefetcher::Prefetcher(const Dataset& data, int vocab, uint64_t first, uint64_t stride, int count,
-                       int depth, int readers, bool direct_io, HostMemory memory)
+                       int depth, int readers, bool direct_io, Allocator memory)
     : data_(data), vocab_(vocab), count_(count), depth_(std::max(depth, 1)), first_(first),
       stride_(stride), memory_(memory) {
   for (const TokenSource& s : data.sources())

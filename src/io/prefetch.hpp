@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/arena.hpp"
 #include "io/dataset.hpp"
 
 namespace tessera {
@@ -46,19 +47,13 @@ class DirectReader {
 };
 
 // One step's samples on this rank: count windows of T + 1 tokens, as model inputs and targets.
-// inputs and targets point into the ring's one allocation (HostMemory).
+// inputs and targets point into the ring's one allocation, from the Allocator the loader is
+// given: aligned host memory by default, page-locked on a GPU so its copy engine reads it directly.
 struct StepSamples {
   uint64_t first = 0;            // global index of the first sample
   int32_t* inputs = nullptr;     // (count, T)
   int32_t* targets = nullptr;    // (count, T)
   std::vector<SampleRef> refs;   // (count)
-};
-
-// Where the ring's memory comes from: plain aligned host memory by default, or page-locked
-// memory a GPU's copy engine reads directly (cudaHostAlloc) when the batches go to a device.
-struct HostMemory {
-  void* (*allocate)(size_t bytes) = nullptr;  // nullptr: std::aligned_alloc
-  void (*release)(void* p) = nullptr;
 };
 
 class Prefetcher {
@@ -70,7 +65,7 @@ class Prefetcher {
   // A chunked HDF5 source has no file offset to read from: it is read on the calling thread
   // through HDF5 whatever depth says.
   Prefetcher(const Dataset& data, int vocab, uint64_t first, uint64_t stride, int count, int depth,
-             int readers, bool direct_io, HostMemory memory = {});
+             int readers, bool direct_io, Allocator memory = {});
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
@@ -98,7 +93,7 @@ class Prefetcher {
   const uint64_t first_, stride_;
   bool direct_path_ = true, threaded_ = false;
   std::vector<std::unique_ptr<Worker>> workers_;
-  HostMemory memory_;
+  Allocator memory_;
   void* ring_memory_ = nullptr;    // every slot's inputs and targets, one allocation
   std::vector<StepSamples> ring_;
   std::vector<int64_t> ready_;     // per slot: the step it holds, complete; -1 none

@@ -5,53 +5,61 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu/backend.hpp"
+#ifdef TESSERA_CUDA
+#include "backend/cuda/backend.hpp"
+#endif
+
 namespace tessera {
 
-namespace {
-constexpr size_t kBucket = size_t(1) << 22;  // elements per all-reduce bucket (16 MB)
-}
-
-DistributedOptimizer::DistributedOptimizer(const LocalLayout& layout, Comm* dp, Comm* world,
-                                           bool zero, const AdamWHyper& hyper)
-    : layout_(layout), dp_(dp), world_(world), zero_(zero && dp->active()), hyper_(hyper) {
+template <class Backend>
+DistributedOptimizer<Backend>::DistributedOptimizer(const LocalLayout& layout, typename Backend::Comm* dp,
+                                              Comm* world, bool zero, const AdamWHyper& hyper,
+                                              Arena& arena)
+    : layout_(layout), dp_(dp), world_(world), zero_(zero && dp->active()), hyper_(hyper),
+      arena_(&arena) {
   const size_t n = size_t(dp->size());
   padded_ = zero_ ? (layout.total + n - 1) / n * n : layout.total;
   const size_t shard = padded_ / (zero_ ? n : 1);
   shard_begin_ = zero_ ? size_t(dp->rank()) * shard : 0;
   shard_end_ = shard_begin_ + shard;
-  m_.assign(shard, 0.0f);
-  v_.assign(shard, 0.0f);
-  if (zero_) grad_shard_.assign(shard, 0.0f);
+  h_m_ = arena.add("Adam first moments", shard * sizeof(float));
+  h_v_ = arena.add("Adam second moments", shard * sizeof(float));
+  if (zero_) h_shard_ = arena.add("ZeRO-1 gradient shard", shard * sizeof(float));
 }
 
-template <typename F>
-void DistributedOptimizer::for_each_piece(size_t lo, size_t hi, F f) const {
+template <class Backend>
+void DistributedOptimizer<Backend>::bind() {
+  const size_t shard = shard_end_ - shard_begin_;
+  m_ = arena_->get<float>(h_m_);
+  v_ = arena_->get<float>(h_v_);
+  if (zero_) grad_shard_ = arena_->get<float>(h_shard_);
+  Backend::zero(m_, shard * sizeof(float));
+  Backend::zero(v_, shard * sizeof(float));
+}
+
+template <class Backend>
+template <typename Fn>
+void DistributedOptimizer<Backend>::for_each_piece(size_t lo, size_t hi, Fn f) const {
   for (const LocalTensor& t : layout_.tensors) {
     const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
     if (a < b) f(t, a, b);
   }
 }
 
-void DistributedOptimizer::start_reduce(float* grads, size_t begin, size_t end) {
+template <class Backend>
+void DistributedOptimizer<Backend>::start_reduce(float* grads, size_t begin, size_t end) {
   if (!dp_->active() || zero_ || begin >= end) return;
-  for (size_t b = begin; b < end; b += kBucket) {
-    pending_.emplace_back();
-    MPI_Iallreduce(MPI_IN_PLACE, grads + b, int(std::min(kBucket, end - b)), MPI_FLOAT, MPI_SUM,
-                   dp_->get(), &pending_.back());
-  }
+  dp_->start_all_reduce_sum(grads + begin, end - begin);
   started_.emplace_back(begin, end);
-  dp_->count((end - begin) * sizeof(float));
-  // MPICH progresses non-blocking collectives only inside MPI calls: give it one now.
-  int done = 0;
-  MPI_Testall(int(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE);
 }
 
-void DistributedOptimizer::reduce_gradients(float* grads) {
+template <class Backend>
+void DistributedOptimizer<Backend>::reduce_gradients(float* grads) {
   if (!dp_->active()) return;
   if (zero_) {
-    const size_t shard = shard_end_ - shard_begin_;
-    MPI_Reduce_scatter_block(grads, grad_shard_.data(), int(shard), MPI_FLOAT, MPI_SUM, dp_->get());
-    dp_->count(padded_ * sizeof(float));
+    dp_->reduce_scatter_sum(static_cast<const float*>(grads), grad_shard_,
+                            shard_end_ - shard_begin_);
     return;
   }
   // Whatever the backward pass did not start: the gaps between the started ranges.
@@ -63,12 +71,12 @@ void DistributedOptimizer::reduce_gradients(float* grads) {
     at = std::max(at, end);
   }
   start_reduce(grads, at, padded_);
-  MPI_Waitall(int(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE);
-  pending_.clear();
+  dp_->wait_reductions();
   started_.clear();
 }
 
-double DistributedOptimizer::grad_norm(const float* grads) const {
+template <class Backend>
+double DistributedOptimizer<Backend>::grad_norm(const float* grads) const {
   // Without ZeRO every dp rank holds the same sums: dp rank 0 speaks for its group. Under ZeRO
   // each rank counts its shard. Within those, only owners count (one tp rank for replicated
   // tensors, stage 0 for the tied embedding).
@@ -76,43 +84,58 @@ double DistributedOptimizer::grad_norm(const float* grads) const {
   if (zero_ || dp_->rank() == 0) {
     const float* g = reduced(grads);
     for_each_piece(shard_begin_, shard_end_, [&](const LocalTensor& t, size_t a, size_t b) {
-      if (t.owner) local += sum_of_squares(g + (a - shard_begin_), b - a);
+      if (t.owner) local += Backend::sum_of_squares(g + (a - shard_begin_), b - a);
     });
   }
   double total = local;
-  if (world_->active()) MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, world_->get());
+  if (world_->active()) MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, world_->mpi());
   return std::sqrt(total);
 }
 
-void DistributedOptimizer::step(float* params, float* grads, double clip, double lr, long t) {
-  float* g = zero_ ? grad_shard_.data() : grads;
+template <class Backend>
+void DistributedOptimizer<Backend>::step(float* master, Act* copy, float* grads, double clip, double lr,
+                                   long t) {
+  float* g = zero_ ? grad_shard_ : grads;
   const size_t shard = shard_end_ - shard_begin_;
-  if (clip < 1.0) scale(g, shard, float(clip));
+  if (clip < 1.0) Backend::scale(g, shard, float(clip));
   for_each_piece(shard_begin_, shard_end_, [&](const LocalTensor& tensor, size_t a, size_t b) {
     const size_t i = a - shard_begin_;
-    adamw_update(params + a, g + i, m_.data() + i, v_.data() + i, b - a,
-                 layout_.canon(tensor).weight_decay, hyper_, lr, t);
+    Backend::adamw_update(master + a, copy ? copy + a : nullptr, static_cast<const float*>(g + i),
+                    m_ + i, v_ + i, b - a, layout_.canon(tensor).weight_decay, hyper_, lr, t);
   });
   if (zero_) {
-    MPI_Allgather(MPI_IN_PLACE, int(shard), MPI_FLOAT, params, int(shard), MPI_FLOAT, dp_->get());
-    dp_->count(padded_ * sizeof(float));
+    // In place: this rank's shard is already at its place in the full buffer.
+    dp_->all_gather(static_cast<const float*>(master + shard_begin_), master, shard);
+    if (copy) dp_->all_gather(static_cast<const Act*>(copy + shard_begin_), copy, shard);
   }
 }
 
-void DistributedOptimizer::get_moments(std::vector<float>& m, std::vector<float>& v) {
+template <class Backend>
+void DistributedOptimizer<Backend>::get_moments(std::vector<float>& m, std::vector<float>& v) {
   m.assign(padded_, 0.0f);
   v.assign(padded_, 0.0f);
-  std::copy(m_.begin(), m_.end(), m.begin() + long(shard_begin_));
-  std::copy(v_.begin(), v_.end(), v.begin() + long(shard_begin_));
+  const size_t shard = shard_end_ - shard_begin_;
+  Backend::to_host(m.data() + shard_begin_, m_, shard * sizeof(float));
+  Backend::to_host(v.data() + shard_begin_, v_, shard * sizeof(float));
   if (!zero_) return;
-  const int shard = int(m_.size());
-  MPI_Allgather(MPI_IN_PLACE, shard, MPI_FLOAT, m.data(), shard, MPI_FLOAT, dp_->get());
-  MPI_Allgather(MPI_IN_PLACE, shard, MPI_FLOAT, v.data(), shard, MPI_FLOAT, dp_->get());
+  // Each dp rank holds its shard: gathered on the host over the dp group's MPI communicator
+  // (checkpoints are written from host memory).
+  MPI_Allgather(MPI_IN_PLACE, int(shard), MPI_FLOAT, m.data(), int(shard), MPI_FLOAT, dp_->mpi());
+  MPI_Allgather(MPI_IN_PLACE, int(shard), MPI_FLOAT, v.data(), int(shard), MPI_FLOAT, dp_->mpi());
 }
 
-void DistributedOptimizer::set_moments(const std::vector<float>& m, const std::vector<float>& v) {
-  std::copy(m.begin() + long(shard_begin_), m.begin() + long(shard_end_), m_.begin());
-  std::copy(v.begin() + long(shard_begin_), v.begin() + long(shard_end_), v_.begin());
+template <class Backend>
+void DistributedOptimizer<Backend>::set_moments(const std::vector<float>& m,
+                                          const std::vector<float>& v) {
+  const size_t shard = shard_end_ - shard_begin_;
+  Backend::to_device(m_, m.data() + shard_begin_, shard * sizeof(float));
+  Backend::to_device(v_, v.data() + shard_begin_, shard * sizeof(float));
 }
+
+template class DistributedOptimizer<CpuBackend>;
+#ifdef TESSERA_CUDA
+template class DistributedOptimizer<CudaBackend<float>>;
+template class DistributedOptimizer<CudaBackend<cuda::bf16>>;
+#endif
 
 }  // namespace tessera

@@ -1,32 +1,51 @@
 #pragma once
-// Named collectives over one communicator. Call sites read `tp.all_reduce_sum(partial, n)`, so
-// every communication is visible where it happens. A communicator of one rank (or none) makes
-// every call a no-op, so one code path serves every layout. Bytes are counted for `make bench`.
+// Named communication over one MPI communicator: the CPU backend's transport, and the host-side
+// collectives of every backend (the gradient norm, checkpoints). Call sites read
+// `tp.all_reduce_sum(partial, n)`, so every communication is visible where it happens. A
+// communicator of one rank (or none) makes every call a no-op, so one code path serves every
+// layout. device::NcclComm offers the same calls on a GPU. Bytes are counted for `make bench`.
 #include <mpi.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace tessera {
 
 class Comm {
  public:
   Comm() = default;
-  explicit Comm(MPI_Comm comm) : comm_(comm) {
-    if (comm_ != MPI_COMM_NULL) {
-      MPI_Comm_size(comm_, &size_);
-      MPI_Comm_rank(comm_, &rank_);
-    }
-  }
-  MPI_Comm get() const { return comm_; }
+  explicit Comm(MPI_Comm comm);
+  MPI_Comm mpi() const { return comm_; }
   int size() const { return size_; }
   int rank() const { return rank_; }
   bool active() const { return size_ > 1; }
 
+  // In place: x (n) = Σ (or max) over the ranks of x.
   void all_reduce_sum(float* x, size_t n) { reduce(x, n, MPI_FLOAT, MPI_SUM, sizeof(float)); }
   void all_reduce_sum(double* x, size_t n) { reduce(x, n, MPI_DOUBLE, MPI_SUM, sizeof(double)); }
   void all_reduce_max(float* x, size_t n) { reduce(x, n, MPI_FLOAT, MPI_MAX, sizeof(float)); }
+  // As all_reduce_sum, started now in 16 MB buckets and complete after wait_reductions(): the
+  // data-parallel sum of a layer's gradients while the backward pass goes on below it.
+  void start_all_reduce_sum(float* x, size_t n);
+  void wait_reductions();
+  // send (size * count) summed over the ranks; this rank keeps block `rank` in recv (count).
+  void reduce_scatter_sum(const float* send, float* recv, size_t count);
+  // recv (size * count) = every rank's send (count), in rank order; in place when send is
+  // recv + rank * count.
+  void all_gather(const float* send, float* recv, size_t count);
+
+  // Point to point, for the pipeline. Between group_start() and group_end() sends and receives
+  // are posted as they come (MPI_Isend / MPI_Irecv, tagged); group_end() returns once the
+  // group's receives have landed. A send's buffer stays untouched until wait_send(buffer) or
+  // wait_sends() returns.
+  void group_start() { in_group_ = true; }
+  void group_end();
+  void send(const float* x, size_t n, int peer, int tag);
+  void recv(float* x, size_t n, int peer, int tag);
+  void wait_send(const void* buffer);
+  void wait_sends();
 
   // Payload bytes this rank handed to MPI on this communicator (what `make bench` and
   // tools/parallel_counts.py compare with the formulas; the ring volume follows from it).
@@ -34,17 +53,13 @@ class Comm {
   void count(size_t bytes) { payload_bytes += bytes; }
 
  private:
-  void reduce(void* x, size_t n, MPI_Datatype type, MPI_Op op, size_t elem) {
-    if (!active() || n == 0) return;
-    constexpr size_t kChunk = size_t(1) << 30;  // MPI counts are int
-    for (size_t done = 0; done < n; done += kChunk)
-      MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(x) + done * elem,
-                    int(std::min(kChunk, n - done)), type, op, comm_);
-    count(n * elem);
-  }
+  void reduce(void* x, size_t n, MPI_Datatype type, MPI_Op op, size_t elem);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int size_ = 1, rank_ = 0;
+  bool in_group_ = false;
+  std::vector<MPI_Request> reductions_, receives_;
+  std::vector<std::pair<const void*, MPI_Request>> sends_;
 };
 
 }  // namespace tessera

@@ -1,55 +1,75 @@
 #pragma once
 // Walks one stage's schedule for one optimizer step: receives, forward and backward passes and
-// sends, in the order the schedule lists them. Sends are non-blocking (their buffers stay
-// untouched until completed), receives block; the schedule's simulation proves the order cannot
-// deadlock.
+// sends, in the order the schedule lists them, over a backend B (backend/backend.hpp).
+//
+// Every run of consecutive transfers in the schedule is one group (transfer_groups in
+// schedule.hpp): posted together, complete together. That is what NCCL needs, where a send holds
+// its stream until the peer posts the receive, so a lone send where the neighbour is sending back
+// (1F1B's steady state) would deadlock; simulate_grouped and the unit tests check that every
+// generated schedule completes that way. MPI (the CPU) keeps a send going past its group: its
+// buffer is waited for before it is overwritten. Messages between two stages match in order
+// (NCCL has no tags): each stage sends and receives each kind in its neighbour's micro-batch
+// order, which `simulate` checks too.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
+#include "backend/arena.hpp"
 #include "model/gpt.hpp"
-#include "parallel/comm.hpp"
 #include "pipeline/schedule.hpp"
 
 namespace tessera {
 
+// A micro-batch's tokens and targets (B,T), in the backend's memory.
 struct MicroBatch {
-  const int32_t* tokens = nullptr;   // (B,T)
-  const int32_t* targets = nullptr;  // (B,T)
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;
 };
 
+template <class Backend>
 class PipelineExecutor {
  public:
+  using Act = typename Backend::Act;
+  using Comm = typename Backend::Comm;
+
   // pp: the pipeline communicator (ranks ordered by stage). The schedule's slots: max_in_flight.
-  PipelineExecutor(Gpt& model, Comm* pp, std::vector<Action> schedule, int B, int T);
+  // Declares its send buffers in `arena`; bind() once the arena is allocated.
+  PipelineExecutor(Gpt<Backend>& model, Comm* pp, std::vector<Action> schedule, int B, int T,
+                   Arena& arena);
+  void bind();
 
   int slots() const { return slots_; }
 
   // Runs every action of the step. dloss weights each position's loss. Returns the sum over this
   // stage's micro-batches of their mean loss (non-zero on the last stage only).
   // layer_done, if given, is passed to the step's last backward pass (see Gpt::backward).
-  double run(const float* params, float* grads, const std::vector<MicroBatch>& batches,
+  double run(const Act* params, float* grads, const std::vector<MicroBatch>& batches,
              float dloss, const std::function<void(int layer)>& layer_done = {});
 
   // Forward passes only (evaluation): each micro-batch received, forwarded and sent on. Returns
   // the sum of the micro-batches' mean losses on the last stage, 0 elsewhere.
-  double forward_only(const float* params, const std::vector<MicroBatch>& batches);
+  double forward_only(const Act* params, const std::vector<MicroBatch>& batches);
 
-  // Seconds this stage spent blocked in receives during the last run(), and the run's length:
-  // the measured pipeline bubble is their ratio.
+  // Seconds this stage's host spent blocked in transfer groups during the last run(), and the
+  // run's length: on the CPU the measured pipeline bubble is their ratio (a GPU's transfers are
+  // queued on its stream, so its host is not blocked there).
   double wait_seconds() const { return wait_seconds_; }
   double run_seconds() const { return run_seconds_; }
 
  private:
-  Gpt& model_;
+  Gpt<Backend>& model_;
   Comm* pp_;
   std::vector<Action> schedule_;
   int slots_, B_, T_;
   size_t activation_elems_;
-  std::vector<MPI_Request> forward_sends_, backward_sends_;  // per slot
-  std::vector<std::vector<float>> backward_buffers_;         // per slot
+  Arena* arena_;
+  // SendBackward's copy of grad_input() per slot: a RecvBackward in the same group writes that
+  // scratch, and the next backward pass overwrites it while an MPI send may still read the copy.
+  size_t h_send_ = 0;
+  Act* backward_send_ = nullptr;
   double wait_seconds_ = 0, run_seconds_ = 0;
 
-  double walk(const std::vector<Action>& actions, const float* params, float* grads,
+  double walk(const std::vector<Action>& actions, const Act* params, float* grads,
               const std::vector<MicroBatch>& batches, float dloss,
               const std::function<void(int layer)>& layer_done);
 };

@@ -1,46 +1,187 @@
 #include "train/engine.hpp"
 
-#include <algorithm>
+#include <type_traits>
 
-#include "train/evaluate.hpp"
+#include "backend/cpu/backend.hpp"
+#include "common/error.hpp"
+#include "model/gpt.hpp"
+#include "optim/distributed.hpp"
+#include "pipeline/executor.hpp"
+#include "train/batch.hpp"
+#ifdef TESSERA_CUDA
+#include "backend/cuda/backend.hpp"
+#endif
 
 namespace tessera {
 
-CpuEngine::CpuEngine(const EngineSetup& s)
-    : tile_(s.tile), comms_{s.tp, s.dp, s.pp, s.embed}, mb_(s.micro_batch), T_(s.seq_len),
-      zero_(s.zero), embed_sum_(s.embed_sum), optimizer_(s.tile, s.dp, s.world, s.zero, s.hyper),
-      params_(optimizer_.buffer_size()), grads_(optimizer_.buffer_size()),
-      model_(s.tile, s.tp, s.micro_batch, s.seq_len, schedule_slots(s.schedule)),
-      executor_(model_, s.pp, s.schedule, s.micro_batch, s.seq_len) {}
+namespace {
 
-TrainEngine::StepResult CpuEngine::train_step(const std::vector<MicroBatch>& batches, float dloss,
-                                              double grad_clip, double lr, long t) {
-  std::fill(grads_.begin(), grads_.end(), 0.0f);
-  // Each layer's gradient is summed over dp as soon as the step's last backward finishes it.
-  auto layer_done = [&](int l) {
-    const LocalTensor& a = tile_.tensors[size_t(tile_.layer(l, LayerTensor(0)))];
-    const LocalTensor& b = tile_.tensors[size_t(tile_.layer(l, kFcProjB))];
-    optimizer_.start_reduce(grads_.data(), a.offset, b.offset + b.numel);
-  };
-  const double loss = executor_.run(params_.data(), grads_.data(), batches, dloss,
-                                    zero_ ? std::function<void(int)>{} : layer_done);
-  // The tied embedding: stage 0's wte and the last stage's copy see the sum of both gradients.
-  if (embed_sum_ && tile_.wte >= 0) {
-    const LocalTensor& wte = tile_.tensors[size_t(tile_.wte)];
-    comms_[3]->all_reduce_sum(grads_.data() + wte.offset, wte.numel);
+template <class Backend>
+class Engine final : public TrainEngine {
+  using Act = typename Backend::Act;
+  static constexpr bool kBf16 = !std::is_same_v<Act, float>;
+
+ public:
+  explicit Engine(const EngineSetup& s)
+      : tile_(s.tile), mb_(s.micro_batch), T_(s.seq_len), zero_(s.zero), embed_sum_(s.embed_sum),
+        // Built in the fixed order tp, dp, pp, embed (an NCCL communicator's construction is
+        // collective over its ranks).
+        tp_(s.tp), dp_(s.dp), pp_(s.pp), embed_(s.embed), arena_(Backend::memory()),
+        model_(s.tile, &tp_, s.micro_batch, s.seq_len, schedule_slots(s.schedule), arena_),
+        optimizer_(s.tile, &dp_, s.world, s.zero, s.hyper, arena_),
+        executor_(model_, &pp_, s.schedule, s.micro_batch, s.seq_len, arena_) {
+    const size_t n = optimizer_.buffer_size();
+    const size_t tokens = size_t(s.n_micro) * s.micro_batch * s.seq_len;
+    h_master_ = arena_.add("parameters (fp32 master)", n * sizeof(float));
+    h_grads_ = arena_.add("gradients (fp32)", n * sizeof(float));
+    if constexpr (kBf16) h_copy_ = arena_.add("parameters (bf16 copy)", n * sizeof(Act));
+    h_tokens_ = arena_.add("step input tokens", tokens * sizeof(int32_t));
+    h_targets_ = arena_.add("step target tokens", tokens * sizeof(int32_t));
+    arena_.allocate();
+    model_.bind();
+    optimizer_.bind();
+    executor_.bind();
+    master_ = arena_.get<float>(h_master_);
+    grads_ = arena_.get<float>(h_grads_);
+    if constexpr (kBf16) copy_ = arena_.get<Act>(h_copy_);
+    tokens_ = arena_.get<int32_t>(h_tokens_);
+    targets_ = arena_.get<int32_t>(h_targets_);
+    if constexpr (!Backend::kHostMemory) host_params_.assign(n, 0.0f);
   }
-  optimizer_.reduce_gradients(grads_.data());
-  const double norm = optimizer_.grad_norm(grads_.data());
-  optimizer_.step(params_.data(), grads_.data(), grad_clip > 0 ? clip_factor(norm, grad_clip) : 1.0,
-                  lr, t);
-  return {loss, norm};
-}
 
-double CpuEngine::eval_loss_sum(const TokenSource& file, int vocab, uint64_t first,
-                                uint64_t count) {
-  return evaluate_loss_sum(executor_, params_.data(), file, mb_, T_, vocab, first, count);
-}
+  size_t buffer_size() const override { return optimizer_.buffer_size(); }
+  size_t moment_bytes() const override { return optimizer_.moment_bytes(); }
+  size_t activation_bytes() const override { return model_.activation_bytes(); }
+  std::string memory_report() const override { return Backend::memory_report(arena_, kBf16); }
+  double peak_gflops() const override { return Backend::peak_gflops(kBf16); }
+  Allocator loader_memory() const override { return Backend::loader_memory(); }
 
-double CpuEngine::payload_bytes(int c) const { return double(comms_[c]->payload_bytes); }
+  // On a host backend the master weights are the host parameters: nothing to copy.
+  float* host_params() override {
+    if constexpr (Backend::kHostMemory) return master_;
+    else return host_params_.data();
+  }
+  void params_to_device() override {
+    if constexpr (Backend::kHostMemory) return;
+    const size_t n = host_params_.size();
+    Backend::to_device(master_, host_params_.data(), n * sizeof(float));
+    if constexpr (kBf16) {
+      // Rounded to nearest even, as adamw_update rounds the copy it refreshes.
+      std::vector<Act> rounded(host_params_.begin(), host_params_.end());
+      Backend::to_device(copy_, rounded.data(), n * sizeof(Act));
+    }
+  }
+  float* params_to_host() override {
+    if constexpr (!Backend::kHostMemory)
+      Backend::to_host(host_params_.data(), master_, host_params_.size() * sizeof(float));
+    return host_params();
+  }
+  void get_moments(std::vector<float>& m, std::vector<float>& v) override {
+    optimizer_.get_moments(m, v);
+  }
+  void set_moments(const std::vector<float>& m, const std::vector<float>& v) override {
+    optimizer_.set_moments(m, v);
+  }
+
+  StepResult train_step(const std::vector<HostMicroBatch>& batches, float dloss, double grad_clip,
+                        double lr, long t) override {
+    const std::vector<MicroBatch> inputs = upload(batches);
+    Backend::zero(grads_, optimizer_.buffer_size() * sizeof(float));
+    // Each layer's gradient is summed over dp as soon as the step's last backward finishes it.
+    auto layer_done = [&](int l) {
+      const LocalTensor& a = tile_.tensors[size_t(tile_.layer(l, LayerTensor(0)))];
+      const LocalTensor& b = tile_.tensors[size_t(tile_.layer(l, kFcProjB))];
+      optimizer_.start_reduce(grads_, a.offset, b.offset + b.numel);
+    };
+    const double loss = executor_.run(model_params(), grads_, inputs, dloss,
+                                      zero_ ? std::function<void(int)>{} : layer_done);
+    // The tied embedding: stage 0's wte and the last stage's copy see the sum of both gradients.
+    if (embed_sum_ && tile_.wte >= 0) {
+      const LocalTensor& wte = tile_.tensors[size_t(tile_.wte)];
+      embed_.all_reduce_sum(grads_ + wte.offset, wte.numel);
+    }
+    optimizer_.reduce_gradients(grads_);
+    const double norm = optimizer_.grad_norm(grads_);
+    optimizer_.step(master_, copy_, grads_, grad_clip > 0 ? clip_factor(norm, grad_clip) : 1.0,
+                    lr, t);
+    Backend::sync();  // the step's time is the device's
+    return {loss, norm};
+  }
+
+  // Each micro-batch read in file order, copied in and walked alone: the losses are summed in
+  // micro-batch order.
+  double eval_loss_sum(const TokenSource& file, int vocab, uint64_t first,
+                       uint64_t count) override {
+    const size_t n = size_t(count / uint64_t(mb_));
+    const size_t bytes = size_t(mb_) * T_ * sizeof(int32_t);
+    Batch batch(mb_, T_);
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      read_eval_batch(file, first + i * uint64_t(mb_), vocab, batch);
+      Backend::to_device(tokens_, batch.inputs.data(), bytes);
+      Backend::to_device(targets_, batch.targets.data(), bytes);
+      sum += executor_.forward_only(model_params(), {MicroBatch{tokens_, targets_}});
+    }
+    return sum;
+  }
+
+  double wait_seconds() const override { return executor_.wait_seconds(); }
+  double run_seconds() const override { return executor_.run_seconds(); }
+  double payload_bytes(int c) const override {
+    const uint64_t bytes[] = {tp_.payload_bytes, dp_.payload_bytes, pp_.payload_bytes,
+                              embed_.payload_bytes};
+    return double(bytes[c]);
+  }
+
+ private:
+  const Act* model_params() const {
+    if constexpr (kBf16) return copy_;
+    else return master_;
+  }
+
+  // The step's micro-batches from the loader's ring into the token buffers, overlapped with the
+  // compute queued before; stages that read no tokens get nullptr.
+  std::vector<MicroBatch> upload(const std::vector<HostMicroBatch>& batches) {
+    std::vector<MicroBatch> out(batches.size());
+    if (batches.empty() || batches[0].tokens == nullptr) return out;
+    const size_t n = size_t(mb_) * T_;
+    for (size_t k = 0; k < batches.size(); ++k) {
+      Backend::upload(tokens_ + k * n, batches[k].tokens, n * sizeof(int32_t));
+      Backend::upload(targets_ + k * n, batches[k].targets, n * sizeof(int32_t));
+      out[k] = {tokens_ + k * n, targets_ + k * n};
+    }
+    Backend::await_uploads();
+    return out;
+  }
+
+  const LocalLayout& tile_;
+  int mb_, T_;
+  bool zero_, embed_sum_;
+  typename Backend::Comm tp_, dp_, pp_, embed_;
+  Arena arena_;
+  Gpt<Backend> model_;
+  DistributedOptimizer<Backend> optimizer_;
+  PipelineExecutor<Backend> executor_;
+  size_t h_master_ = 0, h_grads_ = 0, h_copy_ = 0, h_tokens_ = 0, h_targets_ = 0;
+  float* master_ = nullptr;
+  float* grads_ = nullptr;
+  Act* copy_ = nullptr;  // bf16 only: what the model reads
+  int32_t* tokens_ = nullptr;
+  int32_t* targets_ = nullptr;
+  std::vector<float> host_params_;  // off-host backends: checkpoints and initialisation
+};
+
+}  // namespace
+
+std::unique_ptr<TrainEngine> make_engine(const EngineSetup& setup, bool cuda, bool bf16) {
+#ifdef TESSERA_CUDA
+  if (cuda && bf16) return std::make_unique<Engine<CudaBackend<cuda::bf16>>>(setup);
+  if (cuda) return std::make_unique<Engine<CudaBackend<float>>>(setup);
+#else
+  (void)bf16;
+  if (cuda) throw UserError("this tessera was built without the CUDA backend");
+#endif
+  return std::make_unique<Engine<CpuBackend>>(setup);
+}
 
 }  // namespace tessera

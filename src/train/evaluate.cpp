@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "common/error.hpp"
-#include "train/batch.hpp"
 
 namespace tessera {
 
@@ -15,18 +14,6 @@ uint64_t eval_windows(const TokenSource& file, int seq_len, int batch_size, int 
                     " windows of " + std::to_string(seq_len + 1) + " tokens, a batch needs " +
                     std::to_string(batch_size));
   return usable * uint64_t(batch_size);
-}
-
-double evaluate_loss_sum(PipelineExecutor& executor, const float* params, const TokenSource& file,
-                         int micro_batch, int seq_len, int vocab, uint64_t first, uint64_t count) {
-  const size_t n = size_t(count / uint64_t(micro_batch));
-  std::vector<Batch> batches(n, Batch(micro_batch, seq_len));
-  std::vector<MicroBatch> views(n);
-  for (size_t i = 0; i < n; ++i) {
-    read_eval_batch(file, first + i * uint64_t(micro_batch), vocab, batches[i]);
-    views[i] = {batches[i].inputs.data(), batches[i].targets.data()};
-  }
-  return executor.forward_only(params, views);
 }
 
 }  // namespace tessera

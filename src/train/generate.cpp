@@ -10,11 +10,12 @@
 #include "common/error.hpp"
 #include "common/rng.hpp"
 #include "config/config.hpp"
+#include "backend/cpu/backend.hpp"
 #include "io/checkpoint.hpp"
 #include "io/tokenizer.hpp"
 #include "model/gpt.hpp"
 #include "parallel/comm.hpp"
-#include "pipeline/executor.hpp"
+#include "train/engine.hpp"
 #include "train/evaluate.hpp"
 
 namespace tessera {
@@ -82,7 +83,10 @@ void sample_text(const std::string& checkpoint, const SampleOptions& opt) {
   };
 
   Comm single;
-  Gpt model(m.layout, &single, 1, s.block_size, 1);
+  Arena arena(CpuBackend::memory());
+  Gpt<CpuBackend> model(m.layout, &single, 1, s.block_size, 1, arena);
+  arena.allocate();
+  model.bind();
   const uint64_t key = stream_key(opt.seed, "sample");
   std::vector<double> p(size_t(s.vocab_size));
   for (int i = 0; i < opt.tokens; ++i) {
@@ -125,12 +129,16 @@ void eval_checkpoint(const std::string& checkpoint, const std::string& data, int
   if (batches <= 0) batches = deck.eval.batches;
   TokenSource file(data, deck.data.format, deck.data.dtype);
   const uint64_t windows = eval_windows(file, T, B, batches);
+  // The trainer's own evaluation, on one rank of the CPU backend.
   Comm single;
-  Gpt model(m.layout, &single, mb, T, 1);
-  PipelineExecutor executor(model, &single, {}, mb, T);
-  const double loss = evaluate_loss_sum(executor, m.params.data(), file, mb, T,
-                                        m.layout.canonical.shape.vocab_size, 0, windows) /
-                      double(windows / uint64_t(mb));
+  const EngineSetup setup{m.layout, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL,
+                          &single, {}, mb, T, 1, false, false, AdamWHyper{}};
+  const std::unique_ptr<TrainEngine> engine = make_engine(setup, /*cuda=*/false, false);
+  std::copy(m.params.begin(), m.params.end(), engine->host_params());
+  engine->params_to_device();
+  const double loss =
+      engine->eval_loss_sum(file, m.layout.canonical.shape.vocab_size, 0, windows) /
+      double(windows / uint64_t(mb));
   std::printf("eval: %s (step %lld) on %s: %llu windows of %d tokens: loss %.6f\n",
               m.info.path.c_str(), (long long)m.info.state.step, data.c_str(),
               (unsigned long long)windows, T + 1, loss);

@@ -141,8 +141,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
 
   Topology topo(world_comm, layout);
   const RankCoord me = topo.coord();
-  Comm world(world_comm), tp(topo.comm(CommName::tp)), dp(topo.comm(CommName::dp)),
-      pp(topo.comm(CommName::pp)), embed(topo.comm(CommName::embed));
+  Comm world(world_comm);
   const auto stages = stage_layer_ranges(shape.n_layer, layout.pp, cfg.parallel.stage_layers);
   const auto [layer_begin, layer_end] = stages[size_t(me.pp_rank)];
   const LocalLayout tile = make_local_layout(shape, layout.tp, me.tp_rank, layer_begin, layer_end,
@@ -151,15 +150,14 @@ int train(MPI_Comm world_comm, const Config& cfg) {
       make_schedule(parse_schedule(cfg.parallel.schedule), me.pp_rank, layout.pp, n_micro);
 
   const AdamWHyper hyper{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
-  // The model, pipeline executor and optimizer of the chosen backend (train/engine.hpp); on
-  // CUDA every device buffer is allocated here, once.
-  const EngineSetup setup{tile, &tp, &dp, &pp, &embed, &world, schedule, mb, T, n_micro,
-                          /*zero=*/cfg.parallel.zero == 1, /*embed_sum=*/layout.pp > 1, hyper};
-  std::unique_ptr<TrainEngine> engine;
-#ifdef TESSERA_CUDA
-  if (backend.cuda) engine = make_cuda_engine(setup, cfg.device.precision == "bf16");
-#endif
-  if (!engine) engine = std::make_unique<CpuEngine>(setup);
+  // The model, pipeline executor and optimizer of the chosen backend (train/engine.hpp): every
+  // buffer is allocated here, once.
+  const EngineSetup setup{tile, topo.comm(CommName::tp), topo.comm(CommName::dp),
+                          topo.comm(CommName::pp), topo.comm(CommName::embed), &world, schedule,
+                          mb, T, n_micro, /*zero=*/cfg.parallel.zero == 1,
+                          /*embed_sum=*/layout.pp > 1, hyper};
+  const std::unique_ptr<TrainEngine> engine =
+      make_engine(setup, backend.cuda, cfg.device.precision == "bf16");
   float* params = engine->host_params();  // fp32, host: initialised or read here
   const bool writer = me.dp_rank == 0;  // one rank of each data-parallel group writes its tile
 
@@ -339,7 +337,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     return code;
   };
 
-  std::vector<MicroBatch> views(static_cast<size_t>(n_micro));
+  std::vector<HostMicroBatch> views(static_cast<size_t>(n_micro));
   // This dp rank's share of each global batch: samples [first, first + n_micro * mb) of the
   // step, read ahead by the loader thread.
   std::unique_ptr<Prefetcher> loader;

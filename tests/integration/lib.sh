@@ -4,7 +4,7 @@ set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PYTHON=${PYTHON:-/usr/bin/python3}
 MPIEXEC=${MPIEXEC:-mpiexec}
-TESSERA=$ROOT/bin/tessera
+TESSERA=${TESSERA:-$ROOT/bin/tessera}  # tests/gpu/run_emulated.sh runs the emulated build
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # Multi-rank tests oversubscribe the cores: MPICH then yields the processor while it polls.
 export MPIR_CVAR_POLLS_BEFORE_YIELD=${MPIR_CVAR_POLLS_BEFORE_YIELD:-1}

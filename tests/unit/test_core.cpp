@@ -5,6 +5,7 @@
 #include <set>
 #include <vector>
 
+#include "backend/cpu/ops.hpp"
 #include "io/sample_order.hpp"
 #include "model/init.hpp"
 #include "model/shard.hpp"
@@ -171,8 +172,10 @@ TEST(AdamW, MatchesHandComputation) {
   for (int t = 1; t <= 2; ++t) {
     const float g[2] = {float(grads[t - 1][0]), float(grads[t - 1][1])};
     const double lr = 0.01 * t;
-    adamw_update(p, g, m, v, 1, true, h, lr, t);
-    adamw_update(p + 1, g + 1, m + 1, v + 1, 1, false, h, lr, t);
+    float copy = -1.0f;  // the copy a backend's model may read receives the updated weight
+    cpu::adamw_update(p, &copy, g, m, v, 1, true, h, lr, t);
+    EXPECT_EQ(copy, p[0]);
+    cpu::adamw_update(p + 1, nullptr, g + 1, m + 1, v + 1, 1, false, h, lr, t);
     auto ref = [&](double& x, double& mm, double& vv, double gg, bool decay) {
       if (decay) x *= 1 - lr * h.weight_decay;
       mm = h.beta1 * mm + (1 - h.beta1) * gg;
@@ -192,10 +195,10 @@ TEST(GradClip, NormAndScale) {
   for (size_t i = 0; i < g.size(); ++i) g[i] = float(i % 7) - 3.0f;
   double expect = 0;
   for (float x : g) expect += double(x) * x;
-  EXPECT_DOUBLE_EQ(sum_of_squares(g.data(), g.size()), expect);
+  EXPECT_DOUBLE_EQ(cpu::sum_of_squares(g.data(), g.size()), expect);
   const double norm = std::sqrt(expect);
   std::vector<float> c = g;
-  scale(c.data(), c.size(), float(clip_factor(norm, 1.0)));
-  EXPECT_NEAR(std::sqrt(sum_of_squares(c.data(), c.size())), 1.0, 1e-5);
+  cpu::scale(c.data(), c.size(), float(clip_factor(norm, 1.0)));
+  EXPECT_NEAR(std::sqrt(cpu::sum_of_squares(c.data(), c.size())), 1.0, 1e-5);
   EXPECT_EQ(clip_factor(norm, 2 * norm), 1.0);  // below the limit: untouched
 }

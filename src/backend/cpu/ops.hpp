@@ -8,6 +8,10 @@
 // bit-for-bit the same for a given thread count (checkpoint restart is tested to the bit).
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "backend/arena.hpp"
+#include "optim/adamw.hpp"
 
 namespace tessera::cpu {
 
@@ -92,5 +96,31 @@ void crossentropy_finish(F* losses, F* probs, const double* sums, int N, int Vl,
 template <typename F>
 void crossentropy_backward(F* dlogits, const F* probs, const int32_t* targets, F dloss, int N,
                            int Vl, int valid, int v0);
+
+// The optimizer's pieces (adamw.cpp). One AdamW update (torch.optim.AdamW: decoupled weight
+// decay, bias-corrected moments) of n elements of one tensor; `t` is the 1-based Adam step,
+// `decay` whether weight decay applies. `params_copy`, when not nullptr, receives the updated
+// weights (the copy the model reads where it is not the master itself; the CPU's never is).
+void adamw_update(float* params, float* params_copy, const float* grads, float* m, float* v,
+                  size_t n, bool decay, const AdamWHyper& hyper, double lr, long t);
+// Sum of squares of x[0, n) in double, in an order that depends on n alone (not the thread
+// count), so a run restarted with another OMP_NUM_THREADS still agrees to the bit.
+double sum_of_squares(const float* x, size_t n);
+void scale(float* x, size_t n, float factor);
+
+// Memory and synchronisation (memory.cpp; backend/backend.hpp says what each is for). The CPU's
+// buffers are host memory, zeroed when allocated; every copy is a memcpy, nothing is queued.
+Allocator memory();
+Allocator loader_memory();
+void zero(void* p, size_t bytes);
+void copy(void* dst, const void* src, size_t bytes);
+void to_host(void* dst, const void* src, size_t bytes);
+void to_device(void* dst, const void* src, size_t bytes);
+void upload(void* dst, const void* src, size_t bytes);
+void await_uploads();
+void sync();
+// "" (the trainer's own memory line says it all) and 0 (MFU is measured against sgemm).
+std::string memory_report(const Arena& arena, bool bf16);
+double peak_gflops(bool bf16);
 
 }  // namespace tessera::cpu

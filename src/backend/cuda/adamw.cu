@@ -21,9 +21,9 @@ __device__ __forceinline__ void adam_element(float& p, float g, float& m, float&
   p = p * k.keep - k.step_size * m / denom;
 }
 
-// W = 4 fp32 elements (16-byte accesses of p, g, m, v; 8 bytes of the bf16 copy) or 1.
-template <int W>
-__global__ void adamw_kernel(float* params, bf16* params_bf16, const float* grads, float* m,
+// W = 4 fp32 elements (16-byte accesses of p, g, m, v; 8 bytes of a bf16 copy) or 1.
+template <typename C, int W>
+__global__ void adamw_kernel(float* params, C* params_copy, const float* grads, float* m,
                              float* v, size_t n, AdamConstants k) {
   const size_t packs = n / W;
   const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
@@ -37,17 +37,17 @@ __global__ void adamw_kernel(float* params, bf16* params_bf16, const float* grad
     store_pack<float, W>(params + i * W, p);
     store_pack<float, W>(m + i * W, mm);
     store_pack<float, W>(v + i * W, vv);
-    if (params_bf16) {
-      Pack<bf16, W> h;
+    if (params_copy) {
+      Pack<C, W> h;
 #pragma unroll
-      for (int j = 0; j < W; j++) h.v[j] = __float2bfloat16_rn(p.v[j]);
-      store_pack<bf16, W>(params_bf16 + i * W, h);
+      for (int j = 0; j < W; j++) h.v[j] = from_float<C>(p.v[j]);
+      store_pack<C, W>(params_copy + i * W, h);
     }
   }
   const size_t t = packs * W + i;
   if (t < n) {
     adam_element(params[t], grads[t], m[t], v[t], k);
-    if (params_bf16) params_bf16[t] = __float2bfloat16_rn(params[t]);
+    if (params_copy) params_copy[t] = from_float<C>(params[t]);
   }
 }
 
@@ -91,8 +91,9 @@ __global__ void scale_kernel(float* x, size_t n, float factor) {
 
 // One update of n elements of one tensor; `t` is the 1-based Adam step, `decay` whether weight
 // decay applies. The constants are computed on the host exactly as the CPU twin does.
-void adamw_update(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
-                  size_t n, bool decay, const AdamWHyper& h, double lr, long t) {
+template <typename C>
+void adamw_update(float* params, C* params_copy, const float* grads, float* m, float* v, size_t n,
+                  bool decay, const AdamWHyper& h, double lr, long t) {
   if (n == 0) return;
   AdamConstants k;
   k.b1 = float(h.beta1);
@@ -102,14 +103,16 @@ void adamw_update(float* params, bf16* params_bf16, const float* grads, float* m
   k.step_size = float(lr / bc1);
   k.eps = float(h.eps);
   k.keep = decay ? float(1.0 - lr * h.weight_decay) : 1.0f;
+  // The copy's 4-element packs are 4 * sizeof(C) bytes: 8 for bf16, 16 for fp32.
+  const uintptr_t copy_align = 4 * sizeof(C) - 1;
   const bool vec = aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v) &&
-                   (!params_bf16 || (reinterpret_cast<uintptr_t>(params_bf16) & 7u) == 0);
+                   (!params_copy || (reinterpret_cast<uintptr_t>(params_copy) & copy_align) == 0);
   if (vec)
-    adamw_kernel<4><<<blocks_for(n / 4, kThreads), kThreads, 0, stream()>>>(params, params_bf16,
-                                                                             grads, m, v, n, k);
+    launch<adamw_kernel<C, 4>>(blocks_for(n / 4, kThreads), kThreads, 0, stream(), params,
+                               params_copy, grads, m, v, n, k);
   else
-    adamw_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(params, params_bf16, grads,
-                                                                        m, v, n, k);
+    launch<adamw_kernel<C, 1>>(blocks_for(n, kThreads), kThreads, 0, stream(), params,
+                               params_copy, grads, m, v, n, k);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -121,9 +124,9 @@ double sum_of_squares(const float* x, size_t n) {
   const int grid = int(want < size_t(kScratchDoubles - 1) ? want : size_t(kScratchDoubles - 1));
   double* partial = scratch();
   double* total = scratch() + (kScratchDoubles - 1);
-  sum_squares_partial_kernel<<<grid, kReduceThreads, 0, stream()>>>(partial, x, n);
+  launch<sum_squares_partial_kernel>(grid, kReduceThreads, 0, stream(), partial, x, n);
   CUDA_CHECK_LAUNCH();
-  sum_partials_kernel<<<1, kReduceThreads, 0, stream()>>>(total, partial, grid);
+  launch<sum_partials_kernel>(1, kReduceThreads, 0, stream(), total, partial, grid);
   CUDA_CHECK_LAUNCH();
   double host = 0.0;
   CUDA_CHECK(cudaMemcpyAsync(&host, total, sizeof host, cudaMemcpyDeviceToHost, stream()));
@@ -134,10 +137,15 @@ double sum_of_squares(const float* x, size_t n) {
 void scale(float* x, size_t n, float factor) {
   if (n == 0) return;
   if (aligned16(x))
-    scale_kernel<4><<<blocks_for(n / 4, kThreads), kThreads, 0, stream()>>>(x, n, factor);
+    launch<scale_kernel<4>>(blocks_for(n / 4, kThreads), kThreads, 0, stream(), x, n, factor);
   else
-    scale_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(x, n, factor);
+    launch<scale_kernel<1>>(blocks_for(n, kThreads), kThreads, 0, stream(), x, n, factor);
   CUDA_CHECK_LAUNCH();
 }
+
+template void adamw_update<float>(float*, float*, const float*, float*, float*, size_t, bool,
+                                  const AdamWHyper&, double, long);
+template void adamw_update<bf16>(float*, bf16*, const float*, float*, float*, size_t, bool,
+                                 const AdamWHyper&, double, long);
 
 }  // namespace tessera::cuda

@@ -87,9 +87,9 @@ void softmax_causal(F* att, int rows, int T) {
   constexpr int W = kPack<F>;
   const unsigned grid = blocks_for(size_t(rows), kRowsPerBlock);
   if (T % W == 0 && aligned16(att))
-    softmax_causal_kernel<F, W><<<grid, kThreads, 0, stream()>>>(att, rows, T);
+    launch<softmax_causal_kernel<F, W>>(grid, kThreads, 0, stream(), att, rows, T);
   else
-    softmax_causal_kernel<F, 1><<<grid, kThreads, 0, stream()>>>(att, rows, T);
+    launch<softmax_causal_kernel<F, 1>>(grid, kThreads, 0, stream(), att, rows, T);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -98,9 +98,9 @@ void softmax_causal_backward(F* datt, const F* att, int rows, int T) {
   constexpr int W = kPack<F>;
   const unsigned grid = blocks_for(size_t(rows), kRowsPerBlock);
   if (T % W == 0 && aligned16(datt) && aligned16(att))
-    softmax_causal_backward_kernel<F, W><<<grid, kThreads, 0, stream()>>>(datt, att, rows, T);
+    launch<softmax_causal_backward_kernel<F, W>>(grid, kThreads, 0, stream(), datt, att, rows, T);
   else
-    softmax_causal_backward_kernel<F, 1><<<grid, kThreads, 0, stream()>>>(datt, att, rows, T);
+    launch<softmax_causal_backward_kernel<F, 1>>(grid, kThreads, 0, stream(), datt, att, rows, T);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,13 +1,15 @@
 #pragma once
-// What the kernels share: bf16 <-> fp32, 16-byte packs, warp and block reductions, launch sizes.
-// Included by the .cu files only.
+// What the kernels share: bf16 <-> fp32, 16-byte packs, warp and block reductions, launch sizes,
+// and launch() itself. Included by the .cu files only (under nvcc, or g++ in the emulated build).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
 #include "backend/cuda/context.hpp"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.hpp"
 #include "device/check.hpp"
 

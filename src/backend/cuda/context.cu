@@ -1,5 +1,8 @@
-// The backend's per-rank state (context.hpp). One host thread per rank drives the device, so a
-// plain struct is enough.
+// The backend's per-rank state (context.hpp) and its memory functions (ops.hpp). One host thread
+// per rank drives the device, so a plain struct is enough.
+#include <cstdio>
+#include <string>
+
 #include "backend/cuda/common.cuh"
 
 namespace tessera::cuda {
@@ -17,8 +20,27 @@ struct Context {
   cublasHandle_t blas = nullptr;
   void* workspace = nullptr;
   double* scratch = nullptr;
+  // Non-blocking, so the copies do not serialise with the legacy default stream; the compute
+  // stream waits on `uploaded`, not the host.
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t uploaded = nullptr;
 };
 Context g;
+
+void* device_allocate(size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, bytes));
+  return p;
+}
+void device_release(void* p) { cudaFree(p); }  // no check: runs in a destructor
+// Page-locked: pageable memory would make cudaMemcpyAsync stage through a driver buffer and block
+// the host; pinned memory is copied by the DMA engine directly.
+void* pinned_allocate(size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+  return p;
+}
+void pinned_release(void* p) { cudaFreeHost(p); }
 
 }  // namespace
 
@@ -30,6 +52,8 @@ void init(cudaStream_t stream) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
     g.own_stream = true;
   }
+  CUDA_CHECK(cudaStreamCreateWithFlags(&g.copy_stream, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreateWithFlags(&g.uploaded, cudaEventDisableTiming));
   CUDA_CHECK(cudaMalloc(&g.workspace, kBlasWorkspace));
   CUDA_CHECK(cudaMalloc(&g.scratch, kScratchDoubles * sizeof(double)));
   CUBLAS_CHECK(cublasCreate(&g.blas));
@@ -48,6 +72,8 @@ void shutdown() {
   cublasDestroy(g.blas);
   cudaFree(g.scratch);
   cudaFree(g.workspace);
+  cudaEventDestroy(g.uploaded);
+  cudaStreamDestroy(g.copy_stream);
   if (g.own_stream) cudaStreamDestroy(g.stream);
   g = Context{};
 }
@@ -57,5 +83,58 @@ cudaStream_t stream() { return g.stream; }
 size_t bytes_allocated() { return g.ready ? kBlasWorkspace + kScratchDoubles * sizeof(double) : 0; }
 cublasHandle_t blas() { return g.blas; }
 double* scratch() { return g.scratch; }
+
+Allocator memory() { return {device_allocate, device_release}; }
+Allocator loader_memory() { return {pinned_allocate, pinned_release}; }
+
+void zero(void* p, size_t bytes) {
+  CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g.stream));  // 0 bits are +0 in fp32 and bf16
+}
+
+void copy(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g.stream));
+}
+
+void to_host(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g.stream));
+  CUDA_CHECK(cudaStreamSynchronize(g.stream));
+}
+
+void to_device(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.stream));
+  CUDA_CHECK(cudaStreamSynchronize(g.stream));  // the host may reuse src on return
+}
+
+void upload(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.copy_stream));
+  CUDA_CHECK(cudaEventRecord(g.uploaded, g.copy_stream));
+}
+
+void await_uploads() { CUDA_CHECK(cudaStreamWaitEvent(g.stream, g.uploaded, 0)); }
+
+void sync() { CUDA_CHECK(cudaStreamSynchronize(g.stream)); }
+
+std::string memory_report(const Arena& arena, bool bf16) {
+  char backend[96];
+  std::snprintf(backend, sizeof backend, "\n  cuBLAS workspace and reduction scratch: %.1f MB",
+                bytes_allocated() / 1e6);
+  return std::string("device memory (rank 0, ") + (bf16 ? "bf16" : "fp32") + "):\n" +
+         arena.report() + backend;
+}
+
+// Dense datasheet peaks (no sparsity), as tests/gpu/bench.cpp: bf16 tensor cores; fp32 without
+// TF32 (the fp32 path's GEMMs) the CUDA cores. A100: 312 / 19.5 TFLOP/s; H100 SXM and H200:
+// 989 / 67; H100 PCIe: 756 / 51.
+double peak_gflops(bool bf16) {
+  int dev = 0;
+  cudaDeviceProp p;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  const bool pcie = std::string(p.name).find("PCIe") != std::string::npos;
+  if (p.major == 9) return pcie ? (bf16 ? 756e3 : 51e3) : (bf16 ? 989e3 : 67e3);
+  if (p.major == 8 && p.minor == 0) return bf16 ? 312e3 : 19.5e3;
+  return 0.0;
+}
 
 }  // namespace tessera::cuda

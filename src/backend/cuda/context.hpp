@@ -1,7 +1,8 @@
 #pragma once
 // The backend's state on one rank: the stream every op runs on, the cuBLAS handle bound to it and
-// its workspace, and a small device scratch for reductions. Created once at start (after
-// cudaSetDevice), so no op allocates.
+// its workspace, a small device scratch for reductions, and the copy stream that brings each
+// step's tokens over while the compute stream works. Created once at start (after cudaSetDevice),
+// so no op allocates.
 #include <cuda_runtime_api.h>
 
 #include <cstddef>

@@ -111,9 +111,9 @@ void crossentropy_row_max(float* row_max, const F* logits, int N, int Vl, int va
   if (N <= 0) return;
   constexpr int W = kPack<F>;
   if (Vl % W == 0 && aligned16(logits))
-    row_max_kernel<F, W><<<N, kThreads, 0, stream()>>>(row_max, logits, Vl, valid);
+    launch<row_max_kernel<F, W>>(N, kThreads, 0, stream(), row_max, logits, Vl, valid);
   else
-    row_max_kernel<F, 1><<<N, kThreads, 0, stream()>>>(row_max, logits, Vl, valid);
+    launch<row_max_kernel<F, 1>>(N, kThreads, 0, stream(), row_max, logits, Vl, valid);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -123,11 +123,11 @@ void crossentropy_exp_sums(double* sums, F* probs, const F* logits, const float*
   if (N <= 0) return;
   constexpr int W = kPack<F>;
   if (Vl % W == 0 && aligned16(probs) && aligned16(logits))
-    exp_sums_kernel<F, W><<<N, kThreads, 0, stream()>>>(sums, probs, logits, row_max, targets, Vl,
-                                                        valid, v0);
+    launch<exp_sums_kernel<F, W>>(N, kThreads, 0, stream(), sums, probs, logits, row_max, targets,
+                                  Vl, valid, v0);
   else
-    exp_sums_kernel<F, 1><<<N, kThreads, 0, stream()>>>(sums, probs, logits, row_max, targets, Vl,
-                                                        valid, v0);
+    launch<exp_sums_kernel<F, 1>>(N, kThreads, 0, stream(), sums, probs, logits, row_max, targets,
+                                  Vl, valid, v0);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -136,9 +136,9 @@ void crossentropy_finish(float* losses, F* probs, const double* sums, int N, int
   if (N <= 0) return;
   constexpr int W = kPack<F>;
   if (Vl % W == 0 && aligned16(probs))
-    finish_kernel<F, W><<<N, kThreads, 0, stream()>>>(losses, probs, sums, Vl, valid);
+    launch<finish_kernel<F, W>>(N, kThreads, 0, stream(), losses, probs, sums, Vl, valid);
   else
-    finish_kernel<F, 1><<<N, kThreads, 0, stream()>>>(losses, probs, sums, Vl, valid);
+    launch<finish_kernel<F, 1>>(N, kThreads, 0, stream(), losses, probs, sums, Vl, valid);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -148,11 +148,11 @@ void crossentropy_backward(F* dlogits, const F* probs, const int32_t* targets, f
   if (N <= 0 || Vl <= 0) return;
   constexpr int W = kPack<F>;
   if (Vl % W == 0 && aligned16(dlogits) && aligned16(probs))
-    backward_kernel<F, W><<<blocks_for(size_t(N) * (Vl / W), kThreads), kThreads, 0, stream()>>>(
-        dlogits, probs, targets, dloss, N, Vl, valid, v0);
+    launch<backward_kernel<F, W>>(blocks_for(size_t(N) * (Vl / W), kThreads), kThreads, 0, stream(),
+                                  dlogits, probs, targets, dloss, N, Vl, valid, v0);
   else
-    backward_kernel<F, 1><<<blocks_for(size_t(N) * Vl, kThreads), kThreads, 0, stream()>>>(
-        dlogits, probs, targets, dloss, N, Vl, valid, v0);
+    launch<backward_kernel<F, 1>>(blocks_for(size_t(N) * Vl, kThreads), kThreads, 0, stream(),
+                                  dlogits, probs, targets, dloss, N, Vl, valid, v0);
   CUDA_CHECK_LAUNCH();
 }
 

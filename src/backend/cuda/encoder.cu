@@ -77,11 +77,11 @@ void encoder_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, 
   if (BT <= 0 || C <= 0) return;
   constexpr int W = kPack<F>;
   if (C % W == 0 && aligned16(out) && aligned16(wte) && (!wpe || aligned16(wpe)))
-    encoder_forward_kernel<F, W><<<blocks_for(size_t(BT) * (C / W), kThreads), kThreads, 0,
-                                   stream()>>>(out, tokens, wte, wpe, BT, T, C, v0, vcount);
+    launch<encoder_forward_kernel<F, W>>(blocks_for(size_t(BT) * (C / W), kThreads), kThreads, 0,
+                                         stream(), out, tokens, wte, wpe, BT, T, C, v0, vcount);
   else
-    encoder_forward_kernel<F, 1><<<blocks_for(size_t(BT) * C, kThreads), kThreads, 0, stream()>>>(
-        out, tokens, wte, wpe, BT, T, C, v0, vcount);
+    launch<encoder_forward_kernel<F, 1>>(blocks_for(size_t(BT) * C, kThreads), kThreads, 0,
+                                         stream(), out, tokens, wte, wpe, BT, T, C, v0, vcount);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -92,13 +92,13 @@ void encoder_backward(float* dwte, float* dwpe, const F* dout, const int32_t* to
   if (B * T <= 0 || C <= 0) return;
   if (vcount > 0) {
     const dim3 grid(blocks_for(size_t(C), kWarp), kBuckets);
-    encoder_backward_wte_kernel<F><<<grid, kWarp, 0, stream()>>>(dwte, dout, tokens, B * T, C, v0,
-                                                                 vcount);
+    launch<encoder_backward_wte_kernel<F>>(grid, kWarp, 0, stream(), dwte, dout, tokens, B * T, C,
+                                           v0, vcount);
     CUDA_CHECK_LAUNCH();
   }
   if (dwpe) {
-    encoder_backward_wpe_kernel<F><<<blocks_for(size_t(T) * C, kThreads), kThreads, 0, stream()>>>(
-        dwpe, dout, B, T, C);
+    launch<encoder_backward_wpe_kernel<F>>(blocks_for(size_t(T) * C, kThreads), kThreads, 0,
+                                           stream(), dwpe, dout, B, T, C);
     CUDA_CHECK_LAUNCH();
   }
 }

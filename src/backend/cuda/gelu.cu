@@ -70,9 +70,10 @@ void gelu_forward(F* out, const F* inp, size_t n) {
   if (n == 0) return;
   constexpr int W = kPack<F>;
   if (aligned16(out) && aligned16(inp))
-    gelu_forward_kernel<F, W><<<blocks_for(n / W, kThreads), kThreads, 0, stream()>>>(out, inp, n);
+    launch<gelu_forward_kernel<F, W>>(blocks_for(n / W, kThreads), kThreads, 0, stream(), out, inp,
+                                      n);
   else
-    gelu_forward_kernel<F, 1><<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(out, inp, n);
+    launch<gelu_forward_kernel<F, 1>>(blocks_for(n, kThreads), kThreads, 0, stream(), out, inp, n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -82,11 +83,11 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n) {
   if (n == 0) return;
   constexpr int W = kPack<F>;
   if (aligned16(dinp) && aligned16(inp) && aligned16(dout))
-    gelu_backward_kernel<F, W><<<blocks_for(n / W, kThreads), kThreads, 0, stream()>>>(dinp, inp,
-                                                                                       dout, n);
+    launch<gelu_backward_kernel<F, W>>(blocks_for(n / W, kThreads), kThreads, 0, stream(), dinp,
+                                       inp, dout, n);
   else
-    gelu_backward_kernel<F, 1><<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(dinp, inp,
-                                                                                   dout, n);
+    launch<gelu_backward_kernel<F, 1>>(blocks_for(n, kThreads), kThreads, 0, stream(), dinp, inp,
+                                       dout, n);
   CUDA_CHECK_LAUNCH();
 }
 

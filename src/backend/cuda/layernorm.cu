@@ -138,11 +138,11 @@ void layernorm_forward(F* out, float* mean, float* rstd, const F* inp, const F* 
   constexpr int W = kPack<F>;
   const unsigned grid = blocks_for(size_t(N), kRowsPerBlock);
   if (C % W == 0 && aligned16(out) && aligned16(inp) && aligned16(weight) && aligned16(bias))
-    layernorm_forward_kernel<F, W><<<grid, kThreads, 0, stream()>>>(out, mean, rstd, inp, weight,
-                                                                    bias, N, C);
+    launch<layernorm_forward_kernel<F, W>>(grid, kThreads, 0, stream(), out, mean, rstd, inp,
+                                           weight, bias, N, C);
   else
-    layernorm_forward_kernel<F, 1><<<grid, kThreads, 0, stream()>>>(out, mean, rstd, inp, weight,
-                                                                    bias, N, C);
+    launch<layernorm_forward_kernel<F, 1>>(grid, kThreads, 0, stream(), out, mean, rstd, inp,
+                                           weight, bias, N, C);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -155,14 +155,15 @@ void layernorm_backward(F* dinp, float* dweight, float* dbias, const F* dout, co
   constexpr int W = kPack<F>;
   const unsigned grid = blocks_for(size_t(N), kRowsPerBlock);
   if (C % W == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight))
-    layernorm_backward_dinp_kernel<F, W><<<grid, kThreads, 0, stream()>>>(dinp, dout, inp, weight,
-                                                                          mean, rstd, N, C);
+    launch<layernorm_backward_dinp_kernel<F, W>>(grid, kThreads, 0, stream(), dinp, dout, inp,
+                                                 weight, mean, rstd, N, C);
   else
-    layernorm_backward_dinp_kernel<F, 1><<<grid, kThreads, 0, stream()>>>(dinp, dout, inp, weight,
-                                                                          mean, rstd, N, C);
+    launch<layernorm_backward_dinp_kernel<F, 1>>(grid, kThreads, 0, stream(), dinp, dout, inp,
+                                                 weight, mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
-  layernorm_backward_params_kernel<F><<<blocks_for(size_t(C), kWarp), dim3(kWarp, kWarp), 0,
-                                        stream()>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+  launch<layernorm_backward_params_kernel<F>>(blocks_for(size_t(C), kWarp), dim3(kWarp, kWarp), 0,
+                                              stream(), dweight, dbias, dout, inp, mean, rstd, N,
+                                              C);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -31,11 +31,11 @@ void bias_rows(F* out, const F* bias, int N, int OC, bool add) {
   constexpr int W = kPack<F>;
   constexpr int kThreads = 256;
   if (OC % W == 0 && aligned16(out) && aligned16(bias)) {
-    bias_rows_kernel<F, W><<<blocks_for(size_t(N) * (OC / W), kThreads), kThreads, 0, stream()>>>(
-        out, bias, N, OC, add);
+    launch<bias_rows_kernel<F, W>>(blocks_for(size_t(N) * (OC / W), kThreads), kThreads, 0,
+                                   stream(), out, bias, N, OC, add);
   } else {
-    bias_rows_kernel<F, 1><<<blocks_for(size_t(N) * OC, kThreads), kThreads, 0, stream()>>>(
-        out, bias, N, OC, add);
+    launch<bias_rows_kernel<F, 1>>(blocks_for(size_t(N) * OC, kThreads), kThreads, 0, stream(), out,
+                                   bias, N, OC, add);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -88,8 +88,8 @@ void matmul_backward(F* dinp, float* dweight, float* dbias, const F* dout, const
   gemm_ex(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, data_type<F>(), 1.0f, dweight, IC,
           CUDA_R_32F);
   if (!dbias || OC <= 0) return;
-  column_sum_kernel<F><<<blocks_for(size_t(OC), kWarp), dim3(kWarp, kWarp), 0, stream()>>>(
-      dbias, dout, N, OC);
+  launch<column_sum_kernel<F>>(blocks_for(size_t(OC), kWarp), dim3(kWarp, kWarp), 0, stream(),
+                               dbias, dout, N, OC);
   CUDA_CHECK_LAUNCH();
 }
 

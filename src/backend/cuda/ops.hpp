@@ -19,7 +19,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
+#include "backend/arena.hpp"
 #include "optim/adamw.hpp"
 
 namespace tessera::cuda {
@@ -109,13 +111,33 @@ template <typename F>
 void crossentropy_backward(F* dlogits, const F* probs, const int32_t* targets, float dloss, int N,
                            int Vl, int valid, int v0);
 
-// The optimizer's pieces (twins of optim/adamw.hpp). AdamW on fp32 master weights; `params_bf16`,
-// when not nullptr, receives the updated weights rounded to bf16 (what the bf16 GEMMs read).
-void adamw_update(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
-                  size_t n, bool decay, const AdamWHyper& hyper, double lr, long t);
+// The optimizer's pieces (twins of backend/cpu/adamw.cpp). AdamW on fp32 master weights;
+// `params_copy` (C = bf16 or float), when not nullptr, receives the updated weights in its type
+// (the bf16 copy the GEMMs read).
+template <typename C>
+void adamw_update(float* params, C* params_copy, const float* grads, float* m, float* v, size_t n,
+                  bool decay, const AdamWHyper& hyper, double lr, long t);
 // Sum of squares of x[0, n) in double: fixed grid, fixed order, so the same n gives the same bits.
 // Synchronises the stream (the norm decides the clip factor on the host, as on the CPU).
 double sum_of_squares(const float* x, size_t n);
 void scale(float* x, size_t n, float factor);
+
+// Memory and synchronisation (context.cu; backend/backend.hpp says what each is for): device
+// memory from cudaMalloc, the loader's ring pinned (cudaHostAlloc); zero and copy queue on
+// stream(); to_host and to_device return complete; upload copies pinned host memory on the copy
+// stream, and await_uploads makes stream() wait for those copies (not the host).
+Allocator memory();
+Allocator loader_memory();
+void zero(void* p, size_t bytes);
+void copy(void* dst, const void* src, size_t bytes);
+void to_host(void* dst, const void* src, size_t bytes);
+void to_device(void* dst, const void* src, size_t bytes);
+void upload(void* dst, const void* src, size_t bytes);
+void await_uploads();
+void sync();
+// "device memory (rank 0, bf16):" and the arena's buffers; the datasheet's dense peak of this
+// GPU for the precision (0 for a GPU not in the table: the trainer then measures the CPU's).
+std::string memory_report(const Arena& arena, bool bf16);
+double peak_gflops(bool bf16);
 
 }  // namespace tessera::cuda

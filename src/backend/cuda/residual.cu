@@ -31,9 +31,9 @@ void add(D* out, const D* a, const S* b, size_t n) {
   if (n == 0) return;
   constexpr int W = kPack<D> < kPack<S> ? kPack<D> : kPack<S>;
   if (aligned16(out) && aligned16(a) && aligned16(b))
-    add_kernel<D, S, W><<<blocks_for(n / W, kThreads), kThreads, 0, stream()>>>(out, a, b, n);
+    launch<add_kernel<D, S, W>>(blocks_for(n / W, kThreads), kThreads, 0, stream(), out, a, b, n);
   else
-    add_kernel<D, S, 1><<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(out, a, b, n);
+    launch<add_kernel<D, S, 1>>(blocks_for(n, kThreads), kThreads, 0, stream(), out, a, b, n);
   CUDA_CHECK_LAUNCH();
 }
 

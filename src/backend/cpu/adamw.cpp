@@ -1,12 +1,13 @@
-#include "optim/adamw.hpp"
-
+// AdamW and the pieces of global-norm gradient clipping; the CUDA twin is adamw.cu.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-namespace tessera {
+#include "backend/cpu/ops.hpp"
 
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, bool decay,
+namespace tessera::cpu {
+
+void adamw_update(float* p, float* copy, const float* g, float* m, float* v, size_t n, bool decay,
                   const AdamWHyper& h, double lr, long t) {
   const float b1 = float(h.beta1), b2 = float(h.beta2);
   const double bc1 = 1.0 - std::pow(h.beta1, double(t));
@@ -21,6 +22,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, bool d
     v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
     const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
     p[i] = p[i] * keep - step_size * m[i] / denom;
+    if (copy) copy[i] = p[i];
   }
 }
 
@@ -40,14 +42,9 @@ double sum_of_squares(const float* x, size_t n) {
   return total;
 }
 
-double clip_factor(double norm, double max_norm) {
-  const double coef = max_norm / (norm + 1e-6);
-  return coef < 1.0 ? coef : 1.0;
-}
-
 void scale(float* x, size_t n, float factor) {
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
-}  // namespace tessera
+}  // namespace tessera::cpu

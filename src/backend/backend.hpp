@@ -1,0 +1,67 @@
+#pragma once
+// What a backend gives the code above the ops. The model (model/gpt), the pipeline executor
+// (pipeline/executor), the distributed optimizer (optim/distributed) and the train engine
+// (train/engine) are written once, as templates over a backend B:
+//
+//   B::Act        the type of activations and of the parameters the ops read: float, or bf16 on
+//                 CUDA (parameter gradients, LayerNorm statistics, losses and the optimizer's
+//                 master weights and moments are fp32 on every backend)
+//   B::Comm       the communicator the model's collectives and the pipeline's transfers go
+//                 through: Comm (MPI, parallel/comm.hpp) or device::NcclComm; the same named calls
+//   B::kHostMemory  true when the backend's buffers are host memory, so nothing is copied in or
+//                 out (checkpoints, initialisation)
+//   B::op(...)    every function of TESSERA_BACKEND_FUNCTIONS below, forwarded to the namespace
+//                 of the backend, where each has the same signature (for Act = float) on both:
+//                 the op set of backend/cpu/ops.hpp and backend/cuda/ops.hpp, and
+//                   memory()          the Allocator of the backend's Arena
+//                   loader_memory()   the Allocator of the data loader's ring (pinned on a GPU)
+//                   zero(p, bytes), copy(dst, src, bytes)      on backend memory, queued
+//                   to_host(dst, src, bytes), to_device(...)   to/from host memory, complete on
+//                                                              return
+//                   upload(dst, src, bytes), await_uploads()   the step's tokens from the loader
+//                                                              ring, overlapped with compute
+//                   sync()            waits for everything queued (a no-op on the CPU)
+//                   memory_report(arena, bf16), peak_gflops(bf16)   for the start-up log
+//
+// CpuBackend is in backend/cpu/backend.hpp, CudaBackend<float | bf16> in backend/cuda/backend.hpp.
+
+#include <utility>
+
+#define TESSERA_BACKEND_FORWARD(ns, fn)                                                          \
+  template <typename... A>                                                                       \
+  static decltype(auto) fn(A&&... a) {                                                           \
+    return ns::fn(std::forward<A>(a)...);                                                        \
+  }
+
+#define TESSERA_BACKEND_FUNCTIONS(ns)                                                            \
+  TESSERA_BACKEND_FORWARD(ns, encoder_forward)                                                   \
+  TESSERA_BACKEND_FORWARD(ns, encoder_backward)                                                  \
+  TESSERA_BACKEND_FORWARD(ns, layernorm_forward)                                                 \
+  TESSERA_BACKEND_FORWARD(ns, layernorm_backward)                                                \
+  TESSERA_BACKEND_FORWARD(ns, matmul_forward)                                                    \
+  TESSERA_BACKEND_FORWARD(ns, bias_add)                                                          \
+  TESSERA_BACKEND_FORWARD(ns, matmul_backward)                                                   \
+  TESSERA_BACKEND_FORWARD(ns, attention_forward)                                                 \
+  TESSERA_BACKEND_FORWARD(ns, attention_backward)                                                \
+  TESSERA_BACKEND_FORWARD(ns, gelu_forward)                                                      \
+  TESSERA_BACKEND_FORWARD(ns, gelu_backward)                                                     \
+  TESSERA_BACKEND_FORWARD(ns, residual_forward)                                                  \
+  TESSERA_BACKEND_FORWARD(ns, add_inplace)                                                       \
+  TESSERA_BACKEND_FORWARD(ns, crossentropy_row_max)                                              \
+  TESSERA_BACKEND_FORWARD(ns, crossentropy_exp_sums)                                             \
+  TESSERA_BACKEND_FORWARD(ns, crossentropy_finish)                                               \
+  TESSERA_BACKEND_FORWARD(ns, crossentropy_backward)                                             \
+  TESSERA_BACKEND_FORWARD(ns, adamw_update)                                                      \
+  TESSERA_BACKEND_FORWARD(ns, sum_of_squares)                                                    \
+  TESSERA_BACKEND_FORWARD(ns, scale)                                                             \
+  TESSERA_BACKEND_FORWARD(ns, memory)                                                            \
+  TESSERA_BACKEND_FORWARD(ns, loader_memory)                                                     \
+  TESSERA_BACKEND_FORWARD(ns, zero)                                                              \
+  TESSERA_BACKEND_FORWARD(ns, copy)                                                              \
+  TESSERA_BACKEND_FORWARD(ns, to_host)                                                           \
+  TESSERA_BACKEND_FORWARD(ns, to_device)                                                         \
+  TESSERA_BACKEND_FORWARD(ns, upload)                                                            \
+  TESSERA_BACKEND_FORWARD(ns, await_uploads)                                                     \
+  TESSERA_BACKEND_FORWARD(ns, sync)                                                              \
+  TESSERA_BACKEND_FORWARD(ns, memory_report)                                                     \
+  TESSERA_BACKEND_FORWARD(ns, peak_gflops)

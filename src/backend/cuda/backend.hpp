@@ -1,0 +1,19 @@
+#pragma once
+// The CUDA backend (backend/backend.hpp says what a backend is): F = float (fp32 throughout, for
+// parity with the CPU) or bf16 (bf16 parameters and activations, fp32 master weights, gradients
+// and moments), cuBLAS and the kernels of this folder on one stream, the collectives over NCCL.
+#include "backend/backend.hpp"
+#include "backend/cuda/ops.hpp"
+#include "device/nccl_comm.hpp"
+
+namespace tessera {
+
+template <typename F>
+struct CudaBackend {
+  using Act = F;
+  using Comm = device::NcclComm;
+  static constexpr bool kHostMemory = false;
+  TESSERA_BACKEND_FUNCTIONS(cuda)
+};
+
+}  // namespace tessera

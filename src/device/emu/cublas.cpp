@@ -1,0 +1,179 @@
+// The CUDA emulator's cuBLAS: the handle calls and the two GEMMs the backend makes (gemm.cu), as
+// a reference product with cuBLAS's column-major meaning of every argument: transposes, leading
+// dimensions, batch strides, fp32 or bf16 operands, an fp32 or bf16 result, fp32 accumulation.
+//
+// Arguments are checked as cuBLAS checks them (m, n, k >= 0; lda >= max(1, rows of A as stored),
+// likewise ldb and ldc) and answered with CUBLAS_STATUS_INVALID_VALUE; an operand whose extent
+// runs outside its device allocation is CUBLAS_STATUS_EXECUTION_FAILED (an illegal address on a
+// GPU), with the reason on stderr.
+#include <cublas_api.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "device/emu/memory.hpp"
+
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+  cublasPointerMode_t pointer_mode = CUBLAS_POINTER_MODE_HOST;
+  cublasMath_t math = CUBLAS_DEFAULT_MATH;
+};
+
+namespace tessera::emu {
+namespace {
+
+float load(const void* p, cudaDataType t, long long i) {
+  if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+}
+void store(void* p, cudaDataType t, long long i, float x) {
+  if (t == CUDA_R_32F) static_cast<float*>(p)[i] = x;
+  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
+}
+size_t element_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
+
+// The bytes a column-major operand of rows x cols with leading dimension ld touches, batch
+// entries `stride` apart.
+size_t extent(long long rows, long long cols, long long ld, long long stride, int batch,
+              cudaDataType t) {
+  if (rows == 0 || cols == 0) return 0;
+  const long long last = (cols - 1) * ld + rows + (long long)(batch - 1) * stride;
+  return size_t(last) * element_bytes(t);
+}
+
+cublasStatus_t gemm(const char* call, cublasHandle_t h, cublasOperation_t ta,
+                    cublasOperation_t tb, int m, int n, int k, const void* alpha, const void* A,
+                    cudaDataType at, int lda, long long sa, const void* B, cudaDataType bt,
+                    int ldb, long long sb, const void* beta, void* C, cudaDataType ct, int ldc,
+                    long long sc, int batch, cublasComputeType_t compute) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const bool a_t = ta != CUBLAS_OP_N, b_t = tb != CUBLAS_OP_N;
+  const int a_rows = a_t ? k : m, b_rows = b_t ? n : k;
+  if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < std::max(1, a_rows) ||
+      ldb < std::max(1, b_rows) || ldc < std::max(1, m)) {
+    say(std::string(call) + ": invalid value: m=" + std::to_string(m) + " n=" +
+        std::to_string(n) + " k=" + std::to_string(k) + " lda=" + std::to_string(lda) +
+        " ldb=" + std::to_string(ldb) + " ldc=" + std::to_string(ldc));
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const bool types_ok = (at == CUDA_R_32F || at == CUDA_R_16BF) && bt == at &&
+                        (ct == CUDA_R_32F || ct == at) &&
+                        (compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC);
+  if (!types_ok) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (h->pointer_mode != CUBLAS_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+  const int a_cols = a_t ? m : k, b_cols = b_t ? k : n;
+  struct {
+    const char* name;
+    const void* p;
+    size_t bytes;
+  } operands[] = {{"A", A, k ? extent(a_rows, a_cols, lda, sa, batch, at) : 0},
+                  {"B", B, k ? extent(b_rows, b_cols, ldb, sb, batch, bt) : 0},
+                  {"C", C, extent(m, n, ldc, sc, batch, ct)}};
+  for (const auto& o : operands)
+    if (const std::string why = check_device_range(o.p, o.bytes); o.bytes && !why.empty()) {
+      say(std::string(call) + ": operand " + o.name + " (" + std::to_string(o.bytes) +
+          " bytes): " + why);
+      return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+  const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
+  std::vector<float> col(size_t(std::max(k, 1)));
+  for (int e = 0; e < batch; e++) {
+    const long long oa = e * sa, ob = e * sb, oc = e * sc;
+    for (int j = 0; j < n; j++) {
+      // op(B)'s column j, once per column of C.
+      for (int p = 0; p < k; p++) col[size_t(p)] = load(B, bt, ob + (b_t ? j + (long long)p * ldb : p + (long long)j * ldb));
+      for (int i = 0; i < m; i++) {
+        float acc = 0.0f;
+        for (int p = 0; p < k; p++)
+          acc += load(A, at, oa + (a_t ? p + (long long)i * lda : i + (long long)p * lda)) * col[size_t(p)];
+        const long long at_c = oc + i + (long long)j * ldc;
+        // beta == 0 does not read C (it may hold NaN), as cuBLAS.
+        store(C, ct, at_c, b == 0.0f ? a * acc : a * acc + b * load(C, ct, at_c));
+      }
+    }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+}  // namespace tessera::emu
+
+using namespace tessera::emu;
+
+extern "C" {
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
+  *handle = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (!valid_stream(stream)) return CUBLAS_STATUS_INVALID_VALUE;
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace, size_t bytes) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (bytes && !check_device_range(workspace, bytes).empty()) return CUBLAS_STATUS_INVALID_VALUE;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t mode) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->pointer_mode = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->math = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+const char* cublasGetStatusString(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "the operation completed successfully";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
+    default: return "unknown cuBLAS status";
+  }
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                            const void* A, cudaDataType Atype, int lda, const void* B,
+                            cudaDataType Btype, int ldb, const void* beta, void* C,
+                            cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
+                            cublasGemmAlgo_t algo) {
+  (void)algo;
+  return gemm("cublasGemmEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype,
+              ldb, 0, beta, C, Ctype, ldc, 0, 1, computeType);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long int strideA, const void* B,
+                                          cudaDataType Btype, int ldb, long long int strideB,
+                                          const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long int strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+  (void)algo;
+  return gemm("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda,
+              strideA, B, Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount,
+              computeType);
+}
+
+}  // extern "C"

@@ -1,0 +1,289 @@
+// The CUDA emulator's NCCL: the calls NcclComm makes (device/nccl_comm.cpp), on MPI over the
+// emulator's host buffers, at once.
+//
+// Bootstrap keeps NCCL's contract: one rank makes an ncclUniqueId, the caller broadcasts it, and
+// every member calls ncclCommInitRank with it. The id carries its maker's world rank and a
+// counter; the members tell the maker their world ranks over MPI_COMM_WORLD, it answers with the
+// member list in NCCL rank order, and MPI_Comm_create_group (collective over the members only, as
+// NCCL's init is) gives the communicator.
+//
+// Point to point: inside ncclGroupStart/End every send and receive is posted when the group ends
+// and all complete together; alone, a send completes only when its receive is posted
+// (MPI_Ssend), as an NCCL send holds its stream until the peer receives. So an order that would
+// deadlock a GPU's streams deadlocks here too. bf16 sums add in fp32 and round, element by element.
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cuda_bf16.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "device/emu/memory.hpp"
+
+struct ncclComm {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+};
+
+namespace tessera::emu {
+namespace {
+
+constexpr char kMagic[] = "tessera-emu-nccl";
+constexpr int kTagBase = 30000;  // bootstrap messages on MPI_COMM_WORLD: tags 30000..30999
+
+struct Id {
+  char magic[sizeof kMagic];
+  int world_rank;
+  int counter;
+};
+static_assert(sizeof(Id) <= sizeof(ncclUniqueId));
+
+struct Pending {
+  bool send;
+  void* buffer;
+  int count;
+  MPI_Datatype type;
+  int peer;
+  ncclComm_t comm;
+};
+int g_group_depth = 0;
+std::vector<Pending> g_pending;
+
+MPI_Datatype mpi_type(ncclDataType_t t, size_t* bytes) {
+  switch (t) {
+    case ncclFloat32: *bytes = 4; return MPI_FLOAT;
+    case ncclFloat64: *bytes = 8; return MPI_DOUBLE;
+    case ncclInt32: *bytes = 4; return MPI_INT32_T;
+    case ncclBfloat16: *bytes = 2; return MPI_UINT16_T;
+    default: *bytes = 0; return MPI_DATATYPE_NULL;
+  }
+}
+
+void bf16_reduce(void* in, void* inout, int* len, MPI_Datatype*, bool max) {
+  auto* a = static_cast<const __nv_bfloat16*>(in);
+  auto* b = static_cast<__nv_bfloat16*>(inout);
+  for (int i = 0; i < *len; i++) {
+    const float x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+    b[i] = __float2bfloat16_rn(max ? (x > y ? x : y) : x + y);
+  }
+}
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype* t) { bf16_reduce(in, inout, len, t, false); }
+void bf16_max(void* in, void* inout, int* len, MPI_Datatype* t) { bf16_reduce(in, inout, len, t, true); }
+
+MPI_Op mpi_op(ncclRedOp_t op, ncclDataType_t t) {
+  if (t == ncclBfloat16) {
+    static MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL;
+    if (sum == MPI_OP_NULL) {
+      MPI_Op_create(bf16_sum, 1, &sum);
+      MPI_Op_create(bf16_max, 1, &max);
+    }
+    return op == ncclSum ? sum : op == ncclMax ? max : MPI_OP_NULL;
+  }
+  return op == ncclSum ? MPI_SUM : op == ncclMax ? MPI_MAX : MPI_OP_NULL;
+}
+
+// The checks every call makes: a live communicator, a supported type, device buffers.
+ncclResult_t check(const char* call, ncclComm_t comm, ncclDataType_t t,
+                   std::initializer_list<std::pair<const void*, size_t>> buffers) {
+  if (!comm || comm->comm == MPI_COMM_NULL) return say(std::string(call) + ": no communicator"), ncclInvalidArgument;
+  size_t bytes = 0;
+  if (mpi_type(t, &bytes) == MPI_DATATYPE_NULL) return say(std::string(call) + ": unsupported type"), ncclInvalidArgument;
+  for (const auto& [p, n] : buffers)
+    if (const std::string why = check_device_range(p, n * bytes); n && !why.empty())
+      return say(std::string(call) + ": a buffer of " + std::to_string(n * bytes) + " bytes: " + why), ncclInvalidArgument;
+  return ncclSuccess;
+}
+
+ncclResult_t collective_in_group(const char* call) {
+  say(std::string(call) + " inside ncclGroupStart/End: the emulator groups only send and recv");
+  return ncclInvalidUsage;
+}
+
+}  // namespace
+}  // namespace tessera::emu
+
+using namespace tessera::emu;
+
+extern "C" {
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* unique_id) {
+  static int counter = 0;
+  Id id{};
+  std::memcpy(id.magic, kMagic, sizeof kMagic);
+  MPI_Comm_rank(MPI_COMM_WORLD, &id.world_rank);
+  id.counter = counter++;
+  std::memset(unique_id, 0, sizeof *unique_id);
+  std::memcpy(unique_id->internal, &id, sizeof id);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId comm_id, int rank) {
+  Id id;
+  std::memcpy(&id, comm_id.internal, sizeof id);
+  if (std::memcmp(id.magic, kMagic, sizeof kMagic) != 0 || nranks < 1 || rank < 0 || rank >= nranks)
+    return ncclInvalidArgument;
+  int me = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  const int tag = kTagBase + id.counter % 1000;
+  std::vector<int> members(size_t(nranks), -1);  // world rank of each NCCL rank
+  if (me == id.world_rank) {
+    members[size_t(rank)] = me;
+    for (int i = 1; i < nranks; i++) {
+      int msg[2];
+      MPI_Recv(msg, 2, MPI_INT, MPI_ANY_SOURCE, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      if (msg[0] < 0 || msg[0] >= nranks || members[size_t(msg[0])] >= 0) return ncclInvalidUsage;
+      members[size_t(msg[0])] = msg[1];
+    }
+    for (int i = 0; i < nranks; i++)
+      if (members[size_t(i)] != me)
+        MPI_Send(members.data(), nranks, MPI_INT, members[size_t(i)], tag, MPI_COMM_WORLD);
+  } else {
+    const int msg[2] = {rank, me};
+    MPI_Send(msg, 2, MPI_INT, id.world_rank, tag, MPI_COMM_WORLD);
+    MPI_Recv(members.data(), nranks, MPI_INT, id.world_rank, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  }
+  MPI_Group world_group, group;
+  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+  MPI_Group_incl(world_group, nranks, members.data(), &group);
+  auto* c = new ncclComm;
+  MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &c->comm);
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  c->rank = rank;
+  c->size = nranks;
+  *comm = c;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (!comm) return ncclInvalidArgument;
+  if (comm->comm != MPI_COMM_NULL) MPI_Comm_free(&comm->comm);
+  delete comm;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
+  *async_error = ncclSuccess;
+  return comm ? ncclSuccess : ncclInvalidArgument;
+}
+
+const char* ncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclSystemError: return "unhandled system error";
+    case ncclInternalError: return "internal error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage";
+    default: return "unknown result code";
+  }
+}
+
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream) {
+  (void)stream;
+  if (g_group_depth) return collective_in_group("ncclAllReduce");
+  if (ncclResult_t e = check("ncclAllReduce", comm, datatype, {{sendbuff, count}, {recvbuff, count}}); e)
+    return e;
+  size_t bytes;
+  const MPI_Datatype t = mpi_type(datatype, &bytes);
+  const MPI_Op o = mpi_op(op, datatype);
+  if (o == MPI_OP_NULL) return ncclInvalidArgument;
+  MPI_Allreduce(sendbuff == recvbuff ? MPI_IN_PLACE : sendbuff, recvbuff, int(count), t, o,
+                comm->comm);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream) {
+  (void)stream;
+  if (g_group_depth) return collective_in_group("ncclReduceScatter");
+  if (ncclResult_t e = check("ncclReduceScatter", comm, datatype,
+                             {{sendbuff, recvcount * size_t(comm ? comm->size : 1)}, {recvbuff, recvcount}});
+      e)
+    return e;
+  size_t bytes;
+  const MPI_Datatype t = mpi_type(datatype, &bytes);
+  const MPI_Op o = mpi_op(op, datatype);
+  if (o == MPI_OP_NULL) return ncclInvalidArgument;
+  // NCCL's in-place form (recv inside send) is not MPI's: reduce into a copy.
+  std::vector<unsigned char> out(recvcount * bytes);
+  MPI_Reduce_scatter_block(sendbuff, out.data(), int(recvcount), t, o, comm->comm);
+  std::memcpy(recvbuff, out.data(), out.size());
+  return ncclSuccess;
+}
+
+ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  (void)stream;
+  if (g_group_depth) return collective_in_group("ncclAllGather");
+  if (ncclResult_t e = check("ncclAllGather", comm, datatype,
+                             {{sendbuff, sendcount}, {recvbuff, sendcount * size_t(comm ? comm->size : 1)}});
+      e)
+    return e;
+  size_t bytes;
+  const MPI_Datatype t = mpi_type(datatype, &bytes);
+  const bool in_place =
+      static_cast<const char*>(recvbuff) + size_t(comm->rank) * sendcount * bytes == sendbuff;
+  MPI_Allgather(in_place ? MPI_IN_PLACE : sendbuff, int(sendcount), t, recvbuff, int(sendcount), t,
+                comm->comm);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
+  (void)stream;
+  if (ncclResult_t e = check("ncclSend", comm, datatype, {{sendbuff, count}}); e) return e;
+  if (peer < 0 || peer >= comm->size) return ncclInvalidArgument;
+  size_t bytes;
+  const MPI_Datatype t = mpi_type(datatype, &bytes);
+  if (g_group_depth) {
+    g_pending.push_back({true, const_cast<void*>(sendbuff), int(count), t, peer, comm});
+    return ncclSuccess;
+  }
+  MPI_Ssend(sendbuff, int(count), t, peer, 0, comm->comm);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
+  (void)stream;
+  if (ncclResult_t e = check("ncclRecv", comm, datatype, {{recvbuff, count}}); e) return e;
+  if (peer < 0 || peer >= comm->size) return ncclInvalidArgument;
+  size_t bytes;
+  const MPI_Datatype t = mpi_type(datatype, &bytes);
+  if (g_group_depth) {
+    g_pending.push_back({false, recvbuff, int(count), t, peer, comm});
+    return ncclSuccess;
+  }
+  MPI_Recv(recvbuff, int(count), t, peer, 0, comm->comm, MPI_STATUS_IGNORE);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupStart() {
+  g_group_depth++;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd() {
+  if (g_group_depth == 0) return ncclInvalidUsage;
+  if (--g_group_depth > 0) return ncclSuccess;
+  std::vector<MPI_Request> requests(g_pending.size());
+  for (size_t i = 0; i < g_pending.size(); i++) {
+    const Pending& p = g_pending[i];
+    if (p.send)
+      MPI_Isend(p.buffer, p.count, p.type, p.peer, 0, p.comm->comm, &requests[i]);
+    else
+      MPI_Irecv(p.buffer, p.count, p.type, p.peer, 0, p.comm->comm, &requests[i]);
+  }
+  MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+  g_pending.clear();
+  return ncclSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `make test-cuda-host` (part of `make test`): the CUDA backend, kernels and host code alike,
+# executed without a GPU by the emulated build (bin/gpu_tests-emu, bin/tessera-emu; the emulator
+# is src/device/emu). Runs
+#   - tests/gpu (every CUDA op against its CPU twin in fp32 and bf16, the two backends training
+#     side by side, the emulator's own checks) in forward order and in a seeded random order of
+#     blocks and threads (TESSERA_EMU_SEED, default 1: a missing barrier can pass in one order);
+#   - the tensor- and data-parallel tests on 2 ranks, NCCL emulated over MPI, in both orders;
+#   - tests/gpu/test_trainer.sh: `tessera train` on device.backend=cuda against the CPU, 1 rank,
+#     2-rank layouts and (2,2,2) on 8 ranks.
+# Prints PASS/FAIL lines and exits non-zero on a failure.
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+MPIEXEC=${MPIEXEC:-mpiexec}
+export OMP_NUM_THREADS=1 MPIR_CVAR_POLLS_BEFORE_YIELD=1
+seed=${TESSERA_EMU_SEED:-1}
+fails=0
+run() {  # NAME COMMAND...: the command's output on failure, its last line on success
+  local name=$1 start log
+  shift
+  start=$(date +%s)
+  log=$(mktemp)
+  if "$@" >"$log" 2>&1; then
+    echo "PASS $name ($(( $(date +%s) - start )) s): $(grep -E '^\[  PASSED  \]|passed|^[0-9]+ passed' "$log" | tail -1)"
+  else
+    echo "FAIL $name:"
+    grep -E 'FAIL|Failure|error|emulator' "$log" | head -20 | sed 's/^/    /'
+    fails=$((fails + 1))
+  fi
+  rm -f "$log"
+}
+for order in forward "random:$seed"; do
+  run "gpu_tests ($order)" env TESSERA_EMU_ORDER="$order" "$ROOT/bin/gpu_tests-emu"
+  run "gpu_tests on 2 ranks ($order)" env TESSERA_EMU_ORDER="$order" \
+    "$MPIEXEC" -n 2 "$ROOT/bin/gpu_tests-emu" --gtest_filter='CudaModelTp.*:CudaModelDp.*'
+done
+echo "=== test_trainer (forward order)"
+TESSERA=$ROOT/bin/tessera-emu TESSERA_GPUS=8 bash "$ROOT/tests/gpu/test_trainer.sh" || fails=$((fails + 1))
+echo "test-cuda-host: $fails failed"
+[ "$fails" -eq 0 ]
