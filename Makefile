@@ -212,6 +212,7 @@ test-gpu:
 	$(MAKE) -j$(JOBS) bin/gpu_tests bin/tessera
 	bin/gpu_tests
 	PYTHON=$(PYTHON) MPIEXEC=$(MPIEXEC) bash tests/gpu/test_trainer.sh
+	PYTHON=$(PYTHON) MPIEXEC=$(MPIEXEC) bash tests/gpu/test_device_choice.sh
 	@gpus=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); \
 	if [ "$${gpus:-0}" -ge 2 ]; then \
 	  echo "test-gpu: tensor and data parallel over NCCL on 2 GPUs"; \
@@ -262,7 +263,7 @@ run: deps
 	bin/tessera sample runs/default/checkpoints --prompt "def " --tokens 400 --temperature 0.8
 
 test: deps
-	$(MAKE) -j$(JOBS) bin/tessera bin/unit_tests
+	$(MAKE) -j$(JOBS) bin/tessera bin/unit_tests $(if $(filter 1,$(CUDA_ON)),bin/gpu_tests)
 	bin/unit_tests
 	PYTHON=$(PYTHON) MPIEXEC=$(MPIEXEC) bash tests/run_integration.sh
 	$(MAKE) test-cuda-host

@@ -1,5 +1,6 @@
 #include "device/nccl_comm.hpp"
 
+#include <exception>
 #include <type_traits>
 
 #include "backend/cuda/context.hpp"
@@ -32,7 +33,13 @@ NcclComm::NcclComm(MPI_Comm comm) : mpi_(comm), stream_(cuda::stream()) {
 }
 
 NcclComm::~NcclComm() {
-  if (comm_) ncclCommDestroy(comm_);  // no check: a destructor must not throw
+  if (!comm_) return;
+  // No check: a destructor must not throw. On the way out of an error this rank's peers may be
+  // waiting in a collective it will never join: ncclCommDestroy would wait with them (for the
+  // queued work), ncclCommAbort ends the communicator's kernels at once, so the error reaches
+  // main and its one line and MPI_Abort end the job.
+  if (std::uncaught_exceptions() > 0) ncclCommAbort(comm_);
+  else ncclCommDestroy(comm_);
 }
 
 template <typename T>

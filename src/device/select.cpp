@@ -1,8 +1,13 @@
 #include "device/select.hpp"
 
+#include <unistd.h>
+
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "common/error.hpp"
 
@@ -15,10 +20,15 @@
 
 namespace tessera::device {
 
-int node_local_rank(MPI_Comm world, std::string* source) {
-  // Ordered as the launchers that set them: srun, Cray PALS, Cray PMI, MPICH hydra, Open MPI.
-  for (const char* var : {"SLURM_LOCALID", "PALS_LOCAL_RANKID", "PMI_LOCAL_RANK", "MPI_LOCALRANKID",
-                          "OMPI_COMM_WORLD_LOCAL_RANK"}) {
+MPI_Comm node_comm(MPI_Comm world) {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  return node;
+}
+
+int node_local_rank(MPI_Comm node, std::string* source) {
+  for (const char* var :
+       {"MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"}) {
     const char* v = std::getenv(var);
     if (!v || !*v) continue;
     char* end = nullptr;
@@ -27,11 +37,8 @@ int node_local_rank(MPI_Comm world, std::string* source) {
     if (source) *source = var;
     return int(r);
   }
-  MPI_Comm node;
-  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
   int r = 0;
   MPI_Comm_rank(node, &r);
-  MPI_Comm_free(&node);
   if (source) *source = "MPI_Comm_split_type";
   return r;
 }
@@ -49,6 +56,73 @@ int first_failing_rank(bool ok, int rank, MPI_Comm world) {
   int mine = ok ? INT_MAX : rank, lowest = INT_MAX;
   MPI_Allreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, world);
   return lowest == INT_MAX ? -1 : lowest;
+}
+
+// `text` of rank `root` on every rank.
+std::string broadcast(std::string text, int root, MPI_Comm world) {
+  int n = int(text.size());
+  MPI_Bcast(&n, 1, MPI_INT, root, world);
+  text.resize(size_t(n));
+  MPI_Bcast(text.data(), n, MPI_CHAR, root, world);
+  return text;
+}
+
+// "GPU-6b0c0f3e-..." as nvidia-smi -L writes a device's UUID.
+std::string uuid_text(const cudaUUID_t& u) {
+  char b[48];
+  const auto* x = reinterpret_cast<const unsigned char*>(u.bytes);
+  std::snprintf(b, sizeof b, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12],
+                x[13], x[14], x[15]);
+  return b;
+}
+
+// "" when no two ranks of this node share a GPU, else (on the rank with the higher node-local
+// index of the first such pair) what the user reads: the two world ranks, the node, the GPU.
+// Collective over `node`.
+std::string shared_gpu(int device, int world_rank, MPI_Comm node) {
+  struct Entry {
+    char uuid[16];
+    int world_rank, device;
+  } mine{}, *all = nullptr;
+  cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return "";
+  std::memcpy(mine.uuid, p.uuid.bytes, sizeof mine.uuid);
+  mine.world_rank = world_rank;
+  mine.device = device;
+  int n = 1, me = 0;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_rank(node, &me);
+  std::vector<Entry> entries(static_cast<size_t>(n));
+  all = entries.data();
+  MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, all, int(sizeof mine), MPI_BYTE, node);
+  for (int j = 0; j < me; j++) {
+    if (std::memcmp(all[j].uuid, mine.uuid, sizeof mine.uuid) != 0) continue;
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    return "ranks " + std::to_string(all[j].world_rank) + " and " + std::to_string(world_rank) +
+           " on " + host + " would share one GPU (" + uuid_text(p.uuid) + ", their device " +
+           std::to_string(all[j].device) + " and " + std::to_string(device) +
+           "): each rank needs a GPU of its own (one rank per GPU; check CUDA_VISIBLE_DEVICES "
+           "and the launcher's GPU binding)";
+  }
+  return "";
+}
+
+// "0->0 1->1 2->0 3->1" for the first 16 ranks: which GPU each rank took. Collective.
+std::string devices_by_rank(int device, MPI_Comm world) {
+  int size = 1;
+  MPI_Comm_size(world, &size);
+  std::vector<int> all(static_cast<size_t>(size));
+  MPI_Allgather(&device, 1, MPI_INT, all.data(), 1, MPI_INT, world);
+  std::string out;
+  char item[32];
+  for (int r = 0; r < size && r < 16; r++) {
+    std::snprintf(item, sizeof item, "%s%d->%d", r ? " " : "", r, all[size_t(r)]);
+    out += item;
+  }
+  if (size > 16) out += " (and " + std::to_string(size - 16) + " more ranks)";
+  return out;
 }
 
 }  // namespace
@@ -87,34 +161,46 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
     why = "cudaGetDeviceCount found 0 devices";
   }
   std::string source;
-  const int local = node_local_rank(world, &source);  // collective: every rank calls it
+  MPI_Comm node = node_comm(world);  // collective: every rank calls it
+  const int local = node_local_rank(node, &source);
   const int dev = visible > 0 ? pick_device(local, visible) : -1;
   if (visible > 0 && dev < 0)
     why = "node-local rank " + std::to_string(local) + " (from " + source + ") but only " +
           std::to_string(visible) + " visible GPU" + (visible == 1 ? "" : "s");
-  const int bad = first_failing_rank(dev >= 0, rank, world);
+  int bad = first_failing_rank(dev >= 0, rank, world);
+  bool sharing = false;
   if (bad < 0) {
-    // Every rank has its GPU: the trainer runs its CUDA engine (train/engine_cuda.cpp). Compiled
-    // and checked against the CPU in tests/gpu, but not yet run on a GPU by its authors.
+    // Two ranks on one GPU would fail later inside NCCL ("duplicate GPU") or crawl: say so now.
+    const std::string shared = shared_gpu(dev, rank, node);
+    bad = first_failing_rank(shared.empty(), rank, world);
+    sharing = bad >= 0;
+    if (sharing) why = broadcast(shared, bad, world);
+  }
+  MPI_Comm_free(&node);
+  if (bad < 0) {
+    // Every rank has a GPU of its own: the trainer runs Engine<CudaBackend>.
     set_identity(rank, dev);
     choice.cuda = true;
     choice.device = dev;
-    choice.note = "device: " + want + ": CUDA, " + (bf16 ? "bf16" : "fp32") + ", rank 0 on GPU " +
-                  std::to_string(dev) + " of " + std::to_string(visible) +
-                  " visible (node-local rank " + std::to_string(local) + " from " + source + ")";
+    choice.note = "device: " + want + ": CUDA, " + (bf16 ? "bf16" : "fp32") +
+                  ", GPU by rank: " + devices_by_rank(dev, world) + " (node-local rank from " +
+                  source + "; rank 0 sees " + std::to_string(visible) + " GPU" +
+                  (visible == 1 ? "" : "s") + ")";
     return choice;
   }
-  // Rank 0 prints the message; it knows its own reason, and only the rank of another's.
-  const std::string reason =
-      bad == rank ? why : "rank " + std::to_string(bad) + " found no usable GPU";
+  // Rank 0 prints the message; it knows its own reason, and only the rank of another's (a
+  // shared GPU's reason was broadcast: every rank has it).
+  const std::string problem =
+      sharing ? why
+              : "rank " + std::to_string(bad) + " has no GPU: " +
+                    (bad == rank ? why : "it found none it could use");
   if (want == "cuda")
-    throw UserError(deck + ": device.backend = cuda, but rank " + std::to_string(bad) +
-                    " has no GPU: " + reason + "; use device.backend: cpu or auto");
+    throw UserError(deck + ": device.backend = cuda, but " + problem +
+                    "; use device.backend: cpu or auto");
   if (bf16)
-    throw UserError(deck + ": device.precision = bf16 needs a GPU, but rank " +
-                    std::to_string(bad) + " has none (" + reason + "); use device.precision: fp32");
-  choice.note = "device: auto: no GPU on rank " + std::to_string(bad) + " (" + reason +
-                "): training on the CPU";
+    throw UserError(deck + ": device.precision = bf16 needs a GPU on every rank, but " + problem +
+                    "; use device.precision: fp32");
+  choice.note = "device: auto: " + problem + ": training on the CPU";
   return choice;
 #endif
 }

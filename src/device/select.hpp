@@ -10,12 +10,17 @@
 
 namespace tessera::device {
 
-// The rank's index among the ranks of its node: the launcher's variable (SLURM_LOCALID,
-// PALS_LOCAL_RANKID, PMI_LOCAL_RANK, MPI_LOCALRANKID, OMPI_COMM_WORLD_LOCAL_RANK, first found),
-// else its rank in MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED) (collective over `world`:
-// every rank must call this when no variable is set on any of them; they all are or none is).
-// `source` receives where the number came from, for the log.
-int node_local_rank(MPI_Comm world, std::string* source = nullptr);
+// The ranks of this rank's node: MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED). Collective
+// over `world`; the caller frees it.
+MPI_Comm node_comm(MPI_Comm world);
+
+// The rank's index among the ranks of its node: the MPI launcher's own variable (MPI_LOCALRANKID
+// of MPICH's hydra, OMPI_COMM_WORLD_LOCAL_RANK of Open MPI, PALS_LOCAL_RANKID of Cray PALS,
+// PMI_LOCAL_RANK of Cray PMI, first found), else the rank in `node`. SLURM_LOCALID is never
+// read: under mpiexec inside an sbatch allocation every rank inherits the batch step's 0, and
+// under srun the node communicator numbers the ranks just as well. `source` receives where the
+// number came from, for the log.
+int node_local_rank(MPI_Comm node, std::string* source = nullptr);
 
 // The GPU a rank with node-local rank `local_rank` takes among `visible` devices: 0 when exactly
 // one is visible (the site bound one GPU per rank), else local_rank, which must be < visible.
@@ -31,9 +36,11 @@ struct DeviceChoice {
 // Applies device.backend and device.precision to what this build and this machine have:
 //   cpu  -> the CPU;
 //   cuda -> a GPU, or UserError (exit 2) naming why not: a CPU-only build, no visible GPU
-//           (cudaGetDeviceCount failed or found 0), more ranks on a node than GPUs;
+//           (cudaGetDeviceCount failed or found 0), more ranks on a node than GPUs, two ranks
+//           of a node on the same GPU (their device UUIDs compared over the node);
 //   auto -> a GPU when the CUDA path can train, else the CPU, and `note` says which and why.
-// Collective over `world`: every rank learns whether every other rank found its GPU.
+// Collective over `world`: every rank learns whether every other rank found a GPU of its own.
+// The note lists each rank's GPU (up to 16 ranks).
 DeviceChoice choose_backend(const Config& cfg, MPI_Comm world);
 
 // On a CUDA choice: cudaSetDevice(choice.device) and the backend's stream and cuBLAS handle

@@ -24,9 +24,10 @@ class Engine final : public TrainEngine {
  public:
   explicit Engine(const EngineSetup& s)
       : tile_(s.tile), mb_(s.micro_batch), T_(s.seq_len), zero_(s.zero), embed_sum_(s.embed_sum),
+        arena_(Backend::memory()),
         // Built in the fixed order tp, dp, pp, embed (an NCCL communicator's construction is
         // collective over its ranks).
-        tp_(s.tp), dp_(s.dp), pp_(s.pp), embed_(s.embed), arena_(Backend::memory()),
+        tp_(s.tp), dp_(s.dp), pp_(s.pp), embed_(s.embed),
         model_(s.tile, &tp_, s.micro_batch, s.seq_len, schedule_slots(s.schedule), arena_),
         optimizer_(s.tile, &dp_, s.world, s.zero, s.hyper, arena_),
         executor_(model_, &pp_, s.schedule, s.micro_batch, s.seq_len, arena_) {
@@ -157,8 +158,10 @@ class Engine final : public TrainEngine {
   const LocalLayout& tile_;
   int mb_, T_;
   bool zero_, embed_sum_;
-  typename Backend::Comm tp_, dp_, pp_, embed_;
+  // The arena before the communicators, so that on an error the communicators go first (their
+  // destructors abort NCCL's kernels), then the memory they used.
   Arena arena_;
+  typename Backend::Comm tp_, dp_, pp_, embed_;
   Gpt<Backend> model_;
   DistributedOptimizer<Backend> optimizer_;
   PipelineExecutor<Backend> executor_;

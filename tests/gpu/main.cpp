@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <sstream>
 
@@ -55,6 +56,21 @@ Compare compare(const std::vector<double>& got, const std::vector<double>& want)
 
 int run_bench();
 
+// GPUs the NVIDIA kernel driver knows of: entries of /proc/driver/nvidia/gpus (or of the folder
+// TESSERA_NVIDIA_PROC names, for the test of this check), else /dev/nvidia0, 1, ... files.
+int gpus_present() {
+  const char* dir = std::getenv("TESSERA_NVIDIA_PROC");
+  std::error_code ec;
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir ? dir : "/proc/driver/nvidia/gpus", ec)) {
+    (void)e;
+    n++;
+  }
+  if (n > 0 || dir) return n;
+  while (std::filesystem::exists("/dev/nvidia" + std::to_string(n), ec)) n++;
+  return n;
+}
+
 }  // namespace tessera::gpu_test
 
 // Under mpiexec (make test-gpu does this where two GPUs are visible) each rank takes the GPU of
@@ -68,16 +84,35 @@ int main(int argc, char** argv) {
   bool bench = false;
   for (int i = 1; i < argc; i++)
     if (std::strcmp(argv[i], "--bench") == 0) bench = true;
-  int count = 0;
+  const char* what = bench ? "bench-gpu" : "test-gpu";
+  int count = 0, driver = 0, runtime = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (rank == 0)
+    std::printf("%s: CUDA driver %d.%d, runtime %d.%d, CUDA_VISIBLE_DEVICES=%s\n", what,
+                driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10,
+                visible ? visible : "(unset)");
   if (err != cudaSuccess || count == 0) {
-    if (rank == 0)
-      std::printf("%s: no GPU: skipped (%s)\n", bench ? "bench-gpu" : "test-gpu",
-                  err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount found 0");
+    const char* reason = err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount found 0";
+    // Skipped only where there is no GPU at all: a GPU that CUDA cannot use (a driver older than
+    // the runtime, CUDA_VISIBLE_DEVICES naming none) is a failure, not a pass.
+    const int present = gpu_test::gpus_present();
+    if (present > 0) {
+      if (rank == 0)
+        std::printf("%s: FAILED: %d GPU%s present, but CUDA cannot use %s: %s\n", what, present,
+                    present == 1 ? " is" : "s are", present == 1 ? "it" : "them", reason);
+      MPI_Finalize();
+      return 1;
+    }
+    if (rank == 0) std::printf("%s: no GPU: skipped (%s)\n", what, reason);
     MPI_Finalize();
     return 0;
   }
-  const int dev = device::pick_device(device::node_local_rank(MPI_COMM_WORLD), count);
+  MPI_Comm node = device::node_comm(MPI_COMM_WORLD);
+  const int dev = device::pick_device(device::node_local_rank(node), count);
+  MPI_Comm_free(&node);
   if (dev < 0) {
     std::printf("rank %d: more ranks on this node than its %d GPUs\n", rank, count);
     MPI_Abort(MPI_COMM_WORLD, 1);

@@ -7,7 +7,9 @@
 #     blocks and threads (TESSERA_EMU_SEED, default 1: a missing barrier can pass in one order);
 #   - the tensor- and data-parallel tests on 2 ranks, NCCL emulated over MPI, in both orders;
 #   - tests/gpu/test_trainer.sh: `tessera train` on device.backend=cuda against the CPU, 1 rank,
-#     2-rank layouts and (2,2,2) on 8 ranks.
+#     2-rank layouts, tp=4 with a padding-only rank and (2,2,2) on 8 ranks;
+#   - tests/gpu/test_device_choice.sh: each rank's GPU, two ranks on one GPU refused, one rank out
+#     of device memory ending the job.
 # Prints PASS/FAIL lines and exits non-zero on a failure.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -34,7 +36,10 @@ for order in forward "random:$seed"; do
   run "gpu_tests on 2 ranks ($order)" env TESSERA_EMU_ORDER="$order" \
     "$MPIEXEC" -n 2 "$ROOT/bin/gpu_tests-emu" --gtest_filter='CudaModelTp.*:CudaModelDp.*'
 done
-echo "=== test_trainer (forward order)"
-TESSERA=$ROOT/bin/tessera-emu TESSERA_GPUS=8 bash "$ROOT/tests/gpu/test_trainer.sh" || fails=$((fails + 1))
+for script in test_trainer test_device_choice; do
+  echo "=== $script (forward order)"
+  TESSERA=$ROOT/bin/tessera-emu TESSERA_GPUS=8 TESSERA_EMU=1 bash "$ROOT/tests/gpu/$script.sh" ||
+    fails=$((fails + 1))
+done
 echo "test-cuda-host: $fails failed"
 [ "$fails" -eq 0 ]

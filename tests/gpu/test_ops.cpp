@@ -83,6 +83,28 @@ TYPED_TEST(CudaOp, Gemm) {
   }
 }
 
+// K = 0 (an LM-head backward on a tensor-parallel rank that holds only padding rows): C = beta C,
+// whatever the leading dimension of an operand with no columns (0 here, which cuBLAS refuses).
+TYPED_TEST(CudaOp, GemmOverNothing) {
+  using F = TypeParam;
+  const int M = 37, N = 45, ldc = N + 2;
+  for (double beta : {0.0, 0.5, 1.0}) {
+    auto C = random_of<F>(size_t(M) * ldc);
+    Dev<F> dA(1), dB(static_cast<size_t>(N)), dC(C);
+    gpu::gemm<F>(false, false, M, N, 0, 1.0f, dA, 0, dB, N, float(beta), dC, ldc);
+    cpu::gemm<double>(false, false, M, N, 0, 1.0, nullptr, 0, nullptr, N, beta, C.data(), ldc);
+    EXPECT_CLOSE(block(dC.fetch(), M, N, ldc), block(C, M, N, ldc), 0.0,
+                 "gemm K=0 beta=" + std::to_string(beta));
+  }
+  // The layer it comes from: matmul_backward with OC = 0 leaves dinp as it was.
+  const int IC = 40;
+  auto dinp = random_of<F>(size_t(M) * IC);
+  Dev<F> d_dinp(dinp), d_dout(1), d_inp(size_t(M) * IC), d_w(1);
+  Dev<float> d_dw(1);
+  gpu::matmul_backward<F>(d_dinp, d_dw, nullptr, d_dout, d_inp, d_w, M, IC, 0);
+  EXPECT_CLOSE(d_dinp.fetch(), dinp, 0.0, "matmul_backward OC=0 dinp");
+}
+
 TYPED_TEST(CudaOp, Matmul) {
   using F = TypeParam;
   const int N = 37, IC = 67;

@@ -3,10 +3,13 @@
 and every /model tensor of a checkpoint (max |a - b| <= tol * max |reference|).
 
   compare_runs.py REF_METRICS REF_CKPT OTHER_METRICS OTHER_CKPT [--loss-rtol 1e-5]
-                  [--param-tol 1e-4] [--steps FIRST:LAST] [--exact]
+                  [--param-tol 1e-4 | --param-norm-tol 1e-2] [--steps FIRST:LAST] [--exact]
 
 Prints one line with the worst relative loss difference and the worst tensor; exit 0 when all
 pass, 1 otherwise. --exact demands bit equality of losses and of every dataset (same layout).
+--param-norm-tol compares the model as a whole instead of tensor by tensor: ||a - b|| / ||ref||
+over every /model value (for bf16 runs, whose rounding moves a small tensor's elements by a
+large part of its largest).
 """
 import argparse
 import json
@@ -31,6 +34,7 @@ def main():
     ap.add_argument("metrics"), ap.add_argument("ckpt")
     ap.add_argument("--loss-rtol", type=float, default=1e-5)
     ap.add_argument("--param-tol", type=float, default=1e-4)
+    ap.add_argument("--param-norm-tol", type=float, default=None)
     ap.add_argument("--steps", default="1:1000000")
     ap.add_argument("--exact", action="store_true")
     a = ap.parse_args()
@@ -46,6 +50,7 @@ def main():
         if (a.exact and got[s] != ref[s]) or d > a.loss_rtol:
             problems.append(f"step {s}: loss {got[s]!r} vs {ref[s]!r} (rel {d:.2e})")
     worst_param, worst_name = 0.0, ""
+    diff2 = ref2 = 0.0
     with h5py.File(a.ref_ckpt) as fr, h5py.File(a.ckpt) as fo:
         groups = ["model", "optim"] if a.exact else ["model"]
         names = []
@@ -62,12 +67,18 @@ def main():
                 continue
             scale = float(np.abs(x).max()) or 1.0
             d = float(np.abs(x - y).max()) / scale
+            diff2 += float(np.sum((x.astype(np.float64) - y) ** 2))
+            ref2 += float(np.sum(x.astype(np.float64) ** 2))
             if d > worst_param:
                 worst_param, worst_name = d, n
-            if d > a.param_tol:
+            if a.param_norm_tol is None and d > a.param_tol:
                 problems.append(f"{n}: max diff {d:.2e} of max |value|")
+    norm = (diff2 / ref2) ** 0.5 if ref2 > 0 else 0.0
+    if a.param_norm_tol is not None and norm > a.param_norm_tol:
+        problems.append(f"parameters: ||diff|| / ||reference|| = {norm:.2e}")
     print(f"{len(ref)} steps, worst loss rel diff {worst_loss:.2e}, worst tensor {worst_name} "
-          f"{worst_param:.2e}" + ("" if not problems else "; " + "; ".join(problems[:5])))
+          f"{worst_param:.2e}, parameters' relative distance {norm:.2e}"
+          + ("" if not problems else "; " + "; ".join(problems[:5])))
     return 1 if problems else 0
 
 

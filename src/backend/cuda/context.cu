@@ -27,9 +27,22 @@ struct Context {
 };
 Context g;
 
+// The arena's one allocation: every buffer of the run. Out of memory says how much was asked
+// and how much the GPU has left, as cudaMemGetInfo sees it.
 void* device_allocate(size_t bytes) {
   void* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, bytes));
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    char call[128], reason[128];
+    std::snprintf(call, sizeof call, "cudaMalloc of %.1f MB (every buffer of the run)", bytes / 1e6);
+    std::snprintf(reason, sizeof reason, "out of memory: %.1f MB free of %.1f MB", free / 1e6,
+                  total / 1e6);
+    device::fail(call, reason, __FILE__, __LINE__);
+  }
+  CUDA_CHECK(e);
   return p;
 }
 void device_release(void* p) { cudaFree(p); }  // no check: runs in a destructor

@@ -9,14 +9,45 @@
 namespace tessera::cuda {
 
 namespace {
+
 cublasOperation_t op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// C = beta C over `batch` row-major (M,N) matrices `stride` elements apart; beta == 0 writes zeros
+// without reading C (it may hold NaN).
+template <typename T>
+__global__ void scale_matrices_kernel(T* C, int M, int N, int ldc, long long stride, int batch,
+                                      float beta) {
+  const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (i >= size_t(batch) * M * N) return;
+  const size_t e = i / (size_t(M) * N), r = i / N % M, c = i % N;
+  T& x = C[e * stride + r * size_t(ldc) + c];
+  x = from_float<T>(beta == 0.0f ? 0.0f : beta * to_float(x));
+}
+
+// A product over K = 0 is C = beta C. cuBLAS refuses it when an operand's leading dimension is 0
+// (the LM-head backward of a tensor-parallel rank that holds only padding rows has such a
+// gradient), so it never gets there.
+void scale_matrices(void* C, cudaDataType_t type, int M, int N, int ldc, long long stride,
+                    int batch, float beta) {
+  if (beta == 1.0f) return;
+  constexpr int kThreads = 256;
+  const unsigned grid = blocks_for(size_t(batch) * M * N, kThreads);
+  if (type == CUDA_R_32F)
+    launch<scale_matrices_kernel<float>>(grid, kThreads, 0, stream(), static_cast<float*>(C), M,
+                                         N, ldc, stride, batch, beta);
+  else
+    launch<scale_matrices_kernel<bf16>>(grid, kThreads, 0, stream(), static_cast<bf16*>(C), M, N,
+                                        ldc, stride, batch, beta);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void gemm_ex(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
              const void* B, int ldb, cudaDataType_t ab_type, float beta, void* C, int ldc,
              cudaDataType_t c_type) {
   if (M <= 0 || N <= 0) return;
-  // K == 0 is C = beta C in cuBLAS as in BLAS (the CPU twin special-cases it for OpenBLAS only).
+  if (K <= 0) return scale_matrices(C, c_type, M, N, ldc, 0, 1, beta);
   // CUBLAS_COMPUTE_32F: fp32 products and sums; for fp32 operands that excludes TF32.
   CUBLAS_CHECK(cublasGemmEx(blas(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ab_type, ldb, A,
                             ab_type, lda, &beta, C, c_type, ldc, CUBLAS_COMPUTE_32F,
@@ -28,6 +59,7 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float
                           long long stride_b, cudaDataType_t ab_type, float beta, void* C,
                           int ldc, long long stride_c, cudaDataType_t c_type, int batch) {
   if (M <= 0 || N <= 0 || batch <= 0) return;
+  if (K <= 0) return scale_matrices(C, c_type, M, N, ldc, stride_c, batch, beta);
   CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas(), op(trans_b), op(trans_a), N, M, K, &alpha, B,
                                           ab_type, ldb, stride_b, A, ab_type, lda, stride_a, &beta,
                                           C, c_type, ldc, stride_c, batch, CUBLAS_COMPUTE_32F,

@@ -11,6 +11,7 @@
 // and all complete together; alone, a send completes only when its receive is posted
 // (MPI_Ssend), as an NCCL send holds its stream until the peer receives. So an order that would
 // deadlock a GPU's streams deadlocks here too. bf16 sums add in fp32 and round, element by element.
+// ncclCommDestroy waits for the peers (see there); ncclCommAbort does not.
 #include <mpi.h>
 #include <nccl.h>
 
@@ -157,14 +158,25 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId comm_id
   return ncclSuccess;
 }
 
+// NCCL's destroy finalizes first: it flushes the work still queued, which may need the peers.
+// Here it waits for them outright (a barrier), the worst case, so that a rank that leaves on an
+// error through ncclCommDestroy, while a peer is elsewhere, hangs here as it could on a GPU.
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return ncclInvalidArgument;
-  if (comm->comm != MPI_COMM_NULL) MPI_Comm_free(&comm->comm);
+  if (comm->comm != MPI_COMM_NULL) {
+    MPI_Barrier(comm->comm);
+    MPI_Comm_free(&comm->comm);
+  }
   delete comm;
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+// Without MPI_Comm_free, which is collective: the peers may never come.
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (!comm) return ncclInvalidArgument;
+  delete comm;
+  return ncclSuccess;
+}
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
   *async_error = ncclSuccess;

@@ -8,16 +8,22 @@
 // GPU would (cudaErrorInvalidValue) and says why on stderr.
 //
 // Devices: TESSERA_EMU_DEVICES (default 8) identical devices named "tessera CUDA emulator",
-// compute capability 0.0 (so no datasheet peak applies), each with its own UUID.
+// compute capability 0.0 (so no datasheet peak applies), each with its own UUID, of
+// TESSERA_EMU_DEVICE_MEMORY bytes (default 16 GiB: a cudaMalloc beyond it fails as on a full GPU).
+// CUDA_VISIBLE_DEVICES selects and orders them as the driver does (a list of indices, cut at the
+// first one that is not a device; set but empty: none).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "device/emu/memory.hpp"
 
@@ -63,10 +69,35 @@ const ErrorText& error_text(cudaError_t e) {
   return table[sizeof table / sizeof table[0] - 1];
 }
 
-int device_count() {
-  const char* s = std::getenv("TESSERA_EMU_DEVICES");
-  const int n = s ? std::atoi(s) : 8;
-  return n < 0 ? 0 : n;
+size_t g_device_bytes = 0;  // cudaMalloc'd and not freed
+
+// The physical devices CUDA_VISIBLE_DEVICES leaves visible, in its order.
+const std::vector<int>& visible_devices() {
+  static const std::vector<int> visible = [] {
+    const char* s = std::getenv("TESSERA_EMU_DEVICES");
+    const int physical = s ? std::max(0, std::atoi(s)) : 8;
+    std::vector<int> v;
+    const char* list = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (!list) {
+      for (int d = 0; d < physical; d++) v.push_back(d);
+      return v;
+    }
+    std::stringstream in(list);
+    for (std::string item; std::getline(in, item, ',');) {
+      char* end = nullptr;
+      const long d = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || d < 0 || d >= physical) break;
+      v.push_back(int(d));
+    }
+    return v;
+  }();
+  return visible;
+}
+int device_count() { return int(visible_devices().size()); }
+
+size_t device_memory() {
+  const char* s = std::getenv("TESSERA_EMU_DEVICE_MEMORY");
+  return s ? size_t(std::strtoull(s, nullptr, 10)) : size_t(16) << 30;
 }
 
 cudaError_t fail(cudaError_t e, const std::string& why) {
@@ -75,6 +106,11 @@ cudaError_t fail(cudaError_t e, const std::string& why) {
 }
 
 void* allocate(size_t bytes, Space space) {
+  if (space == Space::device) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_device_bytes + bytes > device_memory()) return nullptr;
+    g_device_bytes += bytes;
+  }
   void* p = nullptr;
   if (posix_memalign(&p, 256, bytes) != 0) return nullptr;
   std::memset(p, 0xFF, bytes);
@@ -92,6 +128,7 @@ cudaError_t release(void* p, Space space, const char* call) {
       return fail(cudaErrorInvalidValue, std::string(call) + ": not the start of an allocation of " +
                                              (space == Space::device ? "device" : "pinned") +
                                              " memory");
+    if (space == Space::device) g_device_bytes -= it->second.bytes;
     g_allocations.erase(it);
   }
   std::free(p);
@@ -198,8 +235,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
   std::memset(prop, 0, sizeof *prop);
   std::snprintf(prop->name, sizeof prop->name, "tessera CUDA emulator");
-  prop->uuid.bytes[0] = char(device + 1);
-  prop->totalGlobalMem = size_t(16) << 30;
+  prop->uuid.bytes[0] = char(visible_devices()[size_t(device)] + 1);
+  prop->totalGlobalMem = device_memory();
   prop->sharedMemPerBlock = size_t(48) << 10;
   prop->warpSize = 32;
   prop->maxThreadsPerBlock = 1024;
@@ -208,7 +245,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->maxGridSize[0] = 0x7fffffff;
   prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
   prop->multiProcessorCount = 1;
-  prop->pciDeviceID = device;
+  prop->pciDeviceID = visible_devices()[size_t(device)];
   return cudaSuccess;
 }
 
@@ -223,6 +260,13 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  *total = device_memory();
+  *free = *total - std::min(*total, g_device_bytes);
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetLastError(void) {
   const cudaError_t e = g_last_error;

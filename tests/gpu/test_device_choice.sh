@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Which GPU each rank takes, and a GPU failure on one rank (make test-gpu; make test-cuda-host on
+# the emulator):
+#   - under mpiexec inside a Slurm allocation every rank inherits SLURM_LOCALID=0: the ranks still
+#     take GPUs 0 and 1 (the launcher's own MPI_LOCALRANKID decides), and the log says so;
+#   - two ranks of a node on one GPU (CUDA_VISIBLE_DEVICES=0 for both) are refused before
+#     anything is allocated: one line naming both ranks and the GPU, exit 2;
+#   - (emulator) one rank out of device memory, while its peer goes on into training: that
+#     rank's one line and a non-zero exit within seconds, not a hang in ncclCommDestroy.
+# TESSERA, TESSERA_GPUS and TESSERA_EMU as in test_trainer.sh. Without a GPU: skipped.
+# shellcheck source=tests/integration/lib.sh
+source "$(dirname "$0")/../integration/lib.sh"
+gpus=${TESSERA_GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)}
+if [ "${gpus:-0}" -lt 1 ]; then
+  echo "test_device_choice: no GPU: skipped"
+  exit 0
+fi
+deck=$(tiny_deck choice)
+cd "$WORK" || exit 1
+common=(device.backend=cuda train.steps=1 eval.batches=1 parallel.dp=2 train.batch_size=4)
+
+if [ "$gpus" -ge 2 ]; then
+  if SLURM_LOCALID=0 timeout -k 10 300 "$MPIEXEC" -n 2 "$TESSERA" train "$deck" "${common[@]}" \
+       run.dir="$WORK/slurm" >slurm.log 2>&1 &&
+     grep -q '^device: cuda: CUDA, fp32, GPU by rank: 0->0 1->1 ' slurm.log; then
+    pass "SLURM_LOCALID=0 inherited by both ranks: $(grep '^device:' slurm.log)"
+  else
+    fail "SLURM_LOCALID=0 inherited by both ranks:"; grep -E '^device:|rror' slurm.log | sed 's/^/    /'
+  fi
+else
+  echo "test_device_choice: 1 GPU: the two-rank GPU choice is skipped"
+fi
+
+CUDA_VISIBLE_DEVICES=0 timeout -k 10 120 "$MPIEXEC" -n 2 "$TESSERA" train "$deck" "${common[@]}" \
+  run.dir="$WORK/shared" >out.txt 2>err.txt
+rc=$?
+if [ "$rc" -eq 2 ] && [ "$(wc -l <err.txt)" -eq 1 ] && [ ! -s out.txt ] &&
+   grep -Eq 'device\.backend = cuda, but ranks 0 and 1 on .+ would share one GPU \(GPU-[0-9a-f-]+, their device 0 and 0\): each rank needs a GPU of its own' err.txt; then
+  pass "two ranks on one GPU refused: $(cat err.txt)"
+else
+  fail "two ranks on one GPU: exit $rc"; sed 's/^/    err: /' err.txt | head -5; sed 's/^/    out: /' out.txt | head -3
+fi
+
+if [ -n "${TESSERA_EMU:-}" ]; then
+  start=$(date +%s)
+  timeout -k 5 60 "$MPIEXEC" -n 1 -env TESSERA_EMU_DEVICE_MEMORY 34000000 "$TESSERA" train "$deck" \
+    "${common[@]}" run.dir="$WORK/oom" : -n 1 "$TESSERA" train "$deck" "${common[@]}" \
+    run.dir="$WORK/oom" >out.txt 2>err.txt
+  rc=$?
+  took=$(( $(date +%s) - start ))
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ "$took" -lt 60 ] &&
+     [ "$(grep -c 'out of memory' err.txt)" -eq 1 ] &&
+     grep -Eq '^rank 0: rank 0, GPU 0: cudaMalloc of [0-9.]+ MB .*failed: out of memory: [0-9.]+ MB free of 34\.0 MB' err.txt; then
+    pass "one rank out of GPU memory ended the job in ${took} s (exit $rc): $(grep 'out of memory' err.txt)"
+  else
+    fail "one rank out of GPU memory: exit $rc after ${took} s"; sed 's/^/    err: /' err.txt | head -5
+  fi
+fi
+finish
