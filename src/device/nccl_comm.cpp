@@ -21,7 +21,8 @@ ncclDataType_t nccl_type() {
 
 }  // namespace
 
-NcclComm::NcclComm(MPI_Comm comm) : mpi_(comm), stream_(cuda::stream()) {
+NcclComm::NcclComm(MPI_Comm comm, bool overlap)
+    : mpi_(comm), compute_(cuda::stream()), stream_(cuda::stream()) {
   if (comm == MPI_COMM_NULL) return;
   MPI_Comm_size(comm, &size_);
   MPI_Comm_rank(comm, &rank_);
@@ -30,9 +31,17 @@ NcclComm::NcclComm(MPI_Comm comm) : mpi_(comm), stream_(cuda::stream()) {
   if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm);
   NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  if (overlap) {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&communicated_, cudaEventDisableTiming));
+  }
 }
 
 NcclComm::~NcclComm() {
+  if (computed_) cudaEventDestroy(computed_);
+  if (communicated_) cudaEventDestroy(communicated_);
+  if (stream_ != compute_) cudaStreamDestroy(stream_);
   if (!comm_) return;
   // No check: a destructor must not throw. On the way out of an error this rank's peers may be
   // waiting in a collective it will never join: ncclCommDestroy would wait with them (for the
@@ -42,16 +51,43 @@ NcclComm::~NcclComm() {
   else ncclCommDestroy(comm_);
 }
 
+void NcclComm::enter() {
+  if (stream_ == compute_) return;
+  CUDA_CHECK(cudaEventRecord(computed_, compute_));
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, computed_, 0));
+}
+
+void NcclComm::leave() {
+  if (stream_ == compute_) return;
+  CUDA_CHECK(cudaEventRecord(communicated_, stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(compute_, communicated_, 0));
+}
+
 template <typename T>
 void NcclComm::all_reduce_sum(T* x, size_t n) {
   if (!active() || n == 0) return;
+  enter();
   NCCL_CHECK(ncclAllReduce(x, x, n, nccl_type<T>(), ncclSum, comm_, stream_));
+  leave();
   payload_bytes += n * sizeof(T);
+}
+
+void NcclComm::start_all_reduce_sum(float* x, size_t n) {
+  if (!active() || n == 0) return;
+  enter();
+  NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclSum, comm_, stream_));
+  payload_bytes += n * sizeof(float);
+}
+
+void NcclComm::wait_reductions() {
+  if (active()) leave();
 }
 
 void NcclComm::all_reduce_max(float* x, size_t n) {
   if (!active() || n == 0) return;
+  enter();
   NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclMax, comm_, stream_));
+  leave();
   payload_bytes += n * sizeof(float);
 }
 
@@ -63,7 +99,9 @@ void NcclComm::reduce_scatter_sum(const T* send, T* recv, size_t count) {
       CUDA_CHECK(cudaMemcpyAsync(recv, send, count * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
     return;
   }
+  enter();
   NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type<T>(), ncclSum, comm_, stream_));
+  leave();
   payload_bytes += size_t(size_) * count * sizeof(T);
 }
 
@@ -75,12 +113,20 @@ void NcclComm::all_gather(const T* send, T* recv, size_t count) {
       CUDA_CHECK(cudaMemcpyAsync(recv, send, count * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
     return;
   }
+  enter();
   NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type<T>(), comm_, stream_));
+  leave();
   payload_bytes += size_t(size_) * count * sizeof(T);
 }
 
-void NcclComm::group_start() { NCCL_CHECK(ncclGroupStart()); }
-void NcclComm::group_end() { NCCL_CHECK(ncclGroupEnd()); }
+void NcclComm::group_start() {
+  enter();
+  NCCL_CHECK(ncclGroupStart());
+}
+void NcclComm::group_end() {
+  NCCL_CHECK(ncclGroupEnd());
+  leave();
+}
 
 template <typename T>
 void NcclComm::send(const T* x, size_t n, int peer, int) {

@@ -21,7 +21,11 @@ namespace tessera::device {
 class NcclComm {
  public:
   NcclComm() = default;
-  explicit NcclComm(MPI_Comm comm);
+  // overlap: the communicator's work runs on a stream of its own, ordered after the compute
+  // stream's work queued before each call by an event, so that start_all_reduce_sum runs beside
+  // the compute queued after it (the data-parallel sums during the last backward); every other
+  // call, and wait_reductions, makes the compute stream wait for it again.
+  explicit NcclComm(MPI_Comm comm, bool overlap = false);
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
   ~NcclComm();
@@ -36,11 +40,12 @@ class NcclComm {
   template <typename T>
   void all_reduce_sum(T* x, size_t n);
   void all_reduce_max(float* x, size_t n);
-  // Queued on the stream like every call here, so nothing waits: wait_reductions is a no-op
-  // (whatever the stream runs afterwards sees the sums). One call however large: NCCL pipelines
-  // a big buffer itself, so the CPU's 16 MB buckets are not needed.
-  void start_all_reduce_sum(float* x, size_t n) { all_reduce_sum(x, n); }
-  void wait_reductions() {}
+  // x (n) summed in place, started now: the host never waits, and without `overlap` neither does
+  // the compute stream (whatever it runs afterwards sees the sums). One call however large: NCCL
+  // pipelines a big buffer itself, so the CPU's 16 MB buckets are not needed.
+  void start_all_reduce_sum(float* x, size_t n);
+  // The compute stream's later work sees every sum started.
+  void wait_reductions();
   // send (size * count) summed over the ranks; this rank keeps block `rank` in recv (count).
   template <typename T>
   void reduce_scatter_sum(const T* send, T* recv, size_t count);
@@ -65,9 +70,15 @@ class NcclComm {
   uint64_t payload_bytes = 0;
 
  private:
+  // With `overlap`: stream_ waits for the compute stream's work so far (enter), the compute
+  // stream for stream_'s (leave). Without, both are no-ops: stream_ is the compute stream.
+  void enter();
+  void leave();
+
   ncclComm_t comm_ = nullptr;
   MPI_Comm mpi_ = MPI_COMM_NULL;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t compute_ = nullptr, stream_ = nullptr;
+  cudaEvent_t computed_ = nullptr, communicated_ = nullptr;  // overlap only
   int size_ = 1, rank_ = 0;
 };
 

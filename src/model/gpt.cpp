@@ -31,7 +31,7 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   }
   struct { Stat kind; size_t size, count; } stat_plan[] = {
       {kLn1Mean, N, L},    {kLn1Rstd, N, L},    {kLn2Mean, N, L}, {kLn2Rstd, N, L},
-      {kLnFMean, N, last}, {kLnFRstd, N, last}, {kLosses, N, last},
+      {kLnFMean, N, last}, {kLnFRstd, N, last},
   };
   for (const auto& p : stat_plan) {
     stat_offset_[p.kind] = stat_stride_;
@@ -51,7 +51,6 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   h_row_max_ = arena.add("cross-entropy row max", N * sizeof(float));
   h_sums_ = arena.add("cross-entropy sums", 2 * N * sizeof(double));
   h_targets_ = arena.add("targets", size_t(slots) * N * sizeof(int32_t));
-  host_losses_.resize(N);
 }
 
 template <class Backend>
@@ -71,8 +70,8 @@ const typename Backend::Act* Gpt<Backend>::output(int slot) const {
 }
 
 template <class Backend>
-double Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens, const int32_t* targets,
-                       int B, int T) {
+void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
+                           const int32_t* targets, float* losses, int B, int T) {
   const LocalLayout& lay = layout_;
   const ModelShape& s = lay.canonical.shape;
   const int C = s.n_embd, Cl = C / lay.tp, NHl = s.n_head / lay.tp, N = B * T;
@@ -83,45 +82,44 @@ double Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
   if (lay.first) {
     // Vocab-parallel lookup: each rank fills its rows' tokens, tp rank 0 adds the positions once.
     Backend::encoder_forward(act(kEncoded, slot), tokens, P(lay.wte),
-                       lay.tp_rank == 0 ? P(lay.wpe) : none, B, T, C, lay.vocab_begin,
-                       lay.vocab_rows);
+                             lay.tp_rank == 0 ? P(lay.wpe) : none, B, T, C, lay.vocab_begin,
+                             lay.vocab_rows);
     tp_->all_reduce_sum(act(kEncoded, slot), NC);
   }
   const Act* residual = act(kEncoded, slot);
   for (int l = lay.layer_begin; l < lay.layer_end; ++l) {
     const int i = l - lay.layer_begin;
     auto W = [&](LayerTensor t) { return P(lay.layer(l, t)); };
-    Backend::layernorm_forward(act(kLn1, slot, i), stat(kLn1Mean, slot, i), stat(kLn1Rstd, slot, i),
-                         residual, W(kLn1W), W(kLn1B), N, C);
+    auto A = [&](Slot k) { return act(k, slot, i); };
+    Backend::layernorm_forward(A(kLn1), stat(kLn1Mean, slot, i), stat(kLn1Rstd, slot, i),
+                               residual, W(kLn1W), W(kLn1B), N, C);
     // Column-parallel c_attn: this rank's heads of q, k and v.
-    Backend::matmul_forward(act(kQkv, slot, i), act(kLn1, slot, i), W(kAttnW), W(kAttnB), N, C, 3 * Cl);
-    Backend::attention_forward(act(kAttY, slot, i), act(kAtt, slot, i), act(kQkv, slot, i), B, T, Cl,
-                         NHl);
+    Backend::matmul_forward(A(kQkv), A(kLn1), W(kAttnW), W(kAttnB), N, C, 3 * Cl);
+    Backend::attention_forward(A(kAttY), A(kAtt), A(kQkv), B, T, Cl, NHl);
     // Row-parallel c_proj: partial products summed over tp, then the replicated bias once.
-    Backend::matmul_forward(act(kAttProj, slot, i), act(kAttY, slot, i), W(kAttnProjW), none, N, Cl, C);
-    tp_->all_reduce_sum(act(kAttProj, slot, i), NC);
-    Backend::bias_add(act(kAttProj, slot, i), W(kAttnProjB), N, C);
-    Backend::residual_forward(act(kRes2, slot, i), residual, act(kAttProj, slot, i), NC);
-    Backend::layernorm_forward(act(kLn2, slot, i), stat(kLn2Mean, slot, i), stat(kLn2Rstd, slot, i),
-                         act(kRes2, slot, i), W(kLn2W), W(kLn2B), N, C);
-    Backend::matmul_forward(act(kFcH, slot, i), act(kLn2, slot, i), W(kFcW), W(kFcB), N, C, 4 * Cl);
-    Backend::gelu_forward(act(kFcGelu, slot, i), act(kFcH, slot, i), size_t(N) * 4 * Cl);
-    Backend::matmul_forward(act(kFcProj, slot, i), act(kFcGelu, slot, i), W(kFcProjW), none, N, 4 * Cl,
-                      C);
-    tp_->all_reduce_sum(act(kFcProj, slot, i), NC);
-    Backend::bias_add(act(kFcProj, slot, i), W(kFcProjB), N, C);
-    Backend::residual_forward(act(kRes3, slot, i), act(kRes2, slot, i), act(kFcProj, slot, i), NC);
-    residual = act(kRes3, slot, i);
+    Backend::matmul_forward(A(kAttProj), A(kAttY), W(kAttnProjW), none, N, Cl, C);
+    tp_->all_reduce_sum(A(kAttProj), NC);
+    Backend::bias_add(A(kAttProj), W(kAttnProjB), N, C);
+    Backend::residual_forward(A(kRes2), residual, A(kAttProj), NC);
+    Backend::layernorm_forward(A(kLn2), stat(kLn2Mean, slot, i), stat(kLn2Rstd, slot, i),
+                               A(kRes2), W(kLn2W), W(kLn2B), N, C);
+    Backend::matmul_forward(A(kFcH), A(kLn2), W(kFcW), W(kFcB), N, C, 4 * Cl);
+    Backend::gelu_forward(A(kFcGelu), A(kFcH), size_t(N) * 4 * Cl);
+    Backend::matmul_forward(A(kFcProj), A(kFcGelu), W(kFcProjW), none, N, 4 * Cl, C);
+    tp_->all_reduce_sum(A(kFcProj), NC);
+    Backend::bias_add(A(kFcProj), W(kFcProjB), N, C);
+    Backend::residual_forward(A(kRes3), A(kRes2), A(kFcProj), NC);
+    residual = A(kRes3);
   }
-  if (!lay.last) return 0.0;
+  if (!lay.last) return;
 
-  Backend::layernorm_forward(act(kLnF, slot), stat(kLnFMean, slot), stat(kLnFRstd, slot), residual,
-                       P(lay.ln_f_weight), P(lay.ln_f_bias), N, C);
+  Backend::layernorm_forward(act(kLnF, slot), stat(kLnFMean, slot), stat(kLnFRstd, slot),
+                             residual, P(lay.ln_f_weight), P(lay.ln_f_bias), N, C);
   // Vocab-parallel tied head over this rank's real vocabulary rows only.
   const int Vl = lay.vocab_valid();
   Act* logits = act(kLogits, slot);
   Backend::matmul_forward(logits, act(kLnF, slot), P(lay.wte), none, N, C, Vl);
-  if (targets == nullptr) return 0.0;
+  if (targets == nullptr) return;
 
   // Vocab-parallel cross-entropy: the max, then the sum of exponentials and the target logit,
   // are reduced over tp; full logits never exist on one rank. The backward reads the targets
@@ -130,16 +128,10 @@ double Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
   Backend::copy(slot_targets, targets, size_t(N) * sizeof(int32_t));
   Backend::crossentropy_row_max(row_max_, logits, N, Vl, Vl);
   tp_->all_reduce_max(row_max_, size_t(N));
-  Backend::crossentropy_exp_sums(ce_sums_, logits, logits, static_cast<const float*>(row_max_),
-                           slot_targets, N, Vl, Vl, lay.vocab_begin);
+  Backend::crossentropy_exp_sums(ce_sums_, logits, logits, row_max_, slot_targets, N, Vl, Vl,
+                                 lay.vocab_begin);
   tp_->all_reduce_sum(ce_sums_, 2 * size_t(N));
-  float* losses = stat(kLosses, slot);
-  Backend::crossentropy_finish(losses, logits, static_cast<const double*>(ce_sums_), N, Vl, Vl);
-  // The mean in double over the positions in order.
-  Backend::to_host(host_losses_.data(), losses, size_t(N) * sizeof(float));
-  double sum = 0.0;
-  for (int n = 0; n < N; ++n) sum += host_losses_[size_t(n)];
-  return sum / N;
+  Backend::crossentropy_finish(losses, logits, ce_sums_, N, Vl, Vl);
 }
 
 template <class Backend>

@@ -34,10 +34,10 @@ class Gpt {
   const Act* output(int slot) const;
 
   // tokens (B,T); targets (B,T) on the last stage, or nullptr for logits only; both in backend
-  // memory. On the last stage with targets, returns the mean cross-entropy over the B*T positions
-  // (a synchronisation on a GPU); otherwise 0.
-  double forward(const Act* params, int slot, const int32_t* tokens, const int32_t* targets,
-                 int B, int T);
+  // memory. On the last stage with targets, losses (B*T, backend memory) receives each position's
+  // cross-entropy; nothing waits for it (the engine reads a step's losses once, at its end).
+  void forward(const Act* params, int slot, const int32_t* tokens, const int32_t* targets,
+               float* losses, int B, int T);
 
   // Stages before the last: the gradient of the output (B,T,C), filled by the caller (received
   // from the next stage) before backward.
@@ -66,7 +66,7 @@ class Gpt {
     kLogits, kSlotKinds
   };
   // Per-slot fp32 statistics.
-  enum Stat { kLn1Mean, kLn1Rstd, kLn2Mean, kLn2Rstd, kLnFMean, kLnFRstd, kLosses, kStatKinds };
+  enum Stat { kLn1Mean, kLn1Rstd, kLn2Mean, kLn2Rstd, kLnFMean, kLnFRstd, kStatKinds };
   // Backward scratch (Act), one set shared by all slots and layers.
   enum Scratch { kDRes, kDLn, kDQkv, kDAtt, kDAttY, kDFcH, kDFcGelu, kScratchKinds };
 
@@ -93,7 +93,6 @@ class Gpt {
   float* row_max_ = nullptr;
   double* ce_sums_ = nullptr;   // (N,2) cross-entropy partial sums
   int32_t* targets_ = nullptr;  // (slots, N): the backward's targets of each slot
-  std::vector<float> host_losses_;
 };
 
 }  // namespace tessera

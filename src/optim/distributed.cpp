@@ -13,9 +13,10 @@
 namespace tessera {
 
 template <class Backend>
-DistributedOptimizer<Backend>::DistributedOptimizer(const LocalLayout& layout, typename Backend::Comm* dp,
-                                              Comm* world, bool zero, const AdamWHyper& hyper,
-                                              Arena& arena)
+DistributedOptimizer<Backend>::DistributedOptimizer(const LocalLayout& layout,
+                                                    typename Backend::Comm* dp, Comm* world,
+                                                    bool zero, const AdamWHyper& hyper,
+                                                    Arena& arena)
     : layout_(layout), dp_(dp), world_(world), zero_(zero && dp->active()), hyper_(hyper),
       arena_(&arena) {
   const size_t n = size_t(dp->size());
@@ -23,6 +24,7 @@ DistributedOptimizer<Backend>::DistributedOptimizer(const LocalLayout& layout, t
   const size_t shard = padded_ / (zero_ ? n : 1);
   shard_begin_ = zero_ ? size_t(dp->rank()) * shard : 0;
   shard_end_ = shard_begin_ + shard;
+  h_norm_ = arena.add("gradient norm accumulator", sizeof(double));
   h_m_ = arena.add("Adam first moments", shard * sizeof(float));
   h_v_ = arena.add("Adam second moments", shard * sizeof(float));
   if (zero_) h_shard_ = arena.add("ZeRO-1 gradient shard", shard * sizeof(float));
@@ -31,6 +33,7 @@ DistributedOptimizer<Backend>::DistributedOptimizer(const LocalLayout& layout, t
 template <class Backend>
 void DistributedOptimizer<Backend>::bind() {
   const size_t shard = shard_end_ - shard_begin_;
+  norm_ = arena_->get<double>(h_norm_);
   m_ = arena_->get<float>(h_m_);
   v_ = arena_->get<float>(h_v_);
   if (zero_) grad_shard_ = arena_->get<float>(h_shard_);
@@ -80,21 +83,24 @@ double DistributedOptimizer<Backend>::grad_norm(const float* grads) const {
   // Without ZeRO every dp rank holds the same sums: dp rank 0 speaks for its group. Under ZeRO
   // each rank counts its shard. Within those, only owners count (one tp rank for replicated
   // tensors, stage 0 for the tied embedding).
-  double local = 0.0;
+  // The pieces add into one device double; the host reads it once.
+  Backend::zero(norm_, sizeof(double));
   if (zero_ || dp_->rank() == 0) {
     const float* g = reduced(grads);
     for_each_piece(shard_begin_, shard_end_, [&](const LocalTensor& t, size_t a, size_t b) {
-      if (t.owner) local += Backend::sum_of_squares(g + (a - shard_begin_), b - a);
+      if (t.owner) Backend::sum_of_squares(norm_, g + (a - shard_begin_), b - a);
     });
   }
+  double local = 0.0;
+  Backend::to_host(&local, norm_, sizeof(double));
   double total = local;
   if (world_->active()) MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, world_->mpi());
   return std::sqrt(total);
 }
 
 template <class Backend>
-void DistributedOptimizer<Backend>::step(float* master, Act* copy, float* grads, double clip, double lr,
-                                   long t) {
+void DistributedOptimizer<Backend>::step(float* master, Act* copy, float* grads, double clip,
+                                         double lr, long t) {
   float* g = zero_ ? grad_shard_ : grads;
   const size_t shard = shard_end_ - shard_begin_;
   if (clip < 1.0) Backend::scale(g, shard, float(clip));

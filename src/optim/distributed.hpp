@@ -40,7 +40,8 @@ class DistributedOptimizer {
   // Sums the gradients of every dp rank: the ranges not started yet, then waits for all. Under
   // ZeRO-1 reduces and scatters them so this rank holds its shard's sum.
   void reduce_gradients(float* grads);
-  // L2 norm of the reduced gradient, every parameter counted exactly once across tp, pp and dp.
+  // L2 norm of the reduced gradient, every parameter counted exactly once across tp, pp and dp:
+  // the step's one wait for the device (the clip factor is decided on the host).
   double grad_norm(const float* grads) const;
   // Scales this rank's gradients (the shard under ZeRO-1) by clip, then AdamW on the master
   // (refreshing `copy` when given); under ZeRO-1 the updated shards of the master (and copy) are
@@ -66,7 +67,8 @@ class DistributedOptimizer {
   AdamWHyper hyper_;
   size_t padded_, shard_begin_, shard_end_;
   Arena* arena_;
-  size_t h_m_ = 0, h_v_ = 0, h_shard_ = 0;
+  size_t h_norm_ = 0, h_m_ = 0, h_v_ = 0, h_shard_ = 0;
+  double* norm_ = nullptr;
   float *m_ = nullptr, *v_ = nullptr, *grad_shard_ = nullptr;
   std::vector<std::pair<size_t, size_t>> started_;  // ranges already in flight this step
 };

@@ -9,7 +9,7 @@ constexpr size_t kBucket = size_t(1) << 22;  // elements per non-blocking all-re
 constexpr size_t kChunk = size_t(1) << 30;   // MPI counts are int
 }  // namespace
 
-Comm::Comm(MPI_Comm comm) : comm_(comm) {
+Comm::Comm(MPI_Comm comm, bool) : comm_(comm) {
   if (comm_ != MPI_COMM_NULL) {
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_rank(comm_, &rank_);

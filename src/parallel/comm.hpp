@@ -16,7 +16,9 @@ namespace tessera {
 class Comm {
  public:
   Comm() = default;
-  explicit Comm(MPI_Comm comm);
+  // overlap is NcclComm's (a stream of its own): MPI's non-blocking sums overlap the compute
+  // without one, so it changes nothing here.
+  explicit Comm(MPI_Comm comm, bool overlap = false);
   MPI_Comm mpi() const { return comm_; }
   int size() const { return size_; }
   int rank() const { return rank_; }

@@ -22,8 +22,9 @@ int schedule_slots(const std::vector<Action>& schedule) {
 }
 
 template <class Backend>
-PipelineExecutor<Backend>::PipelineExecutor(Gpt<Backend>& model, Comm* pp, std::vector<Action> schedule,
-                                      int B, int T, Arena& arena)
+PipelineExecutor<Backend>::PipelineExecutor(Gpt<Backend>& model, Comm* pp,
+                                            std::vector<Action> schedule, int B, int T,
+                                            Arena& arena)
     : model_(model), pp_(pp), schedule_(std::move(schedule)), slots_(schedule_slots(schedule_)),
       B_(B), T_(T), arena_(&arena) {
   activation_elems_ = size_t(B) * T * size_t(model.layout().canonical.shape.n_embd);
@@ -38,14 +39,15 @@ void PipelineExecutor<Backend>::bind() {
 }
 
 template <class Backend>
-double PipelineExecutor<Backend>::run(const Act* params, float* grads,
-                                const std::vector<MicroBatch>& batches, float dloss,
-                                const std::function<void(int layer)>& layer_done) {
-  return walk(schedule_, params, grads, batches, dloss, layer_done);
+void PipelineExecutor<Backend>::run(const Act* params, float* grads,
+                                    const std::vector<MicroBatch>& batches, float dloss,
+                                    const std::function<void(int layer)>& layer_done) {
+  walk(schedule_, params, grads, batches, dloss, layer_done);
 }
 
 template <class Backend>
-double PipelineExecutor<Backend>::forward_only(const Act* params, const std::vector<MicroBatch>& batches) {
+void PipelineExecutor<Backend>::forward_only(const Act* params,
+                                             const std::vector<MicroBatch>& batches) {
   const bool first = pp_->rank() == 0, last = pp_->rank() == pp_->size() - 1;
   std::vector<Action> actions;
   for (int mb = 0; mb < int(batches.size()); ++mb) {
@@ -53,18 +55,18 @@ double PipelineExecutor<Backend>::forward_only(const Act* params, const std::vec
     actions.push_back({Op::Forward, mb});
     if (!last) actions.push_back({Op::SendForward, mb});
   }
-  return walk(actions, params, nullptr, batches, 0.0f, {});
+  walk(actions, params, nullptr, batches, 0.0f, {});
 }
 
 template <class Backend>
-double PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, const Act* params,
-                                 float* grads, const std::vector<MicroBatch>& batches, float dloss,
-                                 const std::function<void(int layer)>& layer_done) {
+void PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, const Act* params,
+                                     float* grads, const std::vector<MicroBatch>& batches,
+                                     float dloss,
+                                     const std::function<void(int layer)>& layer_done) {
   const double t_start = now();
   wait_seconds_ = 0;
   const int prev = pp_->rank() - 1, next = pp_->rank() + 1;
   const size_t n = activation_elems_;
-  double loss = 0;
   // The last backward of the step completes the gradients: only it reports finished layers.
   const Action* last_backward = nullptr;
   for (const Action& a : actions)
@@ -79,7 +81,7 @@ double PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, const
     const MicroBatch& mb = batches[size_t(a.mb)];
     if (a.op == Op::Forward) {
       pp_->wait_send(model_.output(slot));  // the slot's output is overwritten: its send has left
-      loss += model_.forward(params, slot, mb.tokens, mb.targets, B_, T_);
+      model_.forward(params, slot, mb.tokens, mb.targets, mb.losses, B_, T_);
       continue;
     }
     if (a.op == Op::Backward) {
@@ -112,7 +114,6 @@ double PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, const
   }
   pp_->wait_sends();
   run_seconds_ = now() - t_start;
-  return loss;
 }
 
 template class PipelineExecutor<CpuBackend>;

@@ -20,10 +20,12 @@
 
 namespace tessera {
 
-// A micro-batch's tokens and targets (B,T), in the backend's memory.
+// A micro-batch's tokens and targets (B,T), and where its per-position losses (B*T) go on the
+// last stage, in the backend's memory.
 struct MicroBatch {
   const int32_t* tokens = nullptr;
   const int32_t* targets = nullptr;
+  float* losses = nullptr;
 };
 
 template <class Backend>
@@ -40,15 +42,15 @@ class PipelineExecutor {
 
   int slots() const { return slots_; }
 
-  // Runs every action of the step. dloss weights each position's loss. Returns the sum over this
-  // stage's micro-batches of their mean loss (non-zero on the last stage only).
-  // layer_done, if given, is passed to the step's last backward pass (see Gpt::backward).
-  double run(const Act* params, float* grads, const std::vector<MicroBatch>& batches,
-             float dloss, const std::function<void(int layer)>& layer_done = {});
+  // Runs every action of the step. dloss weights each position's loss; the last stage writes
+  // every micro-batch's losses. layer_done, if given, is passed to the step's last backward pass
+  // (see Gpt::backward).
+  void run(const Act* params, float* grads, const std::vector<MicroBatch>& batches, float dloss,
+           const std::function<void(int layer)>& layer_done = {});
 
-  // Forward passes only (evaluation): each micro-batch received, forwarded and sent on. Returns
-  // the sum of the micro-batches' mean losses on the last stage, 0 elsewhere.
-  double forward_only(const Act* params, const std::vector<MicroBatch>& batches);
+  // Forward passes only (evaluation): each micro-batch received, forwarded and sent on; the last
+  // stage writes the losses.
+  void forward_only(const Act* params, const std::vector<MicroBatch>& batches);
 
   // Seconds this stage's host spent blocked in transfer groups during the last run(), and the
   // run's length: on the CPU the measured pipeline bubble is their ratio (a GPU's transfers are
@@ -69,9 +71,9 @@ class PipelineExecutor {
   Act* backward_send_ = nullptr;
   double wait_seconds_ = 0, run_seconds_ = 0;
 
-  double walk(const std::vector<Action>& actions, const Act* params, float* grads,
-              const std::vector<MicroBatch>& batches, float dloss,
-              const std::function<void(int layer)>& layer_done);
+  void walk(const std::vector<Action>& actions, const Act* params, float* grads,
+            const std::vector<MicroBatch>& batches, float dloss,
+            const std::function<void(int layer)>& layer_done);
 };
 
 // Slots a stage needs for its schedule (at least 1).

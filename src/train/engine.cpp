@@ -27,7 +27,8 @@ class Engine final : public TrainEngine {
         arena_(Backend::memory()),
         // Built in the fixed order tp, dp, pp, embed (an NCCL communicator's construction is
         // collective over its ranks).
-        tp_(s.tp), dp_(s.dp), pp_(s.pp), embed_(s.embed),
+        // The data-parallel sums overlap the backward that follows them.
+        tp_(s.tp), dp_(s.dp, /*overlap=*/true), pp_(s.pp), embed_(s.embed),
         model_(s.tile, &tp_, s.micro_batch, s.seq_len, schedule_slots(s.schedule), arena_),
         optimizer_(s.tile, &dp_, s.world, s.zero, s.hyper, arena_),
         executor_(model_, &pp_, s.schedule, s.micro_batch, s.seq_len, arena_) {
@@ -38,6 +39,7 @@ class Engine final : public TrainEngine {
     if constexpr (kBf16) h_copy_ = arena_.add("parameters (bf16 copy)", n * sizeof(Act));
     h_tokens_ = arena_.add("step input tokens", tokens * sizeof(int32_t));
     h_targets_ = arena_.add("step target tokens", tokens * sizeof(int32_t));
+    h_losses_ = arena_.add("step losses", tokens * sizeof(float));
     arena_.allocate();
     model_.bind();
     optimizer_.bind();
@@ -47,6 +49,8 @@ class Engine final : public TrainEngine {
     if constexpr (kBf16) copy_ = arena_.get<Act>(h_copy_);
     tokens_ = arena_.get<int32_t>(h_tokens_);
     targets_ = arena_.get<int32_t>(h_targets_);
+    losses_ = arena_.get<float>(h_losses_);
+    host_losses_.resize(tokens);
     if constexpr (!Backend::kHostMemory) host_params_.assign(n, 0.0f);
   }
 
@@ -94,8 +98,8 @@ class Engine final : public TrainEngine {
       const LocalTensor& b = tile_.tensors[size_t(tile_.layer(l, kFcProjB))];
       optimizer_.start_reduce(grads_, a.offset, b.offset + b.numel);
     };
-    const double loss = executor_.run(model_params(), grads_, inputs, dloss,
-                                      zero_ ? std::function<void(int)>{} : layer_done);
+    executor_.run(model_params(), grads_, inputs, dloss,
+                  zero_ ? std::function<void(int)>{} : layer_done);
     // The tied embedding: stage 0's wte and the last stage's copy see the sum of both gradients.
     if (embed_sum_ && tile_.wte >= 0) {
       const LocalTensor& wte = tile_.tensors[size_t(tile_.wte)];
@@ -105,6 +109,7 @@ class Engine final : public TrainEngine {
     const double norm = optimizer_.grad_norm(grads_);
     optimizer_.step(master_, copy_, grads_, grad_clip > 0 ? clip_factor(norm, grad_clip) : 1.0,
                     lr, t);
+    const double loss = tile_.last ? mean_losses(batches.size()) : 0.0;
     Backend::sync();  // the step's time is the device's
     return {loss, norm};
   }
@@ -121,7 +126,8 @@ class Engine final : public TrainEngine {
       read_eval_batch(file, first + i * uint64_t(mb_), vocab, batch);
       Backend::to_device(tokens_, batch.inputs.data(), bytes);
       Backend::to_device(targets_, batch.targets.data(), bytes);
-      sum += executor_.forward_only(model_params(), {MicroBatch{tokens_, targets_}});
+      executor_.forward_only(model_params(), {MicroBatch{tokens_, targets_, losses_}});
+      if (tile_.last) sum += mean_losses(1);
     }
     return sum;
   }
@@ -140,16 +146,33 @@ class Engine final : public TrainEngine {
     else return master_;
   }
 
+  // The sum over the first `count` micro-batches of their mean loss: the positions' losses
+  // summed in double, in order, each micro-batch's mean added in micro-batch order. The one read
+  // of the losses per step.
+  double mean_losses(size_t count) {
+    const size_t n = size_t(mb_) * T_;
+    Backend::to_host(host_losses_.data(), losses_, count * n * sizeof(float));
+    double loss = 0;
+    for (size_t k = 0; k < count; ++k) {
+      double sum = 0;
+      for (size_t i = 0; i < n; ++i) sum += host_losses_[k * n + i];
+      loss += sum / double(n);
+    }
+    return loss;
+  }
+
   // The step's micro-batches from the loader's ring into the token buffers, overlapped with the
   // compute queued before; stages that read no tokens get nullptr.
   std::vector<MicroBatch> upload(const std::vector<HostMicroBatch>& batches) {
     std::vector<MicroBatch> out(batches.size());
-    if (batches.empty() || batches[0].tokens == nullptr) return out;
     const size_t n = size_t(mb_) * T_;
+    for (size_t k = 0; k < batches.size(); ++k) out[k].losses = losses_ + k * n;
+    if (batches.empty() || batches[0].tokens == nullptr) return out;
     for (size_t k = 0; k < batches.size(); ++k) {
       Backend::upload(tokens_ + k * n, batches[k].tokens, n * sizeof(int32_t));
       Backend::upload(targets_ + k * n, batches[k].targets, n * sizeof(int32_t));
-      out[k] = {tokens_ + k * n, targets_ + k * n};
+      out[k].tokens = tokens_ + k * n;
+      out[k].targets = targets_ + k * n;
     }
     Backend::await_uploads();
     return out;
@@ -165,12 +188,14 @@ class Engine final : public TrainEngine {
   Gpt<Backend> model_;
   DistributedOptimizer<Backend> optimizer_;
   PipelineExecutor<Backend> executor_;
-  size_t h_master_ = 0, h_grads_ = 0, h_copy_ = 0, h_tokens_ = 0, h_targets_ = 0;
+  size_t h_master_ = 0, h_grads_ = 0, h_copy_ = 0, h_tokens_ = 0, h_targets_ = 0, h_losses_ = 0;
   float* master_ = nullptr;
   float* grads_ = nullptr;
   Act* copy_ = nullptr;  // bf16 only: what the model reads
   int32_t* tokens_ = nullptr;
   int32_t* targets_ = nullptr;
+  float* losses_ = nullptr;          // (micro-batches, B*T) on the last stage
+  std::vector<float> host_losses_;   // the same, read once per step
   std::vector<float> host_params_;  // off-host backends: checkpoints and initialisation
 };
 

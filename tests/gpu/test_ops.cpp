@@ -401,10 +401,15 @@ TEST(CudaOptim, SumOfSquaresAndScale) {
     auto x = random_of<float>(n);
     Dev<float> d_x(x);
     const std::vector<float> xf(x.begin(), x.end());
-    const double want = cpu::sum_of_squares(xf.data(), n);
-    const double got = gpu::sum_of_squares(d_x, n);
+    double want = 0.5;  // both add into what the accumulator held
+    cpu::sum_of_squares(&want, xf.data(), n);
+    Dev<double> acc(std::vector<double>{0.5});
+    gpu::sum_of_squares(acc.get(), d_x.get(), n);
+    const double got = acc.fetch()[0];
     EXPECT_NEAR(got, want, 1e-12 * want) << "sum_of_squares n=" << n;
-    EXPECT_EQ(got, gpu::sum_of_squares(d_x, n)) << "sum_of_squares is not deterministic";
+    acc.put({0.5});
+    gpu::sum_of_squares(acc.get(), d_x.get(), n);
+    EXPECT_EQ(got, acc.fetch()[0]) << "sum_of_squares is not deterministic";
     gpu::scale(d_x, n, 0.5f);
     for (double& e : x) e *= 0.5;
     EXPECT_CLOSE(d_x.fetch(), x, 0.0, "scale n=" + std::to_string(n));

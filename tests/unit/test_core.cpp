@@ -195,10 +195,16 @@ TEST(GradClip, NormAndScale) {
   for (size_t i = 0; i < g.size(); ++i) g[i] = float(i % 7) - 3.0f;
   double expect = 0;
   for (float x : g) expect += double(x) * x;
-  EXPECT_DOUBLE_EQ(cpu::sum_of_squares(g.data(), g.size()), expect);
+  double acc = 0.0;
+  cpu::sum_of_squares(&acc, g.data(), g.size());
+  EXPECT_DOUBLE_EQ(acc, expect);
+  cpu::sum_of_squares(&acc, g.data(), 7);  // accumulates
+  EXPECT_DOUBLE_EQ(acc, expect + 9 + 4 + 1 + 0 + 1 + 4 + 9);
   const double norm = std::sqrt(expect);
   std::vector<float> c = g;
   cpu::scale(c.data(), c.size(), float(clip_factor(norm, 1.0)));
-  EXPECT_NEAR(std::sqrt(cpu::sum_of_squares(c.data(), c.size())), 1.0, 1e-5);
+  double clipped = 0.0;
+  cpu::sum_of_squares(&clipped, c.data(), c.size());
+  EXPECT_NEAR(std::sqrt(clipped), 1.0, 1e-5);
   EXPECT_EQ(clip_factor(norm, 2 * norm), 1.0);  // below the limit: untouched
 }

@@ -26,7 +26,7 @@ void adamw_update(float* p, float* copy, const float* g, float* m, float* v, siz
   }
 }
 
-double sum_of_squares(const float* x, size_t n) {
+void sum_of_squares(double* acc, const float* x, size_t n) {
   constexpr size_t kChunk = 1 << 16;
   const size_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> partial(chunks, 0.0);
@@ -39,7 +39,7 @@ double sum_of_squares(const float* x, size_t n) {
   }
   double total = 0.0;
   for (double s : partial) total += s;
-  return total;
+  *acc += total;
 }
 
 void scale(float* x, size_t n, float factor) {

@@ -103,9 +103,10 @@ void crossentropy_backward(F* dlogits, const F* probs, const int32_t* targets, F
 // weights (the copy the model reads where it is not the master itself; the CPU's never is).
 void adamw_update(float* params, float* params_copy, const float* grads, float* m, float* v,
                   size_t n, bool decay, const AdamWHyper& hyper, double lr, long t);
-// Sum of squares of x[0, n) in double, in an order that depends on n alone (not the thread
-// count), so a run restarted with another OMP_NUM_THREADS still agrees to the bit.
-double sum_of_squares(const float* x, size_t n);
+// *acc (one double) += the sum of squares of x[0, n), summed in double in an order that depends
+// on n alone (not the thread count), so a run restarted with another OMP_NUM_THREADS still agrees
+// to the bit.
+void sum_of_squares(double* acc, const float* x, size_t n);
 void scale(float* x, size_t n, float factor);
 
 // Memory and synchronisation (memory.cpp; backend/backend.hpp says what each is for). The CPU's

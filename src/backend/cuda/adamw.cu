@@ -64,13 +64,13 @@ __global__ void sum_squares_partial_kernel(double* partial, const float* x, size
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-// Second pass: one block adds the G partials (same fixed tree every time).
-__global__ void sum_partials_kernel(double* out, const double* partial, int count) {
+// Second pass: one block adds the G partials (same fixed tree every time) into *acc.
+__global__ void sum_partials_kernel(double* acc, const double* partial, int count) {
   __shared__ double shared[kWarp];
   double s = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
   s = block_sum(s, shared);
-  if (threadIdx.x == 0) *out = s;
+  if (threadIdx.x == 0) *acc += s;
 }
 
 template <int W>
@@ -116,22 +116,17 @@ void adamw_update(float* params, C* params_copy, const float* grads, float* m, f
   CUDA_CHECK_LAUNCH();
 }
 
-double sum_of_squares(const float* x, size_t n) {
-  if (n == 0) return 0.0;
+void sum_of_squares(double* acc, const float* x, size_t n) {
+  if (n == 0) return;
   constexpr int kReduceThreads = 512;
   // Enough blocks to fill the GPU for large n, and at most one scratch slot each.
   const size_t want = (n + kReduceThreads - 1) / kReduceThreads;
-  const int grid = int(want < size_t(kScratchDoubles - 1) ? want : size_t(kScratchDoubles - 1));
+  const int grid = int(want < size_t(kScratchDoubles) ? want : size_t(kScratchDoubles));
   double* partial = scratch();
-  double* total = scratch() + (kScratchDoubles - 1);
   launch<sum_squares_partial_kernel>(grid, kReduceThreads, 0, stream(), partial, x, n);
   CUDA_CHECK_LAUNCH();
-  launch<sum_partials_kernel>(1, kReduceThreads, 0, stream(), total, partial, grid);
+  launch<sum_partials_kernel>(1, kReduceThreads, 0, stream(), acc, partial, grid);
   CUDA_CHECK_LAUNCH();
-  double host = 0.0;
-  CUDA_CHECK(cudaMemcpyAsync(&host, total, sizeof host, cudaMemcpyDeviceToHost, stream()));
-  CUDA_CHECK(cudaStreamSynchronize(stream()));
-  return host;
 }
 
 void scale(float* x, size_t n, float factor) {

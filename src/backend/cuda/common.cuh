@@ -108,4 +108,19 @@ inline unsigned blocks_for(size_t work, int threads) {
   return unsigned(b > 0 ? b : 1);
 }
 
+// Column sums over many rows (the bias and LayerNorm weight gradients), in two passes so that
+// enough blocks run to fill the GPU and every addition has a fixed place (no atomics, the same
+// bits each run and on every GPU): pass 1 is a grid of (32-column tiles) x (row chunks) blocks of
+// 32x32 threads, each writing its chunk's sums of its 32 columns to partial[chunk * cols + col]
+// (column_scratch()); pass 2 (add_column_partials) adds each column's chunks in order onto the
+// output. The split depends on the shape alone.
+struct ColumnSplit {
+  int chunks, rows_per_chunk;
+};
+// `outputs` column sums of `cols` columns each share the scratch.
+ColumnSplit column_split(int rows, int cols, int outputs);
+float* column_scratch();
+// out (cols) += Σ_chunk partial[chunk * cols + col], chunks in order.
+void add_column_partials(float* out, const float* partial, int chunks, int cols);
+
 }  // namespace tessera::cuda

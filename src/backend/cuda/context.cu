@@ -1,5 +1,6 @@
 // The backend's per-rank state (context.hpp) and its memory functions (ops.hpp). One host thread
 // per rank drives the device, so a plain struct is enough.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -12,6 +13,11 @@ namespace {
 // cuBLAS's own recommendation for Hopper is 32 MiB of workspace (4 MiB suffices before it); given
 // once here, so cuBLAS never allocates behind our back during a step.
 constexpr size_t kBlasWorkspace = size_t(32) << 20;
+// Pass 1's partial sums of the column reductions (common.cuh): 4 MB.
+constexpr size_t kColumnScratchFloats = size_t(1) << 20;
+// Pass 1's grid aims at this many blocks: about two per SM of the largest GPUs, whatever GPU runs,
+// so the order of the additions (and the bits) does not depend on the device.
+constexpr int kColumnBlocks = 256;
 
 struct Context {
   bool ready = false;
@@ -20,6 +26,7 @@ struct Context {
   cublasHandle_t blas = nullptr;
   void* workspace = nullptr;
   double* scratch = nullptr;
+  float* column_scratch = nullptr;
   // Non-blocking, so the copies do not serialise with the legacy default stream; the compute
   // stream waits on `uploaded`, not the host.
   cudaStream_t copy_stream = nullptr;
@@ -37,7 +44,8 @@ void* device_allocate(size_t bytes) {
     size_t free = 0, total = 0;
     cudaMemGetInfo(&free, &total);
     char call[128], reason[128];
-    std::snprintf(call, sizeof call, "cudaMalloc of %.1f MB (every buffer of the run)", bytes / 1e6);
+    std::snprintf(call, sizeof call, "cudaMalloc of %.1f MB (every buffer of the run)",
+                  bytes / 1e6);
     std::snprintf(reason, sizeof reason, "out of memory: %.1f MB free of %.1f MB", free / 1e6,
                   total / 1e6);
     device::fail(call, reason, __FILE__, __LINE__);
@@ -69,6 +77,7 @@ void init(cudaStream_t stream) {
   CUDA_CHECK(cudaEventCreateWithFlags(&g.uploaded, cudaEventDisableTiming));
   CUDA_CHECK(cudaMalloc(&g.workspace, kBlasWorkspace));
   CUDA_CHECK(cudaMalloc(&g.scratch, kScratchDoubles * sizeof(double)));
+  CUDA_CHECK(cudaMalloc(&g.column_scratch, kColumnScratchFloats * sizeof(float)));
   CUBLAS_CHECK(cublasCreate(&g.blas));
   CUBLAS_CHECK(cublasSetStream(g.blas, g.stream));
   CUBLAS_CHECK(cublasSetWorkspace(g.blas, g.workspace, kBlasWorkspace));
@@ -83,6 +92,7 @@ void shutdown() {
   // Teardown errors are not worth a second error message: the run is over either way.
   cudaStreamSynchronize(g.stream);
   cublasDestroy(g.blas);
+  cudaFree(g.column_scratch);
   cudaFree(g.scratch);
   cudaFree(g.workspace);
   cudaEventDestroy(g.uploaded);
@@ -93,9 +103,41 @@ void shutdown() {
 
 bool initialized() { return g.ready; }
 cudaStream_t stream() { return g.stream; }
-size_t bytes_allocated() { return g.ready ? kBlasWorkspace + kScratchDoubles * sizeof(double) : 0; }
+size_t bytes_allocated() {
+  return g.ready ? kBlasWorkspace + kScratchDoubles * sizeof(double) +
+                       kColumnScratchFloats * sizeof(float)
+                 : 0;
+}
 cublasHandle_t blas() { return g.blas; }
 double* scratch() { return g.scratch; }
+float* column_scratch() { return g.column_scratch; }
+
+ColumnSplit column_split(int rows, int cols, int outputs) {
+  const int tiles = (cols + kWarp - 1) / kWarp;
+  const int most = std::max(1, (rows + kWarp - 1) / kWarp);  // a chunk has a row per thread row
+  int chunks = std::clamp((kColumnBlocks + tiles - 1) / tiles, 1, most);
+  chunks = std::max(1, std::min(chunks, int(kColumnScratchFloats / (size_t(outputs) * cols))));
+  const int per = (rows + chunks - 1) / chunks;
+  return {std::max(1, (rows + per - 1) / std::max(per, 1)), std::max(per, 1)};
+}
+
+namespace {
+__global__ void add_column_partials_kernel(float* out, const float* partial, int chunks,
+                                           int cols) {
+  const int col = blockIdx.x * blockDim.x + threadIdx.x;
+  if (col >= cols) return;
+  float total = 0.0f;
+  for (int c = 0; c < chunks; c++) total += partial[size_t(c) * cols + col];
+  out[col] += total;
+}
+}  // namespace
+
+void add_column_partials(float* out, const float* partial, int chunks, int cols) {
+  constexpr int kThreads = 256;
+  launch<add_column_partials_kernel>(blocks_for(size_t(cols), kThreads), kThreads, 0, g.stream,
+                                     out, partial, chunks, cols);
+  CUDA_CHECK_LAUNCH();
+}
 
 Allocator memory() { return {device_allocate, device_release}; }
 Allocator loader_memory() { return {pinned_allocate, pinned_release}; }

@@ -97,18 +97,21 @@ __global__ void layernorm_backward_dinp_kernel(F* dinp, const F* dout, const F* 
   }
 }
 
-// dweight (C) += Σ_rows dout * xhat, dbias (C) += Σ_rows dout. Reductions over rows: a 32x32
-// block owns 32 columns, thread (x,y) sums rows y, y+32, ... of column x (coalesced: a warp reads
-// 32 adjacent columns of one row), then column x's 32 partials are added in order. No atomics.
+// Pass 1 of dweight (C) += Σ_rows dout * xhat and dbias (C) += Σ_rows dout (common.cuh's
+// ColumnSplit): block (x, y) sums rows [y * per, (y + 1) * per) of columns [32x, 32x + 32);
+// thread (x,y) takes every 32nd of those rows in one column (coalesced: a warp reads 32 adjacent
+// columns of one row), then a column's 32 partials are added in order. The weight's partials go
+// to partial[chunk * C + col], the bias's C * chunks further on.
 template <typename F>
-__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const F* dout,
-                                                 const F* inp, const float* mean,
-                                                 const float* rstd, int N, int C) {
+__global__ void layernorm_backward_params_kernel(float* partial, const F* dout, const F* inp,
+                                                 const float* mean, const float* rstd, int N,
+                                                 int C, int per) {
   __shared__ float pw[kWarp][kWarp + 1], pb[kWarp][kWarp + 1];
   const int col = blockIdx.x * kWarp + threadIdx.x;
+  const int begin = blockIdx.y * per, end = begin + per < N ? begin + per : N;
   float sw = 0.0f, sb = 0.0f;
   if (col < C) {
-    for (int n = threadIdx.y; n < N; n += kWarp) {
+    for (int n = begin + threadIdx.y; n < end; n += kWarp) {
       const size_t at = size_t(n) * C + col;
       const float d = to_float(dout[at]);
       sw += d * ((to_float(inp[at]) - mean[n]) * rstd[n]);
@@ -124,8 +127,8 @@ __global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, c
     tw += pw[y][threadIdx.x];
     tb += pb[y][threadIdx.x];
   }
-  dweight[col] += tw;
-  dbias[col] += tb;
+  partial[size_t(blockIdx.y) * C + col] = tw;
+  partial[size_t(gridDim.y + blockIdx.y) * C + col] = tb;
 }
 
 }  // namespace
@@ -161,10 +164,14 @@ void layernorm_backward(F* dinp, float* dweight, float* dbias, const F* dout, co
     launch<layernorm_backward_dinp_kernel<F, 1>>(grid, kThreads, 0, stream(), dinp, dout, inp,
                                                  weight, mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
-  launch<layernorm_backward_params_kernel<F>>(blocks_for(size_t(C), kWarp), dim3(kWarp, kWarp), 0,
-                                              stream(), dweight, dbias, dout, inp, mean, rstd, N,
-                                              C);
+  const ColumnSplit split = column_split(N, C, 2);
+  float* partial = column_scratch();
+  launch<layernorm_backward_params_kernel<F>>(
+      dim3(blocks_for(size_t(C), kWarp), unsigned(split.chunks)), dim3(kWarp, kWarp), 0, stream(),
+      partial, dout, inp, mean, rstd, N, C, split.rows_per_chunk);
   CUDA_CHECK_LAUNCH();
+  add_column_partials(dweight, partial, split.chunks, C);
+  add_column_partials(dbias, partial + size_t(split.chunks) * C, split.chunks, C);
 }
 
 #define TESSERA_INSTANTIATE(F)                                                                     \

@@ -40,22 +40,24 @@ void bias_rows(F* out, const F* bias, int N, int OC, bool add) {
   CUDA_CHECK_LAUNCH();
 }
 
-// dbias (OC) += column sums of dout (N,OC). A 32x32 block owns 32 columns: thread (x,y) sums
-// rows y, y+32, ... of column x (a warp reads 32 adjacent columns of one row: coalesced), then
-// the 32 partial sums of a column are added in a fixed order. No atomics: the same bits each run.
+// Pass 1 of dbias (OC) += column sums of dout (N,OC) (common.cuh's ColumnSplit): block (x, y)
+// sums rows [y * per, (y + 1) * per) of columns [32x, 32x + 32); thread (x,y) takes every 32nd of
+// those rows in one column (a warp reads 32 adjacent columns of one row: coalesced), then the 32
+// partials of a column are added in a fixed order.
 template <typename F>
-__global__ void column_sum_kernel(float* dbias, const F* dout, int N, int OC) {
-  __shared__ float partial[kWarp][kWarp + 1];  // +1: the column-wise read below has no conflicts
+__global__ void column_sum_kernel(float* partial, const F* dout, int N, int OC, int per) {
+  __shared__ float part[kWarp][kWarp + 1];  // +1: the column-wise read below has no conflicts
   const int col = blockIdx.x * kWarp + threadIdx.x;
+  const int begin = blockIdx.y * per, end = begin + per < N ? begin + per : N;
   float s = 0.0f;
   if (col < OC)
-    for (int n = threadIdx.y; n < N; n += kWarp) s += to_float(dout[size_t(n) * OC + col]);
-  partial[threadIdx.y][threadIdx.x] = s;
+    for (int n = begin + threadIdx.y; n < end; n += kWarp) s += to_float(dout[size_t(n) * OC + col]);
+  part[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y != 0 || col >= OC) return;
   float total = 0.0f;
-  for (int y = 0; y < kWarp; y++) total += partial[y][threadIdx.x];
-  dbias[col] += total;  // sum first, then add once, as the CPU twin
+  for (int y = 0; y < kWarp; y++) total += part[y][threadIdx.x];
+  partial[size_t(blockIdx.y) * OC + col] = total;
 }
 
 }  // namespace
@@ -87,10 +89,13 @@ void matmul_backward(F* dinp, float* dweight, float* dbias, const F* dout, const
   if (dinp) gemm<F>(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 1.0f, dinp, IC);
   gemm_ex(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, data_type<F>(), 1.0f, dweight, IC,
           CUDA_R_32F);
-  if (!dbias || OC <= 0) return;
-  launch<column_sum_kernel<F>>(blocks_for(size_t(OC), kWarp), dim3(kWarp, kWarp), 0, stream(),
-                               dbias, dout, N, OC);
+  if (!dbias || OC <= 0 || N <= 0) return;
+  const ColumnSplit split = column_split(N, OC, 1);
+  launch<column_sum_kernel<F>>(dim3(blocks_for(size_t(OC), kWarp), unsigned(split.chunks)),
+                               dim3(kWarp, kWarp), 0, stream(), column_scratch(), dout, N, OC,
+                               split.rows_per_chunk);
   CUDA_CHECK_LAUNCH();
+  add_column_partials(dbias, column_scratch(), split.chunks, OC);
 }
 
 #define TESSERA_INSTANTIATE(F)                                                                     \

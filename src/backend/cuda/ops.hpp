@@ -117,9 +117,10 @@ void crossentropy_backward(F* dlogits, const F* probs, const int32_t* targets, f
 template <typename C>
 void adamw_update(float* params, C* params_copy, const float* grads, float* m, float* v, size_t n,
                   bool decay, const AdamWHyper& hyper, double lr, long t);
-// Sum of squares of x[0, n) in double: fixed grid, fixed order, so the same n gives the same bits.
-// Synchronises the stream (the norm decides the clip factor on the host, as on the CPU).
-double sum_of_squares(const float* x, size_t n);
+// *acc (one double in device memory) += the sum of squares of x[0, n) in double: fixed grid,
+// fixed order, so the same n gives the same bits. Queued: the step reads the norm's accumulator
+// once, after every piece is in.
+void sum_of_squares(double* acc, const float* x, size_t n);
 void scale(float* x, size_t n, float factor);
 
 // Memory and synchronisation (context.cu; backend/backend.hpp says what each is for): device
