@@ -10,6 +10,9 @@
 //                 through: Comm (MPI, parallel/comm.hpp) or device::NcclComm; the same named calls
 //   B::kHostMemory  true when the backend's buffers are host memory, so nothing is copied in or
 //                 out (checkpoints, initialisation)
+//   B::kAlignedHead true when the LM head's GEMMs run over the padded vocabulary rows (aligned
+//                 leading dimensions; the cross-entropy masks the padding), false for only the
+//                 real rows
 //   B::op(...)    every function of TESSERA_BACKEND_FUNCTIONS below, forwarded to the namespace
 //                 of the backend, where each has the same signature (for Act = float) on both:
 //                 the op set of backend/cpu/ops.hpp and backend/cuda/ops.hpp, and

@@ -115,10 +115,11 @@ void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
 
   Backend::layernorm_forward(act(kLnF, slot), stat(kLnFMean, slot), stat(kLnFRstd, slot),
                              residual, P(lay.ln_f_weight), P(lay.ln_f_bias), N, C);
-  // Vocab-parallel tied head over this rank's real vocabulary rows only.
-  const int Vl = lay.vocab_valid();
+  // Vocab-parallel tied head over this rank's rows (head_columns(): the real ones, or with the
+  // padding where the backend wants aligned GEMMs; the cross-entropy reads the real ones).
+  const int Vh = head_columns(), Vl = lay.vocab_valid();
   Act* logits = act(kLogits, slot);
-  Backend::matmul_forward(logits, act(kLnF, slot), P(lay.wte), none, N, C, Vl);
+  Backend::matmul_forward(logits, act(kLnF, slot), P(lay.wte), none, N, C, Vh);
   if (targets == nullptr) return;
 
   // Vocab-parallel cross-entropy: the max, then the sum of exponentials and the target logit,
@@ -126,12 +127,12 @@ void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
   // from the slot's own copy.
   int32_t* slot_targets = targets_ + size_t(slot) * max_n_;
   Backend::copy(slot_targets, targets, size_t(N) * sizeof(int32_t));
-  Backend::crossentropy_row_max(row_max_, logits, N, Vl, Vl);
+  Backend::crossentropy_row_max(row_max_, logits, N, Vh, Vl);
   tp_->all_reduce_max(row_max_, size_t(N));
-  Backend::crossentropy_exp_sums(ce_sums_, logits, logits, row_max_, slot_targets, N, Vl, Vl,
+  Backend::crossentropy_exp_sums(ce_sums_, logits, logits, row_max_, slot_targets, N, Vh, Vl,
                                  lay.vocab_begin);
   tp_->all_reduce_sum(ce_sums_, 2 * size_t(N));
-  Backend::crossentropy_finish(losses, logits, ce_sums_, N, Vl, Vl);
+  Backend::crossentropy_finish(losses, logits, ce_sums_, N, Vh, Vl);
 }
 
 template <class Backend>
@@ -149,14 +150,15 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
   float* const no_grad = nullptr;
 
   if (lay.last) {
-    // The probabilities become their own gradient in place: probs - onehot, scaled.
-    const int Vl = lay.vocab_valid();
+    // The probabilities become their own gradient in place: probs - onehot, scaled (0 on the
+    // padding columns, so the padding rows of wte get no gradient).
+    const int Vh = head_columns(), Vl = lay.vocab_valid();
     Act* dlogits = act(kLogits, slot);
     Backend::crossentropy_backward(dlogits, dlogits, targets_ + size_t(slot) * max_n_, dloss, N,
-                                   Vl, Vl, lay.vocab_begin);
+                                   Vh, Vl, lay.vocab_begin);
     zero(scratch(kDLn), NC);
     Backend::matmul_backward(scratch(kDLn), G(lay.wte), no_grad, dlogits, act(kLnF, slot),
-                             P(lay.wte), N, C, Vl);
+                             P(lay.wte), N, C, Vh);
     tp_->all_reduce_sum(scratch(kDLn), NC);
     zero(dres, NC);
     const Act* last_out = L > 0 ? act(kRes3, slot, L - 1) : act(kEncoded, slot);

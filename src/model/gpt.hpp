@@ -52,8 +52,14 @@ class Gpt {
                 float dloss, const std::function<void(int layer)>& layer_done = {});
   const Act* grad_input() const { return scratch(kDRes); }
 
-  // Last stage, after a forward without targets: this rank's logits (B*T, vocab_valid()).
+  // Last stage, after a forward without targets: this rank's logits (B*T, head_columns()), of
+  // which the first vocab_valid() are real.
   const Act* logits(int slot) const { return act(kLogits, slot); }
+  // The LM head's columns: this rank's real vocabulary rows, or all its rows, padding included,
+  // where the backend's GEMMs want aligned leading dimensions (Backend::kAlignedHead).
+  int head_columns() const {
+    return Backend::kAlignedHead ? layout_.vocab_rows : layout_.vocab_valid();
+  }
 
   // The activations and LayerNorm statistics of every slot.
   size_t activation_bytes() const { return arena_->bytes(h_acts_) + arena_->bytes(h_stats_); }

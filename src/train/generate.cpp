@@ -93,7 +93,7 @@ void sample_text(const std::string& checkpoint, const SampleOptions& opt) {
     // The model sees at most block_size positions: the oldest tokens fall off the front.
     const int T = std::min<int>(int(context.size()), s.block_size);
     model.forward(m.params.data(), 0, context.data() + context.size() - T, nullptr, nullptr, 1, T);
-    const float* logits = model.logits(0) + size_t(T - 1) * s.vocab_size;
+    const float* logits = model.logits(0) + size_t(T - 1) * model.head_columns();
     int next = 0;
     if (opt.temperature <= 0) {
       next = int(std::max_element(logits, logits + s.vocab_size) - logits);

@@ -11,6 +11,7 @@ struct CpuBackend {
   using Act = float;
   using Comm = tessera::Comm;
   static constexpr bool kHostMemory = true;
+  static constexpr bool kAlignedHead = false;
   TESSERA_BACKEND_FUNCTIONS(cpu)
 };
 

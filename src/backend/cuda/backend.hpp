@@ -13,6 +13,9 @@ struct CudaBackend {
   using Act = F;
   using Comm = device::NcclComm;
   static constexpr bool kHostMemory = false;
+  // The LM head over the padded vocabulary rows: aligned leading dimensions for cuBLAS, and no
+  // GEMM with K = 0 on a rank that holds only padding.
+  static constexpr bool kAlignedHead = true;
   TESSERA_BACKEND_FUNCTIONS(cuda)
 };
 
