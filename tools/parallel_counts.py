@@ -73,10 +73,21 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
                embed_bytes_per_step=embed_bytes)
     # Activations of one micro-batch and layer as tessera keeps them (fp32, no recompute, no
     # dropout): b*T*(6C + 12C/tp + 4) floats of C-wide, tp-split and LayerNorm-statistic buffers,
-    # and the b*(H/tp)*T^2 attention probabilities. Korthikanti et al. (16-bit, with dropout masks):
+    # and the b*(H/tp)*T^2 attention probabilities, or with fused attention only each row's
+    # log-sum-exp, b*(H/tp)*T. Korthikanti et al. (16-bit, with dropout masks):
     # T*b*C*(10 + 24/tp + 5*H*T/(C*tp)) bytes per layer.
-    per_layer = 4 * (b * T * (6 * C + 12 * C // tp + 4) + b * (H // tp) * T * T)
+    rows = b * (H // tp) * T
+    att = rows if m.get("attention", "gemm") == "fused" else rows * T
+    per_layer = 4 * (b * T * (6 * C + 12 * C // tp + 4) + att)
     out["activation_bytes_per_layer_mb"] = per_layer
+    # The rank's whole activation buffer: per micro-batch slot, the stage input, its layers, and
+    # on the last stage the final LayerNorm (with its 2 statistics) and this rank's logits; the
+    # schedule keeps m slots (GPipe) or min(m, pp - stage) (1F1B).
+    slot = 4 * b * T * C + L_here * per_layer
+    if last:
+        slot += 4 * (b * T * C + 2 * b * T + b * T * (Vp // tp))
+    slots = micro if p.get("schedule", "1f1b") == "gpipe" else min(micro, pp - pp_rank)
+    out["activation_bytes"] = slots * slot
     out["korthikanti_bytes_per_layer_mb"] = T * b * C * (10 + 24 / tp + 5 * H * T / (C * tp))
     out["bubble"] = (pp - 1) / (micro + pp - 1)
     out["micro_batches"] = micro
@@ -99,7 +110,7 @@ def compare(metrics_path):
     bad = 0
     for r in ranks:
         want = counts(deck, dp, tp, pp, vocab, int(r["dp_rank"]), int(r["tp_rank"]), int(r["pp_rank"]))
-        for key in ("param_bytes", "grad_bytes", "optim_bytes", "tp_bytes_per_step",
+        for key in ("param_bytes", "grad_bytes", "optim_bytes", "activation_bytes", "tp_bytes_per_step",
                     "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step"):
             if abs(r[key] - want[key]) > 1e-6 * max(1.0, want[key]):
                 print(f"rank {r['rank']}: {key} measured {r[key]:.0f}, formula {want[key]:.0f}")

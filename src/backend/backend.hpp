@@ -46,6 +46,8 @@
   TESSERA_BACKEND_FORWARD(ns, matmul_backward)                                                   \
   TESSERA_BACKEND_FORWARD(ns, attention_forward)                                                 \
   TESSERA_BACKEND_FORWARD(ns, attention_backward)                                                \
+  TESSERA_BACKEND_FORWARD(ns, attention_fused_forward)                                           \
+  TESSERA_BACKEND_FORWARD(ns, attention_fused_backward)                                          \
   TESSERA_BACKEND_FORWARD(ns, gelu_forward)                                                      \
   TESSERA_BACKEND_FORWARD(ns, gelu_backward)                                                     \
   TESSERA_BACKEND_FORWARD(ns, residual_forward)                                                  \

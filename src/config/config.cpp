@@ -47,6 +47,7 @@ std::vector<Field> fields_of(Config& c) {
       {"model", "vocab_size", &c.model.vocab_size},
       {"model", "vocab_multiple", &c.model.vocab_multiple},
       {"model", "init_std", &c.model.init_std},
+      {"model", "attention", &c.model.attention},
       {"data", "train", &c.data.train},
       {"data", "val", &c.data.val},
       {"data", "format", &c.data.format},
@@ -697,6 +698,15 @@ void validate(const Config& c, const Deck& deck) {
   at_least(deck, "model.vocab_size", m.vocab_size, 0);
   at_least(deck, "model.vocab_multiple", m.vocab_multiple, 1);
   positive(deck, "model.init_std", m.init_std);
+  if (m.attention != "gemm" && m.attention != "fused") {
+    deck.fail_key("model.attention", "must be gemm or fused, got " + shown(m.attention));
+  } else if (m.attention == "fused" && m.n_embd % m.n_head == 0 &&
+             m.n_embd / m.n_head > kMaxFusedHeadSize) {
+    deck.fail_later("model.n_head", "model.attention",
+                    "model.attention = fused takes head sizes up to " + num(kMaxFusedHeadSize) +
+                        ", and model.n_embd / model.n_head = " + num(m.n_embd / m.n_head) +
+                        ": use model.attention: gemm or more heads");
+  }
 
   not_empty(deck, "data.train", c.data.train, "the training token file");
   std::vector<BlendEntry> blend;

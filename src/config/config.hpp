@@ -7,6 +7,10 @@
 
 namespace tessera {
 
+// model.attention: fused runs the CUDA kernel of backend/cuda/attention_fused.cu, which covers
+// head sizes (n_embd / n_head) up to this.
+inline constexpr int kMaxFusedHeadSize = 128;
+
 struct ModelConfig {
   int n_layer = 4;
   int n_head = 4;
@@ -15,6 +19,7 @@ struct ModelConfig {
   int vocab_size = 0;        // 0: the training data's vocab_size attribute
   int vocab_multiple = 64;   // wte rows are padded to a multiple of this (Vp)
   double init_std = 0.02;
+  std::string attention = "gemm";  // gemm (T x T probabilities kept) | fused (flash-style)
 };
 
 struct DataConfig {

@@ -9,13 +9,16 @@ namespace tessera {
 
 template <class Backend>
 Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots,
-            Arena& arena)
-    : layout_(layout), tp_(tp), arena_(&arena), max_n_(max_batch * max_seq) {
+                  Arena& arena, bool fused_attention)
+    : layout_(layout), tp_(tp), arena_(&arena), max_n_(max_batch * max_seq),
+      fused_attention_(fused_attention) {
   const ModelShape& s = layout.canonical.shape;
   const size_t N = size_t(max_batch) * max_seq, C = s.n_embd;
   const size_t Cl = C / layout.tp;  // this rank's share of the heads / MLP width, per C
   const size_t L = size_t(layout.layer_end - layout.layer_begin);
-  const size_t att = size_t(max_batch) * (s.n_head / layout.tp) * max_seq * max_seq;
+  // The attention's (B,NH/tp,T,T) probabilities, or with fused attention each row's log-sum-exp.
+  const size_t rows = size_t(max_batch) * (s.n_head / layout.tp) * max_seq;
+  const size_t att = fused_attention ? 0 : rows * max_seq, lse = fused_attention ? rows : 0;
   const size_t last = layout.last ? 1 : 0;
   struct { Slot kind; size_t size, count; } plan[] = {
       {kEncoded, N * C, 1},     {kLn1, N * C, L},          {kQkv, 3 * N * Cl, L},
@@ -31,7 +34,7 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   }
   struct { Stat kind; size_t size, count; } stat_plan[] = {
       {kLn1Mean, N, L},    {kLn1Rstd, N, L},    {kLn2Mean, N, L}, {kLn2Rstd, N, L},
-      {kLnFMean, N, last}, {kLnFRstd, N, last},
+      {kAttLse, lse, L},   {kLnFMean, N, last}, {kLnFRstd, N, last},
   };
   for (const auto& p : stat_plan) {
     stat_offset_[p.kind] = stat_stride_;
@@ -46,7 +49,7 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     total += scratch_sizes[k];
   }
   h_acts_ = arena.add("activations", slot_stride_ * size_t(slots) * sizeof(Act));
-  h_stats_ = arena.add("layernorm statistics and losses", stat_stride_ * size_t(slots) * 4);
+  h_stats_ = arena.add("statistics (layernorm, attention log-sum-exp)", stat_stride_ * size_t(slots) * 4);
   h_scratch_ = arena.add("backward scratch", total * sizeof(Act));
   h_row_max_ = arena.add("cross-entropy row max", N * sizeof(float));
   h_sums_ = arena.add("cross-entropy sums", 2 * N * sizeof(double));
@@ -95,7 +98,10 @@ void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
                                residual, W(kLn1W), W(kLn1B), N, C);
     // Column-parallel c_attn: this rank's heads of q, k and v.
     Backend::matmul_forward(A(kQkv), A(kLn1), W(kAttnW), W(kAttnB), N, C, 3 * Cl);
-    Backend::attention_forward(A(kAttY), A(kAtt), A(kQkv), B, T, Cl, NHl);
+    if (fused_attention_)
+      Backend::attention_fused_forward(A(kAttY), stat(kAttLse, slot, i), A(kQkv), B, T, Cl, NHl);
+    else
+      Backend::attention_forward(A(kAttY), A(kAtt), A(kQkv), B, T, Cl, NHl);
     // Row-parallel c_proj: partial products summed over tp, then the replicated bias once.
     Backend::matmul_forward(A(kAttProj), A(kAttY), W(kAttnProjW), none, N, Cl, C);
     tp_->all_reduce_sum(A(kAttProj), NC);
@@ -191,8 +197,13 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
     Backend::matmul_backward(scratch(kDAttY), GW(kAttnProjW), GW(kAttnProjB), dres,
                              act(kAttY, slot, i), W(kAttnProjW), N, Cl, C);
     zero(scratch(kDQkv), 3 * size_t(N) * Cl);
-    Backend::attention_backward(scratch(kDQkv), scratch(kDAtt), scratch(kDAttY),
-                                act(kQkv, slot, i), act(kAtt, slot, i), B, T, Cl, NHl);
+    if (fused_attention_)
+      Backend::attention_fused_backward(scratch(kDQkv), scratch(kDAttY), act(kQkv, slot, i),
+                                        act(kAttY, slot, i), stat(kAttLse, slot, i), B, T, Cl,
+                                        NHl);
+    else
+      Backend::attention_backward(scratch(kDQkv), scratch(kDAtt), scratch(kDAttY),
+                                  act(kQkv, slot, i), act(kAtt, slot, i), B, T, Cl, NHl);
     zero(scratch(kDLn), NC);
     Backend::matmul_backward(scratch(kDLn), GW(kAttnW), GW(kAttnB), scratch(kDQkv),
                              act(kLn1, slot, i), W(kAttnW), N, C, 3 * Cl);

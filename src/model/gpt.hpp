@@ -24,7 +24,10 @@ class Gpt {
 
   // Declares every activation and scratch buffer in `arena`; once the arena is allocated, bind()
   // takes the pointers (the engine allocates one arena for the model, optimizer and executor).
-  Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots, Arena& arena);
+  // fused_attention: the attention keeps each row's log-sum-exp instead of its (T,T)
+  // probabilities (model.attention: fused), so no activation grows with T².
+  Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots, Arena& arena,
+      bool fused_attention = false);
   void bind();
 
   // Stages after the first: the stage's input activations (B,T,C) of `slot`, filled by the
@@ -71,8 +74,9 @@ class Gpt {
     kEncoded, kLn1, kQkv, kAtt, kAttY, kAttProj, kRes2, kLn2, kFcH, kFcGelu, kFcProj, kRes3, kLnF,
     kLogits, kSlotKinds
   };
-  // Per-slot fp32 statistics.
-  enum Stat { kLn1Mean, kLn1Rstd, kLn2Mean, kLn2Rstd, kLnFMean, kLnFRstd, kStatKinds };
+  // Per-slot fp32 statistics; kAttLse (B,NH/tp,T) per layer with fused attention only (kAtt and
+  // kDAtt are empty then).
+  enum Stat { kLn1Mean, kLn1Rstd, kLn2Mean, kLn2Rstd, kAttLse, kLnFMean, kLnFRstd, kStatKinds };
   // Backward scratch (Act), one set shared by all slots and layers.
   enum Scratch { kDRes, kDLn, kDQkv, kDAtt, kDAttY, kDFcH, kDFcGelu, kScratchKinds };
 
@@ -89,6 +93,7 @@ class Gpt {
   Comm* tp_;
   Arena* arena_;
   int max_n_;
+  bool fused_attention_;
   size_t offset_[kSlotKinds] = {}, size_[kSlotKinds] = {}, slot_stride_ = 0;
   size_t stat_offset_[kStatKinds] = {}, stat_size_[kStatKinds] = {}, stat_stride_ = 0;
   size_t scratch_offset_[kScratchKinds] = {};

@@ -39,6 +39,7 @@ struct EngineSetup {
   bool zero;       // parallel.zero == 1
   bool embed_sum;  // pp > 1: stage 0's wte and the last stage's copy sum their gradients
   AdamWHyper hyper;
+  bool fused_attention;  // model.attention == fused
 };
 
 // A micro-batch's tokens and targets (B,T) in host memory (the loader's ring), nullptr where the

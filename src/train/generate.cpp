@@ -132,7 +132,8 @@ void eval_checkpoint(const std::string& checkpoint, const std::string& data, int
   // The trainer's own evaluation, on one rank of the CPU backend.
   Comm single;
   const EngineSetup setup{m.layout, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL,
-                          &single, {}, mb, T, 1, false, false, AdamWHyper{}};
+                          &single, {}, mb, T, 1, false, false, AdamWHyper{},
+                          deck.model.attention == "fused"};
   const std::unique_ptr<TrainEngine> engine = make_engine(setup, /*cuda=*/false, false);
   std::copy(m.params.begin(), m.params.end(), engine->host_params());
   engine->params_to_device();

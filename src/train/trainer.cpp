@@ -155,7 +155,8 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   const EngineSetup setup{tile, topo.comm(CommName::tp), topo.comm(CommName::dp),
                           topo.comm(CommName::pp), topo.comm(CommName::embed), &world, schedule,
                           mb, T, n_micro, /*zero=*/cfg.parallel.zero == 1,
-                          /*embed_sum=*/layout.pp > 1, hyper};
+                          /*embed_sum=*/layout.pp > 1, hyper,
+                          /*fused_attention=*/cfg.model.attention == "fused"};
   const std::unique_ptr<TrainEngine> engine =
       make_engine(setup, backend.cuda, cfg.device.precision == "bf16");
   float* params = engine->host_params();  // fp32, host: initialised or read here

@@ -1,9 +1,10 @@
-// `make bench-gpu`: tokens/s and MFU of the trainer's own training step (train/engine.hpp: the
-// model, pipeline executor and distributed optimizer over the CUDA backend) on one GPU, for the
-// GPT-2 124M shape and a 1.3B shape, bf16 and fp32, against the device's datasheet peak for that
-// precision (the figure the trainer's MFU uses). The step is the trainer's: the token upload, the
-// forward and backward, the gradient norm, clipping and AdamW, ending in a stream synchronisation,
-// timed on the host over 5 steps after one to warm up. Tokens are synthetic.
+// `make bench-gpu`, tessera's half: tokens/s, MFU and device memory of the trainer's own training
+// step (train/engine.hpp: the model, pipeline executor and distributed optimizer over the CUDA
+// backend) on one GPU, for the GPT-2 124M shape and a 1.3B shape, bf16 and fp32, fused and gemm
+// attention. The step is the trainer's: the token upload, the forward and backward, the gradient
+// norm, clipping and AdamW, ending in a stream synchronisation, timed on the host over 5 steps
+// after one to warm up. Tokens are synthetic. tools/bench_gpu_torch.py prints PyTorch's rows of
+// the same table.
 #include <mpi.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/ops.hpp"
 #include "gpu_test.hpp"
 #include "model/param_layout.hpp"
 #include "model/shard.hpp"
@@ -28,13 +30,19 @@ struct Shape {
   int L, C, NH, T, B;
 };
 
-void bench_shape(const Shape& s, bool bf16) {
+// One row: `| shape | tessera | precision | attention | ms/step | tokens/s | MFU | memory |`, MFU
+// against the bf16 peak whatever the precision (the figure PyTorch's rows use too), memory the
+// device memory the run took (cudaMemGetInfo before and after building the engine and stepping).
+void bench_shape(const Shape& s, bool bf16, bool fused, double bf16_peak) {
   const ModelShape shape = make_model_shape(s.L, s.NH, s.C, s.T, 50257, 64);
   const LocalLayout tile = make_local_layout(shape, 1, 0, 0, s.L, true, true);
   Comm world(MPI_COMM_SELF);
+  size_t free_before = 0, free_after = 0, total = 0;
+  ck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  ck(cudaMemGetInfo(&free_before, &total), "cudaMemGetInfo");
   const EngineSetup setup{tile, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, &world,
                           make_schedule(ScheduleKind::OneFOneB, 0, 1, 1), s.B, s.T, 1,
-                          false, false, AdamWHyper{}};
+                          false, false, AdamWHyper{}, fused};
   const std::unique_ptr<TrainEngine> engine = make_engine(setup, /*cuda=*/true, bf16);
   init_local_parameters(engine->host_params(), tile, 1337, 0.02);
   engine->params_to_device();
@@ -48,36 +56,43 @@ void bench_shape(const Shape& s, bool bf16) {
   const float dloss = 1.0f / float(n);
   long t = 1;
   engine->train_step(batch, dloss, 1.0, 1e-4, t++);
+  ck(cudaMemGetInfo(&free_after, &total), "cudaMemGetInfo");
   const int iters = 5;
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; i++) engine->train_step(batch, dloss, 1.0, 1e-4, t++);
   const double sec =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
-  double peak = engine->peak_gflops() * 1e9;
-  if (const char* p = std::getenv(bf16 ? "TESSERA_BF16_PEAK_TFLOPS" : "TESSERA_FP32_PEAK_TFLOPS"))
-    peak = std::atof(p) * 1e12;
   const double tokens_per_s = double(n) / sec;
-  const double mfu = peak > 0 ? tokens_per_s * flops_per_token(shape, s.T) / peak : 0.0;
-  char mfu_text[32];
-  std::snprintf(mfu_text, sizeof mfu_text, peak > 0 ? "%.1f%%" : "peak unknown", mfu * 100);
-  std::printf("| %s (L=%d C=%d NH=%d T=%d B=%d, %.2fB params) | %s | %.1f ms | %.0f | %s |\n",
+  const double mfu = bf16_peak > 0 ? tokens_per_s * flops_per_token(shape, s.T) / bf16_peak : 0.0;
+  std::printf("| %s (L=%d C=%d NH=%d T=%d B=%d, %.2fB params) | tessera | %s | %s | %.1f | %.0f | "
+              "%.1f%% | %.2f GB (activations %.2f GB) |\n",
               s.name, s.L, s.C, s.NH, s.T, s.B, tile.total / 1e9, bf16 ? "bf16" : "fp32",
-              sec * 1e3, tokens_per_s, mfu_text);
+              fused ? "fused" : "gemm", sec * 1e3, tokens_per_s, mfu * 100,
+              double(free_before - free_after) / 1e9, double(engine->activation_bytes()) / 1e9);
+  std::fflush(stdout);
 }
 
 }  // namespace
 
+// The shapes `make bench-gpu` runs (tools/bench_gpu_torch.py runs the same ones in PyTorch).
 int run_bench() {
   cudaDeviceProp prop;
   ck(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  std::printf("bench-gpu: the trainer's training step on one %s (TESSERA_BF16_PEAK_TFLOPS and "
-              "TESSERA_FP32_PEAK_TFLOPS override the datasheet peaks)\n",
-              prop.name);
-  std::printf("| shape | precision | ms/step | tokens/s | MFU |\n|---|---|---|---|---|\n");
-  for (bool bf16 : {true, false}) {
-    bench_shape({"GPT-2 124M", 12, 768, 12, 1024, 8}, bf16);
-    bench_shape({"1.3B", 24, 2048, 16, 1024, 4}, bf16);
+  double peak = cuda::peak_gflops(/*bf16=*/true) * 1e9;
+  if (const char* p = std::getenv("TESSERA_BF16_PEAK_TFLOPS")) peak = std::atof(p) * 1e12;
+  std::printf("bench-gpu: the trainer's training step on one %s; MFU against the bf16 dense peak "
+              "%.0f TFLOP/s (TESSERA_BF16_PEAK_TFLOPS overrides it)\n",
+              prop.name, peak / 1e12);
+  if (peak <= 0) {
+    std::printf("bench-gpu: no datasheet peak for this GPU: set TESSERA_BF16_PEAK_TFLOPS\n");
+    return 1;
   }
+  std::printf("| shape | trainer | precision | attention | ms/step | tokens/s | MFU | memory |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  const Shape shapes[] = {{"GPT-2 124M", 12, 768, 12, 1024, 8}, {"1.3B", 24, 2048, 16, 1024, 4}};
+  for (const Shape& s : shapes)
+    for (bool bf16 : {true, false})
+      for (bool fused : {true, false}) bench_shape(s, bf16, fused, peak);
   return 0;
 }
 

@@ -25,7 +25,9 @@ namespace {
 // How the ranks of the world (1 without mpiexec) are used.
 enum class Split { none, tp, dp, dp_zero };
 
-void train_both(bool bf16, double loss_tol, double param_tol, Split split = Split::none) {
+// fused: the GPU runs the fused attention (model.attention: fused), the CPU the gemm one.
+void train_both(bool bf16, double loss_tol, double param_tol, Split split = Split::none,
+                bool fused = false) {
   const int B = 4, T = 32, steps = 10;
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -53,9 +55,12 @@ void train_both(bool bf16, double loss_tol, double param_tol, Split split = Spli
                           1,
                           /*zero=*/split == Split::dp_zero,
                           /*embed_sum=*/false,
-                          AdamWHyper{0.9, 0.95, 1e-6, 0.1}};
+                          AdamWHyper{0.9, 0.95, 1e-6, 0.1},
+                          /*fused_attention=*/false};
+  EngineSetup gpu_setup = setup;
+  gpu_setup.fused_attention = fused;
   const std::unique_ptr<TrainEngine> cpu = make_engine(setup, /*cuda=*/false, false);
-  const std::unique_ptr<TrainEngine> gpu = make_engine(setup, /*cuda=*/true, bf16);
+  const std::unique_ptr<TrainEngine> gpu = make_engine(gpu_setup, /*cuda=*/true, bf16);
   ASSERT_EQ(cpu->buffer_size(), gpu->buffer_size());
   init_local_parameters(cpu->host_params(), tile, 1337, 0.02);
   init_local_parameters(gpu->host_params(), tile, 1337, 0.02);
@@ -105,6 +110,12 @@ void train_both(bool bf16, double loss_tol, double param_tol, Split split = Spli
 
 TEST(CudaModel, TenStepsFp32MatchCpu) { train_both(false, 1e-5, 1e-4); }
 TEST(CudaModel, TenStepsBf16NearCpu) { train_both(true, 2e-2, 0.0); }
+TEST(CudaModel, TenStepsFp32FusedAttentionMatchCpu) {
+  train_both(false, 1e-5, 1e-4, Split::none, /*fused=*/true);
+}
+TEST(CudaModel, TenStepsBf16FusedAttentionNearCpu) {
+  train_both(true, 2e-2, 0.0, Split::none, /*fused=*/true);
+}
 
 // Under mpiexec -n 2 (or 4), one GPU per rank: the same training split over the ranks, the GPU's
 // collectives over NCCL against the CPU's over MPI.

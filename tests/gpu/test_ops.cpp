@@ -251,6 +251,43 @@ TYPED_TEST(CudaOp, Attention) {
   }
 }
 
+// The fused (flash-style) kernels against the CPU's fused attention in double: odd T, T not a
+// multiple of a key tile (32) or a query tile (8 or 16 rows), head sizes 12 (a 32-wide tile), 64
+// and 128, heads whose columns start off a 16-byte boundary.
+TYPED_TEST(CudaOp, AttentionFused) {
+  using F = TypeParam;
+  struct Shape {
+    int B, T, C, NH;
+  };
+  for (Shape s : {Shape{2, 37, 36, 3}, Shape{1, 70, 128, 2}, Shape{1, 45, 128, 1},
+                  Shape{2, 33, 256, 2}, Shape{1, 1, 64, 1}}) {
+    const std::string shape = " B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
+                              " C=" + std::to_string(s.C) + " NH=" + std::to_string(s.NH);
+    const size_t n_qkv = size_t(s.B) * s.T * 3 * s.C, n_out = size_t(s.B) * s.T * s.C;
+    const size_t n_lse = size_t(s.B) * s.NH * s.T;
+    auto qkv = random_of<F>(n_qkv, -2.0, 2.0);
+    Dev<F> d_qkv(qkv), d_out(n_out);
+    Dev<float> d_lse(n_lse);
+    std::vector<double> out(n_out), lse(n_lse);
+    gpu::attention_fused_forward<F>(d_out, d_lse, d_qkv, s.B, s.T, s.C, s.NH);
+    cpu::attention_fused_forward<double>(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "attention_fused_forward out" + shape);
+    EXPECT_CLOSE(d_lse.fetch(), lse, 1e-5, "attention_fused_forward lse" + shape);
+
+    // The backward reads the forward's out and lse; both sides get the reference's, rounded.
+    out = rounded<F>(out);
+    lse = rounded<float>(lse);
+    d_out.put(out);
+    d_lse.put(lse);
+    auto dout = random_of<F>(n_out), dqkv = random_of<F>(n_qkv);
+    Dev<F> d_dout(dout), d_dqkv(dqkv);
+    gpu::attention_fused_backward<F>(d_dqkv, d_dout, d_qkv, d_out, d_lse, s.B, s.T, s.C, s.NH);
+    cpu::attention_fused_backward<double>(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                          lse.data(), s.B, s.T, s.C, s.NH);
+    EXPECT_CLOSE(d_dqkv.fetch(), dqkv, tolerance<F>(), "attention_fused_backward dqkv" + shape);
+  }
+}
+
 TYPED_TEST(CudaOp, Elementwise) {
   using F = TypeParam;
   const size_t n = 1003;  // not a multiple of a pack or a block

@@ -3,11 +3,12 @@
 # emulator): `tessera train` with device.backend=cuda against the same deck on the CPU, 10 steps
 # from the same seed, every step's loss within a relative 1e-5 and every final tensor within 1e-4
 # of its largest (fp32; bf16: losses within 2e-2, the parameters within 2e-2 of their norm). A
-# CUDA checkpoint restarts on the CPU and the reverse (checkpoints are fp32 on both). With 2 GPUs,
-# pipeline (both schedules), tensor and data parallel (ZeRO-1) layouts over NCCL against the
-# 1-rank CPU run; with 4, tp=4 over a vocabulary padded so that the last rank holds only padding
-# rows (its LM-head GEMMs have K = 0); with 8, (2,2,2) with and without ZeRO-1 too. Without a
-# GPU: skipped, exit 0.
+# CUDA checkpoint restarts on the CPU and the reverse (checkpoints are fp32 on both). The fused
+# attention (model.attention: fused) against the CPU's gemm attention, fp32 and bf16. With 2 GPUs,
+# pipeline (both schedules), tensor (gemm and fused attention) and data parallel (ZeRO-1) layouts
+# over NCCL against the 1-rank CPU run; with 4, tp=4 over a vocabulary padded so that the last
+# rank holds only padding rows; with 8, (2,2,2) with gemm attention, and with ZeRO-1 and fused
+# attention. Without a GPU: skipped, exit 0.
 #
 # TESSERA names the binary (bin/tessera-emu for the emulated build) and TESSERA_GPUS the number
 # of GPUs (the emulator has 8); otherwise nvidia-smi counts them.
@@ -54,6 +55,11 @@ if train cuda 1 device.backend=cuda; then
   cmp cuda_matches_cpu cpu cuda --loss-rtol 1e-5 --param-tol 1e-4
 fi
 train bf16 1 device.backend=cuda device.precision=bf16 && cmp bf16_near_cpu cpu bf16 --loss-rtol 2e-2 --param-norm-tol 2e-2
+# The fused attention kernels (model.attention: fused) against the CPU's gemm attention.
+train cuda_fused 1 device.backend=cuda model.attention=fused &&
+  cmp cuda_fused_matches_cpu cpu cuda_fused --loss-rtol 1e-5 --param-tol 1e-4
+train bf16_fused 1 device.backend=cuda device.precision=bf16 model.attention=fused &&
+  cmp bf16_fused_near_cpu cpu bf16_fused --loss-rtol 2e-2 --param-norm-tol 2e-2
 # Restarts across backends from the step-5 checkpoints: the last 5 steps match the other run.
 # `latest` names the newest checkpoint: step 10 is removed, so the newest complete file (5) wins.
 cp -r "$WORK/cuda" "$WORK/cuda_to_cpu" && rm "$WORK/cuda_to_cpu/checkpoints/step_00000010.h5" &&
@@ -66,19 +72,20 @@ cp -r "$WORK/cpu" "$WORK/cpu_to_cuda" && rm "$WORK/cpu_to_cuda/checkpoints/step_
 layouts=()
 if [ "$gpus" -ge 2 ]; then
   layouts+=("parallel.pp=2 parallel.schedule=1f1b" "parallel.pp=2 parallel.schedule=gpipe"
-            "parallel.tp=2" "parallel.dp=2" "parallel.dp=2 parallel.zero=1")
+            "parallel.tp=2" "parallel.tp=2 model.attention=fused" "parallel.dp=2"
+            "parallel.dp=2 parallel.zero=1")
 else
   echo "test_trainer: 1 GPU: the multi-rank layouts over NCCL are skipped"
 fi
 if [ "$gpus" -ge 8 ]; then
   layouts+=("parallel.dp=2 parallel.tp=2 parallel.pp=2"
-            "parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.zero=1")
+            "parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.zero=1 model.attention=fused")
 else
   echo "test_trainer: fewer than 8 GPUs: the (2,2,2) layouts are skipped"
 fi
 for layout in "${layouts[@]}"; do
-  # "parallel.pp=2 parallel.schedule=1f1b" -> cuda_pp2_schedule-1f1b
-  name=cuda_$(echo "$layout" | sed 's/parallel\.//g; s/=//g; s/ /_/g')
+  # "parallel.pp=2 parallel.schedule=1f1b" -> cuda_pp2_schedule1f1b
+  name=cuda_$(echo "$layout" | sed 's/parallel\.//g; s/model\.//g; s/=//g; s/ /_/g')
   np=1
   for n in $(echo "$layout" | grep -o '\(dp\|tp\|pp\)=[0-9]*' | cut -d= -f2); do np=$((np * n)); done
   # shellcheck disable=SC2086  # the layout is several overrides

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Every rank's memory and the bytes it hands to MPI per step on each communicator equal the
-# counts of ../shared/FORMULAS.md (tools/parallel_counts.py): an extra, missing or oversized
-# collective, or a tile of the wrong size, shows here.
+# Every rank's memory (activations too, with gemm and fused attention, under both schedules) and
+# the bytes it hands to MPI per step on each communicator equal the counts of
+# ../shared/FORMULAS.md (tools/parallel_counts.py): an extra, missing or oversized collective, a
+# tile of the wrong size, or an activation buffer that grows with T² under fused attention shows
+# here.
 source "$(dirname "$0")/lib.sh"
 deck=$(tiny_deck comm)
 cd "$WORK" || exit 1
 export OMP_NUM_THREADS=1
 common=(model.n_layer=4 model.n_head=4 model.n_embd=32 train.batch_size=8 train.micro_batch=2
         train.steps=2 eval.batches=1)
-for layout in "2 2 2 0" "1 2 2 0" "4 1 2 1" "2 2 1 1"; do
+for layout in "2 2 2 0 gemm 1f1b" "1 2 2 0 fused gpipe" "4 1 2 1 gemm gpipe" "2 2 1 1 fused 1f1b"; do
   set -- $layout
-  name="dp$1_tp$2_pp$3_zero$4"
+  name="dp$1_tp$2_pp$3_zero$4_$5_$6"
   if timeout 120 $MPIEXEC -n $(($1 * $2 * $3)) "$TESSERA" train "$deck" "${common[@]}" \
-       parallel.dp="$1" parallel.tp="$2" parallel.pp="$3" parallel.zero="$4" run.dir="$WORK/$name" \
+       parallel.dp="$1" parallel.tp="$2" parallel.pp="$3" parallel.zero="$4" model.attention="$5" \
+       parallel.schedule="$6" run.dir="$WORK/$name" \
        >"$name.log" 2>&1 &&
      out=$("$PYTHON" "$ROOT/tools/parallel_counts.py" "$WORK/$name/metrics.jsonl"); then
     pass "$name: $out"

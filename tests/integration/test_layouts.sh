@@ -42,6 +42,8 @@ for dp in 2 4; do
   if run "zero1_dp$dp" "$dp" 1 1 parallel.zero=1; then compare "zero1_dp$dp"; else fail "zero1_dp$dp run"; tail -5 "zero1_dp$dp.log"; fi
 done
 if run "zero1_dp2_tp2_pp2" 2 2 2 parallel.zero=1; then compare "zero1_dp2_tp2_pp2"; else fail "zero1 3D run"; fi
+# The fused attention (no T x T matrix) trains the same model as the 1-rank gemm attention.
+if run "fused_dp2_tp2_pp2" 2 2 2 model.attention=fused; then compare "fused_dp2_tp2_pp2"; else fail "fused 3D run"; tail -5 fused_dp2_tp2_pp2.log; fi
 # The comparison can fail: a different seed is caught.
 if run seed 1 1 1 train.seed=8 &&
    ! "$PYTHON" "$ROOT/tests/integration/compare_runs.py" ref/metrics.jsonl \

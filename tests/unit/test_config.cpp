@@ -317,6 +317,7 @@ TEST(Config, RangeRules) {
       {"model", "vocab_multiple", "0", "must be >= 1, got 0"},
       {"model", "init_std", "0", "must be > 0, got 0"},
       {"model", "init_std", "-0.5", "must be > 0, got -0.5"},
+      {"model", "attention", "flash", "must be gemm or fused, got 'flash'"},
       {"data", "seq_len", "0", "must be >= 1, got 0"},
       {"train", "steps", "-1", "must be >= 0, got -1"},
       {"train", "batch_size", "0", "must be >= 1, got 0"},
@@ -562,7 +563,7 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 49);
+  EXPECT_EQ(keys, 50);
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",
@@ -662,6 +663,18 @@ TEST(Config, ParallelErrors) {
             "deck.yaml:7:7: parallel.stage_layers: expected an integer, got '1.5'");
   EXPECT_EQ(deck_error(in_parallel("  pp: 2\n  stage_layers: [2, [2]]\n")),
             "deck.yaml:5:21: parallel.stage_layers: expected an integer, got a sequence");
+}
+
+// The fused attention's head-size limit, at the later of the two keys.
+TEST(Config, FusedAttentionHeadSize) {
+  const std::string deck = kMinimal;
+  EXPECT_EQ(deck_error(deck + "model:\n  n_embd: 1024\n  n_head: 4\n  attention: fused\n"),
+            "deck.yaml:6:14: model.attention: model.attention = fused takes head sizes up to 128, "
+            "and model.n_embd / model.n_head = 256: use model.attention: gemm or more heads");
+  EXPECT_EQ(parse_deck(deck + "model:\n  n_embd: 1024\n  n_head: 8\n  attention: fused\n",
+                       "deck.yaml", {})
+                .model.attention,
+            "fused");
 }
 
 // Layout rules that need no world size, each at the later of its keys.

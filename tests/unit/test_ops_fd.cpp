@@ -398,6 +398,54 @@ TEST(CpuOps, AttentionForwardAndGradients) { check_attention(2, 5, 12, 2, 4, tru
 // cover every (query, key) pair below the diagonal.
 TEST(CpuOps, AttentionForwardAndGradientsAcrossRowBlocks) { check_attention(2, 150, 12, 3, 5, false); }
 
+// The fused attention (model.attention: fused) against the same long-double reference, its
+// log-sum-exp against the row's own, and its gradient against finite differences: the backward
+// recomputes the probabilities from q, k and lse alone, and reads the forward's out.
+void check_fused_attention(int B, int T, int C, int NH, uint64_t seed, bool finite_differences) {
+  SCOPED_TRACE("fused B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" +
+               std::to_string(C) + " NH=" + std::to_string(NH));
+  std::mt19937_64 rng(seed);
+  Vec qkv = random_vec((size_t)B * T * 3 * C, rng, -1.5, 1.5), w = random_vec((size_t)B * T * C, rng);
+  Vec out((size_t)B * T * C, kNaN), lse((size_t)B * NH * T, kNaN), ref_out, ref_dqkv;
+  attention_fused_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  reference_attention(ref_out, ref_dqkv, qkv, w, B, T, C, NH);
+  EXPECT_LE(max_abs_diff(out, ref_out), 1e-13);
+  const int hs = C / NH;
+  for (int b = 0; b < B; b++) {
+    for (int h = 0; h < NH; h++) {
+      for (int i = 0; i < T; i++) {
+        long double sum = 0.0L;
+        for (int j = 0; j <= i; j++) {
+          long double s = 0.0L;
+          for (int e = 0; e < hs; e++)
+            s += (long double)qkv[((size_t)b * T + i) * 3 * C + h * hs + e] *
+                 qkv[((size_t)b * T + j) * 3 * C + C + h * hs + e];
+          sum += std::exp(s / std::sqrt((long double)hs));
+        }
+        EXPECT_NEAR(lse[((size_t)b * NH + h) * T + i], (double)std::log(sum), 1e-13);
+      }
+    }
+  }
+  Vec dqkv(qkv.size(), 0.0);
+  attention_fused_backward(dqkv.data(), w.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+  EXPECT_LE(max_abs_diff(dqkv, ref_dqkv), 1e-13);
+  if (finite_differences) {
+    auto loss = [&] {
+      attention_fused_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+      return weighted_sum(w, out);
+    };
+    EXPECT_LE(fd_max_error(qkv, dqkv, loss), kTol);
+    attention_fused_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  }
+  const Vec pre = random_vec(dqkv.size(), rng);
+  Vec acc = pre;
+  attention_fused_backward(acc.data(), w.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+  expect_accumulates(pre, acc, dqkv, "fused attention dqkv");
+}
+
+TEST(CpuOps, FusedAttentionForwardAndGradients) { check_fused_attention(2, 5, 12, 2, 6, true); }
+TEST(CpuOps, FusedAttentionAcrossRowBlocks) { check_fused_attention(2, 150, 12, 3, 7, false); }
+
 // ---------------------------------------------------------------------------------------------
 // gelu, residual
 
@@ -639,6 +687,13 @@ Results run_all_ops(const OpInputs& in, bool include_blas = true) {
   attention_forward(ao.data(), att.data(), qkv.data(), B, T, C, NH);
   attention_backward(dqkv.data(), datt.data(), dout_c.data(), qkv.data(), att.data(), B, T, C, NH);
   keep("attention.out", ao), keep("attention.att", att), keep("attention.dqkv", dqkv);
+
+  std::vector<F> fo((size_t)N * C), lse((size_t)B * NH * T), fdqkv((size_t)N * 3 * C, F(0));
+  attention_fused_forward(fo.data(), lse.data(), qkv.data(), B, T, C, NH);
+  attention_fused_backward(fdqkv.data(), dout_c.data(), qkv.data(), fo.data(), lse.data(), B, T, C,
+                           NH);
+  keep("attention_fused.out", fo), keep("attention_fused.lse", lse);
+  keep("attention_fused.dqkv", fdqkv);
   return r;
 }
 

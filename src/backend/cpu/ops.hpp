@@ -62,6 +62,15 @@ void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH
 template <typename F>
 void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att, int B, int T,
                         int C, int NH);
+// The same attention without the (B,NH,T,T) matrix (model.attention: fused): the forward saves
+// lse (B,NH,T), each query row's log Σ_{j<=i} exp(q_i·k_j/sqrt(hs)), and overwrites out and lse;
+// the backward recomputes the probabilities from q, k and lse and accumulates dqkv (B,T,3C) from
+// dout, using out (B,T,C) of the forward.
+template <typename F>
+void attention_fused_forward(F* out, F* lse, const F* qkv, int B, int T, int C, int NH);
+template <typename F>
+void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
+                              int B, int T, int C, int NH);
 
 // out, inp (n): GELU, tanh form as torch GELU(approximate='tanh').
 template <typename F>

@@ -76,6 +76,17 @@ void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH
 template <typename F>
 void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att, int B, int T,
                         int C, int NH);
+// The same attention without the (B,NH,T,T) matrix (model.attention: fused; flash-attention
+// style: tiles of q, k and v in shared memory, an online softmax in fp32, the masked tiles
+// skipped): the forward saves lse (B,NH,T, fp32), each query row's log-sum-exp of its scaled
+// scores, and overwrites out and lse; the backward recomputes the probabilities from q, k and lse
+// and accumulates dqkv (B,T,3C) from dout, using out of the forward. Head sizes up to
+// kMaxFusedHeadSize (config/config.hpp); deterministic (no atomics).
+template <typename F>
+void attention_fused_forward(F* out, float* lse, const F* qkv, int B, int T, int C, int NH);
+template <typename F>
+void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const float* lse,
+                              int B, int T, int C, int NH);
 
 // out, inp (n): GELU, tanh form as torch GELU(approximate='tanh').
 template <typename F>

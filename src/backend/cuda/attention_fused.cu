@@ -1,0 +1,344 @@
+// Causal multi-head self-attention that keeps no T x T matrix (model.attention: fused), in the
+// manner of FlashAttention-2; twin of attention_fused.cpp.
+//
+// Forward: a block takes kBr query rows of one (b,h) and walks the key tiles at or below its
+// last row (the masked tiles above the diagonal are never loaded); each tile of kBc = 32 keys and
+// its values sit in shared memory as fp32, lane j of a warp scores key j, and every query row
+// keeps an online softmax (running max m, running sum l, output rescaled by exp(m_old - m_new)).
+// The row's log-sum-exp m + log l is saved for the backward.
+//
+// Backward, in two kernels so that every output element has one writer and a fixed order of
+// additions (no atomics: the same bits every run): flash_dkdv takes a tile of 32 keys and walks
+// the query rows at or below it, summing dK and dV; flash_dq takes a tile of query rows and walks
+// the key tiles, summing dQ. Both recompute P = exp(scores - lse) and
+// dS = P (dP - D), D_i = dout_i · out_i.
+//
+// Shared memory holds fp32 tiles whatever F is; key rows are padded by one float so that lanes
+// reading 32 different keys at the same dimension hit 32 different banks. Head sizes up to
+// kMaxFusedHeadSize: a lane owns dimensions lane, lane + 32, ... of its rows (Dmax / 32 of them),
+// Dmax the head size rounded up to 32, 64 or 128.
+#include <cmath>
+
+#include "backend/cuda/common.cuh"
+#include "config/config.hpp"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * kWarp;
+constexpr int kBc = kWarp;  // keys per tile: lane j scores key j
+
+// Query rows per warp: fewer for the widest heads, so the tiles fit 48 KB of static shared memory.
+template <int Dmax>
+constexpr int kRowsPerWarp = Dmax > 64 ? 2 : 4;
+
+// tile[r][d] = x[row0 + r][d] in fp32 for rows < T and d < hs, 0 elsewhere; x rows ld apart.
+template <typename F, int Rows, int Cols>
+__device__ void load_tile(float (*tile)[Cols], const F* x, int row0, int T, int hs, size_t ld) {
+  constexpr int kWidth = Cols & ~(kWarp - 1);  // the padding column is never read
+  for (int e = threadIdx.x; e < Rows * kWidth; e += kThreads) {
+    const int r = e / kWidth, d = e % kWidth, row = row0 + r;
+    tile[r][d] = row < T && d < hs ? to_float(x[size_t(row) * ld + d]) : 0.0f;
+  }
+}
+
+__device__ float dot_rows(const float* a, const float* b, int hs) {
+  float s = 0.0f;
+  for (int d = 0; d < hs; d++) s += a[d] * b[d];
+  return s;
+}
+
+// grid (ceil(T / kBr), B * NH), kThreads threads.
+template <typename F, int Dmax>
+__global__ void flash_forward_kernel(F* out, float* lse, const F* qkv, int T, int C, int NH,
+                                     float scale) {
+  constexpr int R = kRowsPerWarp<Dmax>, kBr = kWarps * R, kDims = Dmax / kWarp;
+  __shared__ float qs[kBr][Dmax];
+  __shared__ float ks[kBc][Dmax + 1];
+  __shared__ float vs[kBc][Dmax];
+  __shared__ float ps[kBr][kBc];
+  const int hs = C / NH, C3 = 3 * C;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int q0 = blockIdx.x * kBr;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const F* base = qkv + size_t(b) * T * C3 + size_t(h) * hs;
+  load_tile<F, kBr, Dmax>(qs, base, q0, T, hs, C3);
+
+  float m[R], l[R], o[R][kDims];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kDims; k++) o[r][k] = 0.0f;
+  }
+  const int last = (T < q0 + kBr ? T : q0 + kBr) - 1;  // the block's last query row
+  for (int k0 = 0; k0 <= last; k0 += kBc) {
+    __syncthreads();  // the previous tile's readers are done (and, first, qs is complete)
+    load_tile<F, kBc, Dmax + 1>(ks, base + C, k0, T, hs, C3);
+    load_tile<F, kBc, Dmax>(vs, base + 2 * C, k0, T, hs, C3);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const int row = warp * R + r, i = q0 + row;
+      if (i >= T) break;  // the same for every lane of the warp
+      const int key = k0 + lane;
+      const float s = key <= i ? scale * dot_rows(qs[row], ks[lane], hs) : -INFINITY;
+      // Key 0 is in the first tile, so m is finite from the first tile on.
+      const float m_new = fmaxf(m[r], warp_max(s));
+      const float p = key <= i ? expf(s - m_new) : 0.0f;
+      const float rescale = expf(m[r] - m_new);
+      l[r] = l[r] * rescale + warp_sum(p);
+      m[r] = m_new;
+      ps[row][lane] = p;
+      __syncwarp();
+#pragma unroll
+      for (int k = 0; k < kDims; k++) {
+        const int d = lane + k * kWarp;
+        float acc = o[r][k] * rescale;
+        for (int j = 0; j < kBc; j++) acc += ps[row][j] * vs[j][d];
+        o[r][k] = acc;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const int i = q0 + warp * R + r;
+    if (i >= T) break;
+    F* y = out + (size_t(b) * T + i) * C + size_t(h) * hs;
+    const float inv = 1.0f / l[r];
+#pragma unroll
+    for (int k = 0; k < kDims; k++) {
+      const int d = lane + k * kWarp;
+      if (d < hs) y[d] = from_float<F>(o[r][k] * inv);
+    }
+    if (lane == 0) lse[size_t(bh) * T + i] = m[r] + logf(l[r]);
+  }
+}
+
+// D[r] = dout_row · out_row for the rows of a tile, by warp (rows warp, warp + kWarps, ...).
+template <typename F, int Rows>
+__device__ void row_dots(float* D, const F* dout, const F* out, int row0, int T, int hs,
+                         size_t ld) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  for (int r = warp; r < Rows; r += kWarps) {
+    const int row = row0 + r;
+    float s = 0.0f;
+    if (row < T)
+      for (int d = lane; d < hs; d += kWarp)
+        s += to_float(dout[size_t(row) * ld + d]) * to_float(out[size_t(row) * ld + d]);
+    s = warp_sum(s);
+    if (lane == 0) D[r] = s;
+  }
+}
+
+// grid (ceil(T / kBc), B * NH), kThreads threads: dK and dV of one tile of 32 keys. Warp w owns
+// keys 8w .. 8w + 7 of the tile, lane its dimensions.
+template <typename F, int Dmax>
+__global__ void flash_dkdv_kernel(F* dqkv, const F* dout, const F* qkv, const F* out,
+                                  const float* lse, int T, int C, int NH, float scale) {
+  constexpr int kBq = kWarps * kRowsPerWarp<Dmax>, kDims = Dmax / kWarp;
+  constexpr int kKeysPerWarp = kBc / kWarps;
+  __shared__ float ks[kBc][Dmax + 1];
+  __shared__ float vs[kBc][Dmax + 1];
+  __shared__ float qs[kBq][Dmax];
+  __shared__ float dos[kBq][Dmax];
+  __shared__ float ps[kBq][kBc];
+  __shared__ float dss[kBq][kBc];
+  __shared__ float lses[kBq], Ds[kBq];
+  const int hs = C / NH, C3 = 3 * C;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int k0 = blockIdx.x * kBc;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const F* base = qkv + size_t(b) * T * C3 + size_t(h) * hs;
+  const size_t obase = size_t(b) * T * C + size_t(h) * hs;
+  load_tile<F, kBc, Dmax + 1>(ks, base + C, k0, T, hs, C3);
+  load_tile<F, kBc, Dmax + 1>(vs, base + 2 * C, k0, T, hs, C3);
+
+  float dk[kKeysPerWarp][kDims], dv[kKeysPerWarp][kDims];
+#pragma unroll
+  for (int j = 0; j < kKeysPerWarp; j++)
+#pragma unroll
+    for (int k = 0; k < kDims; k++) dk[j][k] = dv[j][k] = 0.0f;
+
+  // Query rows below k0 see none of these keys.
+  for (int i0 = k0 / kBq * kBq; i0 < T; i0 += kBq) {
+    __syncthreads();  // the previous rows' readers are done (and, first, ks and vs are complete)
+    load_tile<F, kBq, Dmax>(qs, base, i0, T, hs, C3);
+    load_tile<F, kBq, Dmax>(dos, dout + obase, i0, T, hs, C);
+    row_dots<F, kBq>(Ds, dout + obase, out + obase, i0, T, hs, C);
+    for (int r = threadIdx.x; r < kBq; r += kThreads)
+      lses[r] = i0 + r < T ? lse[size_t(bh) * T + i0 + r] : 0.0f;
+    __syncthreads();
+    // P and dS of the (kBq x 32) block: lane j takes key j, warps take rows in turn.
+    for (int r = warp; r < kBq; r += kWarps) {
+      const int i = i0 + r, key = k0 + lane;
+      float p = 0.0f, ds = 0.0f;
+      if (i < T && key <= i) {
+        p = expf(scale * dot_rows(qs[r], ks[lane], hs) - lses[r]);
+        ds = p * (dot_rows(dos[r], vs[lane], hs) - Ds[r]);
+      }
+      ps[r][lane] = p;
+      dss[r][lane] = ds;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kKeysPerWarp; j++) {
+      const int key = warp * kKeysPerWarp + j;
+#pragma unroll
+      for (int k = 0; k < kDims; k++) {
+        const int d = lane + k * kWarp;
+        float a = dv[j][k], g = dk[j][k];
+        for (int r = 0; r < kBq; r++) {
+          a += ps[r][key] * dos[r][d];
+          g += dss[r][key] * qs[r][d];
+        }
+        dv[j][k] = a;
+        dk[j][k] = g;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kKeysPerWarp; j++) {
+    const int key = k0 + warp * kKeysPerWarp + j;
+    if (key >= T) break;
+    F* dkey = dqkv + (size_t(b) * T + key) * C3 + size_t(h) * hs + C;
+#pragma unroll
+    for (int k = 0; k < kDims; k++) {
+      const int d = lane + k * kWarp;
+      if (d < hs) {
+        dkey[d] = from_float<F>(to_float(dkey[d]) + scale * dk[j][k]);
+        dkey[C + d] = from_float<F>(to_float(dkey[C + d]) + dv[j][k]);
+      }
+    }
+  }
+}
+
+// grid (ceil(T / kBr), B * NH), kThreads threads: dQ of one tile of query rows.
+template <typename F, int Dmax>
+__global__ void flash_dq_kernel(F* dqkv, const F* dout, const F* qkv, const F* out,
+                                const float* lse, int T, int C, int NH, float scale) {
+  constexpr int R = kRowsPerWarp<Dmax>, kBr = kWarps * R, kDims = Dmax / kWarp;
+  __shared__ float qs[kBr][Dmax];
+  __shared__ float dos[kBr][Dmax];
+  __shared__ float ks[kBc][Dmax + 1];
+  __shared__ float vs[kBc][Dmax + 1];
+  __shared__ float dss[kBr][kBc];
+  __shared__ float Ds[kBr];
+  const int hs = C / NH, C3 = 3 * C;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int q0 = blockIdx.x * kBr;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const F* base = qkv + size_t(b) * T * C3 + size_t(h) * hs;
+  const size_t obase = size_t(b) * T * C + size_t(h) * hs;
+  load_tile<F, kBr, Dmax>(qs, base, q0, T, hs, C3);
+  load_tile<F, kBr, Dmax>(dos, dout + obase, q0, T, hs, C);
+  row_dots<F, kBr>(Ds, dout + obase, out + obase, q0, T, hs, C);
+
+  float lse_r[R], dq[R][kDims];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const int i = q0 + warp * R + r;
+    lse_r[r] = i < T ? lse[size_t(bh) * T + i] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < kDims; k++) dq[r][k] = 0.0f;
+  }
+  const int last = (T < q0 + kBr ? T : q0 + kBr) - 1;
+  for (int k0 = 0; k0 <= last; k0 += kBc) {
+    __syncthreads();
+    load_tile<F, kBc, Dmax + 1>(ks, base + C, k0, T, hs, C3);
+    load_tile<F, kBc, Dmax + 1>(vs, base + 2 * C, k0, T, hs, C3);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const int row = warp * R + r, i = q0 + row;
+      if (i >= T) break;  // the same for every lane of the warp
+      const int key = k0 + lane;
+      float ds = 0.0f;
+      if (key <= i) {
+        const float p = expf(scale * dot_rows(qs[row], ks[lane], hs) - lse_r[r]);
+        ds = p * (dot_rows(dos[row], vs[lane], hs) - Ds[row]);
+      }
+      dss[row][lane] = ds;
+      __syncwarp();
+#pragma unroll
+      for (int k = 0; k < kDims; k++) {
+        const int d = lane + k * kWarp;
+        float acc = dq[r][k];
+        for (int j = 0; j < kBc; j++) acc += dss[row][j] * ks[j][d];
+        dq[r][k] = acc;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const int i = q0 + warp * R + r;
+    if (i >= T) break;
+    F* dqrow = dqkv + (size_t(b) * T + i) * C3 + size_t(h) * hs;
+#pragma unroll
+    for (int k = 0; k < kDims; k++) {
+      const int d = lane + k * kWarp;
+      if (d < hs) dqrow[d] = from_float<F>(to_float(dqrow[d]) + scale * dq[r][k]);
+    }
+  }
+}
+
+// Runs body.template operator()<Dmax>() with Dmax the head size rounded up to 32, 64 or 128.
+template <typename Body>
+void with_head_tile(int hs, const Body& body) {
+  if (hs <= 32) body.template operator()<32>();
+  else if (hs <= 64) body.template operator()<64>();
+  else body.template operator()<128>();
+}
+
+template <int Dmax>
+unsigned row_tiles(int T) {
+  return blocks_for(size_t(T), kWarps * kRowsPerWarp<Dmax>);
+}
+
+}  // namespace
+
+template <typename F>
+void attention_fused_forward(F* out, float* lse, const F* qkv, int B, int T, int C, int NH) {
+  if (B <= 0 || T <= 0) return;
+  const int hs = C / NH;
+  const float scale = float(1.0 / std::sqrt(double(hs)));
+  with_head_tile(hs, [&]<int Dmax>() {
+    const dim3 grid(row_tiles<Dmax>(T), unsigned(B * NH));
+    launch<flash_forward_kernel<F, Dmax>>(grid, kThreads, 0, stream(), out, lse, qkv, T, C, NH,
+                                          scale);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename F>
+void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const float* lse,
+                              int B, int T, int C, int NH) {
+  if (B <= 0 || T <= 0) return;
+  const int hs = C / NH;
+  const float scale = float(1.0 / std::sqrt(double(hs)));
+  with_head_tile(hs, [&]<int Dmax>() {
+    const dim3 key_grid(blocks_for(size_t(T), kBc), unsigned(B * NH));
+    launch<flash_dkdv_kernel<F, Dmax>>(key_grid, kThreads, 0, stream(), dqkv, dout, qkv, out, lse,
+                                       T, C, NH, scale);
+    CUDA_CHECK_LAUNCH();
+    const dim3 row_grid(row_tiles<Dmax>(T), unsigned(B * NH));
+    launch<flash_dq_kernel<F, Dmax>>(row_grid, kThreads, 0, stream(), dqkv, dout, qkv, out, lse, T,
+                                     C, NH, scale);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+static_assert(kMaxFusedHeadSize == 128, "with_head_tile covers head sizes up to 128");
+
+#define TESSERA_INSTANTIATE(F)                                                                     \
+  template void attention_fused_forward<F>(F*, float*, const F*, int, int, int, int);             \
+  template void attention_fused_backward<F>(F*, const F*, const F*, const F*, const float*, int,   \
+                                            int, int, int);
+TESSERA_INSTANTIATE(float)
+TESSERA_INSTANTIATE(bf16)
+#undef TESSERA_INSTANTIATE
+
+}  // namespace tessera::cuda
