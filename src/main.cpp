@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "common/version.hpp"
 #include "config/config.hpp"
+#include "train/ckpt_command.hpp"
 #include "train/data_command.hpp"
 #include "train/generate.hpp"
 #include "train/signals.hpp"
@@ -30,6 +31,7 @@ usage:
   tessera sample CKPT [--prompt TEXT] [--tokens N] [--temperature T] [--seed S]
                                                     generate text from a checkpoint
   tessera data info|dump|bench FILE ...             inspect token files (tessera data --help)
+  tessera ckpt diff REF OTHER                       compare two checkpoints tensor by tensor
   tessera peak                                      measure this machine's sgemm GFLOP/s
   tessera --version | --help | COMMAND --help
 
@@ -154,6 +156,7 @@ int run(const std::vector<std::string>& argv) {
     return 0;
   }
   if (command == "data") return tessera::data_command(args);
+  if (command == "ckpt") return tessera::ckpt_command(args);
   if (command == "peak") {
     std::printf("sgemm_gflops %.1f\n", tessera::measure_sgemm_gflops(2.0));
     return 0;

@@ -10,13 +10,18 @@ pass, 1 otherwise. --exact demands bit equality of losses and of every dataset (
 --param-norm-tol compares the model as a whole instead of tensor by tensor: ||a - b|| / ||ref||
 over every /model value (for bf16 runs, whose rounding moves a small tensor's elements by a
 large part of its largest).
+
+The tensors are compared by `tessera ckpt diff` (the binary in $TESSERA, else bin/tessera), so
+this script needs nothing but Python's standard library: the GPU bundle runs it on nodes whose
+Python has no HDF5 module.
 """
 import argparse
 import json
+import os
+import subprocess
 import sys
 
-import h5py
-import numpy as np
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def losses(path, first, last):
@@ -25,6 +30,24 @@ def losses(path, first, last):
         r = json.loads(line)
         if r["type"] == "train" and first <= r["step"] <= last:
             out[r["step"]] = r["loss"]   # a restart may log a step again: the last one counts
+    return out
+
+
+def tensor_diffs(ref_ckpt, ckpt):
+    """{name: None (missing), "shape", or (max_ref, max_diff, sum_ref2, sum_diff2, identical)}"""
+    binary = os.environ.get("TESSERA") or os.path.join(ROOT, "bin", "tessera")
+    run = subprocess.run([binary, "ckpt", "diff", ref_ckpt, ckpt], capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"compare_runs: tessera ckpt diff failed: {run.stderr.strip()}")
+    out = {}
+    for line in run.stdout.splitlines():
+        f = line.split("\t")
+        if f[1] == "missing":
+            out[f[0]] = None
+        elif f[1] == "shape":
+            out[f[0]] = "shape"
+        else:
+            out[f[0]] = tuple(float(x) for x in f[1:5]) + (f[5] == "1",)
     return out
 
 
@@ -51,28 +74,28 @@ def main():
             problems.append(f"step {s}: loss {got[s]!r} vs {ref[s]!r} (rel {d:.2e})")
     worst_param, worst_name = 0.0, ""
     diff2 = ref2 = 0.0
-    with h5py.File(a.ref_ckpt) as fr, h5py.File(a.ckpt) as fo:
-        groups = ["model", "optim"] if a.exact else ["model"]
-        names = []
-        for g in groups:
-            fr[g].visit(lambda n, g=g: names.append(f"{g}/{n}") if isinstance(fr[f"{g}/{n}"], h5py.Dataset) else None)
-        for n in names:
-            if n not in fo:
-                problems.append(f"missing {n}")
-                continue
-            x, y = fr[n][()], fo[n][()]
-            if a.exact:
-                if not np.array_equal(x, y):
-                    problems.append(f"{n} differs")
-                continue
-            scale = float(np.abs(x).max()) or 1.0
-            d = float(np.abs(x - y).max()) / scale
-            diff2 += float(np.sum((x.astype(np.float64) - y) ** 2))
-            ref2 += float(np.sum(x.astype(np.float64) ** 2))
-            if d > worst_param:
-                worst_param, worst_name = d, n
-            if a.param_norm_tol is None and d > a.param_tol:
-                problems.append(f"{n}: max diff {d:.2e} of max |value|")
+    groups = ("model/", "optim/") if a.exact else ("model/",)
+    for n, t in tensor_diffs(a.ref_ckpt, a.ckpt).items():
+        if not n.startswith(groups):
+            continue
+        if t is None:
+            problems.append(f"missing {n}")
+            continue
+        if t == "shape":
+            problems.append(f"{n}: shapes differ")
+            continue
+        max_ref, max_diff, sum_ref2, sum_diff2, identical = t
+        if a.exact:
+            if not identical:
+                problems.append(f"{n} differs")
+            continue
+        d = max_diff / (max_ref or 1.0)
+        diff2 += sum_diff2
+        ref2 += sum_ref2
+        if d > worst_param:
+            worst_param, worst_name = d, n
+        if a.param_norm_tol is None and d > a.param_tol:
+            problems.append(f"{n}: max diff {d:.2e} of max |value|")
     norm = (diff2 / ref2) ** 0.5 if ref2 > 0 else 0.0
     if a.param_norm_tol is not None and norm > a.param_norm_tol:
         problems.append(f"parameters: ||diff|| / ||reference|| = {norm:.2e}")
