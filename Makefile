@@ -158,7 +158,7 @@ OBJ      := $(SRC:%.cpp=$(BUILD)/%.o) $(CUDA_OBJ)
 UNIT_SRC := $(sort $(wildcard tests/unit/*.cpp))
 UNIT_OBJ := $(UNIT_SRC:%.cpp=$(BUILD)/%.o)
 
-.PHONY: all deps run test unit integration bench asan clean data cuda-report test-gpu bench-gpu \
+.PHONY: all deps run test unit integration bench asan clean data cuda-report test-gpu bench-gpu gpu-bundle \
         test-cuda-host
 all: bin/tessera$(EXE)
 
@@ -219,10 +219,24 @@ test-gpu:
 	  $(MPIEXEC) -n 2 bin/gpu_tests --gtest_filter='CudaModelTp.*:CudaModelDp.*'; \
 	else echo "test-gpu: fewer than 2 GPUs: the tensor/data-parallel (NCCL) tests are skipped"; fi
 
+# tessera's training step and PyTorch's on the same shapes and GPU, one table: build/bench/gpu.md.
 bench-gpu:
 	@if [ "$(CUDA_ON)" != 1 ]; then echo "bench-gpu: no CUDA build (no nvcc): skipped"; exit 0; fi
 	$(MAKE) -j$(JOBS) bin/gpu_tests
-	bin/gpu_tests --bench
+	@mkdir -p build/bench
+	bin/gpu_tests --bench | tee build/bench/gpu-tessera.txt
+	@if grep -q 'no GPU' build/bench/gpu-tessera.txt; then exit 0; fi; \
+	peak=$$(grep -o 'bf16 dense peak [0-9.]*' build/bench/gpu-tessera.txt | awk '{print $$4}'); \
+	$(PYTHON) tools/bench_gpu_torch.py --peak-tflops $$peak | tee build/bench/gpu-torch.txt; \
+	{ grep '^|' build/bench/gpu-tessera.txt; grep '^| ' build/bench/gpu-torch.txt | grep -v '^| shape'; } \
+	  >build/bench/gpu.md; echo "bench-gpu: wrote build/bench/gpu.md"
+
+# One tarball that runs the GPU checks and bench on a node without our build packages
+# (tools/gpu_bundle.sh says what it holds; its run.sh --cpu-smoke is tested by make test).
+gpu-bundle:
+	@if [ "$(CUDA_ON)" != 1 ] || [ "$(CUDA_EMU)" = 1 ]; then echo "gpu-bundle: needs a CUDA build (nvcc)"; exit 1; fi
+	$(MAKE) -j$(JOBS) bin/tessera bin/gpu_tests
+	PYTHON=$(PYTHON) bash tools/gpu_bundle.sh build/tessera-gpu.tar.xz
 
 # The CUDA backend executed without a GPU (part of `make test`): tests/gpu on the emulator, under
 # two thread and block orders, and the trainer on device.backend=cuda against the CPU.
