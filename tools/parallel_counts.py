@@ -60,10 +60,13 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     # tp: per micro-batch per layer 2 all-reduces of b*T*C forward and 2 backward; the embedding's
     # all-reduce on the first stage; on the last stage the LM head's input gradient (b*T*C) and the
     # vocab-parallel cross-entropy's max (b*T floats) and sum-exp + target logit (2 b*T doubles).
+    # Full recompute reruns each layer's forward in the backward: its 2 all-reduces again.
     act = 4 * b * T * C
+    per_layer_reduces = 6 if t.get("recompute", "none") == "full" else 4
     tp_bytes = 0
     if tp > 1:
-        tp_bytes = micro * (L_here * 4 * act + (act if first else 0) + (act + 4 * b * T + 16 * b * T if last else 0))
+        tp_bytes = micro * (L_here * per_layer_reduces * act + (act if first else 0) +
+                            (act + 4 * b * T + 16 * b * T if last else 0))
     dp_bytes = 0
     if dp > 1:
         dp_bytes = 4 * padded * (2 if zero else 1)   # all-reduce, or reduce-scatter + all-gather
@@ -71,23 +74,36 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     embed_bytes = 4 * Vp * C // tp if pp > 1 and (first or last) else 0
     out.update(tp_bytes_per_step=tp_bytes, dp_bytes_per_step=dp_bytes, pp_bytes_per_step=pp_bytes,
                embed_bytes_per_step=embed_bytes)
-    # Activations of one micro-batch and layer as tessera keeps them (fp32, no recompute, no
-    # dropout): b*T*(6C + 12C/tp + 4) floats of C-wide, tp-split and LayerNorm-statistic buffers,
-    # and the b*(H/tp)*T^2 attention probabilities, or with fused attention only each row's
-    # log-sum-exp, b*(H/tp)*T. Korthikanti et al. (16-bit, with dropout masks):
-    # T*b*C*(10 + 24/tp + 5*H*T/(C*tp)) bytes per layer.
+    # Activations as tessera keeps them (fp32, no dropout), per micro-batch and layer, in floats:
+    # C-wide ln_1, c_proj out, residual, ln_2, MLP c_proj out and layer output; tp-split qkv (3C),
+    # attention output (C), MLP hidden before and after GELU (4C each); LayerNorm means and
+    # rstds; and the b*(H/tp)*T^2 attention probabilities, or with fused attention each row's
+    # log-sum-exp, b*(H/tp)*T. train.recompute keeps fewer of them per layer (selective: not the
+    # attention core's probabilities, log-sum-exp and output; full: only the layer output) and
+    # holds one layer of the others in a workspace shared by every micro-batch and layer (full
+    # also one layer output, where the backward's rerun writes).
+    N, Cl = b * T, C // tp
     rows = b * (H // tp) * T
-    att = rows if m.get("attention", "gemm") == "fused" else rows * T
-    per_layer = 4 * (b * T * (6 * C + 12 * C // tp + 4) + att)
+    fused = m.get("attention", "gemm") == "fused"
+    kinds = {"ln1": N * C, "qkv": 3 * N * Cl, "att": 0 if fused else rows * T, "atty": N * Cl,
+             "attproj": N * C, "res2": N * C, "ln2": N * C, "fch": 4 * N * Cl,
+             "fcgelu": 4 * N * Cl, "fcproj": N * C, "res3": N * C,
+             "ln1_mean": N, "ln1_rstd": N, "ln2_mean": N, "ln2_rstd": N,
+             "lse": rows if fused else 0}
+    mode = t.get("recompute", "none")
+    recomputed = {"none": set(), "selective": {"att", "atty", "lse"},
+                  "full": set(kinds) - {"res3"}}[mode]
+    per_layer = 4 * sum(kinds.values())
     out["activation_bytes_per_layer_mb"] = per_layer
-    # The rank's whole activation buffer: per micro-batch slot, the stage input, its layers, and
-    # on the last stage the final LayerNorm (with its 2 statistics) and this rank's logits; the
-    # schedule keeps m slots (GPipe) or min(m, pp - stage) (1F1B).
-    slot = 4 * b * T * C + L_here * per_layer
+    # The rank's whole activation buffer: per micro-batch slot, the stage input, its kept layer
+    # activations, and on the last stage the final LayerNorm (with its 2 statistics) and this
+    # rank's logits; the schedule keeps m slots (GPipe) or min(m, pp - stage) (1F1B).
+    slot = N * C + L_here * sum(v for k, v in kinds.items() if k not in recomputed)
     if last:
-        slot += 4 * (b * T * C + 2 * b * T + b * T * (Vp // tp))
+        slot += N * C + 2 * N + N * (Vp // tp)
+    work = sum(kinds[k] for k in recomputed) + (N * C if mode == "full" else 0)
     slots = micro if p.get("schedule", "1f1b") == "gpipe" else min(micro, pp - pp_rank)
-    out["activation_bytes"] = slots * slot
+    out["activation_bytes"] = 4 * (slots * slot + (work if L_here > 0 else 0))
     out["korthikanti_bytes_per_layer_mb"] = T * b * C * (10 + 24 / tp + 5 * H * T / (C * tp))
     out["bubble"] = (pp - 1) / (micro + pp - 1)
     out["micro_batches"] = micro

@@ -62,6 +62,7 @@ std::vector<Field> fields_of(Config& c) {
       {"train", "batch_size", &c.train.batch_size},
       {"train", "micro_batch", &c.train.micro_batch},
       {"train", "seed", &c.train.seed},
+      {"train", "recompute", &c.train.recompute},
       {"optim", "lr", &c.optim.lr},
       {"optim", "min_lr", &c.optim.min_lr},
       {"optim", "warmup_steps", &c.optim.warmup_steps},
@@ -732,6 +733,9 @@ void validate(const Config& c, const Deck& deck) {
   at_least(deck, "train.steps", t.steps, 0);
   at_least(deck, "train.batch_size", t.batch_size, 1);
   at_least(deck, "train.micro_batch", t.micro_batch, 0);
+  if (t.recompute != "none" && t.recompute != "selective" && t.recompute != "full") {
+    deck.fail_key("train.recompute", "must be none, selective or full, got " + shown(t.recompute));
+  }
   if (t.micro_batch > 0 && t.batch_size % t.micro_batch != 0) {
     deck.fail_later("train.batch_size", "train.micro_batch",
                     "train.batch_size = " + num(t.batch_size) +

@@ -40,6 +40,7 @@ struct TrainConfig {
   int batch_size = 16;       // global sequences per optimizer step
   int micro_batch = 0;       // sequences per forward/backward per dp rank; 0 = batch_size / dp
   uint64_t seed = 1337;
+  std::string recompute = "none";  // none | selective | full (model/options.hpp)
 };
 
 struct OptimConfig {

@@ -7,39 +7,89 @@
 
 namespace tessera {
 
+ModelOptions model_options(const Config& c) {
+  ModelOptions o;
+  o.fused_attention = c.model.attention == "fused";
+  o.recompute = c.train.recompute == "full"        ? Recompute::Full
+                : c.train.recompute == "selective" ? Recompute::Selective
+                                                   : Recompute::None;
+  return o;
+}
+
+template <class Backend>
+bool Gpt<Backend>::kept(Slot s) const {
+  switch (options_.recompute) {
+    case Recompute::None: return true;
+    case Recompute::Selective: return s != kAtt && s != kAttY;
+    case Recompute::Full: return s == kRes3;
+  }
+  return true;
+}
+
+template <class Backend>
+bool Gpt<Backend>::kept(Stat s) const {
+  switch (options_.recompute) {
+    case Recompute::None: return true;
+    case Recompute::Selective: return s != kAttLse;
+    case Recompute::Full: return false;
+  }
+  return true;
+}
+
 template <class Backend>
 Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots,
-                  Arena& arena, bool fused_attention)
-    : layout_(layout), tp_(tp), arena_(&arena), max_n_(max_batch * max_seq),
-      fused_attention_(fused_attention) {
+                  Arena& arena, const ModelOptions& options)
+    : layout_(layout), tp_(tp), arena_(&arena), max_n_(max_batch * max_seq), options_(options),
+      slots_(slots) {
   const ModelShape& s = layout.canonical.shape;
   const size_t N = size_t(max_batch) * max_seq, C = s.n_embd;
   const size_t Cl = C / layout.tp;  // this rank's share of the heads / MLP width, per C
   const size_t L = size_t(layout.layer_end - layout.layer_begin);
   // The attention's (B,NH/tp,T,T) probabilities, or with fused attention each row's log-sum-exp.
   const size_t rows = size_t(max_batch) * (s.n_head / layout.tp) * max_seq;
-  const size_t att = fused_attention ? 0 : rows * max_seq, lse = fused_attention ? rows : 0;
+  const bool fused = options.fused_attention;
+  const size_t att = fused ? 0 : rows * max_seq, lse = fused ? rows : 0;
   const size_t last = layout.last ? 1 : 0;
-  struct { Slot kind; size_t size, count; } plan[] = {
-      {kEncoded, N * C, 1},     {kLn1, N * C, L},          {kQkv, 3 * N * Cl, L},
-      {kAtt, att, L},           {kAttY, N * Cl, L},        {kAttProj, N * C, L},
-      {kRes2, N * C, L},        {kLn2, N * C, L},          {kFcH, 4 * N * Cl, L},
-      {kFcGelu, 4 * N * Cl, L}, {kFcProj, N * C, L},       {kRes3, N * C, L},
-      {kLnF, N * C, last},      {kLogits, N * size_t(layout.vocab_rows), last},
+  // Per-layer kinds (`layers` true) are kept per slot and layer, or live in the workspace.
+  struct { Slot kind; size_t size; bool layers; size_t count; } plan[] = {
+      {kEncoded, N * C, false, 1},  {kLn1, N * C, true, L},          {kQkv, 3 * N * Cl, true, L},
+      {kAtt, att, true, L},         {kAttY, N * Cl, true, L},        {kAttProj, N * C, true, L},
+      {kRes2, N * C, true, L},      {kLn2, N * C, true, L},          {kFcH, 4 * N * Cl, true, L},
+      {kFcGelu, 4 * N * Cl, true, L}, {kFcProj, N * C, true, L},     {kRes3, N * C, true, L},
+      {kLnF, N * C, false, last},   {kLogits, N * size_t(layout.vocab_rows), false, last},
   };
   for (const auto& p : plan) {
-    offset_[p.kind] = slot_stride_;
     size_[p.kind] = p.size;
-    slot_stride_ += p.size * p.count;
+    offset_[p.kind] = slot_stride_;
+    if (!p.layers || kept(p.kind)) slot_stride_ += p.size * p.count;
   }
-  struct { Stat kind; size_t size, count; } stat_plan[] = {
-      {kLn1Mean, N, L},    {kLn1Rstd, N, L},    {kLn2Mean, N, L}, {kLn2Rstd, N, L},
-      {kAttLse, lse, L},   {kLnFMean, N, last}, {kLnFRstd, N, last},
+  // The workspace follows the slots: one layer of each recomputed kind, and under full recompute
+  // the output the backward's rerun writes (the kept one may still be in flight to the next
+  // stage).
+  size_t work = 0;
+  for (const auto& p : plan) {
+    if (!p.layers || L == 0) continue;
+    if (!kept(p.kind) || (p.kind == kRes3 && options.recompute == Recompute::Full)) {
+      work_offset_[p.kind] = slot_stride_ * size_t(slots) + work;
+      work += p.size;
+    }
+  }
+  struct { Stat kind; size_t size; bool layers; size_t count; } stat_plan[] = {
+      {kLn1Mean, N, true, L},    {kLn1Rstd, N, true, L},    {kLn2Mean, N, true, L},
+      {kLn2Rstd, N, true, L},    {kAttLse, lse, true, L},   {kLnFMean, N, false, last},
+      {kLnFRstd, N, false, last},
   };
   for (const auto& p : stat_plan) {
-    stat_offset_[p.kind] = stat_stride_;
     stat_size_[p.kind] = p.size;
-    stat_stride_ += p.size * p.count;
+    stat_offset_[p.kind] = stat_stride_;
+    if (!p.layers || kept(p.kind)) stat_stride_ += p.size * p.count;
+  }
+  size_t stat_work = 0;
+  for (const auto& p : stat_plan) {
+    if (p.layers && L > 0 && !kept(p.kind)) {
+      stat_work_offset_[p.kind] = stat_stride_ * size_t(slots) + stat_work;
+      stat_work += p.size;
+    }
   }
   const size_t scratch_sizes[kScratchKinds] = {N * C, N * C, 3 * N * Cl, att,
                                                 N * Cl, 4 * N * Cl, 4 * N * Cl};
@@ -48,8 +98,9 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     scratch_offset_[k] = total;
     total += scratch_sizes[k];
   }
-  h_acts_ = arena.add("activations", slot_stride_ * size_t(slots) * sizeof(Act));
-  h_stats_ = arena.add("statistics (layernorm, attention log-sum-exp)", stat_stride_ * size_t(slots) * 4);
+  h_acts_ = arena.add("activations", (slot_stride_ * size_t(slots) + work) * sizeof(Act));
+  h_stats_ = arena.add("statistics (layernorm, attention log-sum-exp)",
+                       (stat_stride_ * size_t(slots) + stat_work) * 4);
   h_scratch_ = arena.add("backward scratch", total * sizeof(Act));
   h_row_max_ = arena.add("cross-entropy row max", N * sizeof(float));
   h_sums_ = arena.add("cross-entropy sums", 2 * N * sizeof(double));
@@ -73,11 +124,63 @@ const typename Backend::Act* Gpt<Backend>::output(int slot) const {
 }
 
 template <class Backend>
+typename Gpt<Backend>::LayerActs Gpt<Backend>::layer_acts(int slot, int i,
+                                                          bool recomputing) const {
+  auto A = [&](Slot k) { return kept(k) ? act(k, slot, i) : work(k); };
+  auto S = [&](Stat k) { return kept(k) ? stat(k, slot, i) : work(k); };
+  LayerActs a;
+  a.in = i == 0 ? act(kEncoded, slot) : act(kRes3, slot, i - 1);
+  a.ln1 = A(kLn1), a.qkv = A(kQkv), a.att = A(kAtt), a.atty = A(kAttY), a.attproj = A(kAttProj);
+  a.res2 = A(kRes2), a.ln2 = A(kLn2), a.fch = A(kFcH), a.fcgelu = A(kFcGelu);
+  a.fcproj = A(kFcProj);
+  a.out = recomputing ? work(kRes3) : act(kRes3, slot, i);
+  a.ln1_mean = S(kLn1Mean), a.ln1_rstd = S(kLn1Rstd), a.ln2_mean = S(kLn2Mean);
+  a.ln2_rstd = S(kLn2Rstd), a.lse = S(kAttLse);
+  return a;
+}
+
+template <class Backend>
+void Gpt<Backend>::attention_core(const LayerActs& a, int B, int T) {
+  const LocalLayout& lay = layout_;
+  const ModelShape& s = lay.canonical.shape;
+  const int Cl = s.n_embd / lay.tp, NHl = s.n_head / lay.tp;
+  if (options_.fused_attention)
+    Backend::attention_fused_forward(a.atty, a.lse, a.qkv, B, T, Cl, NHl);
+  else
+    Backend::attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
+}
+
+template <class Backend>
+void Gpt<Backend>::layer_forward(const Act* params, int l, const LayerActs& a, int B, int T) {
+  const LocalLayout& lay = layout_;
+  const int C = lay.canonical.shape.n_embd, Cl = C / lay.tp, N = B * T;
+  const size_t NC = size_t(N) * C;
+  const Act* none = nullptr;
+  auto W = [&](LayerTensor t) { return params + lay.tensors[size_t(lay.layer(l, t))].offset; };
+  Backend::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, W(kLn1W), W(kLn1B), N, C);
+  // Column-parallel c_attn: this rank's heads of q, k and v.
+  Backend::matmul_forward(a.qkv, a.ln1, W(kAttnW), W(kAttnB), N, C, 3 * Cl);
+  attention_core(a, B, T);
+  // Row-parallel c_proj: partial products summed over tp, then the replicated bias once.
+  Backend::matmul_forward(a.attproj, a.atty, W(kAttnProjW), none, N, Cl, C);
+  tp_->all_reduce_sum(a.attproj, NC);
+  Backend::bias_add(a.attproj, W(kAttnProjB), N, C);
+  Backend::residual_forward(a.res2, a.in, a.attproj, NC);
+  Backend::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, W(kLn2W), W(kLn2B), N, C);
+  Backend::matmul_forward(a.fch, a.ln2, W(kFcW), W(kFcB), N, C, 4 * Cl);
+  Backend::gelu_forward(a.fcgelu, a.fch, size_t(N) * 4 * Cl);
+  Backend::matmul_forward(a.fcproj, a.fcgelu, W(kFcProjW), none, N, 4 * Cl, C);
+  tp_->all_reduce_sum(a.fcproj, NC);
+  Backend::bias_add(a.fcproj, W(kFcProjB), N, C);
+  Backend::residual_forward(a.out, a.res2, a.fcproj, NC);
+}
+
+template <class Backend>
 void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
                            const int32_t* targets, float* losses, int B, int T) {
   const LocalLayout& lay = layout_;
   const ModelShape& s = lay.canonical.shape;
-  const int C = s.n_embd, Cl = C / lay.tp, NHl = s.n_head / lay.tp, N = B * T;
+  const int C = s.n_embd, N = B * T;
   const size_t NC = size_t(N) * C;
   auto P = [&](int tensor) { return params + lay.tensors[size_t(tensor)].offset; };
   const Act* none = nullptr;
@@ -89,36 +192,11 @@ void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
                              lay.vocab_rows);
     tp_->all_reduce_sum(act(kEncoded, slot), NC);
   }
-  const Act* residual = act(kEncoded, slot);
-  for (int l = lay.layer_begin; l < lay.layer_end; ++l) {
-    const int i = l - lay.layer_begin;
-    auto W = [&](LayerTensor t) { return P(lay.layer(l, t)); };
-    auto A = [&](Slot k) { return act(k, slot, i); };
-    Backend::layernorm_forward(A(kLn1), stat(kLn1Mean, slot, i), stat(kLn1Rstd, slot, i),
-                               residual, W(kLn1W), W(kLn1B), N, C);
-    // Column-parallel c_attn: this rank's heads of q, k and v.
-    Backend::matmul_forward(A(kQkv), A(kLn1), W(kAttnW), W(kAttnB), N, C, 3 * Cl);
-    if (fused_attention_)
-      Backend::attention_fused_forward(A(kAttY), stat(kAttLse, slot, i), A(kQkv), B, T, Cl, NHl);
-    else
-      Backend::attention_forward(A(kAttY), A(kAtt), A(kQkv), B, T, Cl, NHl);
-    // Row-parallel c_proj: partial products summed over tp, then the replicated bias once.
-    Backend::matmul_forward(A(kAttProj), A(kAttY), W(kAttnProjW), none, N, Cl, C);
-    tp_->all_reduce_sum(A(kAttProj), NC);
-    Backend::bias_add(A(kAttProj), W(kAttnProjB), N, C);
-    Backend::residual_forward(A(kRes2), residual, A(kAttProj), NC);
-    Backend::layernorm_forward(A(kLn2), stat(kLn2Mean, slot, i), stat(kLn2Rstd, slot, i),
-                               A(kRes2), W(kLn2W), W(kLn2B), N, C);
-    Backend::matmul_forward(A(kFcH), A(kLn2), W(kFcW), W(kFcB), N, C, 4 * Cl);
-    Backend::gelu_forward(A(kFcGelu), A(kFcH), size_t(N) * 4 * Cl);
-    Backend::matmul_forward(A(kFcProj), A(kFcGelu), W(kFcProjW), none, N, 4 * Cl, C);
-    tp_->all_reduce_sum(A(kFcProj), NC);
-    Backend::bias_add(A(kFcProj), W(kFcProjB), N, C);
-    Backend::residual_forward(A(kRes3), A(kRes2), A(kFcProj), NC);
-    residual = A(kRes3);
-  }
+  for (int l = lay.layer_begin; l < lay.layer_end; ++l)
+    layer_forward(params, l, layer_acts(slot, l - lay.layer_begin, false), B, T);
   if (!lay.last) return;
 
+  const Act* residual = output(slot);
   Backend::layernorm_forward(act(kLnF, slot), stat(kLnFMean, slot), stat(kLnFRstd, slot),
                              residual, P(lay.ln_f_weight), P(lay.ln_f_bias), N, C);
   // Vocab-parallel tied head over this rank's rows (head_columns(): the real ones, or with the
@@ -142,16 +220,57 @@ void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
 }
 
 template <class Backend>
+void Gpt<Backend>::layer_backward(const Act* params, float* grads, int l, const LayerActs& a,
+                                  int B, int T) {
+  const LocalLayout& lay = layout_;
+  const ModelShape& s = lay.canonical.shape;
+  const int C = s.n_embd, Cl = C / lay.tp, NHl = s.n_head / lay.tp, N = B * T;
+  const size_t NC = size_t(N) * C;
+  auto W = [&](LayerTensor t) { return params + lay.tensors[size_t(lay.layer(l, t))].offset; };
+  auto GW = [&](LayerTensor t) { return grads + lay.tensors[size_t(lay.layer(l, t))].offset; };
+  // dres holds the gradient of the layer's output; the residual path passes it through
+  // unchanged, so each branch's backward only adds its input gradient into it.
+  Act* dres = scratch(kDRes);
+  zero(scratch(kDFcGelu), 4 * size_t(N) * Cl);
+  Backend::matmul_backward(scratch(kDFcGelu), GW(kFcProjW), GW(kFcProjB), dres, a.fcgelu,
+                           W(kFcProjW), N, 4 * Cl, C);
+  zero(scratch(kDFcH), 4 * size_t(N) * Cl);
+  Backend::gelu_backward(scratch(kDFcH), a.fch, scratch(kDFcGelu), 4 * size_t(N) * Cl);
+  zero(scratch(kDLn), NC);
+  Backend::matmul_backward(scratch(kDLn), GW(kFcW), GW(kFcB), scratch(kDFcH), a.ln2, W(kFcW), N,
+                           C, 4 * Cl);
+  tp_->all_reduce_sum(scratch(kDLn), NC);  // column-parallel input: partial over tp
+  Backend::layernorm_backward(dres, GW(kLn2W), GW(kLn2B), scratch(kDLn), a.res2, W(kLn2W),
+                              a.ln2_mean, a.ln2_rstd, N, C);
+
+  zero(scratch(kDAttY), size_t(N) * Cl);
+  Backend::matmul_backward(scratch(kDAttY), GW(kAttnProjW), GW(kAttnProjB), dres, a.atty,
+                           W(kAttnProjW), N, Cl, C);
+  zero(scratch(kDQkv), 3 * size_t(N) * Cl);
+  if (options_.fused_attention)
+    Backend::attention_fused_backward(scratch(kDQkv), scratch(kDAttY), a.qkv, a.atty, a.lse, B, T,
+                                      Cl, NHl);
+  else
+    Backend::attention_backward(scratch(kDQkv), scratch(kDAtt), scratch(kDAttY), a.qkv, a.att, B,
+                                T, Cl, NHl);
+  zero(scratch(kDLn), NC);
+  Backend::matmul_backward(scratch(kDLn), GW(kAttnW), GW(kAttnB), scratch(kDQkv), a.ln1, W(kAttnW),
+                           N, C, 3 * Cl);
+  tp_->all_reduce_sum(scratch(kDLn), NC);
+  Backend::layernorm_backward(dres, GW(kLn1W), GW(kLn1B), scratch(kDLn), a.in, W(kLn1W),
+                              a.ln1_mean, a.ln1_rstd, N, C);
+}
+
+template <class Backend>
 void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int32_t* tokens,
                             int B, int T, float dloss,
                             const std::function<void(int layer)>& layer_done) {
   const LocalLayout& lay = layout_;
   const ModelShape& s = lay.canonical.shape;
-  const int C = s.n_embd, Cl = C / lay.tp, NHl = s.n_head / lay.tp, N = B * T;
+  const int C = s.n_embd, N = B * T;
   const size_t NC = size_t(N) * C;
   auto P = [&](int tensor) { return params + lay.tensors[size_t(tensor)].offset; };
   auto G = [&](int tensor) { return grads + lay.tensors[size_t(tensor)].offset; };
-  const int L = lay.layer_end - lay.layer_begin;
   Act* dres = scratch(kDRes);
   float* const no_grad = nullptr;
 
@@ -167,49 +286,22 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
                              P(lay.wte), N, C, Vh);
     tp_->all_reduce_sum(scratch(kDLn), NC);
     zero(dres, NC);
-    const Act* last_out = L > 0 ? act(kRes3, slot, L - 1) : act(kEncoded, slot);
     Backend::layernorm_backward(dres, G(lay.ln_f_weight), G(lay.ln_f_bias), scratch(kDLn),
-                                last_out, P(lay.ln_f_weight), stat(kLnFMean, slot),
+                                output(slot), P(lay.ln_f_weight), stat(kLnFMean, slot),
                                 stat(kLnFRstd, slot), N, C);
   }
-  // dres holds the gradient of each layer's output; the residual path passes it through
-  // unchanged, so each branch's backward only adds its input gradient into it.
   for (int l = lay.layer_end - 1; l >= lay.layer_begin; --l) {
     const int i = l - lay.layer_begin;
-    auto W = [&](LayerTensor t) { return P(lay.layer(l, t)); };
-    auto GW = [&](LayerTensor t) { return G(lay.layer(l, t)); };
-    const Act* residual_in = i == 0 ? act(kEncoded, slot) : act(kRes3, slot, i - 1);
-
-    zero(scratch(kDFcGelu), 4 * size_t(N) * Cl);
-    Backend::matmul_backward(scratch(kDFcGelu), GW(kFcProjW), GW(kFcProjB), dres,
-                             act(kFcGelu, slot, i), W(kFcProjW), N, 4 * Cl, C);
-    zero(scratch(kDFcH), 4 * size_t(N) * Cl);
-    Backend::gelu_backward(scratch(kDFcH), act(kFcH, slot, i), scratch(kDFcGelu),
-                           4 * size_t(N) * Cl);
-    zero(scratch(kDLn), NC);
-    Backend::matmul_backward(scratch(kDLn), GW(kFcW), GW(kFcB), scratch(kDFcH),
-                             act(kLn2, slot, i), W(kFcW), N, C, 4 * Cl);
-    tp_->all_reduce_sum(scratch(kDLn), NC);  // column-parallel input: partial over tp
-    Backend::layernorm_backward(dres, GW(kLn2W), GW(kLn2B), scratch(kDLn), act(kRes2, slot, i),
-                                W(kLn2W), stat(kLn2Mean, slot, i), stat(kLn2Rstd, slot, i), N, C);
-
-    zero(scratch(kDAttY), size_t(N) * Cl);
-    Backend::matmul_backward(scratch(kDAttY), GW(kAttnProjW), GW(kAttnProjB), dres,
-                             act(kAttY, slot, i), W(kAttnProjW), N, Cl, C);
-    zero(scratch(kDQkv), 3 * size_t(N) * Cl);
-    if (fused_attention_)
-      Backend::attention_fused_backward(scratch(kDQkv), scratch(kDAttY), act(kQkv, slot, i),
-                                        act(kAttY, slot, i), stat(kAttLse, slot, i), B, T, Cl,
-                                        NHl);
-    else
-      Backend::attention_backward(scratch(kDQkv), scratch(kDAtt), scratch(kDAttY),
-                                  act(kQkv, slot, i), act(kAtt, slot, i), B, T, Cl, NHl);
-    zero(scratch(kDLn), NC);
-    Backend::matmul_backward(scratch(kDLn), GW(kAttnW), GW(kAttnB), scratch(kDQkv),
-                             act(kLn1, slot, i), W(kAttnW), N, C, 3 * Cl);
-    tp_->all_reduce_sum(scratch(kDLn), NC);
-    Backend::layernorm_backward(dres, GW(kLn1W), GW(kLn1B), scratch(kDLn), residual_in, W(kLn1W),
-                                stat(kLn1Mean, slot, i), stat(kLn1Rstd, slot, i), N, C);
+    if (options_.recompute == Recompute::Full) {
+      // Rerun the layer's forward from its kept input, then its backward reads what it wrote.
+      const LayerActs a = layer_acts(slot, i, true);
+      layer_forward(params, l, a, B, T);
+      layer_backward(params, grads, l, a, B, T);
+    } else {
+      const LayerActs a = layer_acts(slot, i, false);
+      if (options_.recompute == Recompute::Selective) attention_core(a, B, T);
+      layer_backward(params, grads, l, a, B, T);
+    }
     if (layer_done) layer_done(l);
   }
   if (lay.first)

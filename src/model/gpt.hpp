@@ -5,13 +5,20 @@
 // can keep several micro-batches in flight. With tp = pp = 1 this is the whole model on one rank.
 //
 // Written once over a backend B (backend/backend.hpp): CpuBackend, or CudaBackend<float | bf16>.
-// Parameters and activations are Backend::Act; parameter gradients, LayerNorm statistics and losses
-// are fp32 whatever Act is.
+// Parameters and activations are Backend::Act; parameter gradients, normalisation statistics and
+// losses are fp32 whatever Act is.
+//
+// Activation memory (ModelOptions, model/options.hpp): each per-layer activation is either kept
+// per slot and layer, or, when train.recompute says the backward recomputes it, lives in one
+// layer's workspace shared by every slot and layer (the forward computes it there and moves on;
+// the backward recomputes it there just before the layer's backward reads it). The same ops in
+// the same order produce it both times, so recompute changes no bit of the result.
 #include <cstdint>
 #include <functional>
 #include <vector>
 
 #include "backend/arena.hpp"
+#include "model/options.hpp"
 #include "model/shard.hpp"
 
 namespace tessera {
@@ -24,10 +31,8 @@ class Gpt {
 
   // Declares every activation and scratch buffer in `arena`; once the arena is allocated, bind()
   // takes the pointers (the engine allocates one arena for the model, optimizer and executor).
-  // fused_attention: the attention keeps each row's log-sum-exp instead of its (T,T)
-  // probabilities (model.attention: fused), so no activation grows with T².
   Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots, Arena& arena,
-      bool fused_attention = false);
+      const ModelOptions& options = {});
   void bind();
 
   // Stages after the first: the stage's input activations (B,T,C) of `slot`, filled by the
@@ -64,7 +69,7 @@ class Gpt {
     return Backend::kAlignedHead ? layout_.vocab_rows : layout_.vocab_valid();
   }
 
-  // The activations and LayerNorm statistics of every slot.
+  // The activations and statistics of every slot, and the recompute workspace.
   size_t activation_bytes() const { return arena_->bytes(h_acts_) + arena_->bytes(h_stats_); }
   const LocalLayout& layout() const { return layout_; }
 
@@ -80,12 +85,32 @@ class Gpt {
   // Backward scratch (Act), one set shared by all slots and layers.
   enum Scratch { kDRes, kDLn, kDQkv, kDAtt, kDAttY, kDFcH, kDFcGelu, kScratchKinds };
 
+  // Where one layer's activations are for one micro-batch: kept ones in the slot, recomputed
+  // ones in the workspace.
+  struct LayerActs {
+    const Act* in;
+    Act *ln1, *qkv, *att, *atty, *attproj, *res2, *ln2, *fch, *fcgelu, *fcproj, *out;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
+  };
+  // `recomputing`: the layer's output too goes to the workspace (the kept one may be in flight
+  // to the next stage; the values are the same).
+  LayerActs layer_acts(int slot, int i, bool recomputing) const;
+  void layer_forward(const Act* params, int l, const LayerActs& a, int B, int T);
+  void attention_core(const LayerActs& a, int B, int T);
+  void layer_backward(const Act* params, float* grads, int l, const LayerActs& a, int B, int T);
+
+  // Per-layer kinds kept (true) or recomputed (false) under this rank's options.
+  bool kept(Slot s) const;
+  bool kept(Stat s) const;
+
   Act* act(Slot s, int slot, int layer = 0) const {
     return acts_ + slot * slot_stride_ + offset_[s] + size_t(layer) * size_[s];
   }
   float* stat(Stat s, int slot, int layer = 0) const {
     return stats_ + slot * stat_stride_ + stat_offset_[s] + size_t(layer) * stat_size_[s];
   }
+  Act* work(Slot s) const { return acts_ + work_offset_[s]; }
+  float* work(Stat s) const { return stats_ + stat_work_offset_[s]; }
   Act* scratch(Scratch s) const { return scratch_ + scratch_offset_[s]; }
   void zero(Act* p, size_t n) const { Backend::zero(p, n * sizeof(Act)); }
 
@@ -93,9 +118,11 @@ class Gpt {
   Comm* tp_;
   Arena* arena_;
   int max_n_;
-  bool fused_attention_;
+  ModelOptions options_;
+  int slots_;
   size_t offset_[kSlotKinds] = {}, size_[kSlotKinds] = {}, slot_stride_ = 0;
   size_t stat_offset_[kStatKinds] = {}, stat_size_[kStatKinds] = {}, stat_stride_ = 0;
+  size_t work_offset_[kSlotKinds] = {}, stat_work_offset_[kStatKinds] = {};
   size_t scratch_offset_[kScratchKinds] = {};
   size_t h_acts_ = 0, h_stats_ = 0, h_scratch_ = 0, h_row_max_ = 0, h_sums_ = 0, h_targets_ = 0;
   Act* acts_ = nullptr;

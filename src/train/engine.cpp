@@ -30,7 +30,7 @@ class Engine final : public TrainEngine {
         // The data-parallel sums overlap the backward that follows them.
         tp_(s.tp), dp_(s.dp, /*overlap=*/true), pp_(s.pp), embed_(s.embed),
         model_(s.tile, &tp_, s.micro_batch, s.seq_len, schedule_slots(s.schedule), arena_,
-               s.fused_attention),
+               s.model),
         optimizer_(s.tile, &dp_, s.world, s.zero, s.hyper, arena_),
         executor_(model_, &pp_, s.schedule, s.micro_batch, s.seq_len, arena_) {
     const size_t n = optimizer_.buffer_size();

@@ -21,6 +21,7 @@
 
 #include "backend/arena.hpp"
 #include "io/token_source.hpp"
+#include "model/options.hpp"
 #include "model/shard.hpp"
 #include "optim/adamw.hpp"
 #include "parallel/comm.hpp"
@@ -39,7 +40,7 @@ struct EngineSetup {
   bool zero;       // parallel.zero == 1
   bool embed_sum;  // pp > 1: stage 0's wte and the last stage's copy sum their gradients
   AdamWHyper hyper;
-  bool fused_attention;  // model.attention == fused
+  ModelOptions model;  // attention, recompute (model/options.hpp)
 };
 
 // A micro-batch's tokens and targets (B,T) in host memory (the loader's ring), nullptr where the

@@ -133,7 +133,7 @@ void eval_checkpoint(const std::string& checkpoint, const std::string& data, int
   Comm single;
   const EngineSetup setup{m.layout, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL,
                           &single, {}, mb, T, 1, false, false, AdamWHyper{},
-                          deck.model.attention == "fused"};
+                          model_options(deck)};
   const std::unique_ptr<TrainEngine> engine = make_engine(setup, /*cuda=*/false, false);
   std::copy(m.params.begin(), m.params.end(), engine->host_params());
   engine->params_to_device();

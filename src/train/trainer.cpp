@@ -156,7 +156,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
                           topo.comm(CommName::pp), topo.comm(CommName::embed), &world, schedule,
                           mb, T, n_micro, /*zero=*/cfg.parallel.zero == 1,
                           /*embed_sum=*/layout.pp > 1, hyper,
-                          /*fused_attention=*/cfg.model.attention == "fused"};
+                          model_options(cfg)};
   const std::unique_ptr<TrainEngine> engine =
       make_engine(setup, backend.cuda, cfg.device.precision == "bf16");
   float* params = engine->host_params();  // fp32, host: initialised or read here
@@ -210,9 +210,10 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   if (world_size > 1) log.say("%s", topo.rank_grid(stages).c_str());
   if (!backend.note.empty()) log.say("%s", backend.note.c_str());
   log.say("memory (rank 0): parameters %.1f MB, gradients %.1f MB, Adam moments %.1f MB, "
-          "activations %.1f MB",
+          "activations %.1f MB (%s attention, recompute %s)",
           4.0 * tile.total / 1e6, 4.0 * tile.total / 1e6, engine->moment_bytes() / 1e6,
-          engine->activation_bytes() / 1e6);
+          engine->activation_bytes() / 1e6, cfg.model.attention.c_str(),
+          cfg.train.recompute.c_str());
   if (const std::string report = engine->memory_report(); !report.empty())
     log.say("%s", report.c_str());
   for (size_t s = 0; s < train_data.sources().size(); ++s) {

@@ -42,7 +42,8 @@ void bench_shape(const Shape& s, bool bf16, bool fused, double bf16_peak) {
   ck(cudaMemGetInfo(&free_before, &total), "cudaMemGetInfo");
   const EngineSetup setup{tile, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, &world,
                           make_schedule(ScheduleKind::OneFOneB, 0, 1, 1), s.B, s.T, 1,
-                          false, false, AdamWHyper{}, fused};
+                          false, false, AdamWHyper{},
+                          ModelOptions{fused, Recompute::None}};
   const std::unique_ptr<TrainEngine> engine = make_engine(setup, /*cuda=*/true, bf16);
   init_local_parameters(engine->host_params(), tile, 1337, 0.02);
   engine->params_to_device();

@@ -56,9 +56,9 @@ void train_both(bool bf16, double loss_tol, double param_tol, Split split = Spli
                           /*zero=*/split == Split::dp_zero,
                           /*embed_sum=*/false,
                           AdamWHyper{0.9, 0.95, 1e-6, 0.1},
-                          /*fused_attention=*/false};
+                          ModelOptions{}};
   EngineSetup gpu_setup = setup;
-  gpu_setup.fused_attention = fused;
+  gpu_setup.model.fused_attention = fused;
   const std::unique_ptr<TrainEngine> cpu = make_engine(setup, /*cuda=*/false, false);
   const std::unique_ptr<TrainEngine> gpu = make_engine(gpu_setup, /*cuda=*/true, bf16);
   ASSERT_EQ(cpu->buffer_size(), gpu->buffer_size());

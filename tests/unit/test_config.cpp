@@ -194,7 +194,7 @@ TEST(Config, UnknownKeysSuggestTheNearestName) {
             "deck.yaml:3:3: model.seq_len: unknown key (did you mean data.seq_len?)");
   EXPECT_EQ(deck_error("data: {train: t.h5}\ntrain:\n  xyzzy: 3\n"),
             "deck.yaml:3:3: train.xyzzy: unknown key (train has: steps, batch_size, micro_batch, "
-            "seed)");
+            "seed, recompute)");
 }
 
 TEST(Config, UnknownSectionsSuggestTheNearestName) {
@@ -318,6 +318,7 @@ TEST(Config, RangeRules) {
       {"model", "init_std", "0", "must be > 0, got 0"},
       {"model", "init_std", "-0.5", "must be > 0, got -0.5"},
       {"model", "attention", "flash", "must be gemm or fused, got 'flash'"},
+      {"train", "recompute", "some", "must be none, selective or full, got 'some'"},
       {"data", "seq_len", "0", "must be >= 1, got 0"},
       {"train", "steps", "-1", "must be >= 0, got -1"},
       {"train", "batch_size", "0", "must be >= 1, got 0"},
@@ -563,7 +564,7 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 50);
+  EXPECT_EQ(keys, 51);
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",

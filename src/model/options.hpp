@@ -1,0 +1,25 @@
+#pragma once
+// How the model runs, beside what it is (model/param_layout.hpp): choices that change memory and
+// speed but not the trained model, so a restart may change them.
+#include <string>
+
+#include "config/config.hpp"
+
+namespace tessera {
+
+// train.recompute: which activations the backward recomputes instead of keeping.
+//   None       every layer's activations are kept from the forward
+//   Selective  the attention core (probabilities or log-sum-exp, and its output) is recomputed
+//              from the kept q, k, v, as Megatron-LM's selective recompute
+//   Full       only each layer's input is kept; the backward reruns the layer's forward first
+enum class Recompute { None, Selective, Full };
+
+struct ModelOptions {
+  bool fused_attention = false;    // model.attention == fused
+  Recompute recompute = Recompute::None;
+};
+
+// The options a deck asks for (its keys are validated by the deck reader).
+ModelOptions model_options(const Config& config);
+
+}  // namespace tessera
