@@ -60,6 +60,12 @@ train cuda_fused 1 device.backend=cuda model.attention=fused &&
   cmp cuda_fused_matches_cpu cpu cuda_fused --loss-rtol 1e-5 --param-tol 1e-4
 train bf16_fused 1 device.backend=cuda device.precision=bf16 model.attention=fused &&
   cmp bf16_fused_near_cpu cpu bf16_fused --loss-rtol 2e-2 --param-norm-tol 2e-2
+# Activation recompute on the device: the same training, the recomputed activations in the
+# workspace (bit equality with recompute none is tests/integration/test_recompute.sh's, on the CPU).
+train cuda_selective 1 device.backend=cuda train.recompute=selective &&
+  cmp cuda_selective_matches_cpu cpu cuda_selective --loss-rtol 1e-5 --param-tol 1e-4
+train cuda_full_fused 1 device.backend=cuda train.recompute=full model.attention=fused &&
+  cmp cuda_full_fused_matches_cpu cpu cuda_full_fused --loss-rtol 1e-5 --param-tol 1e-4
 # Restarts across backends from the step-5 checkpoints: the last 5 steps match the other run.
 # `latest` names the newest checkpoint: step 10 is removed, so the newest complete file (5) wins.
 cp -r "$WORK/cuda" "$WORK/cuda_to_cpu" && rm "$WORK/cuda_to_cpu/checkpoints/step_00000010.h5" &&
