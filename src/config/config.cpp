@@ -40,14 +40,21 @@ struct Field {
 // deck name to a struct field: parsing, overrides, suggestions and to_yaml all walk it.
 std::vector<Field> fields_of(Config& c) {
   return {
+      {"model", "arch", &c.model.arch},
       {"model", "n_layer", &c.model.n_layer},
       {"model", "n_head", &c.model.n_head},
+      {"model", "n_kv_head", &c.model.n_kv_head},
       {"model", "n_embd", &c.model.n_embd},
+      {"model", "ffn_hidden", &c.model.ffn_hidden},
+      {"model", "ffn_multiple", &c.model.ffn_multiple},
       {"model", "block_size", &c.model.block_size},
       {"model", "vocab_size", &c.model.vocab_size},
       {"model", "vocab_multiple", &c.model.vocab_multiple},
       {"model", "init_std", &c.model.init_std},
       {"model", "attention", &c.model.attention},
+      {"model", "tie_embeddings", &c.model.tie_embeddings},
+      {"model", "norm_eps", &c.model.norm_eps},
+      {"model", "rope_theta", &c.model.rope_theta},
       {"data", "train", &c.data.train},
       {"data", "val", &c.data.val},
       {"data", "format", &c.data.format},
@@ -639,6 +646,16 @@ void validate_parallel(const Config& c, const Deck& deck) {
                     "parallel.tp = " + num(p.tp) + " does not divide model.n_head = " +
                         num(m.n_head));
   }
+  if (p.tp > 0 && m.n_kv_head > 0 && m.n_kv_head % p.tp != 0) {
+    deck.fail_later("parallel.tp", "model.n_kv_head",
+                    "parallel.tp = " + num(p.tp) + " does not divide model.n_kv_head = " +
+                        num(m.n_kv_head) + " (each rank needs whole key/value heads)");
+  }
+  if (p.tp > 0 && m.ffn_hidden > 0 && m.ffn_hidden % p.tp != 0) {
+    deck.fail_later("parallel.tp", "model.ffn_hidden",
+                    "parallel.tp = " + num(p.tp) + " does not divide model.ffn_hidden = " +
+                        num(m.ffn_hidden));
+  }
   const std::vector<int>& layers = p.stage_layers;
   if (!layers.empty()) {
     const std::string given = "parallel.stage_layers = " + flow(layers);
@@ -687,18 +704,56 @@ void validate_parallel(const Config& c, const Deck& deck) {
 // Range rules, in deck order; a rule between two keys follows the second of them.
 void validate(const Config& c, const Deck& deck) {
   const ModelConfig& m = c.model;
+  const bool llama = m.arch == "llama";
+  if (m.arch != "gpt2" && !llama)
+    deck.fail_key("model.arch", "must be gpt2 or llama, got " + shown(m.arch));
   at_least(deck, "model.n_layer", m.n_layer, 1);
   at_least(deck, "model.n_head", m.n_head, 1);
+  at_least(deck, "model.n_kv_head", m.n_kv_head, 0);
+  if (m.n_kv_head > 0 && !llama && m.n_kv_head != m.n_head) {
+    deck.fail_later("model.arch", "model.n_kv_head",
+                    "model.n_kv_head = " + num(m.n_kv_head) +
+                        " needs model.arch: llama (GPT-2 has n_head key/value heads)");
+  }
+  if (m.n_kv_head > 0 && m.n_head % m.n_kv_head != 0) {
+    deck.fail_later("model.n_head", "model.n_kv_head",
+                    "model.n_kv_head = " + num(m.n_kv_head) + " does not divide model.n_head = " +
+                        num(m.n_head));
+  }
   at_least(deck, "model.n_embd", m.n_embd, 1);
   if (m.n_embd % m.n_head != 0) {
     deck.fail_later("model.n_embd", "model.n_head",
                     "model.n_embd = " + num(m.n_embd) +
                         " is not a multiple of model.n_head = " + num(m.n_head));
   }
+  if (llama && (m.n_embd / m.n_head) % 2 != 0) {
+    deck.fail_later("model.n_embd", "model.n_head",
+                    "model.n_embd / model.n_head = " + num(m.n_embd / m.n_head) +
+                        " is odd: llama's rotary embeddings rotate pairs of a head's values");
+  }
+  at_least(deck, "model.ffn_hidden", m.ffn_hidden, 0);
+  if (!llama && m.ffn_hidden != 0 && m.ffn_hidden != 4 * m.n_embd) {
+    deck.fail_later("model.arch", "model.ffn_hidden",
+                    "model.ffn_hidden = " + num(m.ffn_hidden) +
+                        " needs model.arch: llama (GPT-2's MLP is 4 n_embd = " +
+                        num(4 * m.n_embd) + " wide)");
+  }
+  at_least(deck, "model.ffn_multiple", m.ffn_multiple, 1);
   at_least(deck, "model.block_size", m.block_size, 1);
   at_least(deck, "model.vocab_size", m.vocab_size, 0);
   at_least(deck, "model.vocab_multiple", m.vocab_multiple, 1);
   positive(deck, "model.init_std", m.init_std);
+  if (m.tie_embeddings != "auto" && m.tie_embeddings != "true" && m.tie_embeddings != "false") {
+    deck.fail_key("model.tie_embeddings", "must be auto, true or false, got " +
+                                              shown(m.tie_embeddings));
+  }
+  positive(deck, "model.norm_eps", m.norm_eps);
+  if (!llama && m.norm_eps != 1e-5) {
+    deck.fail_later("model.arch", "model.norm_eps",
+                    "model.norm_eps = " + num(m.norm_eps) +
+                        " needs model.arch: llama (GPT-2's LayerNorm uses 1e-5)");
+  }
+  positive(deck, "model.rope_theta", m.rope_theta);
   if (m.attention != "gemm" && m.attention != "fused") {
     deck.fail_key("model.attention", "must be gemm or fused, got " + shown(m.attention));
   } else if (m.attention == "fused" && m.n_embd % m.n_head == 0 &&

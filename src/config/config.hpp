@@ -12,14 +12,21 @@ namespace tessera {
 inline constexpr int kMaxFusedHeadSize = 128;
 
 struct ModelConfig {
+  std::string arch = "gpt2";  // gpt2 | llama (model/param_layout.hpp)
   int n_layer = 4;
   int n_head = 4;
+  int n_kv_head = 0;         // key/value heads (grouped-query attention); 0 = n_head
   int n_embd = 128;
+  int ffn_hidden = 0;        // MLP width; 0 = 4 n_embd (gpt2), 8 n_embd / 3 rounded up (llama)
+  int ffn_multiple = 256;    // llama's default ffn_hidden is rounded up to a multiple of this
   int block_size = 256;      // rows of wpe: the longest sequence the model can take
   int vocab_size = 0;        // 0: the training data's vocab_size attribute
   int vocab_multiple = 64;   // wte rows are padded to a multiple of this (Vp)
   double init_std = 0.02;
   std::string attention = "gemm";  // gemm (T x T probabilities kept) | fused (flash-style)
+  std::string tie_embeddings = "auto";  // auto (gpt2: true, llama: false) | true | false
+  double norm_eps = 1e-5;    // llama's RMSNorm epsilon (GPT-2's LayerNorm: 1e-5)
+  double rope_theta = 10000.0;  // llama's rotary base
 };
 
 struct DataConfig {

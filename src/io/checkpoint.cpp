@@ -255,6 +255,12 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
     h5_write_int_attr(model.get(), "block_size", s.block_size);
     h5_write_int_attr(model.get(), "vocab_size", s.vocab_size);
     h5_write_int_attr(model.get(), "padded_vocab", s.padded_vocab);
+    h5_write_string_attr(model.get(), "arch", arch_name(s.arch));
+    h5_write_int_attr(model.get(), "n_kv_head", s.n_kv_head);
+    h5_write_int_attr(model.get(), "ffn_hidden", s.ffn_hidden);
+    h5_write_int_attr(model.get(), "tie_embeddings", s.tied ? 1 : 0);
+    h5_write_double_attr(model.get(), "norm_eps", s.norm_eps);
+    h5_write_double_attr(model.get(), "rope_theta", s.rope_theta);
 
     H5Handle optim = make_group(root, "optim");
     h5_write_int_attr(optim.get(), "step", state.step);
@@ -337,6 +343,18 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   info.shape.block_size = int(require_int(model.get(), path, "block_size"));
   info.shape.vocab_size = int(require_int(model.get(), path, "vocab_size"));
   info.shape.padded_vocab = int(require_int(model.get(), path, "padded_vocab"));
+  // Checkpoints from before the LLaMA family are GPT-2's.
+  const std::string arch = h5_read_string_attr(model.get(), "arch").value_or("gpt2");
+  if (arch != "gpt2" && arch != "llama")
+    throw UserError(path + ": /model attribute arch '" + arch + "' is neither gpt2 nor llama");
+  info.shape.arch = arch == "llama" ? Arch::Llama : Arch::Gpt2;
+  info.shape.n_kv_head =
+      int(h5_read_int_attr(model.get(), "n_kv_head").value_or(info.shape.n_head));
+  info.shape.ffn_hidden =
+      int(h5_read_int_attr(model.get(), "ffn_hidden").value_or(4 * info.shape.n_embd));
+  info.shape.tied = h5_read_int_attr(model.get(), "tie_embeddings").value_or(1) != 0;
+  info.shape.norm_eps = h5_read_double_attr(model.get(), "norm_eps").value_or(1e-5);
+  info.shape.rope_theta = h5_read_double_attr(model.get(), "rope_theta").value_or(10000.0);
   H5Handle train(H5Gopen2(root, "train", H5P_DEFAULT), H5Gclose);
   info.state.next_sample = require_int(train.get(), path, "next_sample");
   info.state.seed = uint64_t(require_int(train.get(), path, "seed"));
@@ -368,6 +386,19 @@ CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const Loc
   check("model.block_size", a.block_size, b.block_size);
   check("vocab_size", a.vocab_size, b.vocab_size);
   check("padded vocab", a.padded_vocab, b.padded_vocab);
+  check("model.n_kv_head", a.n_kv_head, b.n_kv_head);
+  check("model.ffn_hidden", a.ffn_hidden, b.ffn_hidden);
+  check("model.tie_embeddings", a.tied, b.tied);
+  if (a.arch != b.arch)
+    diff += std::string(diff.empty() ? "" : ", ") + "model.arch " + arch_name(a.arch) +
+            " in the checkpoint, " + arch_name(b.arch) + " in the deck";
+  auto check_real = [&](const char* key, double stored, double wanted) {
+    if (stored != wanted)
+      diff += std::string(diff.empty() ? "" : ", ") + key + " " + std::to_string(stored) +
+              " in the checkpoint, " + std::to_string(wanted) + " in the deck";
+  };
+  check_real("model.norm_eps", a.norm_eps, b.norm_eps);
+  check_real("model.rope_theta", a.rope_theta, b.rope_theta);
   if (!diff.empty()) throw UserError(path + ": model shape differs from the deck: " + diff);
 
   H5Handle file = open_parallel_file(comm, path);

@@ -1,5 +1,7 @@
 #include "model/gpt.hpp"
 
+#include "common/error.hpp"
+
 #include "backend/cpu/backend.hpp"
 #ifdef TESSERA_CUDA
 #include "backend/cuda/backend.hpp"
@@ -42,6 +44,8 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     : layout_(layout), tp_(tp), arena_(&arena), max_n_(max_batch * max_seq), options_(options),
       slots_(slots) {
   const ModelShape& s = layout.canonical.shape;
+  if (s.arch != Arch::Gpt2)
+    throw UserError("model.arch: llama: the model's LLaMA blocks are not built yet (its ops are)");
   const size_t N = size_t(max_batch) * max_seq, C = s.n_embd;
   const size_t Cl = C / layout.tp;  // this rank's share of the heads / MLP width, per C
   const size_t L = size_t(layout.layer_end - layout.layer_begin);
@@ -182,13 +186,16 @@ void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
   const ModelShape& s = lay.canonical.shape;
   const int C = s.n_embd, N = B * T;
   const size_t NC = size_t(N) * C;
-  auto P = [&](int tensor) { return params + lay.tensors[size_t(tensor)].offset; };
+  // A local tensor's parameters, or nullptr where this rank (or the family) has none.
+  auto P = [&](int tensor) {
+    return tensor < 0 ? nullptr : params + lay.tensors[size_t(tensor)].offset;
+  };
   const Act* none = nullptr;
 
   if (lay.first) {
     // Vocab-parallel lookup: each rank fills its rows' tokens, tp rank 0 adds the positions once.
-    Backend::encoder_forward(act(kEncoded, slot), tokens, P(lay.wte),
-                             lay.tp_rank == 0 ? P(lay.wpe) : none, B, T, C, lay.vocab_begin,
+    Backend::encoder_forward(act(kEncoded, slot), tokens, P(lay.embed),
+                             lay.tp_rank == 0 ? P(lay.positions) : none, B, T, C, lay.vocab_begin,
                              lay.vocab_rows);
     tp_->all_reduce_sum(act(kEncoded, slot), NC);
   }
@@ -198,12 +205,12 @@ void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
 
   const Act* residual = output(slot);
   Backend::layernorm_forward(act(kLnF, slot), stat(kLnFMean, slot), stat(kLnFRstd, slot),
-                             residual, P(lay.ln_f_weight), P(lay.ln_f_bias), N, C);
-  // Vocab-parallel tied head over this rank's rows (head_columns(): the real ones, or with the
+                             residual, P(lay.norm_weight), P(lay.norm_bias), N, C);
+  // Vocab-parallel head over this rank's rows (head_columns(): the real ones, or with the
   // padding where the backend wants aligned GEMMs; the cross-entropy reads the real ones).
   const int Vh = head_columns(), Vl = lay.vocab_valid();
   Act* logits = act(kLogits, slot);
-  Backend::matmul_forward(logits, act(kLnF, slot), P(lay.wte), none, N, C, Vh);
+  Backend::matmul_forward(logits, act(kLnF, slot), P(lay.head), none, N, C, Vh);
   if (targets == nullptr) return;
 
   // Vocab-parallel cross-entropy: the max, then the sum of exponentials and the target logit,
@@ -269,25 +276,29 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
   const ModelShape& s = lay.canonical.shape;
   const int C = s.n_embd, N = B * T;
   const size_t NC = size_t(N) * C;
-  auto P = [&](int tensor) { return params + lay.tensors[size_t(tensor)].offset; };
-  auto G = [&](int tensor) { return grads + lay.tensors[size_t(tensor)].offset; };
+  auto P = [&](int tensor) {
+    return tensor < 0 ? nullptr : params + lay.tensors[size_t(tensor)].offset;
+  };
+  auto G = [&](int tensor) {
+    return tensor < 0 ? nullptr : grads + lay.tensors[size_t(tensor)].offset;
+  };
   Act* dres = scratch(kDRes);
   float* const no_grad = nullptr;
 
   if (lay.last) {
     // The probabilities become their own gradient in place: probs - onehot, scaled (0 on the
-    // padding columns, so the padding rows of wte get no gradient).
+    // padding columns, so the padding rows of the head get no gradient).
     const int Vh = head_columns(), Vl = lay.vocab_valid();
     Act* dlogits = act(kLogits, slot);
     Backend::crossentropy_backward(dlogits, dlogits, targets_ + size_t(slot) * max_n_, dloss, N,
                                    Vh, Vl, lay.vocab_begin);
     zero(scratch(kDLn), NC);
-    Backend::matmul_backward(scratch(kDLn), G(lay.wte), no_grad, dlogits, act(kLnF, slot),
-                             P(lay.wte), N, C, Vh);
+    Backend::matmul_backward(scratch(kDLn), G(lay.head), no_grad, dlogits, act(kLnF, slot),
+                             P(lay.head), N, C, Vh);
     tp_->all_reduce_sum(scratch(kDLn), NC);
     zero(dres, NC);
-    Backend::layernorm_backward(dres, G(lay.ln_f_weight), G(lay.ln_f_bias), scratch(kDLn),
-                                output(slot), P(lay.ln_f_weight), stat(kLnFMean, slot),
+    Backend::layernorm_backward(dres, G(lay.norm_weight), G(lay.norm_bias), scratch(kDLn),
+                                output(slot), P(lay.norm_weight), stat(kLnFMean, slot),
                                 stat(kLnFRstd, slot), N, C);
   }
   for (int l = lay.layer_end - 1; l >= lay.layer_begin; --l) {
@@ -305,8 +316,8 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
     if (layer_done) layer_done(l);
   }
   if (lay.first)
-    Backend::encoder_backward(G(lay.wte), G(lay.wpe), dres, tokens, B, T, C, lay.vocab_begin,
-                              lay.vocab_rows);
+    Backend::encoder_backward(G(lay.embed), G(lay.positions), dres, tokens, B, T, C,
+                              lay.vocab_begin, lay.vocab_rows);
 }
 
 template class Gpt<CpuBackend>;

@@ -14,7 +14,7 @@ float init_value(const ParamTensor& t, const ModelShape& shape, uint64_t seed, d
     case Init::Normal:
     case Init::ResidualNormal: {
       // Padded vocabulary rows never reach a logit; zero keeps them inert under weight decay.
-      if (t.name == "wte" && index / size_t(shape.n_embd) >= size_t(shape.vocab_size)) return 0.0f;
+      if (t.vocab_rows && index / size_t(shape.n_embd) >= size_t(shape.vocab_size)) return 0.0f;
       // GPT-2 scales the projections that write into the residual stream by 1/sqrt(2 L).
       const double scale =
           t.init == Init::ResidualNormal ? std / std::sqrt(2.0 * shape.n_layer) : std;

@@ -15,7 +15,11 @@ Split split_of(LayerTensor t) {
     case kAttnW: case kAttnB: return Split::QkvRows;   // column-parallel, by heads of q, k and v
     case kFcW: case kFcB: return Split::Rows;          // column-parallel
     case kAttnProjW: case kFcProjW: return Split::Columns;  // row-parallel
-    default: return Split::Replicated;  // LayerNorms and the biases added after the reduction
+    // LLaMA: q, k and v by heads (of each), gate and up by rows (column-parallel); o and down by
+    // columns (row-parallel)
+    case kQW: case kKW: case kVW: case kGateW: case kUpW: return Split::Rows;
+    case kOW: case kDownW: return Split::Columns;
+    default: return Split::Replicated;  // norms and the biases added after the reduction
   }
 }
 
@@ -31,6 +35,12 @@ size_t LocalLayout::canonical_index(const LocalTensor& t, size_t i) const {
     row -= b.rows;
   }
   return size_t(-1);
+}
+
+std::pair<size_t, size_t> LocalLayout::layer_range(int l) const {
+  const int first_tensor = layer_base_ + (l - layer_begin) * canonical.per_layer();
+  const LocalTensor& last_tensor = tensors[size_t(first_tensor + canonical.per_layer() - 1)];
+  return {tensors[size_t(first_tensor)].offset, last_tensor.offset + last_tensor.numel};
 }
 
 int LocalLayout::vocab_valid() const {
@@ -78,15 +88,18 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int 
   };
 
   const ParamLayout& P = L.canonical;
-  if (first || last) L.wte = add(P.wte(), Split::Rows, first);  // vocab-parallel
-  if (first) L.wpe = add(P.wpe(), Split::Replicated, true);
+  const bool tied = shape.tied;
+  // Vocab-parallel embedding; the last stage's tied copy is not its owner.
+  if (first || (last && tied)) L.embed = add(size_t(P.embed), Split::Rows, first);
+  if (first && P.positions >= 0) L.positions = add(size_t(P.positions), Split::Replicated, true);
   L.layer_base_ = int(L.tensors.size());
   for (int l = layer_begin; l < layer_end; ++l)
-    for (int t = 0; t < kLayerTensorCount; ++t)
-      add(P.layer(l, LayerTensor(t)), split_of(LayerTensor(t)), true);
+    for (LayerTensor t : layer_tensors(shape.arch))
+      add(size_t(P.layer(l, t)), split_of(t), true);
   if (last) {
-    L.ln_f_weight = add(P.ln_f_weight(), Split::Replicated, true);
-    L.ln_f_bias = add(P.ln_f_bias(), Split::Replicated, true);
+    L.norm_weight = add(size_t(P.norm_weight), Split::Replicated, true);
+    if (P.norm_bias >= 0) L.norm_bias = add(size_t(P.norm_bias), Split::Replicated, true);
+    L.head = tied ? L.embed : add(size_t(P.head), Split::Rows, true);  // vocab-parallel
   }
   return L;
 }

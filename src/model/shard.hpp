@@ -4,6 +4,8 @@
 // canonical tensor it holds, which is all that initialisation, checkpoints and the gradient norm
 // need to be layout-free.
 #include <cstddef>
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "model/param_layout.hpp"
@@ -21,23 +23,26 @@ struct LocalTensor {
   size_t offset = 0, numel = 0;  // in the local flat buffer
   std::vector<Block> blocks;     // stacked by local rows, in increasing canonical row order
   bool owner = true;  // the copy that counts (norm, checkpoint): tp rank 0 of replicated tensors,
-                      // and stage 0's wte, not the last stage's tied copy
+                      // and stage 0's embedding, not the last stage's tied copy
 };
 
 struct LocalLayout {
   ParamLayout canonical;
   int tp = 1, tp_rank = 0;
   int layer_begin = 0, layer_end = 0;   // this stage's layers [begin, end)
-  bool first = true, last = true;       // holds wte/wpe; holds ln_f and (a copy of) wte
-  int vocab_begin = 0, vocab_rows = 0;  // wte rows [vocab_begin, vocab_begin + vocab_rows)
+  bool first = true, last = true;       // holds the embedding; holds the final norm and the head
+  int vocab_begin = 0, vocab_rows = 0;  // embedding / head rows [vocab_begin, +vocab_rows)
   std::vector<LocalTensor> tensors;
   size_t total = 0;
 
-  // Local tensor indices; -1 where this stage has none.
-  int wte = -1, wpe = -1, ln_f_weight = -1, ln_f_bias = -1;
+  // Local tensor indices; -1 where this stage (or the family) has none. The head is the
+  // embedding's tied copy (the embedding itself when one stage holds both) or lm_head.
+  int embed = -1, positions = -1, norm_weight = -1, norm_bias = -1, head = -1;
   int layer(int l, LayerTensor t) const {
-    return layer_base_ + (l - layer_begin) * int(kLayerTensorCount) + int(t);
+    return layer_base_ + (l - layer_begin) * canonical.per_layer() + canonical.kind_position_[t];
   }
+  // Layer l's parameters in the local buffer: [first, end) (its tensors are consecutive).
+  std::pair<size_t, size_t> layer_range(int l) const;
   int layer_base_ = 0;
 
   const ParamTensor& canon(const LocalTensor& t) const { return canonical.tensors[t.canonical]; }
@@ -47,7 +52,8 @@ struct LocalLayout {
   int vocab_valid() const;
 };
 
-// tp must divide n_head and padded_vocab (checked before, with a message, by check_layout).
+// tp must divide n_head, n_kv_head, ffn_hidden and padded_vocab (checked before, with a message,
+// by check_layout).
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int layer_begin,
                               int layer_end, bool first, bool last);
 

@@ -95,16 +95,15 @@ class Engine final : public TrainEngine {
     Backend::zero(grads_, optimizer_.buffer_size() * sizeof(float));
     // Each layer's gradient is summed over dp as soon as the step's last backward finishes it.
     auto layer_done = [&](int l) {
-      const LocalTensor& a = tile_.tensors[size_t(tile_.layer(l, LayerTensor(0)))];
-      const LocalTensor& b = tile_.tensors[size_t(tile_.layer(l, kFcProjB))];
-      optimizer_.start_reduce(grads_, a.offset, b.offset + b.numel);
+      const auto [begin, end] = tile_.layer_range(l);
+      optimizer_.start_reduce(grads_, begin, end);
     };
     executor_.run(model_params(), grads_, inputs, dloss,
                   zero_ ? std::function<void(int)>{} : layer_done);
-    // The tied embedding: stage 0's wte and the last stage's copy see the sum of both gradients.
-    if (embed_sum_ && tile_.wte >= 0) {
-      const LocalTensor& wte = tile_.tensors[size_t(tile_.wte)];
-      embed_.all_reduce_sum(grads_ + wte.offset, wte.numel);
+    // The tied embedding: stage 0's and the last stage's copy see the sum of both gradients.
+    if (embed_sum_ && tile_.embed >= 0) {
+      const LocalTensor& embed = tile_.tensors[size_t(tile_.embed)];
+      embed_.all_reduce_sum(grads_ + embed.offset, embed.numel);
     }
     optimizer_.reduce_gradients(grads_);
     const double norm = optimizer_.grad_norm(grads_);

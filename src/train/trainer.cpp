@@ -125,9 +125,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     }
   }
   const double check_seconds = seconds_since(t_check);
-  const ModelShape shape =
-      make_model_shape(cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd,
-                       cfg.model.block_size, vocab, cfg.model.vocab_multiple);
+  const ModelShape shape = make_model_shape(cfg.model, vocab);
 
   ParallelLayout layout;
   if (std::string e = resolve_layout(cfg.parallel, world_size, &layout); !e.empty())
@@ -137,6 +135,14 @@ int train(MPI_Comm world_comm, const Config& cfg) {
                                    cfg.parallel.stage_layers, B, mb);
       !e.empty())
     throw UserError(cfg.deck_path + ": " + e);
+  // The model's other tensor-parallel splits (the deck checks them where tp is given, not auto).
+  if (shape.n_kv_head % layout.tp != 0)
+    throw UserError(cfg.deck_path + ": parallel.tp = " + std::to_string(layout.tp) +
+                    " does not divide model.n_kv_head = " + std::to_string(shape.n_kv_head) +
+                    " (each rank needs whole key/value heads)");
+  if (shape.ffn_hidden % layout.tp != 0)
+    throw UserError(cfg.deck_path + ": parallel.tp = " + std::to_string(layout.tp) +
+                    " does not divide model.ffn_hidden = " + std::to_string(shape.ffn_hidden));
   const int n_micro = B / (layout.dp * mb);
 
   Topology topo(world_comm, layout);
@@ -155,7 +161,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   const EngineSetup setup{tile, topo.comm(CommName::tp), topo.comm(CommName::dp),
                           topo.comm(CommName::pp), topo.comm(CommName::embed), &world, schedule,
                           mb, T, n_micro, /*zero=*/cfg.parallel.zero == 1,
-                          /*embed_sum=*/layout.pp > 1, hyper,
+                          /*embed_sum=*/layout.pp > 1 && shape.tied, hyper,
                           model_options(cfg)};
   const std::unique_ptr<TrainEngine> engine =
       make_engine(setup, backend.cuda, cfg.device.precision == "bf16");
@@ -201,9 +207,16 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   const std::string deck_yaml = to_yaml(cfg);
   if (world_rank == 0) std::ofstream(fs::path(cfg.run.dir) / "deck.yaml") << deck_yaml;
 
-  log.say("tessera: %d layers, %d heads, n_embd %d, vocab %d (padded %d): %.2fM parameters",
-          shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.padded_vocab,
-          tile.canonical.total / 1e6);
+  if (shape.arch == Arch::Llama)
+    log.say("tessera: llama, %d layers, %d heads (%d key/value), n_embd %d, ffn %d, vocab %d "
+            "(padded %d), %s head: %.2fM parameters",
+            shape.n_layer, shape.n_head, shape.n_kv_head, shape.n_embd, shape.ffn_hidden,
+            shape.vocab_size, shape.padded_vocab, shape.tied ? "tied" : "untied",
+            tile.canonical.total / 1e6);
+  else
+    log.say("tessera: %d layers, %d heads, n_embd %d, vocab %d (padded %d)%s: %.2fM parameters",
+            shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.padded_vocab,
+            shape.tied ? "" : ", untied head", tile.canonical.total / 1e6);
   log.say("layout: %s on %d ranks, %s schedule, %d micro-batches of %d per dp rank%s",
           layout_name(layout).c_str(), world_size, cfg.parallel.schedule.c_str(), n_micro, mb,
           cfg.parallel.zero == 1 ? ", ZeRO-1" : "");

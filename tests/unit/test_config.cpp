@@ -124,7 +124,8 @@ TEST(Config, EveryKeyReachesItsField) {
       "  stage_layers: [1, 1]\n";
   Config c = parse_deck(text, "deck.yaml", {});
   Config e;
-  e.model = {2, 3, 96, 64, 500, 32, 0.01};
+  e.model.n_layer = 2, e.model.n_head = 3, e.model.n_embd = 96, e.model.block_size = 64;
+  e.model.vocab_size = 500, e.model.vocab_multiple = 32, e.model.init_std = 0.01;
   e.data.train = "a.h5";
   e.data.val = "b.h5";
   e.data.seq_len = 48;
@@ -318,6 +319,13 @@ TEST(Config, RangeRules) {
       {"model", "init_std", "0", "must be > 0, got 0"},
       {"model", "init_std", "-0.5", "must be > 0, got -0.5"},
       {"model", "attention", "flash", "must be gemm or fused, got 'flash'"},
+      {"model", "arch", "llama2", "must be gpt2 or llama, got 'llama2'"},
+      {"model", "n_kv_head", "-1", "must be >= 0, got -1"},
+      {"model", "ffn_hidden", "-1", "must be >= 0, got -1"},
+      {"model", "ffn_multiple", "0", "must be >= 1, got 0"},
+      {"model", "tie_embeddings", "maybe", "must be auto, true or false, got 'maybe'"},
+      {"model", "norm_eps", "0", "must be > 0, got 0"},
+      {"model", "rope_theta", "-1", "must be > 0, got -1"},
       {"train", "recompute", "some", "must be none, selective or full, got 'some'"},
       {"data", "seq_len", "0", "must be >= 1, got 0"},
       {"train", "steps", "-1", "must be >= 0, got -1"},
@@ -507,7 +515,12 @@ TEST(Config, UnreadableDeckIsAnIOError) {
 // Every field away from its default, with awkward doubles and strings that need quoting.
 Config unusual_config() {
   Config c;
-  c.model = {12, 12, 768, 1024, 50257, 128, 1.0 / 3.0};
+  c.model.arch = "llama";
+  c.model.n_layer = 12, c.model.n_head = 12, c.model.n_kv_head = 4, c.model.n_embd = 768;
+  c.model.ffn_hidden = 2048, c.model.ffn_multiple = 128, c.model.block_size = 1024;
+  c.model.vocab_size = 50257, c.model.vocab_multiple = 128, c.model.init_std = 1.0 / 3.0;
+  c.model.attention = "fused", c.model.tie_embeddings = "true";
+  c.model.norm_eps = 1e-6, c.model.rope_theta = 500000.0;
   c.data.train = "data/my \"quoted\" file: #1.h5";
   c.data.val = "tab\there\nnew line \\ back ünïcode 'single'";
   c.data.format = "megatron";
@@ -564,7 +577,7 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 51);
+  EXPECT_EQ(keys, 58);
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",
@@ -664,6 +677,35 @@ TEST(Config, ParallelErrors) {
             "deck.yaml:7:7: parallel.stage_layers: expected an integer, got '1.5'");
   EXPECT_EQ(deck_error(in_parallel("  pp: 2\n  stage_layers: [2, [2]]\n")),
             "deck.yaml:5:21: parallel.stage_layers: expected an integer, got a sequence");
+}
+
+// The LLaMA family's keys and their rules against the others, each at the later of its keys.
+TEST(Config, LlamaRules) {
+  const std::string deck = kMinimal;
+  const std::string llama = deck + "model:\n  arch: llama\n";
+  EXPECT_EQ(deck_error(llama + "  n_head: 4\n  n_kv_head: 3\n"),
+            "deck.yaml:6:14: model.n_kv_head: model.n_kv_head = 3 does not divide model.n_head = 4");
+  EXPECT_EQ(deck_error(deck + "model:\n  n_kv_head: 2\n"),
+            "deck.yaml:4:14: model.n_kv_head: model.n_kv_head = 2 needs model.arch: llama (GPT-2 "
+            "has n_head key/value heads)");
+  EXPECT_EQ(deck_error(llama + "  n_head: 4\n  n_embd: 28\n"),
+            "deck.yaml:6:11: model.n_embd: model.n_embd / model.n_head = 7 is odd: llama's rotary "
+            "embeddings rotate pairs of a head's values");
+  EXPECT_EQ(deck_error(deck + "model:\n  ffn_hidden: 100\n"),
+            "deck.yaml:4:15: model.ffn_hidden: model.ffn_hidden = 100 needs model.arch: llama "
+            "(GPT-2's MLP is 4 n_embd = 512 wide)");
+  EXPECT_EQ(deck_error(deck + "model:\n  norm_eps: 1.0e-6\n"),
+            "deck.yaml:4:13: model.norm_eps: model.norm_eps = 1e-06 needs model.arch: llama "
+            "(GPT-2's LayerNorm uses 1e-5)");
+  EXPECT_EQ(deck_error(llama + "  n_kv_head: 2\nparallel:\n  tp: 4\n"),
+            "deck.yaml:7:7: parallel.tp: parallel.tp = 4 does not divide model.n_kv_head = 2 "
+            "(each rank needs whole key/value heads)");
+  EXPECT_EQ(deck_error(llama + "  ffn_hidden: 30\nparallel:\n  tp: 4\n"),
+            "deck.yaml:7:7: parallel.tp: parallel.tp = 4 does not divide model.ffn_hidden = 30");
+  const Config c = parse_deck(llama + "  n_kv_head: 2\n  tie_embeddings: true\n", "deck.yaml", {});
+  EXPECT_EQ(c.model.arch, "llama");
+  EXPECT_EQ(c.model.n_kv_head, 2);
+  EXPECT_EQ(c.model.tie_embeddings, "true");
 }
 
 // The fused attention's head-size limit, at the later of the two keys.

@@ -150,7 +150,7 @@ TEST(ParamLayout, CountMatchesFormula) {
   EXPECT_EQ(s.padded_vocab, 50304);
   EXPECT_EQ(layout.total, 50304 * C + 1024 * C + L * (12 * C * C + 13 * C) + 2 * C);
   EXPECT_EQ(layout.tensors[layout.layer(3, kFcW)].name, "h.3.mlp.c_fc.weight");
-  EXPECT_EQ(layout.tensors[layout.ln_f_bias()].name, "ln_f.bias");
+  EXPECT_EQ(layout.tensors[size_t(layout.norm_bias)].name, "ln_f.bias");
 }
 
 TEST(LrSchedule, WarmupThenCosine) {
