@@ -98,6 +98,7 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel", "schedule", &c.parallel.schedule},
       {"parallel", "zero", &c.parallel.zero},
       {"parallel", "stage_layers", &c.parallel.stage_layers},
+      {"parallel", "sequence_parallel", &c.parallel.sequence_parallel},
   };
 }
 

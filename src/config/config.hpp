@@ -97,6 +97,7 @@ struct ParallelConfig {
   std::string schedule = "1f1b";  // gpipe | 1f1b
   int zero = 0;                   // 0 | 1 (ZeRO-1: optimizer state sharded over dp)
   std::vector<int> stage_layers;  // layers per stage (sums to n_layer); empty = balanced
+  bool sequence_parallel = false; // norms and residuals split along the sequence over tp
 };
 
 struct Config {

@@ -12,6 +12,7 @@ namespace tessera {
 ModelOptions model_options(const Config& c) {
   ModelOptions o;
   o.fused_attention = c.model.attention == "fused";
+  o.sequence_parallel = c.parallel.sequence_parallel;
   o.recompute = c.train.recompute == "full"        ? Recompute::Full
                 : c.train.recompute == "selective" ? Recompute::Selective
                                                    : Recompute::None;
@@ -46,7 +47,9 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   const ModelShape& s = layout.canonical.shape;
   if (s.arch != Arch::Gpt2)
     throw UserError("model.arch: llama: the model's LLaMA blocks are not built yet (its ops are)");
+  if (layout.tp == 1) options_.sequence_parallel = false;
   const size_t N = size_t(max_batch) * max_seq, C = s.n_embd;
+  const size_t Nr = N / size_t(seq_split());  // rows of the norms and the residual stream
   const size_t Cl = C / layout.tp;  // this rank's share of the heads / MLP width, per C
   const size_t L = size_t(layout.layer_end - layout.layer_begin);
   // The attention's (B,NH/tp,T,T) probabilities, or with fused attention each row's log-sum-exp.
@@ -56,11 +59,11 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   const size_t last = layout.last ? 1 : 0;
   // Per-layer kinds (`layers` true) are kept per slot and layer, or live in the workspace.
   struct { Slot kind; size_t size; bool layers; size_t count; } plan[] = {
-      {kEncoded, N * C, false, 1},  {kLn1, N * C, true, L},          {kQkv, 3 * N * Cl, true, L},
-      {kAtt, att, true, L},         {kAttY, N * Cl, true, L},        {kAttProj, N * C, true, L},
-      {kRes2, N * C, true, L},      {kLn2, N * C, true, L},          {kFcH, 4 * N * Cl, true, L},
-      {kFcGelu, 4 * N * Cl, true, L}, {kFcProj, N * C, true, L},     {kRes3, N * C, true, L},
-      {kLnF, N * C, false, last},   {kLogits, N * size_t(layout.vocab_rows), false, last},
+      {kEncoded, Nr * C, false, 1},   {kLn1, Nr * C, true, L},       {kQkv, 3 * N * Cl, true, L},
+      {kAtt, att, true, L},           {kAttY, N * Cl, true, L},      {kAttProj, Nr * C, true, L},
+      {kRes2, Nr * C, true, L},       {kLn2, Nr * C, true, L},       {kFcH, 4 * N * Cl, true, L},
+      {kFcGelu, 4 * N * Cl, true, L}, {kFcProj, Nr * C, true, L},    {kRes3, Nr * C, true, L},
+      {kLnF, Nr * C, false, last},    {kLogits, N * size_t(layout.vocab_rows), false, last},
   };
   for (const auto& p : plan) {
     size_[p.kind] = p.size;
@@ -79,9 +82,9 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     }
   }
   struct { Stat kind; size_t size; bool layers; size_t count; } stat_plan[] = {
-      {kLn1Mean, N, true, L},    {kLn1Rstd, N, true, L},    {kLn2Mean, N, true, L},
-      {kLn2Rstd, N, true, L},    {kAttLse, lse, true, L},   {kLnFMean, N, false, last},
-      {kLnFRstd, N, false, last},
+      {kLn1Mean, Nr, true, L},    {kLn1Rstd, Nr, true, L},   {kLn2Mean, Nr, true, L},
+      {kLn2Rstd, Nr, true, L},    {kAttLse, lse, true, L},   {kLnFMean, Nr, false, last},
+      {kLnFRstd, Nr, false, last},
   };
   for (const auto& p : stat_plan) {
     stat_size_[p.kind] = p.size;
@@ -95,8 +98,10 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
       stat_work += p.size;
     }
   }
-  const size_t scratch_sizes[kScratchKinds] = {N * C, N * C, 3 * N * Cl, att,
-                                                N * Cl, 4 * N * Cl, 4 * N * Cl};
+  const size_t sp = options_.sequence_parallel ? 1 : 0;
+  const size_t scratch_sizes[kScratchKinds] = {
+      Nr * C, N * C, 3 * N * Cl, att, N * Cl, 4 * N * Cl, 4 * N * Cl,
+      sp * N * C, sp * N * C, sp * N * C, sp * Nr * C};
   size_t total = 0;
   for (int k = 0; k < kScratchKinds; ++k) {
     scratch_offset_[k] = total;
@@ -105,7 +110,7 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   h_acts_ = arena.add("activations", (slot_stride_ * size_t(slots) + work) * sizeof(Act));
   h_stats_ = arena.add("statistics (layernorm, attention log-sum-exp)",
                        (stat_stride_ * size_t(slots) + stat_work) * 4);
-  h_scratch_ = arena.add("backward scratch", total * sizeof(Act));
+  h_scratch_ = arena.add("scratch", total * sizeof(Act));
   h_row_max_ = arena.add("cross-entropy row max", N * sizeof(float));
   h_sums_ = arena.add("cross-entropy sums", 2 * N * sizeof(double));
   h_targets_ = arena.add("targets", size_t(slots) * N * sizeof(int32_t));
@@ -125,6 +130,43 @@ template <class Backend>
 const typename Backend::Act* Gpt<Backend>::output(int slot) const {
   const int L = layout_.layer_end - layout_.layer_begin;
   return L > 0 ? act(kRes3, slot, L - 1) : act(kEncoded, slot);
+}
+
+template <class Backend>
+std::vector<std::pair<size_t, size_t>> Gpt<Backend>::tp_partial_gradients(int l) const {
+  std::vector<std::pair<size_t, size_t>> out;
+  if (!options_.sequence_parallel) return out;
+  const LocalLayout& lay = layout_;
+  auto add = [&](int tensor) {
+    if (tensor < 0) return;
+    const LocalTensor& t = lay.tensors[size_t(tensor)];
+    out.emplace_back(t.offset, t.offset + t.numel);
+  };
+  if (l < 0) {
+    add(lay.norm_weight);
+    add(lay.norm_bias);
+  } else {
+    for (LayerTensor k : {kLn1W, kLn1B, kLn2W, kLn2B})
+      if (lay.canonical.has(k)) add(lay.layer(l, k));
+  }
+  return out;
+}
+
+template <class Backend>
+const typename Backend::Act* Gpt<Backend>::gather_rows(const Act* rows, Act* full, int N) {
+  if (!options_.sequence_parallel) return rows;
+  tp_->all_gather(rows, full, size_t(N / seq_split()) * n_embd());
+  return full;
+}
+
+template <class Backend>
+typename Backend::Act* Gpt<Backend>::reduce_rows(Act* partial, Act* rows, int N) {
+  if (!options_.sequence_parallel) {
+    tp_->all_reduce_sum(partial, size_t(N) * n_embd());
+    return partial;
+  }
+  tp_->reduce_scatter_sum(partial, rows, size_t(N / seq_split()) * n_embd());
+  return rows;
 }
 
 template <class Backend>
@@ -154,38 +196,43 @@ void Gpt<Backend>::attention_core(const LayerActs& a, int B, int T) {
     Backend::attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
 }
 
+// N = B*T rows pass the column-parallel GEMMs and the attention; Nr = N / seq_split() rows pass
+// the norms, biases and residual adds (all of them without sequence parallelism).
 template <class Backend>
 void Gpt<Backend>::layer_forward(const Act* params, int l, const LayerActs& a, int B, int T) {
   const LocalLayout& lay = layout_;
-  const int C = lay.canonical.shape.n_embd, Cl = C / lay.tp, N = B * T;
-  const size_t NC = size_t(N) * C;
+  const int C = n_embd(), Cl = C / lay.tp, N = B * T, Nr = N / seq_split();
+  const size_t NrC = size_t(Nr) * C;
+  const bool sp = options_.sequence_parallel;
   const Act* none = nullptr;
   auto W = [&](LayerTensor t) { return params + lay.tensors[size_t(lay.layer(l, t))].offset; };
-  Backend::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, W(kLn1W), W(kLn1B), N, C);
+  Backend::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, W(kLn1W), W(kLn1B), Nr, C);
   // Column-parallel c_attn: this rank's heads of q, k and v.
-  Backend::matmul_forward(a.qkv, a.ln1, W(kAttnW), W(kAttnB), N, C, 3 * Cl);
+  Backend::matmul_forward(a.qkv, gather_rows(a.ln1, scratch(kGather), N), W(kAttnW), W(kAttnB), N,
+                          C, 3 * Cl);
   attention_core(a, B, T);
   // Row-parallel c_proj: partial products summed over tp, then the replicated bias once.
-  Backend::matmul_forward(a.attproj, a.atty, W(kAttnProjW), none, N, Cl, C);
-  tp_->all_reduce_sum(a.attproj, NC);
-  Backend::bias_add(a.attproj, W(kAttnProjB), N, C);
-  Backend::residual_forward(a.res2, a.in, a.attproj, NC);
-  Backend::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, W(kLn2W), W(kLn2B), N, C);
-  Backend::matmul_forward(a.fch, a.ln2, W(kFcW), W(kFcB), N, C, 4 * Cl);
+  Act* partial = sp ? scratch(kPartial) : a.attproj;
+  Backend::matmul_forward(partial, a.atty, W(kAttnProjW), none, N, Cl, C);
+  reduce_rows(partial, a.attproj, N);
+  Backend::bias_add(a.attproj, W(kAttnProjB), Nr, C);
+  Backend::residual_forward(a.res2, a.in, a.attproj, NrC);
+  Backend::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, W(kLn2W), W(kLn2B), Nr, C);
+  Backend::matmul_forward(a.fch, gather_rows(a.ln2, scratch(kGather), N), W(kFcW), W(kFcB), N, C,
+                          4 * Cl);
   Backend::gelu_forward(a.fcgelu, a.fch, size_t(N) * 4 * Cl);
-  Backend::matmul_forward(a.fcproj, a.fcgelu, W(kFcProjW), none, N, 4 * Cl, C);
-  tp_->all_reduce_sum(a.fcproj, NC);
-  Backend::bias_add(a.fcproj, W(kFcProjB), N, C);
-  Backend::residual_forward(a.out, a.res2, a.fcproj, NC);
+  partial = sp ? scratch(kPartial) : a.fcproj;
+  Backend::matmul_forward(partial, a.fcgelu, W(kFcProjW), none, N, 4 * Cl, C);
+  reduce_rows(partial, a.fcproj, N);
+  Backend::bias_add(a.fcproj, W(kFcProjB), Nr, C);
+  Backend::residual_forward(a.out, a.res2, a.fcproj, NrC);
 }
 
 template <class Backend>
 void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
                            const int32_t* targets, float* losses, int B, int T) {
   const LocalLayout& lay = layout_;
-  const ModelShape& s = lay.canonical.shape;
-  const int C = s.n_embd, N = B * T;
-  const size_t NC = size_t(N) * C;
+  const int C = n_embd(), N = B * T, Nr = N / seq_split();
   // A local tensor's parameters, or nullptr where this rank (or the family) has none.
   auto P = [&](int tensor) {
     return tensor < 0 ? nullptr : params + lay.tensors[size_t(tensor)].offset;
@@ -193,24 +240,26 @@ void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
   const Act* none = nullptr;
 
   if (lay.first) {
-    // Vocab-parallel lookup: each rank fills its rows' tokens, tp rank 0 adds the positions once.
-    Backend::encoder_forward(act(kEncoded, slot), tokens, P(lay.embed),
+    // Vocab-parallel lookup: each rank fills its rows' tokens, tp rank 0 adds the positions once;
+    // the sum over tp is the stage's input.
+    Act* partial = options_.sequence_parallel ? scratch(kPartial) : act(kEncoded, slot);
+    Backend::encoder_forward(partial, tokens, P(lay.embed),
                              lay.tp_rank == 0 ? P(lay.positions) : none, B, T, C, lay.vocab_begin,
                              lay.vocab_rows);
-    tp_->all_reduce_sum(act(kEncoded, slot), NC);
+    reduce_rows(partial, act(kEncoded, slot), N);
   }
   for (int l = lay.layer_begin; l < lay.layer_end; ++l)
     layer_forward(params, l, layer_acts(slot, l - lay.layer_begin, false), B, T);
   if (!lay.last) return;
 
-  const Act* residual = output(slot);
   Backend::layernorm_forward(act(kLnF, slot), stat(kLnFMean, slot), stat(kLnFRstd, slot),
-                             residual, P(lay.norm_weight), P(lay.norm_bias), N, C);
+                             output(slot), P(lay.norm_weight), P(lay.norm_bias), Nr, C);
   // Vocab-parallel head over this rank's rows (head_columns(): the real ones, or with the
   // padding where the backend wants aligned GEMMs; the cross-entropy reads the real ones).
   const int Vh = head_columns(), Vl = lay.vocab_valid();
   Act* logits = act(kLogits, slot);
-  Backend::matmul_forward(logits, act(kLnF, slot), P(lay.head), none, N, C, Vh);
+  Backend::matmul_forward(logits, gather_rows(act(kLnF, slot), scratch(kGather), N), P(lay.head),
+                          none, N, C, Vh);
   if (targets == nullptr) return;
 
   // Vocab-parallel cross-entropy: the max, then the sum of exponentials and the target logit,
@@ -231,28 +280,33 @@ void Gpt<Backend>::layer_backward(const Act* params, float* grads, int l, const 
                                   int B, int T) {
   const LocalLayout& lay = layout_;
   const ModelShape& s = lay.canonical.shape;
-  const int C = s.n_embd, Cl = C / lay.tp, NHl = s.n_head / lay.tp, N = B * T;
+  const int C = n_embd(), Cl = C / lay.tp, NHl = s.n_head / lay.tp, N = B * T;
+  const int Nr = N / seq_split();
   const size_t NC = size_t(N) * C;
   auto W = [&](LayerTensor t) { return params + lay.tensors[size_t(lay.layer(l, t))].offset; };
   auto GW = [&](LayerTensor t) { return grads + lay.tensors[size_t(lay.layer(l, t))].offset; };
-  // dres holds the gradient of the layer's output; the residual path passes it through
-  // unchanged, so each branch's backward only adds its input gradient into it.
+  // dres holds the gradient of the layer's output (this rank's rows); the residual path passes
+  // it through unchanged, so each branch's backward only adds its input gradient into it. The
+  // row-parallel GEMMs read it whole (all-gathered), and the column-parallel GEMMs' input
+  // gradients are partial sums over tp, reduced back into this rank's rows.
   Act* dres = scratch(kDRes);
   zero(scratch(kDFcGelu), 4 * size_t(N) * Cl);
-  Backend::matmul_backward(scratch(kDFcGelu), GW(kFcProjW), GW(kFcProjB), dres, a.fcgelu,
-                           W(kFcProjW), N, 4 * Cl, C);
+  Backend::matmul_backward(scratch(kDFcGelu), GW(kFcProjW), GW(kFcProjB),
+                           gather_rows(dres, scratch(kDFull), N), a.fcgelu, W(kFcProjW), N,
+                           4 * Cl, C);
   zero(scratch(kDFcH), 4 * size_t(N) * Cl);
   Backend::gelu_backward(scratch(kDFcH), a.fch, scratch(kDFcGelu), 4 * size_t(N) * Cl);
   zero(scratch(kDLn), NC);
-  Backend::matmul_backward(scratch(kDLn), GW(kFcW), GW(kFcB), scratch(kDFcH), a.ln2, W(kFcW), N,
-                           C, 4 * Cl);
-  tp_->all_reduce_sum(scratch(kDLn), NC);  // column-parallel input: partial over tp
-  Backend::layernorm_backward(dres, GW(kLn2W), GW(kLn2B), scratch(kDLn), a.res2, W(kLn2W),
-                              a.ln2_mean, a.ln2_rstd, N, C);
+  Backend::matmul_backward(scratch(kDLn), GW(kFcW), GW(kFcB), scratch(kDFcH),
+                           gather_rows(a.ln2, scratch(kGather), N), W(kFcW), N, C, 4 * Cl);
+  const Act* dln2 = reduce_rows(scratch(kDLn), scratch(kDLnRows), N);
+  Backend::layernorm_backward(dres, GW(kLn2W), GW(kLn2B), dln2, a.res2, W(kLn2W), a.ln2_mean,
+                              a.ln2_rstd, Nr, C);
 
   zero(scratch(kDAttY), size_t(N) * Cl);
-  Backend::matmul_backward(scratch(kDAttY), GW(kAttnProjW), GW(kAttnProjB), dres, a.atty,
-                           W(kAttnProjW), N, Cl, C);
+  Backend::matmul_backward(scratch(kDAttY), GW(kAttnProjW), GW(kAttnProjB),
+                           gather_rows(dres, scratch(kDFull), N), a.atty, W(kAttnProjW), N, Cl,
+                           C);
   zero(scratch(kDQkv), 3 * size_t(N) * Cl);
   if (options_.fused_attention)
     Backend::attention_fused_backward(scratch(kDQkv), scratch(kDAttY), a.qkv, a.atty, a.lse, B, T,
@@ -261,11 +315,11 @@ void Gpt<Backend>::layer_backward(const Act* params, float* grads, int l, const 
     Backend::attention_backward(scratch(kDQkv), scratch(kDAtt), scratch(kDAttY), a.qkv, a.att, B,
                                 T, Cl, NHl);
   zero(scratch(kDLn), NC);
-  Backend::matmul_backward(scratch(kDLn), GW(kAttnW), GW(kAttnB), scratch(kDQkv), a.ln1, W(kAttnW),
-                           N, C, 3 * Cl);
-  tp_->all_reduce_sum(scratch(kDLn), NC);
-  Backend::layernorm_backward(dres, GW(kLn1W), GW(kLn1B), scratch(kDLn), a.in, W(kLn1W),
-                              a.ln1_mean, a.ln1_rstd, N, C);
+  Backend::matmul_backward(scratch(kDLn), GW(kAttnW), GW(kAttnB), scratch(kDQkv),
+                           gather_rows(a.ln1, scratch(kGather), N), W(kAttnW), N, C, 3 * Cl);
+  const Act* dln1 = reduce_rows(scratch(kDLn), scratch(kDLnRows), N);
+  Backend::layernorm_backward(dres, GW(kLn1W), GW(kLn1B), dln1, a.in, W(kLn1W), a.ln1_mean,
+                              a.ln1_rstd, Nr, C);
 }
 
 template <class Backend>
@@ -273,9 +327,7 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
                             int B, int T, float dloss,
                             const std::function<void(int layer)>& layer_done) {
   const LocalLayout& lay = layout_;
-  const ModelShape& s = lay.canonical.shape;
-  const int C = s.n_embd, N = B * T;
-  const size_t NC = size_t(N) * C;
+  const int C = n_embd(), N = B * T, Nr = N / seq_split();
   auto P = [&](int tensor) {
     return tensor < 0 ? nullptr : params + lay.tensors[size_t(tensor)].offset;
   };
@@ -292,14 +344,15 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
     Act* dlogits = act(kLogits, slot);
     Backend::crossentropy_backward(dlogits, dlogits, targets_ + size_t(slot) * max_n_, dloss, N,
                                    Vh, Vl, lay.vocab_begin);
-    zero(scratch(kDLn), NC);
-    Backend::matmul_backward(scratch(kDLn), G(lay.head), no_grad, dlogits, act(kLnF, slot),
-                             P(lay.head), N, C, Vh);
-    tp_->all_reduce_sum(scratch(kDLn), NC);
-    zero(dres, NC);
-    Backend::layernorm_backward(dres, G(lay.norm_weight), G(lay.norm_bias), scratch(kDLn),
-                                output(slot), P(lay.norm_weight), stat(kLnFMean, slot),
-                                stat(kLnFRstd, slot), N, C);
+    zero(scratch(kDLn), size_t(N) * C);
+    Backend::matmul_backward(scratch(kDLn), G(lay.head), no_grad, dlogits,
+                             gather_rows(act(kLnF, slot), scratch(kGather), N), P(lay.head), N, C,
+                             Vh);
+    const Act* dlnf = reduce_rows(scratch(kDLn), scratch(kDLnRows), N);
+    zero(dres, size_t(Nr) * C);
+    Backend::layernorm_backward(dres, G(lay.norm_weight), G(lay.norm_bias), dlnf, output(slot),
+                                P(lay.norm_weight), stat(kLnFMean, slot), stat(kLnFRstd, slot),
+                                Nr, C);
   }
   for (int l = lay.layer_end - 1; l >= lay.layer_begin; --l) {
     const int i = l - lay.layer_begin;
@@ -316,8 +369,8 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
     if (layer_done) layer_done(l);
   }
   if (lay.first)
-    Backend::encoder_backward(G(lay.embed), G(lay.positions), dres, tokens, B, T, C,
-                              lay.vocab_begin, lay.vocab_rows);
+    Backend::encoder_backward(G(lay.embed), G(lay.positions), gather_rows(dres, scratch(kDFull), N),
+                              tokens, B, T, C, lay.vocab_begin, lay.vocab_rows);
 }
 
 template class Gpt<CpuBackend>;

@@ -36,10 +36,19 @@ class Gpt {
   void bind();
 
   // Stages after the first: the stage's input activations (B,T,C) of `slot`, filled by the
-  // caller (received from the previous stage) before forward.
+  // caller (received from the previous stage) before forward. Under sequence parallelism the
+  // stage's input and output, and the gradients that cross stages, are this rank's B*T/tp rows:
+  // boundary_elems() elements.
   Act* input(int slot) { return act(kEncoded, slot); }
   // Stages before the last: the output activations (B,T,C) after forward(slot).
   const Act* output(int slot) const;
+  size_t boundary_elems() const { return size_t(max_n_ / seq_split()) * n_embd(); }
+
+  // Gradients that sequence parallelism leaves partial on each tensor-parallel rank (the norms'
+  // weights and biases, computed from this rank's rows only) as [begin, end) ranges of the local
+  // buffer: those of layer l, or with l = -1 those outside the layers. The engine sums them over
+  // tp once per step, after the last backward; empty without sequence parallelism.
+  std::vector<std::pair<size_t, size_t>> tp_partial_gradients(int l) const;
 
   // tokens (B,T); targets (B,T) on the last stage, or nullptr for logits only; both in backend
   // memory. On the last stage with targets, losses (B*T, backend memory) receives each position's
@@ -82,8 +91,14 @@ class Gpt {
   // Per-slot fp32 statistics; kAttLse (B,NH/tp,T) per layer with fused attention only (kAtt and
   // kDAtt are empty then).
   enum Stat { kLn1Mean, kLn1Rstd, kLn2Mean, kLn2Rstd, kAttLse, kLnFMean, kLnFRstd, kStatKinds };
-  // Backward scratch (Act), one set shared by all slots and layers.
-  enum Scratch { kDRes, kDLn, kDQkv, kDAtt, kDAttY, kDFcH, kDFcGelu, kScratchKinds };
+  // Scratch (Act), one set shared by all slots and layers. Under sequence parallelism: kGather
+  // (B*T,C) an all-gathered norm output, kPartial (B*T,C) a row-parallel product before its
+  // reduce-scatter, kDFull (B*T,C) the all-gathered gradient of the residual stream, kDLnRows
+  // this rank's rows of a norm output's gradient.
+  enum Scratch {
+    kDRes, kDLn, kDQkv, kDAtt, kDAttY, kDFcH, kDFcGelu, kGather, kPartial, kDFull, kDLnRows,
+    kScratchKinds
+  };
 
   // Where one layer's activations are for one micro-batch: kept ones in the slot, recomputed
   // ones in the workspace.
@@ -102,6 +117,16 @@ class Gpt {
   // Per-layer kinds kept (true) or recomputed (false) under this rank's options.
   bool kept(Slot s) const;
   bool kept(Stat s) const;
+
+  // Sequence parallelism: the split of the B*T rows (tp, or 1 without it).
+  int seq_split() const { return options_.sequence_parallel ? layout_.tp : 1; }
+  int n_embd() const { return layout_.canonical.shape.n_embd; }
+  // A norm output of this rank's rows as the (N,C) a column-parallel GEMM reads: all-gathered
+  // into `full`, or the argument itself without sequence parallelism.
+  const Act* gather_rows(const Act* rows, Act* full, int N);
+  // A row-parallel GEMM's (N,C) partial product summed over tp into this rank's rows: reduced in
+  // place (and returned), or reduce-scattered into `rows`.
+  Act* reduce_rows(Act* partial, Act* rows, int N);
 
   Act* act(Slot s, int slot, int layer = 0) const {
     return acts_ + slot * slot_stride_ + offset_[s] + size_t(layer) * size_[s];

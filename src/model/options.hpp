@@ -17,6 +17,10 @@ enum class Recompute { None, Selective, Full };
 struct ModelOptions {
   bool fused_attention = false;    // model.attention == fused
   Recompute recompute = Recompute::None;
+  // parallel.sequence_parallel (with tp > 1): the norms, residuals and the stage's input and
+  // output hold this rank's 1/tp of the (B*T) rows; an all-gather before each column-parallel
+  // GEMM and a reduce-scatter after each row-parallel one replace the all-reduces.
+  bool sequence_parallel = false;
 };
 
 // The options a deck asks for (its keys are validated by the deck reader).

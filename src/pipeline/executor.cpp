@@ -27,7 +27,8 @@ PipelineExecutor<Backend>::PipelineExecutor(Gpt<Backend>& model, Comm* pp,
                                             Arena& arena)
     : model_(model), pp_(pp), schedule_(std::move(schedule)), slots_(schedule_slots(schedule_)),
       B_(B), T_(T), arena_(&arena) {
-  activation_elems_ = size_t(B) * T * size_t(model.layout().canonical.shape.n_embd);
+  // What crosses stages: B*T rows of C, or under sequence parallelism this rank's share.
+  activation_elems_ = model.boundary_elems();
   if (!model.layout().first)
     h_send_ = arena.add("pipeline backward send buffers",
                         size_t(slots_) * activation_elems_ * sizeof(Act));

@@ -94,12 +94,22 @@ class Engine final : public TrainEngine {
     const std::vector<MicroBatch> inputs = upload(batches);
     Backend::zero(grads_, optimizer_.buffer_size() * sizeof(float));
     // Each layer's gradient is summed over dp as soon as the step's last backward finishes it.
+    // Sequence parallelism leaves the norms' gradients partial over tp: summed once, after the
+    // step's last backward, before the dp sum reads them.
+    auto tp_sum = [&](int l) {
+      for (const auto& [begin, end] : model_.tp_partial_gradients(l))
+        tp_.all_reduce_sum(grads_ + begin, end - begin);
+    };
     auto layer_done = [&](int l) {
+      tp_sum(l);
       const auto [begin, end] = tile_.layer_range(l);
       optimizer_.start_reduce(grads_, begin, end);
     };
     executor_.run(model_params(), grads_, inputs, dloss,
                   zero_ ? std::function<void(int)>{} : layer_done);
+    tp_sum(-1);
+    if (zero_)
+      for (int l = tile_.layer_begin; l < tile_.layer_end; ++l) tp_sum(l);
     // The tied embedding: stage 0's and the last stage's copy see the sum of both gradients.
     if (embed_sum_ && tile_.embed >= 0) {
       const LocalTensor& embed = tile_.tensors[size_t(tile_.embed)];

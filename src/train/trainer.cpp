@@ -140,6 +140,11 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     throw UserError(cfg.deck_path + ": parallel.tp = " + std::to_string(layout.tp) +
                     " does not divide model.n_kv_head = " + std::to_string(shape.n_kv_head) +
                     " (each rank needs whole key/value heads)");
+  if (cfg.parallel.sequence_parallel && layout.tp > 1 && (mb * T) % layout.tp != 0)
+    throw UserError(cfg.deck_path + ": parallel.sequence_parallel splits the " +
+                    std::to_string(mb * T) + " rows of a micro-batch (train.micro_batch x "
+                    "data.seq_len) over parallel.tp = " + std::to_string(layout.tp) +
+                    ", which does not divide them");
   if (shape.ffn_hidden % layout.tp != 0)
     throw UserError(cfg.deck_path + ": parallel.tp = " + std::to_string(layout.tp) +
                     " does not divide model.ffn_hidden = " + std::to_string(shape.ffn_hidden));
@@ -222,6 +227,11 @@ int train(MPI_Comm world_comm, const Config& cfg) {
           cfg.parallel.zero == 1 ? ", ZeRO-1" : "");
   if (world_size > 1) log.say("%s", topo.rank_grid(stages).c_str());
   if (!backend.note.empty()) log.say("%s", backend.note.c_str());
+  if (cfg.parallel.sequence_parallel)
+    log.say(layout.tp > 1 ? "sequence parallel: norms and residuals on %d of every %d rows per rank"
+                          : "warning: parallel.sequence_parallel has no effect with tp = 1 "
+                            "(%d of %d rows per rank)",
+            mb * T / layout.tp, mb * T);
   log.say("memory (rank 0): parameters %.1f MB, gradients %.1f MB, Adam moments %.1f MB, "
           "activations %.1f MB (%s attention, recompute %s)",
           4.0 * tile.total / 1e6, 4.0 * tile.total / 1e6, engine->moment_bytes() / 1e6,
