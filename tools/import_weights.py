@@ -273,6 +273,9 @@ def main():
             if key in plain:
                 raise ToolError(f"{args.src}: {key} appears with and without the '{layout.prefix}' prefix")
             plain[key] = t
+        if layout.detect not in plain:
+            raise ToolError(f"{args.src}: no {layout.prefix}{layout.detect}: not a {layout.name} "
+                            f"state dict ({len(plain)} tensors, e.g. {', '.join(sorted(tensors)[:3])})")
         n_head = args.n_head or (deck_model["n_head"] if deck_model and not (config and "n_head" in config) else 0)
         multiple = args.vocab_multiple or (deck_model["vocab_multiple"] if deck_model else 64)
         if multiple < 1:

@@ -208,7 +208,7 @@ def read_file(path):
 
 def dtype_name(array):
     """The safetensors dtype of a numpy array (little-endian, or native on a little-endian host)."""
-    key = array.dtype.newbyteorder("<").str if array.dtype.byteorder in "=|" else array.dtype.str
+    key = array.dtype.newbyteorder("<").str
     if key not in _NUMPY_TO_DTYPE:
         raise FormatError(f"no safetensors dtype for numpy {array.dtype}")
     return _NUMPY_TO_DTYPE[key]
