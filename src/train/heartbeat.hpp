@@ -18,7 +18,7 @@ class Heartbeat {
  public:
   using Sink = std::function<void(const std::string&)>;
 
-  Heartbeat(bool active, std::string what, double first = 5, double every = 30,
+  Heartbeat(bool active, std::string what, double first = 10, double every = 30,
             Sink sink = print) {
     if (!active) return;
     thread_ = std::thread([this, what = std::move(what), first, every, sink = std::move(sink)] {
