@@ -197,8 +197,9 @@ def shown(dims):
 
 
 def convert(tensors, layout, shape, src):
-    """{tessera name: float32 array} from the source tensors (names without the prefix),
-    after checking that they are exactly the layout's for this shape."""
+    """{tessera name: function giving its float32 array} from the source tensors (names without
+    the prefix), after checking that they are exactly the layout's for this shape: the values
+    are read and converted one tensor at a time, as the checkpoint is written."""
     rows = layout.expand(shape)
     wanted = {hname: (tname, conv) for tname, hname, conv in rows}
     tessera_dims = dict(model_tensors(shape))
@@ -226,15 +227,17 @@ def convert(tensors, layout, shape, src):
                         f"{layout.name} layout with n_layer {shape['n_layer']}")
     out = {}
     for tname, hname, conv in rows:
-        out[tname] = np.ascontiguousarray(conv.to_tessera(tensors[hname].float32(), shape),
-                                          dtype=np.float32)
-        assert out[tname].shape == tessera_dims[tname]
+        def load(t=tensors[hname], conv=conv, dims=tessera_dims[tname]):
+            a = np.ascontiguousarray(conv.to_tessera(t.float32(), shape), dtype=np.float32)
+            assert a.shape == dims
+            return a
+        out[tname] = load
     if layout.head and layout.head in tensors:
         head, emb = tensors[layout.head], layout.prefix + "wte.weight"
         if head.shape != tensors["wte.weight"].shape:
             raise ToolError(f"{src}: {layout.head} is {shown(head.shape)}, the tied embedding "
                             f"{emb} is {shown(tensors['wte.weight'].shape)}")
-        if not np.array_equal(head.float32(), out["wte"][:shape["vocab_size"]]):
+        if not np.array_equal(head.float32(), tensors["wte.weight"].float32()):
             raise ToolError(f"{src}: {layout.head} differs from {emb}: the head is not tied, and "
                             f"tessera's GPT-2 ties them")
     return out
@@ -294,7 +297,7 @@ def main():
         if deck_model:
             check_against_deck(shape, args.deck, deck_model, data_vocab, args.src)
         model = convert(plain, layout, shape, args.src)
-        n_params = sum(a.size for a in model.values())
+        n_params = sum(int(np.prod(d)) for _, d in model_tensors(shape))
         if deck_text is None:
             deck_text = (f"# made by tools/import_weights.py from {os.path.abspath(args.src)} "
                          f"({layout.name})\n" + deck_model_section(shape) +
@@ -308,9 +311,17 @@ def main():
         out_dir = os.path.dirname(os.path.abspath(args.out))
         if not os.path.isdir(out_dir):
             raise ToolError(f"{args.out}: no such directory {out_dir}", EXIT_IO)
+        last = [time.time()]
+
+        def progress(done, total, nbytes):  # a line every 10 s on a large model
+            if time.time() - last[0] >= 10 and done < total:
+                last[0] = time.time()
+                print(f"import_weights: {done}/{total} tensors, {nbytes / 1e9:.2f} GB written, "
+                      f"{time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+
         write_model_checkpoint(args.out, shape, model, deck_text, tokenizer,
                                saved_layout=f"imported from {layout.name}: {os.path.abspath(args.src)}",
-                               software="tools/import_weights.py")
+                               software="tools/import_weights.py", progress=progress)
     finally:
         for f in opened:
             f.close()

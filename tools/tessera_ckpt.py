@@ -68,10 +68,13 @@ def checksum(values):
     return int(total)
 
 
-def write_model_checkpoint(path, shape, tensors, deck, tokenizer, saved_layout, software):
-    """Writes a step-0 checkpoint without optimizer state: `tensors` {name: float32 array} in
-    model_tensors(shape) names and shapes, `tokenizer` (type, vocab_size, eot). Written to
-    path.tmp and renamed, so a failure leaves nothing."""
+def write_model_checkpoint(path, shape, tensors, deck, tokenizer, saved_layout, software,
+                           progress=None):
+    """Writes a step-0 checkpoint without optimizer state: `tensors` {name: float32 array, or a
+    function returning it (called once, when the tensor is written: one tensor in memory at a
+    time)} in model_tensors(shape) names and shapes, `tokenizer` (type, vocab_size, eot).
+    progress(done, total, bytes) is called after each tensor. Written to path.tmp and renamed,
+    so a failure leaves nothing."""
     import h5py
 
     tmp = path + ".tmp"
@@ -98,11 +101,17 @@ def write_model_checkpoint(path, shape, tensors, deck, tokenizer, saved_layout, 
             tok.attrs["type"] = tokenizer[0]
             tok.attrs["vocab_size"] = np.int64(tokenizer[1])
             tok.attrs["eot"] = np.int64(tokenizer[2])
-            for name, dims in model_tensors(shape):
-                values = np.ascontiguousarray(tensors[name], dtype=np.float32)
+            names = model_tensors(shape)
+            written = 0
+            for i, (name, dims) in enumerate(names):
+                value = tensors[name]
+                values = np.ascontiguousarray(value() if callable(value) else value, dtype=np.float32)
                 assert values.shape == dims, (name, values.shape, dims)
                 model.create_dataset(name, data=values, dtype="<f4")
                 f.create_dataset("checksum/model/" + name, data=_U64(checksum(values)), dtype="<u8")
+                written += values.nbytes
+                if progress:
+                    progress(i + 1, len(names), written)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
