@@ -27,7 +27,6 @@ import os
 import sys
 
 import numpy as np
-import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -38,6 +37,7 @@ DEFECTS = ("missing", "extra", "shape", "unknown", "llama", "untied", "int")
 
 
 def make_state_dict(L, H, C, P, V, seed):
+    import torch
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, std=0.2, mean=0.0):
@@ -64,6 +64,7 @@ def make_state_dict(L, H, C, P, V, seed):
 
 
 def spoil(sd, defect, C):
+    import torch
     if defect == "missing":
         del sd["transformer.h.1.mlp.c_fc.weight"]
     elif defect == "extra":
@@ -85,6 +86,7 @@ def spoil(sd, defect, C):
 
 
 def cmd_make(a):
+    import torch
     os.makedirs(a.out, exist_ok=True)
     sd = make_state_dict(a.layers, a.heads, a.embd, a.positions, a.vocab, a.seed)
     config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": a.layers,
@@ -119,6 +121,7 @@ def cmd_make(a):
 
 def load_weights(path):
     """{name: float64 tensor} of a torch .bin or a safetensors file, names without the prefix."""
+    import torch
     with open(path, "rb") as f:
         magic = f.read(2)
     if magic == b"PK":
@@ -132,6 +135,7 @@ def load_weights(path):
 
 def hf_gpt2_logits(w, idx, n_head):
     """GPT2LMHeadModel's forward in eval mode, by the HF names: idx (B, T) -> logits (B, T, V)."""
+    import torch
     B, T = idx.shape
     C = w["wte.weight"].shape[1]
     hs = C // n_head
@@ -164,6 +168,7 @@ def hf_gpt2_logits(w, idx, n_head):
 
 
 def cmd_loss(a):
+    import torch
     w = load_weights(a.weights)
     n_head = a.heads
     tokens, _ = read_token_file(a.data)
@@ -184,6 +189,7 @@ def read_any(path):
         with h5py.File(path, "r") as f:
             return {k: f["model"][k][...] for k in f["model"]}
     if magic[:2] == b"PK":
+        import torch
         out = {k: v.numpy() for k, v in torch.load(path, map_location="cpu").items()}
     else:
         out = safetensors_io.read_file(path)[0]
