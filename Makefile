@@ -253,6 +253,7 @@ test-cuda-host: deps
 DEB_PKGS := g++ make pkg-config mpich libmpich-dev libhdf5-mpich-dev hdf5-tools libyaml-cpp-dev \
             libsentencepiece-dev python3-sentencepiece \
             libopenblas-dev libopenblas-openmp-dev libgtest-dev python3 python3-torch python3-h5py python3-numpy python3-yaml \
+            python3-matplotlib \
             munge slurmctld slurmd slurm-client shellcheck
 deps:
 	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
@@ -275,6 +276,8 @@ run: deps
 	OMP_NUM_THREADS=$(RUN_THREADS) MPIR_CVAR_POLLS_BEFORE_YIELD=$(RUN_YIELD) \
 	  $(MPIEXEC) -n $(NP) bin/tessera train input/default.yaml
 	bin/tessera sample runs/default/checkpoints --prompt "def " --tokens 400 --temperature 0.8
+	$(PYTHON) tools/plot_run.py runs/default --out runs/default/metrics.png
+	@echo "run: the run's curves are in runs/default/metrics.png"
 
 test: deps
 	$(MAKE) -j$(JOBS) bin/tessera bin/unit_tests $(if $(filter 1,$(CUDA_ON)),bin/gpu_tests)

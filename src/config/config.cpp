@@ -84,6 +84,7 @@ std::vector<Field> fields_of(Config& c) {
       {"checkpoint", "dir", &c.checkpoint.dir},
       {"checkpoint", "every", &c.checkpoint.every},
       {"checkpoint", "restart", &c.checkpoint.restart},
+      {"checkpoint", "init_from", &c.checkpoint.init_from},
       {"checkpoint", "collective_bytes", &c.checkpoint.collective_bytes},
       {"log", "every", &c.log.every},
       {"log", "peak_gflops", &c.log.peak_gflops},

@@ -72,6 +72,7 @@ struct CheckpointConfig {
   int every = 0;             // 0 = only after the last step
   std::string restart = "auto";  // auto | none | PATH
   int collective_bytes = 1 << 20;  // tensors this large or larger use collective MPI-IO transfers
+  std::string init_from;     // "" = none; else a checkpoint whose weights start a fresh run
 };
 
 struct LogConfig {

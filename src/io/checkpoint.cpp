@@ -333,9 +333,10 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   info.saved_layout = h5_read_string_attr(root, "saved_layout").value_or("");
   info.state.step = require_int(root, path, "step");
   info.state.tokens_seen = require_int(root, path, "tokens_seen");
-  for (const char* group : {"model", "train", "tokenizer", "optim"})
+  for (const char* group : {"model", "train", "tokenizer"})
     if (H5Lexists(root, group, H5P_DEFAULT) <= 0)
       throw UserError(path + ": missing group /" + group);
+  info.has_optimizer = H5Lexists(root, "optim", H5P_DEFAULT) > 0;
   H5Handle model(H5Gopen2(root, "model", H5P_DEFAULT), H5Gclose);
   info.shape.n_layer = int(require_int(model.get(), path, "n_layer"));
   info.shape.n_head = int(require_int(model.get(), path, "n_head"));
@@ -400,6 +401,9 @@ CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const Loc
   check_real("model.norm_eps", a.norm_eps, b.norm_eps);
   check_real("model.rope_theta", a.rope_theta, b.rope_theta);
   if (!diff.empty()) throw UserError(path + ": model shape differs from the deck: " + diff);
+  if (buffers.exp_avg && !info.has_optimizer)
+    throw UserError(path + ": holds no optimizer state (no /optim: imported weights?), so no run "
+                    "continues from it; start a new one with checkpoint.init_from");
 
   H5Handle file = open_parallel_file(comm, path);
   const std::vector<const LocalTensor*> tiles = tiles_by_canonical(layout);

@@ -34,6 +34,9 @@ struct CheckpointInfo {
   TrainState state;
   TokenizerInfo tokenizer;
   std::string saved_layout;
+  // False for a model-only checkpoint (tools/import_weights.py): it has no /optim group, starts a
+  // run through checkpoint.init_from, and cannot continue one.
+  bool has_optimizer = true;
 };
 
 // One rank's flat local buffers (its tile of the model, LocalLayout offsets).
@@ -58,6 +61,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 // Collective over comm. Checks the stored model shape against layout (UserError naming each
 // differing value), reads every rank's tile, whatever layout wrote the file, and verifies the
 // checksums (over the blocks of the owning `writer` ranks, which together cover each tensor once).
+// Asking for the moments of a checkpoint without optimizer state is a UserError.
 CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const LocalLayout& layout,
                                bool writer, const ModelBuffers& buffers,
                                long collective_bytes = 1 << 20);

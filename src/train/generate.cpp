@@ -17,6 +17,7 @@
 #include "parallel/comm.hpp"
 #include "train/engine.hpp"
 #include "train/evaluate.hpp"
+#include "train/heartbeat.hpp"
 
 namespace tessera {
 
@@ -121,6 +122,7 @@ void sample_text(const std::string& checkpoint, const SampleOptions& opt) {
 }
 
 void eval_checkpoint(const std::string& checkpoint, const std::string& data, int batches) {
+  const Heartbeat beat(true, "eval: " + checkpoint + " on " + data);
   LoadedModel m = load_model(checkpoint);
   const Config deck = parse_deck(m.info.deck_yaml, m.info.path + ":/deck", {});
   const int T = deck.data.seq_len;

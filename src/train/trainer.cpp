@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include "pipeline/schedule.hpp"
 #include "train/engine.hpp"
 #include "train/evaluate.hpp"
+#include "train/heartbeat.hpp"
 #include "train/signals.hpp"
 
 namespace tessera {
@@ -68,6 +70,17 @@ class RunLog {
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// "m:ss", or "h:mm:ss" from an hour on.
+std::string clock_time(double seconds) {
+  const long s = std::lround(std::max(0.0, seconds));
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
   return buf;
 }
 
@@ -115,6 +128,9 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   uint64_t checked_tokens = 0;
   uint32_t max_id = 0;
   if (cfg.data.check_tokens) {
+    const Heartbeat beat(world_rank == 0, "data: checking the token ids of " + cfg.data.train +
+                                              (val_data ? " and " + cfg.data.val : "") +
+                                              " against vocab " + std::to_string(vocab));
     for (const TokenSource& s : train_data.sources()) {
       max_id = std::max(max_id, check_token_ids(world_comm, s, vocab));
       checked_tokens += s.num_tokens();
@@ -189,10 +205,28 @@ int train(MPI_Comm world_comm, const Config& cfg) {
                           ": no such checkpoint file or directory with one",
                       kExitIO);
   }
+  // checkpoint.init_from: a new run (step 0, fresh AdamW, this deck's seed and data order) from the
+  // weights of another run or of tools/import_weights.py. A checkpoint of this run comes first,
+  // so a requeued fine-tuning job continues where it stopped.
+  std::string init_from;
+  if (restart_from.empty() && !cfg.checkpoint.init_from.empty()) {
+    init_from = resolve_checkpoint(cfg.checkpoint.init_from);
+    if (init_from.empty())
+      throw UserError(cfg.deck_path + ": checkpoint.init_from = " + cfg.checkpoint.init_from +
+                          ": no such checkpoint file or directory with one",
+                      kExitIO);
+  }
   // A bad checkpoint is refused before anything is printed.
   const auto t_read = Clock::now();
   std::string restored_layout;
+  CheckpointInfo init_info;
+  if (!init_from.empty()) {
+    const Heartbeat beat(world_rank == 0, "init: reading " + init_from);
+    init_info = read_checkpoint(world_comm, init_from, tile, writer, {params, nullptr, nullptr},
+                                cfg.checkpoint.collective_bytes);
+  }
   if (!restart_from.empty()) {
+    const Heartbeat beat(world_rank == 0, "restart: reading " + restart_from);
     std::vector<float> m(engine->buffer_size()), v(engine->buffer_size());
     const CheckpointInfo info =
         read_checkpoint(world_comm, restart_from, tile, writer, {params, m.data(), v.data()},
@@ -269,6 +303,14 @@ int train(MPI_Comm world_comm, const Config& cfg) {
       log.say("restart: note: the training data changed since the checkpoint (it read: %s); the "
               "new data continues from global sample %lld",
               state.data_sources.c_str(), (long long)state.next_sample);
+  } else if (!init_from.empty()) {
+    log.say("init: weights from %s (step %lld of its run, saved_layout '%s'), fresh optimizer, step 0 "
+            "(read in %.2f s)",
+            init_from.c_str(), (long long)init_info.state.step, init_info.saved_layout.c_str(),
+            read_seconds);
+    if (init_info.tokenizer.type != "none" && init_info.tokenizer.type != tokenizer.type)
+      log.say("init: note: the weights come with tokenizer '%s', the training data has '%s'",
+              init_info.tokenizer.type.c_str(), tokenizer.type.c_str());
   } else {
     const auto t0 = Clock::now();
     init_local_parameters(params, tile, cfg.train.seed, cfg.model.init_std);
@@ -308,6 +350,8 @@ int train(MPI_Comm world_comm, const Config& cfg) {
 
   auto save = [&] {
     const auto t0 = Clock::now();
+    const Heartbeat beat(world_rank == 0, "checkpoint: writing step " + std::to_string(state.step) +
+                                              " to " + ckpt_dir);
     std::vector<float> m, v;
     engine->get_moments(m, v);
     float* saved = engine->params_to_host();
@@ -323,6 +367,8 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   auto evaluate = [&] {
     if (!val_data) return;
     const auto t0 = Clock::now();
+    const Heartbeat beat(world_rank == 0, "eval: step " + std::to_string(state.step) + " on " +
+                                              cfg.data.val);
     // Every layout evaluates the same windows: dp rank d takes the d-th share of them.
     const uint64_t total = eval_windows(*val_data, T, B, cfg.eval.batches);
     const uint64_t share = total / uint64_t(layout.dp);
@@ -333,6 +379,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     log.say("eval: step %lld val_loss %.4f (%.2f s)", (long long)state.step, loss,
             seconds_since(t0));
     log.json("{\"type\":\"eval\",\"step\":" + std::to_string(state.step) +
+             ",\"tokens\":" + std::to_string(state.tokens_seen) +
              ",\"val_loss\":" + fmt("%.9g", loss) + "}");
   };
 
@@ -376,6 +423,9 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     trace.open(fs::path(cfg.run.dir) / ("data_trace.rank" + std::to_string(world_rank) + ".txt"),
                std::ios::app);
   double data_wait = 0, interval_seconds = 0;
+  // The ETA: the wall time per step of this job so far (evaluations and checkpoints included).
+  const auto t_loop = Clock::now();
+  const int64_t first_step = state.step;
   bool loader_logged = false;
   long last_saved = restart_from.empty() ? -1 : state.step;
   // Every micro-batch's gradient is scaled so that the sum over the job is that of the mean
@@ -440,12 +490,15 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     if (state.step % cfg.log.every == 0 || state.step == 1 || state.step == cfg.train.steps) {
       // The loader's wait is rank 0's (a first-stage rank: it reads tokens) over the interval.
       const double wait_fraction = interval_seconds > 0 ? data_wait / interval_seconds : 0;
+      const double per_step = seconds_since(t_loop) / double(state.step - first_step);
       log.say("step %6lld/%d | loss %.4f | lr %.3e | norm %.3f | %.1f ms | %.0f tok/s | MFU %.1f%% "
-              "| data wait %.2f%%",
+              "| data wait %.2f%% | %s elapsed, ETA %s",
               (long long)state.step, cfg.train.steps, loss, state.lr, norm, secs * 1e3, tok_s,
-              mfu * 100, wait_fraction * 100);
+              mfu * 100, wait_fraction * 100, clock_time(seconds_since(t_start)).c_str(),
+              clock_time(per_step * double(cfg.train.steps - state.step)).c_str());
       log.json("{\"type\":\"train\",\"step\":" + std::to_string(state.step) +
-               ",\"loss\":" + fmt("%.17g", loss) + ",\"lr\":" + fmt("%.9g", state.lr) +
+               ",\"tokens\":" + std::to_string(state.tokens_seen) +
+               ",\"elapsed_s\":" + fmt("%.3f", seconds_since(t_start)) + ",\"loss\":" + fmt("%.17g", loss) + ",\"lr\":" + fmt("%.9g", state.lr) +
                ",\"grad_norm\":" + fmt("%.9g", norm) + ",\"ms\":" + fmt("%.3f", secs * 1e3) +
                ",\"tokens_per_s\":" + fmt("%.1f", tok_s) + ",\"mfu\":" + fmt("%.5f", mfu) +
                ",\"pipeline_wait\":" + fmt("%.5f", engine->wait_seconds() / secs) +

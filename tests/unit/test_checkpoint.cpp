@@ -10,6 +10,7 @@
 
 #include "common/error.hpp"
 #include "io/checkpoint.hpp"
+#include "io/hdf5_util.hpp"
 #include "model/shard.hpp"
 
 using namespace tessera;
@@ -160,4 +161,27 @@ TEST(Checkpoint, ChecksumIsSplitIndependent) {
   const uint64_t before = tile_checksum(full, w, canonical.data() + w.offset);
   std::swap(canonical[w.offset + 3], canonical[w.offset + 4]);
   EXPECT_NE(before, tile_checksum(full, w, canonical.data() + w.offset));
+}
+
+TEST(Checkpoint, ModelOnlyCheckpointStartsARunButContinuesNone) {
+  // What tools/import_weights.py writes: the model without /optim.
+  Fixture f;
+  const std::string path = f.save(3);
+  {
+    H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    ASSERT_TRUE(file.valid());
+    ASSERT_GE(H5Ldelete(file.get(), "optim", H5P_DEFAULT), 0);
+  }
+  EXPECT_FALSE(read_checkpoint_info(path).has_optimizer);
+  std::vector<float> p(f.layout.total), m(f.layout.total), v(f.layout.total);
+  read_checkpoint(MPI_COMM_WORLD, path, f.layout, true, {p.data(), nullptr, nullptr});
+  EXPECT_EQ(p, f.p);
+  try {
+    read_checkpoint(MPI_COMM_WORLD, path, f.layout, true, {p.data(), m.data(), v.data()});
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.exit_code, kExitBadInput);
+    EXPECT_NE(std::string(e.what()).find("holds no optimizer state"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("checkpoint.init_from"), std::string::npos) << e.what();
+  }
 }

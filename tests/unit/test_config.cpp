@@ -68,6 +68,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.checkpoint.every, b.checkpoint.every);
   EXPECT_EQ(a.checkpoint.restart, b.checkpoint.restart);
   EXPECT_EQ(a.checkpoint.collective_bytes, b.checkpoint.collective_bytes);
+  EXPECT_EQ(a.checkpoint.init_from, b.checkpoint.init_from);
   EXPECT_EQ(a.log.every, b.log.every);
   EXPECT_EQ(a.log.peak_gflops, b.log.peak_gflops);
   EXPECT_EQ(a.run.dir, b.run.dir);
@@ -117,6 +118,7 @@ TEST(Config, EveryKeyReachesItsField) {
       "  weight_decay: 0.05\n  beta1: 0.8\n  beta2: 0.99\n  eps: 1e-6\n  grad_clip: 0.5\n"
       "eval:\n  every: 3\n  batches: 2\n"
       "checkpoint:\n  dir: ck\n  every: 4\n  restart: none\n  collective_bytes: 4096\n"
+      "  init_from: gpt2.h5\n"
       "log:\n  every: 1\n  peak_gflops: 250.5\n"
       "run:\n  dir: r\n  max_minutes: 1.5\n"
       "device:\n  backend: auto\n  precision: bf16\n  threads: 2\n"
@@ -139,7 +141,7 @@ TEST(Config, EveryKeyReachesItsField) {
   e.train = {7, 12, 4, 42};
   e.optim = {6e-4, 6e-5, 5, 70, 0.05, 0.8, 0.99, 1e-6, 0.5};
   e.eval = {3, 2};
-  e.checkpoint = {"ck", 4, "none", 4096};
+  e.checkpoint = {"ck", 4, "none", 4096, "gpt2.h5"};
   e.log = {1, 250.5};
   e.run = RunConfig{"r", 1.5};  // not `e.run.dir = "r"`: GCC 12 -O3 warns falsely (-Wrestrict)
   e.device = {"auto", "bf16", 2};
@@ -534,7 +536,7 @@ Config unusual_config() {
   c.train = {123456, 480, 12, std::numeric_limits<uint64_t>::max()};
   c.optim = {0.1 + 0.2, 5e-324, 7, 99, 0.0, 0.0, 0.999999999, 1e-8, 123456789.125};
   c.eval = {250, 20};
-  c.checkpoint = {" leading space", 1000, "none"};
+  c.checkpoint = {" leading space", 1000, "none", 1 << 20, "runs/a b/step_00000010.h5"};
   c.log = {5, 1.5e12};
   c.run.dir = "yes";
   c.device = {"cuda", "bf16", 16};
@@ -557,12 +559,12 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
   for (const char* line :
        {"model:\n", "  n_layer: 4\n", "  init_std: 0.02\n", "data:\n", "  train: \"t.h5\"\n",
         "  val: \"\"\n", "  seed: 1337\n", "  min_lr: 1.0e-04\n", "  eps: 1.0e-08\n",
-        "  grad_clip: 1.0\n", "  peak_gflops: 0.0\n", "  restart: \"auto\"\n", "device:\n",
+        "  grad_clip: 1.0\n", "  peak_gflops: 0.0\n", "  restart: \"auto\"\n", "  init_from: \"\"\n", "device:\n",
         "  threads: 0\n", "parallel:\n", "  dp: 1\n", "  schedule: \"1f1b\"\n", "  zero: 0\n",
         "  stage_layers: []\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << "not in:\n" << text;
   }
-  // Sections of "key: value" lines, nothing else: 10 sections, 49 keys.
+  // Sections of "key: value" lines, nothing else: 10 sections, 50 keys.
   int sections = 0, keys = 0;
   size_t start = 0;
   while (start < text.size()) {
@@ -577,7 +579,7 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 59);
+  EXPECT_EQ(keys, 60);
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",

@@ -1,0 +1,106 @@
+#!/usr/bin/python3
+"""Exports a tessera checkpoint's model in a Hugging Face layout.
+
+Usage:
+  export_weights.py CKPT --out DIR [--format hf-gpt2] [--torch-bin]
+
+CKPT is a checkpoint file or a checkpoint directory (its `latest`, else its newest
+step_*.h5). DIR receives
+  model.safetensors   the weights (float32), written by tools/safetensors_io.py, with the names
+                      GPT2LMHeadModel.save_pretrained gives them ("transformer.h.0.attn.c_attn.
+                      weight", ...; the head is tied to transformer.wte.weight and not stored) and
+                      __metadata__ {"format": "pt"}, which transformers requires;
+  config.json         GPT2Config for the model's shape (vocab_size is the real vocabulary: the
+                      padding rows of tessera's wte are dropped);
+  pytorch_model.bin   with --torch-bin: the same state dict through torch.save, lm_head.weight
+                      included.
+`GPT2LMHeadModel.from_pretrained(DIR)` loads it. Every tensor's checksum is verified first.
+
+Exit status: 0 done; 2 bad input (not a tessera checkpoint, a model the format cannot hold), one
+line and nothing written; 1 an I/O error (checksum mismatch included).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_io  # noqa: E402
+from hf_layouts import LAYOUTS, get_layout  # noqa: E402
+from tessera_ckpt import read_model_checkpoint  # noqa: E402
+from tessera_data import EXIT_IO, ToolError, run_tool  # noqa: E402
+
+
+def resolve_checkpoint(path):
+    """As tessera's resolve_checkpoint: a file as is, a directory's `latest` or newest step_*.h5."""
+    if os.path.isfile(path):
+        return path
+    if not os.path.isdir(path):
+        raise ToolError(f"{path}: no such checkpoint file or directory", EXIT_IO)
+    latest = os.path.join(path, "latest")
+    if os.path.isfile(latest):
+        with open(latest) as f:
+            name = f.read().strip()
+        if name and os.path.isfile(os.path.join(path, name)):
+            return os.path.join(path, name)
+    steps = sorted(f for f in os.listdir(path)
+                   if f.startswith("step_") and f.endswith(".h5") and len(f) == 16)
+    if not steps:
+        raise ToolError(f"{path}: no checkpoint (step_*.h5) in this directory", EXIT_IO)
+    return os.path.join(path, steps[-1])
+
+
+def hf_state_dict(layout, shape, tensors):
+    """{full HF name: float32 array} of tessera tensors, in the layout's order (no tied head)."""
+    return {layout.prefix + hname: np.ascontiguousarray(conv.to_hf(tensors[tname], shape), np.float32)
+            for tname, hname, conv in layout.expand(shape)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint")
+    ap.add_argument("--out", required=True, help="directory to write the model into")
+    ap.add_argument("--format", default="hf-gpt2", help=", ".join(LAYOUTS))
+    ap.add_argument("--torch-bin", action="store_true", help="also write pytorch_model.bin")
+    args = ap.parse_args()
+    t0 = time.time()
+    layout = get_layout(args.format)
+    path = resolve_checkpoint(args.checkpoint)
+    shape, tensors, attrs = read_model_checkpoint(path)
+    state = hf_state_dict(layout, shape, tensors)
+    config = layout.config_json(shape, attrs["eot"])
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ToolError(f"{args.out}: exists and is not a directory", EXIT_IO)
+    os.makedirs(args.out, exist_ok=True)
+    written = []
+    st_path = os.path.join(args.out, "model.safetensors")
+    safetensors_io.write_file(st_path, state, {"format": "pt"})
+    written.append(st_path)
+    cfg_path = os.path.join(args.out, "config.json")
+    with open(cfg_path + ".tmp", "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    os.replace(cfg_path + ".tmp", cfg_path)
+    written.append(cfg_path)
+    if args.torch_bin:
+        import torch
+        sd = {k: torch.from_numpy(v) for k, v in state.items()}
+        if layout.head:
+            sd[layout.head] = sd[layout.prefix + "wte.weight"]  # tied: the same storage
+        bin_path = os.path.join(args.out, "pytorch_model.bin")
+        torch.save(sd, bin_path + ".tmp")
+        os.replace(bin_path + ".tmp", bin_path)
+        written.append(bin_path)
+    n = sum(v.size for v in state.values())
+    print(f"export_weights: {path} (step {attrs['step']}) -> {layout.name}: {n / 1e6:.2f}M "
+          f"parameters, {shape['n_layer']} layers, vocab {shape['vocab_size']}; wrote "
+          f"{', '.join(os.path.basename(w) for w in written)} in {args.out} "
+          f"({time.time() - t0:.2f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    run_tool(main)

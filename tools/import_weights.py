@@ -1,0 +1,338 @@
+#!/usr/bin/python3
+"""Imports published Hugging Face weights into a tessera checkpoint that a run starts from.
+
+Usage:
+  import_weights.py SRC --out FILE.h5 [--layout auto|hf-gpt2] [--config config.json]
+                    [--deck DECK.yaml] [--n-head N] [--vocab-multiple 64]
+
+SRC is a .safetensors file (read by tools/safetensors_io.py, tessera's own reader of the format),
+a PyTorch state dict (pytorch_model.bin, .pt, .pth: torch.load), or a Hugging Face model
+directory holding one of model.safetensors, model.safetensors.index.json (shards),
+pytorch_model.bin or pytorch_model.bin.index.json, and config.json. The layout is detected from
+config.json's model_type or the tensor names; hf-gpt2 is GPT2LMHeadModel's (names with or
+without the "transformer." prefix; a tied lm_head.weight, if present, must equal wte; the causal
+mask buffers of older files are skipped). The tensors are converted to float32 (F16, BF16 and F32
+exactly) and to tessera's names and shapes (tools/hf_layouts.py).
+
+FILE.h5 is a tessera checkpoint at step 0 with the model and no optimizer state: train from it
+with `checkpoint.init_from: FILE.h5` (fresh AdamW, step 0, any parallel layout), or evaluate it
+with `tessera eval FILE.h5 --data TOKENS`. The deck stored in it is --deck's text, else one made
+of the model section. stdout gets the deck's `model` section for these weights; stderr one line
+of what was read and written.
+
+--deck checks the weights against a deck's model section (and its vocabulary: model.vocab_size,
+or the vocab_size of an HDF5 data.train) before anything is written, and gives n_head and
+vocab_multiple when the weights do not.
+
+Exit status: 0 done; 2 bad input (unknown layout, a missing, extra or misshapen tensor, a shape
+that disagrees with config.json or --deck, a malformed safetensors file), with one line naming
+the tensor and the shapes and nothing written; 1 an I/O error.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_io  # noqa: E402
+from hf_layouts import LAYOUTS, detect_layout, get_layout  # noqa: E402
+from tessera_ckpt import model_tensors, write_model_checkpoint  # noqa: E402
+from tessera_data import EXIT_IO, ToolError, run_tool  # noqa: E402
+
+# tessera's ModelConfig defaults (src/config/config.hpp): a deck that leaves a key out gets these.
+DECK_DEFAULTS = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 256, "vocab_size": 0,
+                 "vocab_multiple": 64}
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+
+
+class SourceTensor:
+    """A tensor of the source file, read when asked: shape, dtype name, float32 values."""
+
+    def __init__(self, shape, dtype, load):
+        self.shape, self.dtype, self._load = tuple(shape), dtype, load
+
+    def float32(self):
+        return np.ascontiguousarray(self._load(), dtype=np.float32)
+
+
+def _torch_dtype_name(t):
+    import torch
+    names = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+             torch.float64: "F64", torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8",
+             torch.int16: "I16", torch.int32: "I32", torch.int64: "I64"}
+    return names.get(t.dtype, str(t.dtype))
+
+
+def read_torch(path):
+    import torch
+    try:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except TypeError:  # a torch without weights_only
+            obj = torch.load(path, map_location="cpu")
+    except (RuntimeError, EOFError, ValueError, AttributeError, ImportError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ToolError(f"{path}: not a PyTorch state dict torch.load can read: {first}") from None
+    if isinstance(obj, dict) and len(obj) == 1 and next(iter(obj)) in ("state_dict", "model"):
+        obj = next(iter(obj.values()))
+    if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
+        raise ToolError(f"{path}: torch.load gave a {type(obj).__name__}, not a state dict "
+                        "(a dict of tensor names to tensors)")
+    out = {}
+    for name, t in obj.items():
+        if not isinstance(t, torch.Tensor):
+            raise ToolError(f"{path}: entry {name} is a {type(t).__name__}, not a tensor")
+        out[name] = SourceTensor(t.shape, _torch_dtype_name(t),
+                                 lambda t=t: t.detach().to(torch.float32).numpy())
+    return out
+
+
+def read_safetensors(path, opened):
+    try:
+        f = safetensors_io.File(path)
+    except safetensors_io.FormatError as e:
+        raise ToolError(str(e)) from None
+    opened.append(f)
+    return {name: SourceTensor(t.shape, t.dtype, t.numpy) for name, t in f.tensors.items()}
+
+
+def read_source(src, opened):
+    """({name: SourceTensor}, the directory config.json would be in) of SRC."""
+    if not os.path.exists(src):
+        raise ToolError(f"{src}: no such file or directory", EXIT_IO)
+    if os.path.isdir(src):
+        for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                     "pytorch_model.bin.index.json"):
+            if os.path.isfile(os.path.join(src, name)):
+                return read_source(os.path.join(src, name), opened)[0], src
+        raise ToolError(f"{src}: a directory without model.safetensors, pytorch_model.bin or "
+                        "their .index.json")
+    folder = os.path.dirname(src) or "."
+    if src.endswith(".index.json"):
+        try:
+            with open(src) as f:
+                weight_map = json.load(f)["weight_map"]
+        except (ValueError, KeyError, TypeError):
+            raise ToolError(f"{src}: not a shard index (a JSON object with a weight_map)") from None
+        out = {}
+        for shard in sorted(set(weight_map.values())):
+            part = read_source(os.path.join(folder, shard), opened)[0]
+            for name in part:
+                if name in out:
+                    raise ToolError(f"{src}: tensor {name} is in two shards")
+            out.update(part)
+        return out, folder
+    with open(src, "rb") as f:
+        magic = f.read(8)
+    # A PyTorch file is a zip archive ("PK") or a legacy pickle (0x80); anything else is read
+    # as safetensors, whose reader names what is wrong.
+    if magic[:2] == b"PK" or magic[:1] == b"\x80":
+        return read_torch(src), folder
+    return read_safetensors(src, opened), folder
+
+
+def read_config(path):
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except ValueError as e:
+        raise ToolError(f"{path}: not JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ToolError(f"{path}: not a JSON object")
+    return config
+
+
+def read_deck(path):
+    """(model section with tessera's defaults filled in, the deck's text, its data vocab or 0)."""
+    import yaml
+    try:
+        with open(path) as f:
+            text = f.read()
+        deck = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ToolError(f"{path}: not YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(deck, dict) or not isinstance(deck.get("model", {}) or {}, dict):
+        raise ToolError(f"{path}: not a tessera deck (a map of sections)")
+    model = dict(DECK_DEFAULTS)
+    model.update(deck.get("model") or {})
+    data_vocab = 0
+    train = (deck.get("data") or {}).get("train", "")
+    if not model["vocab_size"] and isinstance(train, str) and train.endswith(".h5"):
+        import h5py
+        spec = train if os.path.isabs(train) else os.path.join(os.getcwd(), train)
+        if os.path.isfile(spec):
+            with h5py.File(spec, "r") as f:
+                data_vocab = int(f.attrs.get("vocab_size", 0))
+    return model, text, data_vocab
+
+
+def check_against_deck(shape, deck_path, model, data_vocab, src):
+    arch = model.get("arch", "gpt2")
+    if arch != "gpt2":
+        raise ToolError(f"{deck_path}: model.arch = {arch}, but {src} holds a GPT-2 model")
+    for key in ("n_layer", "n_head", "n_embd", "block_size"):
+        if model[key] != shape[key]:
+            raise ToolError(f"{deck_path}: model.{key} = {model[key]}, but {src} has {key} "
+                            f"{shape[key]} ({shape['evidence'][key]})")
+    vocab = model["vocab_size"] or data_vocab
+    if not vocab:
+        raise ToolError(f"{deck_path}: model.vocab_size is not set and data.train records none: "
+                        f"set model.vocab_size: {shape['vocab_size']}")
+    if vocab != shape["vocab_size"]:
+        where = "model.vocab_size" if model["vocab_size"] else "the vocab_size of data.train"
+        raise ToolError(f"{deck_path}: {where} is {vocab}, but {src} has vocab_size "
+                        f"{shape['vocab_size']} ({shape['evidence']['vocab_size']})")
+
+
+def deck_model_section(shape):
+    keys = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "vocab_multiple")
+    return "model:\n" + "".join(f"  {k}: {shape[k]}\n" for k in keys)
+
+
+def shown(dims):
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def convert(tensors, layout, shape, src):
+    """{tessera name: function giving its float32 array} from the source tensors (names without
+    the prefix), after checking that they are exactly the layout's for this shape: the values
+    are read and converted one tensor at a time, as the checkpoint is written."""
+    rows = layout.expand(shape)
+    wanted = {hname: (tname, conv) for tname, hname, conv in rows}
+    tessera_dims = dict(model_tensors(shape))
+    # Every expected tensor present with its shape, then nothing else.
+    for tname, hname, conv in rows:
+        need = tuple(conv.hf_shape(tessera_dims[tname], shape))
+        full = layout.prefix + hname
+        if hname not in tensors:
+            raise ToolError(f"{src}: missing tensor {full} {shown(need)} ({layout.name}, "
+                            f"n_layer {shape['n_layer']})")
+        t = tensors[hname]
+        if t.shape != need:
+            raise ToolError(f"{src}: {full} is {shown(t.shape)}, the {layout.name} layout with "
+                            f"n_embd {shape['n_embd']}, vocab {shape['vocab_size']}, block "
+                            f"{shape['block_size']} needs {shown(need)}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise ToolError(f"{src}: {full} {shown(t.shape)} is {t.dtype}, not a floating-point "
+                            f"tensor ({', '.join(FLOAT_DTYPES)})")
+    for hname, t in tensors.items():
+        if hname in wanted or hname == layout.head:
+            continue
+        if any(hname.endswith(b) for b in layout.buffers):
+            continue
+        raise ToolError(f"{src}: unexpected tensor {hname} {shown(t.shape)}: not part of the "
+                        f"{layout.name} layout with n_layer {shape['n_layer']}")
+    out = {}
+    for tname, hname, conv in rows:
+        def load(t=tensors[hname], conv=conv, dims=tessera_dims[tname]):
+            a = np.ascontiguousarray(conv.to_tessera(t.float32(), shape), dtype=np.float32)
+            assert a.shape == dims
+            return a
+        out[tname] = load
+    if layout.head and layout.head in tensors:
+        head, emb = tensors[layout.head], layout.prefix + "wte.weight"
+        if head.shape != tensors["wte.weight"].shape:
+            raise ToolError(f"{src}: {layout.head} is {shown(head.shape)}, the tied embedding "
+                            f"{emb} is {shown(tensors['wte.weight'].shape)}")
+        if not np.array_equal(head.float32(), tensors["wte.weight"].float32()):
+            raise ToolError(f"{src}: {layout.head} differs from {emb}: the head is not tied, and "
+                            f"tessera's GPT-2 ties them")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("src")
+    ap.add_argument("--out", required=True, help="the tessera checkpoint to write (.h5)")
+    ap.add_argument("--layout", default="auto", help="auto, " + ", ".join(LAYOUTS))
+    ap.add_argument("--config", help="config.json (default: the one beside SRC, if any)")
+    ap.add_argument("--deck", help="a tessera deck the weights must fit")
+    ap.add_argument("--n-head", type=int, default=0, help="heads, when no config.json or deck says")
+    ap.add_argument("--vocab-multiple", type=int, default=0,
+                    help="pad wte rows to a multiple of this (default: the deck's, else 64)")
+    args = ap.parse_args()
+    t0 = time.time()
+    opened = []
+    try:
+        tensors, folder = read_source(args.src, opened)
+        config_path = args.config or os.path.join(folder, "config.json")
+        config = read_config(config_path) if (args.config or os.path.isfile(config_path)) else None
+
+        deck_model, deck_text, data_vocab = (read_deck(args.deck) if args.deck else (None, None, 0))
+        name = args.layout
+        if name == "auto":
+            name = detect_layout(set(tensors), (config or {}).get("model_type"))
+        layout = get_layout(name)
+        if config and config.get("model_type") not in (None, layout.model_type):
+            raise ToolError(f"{config_path}: model_type {config.get('model_type')!r}, but the "
+                            f"layout is {layout.name} ({layout.model_type})")
+        # Names without the base model's prefix; the head keeps its own name.
+        plain = {}
+        for full, t in tensors.items():
+            key = full[len(layout.prefix):] if full.startswith(layout.prefix) else full
+            if key in plain:
+                raise ToolError(f"{args.src}: {key} appears with and without the '{layout.prefix}' prefix")
+            plain[key] = t
+        if layout.detect not in plain:
+            raise ToolError(f"{args.src}: no {layout.prefix}{layout.detect}: not a {layout.name} "
+                            f"state dict ({len(plain)} tensors, e.g. {', '.join(sorted(tensors)[:3])})")
+        n_head = args.n_head or (deck_model["n_head"] if deck_model and not (config and "n_head" in config) else 0)
+        multiple = args.vocab_multiple or (deck_model["vocab_multiple"] if deck_model else 64)
+        if multiple < 1:
+            raise ToolError(f"--vocab-multiple {multiple}: must be >= 1")
+        try:
+            shape = layout.shape_from({k: t for k, t in plain.items()}, config, n_head, multiple)
+        except ToolError as e:
+            raise ToolError(f"{args.src}: {e}") from None
+        wte, wpe = plain["wte.weight"].shape, plain["wpe.weight"].shape
+        p = layout.prefix
+        shape["evidence"] = {
+            "n_layer": f"{p}h.0 .. {p}h.{shape['n_layer'] - 1}",
+            "n_head": "config.json" if config and "n_head" in config else "--n-head",
+            "n_embd": f"{p}wte.weight {shown(wte)}", "vocab_size": f"{p}wte.weight {shown(wte)}",
+            "block_size": f"{p}wpe.weight {shown(wpe)}"}
+        if deck_model:
+            check_against_deck(shape, args.deck, deck_model, data_vocab, args.src)
+        model = convert(plain, layout, shape, args.src)
+        n_params = sum(int(np.prod(d)) for _, d in model_tensors(shape))
+        if deck_text is None:
+            deck_text = (f"# made by tools/import_weights.py from {os.path.abspath(args.src)} "
+                         f"({layout.name})\n" + deck_model_section(shape) +
+                         "data:\n  train: none\n"
+                         f"  seq_len: {min(128, shape['block_size'])}\n"
+                         "checkpoint:\n  restart: none\n")
+        eot = (config or {}).get("eos_token_id", -1)
+        eot = eot if isinstance(eot, int) and 0 <= eot < shape["vocab_size"] else -1
+        tokenizer = ("gpt2", 50257, 50256) if shape["vocab_size"] == 50257 and eot in (-1, 50256) \
+            else ("none", shape["vocab_size"], eot)
+        out_dir = os.path.dirname(os.path.abspath(args.out))
+        if not os.path.isdir(out_dir):
+            raise ToolError(f"{args.out}: no such directory {out_dir}", EXIT_IO)
+        last = [time.time()]
+
+        def progress(done, total, nbytes):  # a line every 10 s on a large model
+            if time.time() - last[0] >= 10 and done < total:
+                last[0] = time.time()
+                print(f"import_weights: {done}/{total} tensors, {nbytes / 1e9:.2f} GB written, "
+                      f"{time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+
+        write_model_checkpoint(args.out, shape, model, deck_text, tokenizer,
+                               saved_layout=f"imported from {layout.name}: {os.path.abspath(args.src)}",
+                               software="tools/import_weights.py", progress=progress)
+    finally:
+        for f in opened:
+            f.close()
+    sys.stdout.write(deck_model_section(shape))
+    print(f"import_weights: {args.src}: {layout.name}, {shape['n_layer']} layers, {shape['n_head']} "
+          f"heads, n_embd {shape['n_embd']}, vocab {shape['vocab_size']} (padded "
+          f"{shape['padded_vocab']}), block {shape['block_size']}: {n_params / 1e6:.2f}M parameters; "
+          f"wrote {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB) in {time.time() - t0:.2f} s",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    run_tool(main)
