@@ -61,16 +61,29 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     # all-reduce on the first stage; on the last stage the LM head's input gradient (b*T*C) and the
     # vocab-parallel cross-entropy's max (b*T floats) and sum-exp + target logit (2 b*T doubles).
     # Full recompute reruns each layer's forward in the backward: its 2 all-reduces again.
+    # Sequence parallelism (payload counted as the whole b*T*C buffer, as MPI is handed it): per
+    # layer forward 2 all-gathers and 2 reduce-scatters, backward 2 all-gathers of the residual
+    # gradient, 2 of the norm outputs again (the weight gradients) and 2 reduce-scatters (10, and 4
+    # more for a full-recompute rerun); the embedding's reduce-scatter and its gradient's
+    # all-gather on the first stage; the final norm's all-gather forward and backward and its
+    # gradient's reduce-scatter on the last; once per step the norms' weight gradients (2 LayerNorms
+    # of 2C floats per layer, ln_f's 2C), summed over tp. Stages exchange b*T*C/tp.
     act = 4 * b * T * C
-    per_layer_reduces = 6 if t.get("recompute", "none") == "full" else 4
+    full = t.get("recompute", "none") == "full"
+    sp = p.get("sequence_parallel", False) and tp > 1
     tp_bytes = 0
-    if tp > 1:
-        tp_bytes = micro * (L_here * per_layer_reduces * act + (act if first else 0) +
+    if tp > 1 and not sp:
+        tp_bytes = micro * (L_here * (6 if full else 4) * act + (act if first else 0) +
                             (act + 4 * b * T + 16 * b * T if last else 0))
+    elif sp:
+        tp_bytes = micro * (L_here * (14 if full else 10) * act + (2 * act if first else 0) +
+                            (3 * act + 4 * b * T + 16 * b * T if last else 0))
+        tp_bytes += 4 * (L_here * 4 * C + (2 * C if last else 0))
     dp_bytes = 0
     if dp > 1:
         dp_bytes = 4 * padded * (2 if zero else 1)   # all-reduce, or reduce-scatter + all-gather
-    pp_bytes = micro * act * ((0 if last else 1) + (0 if first else 1)) if pp > 1 else 0
+    boundary = act // tp if sp else act
+    pp_bytes = micro * boundary * ((0 if last else 1) + (0 if first else 1)) if pp > 1 else 0
     embed_bytes = 4 * Vp * C // tp if pp > 1 and (first or last) else 0
     out.update(tp_bytes_per_step=tp_bytes, dp_bytes_per_step=dp_bytes, pp_bytes_per_step=pp_bytes,
                embed_bytes_per_step=embed_bytes)
@@ -82,13 +95,15 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     # attention core's probabilities, log-sum-exp and output; full: only the layer output) and
     # holds one layer of the others in a workspace shared by every micro-batch and layer (full
     # also one layer output, where the backward's rerun writes).
+    # Sequence parallelism keeps the norms' and residual stream's N/tp rows (Nr).
     N, Cl = b * T, C // tp
+    Nr = N // tp if sp else N
     rows = b * (H // tp) * T
     fused = m.get("attention", "gemm") == "fused"
-    kinds = {"ln1": N * C, "qkv": 3 * N * Cl, "att": 0 if fused else rows * T, "atty": N * Cl,
-             "attproj": N * C, "res2": N * C, "ln2": N * C, "fch": 4 * N * Cl,
-             "fcgelu": 4 * N * Cl, "fcproj": N * C, "res3": N * C,
-             "ln1_mean": N, "ln1_rstd": N, "ln2_mean": N, "ln2_rstd": N,
+    kinds = {"ln1": Nr * C, "qkv": 3 * N * Cl, "att": 0 if fused else rows * T, "atty": N * Cl,
+             "attproj": Nr * C, "res2": Nr * C, "ln2": Nr * C, "fch": 4 * N * Cl,
+             "fcgelu": 4 * N * Cl, "fcproj": Nr * C, "res3": Nr * C,
+             "ln1_mean": Nr, "ln1_rstd": Nr, "ln2_mean": Nr, "ln2_rstd": Nr,
              "lse": rows if fused else 0}
     mode = t.get("recompute", "none")
     recomputed = {"none": set(), "selective": {"att", "atty", "lse"},
@@ -98,10 +113,10 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     # The rank's whole activation buffer: per micro-batch slot, the stage input, its kept layer
     # activations, and on the last stage the final LayerNorm (with its 2 statistics) and this
     # rank's logits; the schedule keeps m slots (GPipe) or min(m, pp - stage) (1F1B).
-    slot = N * C + L_here * sum(v for k, v in kinds.items() if k not in recomputed)
+    slot = Nr * C + L_here * sum(v for k, v in kinds.items() if k not in recomputed)
     if last:
-        slot += N * C + 2 * N + N * (Vp // tp)
-    work = sum(kinds[k] for k in recomputed) + (N * C if mode == "full" else 0)
+        slot += Nr * C + 2 * Nr + N * (Vp // tp)
+    work = sum(kinds[k] for k in recomputed) + (Nr * C if mode == "full" else 0)
     slots = micro if p.get("schedule", "1f1b") == "gpipe" else min(micro, pp - pp_rank)
     out["activation_bytes"] = 4 * (slots * slot + (work if L_here > 0 else 0))
     out["korthikanti_bytes_per_layer_mb"] = T * b * C * (10 + 24 / tp + 5 * H * T / (C * tp))

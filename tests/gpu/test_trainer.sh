@@ -6,7 +6,7 @@
 # CUDA checkpoint restarts on the CPU and the reverse (checkpoints are fp32 on both). The fused
 # attention (model.attention: fused) against the CPU's gemm attention, fp32 and bf16. With 2 GPUs,
 # pipeline (both schedules), tensor (gemm and fused attention) and data parallel (ZeRO-1) layouts
-# over NCCL against the 1-rank CPU run; with 4, tp=4 over a vocabulary padded so that the last
+# over NCCL against the 1-rank CPU run, tp=2 with sequence parallelism too; with 4, tp=4 over a vocabulary padded so that the last
 # rank holds only padding rows; with 8, (2,2,2) with gemm attention, and with ZeRO-1 and fused
 # attention. Without a GPU: skipped, exit 0.
 #
@@ -79,7 +79,7 @@ layouts=()
 if [ "$gpus" -ge 2 ]; then
   layouts+=("parallel.pp=2 parallel.schedule=1f1b" "parallel.pp=2 parallel.schedule=gpipe"
             "parallel.tp=2" "parallel.tp=2 model.attention=fused" "parallel.dp=2"
-            "parallel.dp=2 parallel.zero=1")
+            "parallel.dp=2 parallel.zero=1" "parallel.tp=2 parallel.sequence_parallel=true")
 else
   echo "test_trainer: 1 GPU: the multi-rank layouts over NCCL are skipped"
 fi
@@ -91,7 +91,7 @@ else
 fi
 for layout in "${layouts[@]}"; do
   # "parallel.pp=2 parallel.schedule=1f1b" -> cuda_pp2_schedule1f1b
-  name=cuda_$(echo "$layout" | sed 's/parallel\.//g; s/model\.//g; s/=//g; s/ /_/g')
+  name=cuda_$(echo "$layout" | sed 's/parallel\.//g; s/model\.//g; s/sequence_parallel=true/sp/; s/=//g; s/ /_/g')
   np=1
   for n in $(echo "$layout" | grep -o '\(dp\|tp\|pp\)=[0-9]*' | cut -d= -f2); do np=$((np * n)); done
   # shellcheck disable=SC2086  # the layout is several overrides
