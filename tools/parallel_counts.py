@@ -30,6 +30,28 @@ def stage_layers(L, pp, given):
     return bounds
 
 
+def interleaved_in_flight(stage, pp, v, m):
+    """Activation sets each chunk of `stage` holds at most under Megatron's interleaved 1F1B
+    (written from its order, as src/pipeline/schedule.hpp states it): the k-th forward is chunk
+    (k mod pp*v) // pp, the k-th backward chunk v-1 minus that; warmup
+    min(2*(pp-stage-1) + (v-1)*pp, m*v) forwards, then forward/backward pairs, then the rest."""
+    total = m * v
+    warmup = min(2 * (pp - stage - 1) + (v - 1) * pp, total)
+    order = [("F", k) for k in range(warmup)]
+    for i in range(total - warmup):
+        order += [("F", warmup + i), ("B", i)]
+    order += [("B", k) for k in range(total - warmup, total)]
+    held, most = [0] * v, [0] * v
+    for kind, k in order:
+        c = (k % (pp * v)) // pp
+        if kind == "F":
+            held[c] += 1
+            most[c] = max(most[c], held[c])
+        else:
+            held[v - 1 - c] -= 1
+    return most
+
+
 def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     """Expected figures for one rank, from the deck (a dict) and the layout."""
     m, d, t, p = deck["model"], deck["data"], deck["train"], deck["parallel"]
@@ -38,9 +60,13 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     T, B = d["seq_len"], t["batch_size"]
     b = t["micro_batch"] or B // dp
     micro = B // (dp * b)
-    lo, hi = stage_layers(L, pp, p.get("stage_layers") or [])[pp_rank]
+    v = p.get("virtual_stages", 1)
+    if v > 1:  # virtual stage c*pp + stage of pp*v equal ones, on every stage
+        L_here = L // pp
+    else:
+        lo, hi = stage_layers(L, pp, p.get("stage_layers") or [])[pp_rank]
+        L_here = hi - lo
     first, last = pp_rank == 0, pp_rank == pp - 1
-    L_here = hi - lo
 
     # Parameters: per layer c_attn 3C^2/tp + 3C/tp, attn c_proj C^2/tp + C, c_fc 4C^2/tp + 4C/tp,
     # mlp c_proj 4C^2/tp + C, two LayerNorms 4C; wte rows Vp/tp on the first and the last stage.
@@ -82,8 +108,10 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     dp_bytes = 0
     if dp > 1:
         dp_bytes = 4 * padded * (2 if zero else 1)   # all-reduce, or reduce-scatter + all-gather
+    # Every (micro-batch, chunk) output goes to the next virtual stage and its input's gradient to
+    # the previous one: all but the model's last and first virtual stage.
     boundary = act // tp if sp else act
-    pp_bytes = micro * boundary * ((0 if last else 1) + (0 if first else 1)) if pp > 1 else 0
+    pp_bytes = micro * boundary * ((v - (1 if last else 0)) + (v - (1 if first else 0))) if pp > 1 else 0
     embed_bytes = 4 * Vp * C // tp if pp > 1 and (first or last) else 0
     out.update(tp_bytes_per_step=tp_bytes, dp_bytes_per_step=dp_bytes, pp_bytes_per_step=pp_bytes,
                embed_bytes_per_step=embed_bytes)
@@ -110,17 +138,26 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
                   "full": set(kinds) - {"res3"}}[mode]
     per_layer = 4 * sum(kinds.values())
     out["activation_bytes_per_layer_mb"] = per_layer
-    # The rank's whole activation buffer: per micro-batch slot, the stage input, its kept layer
-    # activations, and on the last stage the final LayerNorm (with its 2 statistics) and this
-    # rank's logits; the schedule keeps m slots (GPipe) or min(m, pp - stage) (1F1B).
-    slot = Nr * C + L_here * sum(v for k, v in kinds.items() if k not in recomputed)
-    if last:
-        slot += Nr * C + 2 * Nr + N * (Vp // tp)
+    # The rank's whole activation buffer, per chunk of layers (one without virtual stages): per
+    # micro-batch slot, the chunk's input, its kept layer activations, and on the model's last
+    # chunk the final LayerNorm (with its 2 statistics) and this rank's logits; the schedule keeps
+    # m slots (GPipe), min(m, pp - stage) (1F1B), or what the interleaved order holds; each chunk
+    # has its own recompute workspace.
+    if v > 1:
+        chunk_slots = interleaved_in_flight(pp_rank, pp, v, micro)
+    else:
+        chunk_slots = [micro if p.get("schedule", "1f1b") == "gpipe" else min(micro, pp - pp_rank)]
+    L_chunk = L_here // len(chunk_slots)
     work = sum(kinds[k] for k in recomputed) + (Nr * C if mode == "full" else 0)
-    slots = micro if p.get("schedule", "1f1b") == "gpipe" else min(micro, pp - pp_rank)
-    out["activation_bytes"] = 4 * (slots * slot + (work if L_here > 0 else 0))
+    total = 0
+    for c, slots in enumerate(chunk_slots):
+        slot = Nr * C + L_chunk * sum(x for k, x in kinds.items() if k not in recomputed)
+        if last and c == len(chunk_slots) - 1:
+            slot += Nr * C + 2 * Nr + N * (Vp // tp)
+        total += max(slots, 1) * slot + (work if L_chunk > 0 else 0)
+    out["activation_bytes"] = 4 * total
     out["korthikanti_bytes_per_layer_mb"] = T * b * C * (10 + 24 / tp + 5 * H * T / (C * tp))
-    out["bubble"] = (pp - 1) / (micro + pp - 1)
+    out["bubble"] = (pp - 1) / (v * micro + pp - 1)
     out["micro_batches"] = micro
     return out
 

@@ -100,6 +100,7 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel", "zero", &c.parallel.zero},
       {"parallel", "stage_layers", &c.parallel.stage_layers},
       {"parallel", "sequence_parallel", &c.parallel.sequence_parallel},
+      {"parallel", "virtual_stages", &c.parallel.virtual_stages},
   };
 }
 
@@ -657,6 +658,27 @@ void validate_parallel(const Config& c, const Deck& deck) {
     deck.fail_later("parallel.tp", "model.ffn_hidden",
                     "parallel.tp = " + num(p.tp) + " does not divide model.ffn_hidden = " +
                         num(m.ffn_hidden));
+  }
+  at_least(deck, "parallel.virtual_stages", p.virtual_stages, 1);
+  if (p.virtual_stages > 1) {
+    if (p.schedule != "1f1b")
+      deck.fail_later("parallel.schedule", "parallel.virtual_stages",
+                      "parallel.virtual_stages = " + num(p.virtual_stages) +
+                          " interleaves the 1f1b schedule, but parallel.schedule = " + p.schedule);
+    if (!p.stage_layers.empty())
+      deck.fail_later("parallel.stage_layers", "parallel.virtual_stages",
+                      "parallel.virtual_stages = " + num(p.virtual_stages) +
+                          " splits the layers evenly: parallel.stage_layers must be []");
+    if (p.pp == 1)
+      deck.fail_later("parallel.pp", "parallel.virtual_stages",
+                      "parallel.virtual_stages = " + num(p.virtual_stages) +
+                          " needs parallel.pp >= 2 (one stage has nothing to interleave)");
+    if (p.pp > 1 && m.n_layer % (p.pp * p.virtual_stages) != 0)
+      deck.fail_later("model.n_layer", "parallel.virtual_stages",
+                      "parallel.virtual_stages = " + num(p.virtual_stages) +
+                          " does not divide the layers of each stage (model.n_layer = " +
+                          num(m.n_layer) + " over parallel.pp = " + num(p.pp) +
+                          "): every virtual stage needs the same number of layers");
   }
   const std::vector<int>& layers = p.stage_layers;
   if (!layers.empty()) {

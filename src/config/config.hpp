@@ -99,6 +99,7 @@ struct ParallelConfig {
   int zero = 0;                   // 0 | 1 (ZeRO-1: optimizer state sharded over dp)
   std::vector<int> stage_layers;  // layers per stage (sums to n_layer); empty = balanced
   bool sequence_parallel = false; // norms and residuals split along the sequence over tp
+  int virtual_stages = 1;         // layer chunks per pipeline rank (interleaved 1F1B when > 1)
 };
 
 struct Config {

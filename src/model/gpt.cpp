@@ -41,9 +41,11 @@ bool Gpt<Backend>::kept(Stat s) const {
 
 template <class Backend>
 Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots,
-                  Arena& arena, const ModelOptions& options)
+                  Arena& arena, const ModelOptions& options, int chunk)
     : layout_(layout), tp_(tp), arena_(&arena), max_n_(max_batch * max_seq), options_(options),
-      slots_(slots) {
+      slots_(slots), begin_(layout.chunks.at(size_t(chunk)).begin),
+      end_(layout.chunks.at(size_t(chunk)).end), first_(layout.first && chunk == 0),
+      last_(layout.last && chunk + 1 == int(layout.chunks.size())) {
   const ModelShape& s = layout.canonical.shape;
   if (s.arch != Arch::Gpt2)
     throw UserError("model.arch: llama: the model's LLaMA blocks are not built yet (its ops are)");
@@ -51,12 +53,12 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   const size_t N = size_t(max_batch) * max_seq, C = s.n_embd;
   const size_t Nr = N / size_t(seq_split());  // rows of the norms and the residual stream
   const size_t Cl = C / layout.tp;  // this rank's share of the heads / MLP width, per C
-  const size_t L = size_t(layout.layer_end - layout.layer_begin);
+  const size_t L = size_t(end_ - begin_);
   // The attention's (B,NH/tp,T,T) probabilities, or with fused attention each row's log-sum-exp.
   const size_t rows = size_t(max_batch) * (s.n_head / layout.tp) * max_seq;
   const bool fused = options.fused_attention;
   const size_t att = fused ? 0 : rows * max_seq, lse = fused ? rows : 0;
-  const size_t last = layout.last ? 1 : 0;
+  const size_t last = last_ ? 1 : 0;
   // Per-layer kinds (`layers` true) are kept per slot and layer, or live in the workspace.
   struct { Slot kind; size_t size; bool layers; size_t count; } plan[] = {
       {kEncoded, Nr * C, false, 1},   {kLn1, Nr * C, true, L},       {kQkv, 3 * N * Cl, true, L},
@@ -107,10 +109,11 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     scratch_offset_[k] = total;
     total += scratch_sizes[k];
   }
-  h_acts_ = arena.add("activations", (slot_stride_ * size_t(slots) + work) * sizeof(Act));
-  h_stats_ = arena.add("statistics (layernorm, attention log-sum-exp)",
+  const std::string of = layout.chunks.size() > 1 ? " (chunk " + std::to_string(chunk) + ")" : "";
+  h_acts_ = arena.add("activations" + of, (slot_stride_ * size_t(slots) + work) * sizeof(Act));
+  h_stats_ = arena.add("statistics (layernorm, attention log-sum-exp)" + of,
                        (stat_stride_ * size_t(slots) + stat_work) * 4);
-  h_scratch_ = arena.add("scratch", total * sizeof(Act));
+  h_scratch_ = arena.add("scratch" + of, total * sizeof(Act));
   h_row_max_ = arena.add("cross-entropy row max", N * sizeof(float));
   h_sums_ = arena.add("cross-entropy sums", 2 * N * sizeof(double));
   h_targets_ = arena.add("targets", size_t(slots) * N * sizeof(int32_t));
@@ -128,7 +131,7 @@ void Gpt<Backend>::bind() {
 
 template <class Backend>
 const typename Backend::Act* Gpt<Backend>::output(int slot) const {
-  const int L = layout_.layer_end - layout_.layer_begin;
+  const int L = end_ - begin_;
   return L > 0 ? act(kRes3, slot, L - 1) : act(kEncoded, slot);
 }
 
@@ -239,7 +242,7 @@ void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
   };
   const Act* none = nullptr;
 
-  if (lay.first) {
+  if (first_) {
     // Vocab-parallel lookup: each rank fills its rows' tokens, tp rank 0 adds the positions once;
     // the sum over tp is the stage's input.
     Act* partial = options_.sequence_parallel ? scratch(kPartial) : act(kEncoded, slot);
@@ -248,9 +251,8 @@ void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
                              lay.vocab_rows);
     reduce_rows(partial, act(kEncoded, slot), N);
   }
-  for (int l = lay.layer_begin; l < lay.layer_end; ++l)
-    layer_forward(params, l, layer_acts(slot, l - lay.layer_begin, false), B, T);
-  if (!lay.last) return;
+  for (int l = begin_; l < end_; ++l) layer_forward(params, l, layer_acts(slot, l - begin_, false), B, T);
+  if (!last_) return;
 
   Backend::layernorm_forward(act(kLnF, slot), stat(kLnFMean, slot), stat(kLnFRstd, slot),
                              output(slot), P(lay.norm_weight), P(lay.norm_bias), Nr, C);
@@ -337,7 +339,7 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
   Act* dres = scratch(kDRes);
   float* const no_grad = nullptr;
 
-  if (lay.last) {
+  if (last_) {
     // The probabilities become their own gradient in place: probs - onehot, scaled (0 on the
     // padding columns, so the padding rows of the head get no gradient).
     const int Vh = head_columns(), Vl = lay.vocab_valid();
@@ -354,8 +356,8 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
                                 P(lay.norm_weight), stat(kLnFMean, slot), stat(kLnFRstd, slot),
                                 Nr, C);
   }
-  for (int l = lay.layer_end - 1; l >= lay.layer_begin; --l) {
-    const int i = l - lay.layer_begin;
+  for (int l = end_ - 1; l >= begin_; --l) {
+    const int i = l - begin_;
     if (options_.recompute == Recompute::Full) {
       // Rerun the layer's forward from its kept input, then its backward reads what it wrote.
       const LayerActs a = layer_acts(slot, i, true);
@@ -368,7 +370,7 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
     }
     if (layer_done) layer_done(l);
   }
-  if (lay.first)
+  if (first_)
     Backend::encoder_backward(G(lay.embed), G(lay.positions), gather_rows(dres, scratch(kDFull), N),
                               tokens, B, T, C, lay.vocab_begin, lay.vocab_rows);
 }

@@ -31,8 +31,9 @@ class Gpt {
 
   // Declares every activation and scratch buffer in `arena`; once the arena is allocated, bind()
   // takes the pointers (the engine allocates one arena for the model, optimizer and executor).
+  // chunk: which of the layout's layer chunks this model runs (virtual stages; 0 without them).
   Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots, Arena& arena,
-      const ModelOptions& options = {});
+      const ModelOptions& options = {}, int chunk = 0);
   void bind();
 
   // Stages after the first: the stage's input activations (B,T,C) of `slot`, filled by the
@@ -81,6 +82,10 @@ class Gpt {
   // The activations and statistics of every slot, and the recompute workspace.
   size_t activation_bytes() const { return arena_->bytes(h_acts_) + arena_->bytes(h_stats_); }
   const LocalLayout& layout() const { return layout_; }
+  // This chunk embeds the tokens (the model's first virtual stage) / ends in the loss (its last).
+  bool first() const { return first_; }
+  bool last() const { return last_; }
+  int slots() const { return slots_; }
 
  private:
   // Per-slot activations (Act); per-layer kinds hold n_local_layers consecutive blocks.
@@ -145,6 +150,8 @@ class Gpt {
   int max_n_;
   ModelOptions options_;
   int slots_;
+  int begin_, end_;  // this chunk's layers
+  bool first_, last_;
   size_t offset_[kSlotKinds] = {}, size_[kSlotKinds] = {}, slot_stride_ = 0;
   size_t stat_offset_[kStatKinds] = {}, stat_size_[kStatKinds] = {}, stat_stride_ = 0;
   size_t work_offset_[kSlotKinds] = {}, stat_work_offset_[kStatKinds] = {};

@@ -38,7 +38,7 @@ size_t LocalLayout::canonical_index(const LocalTensor& t, size_t i) const {
 }
 
 std::pair<size_t, size_t> LocalLayout::layer_range(int l) const {
-  const int first_tensor = layer_base_ + (l - layer_begin) * canonical.per_layer();
+  const int first_tensor = layer_first_tensor_[size_t(l)];
   const LocalTensor& last_tensor = tensors[size_t(first_tensor + canonical.per_layer() - 1)];
   return {tensors[size_t(first_tensor)].offset, last_tensor.offset + last_tensor.numel};
 }
@@ -49,12 +49,16 @@ int LocalLayout::vocab_valid() const {
 
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int layer_begin,
                               int layer_end, bool first, bool last) {
+  return make_local_layout(shape, tp, tp_rank, {{layer_begin, layer_end}}, first, last);
+}
+
+LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
+                              const std::vector<LayerRange>& chunks, bool first, bool last) {
   LocalLayout L;
   L.canonical = make_param_layout(shape);
   L.tp = tp;
   L.tp_rank = tp_rank;
-  L.layer_begin = layer_begin;
-  L.layer_end = layer_end;
+  L.chunks = chunks;
   L.first = first;
   L.last = last;
   L.vocab_rows = shape.padded_vocab / tp;
@@ -92,10 +96,13 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int 
   // Vocab-parallel embedding; the last stage's tied copy is not its owner.
   if (first || (last && tied)) L.embed = add(size_t(P.embed), Split::Rows, first);
   if (first && P.positions >= 0) L.positions = add(size_t(P.positions), Split::Replicated, true);
-  L.layer_base_ = int(L.tensors.size());
-  for (int l = layer_begin; l < layer_end; ++l)
-    for (LayerTensor t : layer_tensors(shape.arch))
-      add(size_t(P.layer(l, t)), split_of(t), true);
+  L.layer_first_tensor_.assign(size_t(shape.n_layer), -1);
+  for (const LayerRange& chunk : chunks) {
+    for (int l = chunk.begin; l < chunk.end; ++l) {
+      L.layer_first_tensor_[size_t(l)] = int(L.tensors.size());
+      for (LayerTensor t : layer_tensors(shape.arch)) add(size_t(P.layer(l, t)), split_of(t), true);
+    }
+  }
   if (last) {
     L.norm_weight = add(size_t(P.norm_weight), Split::Replicated, true);
     if (P.norm_bias >= 0) L.norm_bias = add(size_t(P.norm_bias), Split::Replicated, true);

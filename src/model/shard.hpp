@@ -26,10 +26,17 @@ struct LocalTensor {
                       // and stage 0's embedding, not the last stage's tied copy
 };
 
+// Layers [begin, end) of the model.
+struct LayerRange {
+  int begin = 0, end = 0;
+};
+
 struct LocalLayout {
   ParamLayout canonical;
   int tp = 1, tp_rank = 0;
-  int layer_begin = 0, layer_end = 0;   // this stage's layers [begin, end)
+  // This stage's layers: one range, or with virtual stages one per chunk (chunk c is virtual
+  // stage c * pp + stage), in the local buffer's order.
+  std::vector<LayerRange> chunks;
   bool first = true, last = true;       // holds the embedding; holds the final norm and the head
   int vocab_begin = 0, vocab_rows = 0;  // embedding / head rows [vocab_begin, +vocab_rows)
   std::vector<LocalTensor> tensors;
@@ -39,11 +46,11 @@ struct LocalLayout {
   // embedding's tied copy (the embedding itself when one stage holds both) or lm_head.
   int embed = -1, positions = -1, norm_weight = -1, norm_bias = -1, head = -1;
   int layer(int l, LayerTensor t) const {
-    return layer_base_ + (l - layer_begin) * canonical.per_layer() + canonical.kind_position_[t];
+    return layer_first_tensor_[size_t(l)] + canonical.kind_position_[t];
   }
   // Layer l's parameters in the local buffer: [first, end) (its tensors are consecutive).
   std::pair<size_t, size_t> layer_range(int l) const;
-  int layer_base_ = 0;
+  std::vector<int> layer_first_tensor_;  // by model layer: its first local tensor, or -1
 
   const ParamTensor& canon(const LocalTensor& t) const { return canonical.tensors[t.canonical]; }
   // Row-major canonical element index of local element i of tensor t.
@@ -54,6 +61,9 @@ struct LocalLayout {
 
 // tp must divide n_head, n_kv_head, ffn_hidden and padded_vocab (checked before, with a message,
 // by check_layout).
+LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
+                              const std::vector<LayerRange>& chunks, bool first, bool last);
+// One chunk: layers [layer_begin, layer_end).
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int layer_begin,
                               int layer_end, bool first, bool last);
 

@@ -182,32 +182,38 @@ Topology::~Topology() {
   }
 }
 
-std::string Topology::rank_grid(const std::vector<std::pair<int, int>>& stage_layers) const {
+std::string Topology::rank_grid(const std::vector<std::vector<std::pair<int, int>>>& stage_chunks,
+                                const std::string& first_extra, const std::string& last_extra,
+                                const std::string& both_extra) const {
   auto width = [](int n) { return static_cast<int>(num(n - 1).size()); };
   std::string out;
   for (int r = 0; r < world_size_; r++) {
     if (r > 0) out += "\n";
     RankCoord c = coord_of(r, layout_);
-    auto [first, last] = stage_layers.at(c.pp_rank);
     char line[200];
-    int n = std::snprintf(line, sizeof line, "rank %*d: dp %*d tp %*d pp %*d  ", width(world_size_),
-                          r, width(layout_.dp), c.dp_rank, width(layout_.tp), c.tp_rank,
-                          width(layout_.pp), c.pp_rank);
-    if (last - first == 1) {
-      std::snprintf(line + n, sizeof line - n, "layer %d", first);
-    } else {
-      std::snprintf(line + n, sizeof line - n, "layers %d-%d", first, last - 1);
-    }
+    std::snprintf(line, sizeof line, "rank %*d: dp %*d tp %*d pp %*d  ", width(world_size_), r,
+                  width(layout_.dp), c.dp_rank, width(layout_.tp), c.tp_rank, width(layout_.pp),
+                  c.pp_rank);
     out += line;
-    // The first stage embeds (wte, wpe); the last applies ln_f and the head, which is tied to
-    // wte: a copy of it when the stages differ.
-    bool is_first = c.pp_rank == 0, is_last = c.pp_rank == layout_.pp - 1;
+    const auto& chunks = stage_chunks.at(c.pp_rank);
+    const bool one = chunks.size() == 1 && chunks[0].second - chunks[0].first == 1;
+    out += one ? "layer " : "layers ";
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      auto [first, last] = chunks[k];
+      if (k > 0) out += ", ";
+      out += num(first);
+      if (last - first > 1) {
+        out += '-';
+        out += num(last - 1);
+      }
+    }
+    const bool is_first = c.pp_rank == 0, is_last = c.pp_rank == layout_.pp - 1;
     if (is_first && is_last) {
-      out += " (+ wte, wpe, ln_f)";
+      out += " (+ " + both_extra + ")";
     } else if (is_first) {
-      out += " (+ wte, wpe)";
+      out += " (+ " + first_extra + ")";
     } else if (is_last) {
-      out += " (+ wte copy, ln_f)";
+      out += " (+ " + last_extra + ")";
     }
   }
   return out;

@@ -69,8 +69,11 @@ class Topology {
 
   // One line per world rank, for rank 0 to print (no newline after the last):
   //   "rank 5: dp 0 tp 1 pp 1  layers 2-3 (+ wte copy, ln_f)"
-  // stage_layers is stage_layer_ranges() for this layout.
-  std::string rank_grid(const std::vector<std::pair<int, int>>& stage_layers) const;
+  // stage_chunks: each stage's [first, last) layer ranges (one, or one per virtual stage:
+  // "layers 2-3, 6-7"); the first stage's, the last stage's and a lone stage's other tensors.
+  std::string rank_grid(const std::vector<std::vector<std::pair<int, int>>>& stage_chunks,
+                        const std::string& first_extra, const std::string& last_extra,
+                        const std::string& both_extra) const;
 
  private:
   ParallelLayout layout_;

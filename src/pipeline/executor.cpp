@@ -17,26 +17,31 @@ double now() {
 }
 }  // namespace
 
-int schedule_slots(const std::vector<Action>& schedule) {
-  return std::max(1, max_in_flight(schedule));
+int schedule_slots(const std::vector<Action>& schedule, int chunk) {
+  return std::max(1, max_in_flight(schedule, chunk));
 }
 
 template <class Backend>
-PipelineExecutor<Backend>::PipelineExecutor(Gpt<Backend>& model, Comm* pp,
+PipelineExecutor<Backend>::PipelineExecutor(std::vector<Gpt<Backend>*> models, Comm* pp,
                                             std::vector<Action> schedule, int B, int T,
                                             Arena& arena)
-    : model_(model), pp_(pp), schedule_(std::move(schedule)), slots_(schedule_slots(schedule_)),
-      B_(B), T_(T), arena_(&arena) {
+    : models_(std::move(models)), pp_(pp), schedule_(std::move(schedule)), B_(B), T_(T),
+      arena_(&arena) {
   // What crosses stages: B*T rows of C, or under sequence parallelism this rank's share.
-  activation_elems_ = model.boundary_elems();
-  if (!model.layout().first)
-    h_send_ = arena.add("pipeline backward send buffers",
-                        size_t(slots_) * activation_elems_ * sizeof(Act));
+  activation_elems_ = models_.front()->boundary_elems();
+  size_t slots = 0;
+  for (const Gpt<Backend>* m : models_) {
+    send_slot_.push_back(slots);
+    if (!m->first()) slots += size_t(m->slots());  // the model's first chunk sends no gradient
+  }
+  has_send_ = slots > 0;
+  if (has_send_)
+    h_send_ = arena.add("pipeline backward send buffers", slots * activation_elems_ * sizeof(Act));
 }
 
 template <class Backend>
 void PipelineExecutor<Backend>::bind() {
-  if (!model_.layout().first) backward_send_ = arena_->get<Act>(h_send_);
+  if (has_send_) backward_send_ = arena_->get<Act>(h_send_);
 }
 
 template <class Backend>
@@ -49,15 +54,27 @@ void PipelineExecutor<Backend>::run(const Act* params, float* grads,
 template <class Backend>
 void PipelineExecutor<Backend>::forward_only(const Act* params,
                                              const std::vector<MicroBatch>& batches) {
-  const bool first = pp_->rank() == 0, last = pp_->rank() == pp_->size() - 1;
+  // Each micro-batch through every chunk before the next: a chain of lone transfers, in the
+  // order every stage meets them.
   std::vector<Action> actions;
   for (int mb = 0; mb < int(batches.size()); ++mb) {
-    if (!first) actions.push_back({Op::RecvForward, mb});
-    actions.push_back({Op::Forward, mb});
-    if (!last) actions.push_back({Op::SendForward, mb});
+    for (int c = 0; c < int(models_.size()); ++c) {
+      if (!models_[size_t(c)]->first()) actions.push_back({Op::RecvForward, mb, c});
+      actions.push_back({Op::Forward, mb, c});
+      if (!models_[size_t(c)]->last()) actions.push_back({Op::SendForward, mb, c});
+    }
   }
   walk(actions, params, nullptr, batches, 0.0f, {});
 }
+
+namespace {
+// MPI tags: every (kind, micro-batch, sending chunk) its own, so activations and gradients that
+// share a pair of ranks (pp = 2 with virtual stages) are never matched with each other. NCCL has
+// no tags: there the order the schedule guarantees does it (simulate_grouped).
+int message_tag(bool gradient, int mb, int sender_chunk, int chunks) {
+  return (mb * chunks + sender_chunk) * 2 + (gradient ? 1 : 0);
+}
+}  // namespace
 
 template <class Backend>
 void PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, const Act* params,
@@ -66,46 +83,60 @@ void PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, const A
                                      const std::function<void(int layer)>& layer_done) {
   const double t_start = now();
   wait_seconds_ = 0;
-  const int prev = pp_->rank() - 1, next = pp_->rank() + 1;
+  const int stage = pp_->rank(), pp = pp_->size(), chunks = int(models_.size());
   const size_t n = activation_elems_;
-  // The last backward of the step completes the gradients: only it reports finished layers.
-  const Action* last_backward = nullptr;
+  // Each chunk's last backward of the step completes its gradients: only it reports layers.
+  std::vector<const Action*> last_backward(size_t(chunks), nullptr);
   for (const Action& a : actions)
-    if (a.op == Op::Backward) last_backward = &a;
-  auto send_buffer = [&](int slot) { return backward_send_ + size_t(slot) * n; };
+    if (a.op == Op::Backward) last_backward[size_t(a.chunk)] = &a;
+  auto slot_of = [&](const Action& a) { return a.mb % models_[size_t(a.chunk)]->slots(); };
+  auto send_buffer = [&](const Action& a) {
+    return backward_send_ + (send_slot_[size_t(a.chunk)] + size_t(slot_of(a))) * n;
+  };
   // Each group: one compute action, or a run of consecutive transfers issued together.
   size_t at = 0;
   for (const std::vector<Action>& group : transfer_groups(actions)) {
     const Action& a = actions[at];  // the group's first action, in `actions` (for last_backward)
     at += group.size();
-    const int slot = a.mb % slots_;
+    Gpt<Backend>& model = *models_[size_t(a.chunk)];
+    const int slot = slot_of(a);
     const MicroBatch& mb = batches[size_t(a.mb)];
     if (a.op == Op::Forward) {
-      pp_->wait_send(model_.output(slot));  // the slot's output is overwritten: its send has left
-      model_.forward(params, slot, mb.tokens, mb.targets, mb.losses, B_, T_);
+      pp_->wait_send(model.output(slot));  // the slot's output is overwritten: its send has left
+      model.forward(params, slot, mb.tokens, mb.targets, mb.losses, B_, T_);
       continue;
     }
     if (a.op == Op::Backward) {
-      model_.backward(params, grads, slot, mb.tokens, B_, T_, dloss,
-                      &a == last_backward ? layer_done : std::function<void(int)>{});
+      model.backward(params, grads, slot, mb.tokens, B_, T_, dloss,
+                     &a == last_backward[size_t(a.chunk)] ? layer_done
+                                                          : std::function<void(int)>{});
       continue;
     }
     for (const Action& t : group) {
       if (t.op != Op::SendBackward) continue;
-      Act* buffer = send_buffer(t.mb % slots_);
+      Act* buffer = send_buffer(t);
       pp_->wait_send(buffer);
-      Backend::copy(buffer, model_.grad_input(), n * sizeof(Act));
+      Backend::copy(buffer, models_[size_t(t.chunk)]->grad_input(), n * sizeof(Act));
     }
     const double t0 = now();
     pp_->group_start();
     for (const Action& t : group) {
-      const int s = t.mb % slots_;
+      Gpt<Backend>& m = *models_[size_t(t.chunk)];
+      const int s = slot_of(t);
+      const Peer peer = transfer_peer(t.op, stage, t.chunk, pp);
       switch (t.op) {
-        case Op::RecvForward: pp_->recv(model_.input(s), n, prev, t.mb); break;
-        case Op::SendForward: pp_->send(model_.output(s), n, next, t.mb); break;
-        case Op::RecvBackward: pp_->recv(model_.grad_output(), n, next, t.mb); break;
+        case Op::RecvForward:
+          pp_->recv(m.input(s), n, peer.stage, message_tag(false, t.mb, peer.chunk, chunks));
+          break;
+        case Op::SendForward:
+          pp_->send(m.output(s), n, peer.stage, message_tag(false, t.mb, t.chunk, chunks));
+          break;
+        case Op::RecvBackward:
+          pp_->recv(m.grad_output(), n, peer.stage, message_tag(true, t.mb, peer.chunk, chunks));
+          break;
         case Op::SendBackward:
-          pp_->send(static_cast<const Act*>(send_buffer(s)), n, prev, t.mb);
+          pp_->send(static_cast<const Act*>(send_buffer(t)), n, peer.stage,
+                    message_tag(true, t.mb, t.chunk, chunks));
           break;
         default: throw std::logic_error("transfer group holds a compute action");
       }

@@ -34,22 +34,22 @@ class PipelineExecutor {
   using Act = typename Backend::Act;
   using Comm = typename Backend::Comm;
 
-  // pp: the pipeline communicator (ranks ordered by stage). The schedule's slots: max_in_flight.
-  // Declares its send buffers in `arena`; bind() once the arena is allocated.
-  PipelineExecutor(Gpt<Backend>& model, Comm* pp, std::vector<Action> schedule, int B, int T,
-                   Arena& arena);
+  // models: this stage's chunks, models[c] running the schedule's chunk c (one without virtual
+  // stages), each with max_in_flight(schedule, c) slots (schedule_slots). pp: the pipeline
+  // communicator (ranks ordered by stage). Declares its send buffers in `arena`; bind() once the
+  // arena is allocated.
+  PipelineExecutor(std::vector<Gpt<Backend>*> models, Comm* pp, std::vector<Action> schedule,
+                   int B, int T, Arena& arena);
   void bind();
 
-  int slots() const { return slots_; }
-
   // Runs every action of the step. dloss weights each position's loss; the last stage writes
-  // every micro-batch's losses. layer_done, if given, is passed to the step's last backward pass
-  // (see Gpt::backward).
+  // every micro-batch's losses. layer_done, if given, is passed to each chunk's last backward pass
+  // of the step (see Gpt::backward).
   void run(const Act* params, float* grads, const std::vector<MicroBatch>& batches, float dloss,
            const std::function<void(int layer)>& layer_done = {});
 
-  // Forward passes only (evaluation): each micro-batch received, forwarded and sent on; the last
-  // stage writes the losses.
+  // Forward passes only (evaluation): each micro-batch received, forwarded and sent on through
+  // every chunk in turn; the last stage writes the losses.
   void forward_only(const Act* params, const std::vector<MicroBatch>& batches);
 
   // Seconds this stage's host spent blocked in transfer groups during the last run(), and the
@@ -59,16 +59,19 @@ class PipelineExecutor {
   double run_seconds() const { return run_seconds_; }
 
  private:
-  Gpt<Backend>& model_;
+  std::vector<Gpt<Backend>*> models_;
   Comm* pp_;
   std::vector<Action> schedule_;
-  int slots_, B_, T_;
+  int B_, T_;
   size_t activation_elems_;
   Arena* arena_;
-  // SendBackward's copy of grad_input() per slot: a RecvBackward in the same group writes that
-  // scratch, and the next backward pass overwrites it while an MPI send may still read the copy.
+  // SendBackward's copy of a chunk's grad_input() per slot: a RecvBackward in the same group
+  // writes that scratch, and the next backward pass overwrites it while an MPI send may still
+  // read the copy. Chunk c's slots start at send_slot_[c].
+  bool has_send_ = false;
   size_t h_send_ = 0;
   Act* backward_send_ = nullptr;
+  std::vector<size_t> send_slot_;
   double wait_seconds_ = 0, run_seconds_ = 0;
 
   void walk(const std::vector<Action>& actions, const Act* params, float* grads,
@@ -76,7 +79,7 @@ class PipelineExecutor {
             const std::function<void(int layer)>& layer_done);
 };
 
-// Slots a stage needs for its schedule (at least 1).
-int schedule_slots(const std::vector<Action>& schedule);
+// Slots chunk `chunk` of a stage needs for its schedule (at least 1).
+int schedule_slots(const std::vector<Action>& schedule, int chunk = 0);
 
 }  // namespace tessera

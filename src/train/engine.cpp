@@ -29,10 +29,9 @@ class Engine final : public TrainEngine {
         // collective over its ranks).
         // The data-parallel sums overlap the backward that follows them.
         tp_(s.tp), dp_(s.dp, /*overlap=*/true), pp_(s.pp), embed_(s.embed),
-        model_(s.tile, &tp_, s.micro_batch, s.seq_len, schedule_slots(s.schedule), arena_,
-               s.model),
+        models_(make_models(s)),
         optimizer_(s.tile, &dp_, s.world, s.zero, s.hyper, arena_),
-        executor_(model_, &pp_, s.schedule, s.micro_batch, s.seq_len, arena_) {
+        executor_(model_pointers(), &pp_, s.schedule, s.micro_batch, s.seq_len, arena_) {
     const size_t n = optimizer_.buffer_size();
     const size_t tokens = size_t(s.n_micro) * s.micro_batch * s.seq_len;
     h_master_ = arena_.add("parameters (fp32 master)", n * sizeof(float));
@@ -42,7 +41,7 @@ class Engine final : public TrainEngine {
     h_targets_ = arena_.add("step target tokens", tokens * sizeof(int32_t));
     h_losses_ = arena_.add("step losses", tokens * sizeof(float));
     arena_.allocate();
-    model_.bind();
+    for (auto& model : models_) model->bind();
     optimizer_.bind();
     executor_.bind();
     master_ = arena_.get<float>(h_master_);
@@ -57,7 +56,11 @@ class Engine final : public TrainEngine {
 
   size_t buffer_size() const override { return optimizer_.buffer_size(); }
   size_t moment_bytes() const override { return optimizer_.moment_bytes(); }
-  size_t activation_bytes() const override { return model_.activation_bytes(); }
+  size_t activation_bytes() const override {
+    size_t bytes = 0;
+    for (const auto& model : models_) bytes += model->activation_bytes();
+    return bytes;
+  }
   std::string memory_report() const override { return Backend::memory_report(arena_, kBf16); }
   double peak_gflops() const override { return Backend::peak_gflops(kBf16); }
   Allocator loader_memory() const override { return Backend::loader_memory(); }
@@ -97,7 +100,7 @@ class Engine final : public TrainEngine {
     // Sequence parallelism leaves the norms' gradients partial over tp: summed once, after the
     // step's last backward, before the dp sum reads them.
     auto tp_sum = [&](int l) {
-      for (const auto& [begin, end] : model_.tp_partial_gradients(l))
+      for (const auto& [begin, end] : models_.front()->tp_partial_gradients(l))
         tp_.all_reduce_sum(grads_ + begin, end - begin);
     };
     auto layer_done = [&](int l) {
@@ -109,7 +112,8 @@ class Engine final : public TrainEngine {
                   zero_ ? std::function<void(int)>{} : layer_done);
     tp_sum(-1);
     if (zero_)
-      for (int l = tile_.layer_begin; l < tile_.layer_end; ++l) tp_sum(l);
+      for (const LayerRange& chunk : tile_.chunks)
+        for (int l = chunk.begin; l < chunk.end; ++l) tp_sum(l);
     // The tied embedding: stage 0's and the last stage's copy see the sum of both gradients.
     if (embed_sum_ && tile_.embed >= 0) {
       const LocalTensor& embed = tile_.tensors[size_t(tile_.embed)];
@@ -151,6 +155,21 @@ class Engine final : public TrainEngine {
   }
 
  private:
+  // One model per chunk of layers (virtual stages), each with the slots its chunk's schedule keeps.
+  std::vector<std::unique_ptr<Gpt<Backend>>> make_models(const EngineSetup& s) {
+    std::vector<std::unique_ptr<Gpt<Backend>>> models;
+    for (int c = 0; c < int(s.tile.chunks.size()); ++c)
+      models.push_back(std::make_unique<Gpt<Backend>>(s.tile, &tp_, s.micro_batch, s.seq_len,
+                                                      schedule_slots(s.schedule, c), arena_,
+                                                      s.model, c));
+    return models;
+  }
+  std::vector<Gpt<Backend>*> model_pointers() {
+    std::vector<Gpt<Backend>*> out;
+    for (auto& model : models_) out.push_back(model.get());
+    return out;
+  }
+
   const Act* model_params() const {
     if constexpr (kBf16) return copy_;
     else return master_;
@@ -195,7 +214,7 @@ class Engine final : public TrainEngine {
   // destructors abort NCCL's kernels), then the memory they used.
   Arena arena_;
   typename Backend::Comm tp_, dp_, pp_, embed_;
-  Gpt<Backend> model_;
+  std::vector<std::unique_ptr<Gpt<Backend>>> models_;
   DistributedOptimizer<Backend> optimizer_;
   PipelineExecutor<Backend> executor_;
   size_t h_master_ = 0, h_grads_ = 0, h_copy_ = 0, h_tokens_ = 0, h_targets_ = 0, h_losses_ = 0;

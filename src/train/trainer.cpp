@@ -165,16 +165,38 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     throw UserError(cfg.deck_path + ": parallel.tp = " + std::to_string(layout.tp) +
                     " does not divide model.ffn_hidden = " + std::to_string(shape.ffn_hidden));
   const int n_micro = B / (layout.dp * mb);
+  // Virtual stages: the rules the deck could not check before pp and the micro-batches were known.
+  const int v = cfg.parallel.virtual_stages;
+  if (v > 1 && layout.pp < 2)
+    throw UserError(cfg.deck_path + ": parallel.virtual_stages = " + std::to_string(v) +
+                    " needs parallel.pp >= 2 (one stage has nothing to interleave)");
+  if (v > 1 && shape.n_layer % (layout.pp * v) != 0)
+    throw UserError(cfg.deck_path + ": parallel.virtual_stages = " + std::to_string(v) +
+                    " does not divide the layers of each stage (model.n_layer = " +
+                    std::to_string(shape.n_layer) + " over parallel.pp = " +
+                    std::to_string(layout.pp) + ")");
+  if (v > 1 && n_micro % layout.pp != 0)
+    throw UserError(cfg.deck_path + ": parallel.virtual_stages = " + std::to_string(v) +
+                    " runs micro-batches in groups of parallel.pp = " + std::to_string(layout.pp) +
+                    ", but a step has " + std::to_string(n_micro) +
+                    " per dp rank (train.batch_size / (dp x train.micro_batch))");
 
   Topology topo(world_comm, layout);
   const RankCoord me = topo.coord();
   Comm world(world_comm);
-  const auto stages = stage_layer_ranges(shape.n_layer, layout.pp, cfg.parallel.stage_layers);
-  const auto [layer_begin, layer_end] = stages[size_t(me.pp_rank)];
-  const LocalLayout tile = make_local_layout(shape, layout.tp, me.tp_rank, layer_begin, layer_end,
-                                             topo.first_stage(), topo.last_stage());
-  const std::vector<Action> schedule =
-      make_schedule(parse_schedule(cfg.parallel.schedule), me.pp_rank, layout.pp, n_micro);
+  // Each stage's layer chunks: virtual stage k = chunk * pp + stage holds the k-th of pp * v
+  // equal ranges (v = 1: the stage's balanced or given range).
+  const auto ranges =
+      stage_layer_ranges(shape.n_layer, layout.pp * v, v > 1 ? std::vector<int>{}
+                                                             : cfg.parallel.stage_layers);
+  std::vector<std::vector<LayerRange>> stage_chunks(size_t(layout.pp));
+  for (int k = 0; k < layout.pp * v; ++k)
+    stage_chunks[size_t(k % layout.pp)].push_back({ranges[size_t(k)].first, ranges[size_t(k)].second});
+  const LocalLayout tile = make_local_layout(shape, layout.tp, me.tp_rank,
+                                             stage_chunks[size_t(me.pp_rank)], topo.first_stage(),
+                                             topo.last_stage());
+  const std::vector<Action> schedule = make_schedule(parse_schedule(cfg.parallel.schedule),
+                                                     me.pp_rank, layout.pp, n_micro, v);
 
   const AdamWHyper hyper{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
   // The model, pipeline executor and optimizer of the chosen backend (train/engine.hpp): every
@@ -256,10 +278,23 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     log.say("tessera: %d layers, %d heads, n_embd %d, vocab %d (padded %d)%s: %.2fM parameters",
             shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.padded_vocab,
             shape.tied ? "" : ", untied head", tile.canonical.total / 1e6);
-  log.say("layout: %s on %d ranks, %s schedule, %d micro-batches of %d per dp rank%s",
-          layout_name(layout).c_str(), world_size, cfg.parallel.schedule.c_str(), n_micro, mb,
-          cfg.parallel.zero == 1 ? ", ZeRO-1" : "");
-  if (world_size > 1) log.say("%s", topo.rank_grid(stages).c_str());
+  log.say("layout: %s on %d ranks, %s schedule%s, %d micro-batches of %d per dp rank%s",
+          layout_name(layout).c_str(), world_size, cfg.parallel.schedule.c_str(),
+          v > 1 ? (" interleaved over " + std::to_string(v) + " virtual stages").c_str() : "",
+          n_micro, mb, cfg.parallel.zero == 1 ? ", ZeRO-1" : "");
+  if (world_size > 1) {
+    std::vector<std::vector<std::pair<int, int>>> chunks(stage_chunks.size());
+    for (size_t s = 0; s < stage_chunks.size(); ++s)
+      for (const LayerRange& r : stage_chunks[s]) chunks[s].emplace_back(r.begin, r.end);
+    // What the first and last stages hold besides their layers.
+    const bool llama = shape.arch == Arch::Llama;
+    const std::string norm = llama ? "norm" : "ln_f";
+    const std::string embed = llama ? "embed_tokens" : "wte, wpe";
+    const std::string last_only = shape.tied ? (llama ? "embed_tokens copy, " : "wte copy, ") + norm
+                                             : norm + ", lm_head";
+    const std::string both = embed + ", " + (shape.tied ? norm : norm + ", lm_head");
+    log.say("%s", topo.rank_grid(chunks, embed, last_only, both).c_str());
+  }
   if (!backend.note.empty()) log.say("%s", backend.note.c_str());
   if (cfg.parallel.sequence_parallel)
     log.say(layout.tp > 1 ? "sequence parallel: norms and residuals on %d of every %d rows per rank"

@@ -97,6 +97,13 @@ for layout in "${layouts[@]}"; do
   # shellcheck disable=SC2086  # the layout is several overrides
   train "$name" "$np" device.backend=cuda $layout && cmp "$name" cpu "$name" --loss-rtol 1e-5 --param-tol 1e-4
 done
+if [ "$gpus" -ge 2 ]; then
+  # The interleaved 1F1B schedule over NCCL (grouped transfers around the ring of stages): 4
+  # layers, 2 stages of 2 chunks, against the 1-rank CPU run of the same 4 layers.
+  train cpu_l4 1 device.backend=cpu model.n_layer=4 &&
+    train cuda_pp2_v2 2 device.backend=cuda model.n_layer=4 parallel.pp=2 parallel.virtual_stages=2 &&
+    cmp cuda_pp2_v2 cpu_l4 cuda_pp2_v2 --loss-rtol 1e-5 --param-tol 1e-4
+fi
 if [ "$gpus" -ge 4 ]; then
   # 257 tokens padded to 512 over 4 ranks: rank 3 holds rows 384-511, all padding.
   vocab=(model.n_head=4 model.vocab_multiple=512)

@@ -51,6 +51,12 @@ for extra in "2 2 2 parallel.zero=1 model.attention=fused train.recompute=select
   name="sp_dp$1_tp$2_pp$3"
   if run "$name" "$@" parallel.sequence_parallel=true; then compare "$name"; else fail "$name run"; tail -5 "$name.log"; fi
 done
+# The interleaved 1F1B schedule: two chunks of layers per stage (layers 0, 2 on stage 0).
+for extra in "1 1 2" "2 2 2 parallel.zero=1 parallel.sequence_parallel=true model.attention=fused"; do
+  set -- $extra
+  name="v2_dp$1_tp$2_pp$3"
+  if run "$name" "$@" parallel.virtual_stages=2; then compare "$name"; else fail "$name run"; tail -5 "$name.log"; fi
+done
 # The comparison can fail: a different seed is caught.
 if run seed 1 1 1 train.seed=8 &&
    ! "$PYTHON" "$ROOT/tests/integration/compare_runs.py" ref/metrics.jsonl \

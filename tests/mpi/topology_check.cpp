@@ -131,8 +131,11 @@ int main(int argc, char** argv) {
     int mine = static_cast<int>(problems.size());
     MPI_Allreduce(&mine, &failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (world_rank == 0) {
-      const auto stages = tessera::stage_layer_ranges(n_layer, l.pp, {});
-      std::printf("%s\n", topo.rank_grid(stages).c_str());
+      std::vector<std::vector<std::pair<int, int>>> stages;
+      for (const auto& range : tessera::stage_layer_ranges(n_layer, l.pp, {}))
+        stages.push_back({range});
+      std::printf("%s\n",
+                  topo.rank_grid(stages, "wte, wpe", "wte copy, ln_f", "wte, wpe, ln_f").c_str());
       std::printf("checked dp=%d tp=%d pp=%d on %d ranks, %d problems\n", l.dp, l.tp, l.pp,
                   world_size, failed);
     }

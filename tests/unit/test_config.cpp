@@ -579,7 +579,7 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 60);
+  EXPECT_EQ(keys, 61);
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",
@@ -708,6 +708,29 @@ TEST(Config, LlamaRules) {
   EXPECT_EQ(c.model.arch, "llama");
   EXPECT_EQ(c.model.n_kv_head, 2);
   EXPECT_EQ(c.model.tie_embeddings, "true");
+}
+
+// Virtual stages: the interleaved 1F1B schedule's rules, each at the later of its keys.
+TEST(Config, VirtualStagesRules) {
+  const std::string deck = std::string(kMinimal) + "model:\n  n_layer: 8\n";
+  EXPECT_EQ(deck_error(deck + "parallel:\n  virtual_stages: 0\n"),
+            "deck.yaml:6:19: parallel.virtual_stages: must be >= 1, got 0");
+  EXPECT_EQ(deck_error(deck + "parallel:\n  pp: 2\n  virtual_stages: 2\n  schedule: gpipe\n"),
+            "deck.yaml:8:13: parallel.schedule: parallel.virtual_stages = 2 interleaves the 1f1b "
+            "schedule, but parallel.schedule = gpipe");
+  EXPECT_EQ(deck_error(deck + "parallel:\n  virtual_stages: 2\n"),
+            "deck.yaml:6:19: parallel.virtual_stages: parallel.virtual_stages = 2 needs "
+            "parallel.pp >= 2 (one stage has nothing to interleave)");
+  EXPECT_EQ(deck_error(deck + "parallel:\n  pp: 2\n  virtual_stages: 3\n"),
+            "deck.yaml:7:19: parallel.virtual_stages: parallel.virtual_stages = 3 does not divide "
+            "the layers of each stage (model.n_layer = 8 over parallel.pp = 2): every virtual "
+            "stage needs the same number of layers");
+  EXPECT_EQ(deck_error(deck + "parallel:\n  pp: 2\n  stage_layers: [4, 4]\n  virtual_stages: 2\n"),
+            "deck.yaml:8:19: parallel.virtual_stages: parallel.virtual_stages = 2 splits the "
+            "layers evenly: parallel.stage_layers must be []");
+  EXPECT_EQ(parse_deck(deck + "parallel:\n  pp: 2\n  virtual_stages: 2\n", "deck.yaml", {})
+                .parallel.virtual_stages,
+            2);
 }
 
 // The fused attention's head-size limit, at the later of the two keys.

@@ -183,7 +183,8 @@ TEST(Topology, OneRankHasOneRankCommunicators) {
   EXPECT_NE(topo.comm(CommName::tp), topo.comm(CommName::dp));
   EXPECT_NE(topo.comm(CommName::dp), topo.comm(CommName::pp));
   EXPECT_EQ(topo.comm(CommName::embed), MPI_COMM_NULL);
-  EXPECT_EQ(topo.rank_grid(stage_layer_ranges(4, 1, {})),
+  EXPECT_EQ(topo.rank_grid({stage_layer_ranges(4, 1, {})}, "wte, wpe", "wte copy, ln_f",
+                           "wte, wpe, ln_f"),
             "rank 0: dp 0 tp 0 pp 0  layers 0-3 (+ wte, wpe, ln_f)");
 }
 
@@ -201,7 +202,11 @@ TEST(Topology, WrongWorldSizeIsRefused) {
 // bigger grid; the text format is checked on the 8-rank grid in test_topology_mpi.sh.
 TEST(Topology, RankGridNamesSingleLayers) {
   Topology topo(MPI_COMM_WORLD, ParallelLayout{1, 1, 1});
-  EXPECT_EQ(topo.rank_grid({{0, 1}}), "rank 0: dp 0 tp 0 pp 0  layer 0 (+ wte, wpe, ln_f)");
+  EXPECT_EQ(topo.rank_grid({{{0, 1}}}, "a", "b", "wte, wpe, ln_f"),
+            "rank 0: dp 0 tp 0 pp 0  layer 0 (+ wte, wpe, ln_f)");
+  // Virtual stages: one range per chunk.
+  EXPECT_EQ(topo.rank_grid({{{0, 2}, {4, 5}}}, "a", "b", "c"),
+            "rank 0: dp 0 tp 0 pp 0  layers 0-1, 4 (+ c)");
 }
 
 }  // namespace
