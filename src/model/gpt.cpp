@@ -99,9 +99,10 @@ void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
     // Column-parallel c_attn: this rank's heads of q, k and v.
     Backend::matmul_forward(A(kQkv), A(kLn1), W(kAttnW), W(kAttnB), N, C, 3 * Cl);
     if (fused_attention_)
-      Backend::attention_fused_forward(A(kAttY), stat(kAttLse, slot, i), A(kQkv), B, T, Cl, NHl);
+      Backend::attention_fused_forward(A(kAttY), stat(kAttLse, slot, i), A(kQkv), B, T, NHl, NHl,
+                                        Cl / NHl);
     else
-      Backend::attention_forward(A(kAttY), A(kAtt), A(kQkv), B, T, Cl, NHl);
+      Backend::attention_forward(A(kAttY), A(kAtt), A(kQkv), B, T, NHl, NHl, Cl / NHl);
     // Row-parallel c_proj: partial products summed over tp, then the replicated bias once.
     Backend::matmul_forward(A(kAttProj), A(kAttY), W(kAttnProjW), none, N, Cl, C);
     tp_->all_reduce_sum(A(kAttProj), NC);
@@ -199,11 +200,12 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
     zero(scratch(kDQkv), 3 * size_t(N) * Cl);
     if (fused_attention_)
       Backend::attention_fused_backward(scratch(kDQkv), scratch(kDAttY), act(kQkv, slot, i),
-                                        act(kAttY, slot, i), stat(kAttLse, slot, i), B, T, Cl,
-                                        NHl);
+                                        act(kAttY, slot, i), stat(kAttLse, slot, i), B, T, NHl,
+                                        NHl, Cl / NHl);
     else
       Backend::attention_backward(scratch(kDQkv), scratch(kDAtt), scratch(kDAttY),
-                                  act(kQkv, slot, i), act(kAtt, slot, i), B, T, Cl, NHl);
+                                  act(kQkv, slot, i), act(kAtt, slot, i), B, T, NHl, NHl,
+                                  Cl / NHl);
     zero(scratch(kDLn), NC);
     Backend::matmul_backward(scratch(kDLn), GW(kAttnW), GW(kAttnB), scratch(kDQkv),
                              act(kLn1, slot, i), W(kAttnW), N, C, 3 * Cl);
