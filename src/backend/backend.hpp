@@ -4,7 +4,7 @@
 // (train/engine) are written once, as templates over a backend B:
 //
 //   B::Act        the type of activations and of the parameters the ops read: float, or bf16 on
-//                 CUDA (parameter gradients, LayerNorm statistics, losses and the optimizer's
+//                 CUDA (parameter gradients, norm statistics, losses and the optimizer's
 //                 master weights and moments are fp32 on every backend)
 //   B::Comm       the communicator the model's collectives and the pipeline's transfers go
 //                 through: Comm (MPI, parallel/comm.hpp) or device::NcclComm; the same named calls
@@ -41,6 +41,8 @@
   TESSERA_BACKEND_FORWARD(ns, encoder_backward)                                                  \
   TESSERA_BACKEND_FORWARD(ns, layernorm_forward)                                                 \
   TESSERA_BACKEND_FORWARD(ns, layernorm_backward)                                                \
+  TESSERA_BACKEND_FORWARD(ns, rmsnorm_forward)                                                   \
+  TESSERA_BACKEND_FORWARD(ns, rmsnorm_backward)                                                  \
   TESSERA_BACKEND_FORWARD(ns, matmul_forward)                                                    \
   TESSERA_BACKEND_FORWARD(ns, bias_add)                                                          \
   TESSERA_BACKEND_FORWARD(ns, matmul_backward)                                                   \
@@ -48,8 +50,12 @@
   TESSERA_BACKEND_FORWARD(ns, attention_backward)                                                \
   TESSERA_BACKEND_FORWARD(ns, attention_fused_forward)                                           \
   TESSERA_BACKEND_FORWARD(ns, attention_fused_backward)                                          \
+  TESSERA_BACKEND_FORWARD(ns, rope_forward)                                                      \
+  TESSERA_BACKEND_FORWARD(ns, rope_backward)                                                     \
   TESSERA_BACKEND_FORWARD(ns, gelu_forward)                                                      \
   TESSERA_BACKEND_FORWARD(ns, gelu_backward)                                                     \
+  TESSERA_BACKEND_FORWARD(ns, swiglu_forward)                                                    \
+  TESSERA_BACKEND_FORWARD(ns, swiglu_backward)                                                   \
   TESSERA_BACKEND_FORWARD(ns, residual_forward)                                                  \
   TESSERA_BACKEND_FORWARD(ns, add_inplace)                                                       \
   TESSERA_BACKEND_FORWARD(ns, crossentropy_row_max)                                              \

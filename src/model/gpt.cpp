@@ -194,9 +194,9 @@ void Gpt<Backend>::attention_core(const LayerActs& a, int B, int T) {
   const ModelShape& s = lay.canonical.shape;
   const int Cl = s.n_embd / lay.tp, NHl = s.n_head / lay.tp;
   if (options_.fused_attention)
-    Backend::attention_fused_forward(a.atty, a.lse, a.qkv, B, T, Cl, NHl);
+    Backend::attention_fused_forward(a.atty, a.lse, a.qkv, B, T, NHl, NHl, Cl / NHl);
   else
-    Backend::attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
+    Backend::attention_forward(a.atty, a.att, a.qkv, B, T, NHl, NHl, Cl / NHl);
 }
 
 // N = B*T rows pass the column-parallel GEMMs and the attention; Nr = N / seq_split() rows pass
@@ -312,10 +312,10 @@ void Gpt<Backend>::layer_backward(const Act* params, float* grads, int l, const 
   zero(scratch(kDQkv), 3 * size_t(N) * Cl);
   if (options_.fused_attention)
     Backend::attention_fused_backward(scratch(kDQkv), scratch(kDAttY), a.qkv, a.atty, a.lse, B, T,
-                                      Cl, NHl);
+                                      NHl, NHl, Cl / NHl);
   else
     Backend::attention_backward(scratch(kDQkv), scratch(kDAtt), scratch(kDAttY), a.qkv, a.att, B,
-                                T, Cl, NHl);
+                                T, NHl, NHl, Cl / NHl);
   zero(scratch(kDLn), NC);
   Backend::matmul_backward(scratch(kDLn), GW(kAttnW), GW(kAttnB), scratch(kDQkv),
                            gather_rows(a.ln1, scratch(kGather), N), W(kAttnW), N, C, 3 * Cl);

@@ -219,22 +219,101 @@ TYPED_TEST(CudaOp, LayerNorm) {
   }
 }
 
-TYPED_TEST(CudaOp, Attention) {
+// C = 64: the 16-byte paths; 67 and an unaligned offset: the scalar ones. The weight gradient's
+// column sums (two passes) cover rows past one chunk with N = 300.
+TYPED_TEST(CudaOp, RmsNorm) {
+  using F = TypeParam;
+  const double eps = 1e-5;
+  struct Case {
+    int N, C;
+    size_t offset;
+  };
+  for (Case k : {Case{37, 64, 0}, Case{37, 67, 0}, Case{37, 64, 1}, Case{300, 96, 0}}) {
+    const int N = k.N, C = k.C;
+    const std::string shape = " N=" + std::to_string(N) + " C=" + std::to_string(C) +
+                              " offset=" + std::to_string(k.offset);
+    auto inp = random_of<F>(size_t(N) * C, -1.0, 2.0);
+    auto w = random_of<F>(C, 0.5, 1.5);
+    Dev<F> d_inp(inp, k.offset), d_w(w, k.offset), d_out(size_t(N) * C, k.offset);
+    Dev<float> d_rstd(N);
+    std::vector<double> out(size_t(N) * C), rstd(N);
+    gpu::rmsnorm_forward<F>(d_out, d_rstd, d_inp, d_w, N, C, eps);
+    cpu::rmsnorm_forward<double>(out.data(), rstd.data(), inp.data(), w.data(), N, C, eps);
+    EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "rmsnorm_forward out" + shape);
+    EXPECT_CLOSE(d_rstd.fetch(), rstd, tolerance<F>(), "rmsnorm_forward rstd" + shape);
+
+    // The backward reads rstd as fp32 on both sides.
+    rstd = rounded<float>(rstd);
+    d_rstd.put(rstd);
+    auto dout = random_of<F>(size_t(N) * C), dinp = random_of<F>(size_t(N) * C);
+    auto dw = random_of<float>(C);
+    Dev<F> d_dout(dout, k.offset), d_dinp(dinp, k.offset);
+    Dev<float> d_dw(dw);
+    gpu::rmsnorm_backward<F>(d_dinp, d_dw, d_dout, d_inp, d_w, d_rstd, N, C);
+    cpu::rmsnorm_backward<double>(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(),
+                                  rstd.data(), N, C);
+    EXPECT_CLOSE(d_dinp.fetch(), dinp, tolerance<F>(), "rmsnorm_backward dinp" + shape);
+    EXPECT_CLOSE(d_dw.fetch(), dw, tolerance<F>(), "rmsnorm_backward dweight" + shape);
+  }
+}
+
+// Rotary embeddings in place, forward and backward, on the grouped-query qkv layout: every
+// element compared (the v heads must come back untouched), odd T and head counts.
+TYPED_TEST(CudaOp, Rope) {
   using F = TypeParam;
   struct Shape {
-    int B, T, C, NH;
+    int B, T, NH, NKV, hs;
   };
-  // T = 32: the softmax's 16-byte path; 37 and 33: the scalar one.
-  for (Shape s : {Shape{2, 37, 48, 3}, Shape{1, 33, 36, 2}, Shape{2, 32, 64, 4}}) {
+  for (Shape s : {Shape{2, 13, 4, 2, 64}, Shape{1, 37, 3, 1, 10}, Shape{2, 7, 2, 2, 128}}) {
     const std::string shape = " B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
-                              " C=" + std::to_string(s.C) + " NH=" + std::to_string(s.NH);
-    const size_t n_qkv = size_t(s.B) * s.T * 3 * s.C, n_out = size_t(s.B) * s.T * s.C;
+                              " NH=" + std::to_string(s.NH) + " NKV=" + std::to_string(s.NKV) +
+                              " hs=" + std::to_string(s.hs);
+    std::vector<float> table(size_t(s.T) * s.hs);
+    cpu::rope_table(table.data(), s.T, s.hs, 10000.0);
+    Dev<float> d_cs(std::vector<double>(table.begin(), table.end()));
+    const size_t n = size_t(s.B) * s.T * (s.NH + 2 * s.NKV) * s.hs;
+    for (bool forward : {true, false}) {
+      auto x = random_of<F>(n, -2.0, 2.0);
+      Dev<F> d_x(x);
+      if (forward) {
+        gpu::rope_forward<F>(d_x, d_cs, s.B, s.T, s.NH, s.NKV, s.hs);
+        cpu::rope_forward<double>(x.data(), table.data(), s.B, s.T, s.NH, s.NKV, s.hs);
+      } else {
+        gpu::rope_backward<F>(d_x, d_cs, s.B, s.T, s.NH, s.NKV, s.hs);
+        cpu::rope_backward<double>(x.data(), table.data(), s.B, s.T, s.NH, s.NKV, s.hs);
+      }
+      EXPECT_CLOSE(d_x.fetch(), x, tolerance<F>(),
+                   std::string(forward ? "rope_forward" : "rope_backward") + shape);
+    }
+  }
+}
+
+struct AttentionShape {
+  int B, T, NH, NKV, hs;
+  std::string name() const {
+    return " B=" + std::to_string(B) + " T=" + std::to_string(T) + " NH=" + std::to_string(NH) +
+           " NKV=" + std::to_string(NKV) + " hs=" + std::to_string(hs);
+  }
+};
+
+// Multi-head (NKV = NH, GPT-2's) and grouped-query shapes: two query heads per kv head (the
+// batches over kv heads), four or more (the kv head broadcast over its group), one kv head for all.
+TYPED_TEST(CudaOp, Attention) {
+  using F = TypeParam;
+  // T = 32: the softmax's 16-byte path; 37 and 33: the scalar one.
+  for (AttentionShape s : {AttentionShape{2, 37, 3, 3, 16}, AttentionShape{1, 33, 2, 2, 18},
+                           AttentionShape{2, 32, 4, 4, 16}, AttentionShape{2, 37, 4, 2, 64},
+                           AttentionShape{1, 33, 8, 2, 64}, AttentionShape{1, 35, 4, 1, 128}}) {
+    const std::string shape = s.name();
+    const size_t n_qkv = size_t(s.B) * s.T * (s.NH + 2 * s.NKV) * s.hs;
+    const size_t n_out = size_t(s.B) * s.T * s.NH * s.hs;
     const size_t n_att = size_t(s.B) * s.NH * s.T * s.T;
     auto qkv = random_of<F>(n_qkv, -2.0, 2.0);
     Dev<F> d_qkv(qkv), d_out(n_out), d_att(n_att);
     std::vector<double> out(n_out), att(n_att);
-    gpu::attention_forward<F>(d_out, d_att, d_qkv, s.B, s.T, s.C, s.NH);
-    cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    gpu::attention_forward<F>(d_out, d_att, d_qkv, s.B, s.T, s.NH, s.NKV, s.hs);
+    cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), s.B, s.T, s.NH, s.NKV,
+                                   s.hs);
     EXPECT_CLOSE(d_att.fetch(), att, tolerance<F>(), "attention_forward att" + shape);
     EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "attention_forward out" + shape);
 
@@ -244,33 +323,35 @@ TYPED_TEST(CudaOp, Attention) {
     auto dout = random_of<F>(n_out), dqkv = random_of<F>(n_qkv);
     Dev<F> d_dout(dout), d_dqkv(dqkv), d_datt(n_att);
     std::vector<double> datt(n_att);
-    gpu::attention_backward<F>(d_dqkv, d_datt, d_dout, d_qkv, d_att, s.B, s.T, s.C, s.NH);
+    gpu::attention_backward<F>(d_dqkv, d_datt, d_dout, d_qkv, d_att, s.B, s.T, s.NH, s.NKV,
+                               s.hs);
     cpu::attention_backward<double>(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(),
-                                    s.B, s.T, s.C, s.NH);
+                                    s.B, s.T, s.NH, s.NKV, s.hs);
     EXPECT_CLOSE(d_dqkv.fetch(), dqkv, tolerance<F>(), "attention_backward dqkv" + shape);
   }
 }
 
 // The fused (flash-style) kernels against the CPU's fused attention in double: odd T, T not a
 // multiple of a key tile (32) or a query tile (8 or 16 rows), head sizes 12 (a 32-wide tile), 64
-// and 128, heads whose columns start off a 16-byte boundary.
+// and 128, heads whose columns start off a 16-byte boundary; multi-head, and grouped-query with
+// 2 and 4 query heads per kv head (dK and dV summed over them).
 TYPED_TEST(CudaOp, AttentionFused) {
   using F = TypeParam;
-  struct Shape {
-    int B, T, C, NH;
-  };
-  for (Shape s : {Shape{2, 37, 36, 3}, Shape{1, 70, 128, 2}, Shape{1, 45, 128, 1},
-                  Shape{2, 33, 256, 2}, Shape{1, 1, 64, 1}}) {
-    const std::string shape = " B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
-                              " C=" + std::to_string(s.C) + " NH=" + std::to_string(s.NH);
-    const size_t n_qkv = size_t(s.B) * s.T * 3 * s.C, n_out = size_t(s.B) * s.T * s.C;
+  for (AttentionShape s : {AttentionShape{2, 37, 3, 3, 12}, AttentionShape{1, 70, 2, 2, 64},
+                           AttentionShape{1, 45, 1, 1, 128}, AttentionShape{2, 33, 2, 2, 128},
+                           AttentionShape{1, 1, 1, 1, 64}, AttentionShape{2, 37, 4, 2, 64},
+                           AttentionShape{1, 35, 4, 1, 128}}) {
+    const std::string shape = s.name();
+    const size_t n_qkv = size_t(s.B) * s.T * (s.NH + 2 * s.NKV) * s.hs;
+    const size_t n_out = size_t(s.B) * s.T * s.NH * s.hs;
     const size_t n_lse = size_t(s.B) * s.NH * s.T;
     auto qkv = random_of<F>(n_qkv, -2.0, 2.0);
     Dev<F> d_qkv(qkv), d_out(n_out);
     Dev<float> d_lse(n_lse);
     std::vector<double> out(n_out), lse(n_lse);
-    gpu::attention_fused_forward<F>(d_out, d_lse, d_qkv, s.B, s.T, s.C, s.NH);
-    cpu::attention_fused_forward<double>(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    gpu::attention_fused_forward<F>(d_out, d_lse, d_qkv, s.B, s.T, s.NH, s.NKV, s.hs);
+    cpu::attention_fused_forward<double>(out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.NKV,
+                                         s.hs);
     EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "attention_fused_forward out" + shape);
     EXPECT_CLOSE(d_lse.fetch(), lse, 1e-5, "attention_fused_forward lse" + shape);
 
@@ -281,9 +362,10 @@ TYPED_TEST(CudaOp, AttentionFused) {
     d_lse.put(lse);
     auto dout = random_of<F>(n_out), dqkv = random_of<F>(n_qkv);
     Dev<F> d_dout(dout), d_dqkv(dqkv);
-    gpu::attention_fused_backward<F>(d_dqkv, d_dout, d_qkv, d_out, d_lse, s.B, s.T, s.C, s.NH);
+    gpu::attention_fused_backward<F>(d_dqkv, d_dout, d_qkv, d_out, d_lse, s.B, s.T, s.NH, s.NKV,
+                                     s.hs);
     cpu::attention_fused_backward<double>(dqkv.data(), dout.data(), qkv.data(), out.data(),
-                                          lse.data(), s.B, s.T, s.C, s.NH);
+                                          lse.data(), s.B, s.T, s.NH, s.NKV, s.hs);
     EXPECT_CLOSE(d_dqkv.fetch(), dqkv, tolerance<F>(), "attention_fused_backward dqkv" + shape);
   }
 }
@@ -323,6 +405,28 @@ TYPED_TEST(CudaOp, Elementwise) {
       cpu::add_inplace<double>(dst.data(), y.data(), n);
       EXPECT_CLOSE(d_dst.fetch(), dst, tolerance<F>(), "add_inplace" + what);
     }
+  }
+}
+
+// H = 64: the 16-byte paths; H = 67 and an unaligned offset: the scalar ones.
+TYPED_TEST(CudaOp, Swiglu) {
+  using F = TypeParam;
+  const int N = 37;
+  for (auto [H, offset] :
+       {std::pair{64, size_t(0)}, std::pair{67, size_t(0)}, std::pair{64, size_t(1)}}) {
+    const std::string what = " H=" + std::to_string(H) + " offset=" + std::to_string(offset);
+    auto inp = random_of<F>(size_t(N) * 2 * H, -6.0, 6.0);
+    Dev<F> d_inp(inp, offset), d_out(size_t(N) * H, offset);
+    std::vector<double> out(size_t(N) * H);
+    gpu::swiglu_forward<F>(d_out, d_inp, N, H);
+    cpu::swiglu_forward<double>(out.data(), inp.data(), N, H);
+    EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "swiglu_forward" + what);
+
+    auto dout = random_of<F>(size_t(N) * H), dinp = random_of<F>(size_t(N) * 2 * H);
+    Dev<F> d_dout(dout, offset), d_dinp(dinp, offset);
+    gpu::swiglu_backward<F>(d_dinp, d_inp, d_dout, N, H);
+    cpu::swiglu_backward<double>(dinp.data(), inp.data(), dout.data(), N, H);
+    EXPECT_CLOSE(d_dinp.fetch(), dinp, tolerance<F>(), "swiglu_backward" + what);
   }
 }
 

@@ -300,26 +300,136 @@ TEST(CpuOps, MatmulForwardAndGradients) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// attention
+// rmsnorm
 
-// Straightforward causal attention and its backward in long double, one (b,h) and one query row
-// at a time: the values the blocked products must reproduce. dqkv accumulates like the op's.
-void reference_attention(Vec& out, Vec& dqkv, const Vec& qkv, const Vec& dout, int B, int T, int C, int NH) {
-  const int hs = C / NH;
-  const long double scale = 1.0L / std::sqrt((long double)hs);
-  out.assign((size_t)B * T * C, 0.0);
-  dqkv.assign(qkv.size(), 0.0);
-  auto at = [&](int b, int t, int part, int h, int e) {  // q, k, v = part 0, 1, 2
-    return ((size_t)b * T + t) * 3 * C + part * C + h * hs + e;
+TEST(CpuOps, RmsnormForwardAndGradients) {
+  const int N = 10, C = 12;
+  const double eps = 1e-6;
+  std::mt19937_64 rng(13);
+  Vec inp = random_vec((size_t)N * C, rng, -2.0, 3.0), weight = random_vec(C, rng, 0.5, 1.5);
+  Vec w = random_vec((size_t)N * C, rng);
+  Vec out((size_t)N * C, kNaN), rstd(N, kNaN);
+
+  rmsnorm_forward(out.data(), rstd.data(), inp.data(), weight.data(), N, C, eps);
+  for (int n = 0; n < N; n++) {
+    long double ms = 0.0L;
+    for (int c = 0; c < C; c++) ms += (long double)inp[(size_t)n * C + c] * inp[(size_t)n * C + c];
+    const long double s = 1.0L / std::sqrt(ms / C + (long double)eps);
+    EXPECT_NEAR(rstd[n], (double)s, 1e-14 * (double)s);
+    for (int c = 0; c < C; c++)
+      EXPECT_NEAR(out[(size_t)n * C + c], (double)(inp[(size_t)n * C + c] * s * weight[c]), 1e-14);
+  }
+
+  auto loss = [&] {
+    rmsnorm_forward(out.data(), rstd.data(), inp.data(), weight.data(), N, C, eps);
+    return weighted_sum(w, out);
   };
+  loss();
+  Vec dinp(inp.size(), 0.0), dweight(C, 0.0);
+  rmsnorm_backward(dinp.data(), dweight.data(), w.data(), inp.data(), weight.data(), rstd.data(), N, C);
+  EXPECT_LE(fd_max_error(inp, dinp, loss), kTol);
+  EXPECT_LE(fd_max_error(weight, dweight, loss), kTol);
+
+  loss();  // restore rstd of the unperturbed input
+  const Vec pre_inp = random_vec(dinp.size(), rng), pre_w = random_vec(C, rng);
+  Vec acc_inp = pre_inp, acc_w = pre_w;
+  rmsnorm_backward(acc_inp.data(), acc_w.data(), w.data(), inp.data(), weight.data(), rstd.data(), N, C);
+  expect_accumulates(pre_inp, acc_inp, dinp, "rmsnorm dinp");
+  expect_accumulates(pre_w, acc_w, dweight, "rmsnorm dweight");
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention and rope: qkv (B,T,(NH+2*NKV)*hs), q heads, then k heads, then v heads
+
+// Element e of head h of part `part` (q = 0, k = 1, v = 2) at (b,t) in qkv.
+struct QkvIndex {
+  int T, NH, NKV, hs;
+  size_t operator()(int b, int t, int part, int h, int e) const {
+    const int head = part == 0 ? h : part == 1 ? NH + h : NH + NKV + h;
+    return ((size_t)b * T + t) * (NH + 2 * NKV) * hs + (size_t)head * hs + e;
+  }
+};
+
+void rope_case(int B, int T, int NH, int NKV, int hs, double theta, uint64_t seed) {
+  SCOPED_TRACE("rope B=" + std::to_string(B) + " T=" + std::to_string(T) + " NH=" +
+               std::to_string(NH) + " NKV=" + std::to_string(NKV) + " hs=" + std::to_string(hs));
+  std::mt19937_64 rng(seed);
+  const QkvIndex at{T, NH, NKV, hs};
+  const int half = hs / 2;
+  std::vector<float> cs((size_t)T * half * 2, std::numeric_limits<float>::quiet_NaN());
+  rope_table(cs.data(), T, hs, theta);
+  for (int t = 0; t < T; t++) {
+    for (int i = 0; i < half; i++) {
+      const long double a = t * std::pow((long double)theta, -2.0L * i / hs);
+      EXPECT_NEAR(cs[((size_t)t * half + i) * 2], (double)std::cos(a), 1e-7);
+      EXPECT_NEAR(cs[((size_t)t * half + i) * 2 + 1], (double)std::sin(a), 1e-7);
+    }
+  }
+
+  Vec qkv = random_vec((size_t)B * T * (NH + 2 * NKV) * hs, rng), w = random_vec(qkv.size(), rng);
+  Vec y = qkv;
+  rope_forward(y.data(), cs.data(), B, T, NH, NKV, hs);
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      for (int part = 0; part < 3; part++) {
+        for (int h = 0; h < (part == 0 ? NH : NKV); h++) {
+          for (int i = 0; i < half; i++) {
+            const size_t lo = at(b, t, part, h, i), hi = at(b, t, part, h, i + half);
+            if (part == 2) {  // v is not rotated
+              EXPECT_EQ(y[lo], qkv[lo]);
+              EXPECT_EQ(y[hi], qkv[hi]);
+              continue;
+            }
+            const long double c = cs[((size_t)t * half + i) * 2], sn = cs[((size_t)t * half + i) * 2 + 1];
+            EXPECT_NEAR(y[lo], (double)(qkv[lo] * c - qkv[hi] * sn), 1e-15);
+            EXPECT_NEAR(y[hi], (double)(qkv[hi] * c + qkv[lo] * sn), 1e-15);
+          }
+        }
+      }
+    }
+  }
+
+  // rope_backward turns d(rotated) into d(input) in place.
+  auto loss = [&] {
+    y = qkv;
+    rope_forward(y.data(), cs.data(), B, T, NH, NKV, hs);
+    return weighted_sum(w, y);
+  };
+  Vec grad = w;
+  rope_backward(grad.data(), cs.data(), B, T, NH, NKV, hs);
+  EXPECT_LE(fd_max_error(qkv, grad, loss), kTol);
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int h = 0; h < NKV; h++)
+        for (int e = 0; e < hs; e++) EXPECT_EQ(grad[at(b, t, 2, h, e)], w[at(b, t, 2, h, e)]);
+}
+
+TEST(CpuOps, RopeForwardAndGradients) {
+  rope_case(2, 5, 4, 2, 6, 100.0, 14);   // grouped-query
+  rope_case(1, 7, 3, 3, 8, 10000.0, 15);  // multi-head
+  rope_case(2, 4, 4, 1, 2, 500000.0, 16);  // one kv head, the smallest even head size
+}
+
+// Straightforward causal grouped-query attention and its backward in long double, one (b,h) and
+// one query row at a time: the values the blocked products must reproduce. dqkv accumulates
+// like the op's.
+void reference_attention(Vec& out, Vec& dqkv, const Vec& qkv, const Vec& dout, int B, int T,
+                         int NH, int NKV, int hs) {
+  const long double scale = 1.0L / std::sqrt((long double)hs);
+  const QkvIndex at{T, NH, NKV, hs};
+  const int Cq = NH * hs;
+  out.assign((size_t)B * T * Cq, 0.0);
+  dqkv.assign(qkv.size(), 0.0);
+  std::vector<long double> acc(qkv.size(), 0.0L);
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
+      const int g = h / (NH / NKV);
       for (int i = 0; i < T; i++) {
         std::vector<long double> p(i + 1), dp(i + 1);
         long double mx = -1e300L, sum = 0.0L, dot = 0.0L;
         for (int j = 0; j <= i; j++) {
           long double s = 0.0L;
-          for (int e = 0; e < hs; e++) s += (long double)qkv[at(b, i, 0, h, e)] * qkv[at(b, j, 1, h, e)];
+          for (int e = 0; e < hs; e++) s += (long double)qkv[at(b, i, 0, h, e)] * qkv[at(b, j, 1, g, e)];
           p[j] = s * scale;
           mx = std::max(mx, p[j]);
         }
@@ -327,40 +437,46 @@ void reference_attention(Vec& out, Vec& dqkv, const Vec& qkv, const Vec& dout, i
         for (int j = 0; j <= i; j++) p[j] /= sum;
         for (int e = 0; e < hs; e++) {
           long double o = 0.0L;
-          for (int j = 0; j <= i; j++) o += p[j] * qkv[at(b, j, 2, h, e)];
-          out[((size_t)b * T + i) * C + h * hs + e] = (double)o;
+          for (int j = 0; j <= i; j++) o += p[j] * qkv[at(b, j, 2, g, e)];
+          out[((size_t)b * T + i) * Cq + h * hs + e] = (double)o;
         }
-        const double* d = dout.data() + ((size_t)b * T + i) * C + h * hs;
+        const double* d = dout.data() + ((size_t)b * T + i) * Cq + h * hs;
         for (int j = 0; j <= i; j++) {
           long double s = 0.0L;
-          for (int e = 0; e < hs; e++) s += (long double)d[e] * qkv[at(b, j, 2, h, e)];
+          for (int e = 0; e < hs; e++) s += (long double)d[e] * qkv[at(b, j, 2, g, e)];
           dp[j] = s;
           dot += p[j] * s;
         }
         for (int j = 0; j <= i; j++) {
           const long double ds = p[j] * (dp[j] - dot) * scale;  // d(pre-softmax score) · scale
           for (int e = 0; e < hs; e++) {
-            dqkv[at(b, i, 0, h, e)] += (double)(ds * qkv[at(b, j, 1, h, e)]);
-            dqkv[at(b, j, 1, h, e)] += (double)(ds * qkv[at(b, i, 0, h, e)]);
-            dqkv[at(b, j, 2, h, e)] += (double)(p[j] * d[e]);
+            acc[at(b, i, 0, h, e)] += ds * qkv[at(b, j, 1, g, e)];
+            acc[at(b, j, 1, g, e)] += ds * qkv[at(b, i, 0, h, e)];
+            acc[at(b, j, 2, g, e)] += p[j] * d[e];
           }
         }
       }
     }
   }
+  for (size_t i = 0; i < acc.size(); i++) dqkv[i] = (double)acc[i];
+}
+
+std::string attention_shape(const char* what, int B, int T, int NH, int NKV, int hs) {
+  return std::string(what) + " B=" + std::to_string(B) + " T=" + std::to_string(T) + " NH=" +
+         std::to_string(NH) + " NKV=" + std::to_string(NKV) + " hs=" + std::to_string(hs);
 }
 
 // Finite differences check the math on small T; the long-double reference checks the blocked
 // products for any T, where the double-precision differences get too noisy for 1e-6.
-void check_attention(int B, int T, int C, int NH, uint64_t seed, bool finite_differences) {
-  SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
-               " NH=" + std::to_string(NH));
+void check_attention(int B, int T, int NH, int NKV, int hs, uint64_t seed, bool finite_differences) {
+  SCOPED_TRACE(attention_shape("gemm", B, T, NH, NKV, hs));
   std::mt19937_64 rng(seed);
-  Vec qkv = random_vec((size_t)B * T * 3 * C, rng, -1.5, 1.5), w = random_vec((size_t)B * T * C, rng);
-  Vec out((size_t)B * T * C, kNaN), att((size_t)B * NH * T * T, kNaN), ref_out, ref_dqkv;
+  const size_t n_out = (size_t)B * T * NH * hs;
+  Vec qkv = random_vec((size_t)B * T * (NH + 2 * NKV) * hs, rng, -1.5, 1.5), w = random_vec(n_out, rng);
+  Vec out(n_out, kNaN), att((size_t)B * NH * T * T, kNaN), ref_out, ref_dqkv;
 
-  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-  reference_attention(ref_out, ref_dqkv, qkv, w, B, T, C, NH);
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, NKV, hs);
+  reference_attention(ref_out, ref_dqkv, qkv, w, B, T, NH, NKV, hs);
   EXPECT_LE(max_abs_diff(out, ref_out), 1e-13);
   for (int bh = 0; bh < B * NH; bh++) {
     for (int i = 0; i < T; i++) {
@@ -373,11 +489,11 @@ void check_attention(int B, int T, int C, int NH, uint64_t seed, bool finite_dif
   }
 
   Vec dqkv(qkv.size(), 0.0), datt(att.size(), kNaN);  // scratch: its old contents must not matter
-  attention_backward(dqkv.data(), datt.data(), w.data(), qkv.data(), att.data(), B, T, C, NH);
+  attention_backward(dqkv.data(), datt.data(), w.data(), qkv.data(), att.data(), B, T, NH, NKV, hs);
   EXPECT_LE(max_abs_diff(dqkv, ref_dqkv), 1e-13);
 
   auto loss = [&] {
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, NKV, hs);
     return weighted_sum(w, out);
   };
   if (finite_differences) {
@@ -388,38 +504,46 @@ void check_attention(int B, int T, int C, int NH, uint64_t seed, bool finite_dif
   const Vec pre = random_vec(dqkv.size(), rng);
   Vec acc = pre;
   std::fill(datt.begin(), datt.end(), kNaN);
-  attention_backward(acc.data(), datt.data(), w.data(), qkv.data(), att.data(), B, T, C, NH);
+  attention_backward(acc.data(), datt.data(), w.data(), qkv.data(), att.data(), B, T, NH, NKV, hs);
   expect_accumulates(pre, acc, dqkv, "attention dqkv");
 }
 
-TEST(CpuOps, AttentionForwardAndGradients) { check_attention(2, 5, 12, 2, 4, true); }
+TEST(CpuOps, AttentionForwardAndGradients) { check_attention(2, 5, 2, 2, 6, 4, true); }
 
 // T past two row blocks (64) and not a multiple of one: the blocked causal products must still
 // cover every (query, key) pair below the diagonal.
-TEST(CpuOps, AttentionForwardAndGradientsAcrossRowBlocks) { check_attention(2, 150, 12, 3, 5, false); }
+TEST(CpuOps, AttentionForwardAndGradientsAcrossRowBlocks) { check_attention(2, 150, 3, 3, 4, 5, false); }
+
+// Grouped-query (two query heads per kv head) and multi-query (one kv head for all): each kv
+// head's dk and dv sum over its query heads.
+TEST(CpuOps, GroupedQueryAttentionForwardAndGradients) {
+  check_attention(2, 5, 4, 2, 3, 17, true);
+  check_attention(2, 5, 4, 1, 3, 18, true);
+  check_attention(1, 150, 4, 2, 4, 19, false);
+}
 
 // The fused attention (model.attention: fused) against the same long-double reference, its
 // log-sum-exp against the row's own, and its gradient against finite differences: the backward
 // recomputes the probabilities from q, k and lse alone, and reads the forward's out.
-void check_fused_attention(int B, int T, int C, int NH, uint64_t seed, bool finite_differences) {
-  SCOPED_TRACE("fused B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" +
-               std::to_string(C) + " NH=" + std::to_string(NH));
+void check_fused_attention(int B, int T, int NH, int NKV, int hs, uint64_t seed,
+                           bool finite_differences) {
+  SCOPED_TRACE(attention_shape("fused", B, T, NH, NKV, hs));
   std::mt19937_64 rng(seed);
-  Vec qkv = random_vec((size_t)B * T * 3 * C, rng, -1.5, 1.5), w = random_vec((size_t)B * T * C, rng);
-  Vec out((size_t)B * T * C, kNaN), lse((size_t)B * NH * T, kNaN), ref_out, ref_dqkv;
-  attention_fused_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
-  reference_attention(ref_out, ref_dqkv, qkv, w, B, T, C, NH);
+  const QkvIndex at{T, NH, NKV, hs};
+  const size_t n_out = (size_t)B * T * NH * hs;
+  Vec qkv = random_vec((size_t)B * T * (NH + 2 * NKV) * hs, rng, -1.5, 1.5), w = random_vec(n_out, rng);
+  Vec out(n_out, kNaN), lse((size_t)B * NH * T, kNaN), ref_out, ref_dqkv;
+  attention_fused_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, hs);
+  reference_attention(ref_out, ref_dqkv, qkv, w, B, T, NH, NKV, hs);
   EXPECT_LE(max_abs_diff(out, ref_out), 1e-13);
-  const int hs = C / NH;
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
+      const int g = h / (NH / NKV);
       for (int i = 0; i < T; i++) {
         long double sum = 0.0L;
         for (int j = 0; j <= i; j++) {
           long double s = 0.0L;
-          for (int e = 0; e < hs; e++)
-            s += (long double)qkv[((size_t)b * T + i) * 3 * C + h * hs + e] *
-                 qkv[((size_t)b * T + j) * 3 * C + C + h * hs + e];
+          for (int e = 0; e < hs; e++) s += (long double)qkv[at(b, i, 0, h, e)] * qkv[at(b, j, 1, g, e)];
           sum += std::exp(s / std::sqrt((long double)hs));
         }
         EXPECT_NEAR(lse[((size_t)b * NH + h) * T + i], (double)std::log(sum), 1e-13);
@@ -427,24 +551,29 @@ void check_fused_attention(int B, int T, int C, int NH, uint64_t seed, bool fini
     }
   }
   Vec dqkv(qkv.size(), 0.0);
-  attention_fused_backward(dqkv.data(), w.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+  attention_fused_backward(dqkv.data(), w.data(), qkv.data(), out.data(), lse.data(), B, T, NH, NKV, hs);
   EXPECT_LE(max_abs_diff(dqkv, ref_dqkv), 1e-13);
   if (finite_differences) {
     auto loss = [&] {
-      attention_fused_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+      attention_fused_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, hs);
       return weighted_sum(w, out);
     };
     EXPECT_LE(fd_max_error(qkv, dqkv, loss), kTol);
-    attention_fused_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    attention_fused_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, hs);
   }
   const Vec pre = random_vec(dqkv.size(), rng);
   Vec acc = pre;
-  attention_fused_backward(acc.data(), w.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+  attention_fused_backward(acc.data(), w.data(), qkv.data(), out.data(), lse.data(), B, T, NH, NKV, hs);
   expect_accumulates(pre, acc, dqkv, "fused attention dqkv");
 }
 
-TEST(CpuOps, FusedAttentionForwardAndGradients) { check_fused_attention(2, 5, 12, 2, 6, true); }
-TEST(CpuOps, FusedAttentionAcrossRowBlocks) { check_fused_attention(2, 150, 12, 3, 7, false); }
+TEST(CpuOps, FusedAttentionForwardAndGradients) { check_fused_attention(2, 5, 2, 2, 6, 6, true); }
+TEST(CpuOps, FusedAttentionAcrossRowBlocks) { check_fused_attention(2, 150, 3, 3, 4, 7, false); }
+TEST(CpuOps, FusedGroupedQueryAttentionForwardAndGradients) {
+  check_fused_attention(2, 5, 4, 2, 3, 20, true);
+  check_fused_attention(2, 5, 4, 1, 3, 21, true);
+  check_fused_attention(1, 150, 4, 2, 4, 22, false);
+}
 
 // ---------------------------------------------------------------------------------------------
 // gelu, residual
@@ -473,6 +602,47 @@ TEST(CpuOps, GeluForwardMatchesTorchAndGradients) {
   Vec acc = pre;
   gelu_backward(acc.data(), inp.data(), w.data(), n);
   expect_accumulates(pre, acc, dinp, "gelu dinp");
+}
+
+// silu(gate) * up against long double, and both halves of its gradient against finite
+// differences, gates in the tails included (exp(-g) huge or tiny).
+TEST(CpuOps, SwigluForwardAndGradients) {
+  const int N = 7, H = 9;
+  std::mt19937_64 rng(23);
+  Vec inp = random_vec((size_t)N * 2 * H, rng, -4.0, 4.0), w = random_vec((size_t)N * H, rng);
+  inp[0] = -80.0;
+  inp[1] = 80.0;
+  Vec out((size_t)N * H, kNaN);
+  swiglu_forward(out.data(), inp.data(), N, H);
+  for (int n = 0; n < N; n++) {
+    for (int j = 0; j < H; j++) {
+      const long double g = inp[(size_t)n * 2 * H + j], u = inp[(size_t)n * 2 * H + H + j];
+      EXPECT_NEAR(out[(size_t)n * H + j], (double)(g / (1.0L + std::exp(-g)) * u), 1e-14);
+    }
+  }
+
+  auto loss = [&] {
+    swiglu_forward(out.data(), inp.data(), N, H);
+    return weighted_sum(w, out);
+  };
+  Vec dinp(inp.size(), 0.0);
+  swiglu_backward(dinp.data(), inp.data(), w.data(), N, H);
+  EXPECT_LE(fd_max_error(inp, dinp, loss), kTol);
+
+  const Vec pre = random_vec(dinp.size(), rng);
+  Vec acc = pre;
+  swiglu_backward(acc.data(), inp.data(), w.data(), N, H);
+  expect_accumulates(pre, acc, dinp, "swiglu dinp");
+
+  // Gates far past the range of exp in float: finite, with silu's limits (0 and g).
+  const std::vector<float> big = {-1000.0f, 1000.0f, 2.0f, 3.0f};  // one row: gates, then ups
+  std::vector<float> y(2), dy = {1.0f, 1.0f}, dbig(4, 0.0f);
+  swiglu_forward(y.data(), big.data(), 1, 2);
+  swiglu_backward(dbig.data(), big.data(), dy.data(), 1, 2);
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_EQ(y[1], 3000.0f);
+  const std::vector<float> want = {0.0f, 3.0f, 0.0f, 1000.0f};  // d(gate) = up silu', d(up) = silu
+  for (int i = 0; i < 4; i++) EXPECT_EQ(dbig[i], want[i]) << "element " << i;
 }
 
 TEST(CpuOps, ResidualAndAddInplace) {
@@ -605,11 +775,13 @@ TEST(CpuOps, CrossentropyVocabShardsMatchTheWhole) {
 // ---------------------------------------------------------------------------------------------
 // every op at once: float vs double, repeated calls, thread counts
 
-// Shapes past the 64-wide column and row blocks, none a power of two.
+// Shapes past the 64-wide column and row blocks, none a power of two. The attention runs twice:
+// multi-head (NH heads of C/NH) and grouped-query (GQ_NH query heads of C/GQ_NH, GQ_NKV kv heads,
+// the layout RoPE rotates too).
 struct OpInputs {
-  int B = 2, T = 70, C = 96, NH = 3, V = 101, Vp = 128, OC = 200;
+  int B = 2, T = 70, C = 96, NH = 3, V = 101, Vp = 128, OC = 200, GQ_NH = 4, GQ_NKV = 2;
   std::vector<int32_t> tokens, targets;
-  Vec wte, wpe, x, ln_w, ln_b, mm_w, mm_b, qkv, dout_c, dout_oc, gelu_in, logits;
+  Vec wte, wpe, x, ln_w, ln_b, mm_w, mm_b, qkv, dout_c, dout_oc, gelu_in, logits, gq_qkv, dout_h;
 
   OpInputs() {
     std::mt19937_64 rng(10);
@@ -628,6 +800,8 @@ struct OpInputs {
     dout_oc = random_vec(N * OC, rng);
     gelu_in = random_vec(N * OC, rng, -4.0, 4.0);
     logits = random_vec(N * Vp, rng, -4.0, 4.0);
+    gq_qkv = random_vec(N * (GQ_NH + 2 * GQ_NKV) * (C / GQ_NH), rng, -0.5, 0.5);
+    dout_h = random_vec(N * OC / 2, rng);
   }
 };
 
@@ -662,12 +836,32 @@ Results run_all_ops(const OpInputs& in, bool include_blas = true) {
   keep("layernorm.out", ln), keep("layernorm.mean", mean), keep("layernorm.rstd", rstd);
   keep("layernorm.dinp", dln), keep("layernorm.dweight", dlw), keep("layernorm.dbias", dlb);
 
+  std::vector<F> rms((size_t)N * C), rrstd(N), drms((size_t)N * C, F(0)), drw(C, F(0));
+  rmsnorm_forward(rms.data(), rrstd.data(), x.data(), ln_w.data(), N, C, 1e-5);
+  rmsnorm_backward(drms.data(), drw.data(), dout_c.data(), x.data(), ln_w.data(), rrstd.data(), N, C);
+  keep("rmsnorm.out", rms), keep("rmsnorm.rstd", rrstd), keep("rmsnorm.dinp", drms);
+  keep("rmsnorm.dweight", drw);
+
+  const int gq_hs = C / in.GQ_NH;
+  std::vector<float> cs((size_t)T * gq_hs);
+  rope_table(cs.data(), T, gq_hs, 10000.0);
+  std::vector<F> rope = to<F>(in.gq_qkv), drope = to<F>(in.gq_qkv);
+  rope_forward(rope.data(), cs.data(), B, T, in.GQ_NH, in.GQ_NKV, gq_hs);
+  rope_backward(drope.data(), cs.data(), B, T, in.GQ_NH, in.GQ_NKV, gq_hs);
+  keep("rope.forward", rope), keep("rope.backward", drope);
+
   std::vector<F> g((size_t)N * OC), dg((size_t)N * OC, F(0)), res((size_t)N * OC), acc = gelu_in;
   gelu_forward(g.data(), gelu_in.data(), g.size());
   gelu_backward(dg.data(), gelu_in.data(), dout_oc.data(), dg.size());
   residual_forward(res.data(), g.data(), dout_oc.data(), res.size());
   add_inplace(acc.data(), dout_oc.data(), acc.size());
   keep("gelu.out", g), keep("gelu.dinp", dg), keep("residual.out", res), keep("add_inplace.dst", acc);
+
+  const std::vector<F> dout_h = to<F>(in.dout_h);
+  std::vector<F> sw((size_t)N * OC / 2), dsw((size_t)N * OC, F(0));
+  swiglu_forward(sw.data(), gelu_in.data(), N, OC / 2);
+  swiglu_backward(dsw.data(), gelu_in.data(), dout_h.data(), N, OC / 2);
+  keep("swiglu.out", sw), keep("swiglu.dinp", dsw);
 
   std::vector<F> logits = to<F>(in.logits), losses(N), probs((size_t)N * Vp), dlogits((size_t)N * Vp);
   crossentropy_whole(losses.data(), probs.data(), logits.data(), in.targets.data(), N, V, Vp);
@@ -684,16 +878,32 @@ Results run_all_ops(const OpInputs& in, bool include_blas = true) {
 
   std::vector<F> att((size_t)B * NH * T * T), ao((size_t)N * C), dqkv((size_t)N * 3 * C, F(0));
   std::vector<F> datt(att.size());
-  attention_forward(ao.data(), att.data(), qkv.data(), B, T, C, NH);
-  attention_backward(dqkv.data(), datt.data(), dout_c.data(), qkv.data(), att.data(), B, T, C, NH);
+  attention_forward(ao.data(), att.data(), qkv.data(), B, T, NH, NH, C / NH);
+  attention_backward(dqkv.data(), datt.data(), dout_c.data(), qkv.data(), att.data(), B, T, NH, NH,
+                     C / NH);
   keep("attention.out", ao), keep("attention.att", att), keep("attention.dqkv", dqkv);
 
   std::vector<F> fo((size_t)N * C), lse((size_t)B * NH * T), fdqkv((size_t)N * 3 * C, F(0));
-  attention_fused_forward(fo.data(), lse.data(), qkv.data(), B, T, C, NH);
-  attention_fused_backward(fdqkv.data(), dout_c.data(), qkv.data(), fo.data(), lse.data(), B, T, C,
-                           NH);
+  attention_fused_forward(fo.data(), lse.data(), qkv.data(), B, T, NH, NH, C / NH);
+  attention_fused_backward(fdqkv.data(), dout_c.data(), qkv.data(), fo.data(), lse.data(), B, T,
+                           NH, NH, C / NH);
   keep("attention_fused.out", fo), keep("attention_fused.lse", lse);
   keep("attention_fused.dqkv", fdqkv);
+
+  // Grouped-query, both attentions, on the rotated q and k.
+  const int GH = in.GQ_NH, GK = in.GQ_NKV;
+  std::vector<F> gatt((size_t)B * GH * T * T), gdatt(gatt.size()), go((size_t)N * C);
+  std::vector<F> gdqkv(rope.size(), F(0)), gfo((size_t)N * C), glse((size_t)B * GH * T);
+  std::vector<F> gfdqkv(rope.size(), F(0));
+  attention_forward(go.data(), gatt.data(), rope.data(), B, T, GH, GK, gq_hs);
+  attention_backward(gdqkv.data(), gdatt.data(), dout_c.data(), rope.data(), gatt.data(), B, T, GH,
+                     GK, gq_hs);
+  attention_fused_forward(gfo.data(), glse.data(), rope.data(), B, T, GH, GK, gq_hs);
+  attention_fused_backward(gfdqkv.data(), dout_c.data(), rope.data(), gfo.data(), glse.data(), B,
+                           T, GH, GK, gq_hs);
+  keep("gqa_attention.out", go), keep("gqa_attention.att", gatt), keep("gqa_attention.dqkv", gdqkv);
+  keep("gqa_attention_fused.out", gfo), keep("gqa_attention_fused.lse", glse);
+  keep("gqa_attention_fused.dqkv", gfdqkv);
   return r;
 }
 

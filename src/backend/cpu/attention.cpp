@@ -1,4 +1,4 @@
-// Causal multi-head self-attention on a packed qkv buffer, every product through gemm.
+// Causal grouped-query self-attention on a packed qkv buffer, every product through gemm.
 #include <algorithm>
 #include <cmath>
 
@@ -11,75 +11,75 @@ namespace tessera::cpu {
 // each gemm stays large enough for BLAS to run at speed.
 static constexpr int kRowBlock = 64;
 
-// qkv (B,T,3C): q, k, v in cols [0,C), [C,2C), [2C,3C); head h uses [h*hs,(h+1)*hs), hs = C/NH.
-// att (B,NH,T,T) = causal softmax(q·kᵀ/sqrt(hs)), exactly 0 above the diagonal.
-// out (B,T,C) = att·v with head h in cols [h*hs,(h+1)*hs). Overwrites out and att.
-// One (b,h) pair per task: heads write disjoint columns, so there is nothing to reduce across them.
+// qkv (B,T,(NH+2*NKV)*hs): q heads, then k heads, then v heads (backend/cpu/ops.hpp); query head
+// h reads kv head h / (NH/NKV). att (B,NH,T,T) = causal softmax(q·kᵀ/sqrt(hs)), exactly 0 above
+// the diagonal. out (B,T,NH*hs) = att·v with query head h in cols [h*hs,(h+1)*hs). Overwrites out
+// and att. One (b,h) pair per task: query heads write disjoint columns and att slabs, so there
+// is nothing to reduce across them.
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int NKV, int hs) {
+  const int G = NH / NKV, C3 = (NH + 2 * NKV) * hs, Cq = NH * hs;
   const F scale = F(1.0 / std::sqrt((double)hs));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
-      const F* q = qkv + (size_t)b * T * C3 + h * hs;
-      const F* k = q + C;
-      const F* v = q + 2 * C;
+      const F* row = qkv + (size_t)b * T * C3;
+      const F* q = row + (size_t)h * hs;
+      const F* k = row + (size_t)(NH + h / G) * hs;
+      const F* v = k + (size_t)NKV * hs;
       F* a = att + ((size_t)b * NH + h) * T * T;
-      F* o = out + (size_t)b * T * C + h * hs;
+      F* o = out + (size_t)b * T * Cq + (size_t)h * hs;
       for (int i0 = 0; i0 < T; i0 += kRowBlock) {
         const int i1 = std::min(T, i0 + kRowBlock);
         // scores a[i0:i1, 0:i1] = scale * q[i0:i1] · k[0:i1]ᵀ
         gemm<F>(false, true, i1 - i0, i1, hs, scale, q + (size_t)i0 * C3, C3, k, C3, F(0),
                 a + (size_t)i0 * T, T);
         for (int i = i0; i < i1; i++) {
-          F* row = a + (size_t)i * T;
-          F mx = row[0];
+          F* arow = a + (size_t)i * T;
+          F mx = arow[0];
 #pragma omp simd reduction(max : mx)
-          for (int j = 1; j <= i; j++) mx = std::max(mx, row[j]);
+          for (int j = 1; j <= i; j++) mx = std::max(mx, arow[j]);
           double sum = 0.0;
           for (int j = 0; j <= i; j++) {
-            row[j] = std::exp(row[j] - mx);
-            sum += row[j];
+            arow[j] = std::exp(arow[j] - mx);
+            sum += arow[j];
           }
           const F inv = F(1.0 / sum);
-          for (int j = 0; j <= i; j++) row[j] *= inv;
-          std::fill(row + i + 1, row + T, F(0));
+          for (int j = 0; j <= i; j++) arow[j] *= inv;
+          std::fill(arow + i + 1, arow + T, F(0));
         }
         // o[i0:i1] = a[i0:i1, 0:i1] · v[0:i1]
         gemm<F>(false, false, i1 - i0, hs, i1, F(1), a + (size_t)i0 * T, T, v, C3, F(0),
-                o + (size_t)i0 * C, C);
+                o + (size_t)i0 * Cq, Cq);
       }
     }
   }
 }
 
-// dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) from the forward. Accumulates dqkv (B,T,3C);
-// datt (B,NH,T,T) is scratch: it first holds d(att), then d(pre-softmax scores).
+// dout (B,T,NH*hs), qkv and att (B,NH,T,T) from the forward. Accumulates dqkv; datt (B,NH,T,T)
+// is scratch: it first holds d(att), then d(pre-softmax scores).
+// Two passes: dq by (b, query head), then dk and dv by (b, kv head), each kv head summing its
+// query heads in order, so no two tasks write one element and every sum has a fixed order.
 template <typename F>
 void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att, int B, int T,
-                        int C, int NH) {
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+                        int NH, int NKV, int hs) {
+  const int G = NH / NKV, C3 = (NH + 2 * NKV) * hs, Cq = NH * hs;
   const F scale = F(1.0 / std::sqrt((double)hs));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
-      const size_t qoff = (size_t)b * T * C3 + h * hs;
-      const F* q = qkv + qoff;
-      const F* k = q + C;
-      const F* v = q + 2 * C;
+      const size_t qoff = (size_t)b * T * C3 + (size_t)h * hs;
+      const size_t koff = (size_t)b * T * C3 + (size_t)(NH + h / G) * hs;
+      const F* k = qkv + koff;
+      const F* v = k + (size_t)NKV * hs;
       F* dq = dqkv + qoff;
-      F* dk = dq + C;
-      F* dv = dq + 2 * C;
       const F* a = att + ((size_t)b * NH + h) * T * T;
       F* da = datt + ((size_t)b * NH + h) * T * T;
-      const F* d = dout + (size_t)b * T * C + h * hs;
+      const F* d = dout + (size_t)b * T * Cq + (size_t)h * hs;
       for (int i0 = 0; i0 < T; i0 += kRowBlock) {
         const int i1 = std::min(T, i0 + kRowBlock);
         // da[i0:i1, 0:i1] = d[i0:i1] · v[0:i1]ᵀ
-        gemm<F>(false, true, i1 - i0, i1, hs, F(1), d + (size_t)i0 * C, C, v, C3, F(0),
+        gemm<F>(false, true, i1 - i0, i1, hs, F(1), d + (size_t)i0 * Cq, Cq, v, C3, F(0),
                 da + (size_t)i0 * T, T);
         // softmax backward in place: dpre = a * (da - Σ_j a·da); zero above the diagonal so the
         // block products below may read whole blocks.
@@ -96,23 +96,37 @@ void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* 
         gemm<F>(false, false, i1 - i0, hs, i1, scale, da + (size_t)i0 * T, T, k, C3, F(1),
                 dq + (size_t)i0 * C3, C3);
       }
-      // Rows j of dk and dv only see query rows i >= j: block the key rows instead.
-      for (int j0 = 0; j0 < T; j0 += kRowBlock) {
-        const int j1 = std::min(T, j0 + kRowBlock);
-        // dv[j0:j1] += a[j0:T, j0:j1]ᵀ · d[j0:T]
-        gemm<F>(true, false, j1 - j0, hs, T - j0, F(1), a + (size_t)j0 * T + j0, T,
-                d + (size_t)j0 * C, C, F(1), dv + (size_t)j0 * C3, C3);
-        // dk[j0:j1] += scale * dpre[j0:T, j0:j1]ᵀ · q[j0:T]
-        gemm<F>(true, false, j1 - j0, hs, T - j0, scale, da + (size_t)j0 * T + j0, T,
-                q + (size_t)j0 * C3, C3, F(1), dk + (size_t)j0 * C3, C3);
+    }
+  }
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; b++) {
+    for (int g = 0; g < NKV; g++) {
+      F* dk = dqkv + (size_t)b * T * C3 + (size_t)(NH + g) * hs;
+      F* dv = dk + (size_t)NKV * hs;
+      for (int h = g * G; h < (g + 1) * G; h++) {
+        const F* q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+        const F* a = att + ((size_t)b * NH + h) * T * T;
+        const F* da = datt + ((size_t)b * NH + h) * T * T;
+        const F* d = dout + (size_t)b * T * Cq + (size_t)h * hs;
+        // Rows j of dk and dv only see query rows i >= j: block the key rows instead.
+        for (int j0 = 0; j0 < T; j0 += kRowBlock) {
+          const int j1 = std::min(T, j0 + kRowBlock);
+          // dv[j0:j1] += a[j0:T, j0:j1]ᵀ · d[j0:T]
+          gemm<F>(true, false, j1 - j0, hs, T - j0, F(1), a + (size_t)j0 * T + j0, T,
+                  d + (size_t)j0 * Cq, Cq, F(1), dv + (size_t)j0 * C3, C3);
+          // dk[j0:j1] += scale * dpre[j0:T, j0:j1]ᵀ · q[j0:T]
+          gemm<F>(true, false, j1 - j0, hs, T - j0, scale, da + (size_t)j0 * T + j0, T,
+                  q + (size_t)j0 * C3, C3, F(1), dk + (size_t)j0 * C3, C3);
+        }
       }
     }
   }
 }
 
 #define TESSERA_INSTANTIATE(F)                                                                     \
-  template void attention_forward<F>(F*, F*, const F*, int, int, int, int);                       \
-  template void attention_backward<F>(F*, F*, const F*, const F*, const F*, int, int, int, int);
+  template void attention_forward<F>(F*, F*, const F*, int, int, int, int, int);                  \
+  template void attention_backward<F>(F*, F*, const F*, const F*, const F*, int, int, int, int,    \
+                                      int);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
 #undef TESSERA_INSTANTIATE

@@ -40,6 +40,14 @@ void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, 
 template <typename F>
 void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
                         const F* mean, const F* rstd, int N, int C);
+// RMSNorm as LLaMA's (torch: x * rsqrt(mean(x²) + eps) * weight): out, inp (N,C); weight (C);
+// rstd (N) = 1/sqrt(mean(x²) + eps) saved for backward.
+template <typename F>
+void rmsnorm_forward(F* out, F* rstd, const F* inp, const F* weight, int N, int C, double eps);
+// Accumulates dinp (N,C), dweight (C).
+template <typename F>
+void rmsnorm_backward(F* dinp, F* dweight, const F* dout, const F* inp, const F* weight,
+                      const F* rstd, int N, int C);
 
 // out (N,OC) = inp (N,IC) · weightᵀ + bias; weight (OC,IC) as torch nn.Linear; bias (OC) or nullptr.
 template <typename F>
@@ -53,24 +61,44 @@ template <typename F>
 void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
                      int N, int IC, int OC);
 
-// qkv (B,T,3C): q, k, v in cols [0,C), [C,2C), [2C,3C); head h uses [h*hs,(h+1)*hs), hs = C/NH.
+// The qkv activation (B,T,(NH + 2*NKV)*hs) of grouped-query attention: q heads in columns
+// [0, NH*hs), k heads in [NH*hs, (NH+NKV)*hs), v heads in [(NH+NKV)*hs, (NH+2*NKV)*hs), head h of
+// a part in its columns [h*hs, (h+1)*hs). Query head h reads kv head h / (NH/NKV) (NKV divides
+// NH; NKV = NH, hs = C/NH is GPT-2's multi-head attention, qkv (B,T,3C)).
 // att (B,NH,T,T) = causal softmax(q·kᵀ/sqrt(hs)), exactly 0 above the diagonal.
-// out (B,T,C) = att·v, head h in cols [h*hs,(h+1)*hs). Overwrites out and att.
+// out (B,T,NH*hs) = att·v, query head h in cols [h*hs,(h+1)*hs). Overwrites out and att.
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH);
-// Accumulates dqkv (B,T,3C) from dout (B,T,C); datt (B,NH,T,T) is scratch, overwritten.
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int NKV, int hs);
+// Accumulates dqkv (B,T,(NH+2*NKV)*hs) from dout (B,T,NH*hs): a kv head's dk and dv sum over its
+// query heads in their order; datt (B,NH,T,T) is scratch, overwritten.
 template <typename F>
 void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att, int B, int T,
-                        int C, int NH);
+                        int NH, int NKV, int hs);
 // The same attention without the (B,NH,T,T) matrix (model.attention: fused): the forward saves
 // lse (B,NH,T), each query row's log Σ_{j<=i} exp(q_i·k_j/sqrt(hs)), and overwrites out and lse;
-// the backward recomputes the probabilities from q, k and lse and accumulates dqkv (B,T,3C) from
-// dout, using out (B,T,C) of the forward.
+// the backward recomputes the probabilities from q, k and lse and accumulates dqkv from dout,
+// using out (B,T,NH*hs) of the forward.
 template <typename F>
-void attention_fused_forward(F* out, F* lse, const F* qkv, int B, int T, int C, int NH);
+void attention_fused_forward(F* out, F* lse, const F* qkv, int B, int T, int NH, int NKV, int hs);
 template <typename F>
 void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
-                              int B, int T, int C, int NH);
+                              int B, int T, int NH, int NKV, int hs);
+
+// Rotary position embeddings, the HF LLaMA convention (rotate_half): the table cs (T, hs/2, 2)
+// holds cs[t][i] = (cos, sin)(t * theta^(-2i/hs)), computed in double and stored as float, on the
+// host (hs even).
+void rope_table(float* cs, int T, int hs, double theta);
+// Rotates the q and k heads of qkv (B,T,(NH+2*NKV)*hs, the attention's layout) in place, row
+// b*T + t by position t: for i < hs/2, with (c, s) = cs[t][i],
+//   y[i] = x[i] c - x[i + hs/2] s,   y[i + hs/2] = x[i + hs/2] c + x[i] s.
+// The v heads are untouched.
+template <typename F>
+void rope_forward(F* qkv, const float* cs, int B, int T, int NH, int NKV, int hs);
+// The backward of that rotation, in place on dqkv's q and k heads: the transposed rotation
+// (sin -> -sin). Not an accumulation: dqkv holds d(rotated) on entry and d(unrotated) on exit;
+// its v heads are untouched.
+template <typename F>
+void rope_backward(F* dqkv, const float* cs, int B, int T, int NH, int NKV, int hs);
 
 // out, inp (n): GELU, tanh form as torch GELU(approximate='tanh').
 template <typename F>
@@ -78,6 +106,13 @@ void gelu_forward(F* out, const F* inp, size_t n);
 // Accumulates dinp (n).
 template <typename F>
 void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n);
+// SwiGLU: inp (N,2H) holds the gate in columns [0,H) and the up projection in [H,2H);
+// out (N,H) = silu(gate) * up, silu(g) = g / (1 + exp(-g)). Overwrites out.
+template <typename F>
+void swiglu_forward(F* out, const F* inp, int N, int H);
+// Accumulates dinp (N,2H) from dout (N,H).
+template <typename F>
+void swiglu_backward(F* dinp, const F* inp, const F* dout, int N, int H);
 
 // out = a + b, all (n).
 template <typename F>

@@ -1,10 +1,11 @@
-// Causal multi-head self-attention on a packed qkv buffer; twin of attention.cpp.
+// Causal grouped-query self-attention on a packed qkv buffer; twin of attention.cpp.
 //
-// The products go through cuBLAS strided-batched GEMMs, one call per batch row over its NH heads:
-// head h's q, k, v are column blocks h*hs of the (T,3C) rows, so consecutive heads sit hs
-// elements apart (the batch stride) with leading dimension 3C, and need no copy or transpose.
-// Unlike the CPU twin, the products are full T x T, masked afterwards: twice the causal work,
-// but few large GEMMs. A fused (flash-style) kernel that skips the masked half is the follow-up.
+// The products go through cuBLAS strided-batched GEMMs over the heads of one batch row: head h's
+// q, k, v are column blocks of the (T,(NH+2*NKV)*hs) rows, so heads sit a fixed number of
+// elements apart (the batch stride) with the row length as leading dimension, and need no copy
+// or transpose (HeadBatch below says which heads one call covers). Unlike the CPU twin, the
+// products are full T x T, masked afterwards: twice the causal work, but few large GEMMs; the
+// fused attention (attention_fused.cu) skips the masked half.
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
@@ -104,72 +105,117 @@ void softmax_causal_backward(F* datt, const F* att, int rows, int T) {
   CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
+// Query head h = g*G + r (G = NH/NKV) reads kv head g. The members of one strided-batched GEMM
+// need one stride between consecutive operands, so a call covers either the r-th query head of
+// every kv head (r fixed: query heads G apart, kv heads 1 apart) or the G query heads of one kv
+// head (g fixed: query heads 1 apart, the kv head broadcast with batch stride 0). Products that
+// only read k and v take the longer batch (one call per batch row when G = 1, GPT-2, or
+// NKV = 1); the dk and dv sums must not have two members of one call write the same kv head, so
+// they take r fixed, calls r = 0, 1, ... in order: each kv head's sum over its query heads has a
+// fixed order.
+struct HeadBatch {
+  int h0, kv0, count;   // members m < count: query head h0 + m*h_step reads kv head kv0 + m*kv_step
+  int h_step, kv_step;
+};
 
-// qkv (B,T,3C), att (B,NH,T,T), out (B,T,C). Overwrites out and att.
-template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH) {
-  if (B <= 0 || T <= 0) return;
-  const int hs = C / NH;
-  const int C3 = 3 * C;
-  const float scale = float(1.0 / std::sqrt(double(hs)));
-  const long long TT = (long long)T * T;
-  const cudaDataType_t t = data_type<F>();
-  for (int b = 0; b < B; b++) {
-    const F* q = qkv + size_t(b) * T * C3;
-    // scores[h] (T,T) = scale * q_h · k_hᵀ
-    gemm_strided_batched(false, true, T, T, hs, scale, q, C3, hs, q + C, C3, hs, t, 0.0f,
-                         att + size_t(b) * NH * TT, T, TT, t, NH);
-  }
-  softmax_causal(att, B * NH * T, T);
-  for (int b = 0; b < B; b++) {
-    const F* v = qkv + size_t(b) * T * C3 + 2 * C;
-    // out_h (T,hs) = att_h · v_h
-    gemm_strided_batched(false, false, T, hs, T, 1.0f, att + size_t(b) * NH * TT, T, TT, v, C3, hs,
-                         t, 0.0f, out + size_t(b) * T * C, C, hs, t, NH);
+template <typename Body>
+void for_head_batches(int NH, int NKV, bool writes_kv, const Body& body) {
+  const int G = NH / NKV;
+  if (writes_kv || NKV >= G) {
+    for (int r = 0; r < G; r++) body(HeadBatch{r, 0, NKV, G, 1});
+  } else {
+    for (int g = 0; g < NKV; g++) body(HeadBatch{g * G, g, G, 1, 0});
   }
 }
 
-// dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) from the forward. Accumulates dqkv (B,T,3C);
-// datt (B,NH,T,T) is scratch: it first holds d(att), then d(pre-softmax scores).
+}  // namespace
+
+// qkv (B,T,(NH+2*NKV)*hs), att (B,NH,T,T), out (B,T,NH*hs). Overwrites out and att.
 template <typename F>
-void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att, int B, int T,
-                        int C, int NH) {
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int NKV, int hs) {
   if (B <= 0 || T <= 0) return;
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+  const int C3 = (NH + 2 * NKV) * hs, Cq = NH * hs;
   const float scale = float(1.0 / std::sqrt(double(hs)));
   const long long TT = (long long)T * T;
   const cudaDataType_t t = data_type<F>();
   for (int b = 0; b < B; b++) {
-    // datt_h (T,T) = dout_h · v_hᵀ
-    gemm_strided_batched(false, true, T, T, hs, 1.0f, dout + size_t(b) * T * C, C, hs,
-                         qkv + size_t(b) * T * C3 + 2 * C, C3, hs, t, 0.0f,
-                         datt + size_t(b) * NH * TT, T, TT, t, NH);
+    const F* row = qkv + size_t(b) * T * C3;
+    for_head_batches(NH, NKV, false, [&](const HeadBatch& hb) {
+      // scores[h] (T,T) = scale * q_h · k_gᵀ
+      gemm_strided_batched(false, true, T, T, hs, scale, row + size_t(hb.h0) * hs, C3,
+                           (long long)hb.h_step * hs, row + size_t(NH + hb.kv0) * hs, C3,
+                           (long long)hb.kv_step * hs, t, 0.0f,
+                           att + (size_t(b) * NH + hb.h0) * TT, T, hb.h_step * TT, t, hb.count);
+    });
+  }
+  softmax_causal(att, B * NH * T, T);
+  for (int b = 0; b < B; b++) {
+    const F* row = qkv + size_t(b) * T * C3;
+    for_head_batches(NH, NKV, false, [&](const HeadBatch& hb) {
+      // out_h (T,hs) = att_h · v_g
+      gemm_strided_batched(false, false, T, hs, T, 1.0f, att + (size_t(b) * NH + hb.h0) * TT, T,
+                           hb.h_step * TT, row + size_t(NH + NKV + hb.kv0) * hs, C3,
+                           (long long)hb.kv_step * hs, t, 0.0f,
+                           out + size_t(b) * T * Cq + size_t(hb.h0) * hs, Cq,
+                           (long long)hb.h_step * hs, t, hb.count);
+    });
+  }
+}
+
+// dout (B,T,NH*hs), qkv and att (B,NH,T,T) from the forward. Accumulates dqkv; datt (B,NH,T,T) is
+// scratch: it first holds d(att), then d(pre-softmax scores).
+template <typename F>
+void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att, int B, int T,
+                        int NH, int NKV, int hs) {
+  if (B <= 0 || T <= 0) return;
+  const int C3 = (NH + 2 * NKV) * hs, Cq = NH * hs;
+  const float scale = float(1.0 / std::sqrt(double(hs)));
+  const long long TT = (long long)T * T;
+  const cudaDataType_t t = data_type<F>();
+  for (int b = 0; b < B; b++) {
+    const F* row = qkv + size_t(b) * T * C3;
+    for_head_batches(NH, NKV, false, [&](const HeadBatch& hb) {
+      // datt_h (T,T) = dout_h · v_gᵀ
+      gemm_strided_batched(false, true, T, T, hs, 1.0f,
+                           dout + size_t(b) * T * Cq + size_t(hb.h0) * hs, Cq,
+                           (long long)hb.h_step * hs, row + size_t(NH + NKV + hb.kv0) * hs, C3,
+                           (long long)hb.kv_step * hs, t, 0.0f,
+                           datt + (size_t(b) * NH + hb.h0) * TT, T, hb.h_step * TT, t, hb.count);
+    });
   }
   softmax_causal_backward(datt, att, B * NH * T, T);
   for (int b = 0; b < B; b++) {
-    const F* q = qkv + size_t(b) * T * C3;
-    const F* k = q + C;
-    const F* d = dout + size_t(b) * T * C;
-    F* dq = dqkv + size_t(b) * T * C3;
+    const F* row = qkv + size_t(b) * T * C3;
+    const F* d = dout + size_t(b) * T * Cq;
+    F* drow = dqkv + size_t(b) * T * C3;
     const F* a = att + size_t(b) * NH * TT;
     const F* da = datt + size_t(b) * NH * TT;
-    // dq_h += scale * dscores_h · k_h
-    gemm_strided_batched(false, false, T, hs, T, scale, da, T, TT, k, C3, hs, t, 1.0f, dq, C3, hs,
-                         t, NH);
-    // dk_h += scale * dscores_hᵀ · q_h
-    gemm_strided_batched(true, false, T, hs, T, scale, da, T, TT, q, C3, hs, t, 1.0f, dq + C, C3,
-                         hs, t, NH);
-    // dv_h += att_hᵀ · dout_h
-    gemm_strided_batched(true, false, T, hs, T, 1.0f, a, T, TT, d, C, hs, t, 1.0f, dq + 2 * C, C3,
-                         hs, t, NH);
+    for_head_batches(NH, NKV, false, [&](const HeadBatch& hb) {
+      // dq_h += scale * dscores_h · k_g
+      gemm_strided_batched(false, false, T, hs, T, scale, da + hb.h0 * TT, T, hb.h_step * TT,
+                           row + size_t(NH + hb.kv0) * hs, C3, (long long)hb.kv_step * hs, t,
+                           1.0f, drow + size_t(hb.h0) * hs, C3, (long long)hb.h_step * hs, t,
+                           hb.count);
+    });
+    for_head_batches(NH, NKV, true, [&](const HeadBatch& hb) {
+      // dk_g += scale * dscores_hᵀ · q_h
+      gemm_strided_batched(true, false, T, hs, T, scale, da + hb.h0 * TT, T, hb.h_step * TT,
+                           row + size_t(hb.h0) * hs, C3, (long long)hb.h_step * hs, t, 1.0f,
+                           drow + size_t(NH + hb.kv0) * hs, C3, (long long)hb.kv_step * hs, t,
+                           hb.count);
+      // dv_g += att_hᵀ · dout_h
+      gemm_strided_batched(true, false, T, hs, T, 1.0f, a + hb.h0 * TT, T, hb.h_step * TT,
+                           d + size_t(hb.h0) * hs, Cq, (long long)hb.h_step * hs, t, 1.0f,
+                           drow + size_t(NH + NKV + hb.kv0) * hs, C3, (long long)hb.kv_step * hs,
+                           t, hb.count);
+    });
   }
 }
 
 #define TESSERA_INSTANTIATE(F)                                                                     \
-  template void attention_forward<F>(F*, F*, const F*, int, int, int, int);                       \
-  template void attention_backward<F>(F*, F*, const F*, const F*, const F*, int, int, int, int);
+  template void attention_forward<F>(F*, F*, const F*, int, int, int, int, int);                  \
+  template void attention_backward<F>(F*, F*, const F*, const F*, const F*, int, int, int, int,    \
+                                      int);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(bf16)
 #undef TESSERA_INSTANTIATE

@@ -1,5 +1,6 @@
-// Causal multi-head self-attention that keeps no T x T matrix (model.attention: fused), in the
-// manner of FlashAttention-2; twin of attention_fused.cpp.
+// Causal grouped-query self-attention that keeps no T x T matrix (model.attention: fused), in
+// the manner of FlashAttention-2; twin of attention_fused.cpp. Query head h reads kv head
+// h / (NH/NKV) of the packed qkv rows (backend/cpu/ops.hpp gives the layout).
 //
 // Forward: a block takes kBr query rows of one (b,h) and walks the key tiles at or below its
 // last row (the masked tiles above the diagonal are never loaded); each tile of kBc = 32 keys and
@@ -8,10 +9,10 @@
 // The row's log-sum-exp m + log l is saved for the backward.
 //
 // Backward, in two kernels so that every output element has one writer and a fixed order of
-// additions (no atomics: the same bits every run): flash_dkdv takes a tile of 32 keys and walks
-// the query rows at or below it, summing dK and dV; flash_dq takes a tile of query rows and walks
-// the key tiles, summing dQ. Both recompute P = exp(scores - lse) and
-// dS = P (dP - D), D_i = dout_i · out_i.
+// additions (no atomics: the same bits every run): flash_dkdv takes a tile of 32 keys of one kv
+// head and walks the query rows at or below it of each of the kv head's query heads in turn,
+// summing dK and dV; flash_dq takes a tile of query rows and walks the key tiles, summing dQ.
+// Both recompute P = exp(scores - lse) and dS = P (dP - D), D_i = dout_i · out_i.
 //
 // Shared memory holds fp32 tiles whatever F is; key rows are padded by one float so that lanes
 // reading 32 different keys at the same dimension hit 32 different banks. Head sizes up to
@@ -50,21 +51,32 @@ __device__ float dot_rows(const float* a, const float* b, int hs) {
   return s;
 }
 
+// The heads of one batch row of the packed qkv: row length, and where query head h and kv head g
+// start in it.
+struct Heads {
+  int NH, NKV, hs;
+  __device__ int row() const { return (NH + 2 * NKV) * hs; }
+  __device__ int q(int h) const { return h * hs; }
+  __device__ int k(int g) const { return (NH + g) * hs; }
+  __device__ int v(int g) const { return (NH + NKV + g) * hs; }
+  __device__ int kv_of(int h) const { return h / (NH / NKV); }
+};
+
 // grid (ceil(T / kBr), B * NH), kThreads threads.
 template <typename F, int Dmax>
-__global__ void flash_forward_kernel(F* out, float* lse, const F* qkv, int T, int C, int NH,
+__global__ void flash_forward_kernel(F* out, float* lse, const F* qkv, int T, Heads heads,
                                      float scale) {
   constexpr int R = kRowsPerWarp<Dmax>, kBr = kWarps * R, kDims = Dmax / kWarp;
   __shared__ float qs[kBr][Dmax];
   __shared__ float ks[kBc][Dmax + 1];
   __shared__ float vs[kBc][Dmax];
   __shared__ float ps[kBr][kBc];
-  const int hs = C / NH, C3 = 3 * C;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int hs = heads.hs, C3 = heads.row();
+  const int bh = blockIdx.y, b = bh / heads.NH, h = bh % heads.NH, g = heads.kv_of(h);
   const int q0 = blockIdx.x * kBr;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const F* base = qkv + size_t(b) * T * C3 + size_t(h) * hs;
-  load_tile<F, kBr, Dmax>(qs, base, q0, T, hs, C3);
+  const F* base = qkv + size_t(b) * T * C3;
+  load_tile<F, kBr, Dmax>(qs, base + heads.q(h), q0, T, hs, C3);
 
   float m[R], l[R], o[R][kDims];
 #pragma unroll
@@ -77,8 +89,8 @@ __global__ void flash_forward_kernel(F* out, float* lse, const F* qkv, int T, in
   const int last = (T < q0 + kBr ? T : q0 + kBr) - 1;  // the block's last query row
   for (int k0 = 0; k0 <= last; k0 += kBc) {
     __syncthreads();  // the previous tile's readers are done (and, first, qs is complete)
-    load_tile<F, kBc, Dmax + 1>(ks, base + C, k0, T, hs, C3);
-    load_tile<F, kBc, Dmax>(vs, base + 2 * C, k0, T, hs, C3);
+    load_tile<F, kBc, Dmax + 1>(ks, base + heads.k(g), k0, T, hs, C3);
+    load_tile<F, kBc, Dmax>(vs, base + heads.v(g), k0, T, hs, C3);
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -107,7 +119,7 @@ __global__ void flash_forward_kernel(F* out, float* lse, const F* qkv, int T, in
   for (int r = 0; r < R; r++) {
     const int i = q0 + warp * R + r;
     if (i >= T) break;
-    F* y = out + (size_t(b) * T + i) * C + size_t(h) * hs;
+    F* y = out + (size_t(b) * T + i) * heads.NH * hs + size_t(h) * hs;
     const float inv = 1.0f / l[r];
 #pragma unroll
     for (int k = 0; k < kDims; k++) {
@@ -134,11 +146,12 @@ __device__ void row_dots(float* D, const F* dout, const F* out, int row0, int T,
   }
 }
 
-// grid (ceil(T / kBc), B * NH), kThreads threads: dK and dV of one tile of 32 keys. Warp w owns
-// keys 8w .. 8w + 7 of the tile, lane its dimensions.
+// grid (ceil(T / kBc), B * NKV), kThreads threads: dK and dV of one tile of 32 keys of one kv
+// head, summed over its query heads in order. Warp w owns keys 8w .. 8w + 7 of the tile, lane its
+// dimensions.
 template <typename F, int Dmax>
 __global__ void flash_dkdv_kernel(F* dqkv, const F* dout, const F* qkv, const F* out,
-                                  const float* lse, int T, int C, int NH, float scale) {
+                                  const float* lse, int T, Heads heads, float scale) {
   constexpr int kBq = kWarps * kRowsPerWarp<Dmax>, kDims = Dmax / kWarp;
   constexpr int kKeysPerWarp = kBc / kWarps;
   __shared__ float ks[kBc][Dmax + 1];
@@ -148,14 +161,13 @@ __global__ void flash_dkdv_kernel(F* dqkv, const F* dout, const F* qkv, const F*
   __shared__ float ps[kBq][kBc];
   __shared__ float dss[kBq][kBc];
   __shared__ float lses[kBq], Ds[kBq];
-  const int hs = C / NH, C3 = 3 * C;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int hs = heads.hs, C3 = heads.row(), Cq = heads.NH * hs, G = heads.NH / heads.NKV;
+  const int bg = blockIdx.y, b = bg / heads.NKV, g = bg % heads.NKV;
   const int k0 = blockIdx.x * kBc;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const F* base = qkv + size_t(b) * T * C3 + size_t(h) * hs;
-  const size_t obase = size_t(b) * T * C + size_t(h) * hs;
-  load_tile<F, kBc, Dmax + 1>(ks, base + C, k0, T, hs, C3);
-  load_tile<F, kBc, Dmax + 1>(vs, base + 2 * C, k0, T, hs, C3);
+  const F* base = qkv + size_t(b) * T * C3;
+  load_tile<F, kBc, Dmax + 1>(ks, base + heads.k(g), k0, T, hs, C3);
+  load_tile<F, kBc, Dmax + 1>(vs, base + heads.v(g), k0, T, hs, C3);
 
   float dk[kKeysPerWarp][kDims], dv[kKeysPerWarp][kDims];
 #pragma unroll
@@ -163,40 +175,44 @@ __global__ void flash_dkdv_kernel(F* dqkv, const F* dout, const F* qkv, const F*
 #pragma unroll
     for (int k = 0; k < kDims; k++) dk[j][k] = dv[j][k] = 0.0f;
 
-  // Query rows below k0 see none of these keys.
-  for (int i0 = k0 / kBq * kBq; i0 < T; i0 += kBq) {
-    __syncthreads();  // the previous rows' readers are done (and, first, ks and vs are complete)
-    load_tile<F, kBq, Dmax>(qs, base, i0, T, hs, C3);
-    load_tile<F, kBq, Dmax>(dos, dout + obase, i0, T, hs, C);
-    row_dots<F, kBq>(Ds, dout + obase, out + obase, i0, T, hs, C);
-    for (int r = threadIdx.x; r < kBq; r += kThreads)
-      lses[r] = i0 + r < T ? lse[size_t(bh) * T + i0 + r] : 0.0f;
-    __syncthreads();
-    // P and dS of the (kBq x 32) block: lane j takes key j, warps take rows in turn.
-    for (int r = warp; r < kBq; r += kWarps) {
-      const int i = i0 + r, key = k0 + lane;
-      float p = 0.0f, ds = 0.0f;
-      if (i < T && key <= i) {
-        p = expf(scale * dot_rows(qs[r], ks[lane], hs) - lses[r]);
-        ds = p * (dot_rows(dos[r], vs[lane], hs) - Ds[r]);
-      }
-      ps[r][lane] = p;
-      dss[r][lane] = ds;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < kKeysPerWarp; j++) {
-      const int key = warp * kKeysPerWarp + j;
-#pragma unroll
-      for (int k = 0; k < kDims; k++) {
-        const int d = lane + k * kWarp;
-        float a = dv[j][k], g = dk[j][k];
-        for (int r = 0; r < kBq; r++) {
-          a += ps[r][key] * dos[r][d];
-          g += dss[r][key] * qs[r][d];
+  for (int h = g * G; h < (g + 1) * G; h++) {
+    const size_t obase = size_t(b) * T * Cq + size_t(h) * hs;
+    const float* row_lse = lse + (size_t(b) * heads.NH + h) * T;
+    // Query rows below k0 see none of these keys.
+    for (int i0 = k0 / kBq * kBq; i0 < T; i0 += kBq) {
+      __syncthreads();  // the previous rows' readers are done (and, first, ks and vs are complete)
+      load_tile<F, kBq, Dmax>(qs, base + heads.q(h), i0, T, hs, C3);
+      load_tile<F, kBq, Dmax>(dos, dout + obase, i0, T, hs, Cq);
+      row_dots<F, kBq>(Ds, dout + obase, out + obase, i0, T, hs, Cq);
+      for (int r = threadIdx.x; r < kBq; r += kThreads)
+        lses[r] = i0 + r < T ? row_lse[i0 + r] : 0.0f;
+      __syncthreads();
+      // P and dS of the (kBq x 32) block: lane j takes key j, warps take rows in turn.
+      for (int r = warp; r < kBq; r += kWarps) {
+        const int i = i0 + r, key = k0 + lane;
+        float p = 0.0f, ds = 0.0f;
+        if (i < T && key <= i) {
+          p = expf(scale * dot_rows(qs[r], ks[lane], hs) - lses[r]);
+          ds = p * (dot_rows(dos[r], vs[lane], hs) - Ds[r]);
         }
-        dv[j][k] = a;
-        dk[j][k] = g;
+        ps[r][lane] = p;
+        dss[r][lane] = ds;
+      }
+      __syncthreads();
+  #pragma unroll
+      for (int j = 0; j < kKeysPerWarp; j++) {
+        const int key = warp * kKeysPerWarp + j;
+  #pragma unroll
+        for (int k = 0; k < kDims; k++) {
+          const int d = lane + k * kWarp;
+          float a = dv[j][k], gk = dk[j][k];
+          for (int r = 0; r < kBq; r++) {
+            a += ps[r][key] * dos[r][d];
+            gk += dss[r][key] * qs[r][d];
+          }
+          dv[j][k] = a;
+          dk[j][k] = gk;
+        }
       }
     }
   }
@@ -204,13 +220,14 @@ __global__ void flash_dkdv_kernel(F* dqkv, const F* dout, const F* qkv, const F*
   for (int j = 0; j < kKeysPerWarp; j++) {
     const int key = k0 + warp * kKeysPerWarp + j;
     if (key >= T) break;
-    F* dkey = dqkv + (size_t(b) * T + key) * C3 + size_t(h) * hs + C;
+    F* dkey = dqkv + (size_t(b) * T + key) * C3 + heads.k(g);
+    F* dval = dqkv + (size_t(b) * T + key) * C3 + heads.v(g);
 #pragma unroll
     for (int k = 0; k < kDims; k++) {
       const int d = lane + k * kWarp;
       if (d < hs) {
         dkey[d] = from_float<F>(to_float(dkey[d]) + scale * dk[j][k]);
-        dkey[C + d] = from_float<F>(to_float(dkey[C + d]) + dv[j][k]);
+        dval[d] = from_float<F>(to_float(dval[d]) + dv[j][k]);
       }
     }
   }
@@ -219,7 +236,7 @@ __global__ void flash_dkdv_kernel(F* dqkv, const F* dout, const F* qkv, const F*
 // grid (ceil(T / kBr), B * NH), kThreads threads: dQ of one tile of query rows.
 template <typename F, int Dmax>
 __global__ void flash_dq_kernel(F* dqkv, const F* dout, const F* qkv, const F* out,
-                                const float* lse, int T, int C, int NH, float scale) {
+                                const float* lse, int T, Heads heads, float scale) {
   constexpr int R = kRowsPerWarp<Dmax>, kBr = kWarps * R, kDims = Dmax / kWarp;
   __shared__ float qs[kBr][Dmax];
   __shared__ float dos[kBr][Dmax];
@@ -227,15 +244,15 @@ __global__ void flash_dq_kernel(F* dqkv, const F* dout, const F* qkv, const F* o
   __shared__ float vs[kBc][Dmax + 1];
   __shared__ float dss[kBr][kBc];
   __shared__ float Ds[kBr];
-  const int hs = C / NH, C3 = 3 * C;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int hs = heads.hs, C3 = heads.row(), Cq = heads.NH * hs;
+  const int bh = blockIdx.y, b = bh / heads.NH, h = bh % heads.NH, g = heads.kv_of(h);
   const int q0 = blockIdx.x * kBr;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const F* base = qkv + size_t(b) * T * C3 + size_t(h) * hs;
-  const size_t obase = size_t(b) * T * C + size_t(h) * hs;
-  load_tile<F, kBr, Dmax>(qs, base, q0, T, hs, C3);
-  load_tile<F, kBr, Dmax>(dos, dout + obase, q0, T, hs, C);
-  row_dots<F, kBr>(Ds, dout + obase, out + obase, q0, T, hs, C);
+  const F* base = qkv + size_t(b) * T * C3;
+  const size_t obase = size_t(b) * T * Cq + size_t(h) * hs;
+  load_tile<F, kBr, Dmax>(qs, base + heads.q(h), q0, T, hs, C3);
+  load_tile<F, kBr, Dmax>(dos, dout + obase, q0, T, hs, Cq);
+  row_dots<F, kBr>(Ds, dout + obase, out + obase, q0, T, hs, Cq);
 
   float lse_r[R], dq[R][kDims];
 #pragma unroll
@@ -248,8 +265,8 @@ __global__ void flash_dq_kernel(F* dqkv, const F* dout, const F* qkv, const F* o
   const int last = (T < q0 + kBr ? T : q0 + kBr) - 1;
   for (int k0 = 0; k0 <= last; k0 += kBc) {
     __syncthreads();
-    load_tile<F, kBc, Dmax + 1>(ks, base + C, k0, T, hs, C3);
-    load_tile<F, kBc, Dmax + 1>(vs, base + 2 * C, k0, T, hs, C3);
+    load_tile<F, kBc, Dmax + 1>(ks, base + heads.k(g), k0, T, hs, C3);
+    load_tile<F, kBc, Dmax + 1>(vs, base + heads.v(g), k0, T, hs, C3);
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -276,7 +293,7 @@ __global__ void flash_dq_kernel(F* dqkv, const F* dout, const F* qkv, const F* o
   for (int r = 0; r < R; r++) {
     const int i = q0 + warp * R + r;
     if (i >= T) break;
-    F* dqrow = dqkv + (size_t(b) * T + i) * C3 + size_t(h) * hs;
+    F* dqrow = dqkv + (size_t(b) * T + i) * C3 + heads.q(h);
 #pragma unroll
     for (int k = 0; k < kDims; k++) {
       const int d = lane + k * kWarp;
@@ -301,13 +318,14 @@ unsigned row_tiles(int T) {
 }  // namespace
 
 template <typename F>
-void attention_fused_forward(F* out, float* lse, const F* qkv, int B, int T, int C, int NH) {
+void attention_fused_forward(F* out, float* lse, const F* qkv, int B, int T, int NH, int NKV,
+                             int hs) {
   if (B <= 0 || T <= 0) return;
-  const int hs = C / NH;
   const float scale = float(1.0 / std::sqrt(double(hs)));
+  const Heads heads{NH, NKV, hs};
   with_head_tile(hs, [&]<int Dmax>() {
     const dim3 grid(row_tiles<Dmax>(T), unsigned(B * NH));
-    launch<flash_forward_kernel<F, Dmax>>(grid, kThreads, 0, stream(), out, lse, qkv, T, C, NH,
+    launch<flash_forward_kernel<F, Dmax>>(grid, kThreads, 0, stream(), out, lse, qkv, T, heads,
                                           scale);
   });
   CUDA_CHECK_LAUNCH();
@@ -315,18 +333,18 @@ void attention_fused_forward(F* out, float* lse, const F* qkv, int B, int T, int
 
 template <typename F>
 void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const float* lse,
-                              int B, int T, int C, int NH) {
+                              int B, int T, int NH, int NKV, int hs) {
   if (B <= 0 || T <= 0) return;
-  const int hs = C / NH;
   const float scale = float(1.0 / std::sqrt(double(hs)));
+  const Heads heads{NH, NKV, hs};
   with_head_tile(hs, [&]<int Dmax>() {
-    const dim3 key_grid(blocks_for(size_t(T), kBc), unsigned(B * NH));
+    const dim3 key_grid(blocks_for(size_t(T), kBc), unsigned(B * NKV));
     launch<flash_dkdv_kernel<F, Dmax>>(key_grid, kThreads, 0, stream(), dqkv, dout, qkv, out, lse,
-                                       T, C, NH, scale);
+                                       T, heads, scale);
     CUDA_CHECK_LAUNCH();
     const dim3 row_grid(row_tiles<Dmax>(T), unsigned(B * NH));
     launch<flash_dq_kernel<F, Dmax>>(row_grid, kThreads, 0, stream(), dqkv, dout, qkv, out, lse, T,
-                                     C, NH, scale);
+                                     heads, scale);
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -334,9 +352,9 @@ void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out
 static_assert(kMaxFusedHeadSize == 128, "with_head_tile covers head sizes up to 128");
 
 #define TESSERA_INSTANTIATE(F)                                                                     \
-  template void attention_fused_forward<F>(F*, float*, const F*, int, int, int, int);             \
+  template void attention_fused_forward<F>(F*, float*, const F*, int, int, int, int, int);        \
   template void attention_fused_backward<F>(F*, const F*, const F*, const F*, const float*, int,   \
-                                            int, int, int);
+                                            int, int, int, int);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(bf16)
 #undef TESSERA_INSTANTIATE

@@ -8,8 +8,8 @@
 //    is the CPU one exactly.
 //  - What must stay fp32 in mixed precision is fp32 in every instantiation: parameter gradients
 //    (dwte, dwpe, dweight, dbias: summed over micro-batches, "fp32 gradient accumulation"), the
-//    LayerNorm statistics, the cross-entropy's row max and losses, AdamW's master weights and
-//    moments. Activations, their gradients and the parameters the GEMMs read are F.
+//    LayerNorm and RMSNorm statistics, the RoPE table, the cross-entropy's row max and losses,
+//    AdamW's master weights and moments. Activations, their gradients and the parameters the GEMMs read are F.
 // All arithmetic is fp32 (fp64 where the CPU op sums in double); bf16 is a storage format.
 //
 // Every op is asynchronous on the backend's stream (context.hpp: cuda::stream()), the stream the
@@ -54,6 +54,14 @@ void layernorm_forward(F* out, float* mean, float* rstd, const F* inp, const F* 
 template <typename F>
 void layernorm_backward(F* dinp, float* dweight, float* dbias, const F* dout, const F* inp,
                         const F* weight, const float* mean, const float* rstd, int N, int C);
+// RMSNorm as LLaMA's (torch: x * rsqrt(mean(x²) + eps) * weight): out, inp (N,C); weight (C);
+// rstd (N) = 1/sqrt(mean(x²) + eps) saved for backward.
+template <typename F>
+void rmsnorm_forward(F* out, float* rstd, const F* inp, const F* weight, int N, int C, double eps);
+// Accumulates dinp (N,C), dweight (C).
+template <typename F>
+void rmsnorm_backward(F* dinp, float* dweight, const F* dout, const F* inp, const F* weight,
+                      const float* rstd, int N, int C);
 
 // out (N,OC) = inp (N,IC) · weightᵀ + bias; weight (OC,IC) as torch nn.Linear; bias (OC) or nullptr.
 template <typename F>
@@ -67,26 +75,37 @@ template <typename F>
 void matmul_backward(F* dinp, float* dweight, float* dbias, const F* dout, const F* inp,
                      const F* weight, int N, int IC, int OC);
 
-// qkv (B,T,3C): q, k, v in cols [0,C), [C,2C), [2C,3C); head h uses [h*hs,(h+1)*hs), hs = C/NH.
+// Grouped-query attention on the qkv activation (B,T,(NH+2*NKV)*hs) of backend/cpu/ops.hpp (q
+// heads, k heads, v heads; query head h reads kv head h / (NH/NKV)).
 // att (B,NH,T,T) = causal softmax(q·kᵀ/sqrt(hs)), exactly 0 above the diagonal.
-// out (B,T,C) = att·v, head h in cols [h*hs,(h+1)*hs). Overwrites out and att.
+// out (B,T,NH*hs) = att·v, query head h in cols [h*hs,(h+1)*hs). Overwrites out and att.
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH);
-// Accumulates dqkv (B,T,3C) from dout (B,T,C); datt (B,NH,T,T) is scratch, overwritten.
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int NKV, int hs);
+// Accumulates dqkv from dout (B,T,NH*hs); a kv head's dk and dv sum over its query heads in a
+// fixed order (no atomics); datt (B,NH,T,T) is scratch, overwritten.
 template <typename F>
 void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att, int B, int T,
-                        int C, int NH);
+                        int NH, int NKV, int hs);
 // The same attention without the (B,NH,T,T) matrix (model.attention: fused; flash-attention
 // style: tiles of q, k and v in shared memory, an online softmax in fp32, the masked tiles
 // skipped): the forward saves lse (B,NH,T, fp32), each query row's log-sum-exp of its scaled
 // scores, and overwrites out and lse; the backward recomputes the probabilities from q, k and lse
-// and accumulates dqkv (B,T,3C) from dout, using out of the forward. Head sizes up to
-// kMaxFusedHeadSize (config/config.hpp); deterministic (no atomics).
+// and accumulates dqkv from dout, using out of the forward. Head sizes up to kMaxFusedHeadSize
+// (config/config.hpp); deterministic (no atomics).
 template <typename F>
-void attention_fused_forward(F* out, float* lse, const F* qkv, int B, int T, int C, int NH);
+void attention_fused_forward(F* out, float* lse, const F* qkv, int B, int T, int NH, int NKV,
+                             int hs);
 template <typename F>
 void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const float* lse,
-                              int B, int T, int C, int NH);
+                              int B, int T, int NH, int NKV, int hs);
+
+// Rotary position embeddings in place on the q and k heads of qkv, by the fp32 table cs
+// (T, hs/2, 2) in device memory (cpu::rope_table fills it on the host); the v heads untouched.
+// The backward applies the transposed rotation to dqkv in place.
+template <typename F>
+void rope_forward(F* qkv, const float* cs, int B, int T, int NH, int NKV, int hs);
+template <typename F>
+void rope_backward(F* dqkv, const float* cs, int B, int T, int NH, int NKV, int hs);
 
 // out, inp (n): GELU, tanh form as torch GELU(approximate='tanh').
 template <typename F>
@@ -94,6 +113,12 @@ void gelu_forward(F* out, const F* inp, size_t n);
 // Accumulates dinp (n).
 template <typename F>
 void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n);
+// SwiGLU: inp (N,2H) = (gate | up); out (N,H) = silu(gate) * up. Overwrites out.
+template <typename F>
+void swiglu_forward(F* out, const F* inp, int N, int H);
+// Accumulates dinp (N,2H) from dout (N,H).
+template <typename F>
+void swiglu_backward(F* dinp, const F* inp, const F* dout, int N, int H);
 
 // out = a + b, all (n).
 template <typename F>
