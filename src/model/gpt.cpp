@@ -42,29 +42,40 @@ bool Gpt<Backend>::kept(Stat s) const {
 template <class Backend>
 Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots,
                   Arena& arena, const ModelOptions& options, int chunk)
-    : layout_(layout), tp_(tp), arena_(&arena), max_n_(max_batch * max_seq), options_(options),
+    : layout_(layout), tp_(tp), arena_(&arena), max_n_(max_batch * max_seq),
+      max_batch_(max_batch), options_(options),
       slots_(slots), begin_(layout.chunks.at(size_t(chunk)).begin),
       end_(layout.chunks.at(size_t(chunk)).end), first_(layout.first && chunk == 0),
       last_(layout.last && chunk + 1 == int(layout.chunks.size())) {
   const ModelShape& s = layout.canonical.shape;
-  if (s.arch != Arch::Gpt2)
-    throw UserError("model.arch: llama: the model's LLaMA blocks are not built yet (its ops are)");
   if (layout.tp == 1) options_.sequence_parallel = false;
   const size_t N = size_t(max_batch) * max_seq, C = s.n_embd;
   const size_t Nr = N / size_t(seq_split());  // rows of the norms and the residual stream
-  const size_t Cl = C / layout.tp;  // this rank's share of the heads / MLP width, per C
+  // This rank's widths: its heads of q (Q) and of q, k and v together (QKV), its MLP
+  // activations (F) and the GEMM in front of them (FH: GPT-2's c_fc, or LLaMA's gate and up).
+  width_.hs = s.head_size();
+  width_.nh = s.n_head / layout.tp;
+  width_.nkv = s.n_kv_head / layout.tp;
+  width_.q = width_.nh * width_.hs;
+  width_.qkv = (width_.nh + 2 * width_.nkv) * width_.hs;
+  width_.f = s.ffn_hidden / layout.tp;
+  width_.fh = s.arch == Arch::Llama ? 2 * width_.f : width_.f;
+  const size_t Q = size_t(width_.q), QKV = size_t(width_.qkv), F = size_t(width_.f),
+               FH = size_t(width_.fh);
   const size_t L = size_t(end_ - begin_);
   // The attention's (B,NH/tp,T,T) probabilities, or with fused attention each row's log-sum-exp.
-  const size_t rows = size_t(max_batch) * (s.n_head / layout.tp) * max_seq;
+  const size_t rows = size_t(max_batch) * size_t(width_.nh) * max_seq;
   const bool fused = options.fused_attention;
   const size_t att = fused ? 0 : rows * max_seq, lse = fused ? rows : 0;
   const size_t last = last_ ? 1 : 0;
+  // LayerNorm keeps each row's mean and rstd, RMSNorm its rstd alone.
+  const size_t mean = s.arch == Arch::Llama ? 0 : Nr;
   // Per-layer kinds (`layers` true) are kept per slot and layer, or live in the workspace.
   struct { Slot kind; size_t size; bool layers; size_t count; } plan[] = {
-      {kEncoded, Nr * C, false, 1},   {kLn1, Nr * C, true, L},       {kQkv, 3 * N * Cl, true, L},
-      {kAtt, att, true, L},           {kAttY, N * Cl, true, L},      {kAttProj, Nr * C, true, L},
-      {kRes2, Nr * C, true, L},       {kLn2, Nr * C, true, L},       {kFcH, 4 * N * Cl, true, L},
-      {kFcGelu, 4 * N * Cl, true, L}, {kFcProj, Nr * C, true, L},    {kRes3, Nr * C, true, L},
+      {kEncoded, Nr * C, false, 1}, {kLn1, Nr * C, true, L},     {kQkv, N * QKV, true, L},
+      {kAtt, att, true, L},         {kAttY, N * Q, true, L},      {kAttProj, Nr * C, true, L},
+      {kRes2, Nr * C, true, L},     {kLn2, Nr * C, true, L},      {kFcH, N * FH, true, L},
+      {kFcGelu, N * F, true, L},    {kFcProj, Nr * C, true, L},   {kRes3, Nr * C, true, L},
       {kLnF, Nr * C, false, last},    {kLogits, N * size_t(layout.vocab_rows), false, last},
   };
   for (const auto& p : plan) {
@@ -84,8 +95,8 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     }
   }
   struct { Stat kind; size_t size; bool layers; size_t count; } stat_plan[] = {
-      {kLn1Mean, Nr, true, L},    {kLn1Rstd, Nr, true, L},   {kLn2Mean, Nr, true, L},
-      {kLn2Rstd, Nr, true, L},    {kAttLse, lse, true, L},   {kLnFMean, Nr, false, last},
+      {kLn1Mean, mean, true, L},  {kLn1Rstd, Nr, true, L},   {kLn2Mean, mean, true, L},
+      {kLn2Rstd, Nr, true, L},    {kAttLse, lse, true, L},   {kLnFMean, mean, false, last},
       {kLnFRstd, Nr, false, last},
   };
   for (const auto& p : stat_plan) {
@@ -102,7 +113,7 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   }
   const size_t sp = options_.sequence_parallel ? 1 : 0;
   const size_t scratch_sizes[kScratchKinds] = {
-      Nr * C, N * C, 3 * N * Cl, att, N * Cl, 4 * N * Cl, 4 * N * Cl,
+      Nr * C, N * C, N * QKV, att, N * Q, N * FH, N * F,
       sp * N * C, sp * N * C, sp * N * C, sp * Nr * C};
   size_t total = 0;
   for (int k = 0; k < kScratchKinds; ++k) {
@@ -117,6 +128,9 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   h_row_max_ = arena.add("cross-entropy row max", N * sizeof(float));
   h_sums_ = arena.add("cross-entropy sums", 2 * N * sizeof(double));
   h_targets_ = arena.add("targets", size_t(slots) * N * sizeof(int32_t));
+  // LLaMA's rotary table: (T, hs/2) cos and sin pairs.
+  if (s.arch == Arch::Llama)
+    h_rope_ = arena.add("rotary table" + of, size_t(max_seq) * size_t(width_.hs) * sizeof(float));
 }
 
 template <class Backend>
@@ -127,6 +141,13 @@ void Gpt<Backend>::bind() {
   row_max_ = arena_->get<float>(h_row_max_);
   ce_sums_ = arena_->get<double>(h_sums_);
   targets_ = arena_->get<int32_t>(h_targets_);
+  if (layout_.canonical.shape.arch == Arch::Llama) {
+    rope_ = arena_->get<float>(h_rope_);
+    const ModelShape& s = layout_.canonical.shape;
+    std::vector<float> table(size_t(max_n_ / max_batch_) * size_t(width_.hs));
+    cpu::rope_table(table.data(), max_n_ / max_batch_, width_.hs, s.rope_theta);
+    Backend::to_device(rope_, table.data(), table.size() * sizeof(float));
+  }
 }
 
 template <class Backend>
@@ -149,7 +170,7 @@ std::vector<std::pair<size_t, size_t>> Gpt<Backend>::tp_partial_gradients(int l)
     add(lay.norm_weight);
     add(lay.norm_bias);
   } else {
-    for (LayerTensor k : {kLn1W, kLn1B, kLn2W, kLn2B})
+    for (LayerTensor k : {kLn1W, kLn1B, kLn2W, kLn2B, kInNormW, kPostNormW})
       if (lay.canonical.has(k)) add(lay.layer(l, k));
   }
   return out;
@@ -190,44 +211,100 @@ typename Gpt<Backend>::LayerActs Gpt<Backend>::layer_acts(int slot, int i,
 
 template <class Backend>
 void Gpt<Backend>::attention_core(const LayerActs& a, int B, int T) {
-  const LocalLayout& lay = layout_;
-  const ModelShape& s = lay.canonical.shape;
-  const int Cl = s.n_embd / lay.tp, NHl = s.n_head / lay.tp;
+  const Width& w = width_;
   if (options_.fused_attention)
-    Backend::attention_fused_forward(a.atty, a.lse, a.qkv, B, T, NHl, NHl, Cl / NHl);
+    Backend::attention_fused_forward(a.atty, a.lse, a.qkv, B, T, w.nh, w.nkv, w.hs);
   else
-    Backend::attention_forward(a.atty, a.att, a.qkv, B, T, NHl, NHl, Cl / NHl);
+    Backend::attention_forward(a.atty, a.att, a.qkv, B, T, w.nh, w.nkv, w.hs);
+}
+
+template <class Backend>
+typename Gpt<Backend>::LayerWeights Gpt<Backend>::layer_weights(const Act* params, float* grads,
+                                                                int l) const {
+  const LocalLayout& lay = layout_;
+  auto at = [&](LayerTensor t) -> size_t {
+    return lay.canonical.has(t) ? lay.tensors[size_t(lay.layer(l, t))].offset : size_t(-1);
+  };
+  auto P = [&](LayerTensor t) { return at(t) == size_t(-1) ? nullptr : params + at(t); };
+  auto G = [&](LayerTensor t) {
+    return at(t) == size_t(-1) || grads == nullptr ? nullptr : grads + at(t);
+  };
+  // The GEMMs' weights of q, k and v (and of gate and up) are adjacent shards: one GEMM each.
+  const bool llama = lay.canonical.shape.arch == Arch::Llama;
+  const LayerTensor kinds[6][2] = {
+      {kLn1W, kInNormW}, {kAttnW, kQW}, {kAttnProjW, kOW}, {kLn2W, kPostNormW}, {kFcW, kGateW},
+      {kFcProjW, kDownW}};
+  const LayerTensor biases[6] = {kLn1B, kAttnB, kAttnProjB, kLn2B, kFcB, kFcProjB};
+  LayerWeights w;
+  const Act** p[6] = {&w.norm1, &w.qkv, &w.proj, &w.norm2, &w.fc, &w.down};
+  float** g[6] = {&w.g_norm1, &w.g_qkv, &w.g_proj, &w.g_norm2, &w.g_fc, &w.g_down};
+  const Act** pb[6] = {&w.norm1_b, &w.qkv_b, &w.proj_b, &w.norm2_b, &w.fc_b, &w.down_b};
+  float** gb[6] = {&w.g_norm1_b, &w.g_qkv_b, &w.g_proj_b, &w.g_norm2_b, &w.g_fc_b, &w.g_down_b};
+  for (int k = 0; k < 6; ++k) {
+    *p[k] = P(kinds[k][llama]);
+    *g[k] = G(kinds[k][llama]);
+    *pb[k] = llama ? nullptr : P(biases[k]);
+    *gb[k] = llama ? nullptr : G(biases[k]);
+  }
+  return w;
+}
+
+template <class Backend>
+void Gpt<Backend>::norm_forward(Act* out, float* mean, float* rstd, const Act* in, const Act* weight,
+                                const Act* bias, int rows) {
+  const ModelShape& s = layout_.canonical.shape;
+  if (s.arch == Arch::Llama)
+    Backend::rmsnorm_forward(out, rstd, in, weight, rows, s.n_embd, s.norm_eps);
+  else
+    Backend::layernorm_forward(out, mean, rstd, in, weight, bias, rows, s.n_embd);
+}
+
+template <class Backend>
+void Gpt<Backend>::norm_backward(Act* din, float* dweight, float* dbias, const Act* dout,
+                                 const Act* in, const Act* weight, const float* mean,
+                                 const float* rstd, int rows) {
+  const ModelShape& s = layout_.canonical.shape;
+  if (s.arch == Arch::Llama)
+    Backend::rmsnorm_backward(din, dweight, dout, in, weight, rstd, rows, s.n_embd);
+  else
+    Backend::layernorm_backward(din, dweight, dbias, dout, in, weight, mean, rstd, rows, s.n_embd);
 }
 
 // N = B*T rows pass the column-parallel GEMMs and the attention; Nr = N / seq_split() rows pass
-// the norms, biases and residual adds (all of them without sequence parallelism).
+// the norms, biases and residual adds (all of them without sequence parallelism). The two
+// families differ in the norm (LayerNorm with bias / RMSNorm), the biases, the rotary
+// embedding of q and k, and the MLP's activation (GELU / SwiGLU of gate and up).
 template <class Backend>
 void Gpt<Backend>::layer_forward(const Act* params, int l, const LayerActs& a, int B, int T) {
-  const LocalLayout& lay = layout_;
-  const int C = n_embd(), Cl = C / lay.tp, N = B * T, Nr = N / seq_split();
+  const Width& wd = width_;
+  const int C = n_embd(), N = B * T, Nr = N / seq_split();
   const size_t NrC = size_t(Nr) * C;
-  const bool sp = options_.sequence_parallel;
+  const bool sp = options_.sequence_parallel, llama = layout_.canonical.shape.arch == Arch::Llama;
   const Act* none = nullptr;
-  auto W = [&](LayerTensor t) { return params + lay.tensors[size_t(lay.layer(l, t))].offset; };
-  Backend::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, W(kLn1W), W(kLn1B), Nr, C);
-  // Column-parallel c_attn: this rank's heads of q, k and v.
-  Backend::matmul_forward(a.qkv, gather_rows(a.ln1, scratch(kGather), N), W(kAttnW), W(kAttnB), N,
-                          C, 3 * Cl);
+  const LayerWeights w = layer_weights(params, nullptr, l);
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, w.norm1, w.norm1_b, Nr);
+  // Column-parallel q, k, v: this rank's heads of each.
+  Backend::matmul_forward(a.qkv, gather_rows(a.ln1, scratch(kGather), N), w.qkv, w.qkv_b, N, C,
+                          wd.qkv);
+  if (llama) Backend::rope_forward(a.qkv, rope_, B, T, wd.nh, wd.nkv, wd.hs);
   attention_core(a, B, T);
-  // Row-parallel c_proj: partial products summed over tp, then the replicated bias once.
+  // Row-parallel projection: partial products summed over tp, then the replicated bias once.
   Act* partial = sp ? scratch(kPartial) : a.attproj;
-  Backend::matmul_forward(partial, a.atty, W(kAttnProjW), none, N, Cl, C);
+  Backend::matmul_forward(partial, a.atty, w.proj, none, N, wd.q, C);
   reduce_rows(partial, a.attproj, N);
-  Backend::bias_add(a.attproj, W(kAttnProjB), Nr, C);
+  if (w.proj_b) Backend::bias_add(a.attproj, w.proj_b, Nr, C);
   Backend::residual_forward(a.res2, a.in, a.attproj, NrC);
-  Backend::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, W(kLn2W), W(kLn2B), Nr, C);
-  Backend::matmul_forward(a.fch, gather_rows(a.ln2, scratch(kGather), N), W(kFcW), W(kFcB), N, C,
-                          4 * Cl);
-  Backend::gelu_forward(a.fcgelu, a.fch, size_t(N) * 4 * Cl);
+  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.norm2, w.norm2_b, Nr);
+  Backend::matmul_forward(a.fch, gather_rows(a.ln2, scratch(kGather), N), w.fc, w.fc_b, N, C,
+                          wd.fh);
+  if (llama)
+    Backend::swiglu_forward(a.fcgelu, a.fch, N, wd.f);
+  else
+    Backend::gelu_forward(a.fcgelu, a.fch, size_t(N) * wd.f);
   partial = sp ? scratch(kPartial) : a.fcproj;
-  Backend::matmul_forward(partial, a.fcgelu, W(kFcProjW), none, N, 4 * Cl, C);
+  Backend::matmul_forward(partial, a.fcgelu, w.down, none, N, wd.f, C);
   reduce_rows(partial, a.fcproj, N);
-  Backend::bias_add(a.fcproj, W(kFcProjB), Nr, C);
+  if (w.down_b) Backend::bias_add(a.fcproj, w.down_b, Nr, C);
   Backend::residual_forward(a.out, a.res2, a.fcproj, NrC);
 }
 
@@ -254,8 +331,8 @@ void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
   for (int l = begin_; l < end_; ++l) layer_forward(params, l, layer_acts(slot, l - begin_, false), B, T);
   if (!last_) return;
 
-  Backend::layernorm_forward(act(kLnF, slot), stat(kLnFMean, slot), stat(kLnFRstd, slot),
-                             output(slot), P(lay.norm_weight), P(lay.norm_bias), Nr, C);
+  norm_forward(act(kLnF, slot), stat(kLnFMean, slot), stat(kLnFRstd, slot), output(slot),
+               P(lay.norm_weight), P(lay.norm_bias), Nr);
   // Vocab-parallel head over this rank's rows (head_columns(): the real ones, or with the
   // padding where the backend wants aligned GEMMs; the cross-entropy reads the real ones).
   const int Vh = head_columns(), Vl = lay.vocab_valid();
@@ -280,48 +357,46 @@ void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
 template <class Backend>
 void Gpt<Backend>::layer_backward(const Act* params, float* grads, int l, const LayerActs& a,
                                   int B, int T) {
-  const LocalLayout& lay = layout_;
-  const ModelShape& s = lay.canonical.shape;
-  const int C = n_embd(), Cl = C / lay.tp, NHl = s.n_head / lay.tp, N = B * T;
-  const int Nr = N / seq_split();
+  const Width& wd = width_;
+  const int C = n_embd(), N = B * T, Nr = N / seq_split();
   const size_t NC = size_t(N) * C;
-  auto W = [&](LayerTensor t) { return params + lay.tensors[size_t(lay.layer(l, t))].offset; };
-  auto GW = [&](LayerTensor t) { return grads + lay.tensors[size_t(lay.layer(l, t))].offset; };
+  const bool llama = layout_.canonical.shape.arch == Arch::Llama;
+  const LayerWeights w = layer_weights(params, grads, l);
   // dres holds the gradient of the layer's output (this rank's rows); the residual path passes
   // it through unchanged, so each branch's backward only adds its input gradient into it. The
   // row-parallel GEMMs read it whole (all-gathered), and the column-parallel GEMMs' input
   // gradients are partial sums over tp, reduced back into this rank's rows.
   Act* dres = scratch(kDRes);
-  zero(scratch(kDFcGelu), 4 * size_t(N) * Cl);
-  Backend::matmul_backward(scratch(kDFcGelu), GW(kFcProjW), GW(kFcProjB),
-                           gather_rows(dres, scratch(kDFull), N), a.fcgelu, W(kFcProjW), N,
-                           4 * Cl, C);
-  zero(scratch(kDFcH), 4 * size_t(N) * Cl);
-  Backend::gelu_backward(scratch(kDFcH), a.fch, scratch(kDFcGelu), 4 * size_t(N) * Cl);
+  zero(scratch(kDFcGelu), size_t(N) * wd.f);
+  Backend::matmul_backward(scratch(kDFcGelu), w.g_down, w.g_down_b,
+                           gather_rows(dres, scratch(kDFull), N), a.fcgelu, w.down, N, wd.f, C);
+  zero(scratch(kDFcH), size_t(N) * wd.fh);
+  if (llama)
+    Backend::swiglu_backward(scratch(kDFcH), a.fch, scratch(kDFcGelu), N, wd.f);
+  else
+    Backend::gelu_backward(scratch(kDFcH), a.fch, scratch(kDFcGelu), size_t(N) * wd.f);
   zero(scratch(kDLn), NC);
-  Backend::matmul_backward(scratch(kDLn), GW(kFcW), GW(kFcB), scratch(kDFcH),
-                           gather_rows(a.ln2, scratch(kGather), N), W(kFcW), N, C, 4 * Cl);
+  Backend::matmul_backward(scratch(kDLn), w.g_fc, w.g_fc_b, scratch(kDFcH),
+                           gather_rows(a.ln2, scratch(kGather), N), w.fc, N, C, wd.fh);
   const Act* dln2 = reduce_rows(scratch(kDLn), scratch(kDLnRows), N);
-  Backend::layernorm_backward(dres, GW(kLn2W), GW(kLn2B), dln2, a.res2, W(kLn2W), a.ln2_mean,
-                              a.ln2_rstd, Nr, C);
+  norm_backward(dres, w.g_norm2, w.g_norm2_b, dln2, a.res2, w.norm2, a.ln2_mean, a.ln2_rstd, Nr);
 
-  zero(scratch(kDAttY), size_t(N) * Cl);
-  Backend::matmul_backward(scratch(kDAttY), GW(kAttnProjW), GW(kAttnProjB),
-                           gather_rows(dres, scratch(kDFull), N), a.atty, W(kAttnProjW), N, Cl,
-                           C);
-  zero(scratch(kDQkv), 3 * size_t(N) * Cl);
+  zero(scratch(kDAttY), size_t(N) * wd.q);
+  Backend::matmul_backward(scratch(kDAttY), w.g_proj, w.g_proj_b,
+                           gather_rows(dres, scratch(kDFull), N), a.atty, w.proj, N, wd.q, C);
+  zero(scratch(kDQkv), size_t(N) * wd.qkv);
   if (options_.fused_attention)
     Backend::attention_fused_backward(scratch(kDQkv), scratch(kDAttY), a.qkv, a.atty, a.lse, B, T,
-                                      NHl, NHl, Cl / NHl);
+                                      wd.nh, wd.nkv, wd.hs);
   else
     Backend::attention_backward(scratch(kDQkv), scratch(kDAtt), scratch(kDAttY), a.qkv, a.att, B,
-                                T, NHl, NHl, Cl / NHl);
+                                T, wd.nh, wd.nkv, wd.hs);
+  if (llama) Backend::rope_backward(scratch(kDQkv), rope_, B, T, wd.nh, wd.nkv, wd.hs);
   zero(scratch(kDLn), NC);
-  Backend::matmul_backward(scratch(kDLn), GW(kAttnW), GW(kAttnB), scratch(kDQkv),
-                           gather_rows(a.ln1, scratch(kGather), N), W(kAttnW), N, C, 3 * Cl);
+  Backend::matmul_backward(scratch(kDLn), w.g_qkv, w.g_qkv_b, scratch(kDQkv),
+                           gather_rows(a.ln1, scratch(kGather), N), w.qkv, N, C, wd.qkv);
   const Act* dln1 = reduce_rows(scratch(kDLn), scratch(kDLnRows), N);
-  Backend::layernorm_backward(dres, GW(kLn1W), GW(kLn1B), dln1, a.in, W(kLn1W), a.ln1_mean,
-                              a.ln1_rstd, Nr, C);
+  norm_backward(dres, w.g_norm1, w.g_norm1_b, dln1, a.in, w.norm1, a.ln1_mean, a.ln1_rstd, Nr);
 }
 
 template <class Backend>
@@ -352,9 +427,8 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
                              Vh);
     const Act* dlnf = reduce_rows(scratch(kDLn), scratch(kDLnRows), N);
     zero(dres, size_t(Nr) * C);
-    Backend::layernorm_backward(dres, G(lay.norm_weight), G(lay.norm_bias), dlnf, output(slot),
-                                P(lay.norm_weight), stat(kLnFMean, slot), stat(kLnFRstd, slot),
-                                Nr, C);
+    norm_backward(dres, G(lay.norm_weight), G(lay.norm_bias), dlnf, output(slot),
+                  P(lay.norm_weight), stat(kLnFMean, slot), stat(kLnFRstd, slot), Nr);
   }
   for (int l = end_ - 1; l >= begin_; --l) {
     const int i = l - begin_;

@@ -1,5 +1,6 @@
 #pragma once
-// Forward and backward of one rank's tile of the GPT-2 model: the layers of its pipeline stage,
+// Forward and backward of one rank's tile of the model (GPT-2 or LLaMA blocks, model.arch; one
+// code path, the families differing only where their blocks do): the layers of its pipeline stage,
 // split Megatron-style over the tensor-parallel communicator, over the flat local parameter
 // buffer. Activations of `slots` micro-batches live in one arena buffer, so a pipeline schedule
 // can keep several micro-batches in flight. With tp = pp = 1 this is the whole model on one rank.
@@ -115,6 +116,20 @@ class Gpt {
   // `recomputing`: the layer's output too goes to the workspace (the kept one may be in flight
   // to the next stage; the values are the same).
   LayerActs layer_acts(int slot, int i, bool recomputing) const;
+  // One layer's parameters (and gradients, where grads is given) by role; nullptr where the
+  // family has none (LLaMA's biases).
+  struct LayerWeights {
+    const Act *norm1, *norm1_b, *qkv, *qkv_b, *proj, *proj_b, *norm2, *norm2_b, *fc, *fc_b,
+        *down, *down_b;
+    float *g_norm1, *g_norm1_b, *g_qkv, *g_qkv_b, *g_proj, *g_proj_b, *g_norm2, *g_norm2_b,
+        *g_fc, *g_fc_b, *g_down, *g_down_b;
+  };
+  LayerWeights layer_weights(const Act* params, float* grads, int l) const;
+  // LayerNorm (GPT-2: mean and rstd kept) or RMSNorm (LLaMA: rstd kept, no bias) over `rows`.
+  void norm_forward(Act* out, float* mean, float* rstd, const Act* in, const Act* weight,
+                    const Act* bias, int rows);
+  void norm_backward(Act* din, float* dweight, float* dbias, const Act* dout, const Act* in,
+                     const Act* weight, const float* mean, const float* rstd, int rows);
   void layer_forward(const Act* params, int l, const LayerActs& a, int B, int T);
   void attention_core(const LayerActs& a, int B, int T);
   void layer_backward(const Act* params, float* grads, int l, const LayerActs& a, int B, int T);
@@ -147,7 +162,12 @@ class Gpt {
   LocalLayout layout_;
   Comm* tp_;
   Arena* arena_;
-  int max_n_;
+  int max_n_, max_batch_;
+  // This rank's widths: head size, heads of q and of k/v, q's columns (nh * hs), q/k/v's
+  // columns together, the MLP's activation columns (f) and its first GEMM's (fh).
+  struct Width {
+    int hs = 0, nh = 0, nkv = 0, q = 0, qkv = 0, f = 0, fh = 0;
+  } width_;
   ModelOptions options_;
   int slots_;
   int begin_, end_;  // this chunk's layers
@@ -157,6 +177,8 @@ class Gpt {
   size_t work_offset_[kSlotKinds] = {}, stat_work_offset_[kStatKinds] = {};
   size_t scratch_offset_[kScratchKinds] = {};
   size_t h_acts_ = 0, h_stats_ = 0, h_scratch_ = 0, h_row_max_ = 0, h_sums_ = 0, h_targets_ = 0;
+  size_t h_rope_ = 0;
+  float* rope_ = nullptr;  // LLaMA: the rotary table (T, hs/2, 2)
   Act* acts_ = nullptr;
   float* stats_ = nullptr;
   Act* scratch_ = nullptr;
