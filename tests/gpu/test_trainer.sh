@@ -66,6 +66,21 @@ train cuda_selective 1 device.backend=cuda train.recompute=selective &&
   cmp cuda_selective_matches_cpu cpu cuda_selective --loss-rtol 1e-5 --param-tol 1e-4
 train cuda_full_fused 1 device.backend=cuda train.recompute=full model.attention=fused &&
   cmp cuda_full_fused_matches_cpu cpu cuda_full_fused --loss-rtol 1e-5 --param-tol 1e-4
+# LLaMA blocks on the device (RMSNorm, rotary, SwiGLU, grouped-query attention, untied head)
+# against the same on the CPU: fp32 with gemm and fused attention, bf16.
+llama=(model.arch=llama model.n_head=4 model.n_kv_head=2 model.n_embd=64 model.ffn_multiple=32)
+if train cpu_llama 1 device.backend=cpu "${llama[@]}"; then
+  train cuda_llama 1 device.backend=cuda "${llama[@]}" &&
+    cmp cuda_llama_matches_cpu cpu_llama cuda_llama --loss-rtol 1e-5 --param-tol 1e-4
+  train cuda_llama_fused 1 device.backend=cuda model.attention=fused "${llama[@]}" &&
+    cmp cuda_llama_fused_matches_cpu cpu_llama cuda_llama_fused --loss-rtol 1e-5 --param-tol 1e-4
+  train bf16_llama 1 device.backend=cuda device.precision=bf16 "${llama[@]}" &&
+    cmp bf16_llama_near_cpu cpu_llama bf16_llama --loss-rtol 2e-2 --param-norm-tol 2e-2
+  if [ "$gpus" -ge 2 ]; then
+    train cuda_llama_tp2_sp 2 device.backend=cuda parallel.tp=2 parallel.sequence_parallel=true \
+      "${llama[@]}" && cmp cuda_llama_tp2_sp cpu_llama cuda_llama_tp2_sp --loss-rtol 1e-5 --param-tol 1e-4
+  fi
+fi
 # Restarts across backends from the step-5 checkpoints: the last 5 steps match the other run.
 # `latest` names the newest checkpoint: step 10 is removed, so the newest complete file (5) wins.
 cp -r "$WORK/cuda" "$WORK/cuda_to_cpu" && rm "$WORK/cuda_to_cpu/checkpoints/step_00000010.h5" &&

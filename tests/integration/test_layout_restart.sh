@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoints across layouts: a run saved on (dp,tp,pp) = (2,2,2) at step 5 restarts on (1,1,1),
 # (4,1,2) and (1,2,4) with no conversion, and the next 5 losses match an uninterrupted (1,1,1) run
-# to 1e-5. On its own layout the restart stays bit-identical.
+# to 1e-5. On its own layout the restart stays bit-identical. A LLaMA checkpoint does the same.
 source "$(dirname "$0")/lib.sh"
 deck=$(tiny_deck lr)
 cd "$WORK" || exit 1
@@ -51,4 +51,17 @@ run coll_saved 2 1 1 train.steps=5 checkpoint.collective_bytes=0 &&
 run straight222 2 2 2 train.steps=10 &&
   run saved 2 2 2 train.steps=10 checkpoint.restart=auto &&
   compare saved straight222 --exact
+# A LLaMA checkpoint (grouped-query, untied head) saved on (2,2,2) with interleaved stages and
+# sequence parallelism restarts on (1,1,1) and on (1,2,2) with the 1-rank run's losses.
+llama=(model.arch=llama model.n_kv_head=2 model.ffn_multiple=32)
+run llama_straight 1 1 1 train.steps=10 "${llama[@]}" &&
+  run llama_saved 2 2 2 train.steps=5 "${llama[@]}" parallel.virtual_stages=2 \
+    parallel.sequence_parallel=true train.micro_batch=2 &&
+  for layout in "1 1 1" "1 2 2"; do
+    set -- $layout
+    name="llama_from222_to_dp$1_tp$2_pp$3"
+    run "$name" "$1" "$2" "$3" train.steps=10 "${llama[@]}" \
+      checkpoint.restart="$WORK/llama_saved/checkpoints/step_00000005.h5" &&
+      compare "$name" llama_straight
+  done
 finish

@@ -18,16 +18,17 @@ run() {  # run NAME DP TP PP [extra overrides...]
     parallel.dp="$dp" parallel.tp="$tp" parallel.pp="$pp" run.dir="$WORK/$name" "$@" \
     >"$WORK/$name.log" 2>&1
 }
-compare() {  # compare NAME: against the (1,1,1) run
+compare_to() {  # compare_to REF NAME: NAME against the run REF
   local out
-  if out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/ref/metrics.jsonl" \
-       "$WORK/ref/checkpoints/step_00000010.h5" "$WORK/$1/metrics.jsonl" \
-       "$WORK/$1/checkpoints/step_00000010.h5" "${@:2}"); then
-    pass "$1: $out"
+  if out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/$1/metrics.jsonl" \
+       "$WORK/$1/checkpoints/step_00000010.h5" "$WORK/$2/metrics.jsonl" \
+       "$WORK/$2/checkpoints/step_00000010.h5"); then
+    pass "$2: $out"
   else
-    fail "$1: $out"; tail -3 "$WORK/$1.log" | sed 's/^/    /'
+    fail "$2: $out"; tail -3 "$WORK/$2.log" | sed 's/^/    /'
   fi
 }
+compare() { compare_to ref "$1"; }  # against the (1,1,1) run
 
 run ref 1 1 1 || { fail "(1,1,1) run"; tail -5 ref.log; finish; }
 for layout in "2 1 1" "1 2 1" "1 1 2" "2 2 1" "1 2 2" "2 1 2" "2 2 2"; do
@@ -57,6 +58,19 @@ for extra in "1 1 2" "2 2 2 parallel.zero=1 parallel.sequence_parallel=true mode
   name="v2_dp$1_tp$2_pp$3"
   if run "$name" "$@" parallel.virtual_stages=2; then compare "$name"; else fail "$name run"; tail -5 "$name.log"; fi
 done
+# LLaMA blocks (grouped-query attention, untied head): the 1-rank run against tp=2 and against
+# (2,2,2) with everything at once (ZeRO-1, sequence parallelism, selective recompute, fused
+# attention, interleaved stages).
+llama=(model.arch=llama model.n_kv_head=2 model.ffn_multiple=32)
+if run llama_ref 1 1 1 "${llama[@]}"; then
+  for extra in "1 2 1" "2 2 2 parallel.zero=1 parallel.sequence_parallel=true train.recompute=selective model.attention=fused parallel.virtual_stages=2"; do
+    set -- $extra
+    name="llama_dp$1_tp$2_pp$3"
+    if run "$name" "$@" "${llama[@]}"; then compare_to llama_ref "$name"; else fail "$name run"; tail -5 "$name.log"; fi
+  done
+else
+  fail "llama (1,1,1) run"; tail -5 llama_ref.log
+fi
 # The comparison can fail: a different seed is caught.
 if run seed 1 1 1 train.seed=8 &&
    ! "$PYTHON" "$ROOT/tests/integration/compare_runs.py" ref/metrics.jsonl \
