@@ -67,14 +67,27 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
         lo, hi = stage_layers(L, pp, p.get("stage_layers") or [])[pp_rank]
         L_here = hi - lo
     first, last = pp_rank == 0, pp_rank == pp - 1
+    llama = m.get("arch", "gpt2") == "llama"
+    KV = C // H * (m.get("n_kv_head") or H)  # the key/value width (grouped-query attention)
+    F = m.get("ffn_hidden") or 4 * C
+    if llama and not m.get("ffn_hidden"):  # 8C/3 rounded up to ffn_multiple
+        F = -(-((8 * C + 2) // 3) // m["ffn_multiple"]) * m["ffn_multiple"]
+    tie = m.get("tie_embeddings", "auto")
+    tied = (not llama) if tie == "auto" else tie in (True, "true")
 
-    # Parameters: per layer c_attn 3C^2/tp + 3C/tp, attn c_proj C^2/tp + C, c_fc 4C^2/tp + 4C/tp,
-    # mlp c_proj 4C^2/tp + C, two LayerNorms 4C; wte rows Vp/tp on the first and the last stage.
-    n_local = L_here * (12 * C * C // tp + 7 * C // tp + 6 * C)
-    if first:
-        n_local += Vp * C // tp + Tmax * C
-    if last:
-        n_local += 2 * C + (Vp * C // tp if not first else 0)
+    # Parameters. GPT-2, per layer: c_attn 3C^2/tp + 3C/tp, attn c_proj C^2/tp + C, c_fc
+    # F*C/tp + F/tp, mlp c_proj F*C/tp + C, two LayerNorms 4C; wpe on the first stage; ln_f 2C.
+    # LLaMA, per layer: q and o C^2/tp each, k and v KV*C/tp each, gate, up and down F*C/tp each,
+    # two RMSNorm weights 2C; the final norm C. Both: the embedding's Vp/tp rows on the first
+    # stage, the head's (a tied copy, or lm_head) on the last.
+    if llama:
+        n_local = L_here * ((2 * C * C + 2 * KV * C + 3 * F * C) // tp + 2 * C)
+        n_local += (Vp * C // tp if first else 0) + (C if last else 0)
+    else:
+        n_local = L_here * ((4 * C * C + 2 * F * C + 3 * C + F) // tp + 6 * C)
+        n_local += (Vp * C // tp + Tmax * C if first else 0) + (2 * C if last else 0)
+    if last and (not tied or not first):
+        n_local += Vp * C // tp
     zero = p.get("zero", 0) == 1 and dp > 1
     padded = -(-n_local // dp) * dp if zero else n_local
     out = {
@@ -104,7 +117,8 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     elif sp:
         tp_bytes = micro * (L_here * (14 if full else 10) * act + (2 * act if first else 0) +
                             (3 * act + 4 * b * T + 16 * b * T if last else 0))
-        tp_bytes += 4 * (L_here * 4 * C + (2 * C if last else 0))
+        norms = (2 * C, C) if llama else (4 * C, 2 * C)  # per layer, final
+        tp_bytes += 4 * (L_here * norms[0] + (norms[1] if last else 0))
     dp_bytes = 0
     if dp > 1:
         dp_bytes = 4 * padded * (2 if zero else 1)   # all-reduce, or reduce-scatter + all-gather
@@ -112,7 +126,7 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     # the previous one: all but the model's last and first virtual stage.
     boundary = act // tp if sp else act
     pp_bytes = micro * boundary * ((v - (1 if last else 0)) + (v - (1 if first else 0))) if pp > 1 else 0
-    embed_bytes = 4 * Vp * C // tp if pp > 1 and (first or last) else 0
+    embed_bytes = 4 * Vp * C // tp if pp > 1 and tied and (first or last) else 0
     out.update(tp_bytes_per_step=tp_bytes, dp_bytes_per_step=dp_bytes, pp_bytes_per_step=pp_bytes,
                embed_bytes_per_step=embed_bytes)
     # Activations as tessera keeps them (fp32, no dropout), per micro-batch and layer, in floats:
@@ -128,10 +142,14 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     Nr = N // tp if sp else N
     rows = b * (H // tp) * T
     fused = m.get("attention", "gemm") == "fused"
-    kinds = {"ln1": Nr * C, "qkv": 3 * N * Cl, "att": 0 if fused else rows * T, "atty": N * Cl,
-             "attproj": Nr * C, "res2": Nr * C, "ln2": Nr * C, "fch": 4 * N * Cl,
-             "fcgelu": 4 * N * Cl, "fcproj": Nr * C, "res3": Nr * C,
-             "ln1_mean": Nr, "ln1_rstd": Nr, "ln2_mean": Nr, "ln2_rstd": Nr,
+    # LLaMA: q/k/v (C + 2 KV)/tp wide, the MLP's gate and up 2F/tp, RMSNorm keeps no mean.
+    qkv = (C + 2 * KV) // tp if llama else 3 * Cl
+    fch = 2 * F // tp if llama else F // tp
+    mean = 0 if llama else Nr
+    kinds = {"ln1": Nr * C, "qkv": N * qkv, "att": 0 if fused else rows * T, "atty": N * Cl,
+             "attproj": Nr * C, "res2": Nr * C, "ln2": Nr * C, "fch": N * fch,
+             "fcgelu": N * (F // tp), "fcproj": Nr * C, "res3": Nr * C,
+             "ln1_mean": mean, "ln1_rstd": Nr, "ln2_mean": mean, "ln2_rstd": Nr,
              "lse": rows if fused else 0}
     mode = t.get("recompute", "none")
     recomputed = {"none": set(), "selective": {"att", "atty", "lse"},
@@ -153,7 +171,7 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     for c, slots in enumerate(chunk_slots):
         slot = Nr * C + L_chunk * sum(x for k, x in kinds.items() if k not in recomputed)
         if last and c == len(chunk_slots) - 1:
-            slot += Nr * C + 2 * Nr + N * (Vp // tp)
+            slot += Nr * C + mean + Nr + N * (Vp // tp)
         total += max(slots, 1) * slot + (work if L_chunk > 0 else 0)
     out["activation_bytes"] = 4 * total
     out["korthikanti_bytes_per_layer_mb"] = T * b * C * (10 + 24 / tp + 5 * H * T / (C * tp))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every rank's memory (activations too, with gemm and fused attention, under both schedules,
-# every train.recompute, with and without sequence parallelism, with virtual stages) and
+# every train.recompute, with and without sequence parallelism, with virtual stages; GPT-2 and
+# LLaMA) and
 # the bytes it hands to MPI per step on each communicator equal the counts of
 # ../shared/FORMULAS.md (tools/parallel_counts.py): an extra, missing or oversized collective, a
 # tile of the wrong size, or an activation buffer that grows with T² under fused attention shows
@@ -14,14 +15,18 @@ common=(model.n_layer=4 model.n_head=4 model.n_embd=32 train.batch_size=8 train.
 for layout in "2 2 2 0 gemm 1f1b none false" "1 2 2 0 fused gpipe selective false" \
               "4 1 2 1 gemm gpipe full false" "2 2 1 1 fused 1f1b full false" \
               "1 2 2 0 gemm 1f1b selective true" "2 2 2 1 fused gpipe full true" \
-              "1 2 2 0 gemm 1f1b none true 2" "1 2 4 0 fused 1f1b selective false 2"; do
+              "1 2 2 0 gemm 1f1b none true 2" "1 2 4 0 fused 1f1b selective false 2" \
+              "2 2 2 1 fused 1f1b selective true 2 llama" "1 2 2 0 gemm gpipe full false 1 llama"; do
   set -- $layout
-  v=${9:-1}
-  name="dp$1_tp$2_pp$3_zero$4_$5_$6_$7_sp$8_v$v"
+  v=${9:-1} arch=${10:-gpt2}
+  # LLaMA: grouped-query attention and its default (untied) head.
+  family=(model.arch="$arch")
+  [ "$arch" = llama ] && family+=(model.n_kv_head=2 model.ffn_multiple=32)
+  name="${arch}_dp$1_tp$2_pp$3_zero$4_$5_$6_$7_sp$8_v$v"
   if timeout 120 $MPIEXEC -n $(($1 * $2 * $3)) "$TESSERA" train "$deck" "${common[@]}" \
        parallel.dp="$1" parallel.tp="$2" parallel.pp="$3" parallel.zero="$4" model.attention="$5" \
        parallel.schedule="$6" train.recompute="$7" parallel.sequence_parallel="$8" \
-       parallel.virtual_stages="$v" model.n_layer=8 \
+       parallel.virtual_stages="$v" model.n_layer=8 "${family[@]}" \
        run.dir="$WORK/$name" \
        >"$name.log" 2>&1 &&
      out=$("$PYTHON" "$ROOT/tools/parallel_counts.py" "$WORK/$name/metrics.jsonl"); then
