@@ -65,6 +65,21 @@ layout_error world_size 3 "parallel: dp=2 x tp=1 x pp=1 = 2 ranks, but the job h
 layout_error tp_heads 3 "parallel.tp = 3 does not divide model.n_head = 2" parallel.tp=auto
 layout_error pp_layers 4 "stage|layer" parallel.pp=auto
 layout_error batch 2 "batch_size|micro" parallel.dp=2 train.batch_size=3 train.micro_batch=1
+# The model's other splits and the schedules' rules, where tp or pp is auto (the deck cannot check
+# them before the world size is known).
+llama=(model.arch=llama model.n_head=4 model.n_kv_head=2 model.n_embd=32 model.ffn_multiple=32)
+layout_error tp_kv_heads 4 "parallel.tp = 4 does not divide model.n_kv_head = 2" "${llama[@]}" parallel.tp=auto
+layout_error sp_rows 2 "parallel.sequence_parallel splits the 15 rows of a micro-batch .* over parallel.tp = 2, which does not divide them" \
+  parallel.tp=auto parallel.sequence_parallel=true data.seq_len=15 train.batch_size=2 train.micro_batch=1
+layout_error virtual_groups 2 "parallel.virtual_stages = 2 runs micro-batches in groups of parallel.pp = 2, but a step has 1" \
+  parallel.pp=auto parallel.virtual_stages=2 model.n_layer=4 train.batch_size=2 train.micro_batch=2
+# Sequence parallelism with tp = 1 is a warning, not an error.
+if timeout 60 "$TESSERA" train "$deck" train.steps=1 parallel.sequence_parallel=true run.dir="$WORK/sp1" >sp1.log 2>&1 &&
+   grep -q "^warning: parallel.sequence_parallel has no effect with tp = 1" sp1.log; then
+  pass "sequence_parallel with tp = 1: $(grep '^warning' sp1.log)"
+else
+  fail "sequence_parallel with tp = 1"; tail -3 sp1.log | sed 's/^/    /'
+fi
 # A checkpoint of another model shape, restarted on 4 ranks: every rank reads the shape first.
 timeout 60 $MPIEXEC -n 2 "$TESSERA" train "$deck" train.steps=1 run.dir="$WORK/small" parallel.dp=2 >/dev/null 2>&1
 layout_error ckpt_shape 4 "model shape differs from the deck: model.n_embd 32 in the checkpoint, 64 in the deck" \
