@@ -9,7 +9,8 @@
 //  - What must stay fp32 in mixed precision is fp32 in every instantiation: parameter gradients
 //    (dwte, dwpe, dweight, dbias: summed over micro-batches, "fp32 gradient accumulation"), the
 //    LayerNorm and RMSNorm statistics, the RoPE table, the cross-entropy's row max and losses,
-//    AdamW's master weights and moments. Activations, their gradients and the parameters the GEMMs read are F.
+//    AdamW's master weights and moments. Activations, their gradients and the parameters the
+//    GEMMs read are F.
 // All arithmetic is fp32 (fp64 where the CPU op sums in double); bf16 is a storage format.
 //
 // Every op is asynchronous on the backend's stream (context.hpp: cuda::stream()), the stream the
