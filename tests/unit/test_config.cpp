@@ -2,6 +2,8 @@
 // load_deck's I/O errors and the to_yaml round trip.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <cstdint>
 #include <fstream>
 #include <limits>
@@ -708,6 +710,21 @@ TEST(Config, LlamaRules) {
   EXPECT_EQ(c.model.arch, "llama");
   EXPECT_EQ(c.model.n_kv_head, 2);
   EXPECT_EQ(c.model.tie_embeddings, "true");
+}
+
+// Every example deck of input/ is a valid deck (the tests run from the repository root).
+TEST(Config, ExampleDecksLoad) {
+  int decks = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("input")) {
+    if (entry.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(entry.path().string());
+    EXPECT_NO_THROW(load_deck(entry.path().string(), {}));
+    ++decks;
+  }
+  EXPECT_GE(decks, 5);
+  const Config llama = load_deck("input/llama-1b.yaml", {});
+  EXPECT_EQ(llama.model.arch, "llama");
+  EXPECT_EQ(llama.model.n_kv_head, 8);
 }
 
 // Virtual stages: the interleaved 1F1B schedule's rules, each at the later of its keys.
