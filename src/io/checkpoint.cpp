@@ -376,11 +376,14 @@ CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const Loc
   CheckpointInfo info = read_checkpoint_info(path);
   const ModelShape &a = info.shape, &b = layout.canonical.shape;
   std::string diff;
-  auto check = [&](const char* key, int stored, int wanted) {
-    if (stored != wanted)
-      diff += std::string(diff.empty() ? "" : ", ") + key + " " + std::to_string(stored) +
-              " in the checkpoint, " + std::to_string(wanted) + " in the deck";
+  auto check = [&](const char* key, const auto& stored, const auto& wanted) {
+    if (stored == wanted) return;
+    std::ostringstream text;
+    text << (diff.empty() ? "" : ", ") << key << " " << stored << " in the checkpoint, " << wanted
+         << " in the deck";
+    diff += text.str();
   };
+  auto boolean = [](bool x) { return std::string(x ? "true" : "false"); };
   check("model.n_layer", a.n_layer, b.n_layer);
   check("model.n_head", a.n_head, b.n_head);
   check("model.n_embd", a.n_embd, b.n_embd);
@@ -389,17 +392,10 @@ CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const Loc
   check("padded vocab", a.padded_vocab, b.padded_vocab);
   check("model.n_kv_head", a.n_kv_head, b.n_kv_head);
   check("model.ffn_hidden", a.ffn_hidden, b.ffn_hidden);
-  check("model.tie_embeddings", a.tied, b.tied);
-  if (a.arch != b.arch)
-    diff += std::string(diff.empty() ? "" : ", ") + "model.arch " + arch_name(a.arch) +
-            " in the checkpoint, " + arch_name(b.arch) + " in the deck";
-  auto check_real = [&](const char* key, double stored, double wanted) {
-    if (stored != wanted)
-      diff += std::string(diff.empty() ? "" : ", ") + key + " " + std::to_string(stored) +
-              " in the checkpoint, " + std::to_string(wanted) + " in the deck";
-  };
-  check_real("model.norm_eps", a.norm_eps, b.norm_eps);
-  check_real("model.rope_theta", a.rope_theta, b.rope_theta);
+  check("model.tie_embeddings", boolean(a.tied), boolean(b.tied));
+  check("model.arch", std::string(arch_name(a.arch)), std::string(arch_name(b.arch)));
+  check("model.norm_eps", a.norm_eps, b.norm_eps);
+  check("model.rope_theta", a.rope_theta, b.rope_theta);
   if (!diff.empty()) throw UserError(path + ": model shape differs from the deck: " + diff);
   if (buffers.exp_avg && !info.has_optimizer)
     throw UserError(path + ": holds no optimizer state (no /optim: imported weights?), so no run "
