@@ -1,7 +1,10 @@
 // tessera: init MPI, read the command line and the deck, run the command, finalize.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
+#include <cmath>
 #include <thread>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +16,7 @@
 #include "backend/peak.hpp"
 #include "common/cli.hpp"
 #include "common/error.hpp"
+#include "common/limits.hpp"
 #include "common/version.hpp"
 #include "config/config.hpp"
 #include "train/data_command.hpp"
@@ -66,7 +70,7 @@ greedy; the default is 1. The same seed gives the same text.
 )";
 
 using tessera::UserError;
-using tessera::parse_long;
+using tessera::parse_int;
 
 bool wants_help(const std::vector<std::string>& args) {
   for (const auto& a : args)
@@ -74,27 +78,35 @@ bool wants_help(const std::vector<std::string>& args) {
   return false;
 }
 
-// Flags of the form --name VALUE after the positional argument.
+// Flags of the form --name VALUE after the positional argument; `known` lists the names, so that
+// a misspelt flag is called unknown whether or not a value follows it.
 struct Flags {
   std::string command;
   std::vector<std::string> args;
+  std::vector<std::string> known;
   size_t i = 1;
   bool next(std::string& name, std::string& value) {
     if (i >= args.size()) return false;
     name = args[i++];
     if (name.rfind("--", 0) != 0)
       throw UserError("tessera " + command + ": unexpected argument '" + name + "' (see --help)");
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      throw UserError("tessera " + command + ": unknown option " + name + " (see --help)");
     if (i >= args.size()) throw UserError("tessera " + command + ": " + name + " needs a value");
     value = args[i++];
     return true;
   }
 };
 
-double parse_double(const std::string& flag, const std::string& v, double lo) {
+// A finite number in [lo, hi].
+double parse_double(const std::string& flag, const std::string& v, double lo, double hi) {
   char* end = nullptr;
   const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || !(x >= lo))
-    throw UserError(flag + ": expected a number >= " + std::to_string(lo) + ", got '" + v + "'");
+  if (v.empty() || *end != '\0' || !std::isfinite(x) || !(x >= lo && x <= hi)) {
+    char range[64];
+    std::snprintf(range, sizeof range, "from %g to %g", lo, hi);
+    throw UserError(flag + ": expected a number " + range + ", got '" + v + "'");
+  }
   return x;
 }
 
@@ -123,16 +135,15 @@ int run(const std::vector<std::string>& argv) {
       std::fputs(kEvalUsage, args.empty() ? stderr : stdout);
       return args.empty() ? tessera::kExitBadInput : 0;
     }
-    Flags flags{command, args};
+    Flags flags{command, args, {"--data", "--batches"}};
     std::string name, value, data;
-    long batches = 0;
+    int batches = 0;
     while (flags.next(name, value)) {
       if (name == "--data") data = value;
-      else if (name == "--batches") batches = parse_long(name, value, 1);
-      else throw UserError("tessera eval: unknown option " + name + " (see --help)");
+      else batches = int(parse_int(name, value, 1, INT_MAX));
     }
     if (data.empty()) throw UserError("tessera eval: --data FILE is required");
-    tessera::eval_checkpoint(args[0], data, int(batches));
+    tessera::eval_checkpoint(args[0], data, batches);
     return 0;
   }
   if (command == "sample") {
@@ -140,15 +151,15 @@ int run(const std::vector<std::string>& argv) {
       std::fputs(kSampleUsage, args.empty() ? stderr : stdout);
       return args.empty() ? tessera::kExitBadInput : 0;
     }
-    Flags flags{command, args};
+    Flags flags{command, args, {"--prompt", "--tokens", "--temperature", "--seed"}};
     std::string name, value;
     tessera::SampleOptions options;
     while (flags.next(name, value)) {
       if (name == "--prompt") options.prompt = value;
-      else if (name == "--tokens") options.tokens = int(parse_long(name, value, 0));
-      else if (name == "--temperature") options.temperature = parse_double(name, value, 0.0);
-      else if (name == "--seed") options.seed = uint64_t(parse_long(name, value, 0));
-      else throw UserError("tessera sample: unknown option " + name + " (see --help)");
+      else if (name == "--tokens")
+        options.tokens = int(parse_int(name, value, 0, tessera::limits::kSampleTokens));
+      else if (name == "--temperature") options.temperature = parse_double(name, value, 0.0, 1e6);
+      else options.seed = uint64_t(parse_int(name, value, 0, INT64_MAX));
     }
     tessera::sample_text(args[0], options);
     return 0;

@@ -59,6 +59,8 @@ struct CheckpointConfig {
   int every = 0;             // 0 = only after the last step
   std::string restart = "auto";  // auto | none | PATH
   int collective_bytes = 1 << 20;  // tensors this large or larger use collective MPI-IO transfers
+  bool reserve = true;       // fallocate a checkpoint's size before writing it: a full disk is found
+                             // before a byte is written
 };
 
 struct LogConfig {
