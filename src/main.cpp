@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <csignal>
 #include <cmath>
 #include <thread>
 #include <cstdio>
@@ -185,11 +186,21 @@ bool all_ranks_arrive(double seconds) {
   return done != 0;
 }
 
+// A message as one line, whatever a file name or a library put in it.
+std::string one_line(std::string text) {
+  for (char& c : text)
+    if (c == '\n' || c == '\r') c = ' ';
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // Before MPI_Init: a batch system's signal during start-up must not kill the job half-way;
-  // again after it, in case the MPI library installed handlers of its own.
+  // again after it, in case the MPI library installed handlers of its own. A write past the
+  // file-size limit (ulimit -f) fails with EFBIG, reported like any failed write, instead of
+  // killing the process.
+  std::signal(SIGXFSZ, SIG_IGN);
   tessera::install_stop_handlers();
   // Funneled: the data loader's thread reads files and never calls MPI.
   int provided = 0;
@@ -205,12 +216,12 @@ int main(int argc, char** argv) {
     status = run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const UserError& e) {
     status = e.exit_code;
-    message = e.what();
+    message = one_line(e.what());
     failed = true;
     every_rank = e.every_rank;
   } catch (const std::exception& e) {
     status = tessera::kExitIO;
-    message = "tessera: internal error on rank " + std::to_string(rank) + ": " + e.what();
+    message = one_line("tessera: internal error on rank " + std::to_string(rank) + ": " + e.what());
     failed = true;
   }
   if (failed) {

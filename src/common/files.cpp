@@ -161,9 +161,12 @@ long long free_bytes(const std::string& path) {
   return (long long)s.f_bavail * (long long)s.f_frsize;
 }
 
-std::string megabytes(double bytes) {
+std::string human_bytes(double bytes) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.1f MB", bytes / 1e6);
+  if (bytes >= 1e10)
+    std::snprintf(buf, sizeof buf, "%.1f GB", bytes / 1e9);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MB", bytes / 1e6);
   return buf;
 }
 

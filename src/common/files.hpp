@@ -56,7 +56,7 @@ std::string make_directories(const std::string& path);
 // Bytes the file system of `path` has free for this user (statvfs f_bavail), or -1 if unknown.
 long long free_bytes(const std::string& path);
 
-// "12.3 MB": a byte count for messages.
-std::string megabytes(double bytes);
+// "12.3 MB" (or "40.2 GB" from 10 GB on): a byte count for messages.
+std::string human_bytes(double bytes);
 
 }  // namespace tessera

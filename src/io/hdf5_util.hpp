@@ -34,6 +34,12 @@ class H5Handle {
   }
   hid_t get() const { return id_; }
   bool valid() const { return id_ >= 0; }
+  // Hands the id over without closing it (for a close whose result matters).
+  hid_t release() {
+    const hid_t id = id_;
+    id_ = H5I_INVALID_HID;
+    return id;
+  }
 
  private:
   hid_t id_ = H5I_INVALID_HID;

@@ -22,7 +22,7 @@ class Engine final : public TrainEngine {
   static constexpr bool kBf16 = !std::is_same_v<Act, float>;
 
  public:
-  explicit Engine(const EngineSetup& s)
+  Engine(const EngineSetup& s, const MemoryCheck& check)
       : tile_(s.tile), mb_(s.micro_batch), T_(s.seq_len), zero_(s.zero), embed_sum_(s.embed_sum),
         arena_(Backend::memory()),
         // Built in the fixed order tp, dp, pp, embed (an NCCL communicator's construction is
@@ -40,6 +40,7 @@ class Engine final : public TrainEngine {
     h_tokens_ = arena_.add("step input tokens", tokens * sizeof(int32_t));
     h_targets_ = arena_.add("step target tokens", tokens * sizeof(int32_t));
     h_losses_ = arena_.add("step losses", tokens * sizeof(float));
+    if (check) check(Backend::kHostMemory ? arena_.total_bytes() : n * sizeof(float), n);
     arena_.allocate();
     model_.bind();
     optimizer_.bind();
@@ -201,15 +202,16 @@ class Engine final : public TrainEngine {
 
 }  // namespace
 
-std::unique_ptr<TrainEngine> make_engine(const EngineSetup& setup, bool cuda, bool bf16) {
+std::unique_ptr<TrainEngine> make_engine(const EngineSetup& setup, bool cuda, bool bf16,
+                                         const MemoryCheck& check) {
 #ifdef TESSERA_CUDA
-  if (cuda && bf16) return std::make_unique<Engine<CudaBackend<cuda::bf16>>>(setup);
-  if (cuda) return std::make_unique<Engine<CudaBackend<float>>>(setup);
+  if (cuda && bf16) return std::make_unique<Engine<CudaBackend<cuda::bf16>>>(setup, check);
+  if (cuda) return std::make_unique<Engine<CudaBackend<float>>>(setup, check);
 #else
   (void)bf16;
   if (cuda) throw UserError("this tessera was built without the CUDA backend");
 #endif
-  return std::make_unique<Engine<CpuBackend>>(setup);
+  return std::make_unique<Engine<CpuBackend>>(setup, check);
 }
 
 }  // namespace tessera

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -93,8 +94,14 @@ class TrainEngine {
   virtual double payload_bytes(int c) const = 0;
 };
 
+// Called once every buffer is declared and before any is allocated, with the host bytes the
+// engine is about to allocate (all of them on the CPU; the host copy of the parameters on a GPU,
+// whose own memory the CUDA arena checks) and buffer_size(): the trainer's memory check.
+using MemoryCheck = std::function<void(size_t host_bytes, size_t buffer_elements)>;
+
 // The engine of the chosen backend: "cpu", or "cuda" with bf16 (bf16 parameters and activations,
 // fp32 master) or fp32. CUDA needs a CUDA build and device::activate to have run.
-std::unique_ptr<TrainEngine> make_engine(const EngineSetup& setup, bool cuda, bool bf16);
+std::unique_ptr<TrainEngine> make_engine(const EngineSetup& setup, bool cuda, bool bf16,
+                                         const MemoryCheck& check = {});
 
 }  // namespace tessera
