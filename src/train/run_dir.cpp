@@ -32,24 +32,34 @@ std::string host_name() {
   return host;
 }
 
-// Field 22 of /proc/PID/stat: when the process started (clock ticks since boot). With the pid it
-// names one process for good: a pid reused by a later process has another start time.
-std::string start_time(long pid) {
+// Fields 3 (state) and 22 (start time, clock ticks since boot) of /proc/PID/stat. With the pid,
+// the start time names one process for good: a pid reused by a later process has another.
+std::pair<std::string, std::string> state_and_start(long pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t paren = stat.rfind(')');  // the command name may hold spaces and parentheses
-  if (paren == std::string::npos) return "";
+  if (paren == std::string::npos) return {"", ""};
   std::istringstream fields(stat.substr(paren + 1));
-  std::string field;
-  for (int i = 3; i <= 22 && fields >> field; ++i) {
+  std::string state, field;
+  fields >> state;
+  for (int i = 4; i <= 22 && fields >> field; ++i) {
   }
-  return field;
+  return {state, field};
 }
+
+std::string start_time(long pid) { return state_and_start(pid).second; }
 
 std::string job_id() {
   for (const char* var : {"SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID"})
     if (const char* v = std::getenv(var); v && *v) return v;
   return "none";
+}
+
+// Which run of a requeued batch job this is (0 for the first).
+long job_run() {
+  for (const char* var : {"SLURM_RESTART_COUNT", "PBS_RUN_COUNT"})
+    if (const char* v = std::getenv(var); v && *v) return std::atol(v);
+  return 0;
 }
 
 // "key=value" fields of a lock file's line.
@@ -80,12 +90,15 @@ std::string now_text() {
   return buf;
 }
 
-// Whether the process a lock names is still running on this host.
+// Whether the process a lock names is still running on this host: not gone, not a zombie (a
+// killed rank its launcher has not reaped yet), and not a later process that reuses its pid.
 bool running(const std::string& pid_text, const std::string& start) {
   const long pid = std::atol(pid_text.c_str());
   if (pid <= 0) return false;
   if (kill(pid_t(pid), 0) != 0 && errno == ESRCH) return false;
-  return start.empty() || start_time(pid) == start;
+  const auto [state, started] = state_and_start(pid);
+  if (state == "Z" || state == "X") return false;
+  return start.empty() || started == start;
 }
 
 // A directory inside another (after resolving what exists of both paths).
@@ -117,7 +130,7 @@ std::vector<std::string> remove_stale(const std::string& dir, const std::vector<
 
 std::string lock_identity() {
   return "host=" + host_name() + " pid=" + std::to_string(getpid()) +
-         " start=" + start_time(getpid()) + " job=" + job_id();
+         " start=" + start_time(getpid()) + " job=" + job_id() + " run=" + std::to_string(job_run());
 }
 
 DirLock::~DirLock() { release(); }
@@ -152,15 +165,24 @@ std::string DirLock::acquire(const std::string& dir, std::string* note, bool* in
       if (errno == ENOENT) continue;  // its holder just let it go
       return "cannot read " + path_ + ": " + std::strerror(errno);
     }
-    const bool flocked = flock(fd, LOCK_EX | LOCK_NB) == 0;
+    // A holder that is still exiting (a rank killed after another's MPI_Abort, not yet reaped)
+    // lets go within moments: wait for its flock up to 3 s before calling it alive. Where the
+    // file system has no flock, the lock's own text decides.
+    bool flock_held = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    for (int i = 0; i < 30 && flock_held; ++i) {
+      usleep(100000);
+      flock_held = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    }
     const std::string holder = read_fd(fd);
     const std::string host = field(holder, "host"), pid = field(holder, "pid");
     const std::string job = field(holder, "job"), since = field(holder, "since");
     const std::string who = "host " + host + ", pid " + pid + ", job " + job +
                             (since.empty() ? "" : ", since " + since);
     const bool same_host = host == host_name();
-    const bool requeued = job != "none" && !job.empty() && job == job_id();
-    if (flocked && ((same_host && !running(pid, field(holder, "start"))) || requeued)) {
+    // A later run of the same batch job: the scheduler ended the earlier one before requeueing.
+    const bool requeued = job != "none" && !job.empty() && job == job_id() &&
+                          std::atol(field(holder, "run").c_str()) < job_run();
+    if (!flock_held && ((same_host && !running(pid, field(holder, "start"))) || requeued)) {
       if (!write_fd(fd, text_ + "\n")) {
         const std::string why = std::strerror(errno);
         close(fd);
@@ -173,7 +195,7 @@ std::string DirLock::acquire(const std::string& dir, std::string* note, bool* in
     }
     close(fd);
     *in_use = true;
-    if (same_host || !flocked)
+    if (same_host || flock_held)
       return dir + " is in use by another tessera job (" + who + "; lock file " + path_ + ")";
     return dir + " is locked by a tessera job on another host (" + who + "; lock file " + path_ +
            "): tessera cannot see whether it still runs; if that job has ended, remove the lock "

@@ -14,10 +14,12 @@
 
 namespace tessera {
 
-// One lock file, DIR/.tessera.lock, held by rank 0: "host=H pid=P start=S job=J since=T".
-// Taken over when its holder is gone for sure: a dead process of this host (pid and start time
-// no longer match a running process), or an earlier run of this very batch job (same job id: a
-// requeued job). A holder on another host may still be running: refused, with what to do.
+// One lock file, DIR/.tessera.lock, held by rank 0 (and flock'ed where the file system allows):
+// "host=H pid=P start=S job=J run=R since=T". Taken over when its holder is gone for sure: a
+// process of this host that no longer runs (pid and start time match no live process), or an
+// earlier run of this very batch job (same job id, a smaller SLURM_RESTART_COUNT or
+// PBS_RUN_COUNT: the scheduler ended it before requeueing). A holder on another host may still be
+// running: refused, saying so and what to do.
 class DirLock {
  public:
   DirLock() = default;
@@ -49,7 +51,7 @@ class RunDirs {
   std::vector<std::string> notes_;
 };
 
-// This process's identity in a lock file: "host=H pid=P start=S job=J".
+// This process's identity in a lock file: "host=H pid=P start=S job=J run=R".
 std::string lock_identity();
 
 }  // namespace tessera
