@@ -123,27 +123,35 @@ H5FD_mpio_xfer_t transfer_mode(const ParamTensor& c, long collective_bytes) {
                                                                      : H5FD_MPIO_INDEPENDENT;
 }
 
-// Creates the dataset of canonical tensor c (collective) and writes this rank's tile, if it holds
-// one it owns. Returns this rank's part of the dataset's checksum.
-uint64_t write_tensor(hid_t file, const std::string& path, const LocalLayout& layout,
-                      const ParamTensor& c, const LocalTensor* t, const float* local,
-                      long collective_bytes, WriteFailure& failure) {
-  std::vector<hsize_t> dims(c.shape.begin(), c.shape.end());
-  H5Handle space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
+// Creates dataset `path` (collective) of `type` and shape dims ({} = scalar).
+H5Handle create_dataset(hid_t file, const std::string& path, hid_t type,
+                        const std::vector<size_t>& dims, WriteFailure& failure) {
+  const std::vector<hsize_t> d(dims.begin(), dims.end());
+  H5Handle space(d.empty() ? H5Screate(H5S_SCALAR)
+                           : H5Screate_simple(int(d.size()), d.data(), nullptr),
+                 H5Sclose);
   H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl.get(), 1);
-  H5Handle dset(H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(),
-                           H5P_DEFAULT, H5P_DEFAULT),
+  H5Handle dset(H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), H5P_DEFAULT,
+                           H5P_DEFAULT),
                 H5Dclose);
   failure.note(!dset.valid(), "cannot create /" + path);
-  if (!dset.valid()) return 0;
-  H5Handle file_space(H5Dget_space(dset.get()), H5Sclose);
+  return dset;
+}
+
+// Writes this rank's tile of canonical tensor c into its dataset, if it holds one it owns.
+// Returns this rank's part of the dataset's checksum.
+uint64_t write_tensor(hid_t dset, const std::string& path, const LocalLayout& layout,
+                      const ParamTensor& c, const LocalTensor* t, const float* local,
+                      long collective_bytes, WriteFailure& failure) {
+  if (dset < 0) return 0;
+  H5Handle file_space(H5Dget_space(dset), H5Sclose);
   select_tile(file_space.get(), t);
   H5Handle mem = memory_space(t);
   const H5FD_mpio_xfer_t mode = transfer_mode(c, collective_bytes);
   // Independent: a rank without a tile has nothing to do. Collective: every rank takes part.
   if (t || mode == H5FD_MPIO_COLLECTIVE)
-    failure.note(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mem.get(), file_space.get(),
+    failure.note(H5Dwrite(dset, H5T_NATIVE_FLOAT, mem.get(), file_space.get(),
                           transfer(mode).get(), local) < 0,
                  "write of /" + path + " failed");
   return t ? tile_checksum(layout, *t, local) : 0;
@@ -169,24 +177,6 @@ uint64_t read_tensor(hid_t file, const std::string& ckpt, const std::string& pat
       H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), transfer(mode).get(), local) < 0)
     throw UserError(ckpt + ": read of /" + path + " failed", kExitIO);
   return t && counted ? tile_checksum(layout, *t, local) : 0;
-}
-
-// The /checksum/... datasets: created by every rank, written by rank 0 alone.
-void write_checksums(hid_t file, const std::vector<std::string>& paths,
-                     const std::vector<uint64_t>& sums, int rank, WriteFailure& failure) {
-  H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
-  H5Pset_create_intermediate_group(lcpl.get(), 1);
-  H5Handle scalar(H5Screate(H5S_SCALAR), H5Sclose);
-  for (size_t i = 0; i < paths.size(); ++i) {
-    const std::string path = "checksum/" + paths[i];
-    H5Handle cset(H5Dcreate2(file, path.c_str(), H5T_STD_U64LE, scalar.get(), lcpl.get(),
-                             H5P_DEFAULT, H5P_DEFAULT),
-                  H5Dclose);
-    failure.note(!cset.valid() ||
-                     (rank == 0 && H5Dwrite(cset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL,
-                                            transfer(H5FD_MPIO_INDEPENDENT).get(), &sums[i]) < 0),
-                 "cannot write /" + path);
-  }
 }
 
 void verify_checksums(hid_t file, const std::string& ckpt, const std::vector<std::string>& paths,
@@ -244,22 +234,17 @@ bool no_space(const std::string& reason) {
          reason.find("File too large") != std::string::npos;
 }
 
-// Rank 0, before any rank opens the file: an empty HDF5 file at tmp (serial: should closing it
-// fail on a full disk, no MPI is left waiting), then its expected size reserved with
-// fallocate, so that a full disk or quota is found before a byte of data is written and the
-// writes cannot run out of space. Returns "" or the problem.
-std::string prepare_file(const std::string& tmp, uint64_t bytes, bool reserve) {
-  const hid_t file = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (file < 0) return "cannot create " + tmp + ": " + h5_error_reason();
-  if (H5Fclose(file) < 0) return "cannot write " + tmp + ": " + h5_error_reason();
-  if (!reserve) return "";
+// Rank 0, once every rank has the new file open: its expected size reserved with fallocate, so
+// that a full disk or quota is found before a byte of data is written and the writes cannot run
+// out of space (HDF5 trims the file to its real size when it closes it). Where the file system
+// cannot reserve, its free space is compared instead. Returns "" or the problem.
+std::string reserve_space(const std::string& tmp, uint64_t bytes) {
   const int fd = open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) return "cannot write " + tmp + ": " + std::strerror(errno);
   std::string why;
   if (fallocate(fd, 0, 0, off_t(bytes)) != 0) {
     const int err = errno;
     if (err == EOPNOTSUPP || err == ENOSYS) {
-      // The file system cannot reserve: compare with its free space instead.
       const long long free = free_bytes(tmp);
       if (free >= 0 && uint64_t(free) < bytes) why = std::strerror(ENOSPC);
     } else {
@@ -323,8 +308,8 @@ std::string mpiio_name(const std::string& path) {
 uint64_t checkpoint_bytes(const LocalLayout& layout, const TokenizerInfo& tokenizer,
                           size_t text_bytes) {
   const uint64_t datasets = 6 * layout.canonical.tensors.size();  // 3 tensors, 3 checksums
-  return 3 * uint64_t(layout.canonical.total) * sizeof(float) + datasets * (8 + 4096) +
-         tokenizer.model.size() + 2 * text_bytes + (1 << 20);
+  return 3 * uint64_t(layout.canonical.total) * sizeof(float) + datasets * (8 + 1024) +
+         tokenizer.model.size() + 2 * text_bytes + (256 << 10);
 }
 
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalLayout& layout,
@@ -357,72 +342,84 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
     throw UserError(where + why + ": " + keep, kExitIO);
   };
 
+  // HDF5 cannot close a file whose metadata it cannot write (and then fails inside MPI_Finalize),
+  // so the metadata must always find room: there must be room for it before the file is made,
+  // and it is written, and flushed, before any data.
+  const uint64_t metadata_bytes = 6 * layout.canonical.tensors.size() * 1024 + (64 << 10);
   std::string failure;
   if (rank == 0) {
     failure = make_directories(dir);
-    if (failure.empty()) failure = prepare_file(tmp_path, bytes, reserve);
+    const long long free = failure.empty() ? free_bytes(dir) : -1;
+    if (free >= 0 && uint64_t(free) < metadata_bytes)
+      failure = "cannot write " + tmp_path + ": " + std::strerror(ENOSPC);
   }
   if (std::string why = agree_on_failure(comm, failure); !why.empty()) give_up(why);
 
   WriteFailure local;
-  H5Handle file(H5Fopen(mpiio_name(tmp_path).c_str(), H5F_ACC_RDWR, parallel_access(comm).get()),
+  H5Handle file(H5Fcreate(mpiio_name(tmp_path).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT,
+                          parallel_access(comm).get()),
                 H5Fclose);
-  local.note(!file.valid(), "cannot open " + tmp_path);
+  local.note(!file.valid(), "cannot create " + tmp_path);
   if (std::string why = agree_on_failure(comm, local.what); !why.empty()) give_up(why);
+  if (rank == 0 && reserve) local.what = reserve_space(tmp_path, bytes);
+  failure = agree_on_failure(comm, local.what);
   {
+    // 1. Every object: attributes, groups, the tensors' and the checksums' datasets; flushed.
     const hid_t root = file.get();
-    write_metadata(root, layout, state, deck_yaml, tokenizer, saved_layout, rank, local);
-    failure = agree_on_failure(comm, local.what);
-    const std::vector<const LocalTensor*> tiles = tiles_by_canonical(layout);
     std::vector<std::string> paths;
+    std::vector<H5Handle> datasets, checksum_sets;
+    if (failure.empty()) {
+      write_metadata(root, layout, state, deck_yaml, tokenizer, saved_layout, rank, local);
+      for (const ParamTensor& c : layout.canonical.tensors)
+        for (const char* prefix : {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"}) {
+          paths.push_back(prefix + c.name);
+          datasets.push_back(create_dataset(root, paths.back(), H5T_IEEE_F32LE, c.shape, local));
+        }
+      for (const std::string& path : paths)
+        checksum_sets.push_back(create_dataset(root, "checksum/" + path, H5T_STD_U64LE, {}, local));
+      local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
+      failure = agree_on_failure(comm, local.what);
+    }
+    // 2. The data, tensor by tensor. A write that failed on one rank stops every rank after that
+    // tensor, before the next collective call.
+    const std::vector<const LocalTensor*> tiles = tiles_by_canonical(layout);
     std::vector<uint64_t> sums;
     for (size_t i = 0; i < tiles.size() && failure.empty(); ++i) {
       const ParamTensor& c = layout.canonical.tensors[i];
       // Replicated copies (other dp ranks, other tp ranks, the tied wte copy) stay silent.
       const LocalTensor* t = writer && tiles[i] && tiles[i]->owner ? tiles[i] : nullptr;
       const size_t off = t ? t->offset : 0;
-      const std::pair<const char*, const float*> parts[] = {{"model/", buffers.params},
-                                                            {"optim/exp_avg/", buffers.exp_avg},
-                                                            {"optim/exp_avg_sq/", buffers.exp_avg_sq}};
-      for (const auto& [prefix, base] : parts) {
-        paths.push_back(prefix + c.name);
-        sums.push_back(write_tensor(root, paths.back(), layout, c, t, base + off,
+      const float* parts[] = {buffers.params, buffers.exp_avg, buffers.exp_avg_sq};
+      for (int k = 0; k < 3; ++k) {
+        const size_t d = 3 * i + size_t(k);
+        sums.push_back(write_tensor(datasets[d].get(), paths[d], layout, c, t, parts[k] + off,
                                     collective_bytes, local));
       }
-      // A write that failed on one rank stops every rank here, before the next collective call.
       failure = agree_on_failure(comm, local.what);
     }
     if (failure.empty()) {
-      // One reduction for all checksums: each is the sum of the owners' parts.
+      // One reduction for all checksums: each is the sum of the owners' parts. Rank 0 writes them.
       MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
-      write_checksums(root, paths, sums, rank, local);
+      for (size_t d = 0; d < sums.size() && rank == 0; ++d)
+        local.note(H5Dwrite(checksum_sets[d].get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL,
+                            transfer(H5FD_MPIO_INDEPENDENT).get(), &sums[d]) < 0,
+                   "cannot write /checksum/" + paths[d]);
       local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
       failure = agree_on_failure(comm, local.what);
     }
-    // Closing writes what HDF5 still holds: after a failure, give it the space the partial file
-    // took first (the data written so far), so that the close can complete and leave no file
-    // open for MPI_Finalize.
+    // A failure leaves the metadata written: what the close still writes is small. Give it the
+    // space the partial file took (the data written so far) first.
     if (!failure.empty() && rank == 0) truncate(tmp_path.c_str(), 0);
     MPI_Barrier(comm);
-  }
-  const hid_t fid = file.release();
-  int closed = H5Fclose(fid) >= 0, closed_anywhere = closed;
-  const std::string close_failure =
-      closed ? "" : "close of " + tmp_path + " failed: " + h5_error_reason();
-  MPI_Allreduce(MPI_IN_PLACE, &closed_anywhere, 1, MPI_INT, MPI_MAX, comm);
-  if (!closed_anywhere) {  // a close is collective: retried only where it failed everywhere
-    if (rank == 0) truncate(tmp_path.c_str(), 0);
-    MPI_Barrier(comm);
-    closed = H5Fclose(fid) >= 0;
-  }
-  if (!closed)
-    // HDF5 still holds the file open and would close it again inside MPI_Finalize, after MPI is
-    // gone: end the job on this rank's word instead (MPI_Abort).
+  }  // the datasets close here, the file below
+  // One close: a close that failed cannot be retried (HDF5 1.10 leaves the file half torn down).
+  if (H5Fclose(file.release()) < 0)
+    // HDF5 still holds the file and would close it again inside MPI_Finalize, after MPI is gone:
+    // this rank ends the job instead (MPI_Abort).
     throw UserError("checkpoint step " + std::to_string(state.step) + ": " +
-                        (failure.empty() ? close_failure : failure) + ", and " + tmp_path +
-                        " cannot be closed",
+                        (failure.empty() ? "" : failure + ", and ") + "the close of " + tmp_path +
+                        " failed: " + h5_error_reason() + ": " + kept(dir),
                     kExitIO, /*every_rank=*/false);
-  if (failure.empty()) failure = agree_on_failure(comm, close_failure);
   if (!failure.empty()) give_up(failure);
 
   if (rank == 0) {
