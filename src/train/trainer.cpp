@@ -516,11 +516,14 @@ int train(MPI_Comm world_comm, const Config& cfg) {
               (long long)state.step, cfg.train.steps, loss, state.lr, norm, secs * 1e3, tok_s,
               mfu * 100, wait_fraction * 100);
       log.json("{\"type\":\"train\",\"step\":" + std::to_string(state.step) +
-               ",\"loss\":" + json_number("%.17g", loss) + ",\"lr\":" + fmt("%.9g", state.lr) +
-               ",\"grad_norm\":" + json_number("%.9g", norm) + ",\"ms\":" + fmt("%.3f", secs * 1e3) +
-               ",\"tokens_per_s\":" + fmt("%.1f", tok_s) + ",\"mfu\":" + fmt("%.5f", mfu) +
-               ",\"pipeline_wait\":" + fmt("%.5f", engine->wait_seconds() / secs) +
-               ",\"data_wait\":" + fmt("%.6f", wait_fraction) + "}");
+               ",\"loss\":" + json_number("%.17g", loss) +
+               ",\"lr\":" + json_number("%.9g", state.lr) +
+               ",\"grad_norm\":" + json_number("%.9g", norm) +
+               ",\"ms\":" + json_number("%.3f", secs * 1e3) +
+               ",\"tokens_per_s\":" + json_number("%.1f", tok_s) +
+               ",\"mfu\":" + json_number("%.5f", mfu) +
+               ",\"pipeline_wait\":" + json_number("%.5f", engine->wait_seconds() / secs) +
+               ",\"data_wait\":" + json_number("%.6f", wait_fraction) + "}");
       data_wait = interval_seconds = 0;
     }
     const bool last = state.step == cfg.train.steps;
@@ -553,7 +556,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   for (int r = 0; r < world_size; ++r) {
     std::string line = "{\"type\":\"rank\",\"rank\":" + std::to_string(r);
     for (int k = 0; k < kStats; ++k)
-      line += std::string(",\"") + names[k] + "\":" + fmt("%.6g", all[size_t(r) * kStats + k]);
+      line += std::string(",\"") + names[k] + "\":" + json_number("%.6g", all[size_t(r) * kStats + k]);
     log.json(line + "}");
   }
   log.say("done: %lld steps, %.1f s", (long long)state.step, seconds_since(t_start));
