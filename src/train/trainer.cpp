@@ -93,9 +93,9 @@ int signalled_stop() {
 
 int stop_status(int stop) { return stop == kSigint ? kExitInterrupted : kExitRequeue; }
 
-// The host memory this rank is about to take (the engine's buffers, the loader's ring, the copies
-// of the Adam moments a checkpoint is written from), summed over the ranks of its node, against
-// what the node has. Collective over world; the same UserError (exit 2) on every rank.
+// The host memory this rank will take (the engine's buffers, the loader's ring, the copies of the
+// Adam moments a checkpoint is written from), summed over the ranks of its node, against what
+// the node has. Collective over world; the same UserError (exit 2) on every rank.
 void check_node_memory(MPI_Comm world, uint64_t engine, uint64_t loader, uint64_t moments) {
   MPI_Comm node = device::node_comm(world);
   uint64_t need[3] = {engine, loader, moments};
@@ -200,6 +200,24 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   }
   if (!restart_from.empty()) check_checkpoint_shape(read_checkpoint_info(restart_from), tile);
 
+  // The model, pipeline executor and optimizer of the chosen backend (train/engine.hpp): every
+  // buffer declared now, checked against the memory of the node, allocated once below.
+  const AdamWHyper hyper{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+  const EngineSetup setup{tile, topo.comm(CommName::tp), topo.comm(CommName::dp),
+                          topo.comm(CommName::pp), topo.comm(CommName::embed), &world, schedule,
+                          mb, T, n_micro, /*zero=*/cfg.parallel.zero == 1,
+                          /*embed_sum=*/layout.pp > 1, hyper};
+  const std::unique_ptr<TrainEngine> engine =
+      make_engine(setup, backend.cuda, cfg.device.precision == "bf16", /*allocate=*/false);
+  const bool reads_tokens = tile.first || tile.last;
+  // The engine's buffers, the loader's ring, and the Adam moments copied out for a checkpoint
+  // (or in from one).
+  check_node_memory(world_comm, engine->host_bytes(),
+                    reads_tokens ? uint64_t(std::max(cfg.data.prefetch, 1)) * uint64_t(n_micro) *
+                                       uint64_t(mb) * uint64_t(T) * 2 * sizeof(int32_t)
+                                 : 0,
+                    2 * uint64_t(engine->buffer_size()) * sizeof(float));
+
   // --- the output places: locked, writable, with room for a checkpoint; then the deck ---
   const std::string deck_yaml = to_yaml(cfg);
   const RunDirs dirs(world_comm, cfg.run.dir, ckpt_dir,
@@ -258,26 +276,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   }
   const double check_seconds = seconds_since(t_check);
 
-  const AdamWHyper hyper{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
-  // The model, pipeline executor and optimizer of the chosen backend (train/engine.hpp): every
-  // buffer is allocated here, once, after the memory check.
-  const EngineSetup setup{tile, topo.comm(CommName::tp), topo.comm(CommName::dp),
-                          topo.comm(CommName::pp), topo.comm(CommName::embed), &world, schedule,
-                          mb, T, n_micro, /*zero=*/cfg.parallel.zero == 1,
-                          /*embed_sum=*/layout.pp > 1, hyper};
-  const bool reads_tokens = tile.first || tile.last;
-  const uint64_t loader_bytes =
-      reads_tokens ? uint64_t(std::max(cfg.data.prefetch, 1)) * uint64_t(n_micro) * uint64_t(mb) *
-                         uint64_t(T) * 2 * sizeof(int32_t)
-                   : 0;
-  const std::unique_ptr<TrainEngine> engine = make_engine(
-      setup, backend.cuda, cfg.device.precision == "bf16",
-      [&](size_t engine_bytes, size_t elements) {
-        // The engine's buffers, the loader's ring, and the Adam moments copied out for a
-        // checkpoint (or in from one): summed over the ranks of each node.
-        check_node_memory(world_comm, engine_bytes, loader_bytes,
-                          2 * uint64_t(elements) * sizeof(float));
-      });
+  engine->allocate();
   float* params = engine->host_params();  // fp32, host: initialised or read here
   const bool writer = me.dp_rank == 0;  // one rank of each data-parallel group writes its tile
   stop_point("allocating the model");
