@@ -151,7 +151,8 @@ std::string make_directories(const std::string& path) {
   if (stat(path.c_str(), &st) != 0)
     return "cannot create directory " + path + ": " + (ec ? ec.message() : reason(errno));
   if (!S_ISDIR(st.st_mode))
-    return "cannot create directory " + path + ": it is " + file_kind(st.st_mode);
+    return "cannot create directory " + path + ": it is " +
+           (S_ISREG(st.st_mode) ? "a file" : file_kind(st.st_mode));
   return "";
 }
 
