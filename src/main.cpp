@@ -196,16 +196,19 @@ std::string one_line(std::string text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Before MPI_Init: a batch system's signal during start-up must not kill the job half-way;
-  // again after it, in case the MPI library installed handlers of its own. A write past the
-  // file-size limit (ulimit -f) fails with EFBIG, reported like any failed write, instead of
-  // killing the process.
+  // Training turns SIGUSR1, SIGTERM and SIGINT into a stop with a checkpoint, which the trainer
+  // honours at every step boundary and start-up stage: before MPI_Init (a batch system's signal
+  // during start-up must not kill the job half-way) and again after it, in case the MPI library
+  // installed handlers of its own. The other commands (sample, eval, data) never look at that
+  // flag, so they keep the default: the signal ends them at once. A write past the file-size
+  // limit (ulimit -f) fails with EFBIG, reported like any failed write, instead of killing.
+  const bool training = argc > 1 && std::strcmp(argv[1], "train") == 0;
   std::signal(SIGXFSZ, SIG_IGN);
-  tessera::install_stop_handlers();
+  if (training) tessera::install_stop_handlers();
   // Funneled: the data loader's thread reads files and never calls MPI.
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  tessera::install_stop_handlers();
+  if (training) tessera::install_stop_handlers();
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

@@ -560,7 +560,12 @@ std::string resolve_checkpoint(const std::string& dir_or_file) {
   std::error_code ec;
   const fs::path dir(dir_or_file);
   std::string name;
-  if (fs::is_regular_file(dir / "latest", ec)) std::ifstream(dir / "latest") >> name;
+  if (fs::is_regular_file(dir / "latest", ec)) {
+    std::ifstream latest(dir / "latest");
+    char line[64] = {};  // "step_NNNNNNNN.h5": a damaged `latest` is no reason to read it all
+    latest.getline(line, sizeof line);
+    name = line;
+  }
   if (!name.empty() && fs::is_regular_file(dir / name, ec)) return (dir / name).string();
   // No usable `latest` (a job killed between rename and update): newest complete file wins.
   std::string best;

@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common/error.hpp"
+
 namespace tessera {
 
 void hdf5_quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
@@ -61,6 +63,11 @@ std::optional<std::string> h5_read_string_attr(hid_t obj, const std::string& nam
     return out;
   }
   const size_t size = H5Tget_size(type.get());
+  // A text attribute (a deck, a data description) is a few KB; a damaged or crafted file may
+  // declare gigabytes.
+  if (size > (size_t(64) << 20))
+    throw UserError("attribute " + name + " declares " + std::to_string(size) +
+                    " bytes of text, more than the 64 MiB any of tessera's is");
   std::vector<char> buffer(size + 1, '\0');
   H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(mem.get(), size + 1);

@@ -14,6 +14,7 @@
 #include "common/cli.hpp"
 #include "common/error.hpp"
 #include "common/limits.hpp"
+#include "common/memory.hpp"
 #include "io/dataset.hpp"
 #include "io/gds_reader.hpp"
 #include "io/prefetch.hpp"
@@ -158,10 +159,10 @@ double sequential_read(const TokenSource& s, bool direct, std::string* mode) {
   const auto t0 = Clock::now();
   *mode = direct ? "O_DIRECT" : "buffered, page cache dropped";
   for (const TokenExtent& x : s.extents()) {
-    int fd = direct ? open(x.file.c_str(), O_RDONLY | O_DIRECT) : -1;
+    int fd = direct ? open(x.file.c_str(), O_RDONLY | O_DIRECT | O_NONBLOCK) : -1;
     if (fd < 0) {
       if (direct) *mode = "buffered (O_DIRECT refused)";
-      fd = open(x.file.c_str(), O_RDONLY);
+      fd = open(x.file.c_str(), O_RDONLY | O_NONBLOCK);
       if (fd < 0) throw UserError("cannot read " + x.file + ": " + std::strerror(errno), kExitIO);
       fdatasync(fd);
       posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -193,6 +194,8 @@ int bench(const Args& a) {
   const double seq_buffered = sequential_read(s, false, &buffered_mode);
 
   const Dataset data(a.files[0], a.format, a.dtype, int(a.seq_len), 1234);
+  require_host_memory(uint64_t(a.depth) * uint64_t(a.batch) * uint64_t(a.seq_len) * 8,
+                      "the loader's buffers (--prefetch x --batch x --seq-len)");
   const uint64_t windows = data.sources()[0].num_windows(int(a.seq_len));
   const uint64_t steps_max = windows / uint64_t(a.batch);
   Prefetcher loader(data, 1 << 30, 0, uint64_t(a.batch), int(a.batch), int(a.depth), int(a.readers),

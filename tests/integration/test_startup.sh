@@ -88,6 +88,23 @@ with h5py.File(sys.argv[1], "r+") as f: f["model"].attrs["n_layer"] = np.int64(2
 expect_error checkpoint_attribute_2_32 2 "^$W/narrowed\.h5: attribute n_layer = 4294967298 is outside 1\.\.1024$" \
   "$TESSERA" sample "$W/narrowed.h5"
 
+# The other commands keep the signals' default actions: SIGTERM ends a long dump at once. (A
+# background job of a script ignores SIGINT, so SIGTERM it is.)
+"$TESSERA" data dump "$W/big.bin" --format raw --start 0 --count 1000000000 >/dev/null 2>&1 &
+job=$!
+sleep 1
+sent=$SECONDS
+kill -TERM "$job"
+for _ in $(seq 50); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$job" 2>/dev/null; then
+  fail "SIGTERM to tessera data dump: still running after 5 s"; kill -KILL "$job"
+else
+  wait "$job"
+  rc=$?
+  [ "$rc" -eq 143 ] && pass "SIGTERM ends tessera data dump at once (exit $rc)" ||
+    fail "SIGTERM to tessera data dump: exit $rc"
+fi
+
 # 5. Messages that say what is wrong.
 expect_error unknown_option_last 2 "^tessera sample: unknown option --top-k \(see --help\)$" "$TESSERA" sample "$ckpt" --top-k
 expect_error unknown_option_data 2 "^tessera data dump: unknown option --bogus" "$TESSERA" data dump "$DATA/val.h5" --bogus
