@@ -255,6 +255,27 @@ std::string reserve_space(const std::string& tmp, uint64_t bytes) {
   return why.empty() ? "" : "cannot write " + tmp + ": " + why;
 }
 
+// Rank 0: a file holding `bytes` of the disk while the data is written, given back right before
+// HDF5 writes metadata again (the last flush, or the close after a failure). A parallel flush
+// whose metadata write fails on one rank leaves the others waiting inside HDF5 forever, so the
+// metadata must always find room, however full the data made the disk. Returns "" or the problem.
+std::string hold_room(const std::string& path, uint64_t bytes) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return "cannot write " + path + ": " + std::strerror(errno);
+  int err = fallocate(fd, 0, 0, off_t(bytes)) == 0 ? 0 : errno;
+  if (err == EOPNOTSUPP || err == ENOSYS) {  // no fallocate: write the bytes
+    const std::vector<char> zeros(1 << 16, 1);
+    err = 0;
+    for (uint64_t done = 0; done < bytes && err == 0; done += zeros.size())
+      if (pwrite(fd, zeros.data(), zeros.size(), off_t(done)) < 0) err = errno;
+    if (err == 0 && fsync(fd) != 0) err = errno;
+  }
+  close(fd);
+  if (err == 0) return "";
+  unlink(path.c_str());
+  return "cannot write " + path + ": " + std::strerror(err);
+}
+
 // The root attributes and the /model, /optim, /train and /tokenizer groups. Metadata is made the
 // same way on every rank, so it fails (if ever) on all of them alike.
 void write_metadata(hid_t root, const LocalLayout& layout, const TrainState& state,
@@ -346,11 +367,12 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
   // so the metadata must always find room: there must be room for it before the file is made,
   // and it is written, and flushed, before any data.
   const uint64_t metadata_bytes = 6 * layout.canonical.tensors.size() * 1024 + (64 << 10);
+  const std::string room_path = (fs::path(dir) / kRoomFile).string();
   std::string failure;
   if (rank == 0) {
     failure = make_directories(dir);
     const long long free = failure.empty() ? free_bytes(dir) : -1;
-    if (free >= 0 && uint64_t(free) < metadata_bytes)
+    if (free >= 0 && uint64_t(free) < 2 * metadata_bytes)  // the metadata, and room held for it
       failure = "cannot write " + tmp_path + ": " + std::strerror(ENOSPC);
   }
   if (std::string why = agree_on_failure(comm, failure); !why.empty()) give_up(why);
@@ -378,6 +400,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
       for (const std::string& path : paths)
         checksum_sets.push_back(create_dataset(root, "checksum/" + path, H5T_STD_U64LE, {}, local));
       local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
+      if (rank == 0 && local.what.empty()) local.what = hold_room(room_path, metadata_bytes);
       failure = agree_on_failure(comm, local.what);
     }
     // 2. The data, tensor by tensor. A write that failed on one rank stops every rank after that
@@ -397,6 +420,9 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
       }
       failure = agree_on_failure(comm, local.what);
     }
+    // The metadata's room back to the disk, before HDF5 writes metadata again (the flush below,
+    // or the close).
+    if (rank == 0) unlink(room_path.c_str());
     if (failure.empty()) {
       // One reduction for all checksums: each is the sum of the owners' parts. Rank 0 writes them.
       MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
@@ -439,7 +465,7 @@ std::string probe_checkpoint_dir(MPI_Comm comm, const std::string& dir) {
   hdf5_quiet();
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  const std::string probe = (fs::path(dir) / ".tessera-probe.h5").string();
+  const std::string probe = (fs::path(dir) / kProbeFile).string();
   const hid_t file =
       H5Fcreate(mpiio_name(probe).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, parallel_access(comm).get());
   std::string failure =

@@ -13,6 +13,10 @@
 namespace tessera {
 
 inline constexpr int kCheckpointFormatVersion = 1;
+// Scratch files of a checkpoint directory, there only while a write or the start-up probe runs:
+// the disk space held for HDF5's metadata, and the probe.
+inline constexpr const char* kRoomFile = ".tessera-room";
+inline constexpr const char* kProbeFile = ".tessera-probe.h5";
 
 struct TrainState {
   int64_t step = 0;          // optimizer steps completed (also Adam's t)

@@ -225,7 +225,7 @@ RunDirs::RunDirs(MPI_Comm comm, const std::string& run_dir, const std::string& c
     if (in_use) code = kExitBadInput;
     if (failure.empty()) {
       for (const std::string& f :
-           remove_stale(checkpoint_dir, {"latest.tmp", ".tessera-probe.h5"}, true))
+           remove_stale(checkpoint_dir, {"latest.tmp", kProbeFile, kRoomFile}, true))
         notes_.push_back("checkpoint: removed " + f + ", left by an interrupted write");
       for (const std::string& f : remove_stale(run_dir, {"deck.yaml.tmp", "exit_status.tmp"}, false))
         notes_.push_back("run: removed " + f + ", left by an interrupted write");

@@ -28,12 +28,13 @@ if ! tmpfs probe 64k; then
   finish
 fi
 
-# disk_full NAME NP RESERVE STEP KEPT [OVERRIDES...]: checkpoints every 2 steps into a 1.3 MB
-# tmpfs (a checkpoint of the tiny model is 0.52 MB, its reservation about 1.2 MB).
+# disk_full NAME NP SIZE RESERVE STEP KEPT [OVERRIDES...]: checkpoints every 2 steps into a tmpfs
+# of SIZE (a checkpoint of the tiny model is 0.52 MB, its reservation about 0.9 MB; a write
+# first needs room for its metadata, 0.24 MB, and holds as much again while the data goes in).
 disk_full() {
-  local name=$1 np=$2 reserve=$3 step=$4 kept=$5
-  shift 5
-  tmpfs "$name" 1300k || { fail "$name: mount"; return; }
+  local name=$1 np=$2 size=$3 reserve=$4 step=$5 kept=$6
+  shift 6
+  tmpfs "$name" "$size" || { fail "$name: mount"; return; }
   local start=$SECONDS
   timeout -s KILL 120 $MPIEXEC -n "$np" "$TESSERA" train "$deck" run.dir="$WORK/$name.run" \
     checkpoint.dir="$WORK/$name" checkpoint.every=2 checkpoint.reserve="$reserve" train.steps=40 \
@@ -58,12 +59,13 @@ disk_full() {
   fi
 }
 # Reserved up front: step 2 fits, step 4's reservation does not.
-disk_full reserve_1rank 1 true 4 2
-disk_full reserve_dp2 2 true 4 2 parallel.dp=2 train.batch_size=4 train.micro_batch=2
-# Not reserved: steps 2 and 4 fit, step 6's data writes fail part-way, on one rank or on both.
-disk_full write_1rank 1 false 6 4
-disk_full write_dp2 2 false 6 4 parallel.dp=2 train.batch_size=4 train.micro_batch=2
-disk_full write_tp2 2 false 6 4 parallel.tp=2
+disk_full reserve_1rank 1 1300k true 4 2
+disk_full reserve_dp2 2 1300k true 4 2 parallel.dp=2 train.batch_size=4 train.micro_batch=2
+# Not reserved: steps 2 and 4 fit; step 6 finds room for its metadata (0.58 MB free), and its
+# data writes fail part-way, on one rank or on both.
+disk_full write_1rank 1 1600k false 6 4
+disk_full write_dp2 2 1600k false 6 4 parallel.dp=2 train.batch_size=4 train.micro_batch=2
+disk_full write_tp2 2 1600k false 6 4 parallel.tp=2
 
 # run.dir full before the start: refused at once, nothing trained.
 tmpfs fullrun 64k
