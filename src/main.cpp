@@ -1,7 +1,11 @@
 // tessera: init MPI, read the command line and the deck, run the command, finalize.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
+#include <csignal>
+#include <cmath>
 #include <thread>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +17,7 @@
 #include "backend/peak.hpp"
 #include "common/cli.hpp"
 #include "common/error.hpp"
+#include "common/limits.hpp"
 #include "common/version.hpp"
 #include "config/config.hpp"
 #include "train/ckpt_command.hpp"
@@ -68,7 +73,7 @@ greedy; the default is 1. The same seed gives the same text.
 )";
 
 using tessera::UserError;
-using tessera::parse_long;
+using tessera::parse_int;
 
 bool wants_help(const std::vector<std::string>& args) {
   for (const auto& a : args)
@@ -76,27 +81,35 @@ bool wants_help(const std::vector<std::string>& args) {
   return false;
 }
 
-// Flags of the form --name VALUE after the positional argument.
+// Flags of the form --name VALUE after the positional argument; `known` lists the names, so that
+// a misspelt flag is called unknown whether or not a value follows it.
 struct Flags {
   std::string command;
   std::vector<std::string> args;
+  std::vector<std::string> known;
   size_t i = 1;
   bool next(std::string& name, std::string& value) {
     if (i >= args.size()) return false;
     name = args[i++];
     if (name.rfind("--", 0) != 0)
       throw UserError("tessera " + command + ": unexpected argument '" + name + "' (see --help)");
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      throw UserError("tessera " + command + ": unknown option " + name + " (see --help)");
     if (i >= args.size()) throw UserError("tessera " + command + ": " + name + " needs a value");
     value = args[i++];
     return true;
   }
 };
 
-double parse_double(const std::string& flag, const std::string& v, double lo) {
+// A finite number in [lo, hi].
+double parse_double(const std::string& flag, const std::string& v, double lo, double hi) {
   char* end = nullptr;
   const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || !(x >= lo))
-    throw UserError(flag + ": expected a number >= " + std::to_string(lo) + ", got '" + v + "'");
+  if (v.empty() || *end != '\0' || !std::isfinite(x) || !(x >= lo && x <= hi)) {
+    char range[64];
+    std::snprintf(range, sizeof range, "from %g to %g", lo, hi);
+    throw UserError(flag + ": expected a number " + range + ", got '" + v + "'");
+  }
   return x;
 }
 
@@ -125,16 +138,15 @@ int run(const std::vector<std::string>& argv) {
       std::fputs(kEvalUsage, args.empty() ? stderr : stdout);
       return args.empty() ? tessera::kExitBadInput : 0;
     }
-    Flags flags{command, args};
+    Flags flags{command, args, {"--data", "--batches"}};
     std::string name, value, data;
-    long batches = 0;
+    int batches = 0;
     while (flags.next(name, value)) {
       if (name == "--data") data = value;
-      else if (name == "--batches") batches = parse_long(name, value, 1);
-      else throw UserError("tessera eval: unknown option " + name + " (see --help)");
+      else batches = int(parse_int(name, value, 1, INT_MAX));
     }
     if (data.empty()) throw UserError("tessera eval: --data FILE is required");
-    tessera::eval_checkpoint(args[0], data, int(batches));
+    tessera::eval_checkpoint(args[0], data, batches);
     return 0;
   }
   if (command == "sample") {
@@ -142,15 +154,15 @@ int run(const std::vector<std::string>& argv) {
       std::fputs(kSampleUsage, args.empty() ? stderr : stdout);
       return args.empty() ? tessera::kExitBadInput : 0;
     }
-    Flags flags{command, args};
+    Flags flags{command, args, {"--prompt", "--tokens", "--temperature", "--seed"}};
     std::string name, value;
     tessera::SampleOptions options;
     while (flags.next(name, value)) {
       if (name == "--prompt") options.prompt = value;
-      else if (name == "--tokens") options.tokens = int(parse_long(name, value, 0));
-      else if (name == "--temperature") options.temperature = parse_double(name, value, 0.0);
-      else if (name == "--seed") options.seed = uint64_t(parse_long(name, value, 0));
-      else throw UserError("tessera sample: unknown option " + name + " (see --help)");
+      else if (name == "--tokens")
+        options.tokens = int(parse_int(name, value, 0, tessera::limits::kSampleTokens));
+      else if (name == "--temperature") options.temperature = parse_double(name, value, 0.0, 1e6);
+      else options.seed = uint64_t(parse_int(name, value, 0, INT64_MAX));
     }
     tessera::sample_text(args[0], options);
     return 0;
@@ -177,16 +189,29 @@ bool all_ranks_arrive(double seconds) {
   return done != 0;
 }
 
+// A message as one line, whatever a file name or a library put in it.
+std::string one_line(std::string text) {
+  for (char& c : text)
+    if (c == '\n' || c == '\r') c = ' ';
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Before MPI_Init: a batch system's signal during start-up must not kill the job half-way;
-  // again after it, in case the MPI library installed handlers of its own.
-  tessera::install_stop_handlers();
+  // Training turns SIGUSR1, SIGTERM and SIGINT into a stop with a checkpoint, which the trainer
+  // honours at every step boundary and start-up stage: before MPI_Init (a batch system's signal
+  // during start-up must not kill the job half-way) and again after it, in case the MPI library
+  // installed handlers of its own. The other commands (sample, eval, data) never look at that
+  // flag, so they keep the default: the signal ends them at once. A write past the file-size
+  // limit (ulimit -f) fails with EFBIG, reported like any failed write, instead of killing.
+  const bool training = argc > 1 && std::strcmp(argv[1], "train") == 0;
+  std::signal(SIGXFSZ, SIG_IGN);
+  if (training) tessera::install_stop_handlers();
   // Funneled: the data loader's thread reads files and never calls MPI.
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  tessera::install_stop_handlers();
+  if (training) tessera::install_stop_handlers();
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -197,12 +222,12 @@ int main(int argc, char** argv) {
     status = run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const UserError& e) {
     status = e.exit_code;
-    message = e.what();
+    message = one_line(e.what());
     failed = true;
     every_rank = e.every_rank;
   } catch (const std::exception& e) {
     status = tessera::kExitIO;
-    message = "tessera: internal error on rank " + std::to_string(rank) + ": " + e.what();
+    message = one_line("tessera: internal error on rank " + std::to_string(rank) + ": " + e.what());
     failed = true;
   }
   if (failed) {

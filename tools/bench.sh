@@ -25,7 +25,7 @@ with h5py.File(path, "w") as f:
     f.create_dataset("tokens", data=np.random.default_rng(0).integers(0, vocab, 200_000, dtype=np.uint16))
     f.attrs["vocab_size"] = np.int64(vocab)
     f.attrs["eot"] = np.int64(vocab - 1)
-    f.attrs["tokenizer"] = np.bytes_("gpt2-ids")
+    f.attrs["tokenizer"] = np.bytes_("gpt2")
 PY
 
 echo "bench: tessera, GPT-2 124M shape, T=$T B=$B, $((STEPS + 1)) steps" >&2

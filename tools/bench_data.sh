@@ -44,7 +44,7 @@ with h5py.File(f"{out}/tokens.h5", "w") as f:                     # tessera HDF5
     f.create_dataset("tokens", data=tokens)
     f.attrs["vocab_size"] = np.int64(50257)
     f.attrs["eot"] = np.int64(50256)
-    f.attrs["tokenizer"] = np.bytes_("gpt2-ids")
+    f.attrs["tokenizer"] = np.bytes_("gpt2")
 PY
 
 rows=()

@@ -17,6 +17,8 @@
 #include <variant>
 
 #include "common/error.hpp"
+#include "common/files.hpp"
+#include "common/limits.hpp"
 #include "io/dataset.hpp"
 
 namespace tessera {
@@ -86,6 +88,7 @@ std::vector<Field> fields_of(Config& c) {
       {"checkpoint", "restart", &c.checkpoint.restart},
       {"checkpoint", "init_from", &c.checkpoint.init_from},
       {"checkpoint", "collective_bytes", &c.checkpoint.collective_bytes},
+      {"checkpoint", "reserve", &c.checkpoint.reserve},
       {"log", "every", &c.log.every},
       {"log", "peak_gflops", &c.log.peak_gflops},
       {"run", "dir", &c.run.dir},
@@ -435,7 +438,65 @@ std::string quote(std::string_view s) {
   return out + "\"";
 }
 
+// A quoted value must close on its own line. YAML lets a quoted scalar run on over lines, so a
+// missing closing quote silently swallows the keys below it into the string (or fails far away
+// with "end of map not found"); in a deck that is always a typo. Reported at the opening quote,
+// with the key of its line (block style: "section:" unindented, "  key:" below it).
+void check_quotes(const std::string& text, const std::string& origin) {
+  std::string section, name;
+  size_t line_start = 0;
+  for (int line = 1; line_start < text.size(); line++) {
+    size_t line_end = text.find('\n', line_start);
+    if (line_end == std::string::npos) line_end = text.size();
+    const std::string_view l(text.data() + line_start, line_end - line_start);
+    const size_t indent = l.find_first_not_of(" \t");
+    const size_t colon = l.find(':');
+    if (indent != std::string_view::npos && colon != std::string_view::npos && colon > indent &&
+        l[indent] != '#' && l[indent] != '"' && l[indent] != '\'') {
+      const std::string word(l.substr(indent, colon - indent));
+      if (indent == 0) section = name = word;
+      else name = section + "." + word;
+    }
+    bool value_start = true;  // at a place where a scalar may begin
+    int flow = 0;             // depth of [ ] and { }
+    for (size_t i = 0; i < l.size(); i++) {
+      const char ch = l[i];
+      const bool blank_next = i + 1 == l.size() || l[i + 1] == ' ' || l[i + 1] == '\t';
+      if (ch == '#' && (i == 0 || l[i - 1] == ' ' || l[i - 1] == '\t')) break;  // a comment
+      if ((ch == '"' || ch == '\'') && value_start) {
+        size_t j = i + 1;
+        for (; j < l.size(); j++) {
+          if (ch == '"' && l[j] == '\\') j++;  // an escape: \" does not close
+          else if (ch == '\'' && l[j] == '\'' && j + 1 < l.size() && l[j + 1] == '\'') j++;
+          else if (l[j] == ch) break;
+        }
+        if (j >= l.size()) {
+          fail(one_line(origin) + ":" + std::to_string(line) + ":" + std::to_string(i + 1) +
+                   (name.empty() ? "" : ": " + one_line(name)),
+               std::string("the ") + (ch == '"' ? "double" : "single") +
+                   "-quoted value is not closed on its line (add the closing quote)");
+        }
+        i = j;
+        value_start = false;
+      } else if ((ch == ':' && (blank_next || flow > 0)) || (ch == ',' && flow > 0)) {
+        value_start = true;  // a value (or, in flow style, an entry) follows, after blanks
+      } else if ((ch == '-' || ch == '?') && value_start && blank_next) {
+        // a block sequence entry or complex key: still at a value's start
+      } else if ((ch == '[' || ch == '{') && value_start) {
+        flow++;
+      } else if ((ch == ']' || ch == '}') && flow > 0) {
+        flow--;
+        value_start = false;
+      } else if (ch != ' ' && ch != '\t' && ch != '\r') {
+        value_start = false;
+      }
+    }
+    line_start = line_end + 1;
+  }
+}
+
 YAML::Node load_yaml(const std::string& text, const std::string& origin) {
+  check_quotes(text, origin);
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(text);
@@ -612,6 +673,11 @@ void positive_or_auto(const Deck& deck, std::string_view name, int v) {
   if (v < 1 && !said_auto) deck.fail_key(name, "must be >= 1 or auto, got " + num(v));
 }
 
+// An upper bound, with the reason it is there.
+void at_most(const Deck& deck, std::string_view name, long long v, long long max, const char* why) {
+  if (v > max) deck.fail_key(name, "must be <= " + num(max) + " (" + why + "), got " + num(v));
+}
+
 void not_empty(const Deck& deck, std::string_view name, const std::string& v, const char* meaning) {
   if (v.empty()) deck.fail_key(name, std::string("must not be empty (") + meaning + ")");
 }
@@ -732,7 +798,9 @@ void validate(const Config& c, const Deck& deck) {
   if (m.arch != "gpt2" && !llama)
     deck.fail_key("model.arch", "must be gpt2 or llama, got " + shown(m.arch));
   at_least(deck, "model.n_layer", m.n_layer, 1);
+  at_most(deck, "model.n_layer", m.n_layer, limits::kLayers, limits::kLayersWhy);
   at_least(deck, "model.n_head", m.n_head, 1);
+  at_most(deck, "model.n_head", m.n_head, limits::kEmbd, limits::kEmbdWhy);
   at_least(deck, "model.n_kv_head", m.n_kv_head, 0);
   if (m.n_kv_head > 0 && !llama && m.n_kv_head != m.n_head) {
     deck.fail_later("model.arch", "model.n_kv_head",
@@ -745,6 +813,7 @@ void validate(const Config& c, const Deck& deck) {
                         num(m.n_head));
   }
   at_least(deck, "model.n_embd", m.n_embd, 1);
+  at_most(deck, "model.n_embd", m.n_embd, limits::kEmbd, limits::kEmbdWhy);
   if (m.n_embd % m.n_head != 0) {
     deck.fail_later("model.n_embd", "model.n_head",
                     "model.n_embd = " + num(m.n_embd) +
@@ -756,6 +825,7 @@ void validate(const Config& c, const Deck& deck) {
                         " is odd: llama's rotary embeddings rotate pairs of a head's values");
   }
   at_least(deck, "model.ffn_hidden", m.ffn_hidden, 0);
+  at_most(deck, "model.ffn_hidden", m.ffn_hidden, limits::kFfn, limits::kFfnWhy);
   if (!llama && m.ffn_hidden != 0 && m.ffn_hidden != 4 * m.n_embd) {
     deck.fail_later("model.arch", "model.ffn_hidden",
                     "model.ffn_hidden = " + num(m.ffn_hidden) +
@@ -763,9 +833,14 @@ void validate(const Config& c, const Deck& deck) {
                         num(4 * m.n_embd) + " wide)");
   }
   at_least(deck, "model.ffn_multiple", m.ffn_multiple, 1);
+  at_most(deck, "model.ffn_multiple", m.ffn_multiple, limits::kFfn, limits::kFfnWhy);
   at_least(deck, "model.block_size", m.block_size, 1);
+  at_most(deck, "model.block_size", m.block_size, limits::kBlock, limits::kBlockWhy);
   at_least(deck, "model.vocab_size", m.vocab_size, 0);
+  at_most(deck, "model.vocab_size", m.vocab_size, limits::kVocab, limits::kVocabWhy);
   at_least(deck, "model.vocab_multiple", m.vocab_multiple, 1);
+  at_most(deck, "model.vocab_multiple", m.vocab_multiple, limits::kVocabMultiple,
+          limits::kVocabMultipleWhy);
   positive(deck, "model.init_std", m.init_std);
   if (m.tie_embeddings != "auto" && m.tie_embeddings != "true" && m.tie_embeddings != "false") {
     deck.fail_key("model.tie_embeddings", "must be auto, true or false, got " +
@@ -801,7 +876,9 @@ void validate(const Config& c, const Deck& deck) {
   }
   at_least(deck, "data.seq_len", c.data.seq_len, 1);
   at_least(deck, "data.prefetch", c.data.prefetch, 0);
+  at_most(deck, "data.prefetch", c.data.prefetch, limits::kPrefetch, limits::kPrefetchWhy);
   at_least(deck, "data.readers", c.data.readers, 1);
+  at_most(deck, "data.readers", c.data.readers, limits::kReaders, limits::kReadersWhy);
   if (c.data.seq_len > m.block_size) {
     deck.fail_later("data.seq_len", "model.block_size",
                     "data.seq_len = " + num(c.data.seq_len) +
@@ -812,6 +889,13 @@ void validate(const Config& c, const Deck& deck) {
   at_least(deck, "train.steps", t.steps, 0);
   at_least(deck, "train.batch_size", t.batch_size, 1);
   at_least(deck, "train.micro_batch", t.micro_batch, 0);
+  if (static_cast<long long>(t.batch_size) * c.data.seq_len > limits::kStepTokens) {
+    deck.fail_later("train.batch_size", "data.seq_len",
+                    "train.batch_size x data.seq_len = " + num(t.batch_size) + " x " +
+                        num(c.data.seq_len) + " tokens per step is more than " +
+                        num(static_cast<long long>(limits::kStepTokens)) + " (" +
+                        limits::kStepTokensWhy + ")");
+  }
   if (t.recompute != "none" && t.recompute != "selective" && t.recompute != "full") {
     deck.fail_key("train.recompute", "must be none, selective or full, got " + shown(t.recompute));
   }
@@ -859,22 +943,8 @@ void validate(const Config& c, const Deck& deck) {
                     "is fp32)");
   }
   at_least(deck, "device.threads", c.device.threads, 0);
+  at_most(deck, "device.threads", c.device.threads, limits::kThreads, limits::kThreadsWhy);
   validate_parallel(c, deck);
-}
-
-std::string read_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f)
-    throw UserError("cannot read deck " + one_line(path) + ": " + std::strerror(errno), kExitIO);
-  std::string text;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  int err = std::ferror(f) ? errno : 0;
-  std::fclose(f);
-  if (err)
-    throw UserError("cannot read deck " + one_line(path) + ": " + std::strerror(err), kExitIO);
-  return text;
 }
 
 }  // namespace
@@ -899,7 +969,8 @@ Config parse_deck(const std::string& yaml_text, const std::string& origin,
 }
 
 Config load_deck(const std::string& path, const std::vector<std::string>& overrides) {
-  Config config = parse_deck(read_file(path), path, overrides);
+  Config config =
+      parse_deck(read_regular_file(path, "deck", size_t(limits::kDeckBytes)), path, overrides);
   config.deck_path = path;
   return config;
 }

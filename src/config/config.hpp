@@ -73,6 +73,8 @@ struct CheckpointConfig {
   std::string restart = "auto";  // auto | none | PATH
   int collective_bytes = 1 << 20;  // tensors this large or larger use collective MPI-IO transfers
   std::string init_from;     // "" = none; else a checkpoint whose weights start a fresh run
+  bool reserve = true;       // fallocate a checkpoint's size before writing it: a full disk is found
+                             // before a byte is written
 };
 
 struct LogConfig {

@@ -1,11 +1,14 @@
 #include "io/checkpoint.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -14,10 +17,13 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/files.hpp"
+#include "common/limits.hpp"
 #include "common/rng.hpp"
 #include "common/version.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/tokenizer.hpp"
+#include "parallel/comm.hpp"
 
 namespace tessera {
 
@@ -47,21 +53,20 @@ std::string step_name(int64_t step) {
   return name;
 }
 
-H5Handle create_parallel_file(MPI_Comm comm, const std::string& path) {
+H5Handle parallel_access(MPI_Comm comm) {
   H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
   H5Pset_all_coll_metadata_ops(fapl.get(), true);
   H5Pset_coll_metadata_write(fapl.get(), true);
-  H5Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-  if (!file.valid()) throw UserError("cannot create checkpoint file " + path, kExitIO);
-  return file;
+  return fapl;
 }
 
 H5Handle open_parallel_file(MPI_Comm comm, const std::string& path) {
   H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
-  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
-  if (!file.valid()) throw UserError("cannot open checkpoint " + path, kExitIO);
+  H5Handle file(H5Fopen(mpiio_name(path).c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  if (!file.valid())
+    throw UserError("cannot open checkpoint " + path + ": " + h5_error_reason(), kExitIO);
   return file;
 }
 
@@ -71,11 +76,20 @@ H5Handle transfer(H5FD_mpio_xfer_t mode) {
   return dxpl;
 }
 
-H5Handle make_group(hid_t parent, const std::string& name) {
+// The first failure of a write on this rank ("" while all is well). Every rank goes on making the
+// same HDF5 calls after one (they are collective) until the ranks next agree on failures.
+struct WriteFailure {
+  std::string what;
+  void note(bool failed, const std::string& doing) {
+    if (failed && what.empty()) what = doing + ": " + h5_error_reason();
+  }
+};
+
+H5Handle make_group(hid_t parent, const std::string& name, WriteFailure& failure) {
   H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl.get(), 1);
   H5Handle group(H5Gcreate2(parent, name.c_str(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-  if (!group.valid()) throw UserError("HDF5: cannot create group " + name, kExitIO);
+  failure.note(!group.valid(), "cannot create group /" + name);
   return group;
 }
 
@@ -111,28 +125,37 @@ H5FD_mpio_xfer_t transfer_mode(const ParamTensor& c, long collective_bytes) {
                                                                      : H5FD_MPIO_INDEPENDENT;
 }
 
-// Creates the dataset of canonical tensor c (collective) and writes this rank's tile, if it holds
-// one it owns. Returns this rank's part of the dataset's checksum.
-uint64_t write_tensor(hid_t file, const std::string& path, const LocalLayout& layout,
-                      const ParamTensor& c, const LocalTensor* t, const float* local,
-                      long collective_bytes) {
-  std::vector<hsize_t> dims(c.shape.begin(), c.shape.end());
-  H5Handle space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
+// Creates dataset `path` (collective) of `type` and shape dims ({} = scalar).
+H5Handle create_dataset(hid_t file, const std::string& path, hid_t type,
+                        const std::vector<size_t>& dims, WriteFailure& failure) {
+  const std::vector<hsize_t> d(dims.begin(), dims.end());
+  H5Handle space(d.empty() ? H5Screate(H5S_SCALAR)
+                           : H5Screate_simple(int(d.size()), d.data(), nullptr),
+                 H5Sclose);
   H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl.get(), 1);
-  H5Handle dset(H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(),
-                           H5P_DEFAULT, H5P_DEFAULT),
+  H5Handle dset(H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), H5P_DEFAULT,
+                           H5P_DEFAULT),
                 H5Dclose);
-  if (!dset.valid()) throw UserError("HDF5: cannot create dataset " + path, kExitIO);
-  H5Handle file_space(H5Dget_space(dset.get()), H5Sclose);
+  failure.note(!dset.valid(), "cannot create /" + path);
+  return dset;
+}
+
+// Writes this rank's tile of canonical tensor c into its dataset, if it holds one it owns.
+// Returns this rank's part of the dataset's checksum.
+uint64_t write_tensor(hid_t dset, const std::string& path, const LocalLayout& layout,
+                      const ParamTensor& c, const LocalTensor* t, const float* local,
+                      long collective_bytes, WriteFailure& failure) {
+  if (dset < 0) return 0;
+  H5Handle file_space(H5Dget_space(dset), H5Sclose);
   select_tile(file_space.get(), t);
   H5Handle mem = memory_space(t);
   const H5FD_mpio_xfer_t mode = transfer_mode(c, collective_bytes);
   // Independent: a rank without a tile has nothing to do. Collective: every rank takes part.
-  if ((t || mode == H5FD_MPIO_COLLECTIVE) &&
-      H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mem.get(), file_space.get(), transfer(mode).get(),
-               local) < 0)
-    throw UserError("HDF5: write of " + path + " failed", kExitIO);
+  if (t || mode == H5FD_MPIO_COLLECTIVE)
+    failure.note(H5Dwrite(dset, H5T_NATIVE_FLOAT, mem.get(), file_space.get(),
+                          transfer(mode).get(), local) < 0,
+                 "write of /" + path + " failed");
   return t ? tile_checksum(layout, *t, local) : 0;
 }
 
@@ -156,24 +179,6 @@ uint64_t read_tensor(hid_t file, const std::string& ckpt, const std::string& pat
       H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), transfer(mode).get(), local) < 0)
     throw UserError(ckpt + ": read of /" + path + " failed", kExitIO);
   return t && counted ? tile_checksum(layout, *t, local) : 0;
-}
-
-// The /checksum/... datasets: created by every rank, written by rank 0 alone.
-void write_checksums(hid_t file, const std::vector<std::string>& paths,
-                     const std::vector<uint64_t>& sums, int rank) {
-  H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
-  H5Pset_create_intermediate_group(lcpl.get(), 1);
-  H5Handle scalar(H5Screate(H5S_SCALAR), H5Sclose);
-  for (size_t i = 0; i < paths.size(); ++i) {
-    const std::string path = "checksum/" + paths[i];
-    H5Handle cset(H5Dcreate2(file, path.c_str(), H5T_STD_U64LE, scalar.get(), lcpl.get(),
-                             H5P_DEFAULT, H5P_DEFAULT),
-                  H5Dclose);
-    if (!cset.valid() ||
-        (rank == 0 && H5Dwrite(cset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL,
-                               transfer(H5FD_MPIO_INDEPENDENT).get(), &sums[i]) < 0))
-      throw UserError("HDF5: cannot write /" + path, kExitIO);
-  }
 }
 
 void verify_checksums(hid_t file, const std::string& ckpt, const std::vector<std::string>& paths,
@@ -200,47 +205,85 @@ std::vector<const LocalTensor*> tiles_by_canonical(const LocalLayout& layout) {
   return tiles;
 }
 
-void write_text_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw UserError("cannot write " + tmp, kExitIO);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw UserError("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno), kExitIO);
-}
-
 int64_t require_int(hid_t obj, const std::string& file, const std::string& name) {
   auto v = h5_read_int_attr(obj, name);
   if (!v) throw UserError(file + ": missing attribute " + name + " (not a tessera checkpoint?)");
   return *v;
 }
 
-}  // namespace
+// An integer attribute within [lo, hi]: a damaged or crafted file must not have its sizes narrowed
+// into plausible ones.
+int64_t require_int(hid_t obj, const std::string& file, const std::string& name, int64_t lo,
+                    int64_t hi) {
+  const int64_t v = require_int(obj, file, name);
+  if (v < lo || v > hi)
+    throw UserError(file + ": attribute " + name + " = " + std::to_string(v) + " is outside " +
+                    std::to_string(lo) + ".." + std::to_string(hi));
+  return v;
+}
 
-std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalLayout& layout,
-                             bool writer, const ModelBuffers& buffers, const TrainState& state,
-                             const std::string& deck_yaml, const TokenizerInfo& tokenizer,
-                             const std::string& saved_layout, long collective_bytes) {
-  hdf5_quiet();
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  int ok = 1;
-  if (rank == 0) {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    ok = !ec;
+// "kept step M": what a failed write leaves as the newest checkpoint.
+std::string kept(const std::string& dir) {
+  const std::string newest = resolve_checkpoint(dir);
+  if (newest.empty()) return "no earlier checkpoint to keep";
+  const std::string name = fs::path(newest).filename().string();
+  return "kept step " + std::to_string(std::atoll(name.c_str() + 5)) + " (" + name + ")";
+}
+
+bool no_space(const std::string& reason) {
+  return reason.find("No space left") != std::string::npos ||
+         reason.find("Disk quota") != std::string::npos ||
+         reason.find("File too large") != std::string::npos;
+}
+
+// Rank 0, once every rank has the new file open: its expected size reserved with fallocate, so
+// that a full disk or quota is found before a byte of data is written and the writes cannot run
+// out of space (HDF5 trims the file to its real size when it closes it). Where the file system
+// cannot reserve, its free space is compared instead. Returns "" or the problem.
+std::string reserve_space(const std::string& tmp, uint64_t bytes) {
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return "cannot write " + tmp + ": " + std::strerror(errno);
+  std::string why;
+  if (fallocate(fd, 0, 0, off_t(bytes)) != 0) {
+    const int err = errno;
+    if (err == EOPNOTSUPP || err == ENOSYS) {
+      const long long free = free_bytes(tmp);
+      if (free >= 0 && uint64_t(free) < bytes) why = std::strerror(ENOSPC);
+    } else {
+      why = std::strerror(err);
+    }
   }
-  MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
-  if (!ok) throw UserError("cannot create checkpoint directory " + dir, kExitIO);
+  close(fd);
+  return why.empty() ? "" : "cannot write " + tmp + ": " + why;
+}
 
-  const std::string final_path = (fs::path(dir) / step_name(state.step)).string();
-  const std::string tmp_path = final_path + ".tmp";
-  {
-    H5Handle file = create_parallel_file(comm, tmp_path);
-    const hid_t root = file.get();
+// Rank 0: a file holding `bytes` of the disk while the data is written, given back right before
+// HDF5 writes metadata again (the last flush, or the close after a failure). A parallel flush
+// whose metadata write fails on one rank leaves the others waiting inside HDF5 forever, so the
+// metadata must always find room, however full the data made the disk. Returns "" or the problem.
+std::string hold_room(const std::string& path, uint64_t bytes) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return "cannot write " + path + ": " + std::strerror(errno);
+  int err = fallocate(fd, 0, 0, off_t(bytes)) == 0 ? 0 : errno;
+  if (err == EOPNOTSUPP || err == ENOSYS) {  // no fallocate: write the bytes
+    const std::vector<char> zeros(1 << 16, 1);
+    err = 0;
+    for (uint64_t done = 0; done < bytes && err == 0; done += zeros.size())
+      if (pwrite(fd, zeros.data(), zeros.size(), off_t(done)) < 0) err = errno;
+    if (err == 0 && fsync(fd) != 0) err = errno;
+  }
+  close(fd);
+  if (err == 0) return "";
+  unlink(path.c_str());
+  return "cannot write " + path + ": " + std::strerror(err);
+}
+
+// The root attributes and the /model, /optim, /train and /tokenizer groups. Metadata is made the
+// same way on every rank, so it fails (if ever) on all of them alike.
+void write_metadata(hid_t root, const LocalLayout& layout, const TrainState& state,
+                    const std::string& deck_yaml, const TokenizerInfo& tokenizer,
+                    const std::string& saved_layout, int rank, WriteFailure& failure) {
+  try {
     h5_write_string_attr(root, "format", "tessera-checkpoint");
     h5_write_int_attr(root, "format_version", kCheckpointFormatVersion);
     h5_write_int_attr(root, "step", state.step);
@@ -249,7 +292,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
     h5_write_string_attr(root, "software_version", kSoftwareVersion);
     h5_write_string_attr(root, "saved_layout", saved_layout);
 
-    H5Handle model = make_group(root, "model");
+    H5Handle model = make_group(root, "model", failure);
     const ModelShape& s = layout.canonical.shape;
     h5_write_int_attr(model.get(), "n_layer", s.n_layer);
     h5_write_int_attr(model.get(), "n_head", s.n_head);
@@ -264,64 +307,194 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
     h5_write_double_attr(model.get(), "norm_eps", s.norm_eps);
     h5_write_double_attr(model.get(), "rope_theta", s.rope_theta);
 
-    H5Handle optim = make_group(root, "optim");
+    H5Handle optim = make_group(root, "optim", failure);
     h5_write_int_attr(optim.get(), "step", state.step);
-    H5Handle train = make_group(root, "train");
+    H5Handle train = make_group(root, "train", failure);
     h5_write_int_attr(train.get(), "next_sample", state.next_sample);
     h5_write_int_attr(train.get(), "seed", int64_t(state.seed));
     h5_write_int_attr(train.get(), "vocab_size", s.vocab_size);
     h5_write_double_attr(train.get(), "lr", state.lr);
     h5_write_string_attr(train.get(), "data_sources", state.data_sources);
     h5_write_string_attr(train.get(), "data_position", state.data_position);
-    H5Handle tok = make_group(root, "tokenizer");
+    H5Handle tok = make_group(root, "tokenizer", failure);
     h5_write_string_attr(tok.get(), "type", tokenizer.type);
     h5_write_int_attr(tok.get(), "vocab_size", tokenizer.vocab_size);
     h5_write_int_attr(tok.get(), "eot", tokenizer.eot);
     // The sentencepiece model, copied from the token file: `tessera sample` decodes with it.
     write_tokenizer_model(tok.get(), "model", tokenizer.model, rank == 0,
                           transfer(H5FD_MPIO_INDEPENDENT).get());
-    const std::vector<const LocalTensor*> tiles = tiles_by_canonical(layout);
+  } catch (const std::exception& e) {
+    failure.note(true, e.what());
+  }
+}
+
+}  // namespace
+
+std::string mpiio_name(const std::string& path) {
+  return path.find(':') == std::string::npos ? path : "ufs:" + path;
+}
+
+uint64_t checkpoint_bytes(const LocalLayout& layout, const TokenizerInfo& tokenizer,
+                          size_t text_bytes) {
+  const uint64_t datasets = 6 * layout.canonical.tensors.size();  // 3 tensors, 3 checksums
+  return 3 * uint64_t(layout.canonical.total) * sizeof(float) + datasets * (8 + 1024) +
+         tokenizer.model.size() + 2 * text_bytes + (256 << 10);
+}
+
+std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalLayout& layout,
+                             bool writer, const ModelBuffers& buffers, const TrainState& state,
+                             const std::string& deck_yaml, const TokenizerInfo& tokenizer,
+                             const std::string& saved_layout, long collective_bytes,
+                             bool reserve) {
+  hdf5_quiet();
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const std::string final_path = (fs::path(dir) / step_name(state.step)).string();
+  const std::string tmp_path = final_path + ".tmp";
+  const uint64_t bytes =
+      checkpoint_bytes(layout, tokenizer,
+                       deck_yaml.size() + state.data_sources.size() + state.data_position.size());
+  // Every failure ends here, on every rank at once: the tmp file removed, `latest` untouched.
+  auto give_up = [&](const std::string& why) {
+    std::string keep = rank == 0 ? kept(dir) : "";
+    keep = agree_on_failure(comm, keep);
+    if (rank == 0) unlink(tmp_path.c_str());
+    const std::string where = "checkpoint step " + std::to_string(state.step) + ": ";
+    if (no_space(why)) {
+      const long long free = rank == 0 ? free_bytes(dir) : -1;
+      throw UserError(where + "disk full on " + dir + " (a checkpoint needs about " +
+                          human_bytes(double(bytes)) +
+                          (free >= 0 ? ", " + human_bytes(double(free)) + " are free" : "") + "): " +
+                          keep,
+                      kExitIO);
+    }
+    throw UserError(where + why + ": " + keep, kExitIO);
+  };
+
+  // HDF5 cannot close a file whose metadata it cannot write (and then fails inside MPI_Finalize),
+  // so the metadata must always find room: there must be room for it before the file is made,
+  // and it is written, and flushed, before any data.
+  const uint64_t metadata_bytes = 6 * layout.canonical.tensors.size() * 1024 + (64 << 10);
+  const std::string room_path = (fs::path(dir) / kRoomFile).string();
+  std::string failure;
+  if (rank == 0) {
+    failure = make_directories(dir);
+    const long long free = failure.empty() ? free_bytes(dir) : -1;
+    if (free >= 0 && uint64_t(free) < 2 * metadata_bytes)  // the metadata, and room held for it
+      failure = "cannot write " + tmp_path + ": " + std::strerror(ENOSPC);
+  }
+  if (std::string why = agree_on_failure(comm, failure); !why.empty()) give_up(why);
+
+  WriteFailure local;
+  H5Handle file(H5Fcreate(mpiio_name(tmp_path).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT,
+                          parallel_access(comm).get()),
+                H5Fclose);
+  local.note(!file.valid(), "cannot create " + tmp_path);
+  if (std::string why = agree_on_failure(comm, local.what); !why.empty()) give_up(why);
+  if (rank == 0 && reserve) local.what = reserve_space(tmp_path, bytes);
+  failure = agree_on_failure(comm, local.what);
+  {
+    // 1. Every object: attributes, groups, the tensors' and the checksums' datasets; flushed.
+    const hid_t root = file.get();
     std::vector<std::string> paths;
+    std::vector<H5Handle> datasets, checksum_sets;
+    if (failure.empty()) {
+      write_metadata(root, layout, state, deck_yaml, tokenizer, saved_layout, rank, local);
+      for (const ParamTensor& c : layout.canonical.tensors)
+        for (const char* prefix : {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"}) {
+          paths.push_back(prefix + c.name);
+          datasets.push_back(create_dataset(root, paths.back(), H5T_IEEE_F32LE, c.shape, local));
+        }
+      for (const std::string& path : paths)
+        checksum_sets.push_back(create_dataset(root, "checksum/" + path, H5T_STD_U64LE, {}, local));
+      local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
+      if (rank == 0 && local.what.empty()) local.what = hold_room(room_path, metadata_bytes);
+      failure = agree_on_failure(comm, local.what);
+    }
+    // 2. The data, tensor by tensor. A write that failed on one rank stops every rank after that
+    // tensor, before the next collective call.
+    const std::vector<const LocalTensor*> tiles = tiles_by_canonical(layout);
     std::vector<uint64_t> sums;
-    for (size_t i = 0; i < tiles.size(); ++i) {
+    for (size_t i = 0; i < tiles.size() && failure.empty(); ++i) {
       const ParamTensor& c = layout.canonical.tensors[i];
       // Replicated copies (other dp ranks, other tp ranks, the tied wte copy) stay silent.
       const LocalTensor* t = writer && tiles[i] && tiles[i]->owner ? tiles[i] : nullptr;
       const size_t off = t ? t->offset : 0;
-      const std::pair<const char*, const float*> parts[] = {{"model/", buffers.params},
-                                                            {"optim/exp_avg/", buffers.exp_avg},
-                                                            {"optim/exp_avg_sq/", buffers.exp_avg_sq}};
-      for (const auto& [prefix, base] : parts) {
-        paths.push_back(prefix + c.name);
-        sums.push_back(write_tensor(root, paths.back(), layout, c, t, base + off, collective_bytes));
+      const float* parts[] = {buffers.params, buffers.exp_avg, buffers.exp_avg_sq};
+      for (int k = 0; k < 3; ++k) {
+        const size_t d = 3 * i + size_t(k);
+        sums.push_back(write_tensor(datasets[d].get(), paths[d], layout, c, t, parts[k] + off,
+                                    collective_bytes, local));
       }
+      failure = agree_on_failure(comm, local.what);
     }
-    // One reduction for all checksums: each is the sum of the owners' parts.
-    MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
-    write_checksums(root, paths, sums, rank);
-    if (H5Fflush(root, H5F_SCOPE_GLOBAL) < 0)
-      throw UserError("HDF5: flush of " + tmp_path + " failed", kExitIO);
-  }
-  MPI_Barrier(comm);
+    // The metadata's room back to the disk, before HDF5 writes metadata again (the flush below,
+    // or the close).
+    if (rank == 0) unlink(room_path.c_str());
+    if (failure.empty()) {
+      // One reduction for all checksums: each is the sum of the owners' parts. Rank 0 writes them.
+      MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
+      for (size_t d = 0; d < sums.size() && rank == 0; ++d)
+        local.note(H5Dwrite(checksum_sets[d].get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL,
+                            transfer(H5FD_MPIO_INDEPENDENT).get(), &sums[d]) < 0,
+                   "cannot write /checksum/" + paths[d]);
+      local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
+      failure = agree_on_failure(comm, local.what);
+    }
+    // A failure leaves the metadata written: what the close still writes is small. Give it the
+    // space the partial file took (the data written so far) first.
+    if (!failure.empty() && rank == 0) truncate(tmp_path.c_str(), 0);
+    MPI_Barrier(comm);
+  }  // the datasets close here, the file below
+  // One close: a close that failed cannot be retried (HDF5 1.10 leaves the file half torn down).
+  if (H5Fclose(file.release()) < 0)
+    // HDF5 still holds the file and would close it again inside MPI_Finalize, after MPI is gone:
+    // this rank ends the job instead (MPI_Abort).
+    throw UserError("checkpoint step " + std::to_string(state.step) + ": " +
+                        (failure.empty() ? "" : failure + ", and ") + "the close of " + tmp_path +
+                        " failed: " + h5_error_reason() + ": " + kept(dir),
+                    kExitIO, /*every_rank=*/false);
+  if (!failure.empty()) give_up(failure);
+
   if (rank == 0) {
     if (std::rename(tmp_path.c_str(), final_path.c_str()) != 0)
-      ok = 0;
+      failure = "cannot rename " + tmp_path + " to " + final_path + ": " + std::strerror(errno);
     else
-      write_text_atomically((fs::path(dir) / "latest").string(), step_name(state.step) + "\n");
+      failure = write_file_atomically((fs::path(dir) / "latest").string(),
+                                      step_name(state.step) + "\n", /*durable=*/true);
   }
-  MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
-  if (!ok) throw UserError("cannot rename " + tmp_path + " to " + final_path, kExitIO);
+  failure = agree_on_failure(comm, failure);
+  if (!failure.empty())
+    throw UserError("checkpoint step " + std::to_string(state.step) + ": " + failure, kExitIO);
   return final_path;
+}
+
+std::string probe_checkpoint_dir(MPI_Comm comm, const std::string& dir) {
+  hdf5_quiet();
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const std::string probe = (fs::path(dir) / kProbeFile).string();
+  const hid_t file =
+      H5Fcreate(mpiio_name(probe).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, parallel_access(comm).get());
+  std::string failure =
+      file < 0 ? "cannot create a checkpoint file in " + dir + " (MPI-IO, as checkpoints are "
+                 "written): " + h5_error_reason()
+               : "";
+  if (file >= 0 && H5Fclose(file) < 0)
+    failure = "cannot write a checkpoint file in " + dir + ": " + h5_error_reason();
+  failure = agree_on_failure(comm, failure);
+  if (rank == 0) unlink(probe.c_str());
+  return failure;
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {
   hdf5_quiet();
-  if (access(path.c_str(), R_OK) != 0)
-    throw UserError("cannot read checkpoint " + path + ": no such file or not readable", kExitIO);
+  require_regular_file(path, "checkpoint");
   if (H5Fis_hdf5(path.c_str()) <= 0)
     throw UserError(path + ": not an HDF5 file (a tessera checkpoint is step_NNNNNNNN.h5)");
   H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.valid()) throw UserError("cannot open checkpoint " + path, kExitIO);
+  if (!file.valid())
+    throw UserError("cannot open checkpoint " + path + ": " + h5_error_reason(), kExitIO);
   const hid_t root = file.get();
   if (h5_read_string_attr(root, "format").value_or("") != "tessera-checkpoint")
     throw UserError(path + ": not a tessera checkpoint (no format=tessera-checkpoint attribute)");
@@ -333,33 +506,43 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   info.path = path;
   info.deck_yaml = h5_read_string_attr(root, "deck").value_or("");
   info.saved_layout = h5_read_string_attr(root, "saved_layout").value_or("");
-  info.state.step = require_int(root, path, "step");
-  info.state.tokens_seen = require_int(root, path, "tokens_seen");
+  info.state.step = require_int(root, path, "step", 0, INT_MAX);
+  info.state.tokens_seen = require_int(root, path, "tokens_seen", 0, INT64_MAX);
   for (const char* group : {"model", "train", "tokenizer"})
     if (H5Lexists(root, group, H5P_DEFAULT) <= 0)
       throw UserError(path + ": missing group /" + group);
   info.has_optimizer = H5Lexists(root, "optim", H5P_DEFAULT) > 0;
   H5Handle model(H5Gopen2(root, "model", H5P_DEFAULT), H5Gclose);
-  info.shape.n_layer = int(require_int(model.get(), path, "n_layer"));
-  info.shape.n_head = int(require_int(model.get(), path, "n_head"));
-  info.shape.n_embd = int(require_int(model.get(), path, "n_embd"));
-  info.shape.block_size = int(require_int(model.get(), path, "block_size"));
-  info.shape.vocab_size = int(require_int(model.get(), path, "vocab_size"));
-  info.shape.padded_vocab = int(require_int(model.get(), path, "padded_vocab"));
+  info.shape.n_layer = int(require_int(model.get(), path, "n_layer", 1, limits::kLayers));
+  info.shape.n_head = int(require_int(model.get(), path, "n_head", 1, limits::kEmbd));
+  info.shape.n_embd = int(require_int(model.get(), path, "n_embd", 1, limits::kEmbd));
+  info.shape.block_size = int(require_int(model.get(), path, "block_size", 1, limits::kBlock));
+  info.shape.vocab_size = int(require_int(model.get(), path, "vocab_size", 1, limits::kVocab));
+  info.shape.padded_vocab =
+      int(require_int(model.get(), path, "padded_vocab", info.shape.vocab_size,
+                      int64_t(info.shape.vocab_size) + limits::kVocabMultiple));
+  if (info.shape.n_embd % info.shape.n_head != 0)
+    throw UserError(path + ": n_embd " + std::to_string(info.shape.n_embd) +
+                    " is not a multiple of n_head " + std::to_string(info.shape.n_head));
   // Checkpoints from before the LLaMA family are GPT-2's.
   const std::string arch = h5_read_string_attr(model.get(), "arch").value_or("gpt2");
   if (arch != "gpt2" && arch != "llama")
     throw UserError(path + ": /model attribute arch '" + arch + "' is neither gpt2 nor llama");
   info.shape.arch = arch == "llama" ? Arch::Llama : Arch::Gpt2;
-  info.shape.n_kv_head =
-      int(h5_read_int_attr(model.get(), "n_kv_head").value_or(info.shape.n_head));
-  info.shape.ffn_hidden =
-      int(h5_read_int_attr(model.get(), "ffn_hidden").value_or(4 * info.shape.n_embd));
+  info.shape.n_kv_head = h5_read_int_attr(model.get(), "n_kv_head")
+                             ? int(require_int(model.get(), path, "n_kv_head", 1, info.shape.n_head))
+                             : info.shape.n_head;
+  if (info.shape.n_head % info.shape.n_kv_head != 0)
+    throw UserError(path + ": n_kv_head " + std::to_string(info.shape.n_kv_head) +
+                    " does not divide n_head " + std::to_string(info.shape.n_head));
+  info.shape.ffn_hidden = h5_read_int_attr(model.get(), "ffn_hidden")
+                              ? int(require_int(model.get(), path, "ffn_hidden", 1, limits::kFfn))
+                              : 4 * info.shape.n_embd;
   info.shape.tied = h5_read_int_attr(model.get(), "tie_embeddings").value_or(1) != 0;
   info.shape.norm_eps = h5_read_double_attr(model.get(), "norm_eps").value_or(1e-5);
   info.shape.rope_theta = h5_read_double_attr(model.get(), "rope_theta").value_or(10000.0);
   H5Handle train(H5Gopen2(root, "train", H5P_DEFAULT), H5Gclose);
-  info.state.next_sample = require_int(train.get(), path, "next_sample");
+  info.state.next_sample = require_int(train.get(), path, "next_sample", 0, INT64_MAX);
   info.state.seed = uint64_t(require_int(train.get(), path, "seed"));
   info.state.lr = h5_read_double_attr(train.get(), "lr").value_or(0.0);
   info.state.data_sources = h5_read_string_attr(train.get(), "data_sources").value_or("");
@@ -373,9 +556,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   return info;
 }
 
-CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const LocalLayout& layout,
-                               bool writer, const ModelBuffers& buffers, long collective_bytes) {
-  CheckpointInfo info = read_checkpoint_info(path);
+void check_checkpoint_shape(const CheckpointInfo& info, const LocalLayout& layout) {
   const ModelShape &a = info.shape, &b = layout.canonical.shape;
   std::string diff;
   auto check = [&](const char* key, const auto& stored, const auto& wanted) {
@@ -398,10 +579,20 @@ CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const Loc
   check("model.arch", std::string(arch_name(a.arch)), std::string(arch_name(b.arch)));
   check("model.norm_eps", a.norm_eps, b.norm_eps);
   check("model.rope_theta", a.rope_theta, b.rope_theta);
-  if (!diff.empty()) throw UserError(path + ": model shape differs from the deck: " + diff);
-  if (buffers.exp_avg && !info.has_optimizer)
-    throw UserError(path + ": holds no optimizer state (no /optim: imported weights?), so no run "
-                    "continues from it; start a new one with checkpoint.init_from");
+  if (!diff.empty()) throw UserError(info.path + ": model shape differs from the deck: " + diff);
+}
+
+void require_optimizer_state(const CheckpointInfo& info) {
+  if (!info.has_optimizer)
+    throw UserError(info.path + ": holds no optimizer state (no /optim: imported weights?), so no "
+                    "run continues from it; start a new one with checkpoint.init_from");
+}
+
+CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const LocalLayout& layout,
+                               bool writer, const ModelBuffers& buffers, long collective_bytes) {
+  CheckpointInfo info = read_checkpoint_info(path);
+  check_checkpoint_shape(info, layout);
+  if (buffers.exp_avg) require_optimizer_state(info);
 
   H5Handle file = open_parallel_file(comm, path);
   const std::vector<const LocalTensor*> tiles = tiles_by_canonical(layout);
@@ -429,13 +620,21 @@ CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const Loc
 }
 
 std::string resolve_checkpoint(const std::string& dir_or_file) {
+  struct stat st;
+  // Anything there but a directory (a file, a FIFO, a link loop) is for the reader to accept or
+  // to refuse by name.
+  if (stat(dir_or_file.c_str(), &st) != 0) return errno == ENOENT ? "" : dir_or_file;
+  if (!S_ISDIR(st.st_mode)) return dir_or_file;
   std::error_code ec;
-  if (fs::is_regular_file(dir_or_file, ec)) return dir_or_file;
-  if (!fs::is_directory(dir_or_file, ec)) return "";
   const fs::path dir(dir_or_file);
-  std::ifstream latest(dir / "latest");
   std::string name;
-  if (latest >> name && fs::is_regular_file(dir / name, ec)) return (dir / name).string();
+  if (fs::is_regular_file(dir / "latest", ec)) {
+    std::ifstream latest(dir / "latest");
+    char line[64] = {};  // "step_NNNNNNNN.h5": a damaged `latest` is no reason to read it all
+    latest.getline(line, sizeof line);
+    name = line;
+  }
+  if (!name.empty() && fs::is_regular_file(dir / name, ec)) return (dir / name).string();
   // No usable `latest` (a job killed between rename and update): newest complete file wins.
   std::string best;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {

@@ -13,6 +13,10 @@
 namespace tessera {
 
 inline constexpr int kCheckpointFormatVersion = 1;
+// Scratch files of a checkpoint directory, there only while a write or the start-up probe runs:
+// the disk space held for HDF5's metadata, and the probe.
+inline constexpr const char* kRoomFile = ".tessera-room";
+inline constexpr const char* kProbeFile = ".tessera-probe.h5";
 
 struct TrainState {
   int64_t step = 0;          // optimizer steps completed (also Adam's t)
@@ -50,13 +54,41 @@ struct ModelBuffers {
 // that owns a block of it (LocalTensor::owner, and `writer`: one rank of each data-parallel
 // group) writes its hyperslabs, every other rank takes part with an empty selection. Returns the
 // path of the completed checkpoint.
+//
+// `reserve`: rank 0 first reserves the file's expected size (checkpoint_bytes, fallocate; where
+// the file system cannot, its free space is compared), so that a full disk or quota is found
+// before a byte is written. A write that fails on any rank (a full disk, a quota, an I/O error)
+// is agreed on by all ranks before the next collective call: the .tmp file is removed, `latest`
+// keeps naming the previous checkpoint, and every rank throws the same UserError (exit 1),
+// "checkpoint step N: disk full on DIR (...): kept step M (step_M.h5)".
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalLayout& layout,
                              bool writer, const ModelBuffers& buffers, const TrainState& state,
                              const std::string& deck_yaml, const TokenizerInfo& tokenizer,
-                             const std::string& saved_layout, long collective_bytes = 1 << 20);
+                             const std::string& saved_layout, long collective_bytes = 1 << 20,
+                             bool reserve = true);
+
+// An upper bound on the bytes of a checkpoint of this model: its tensors and checksums, HDF5's
+// metadata per dataset, the tokenizer model and text attributes of text_bytes.
+uint64_t checkpoint_bytes(const LocalLayout& layout, const TokenizerInfo& tokenizer,
+                          size_t text_bytes);
+
+// The file name MPI-IO (ROMIO) is given for `path`: ROMIO reads text before a ':' as a file-system
+// prefix ("runs/10:00/x.h5" would be file system "runs/10"), so a path holding one gets the
+// generic "ufs:" prefix, which ROMIO strips.
+std::string mpiio_name(const std::string& path);
+
+// Creates and removes a parallel HDF5 file in dir as write_checkpoint does (MPI-IO, every rank),
+// so that a directory that cannot take a checkpoint is found before training. Collective;
+// returns "" or the problem, the same on every rank.
+std::string probe_checkpoint_dir(MPI_Comm comm, const std::string& dir);
 
 // Reads attributes only (deck, shape, state). Throws UserError naming the file on anything wrong.
 CheckpointInfo read_checkpoint_info(const std::string& path);
+
+// UserError naming each value of the stored model shape that differs from layout's.
+void check_checkpoint_shape(const CheckpointInfo& info, const LocalLayout& layout);
+// A run continues only from a checkpoint with its AdamW moments (imported weights have none).
+void require_optimizer_state(const CheckpointInfo& info);
 
 // Collective over comm. Checks the stored model shape against layout (UserError naming each
 // differing value), reads every rank's tile, whatever layout wrote the file, and verifies the
@@ -66,8 +98,9 @@ CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const Loc
                                bool writer, const ModelBuffers& buffers,
                                long collective_bytes = 1 << 20);
 
-// The checkpoint `latest` names in dir, else the newest complete step_*.h5 there; "" if none.
-// A path that is a file is returned as is.
+// The checkpoint `latest` names in dir, else the newest complete step_*.h5 there; "" if none or
+// if nothing is at the path. Anything else at the path (a file, a FIFO, a link loop) is returned
+// as is, for read_checkpoint_info to read or to refuse by name.
 std::string resolve_checkpoint(const std::string& dir_or_file);
 
 // Order-free checksum of a tensor's elements: the sum over elements of a hash of (canonical

@@ -192,7 +192,8 @@ std::string Dataset::describe() const {
   return out;
 }
 
-uint32_t check_token_ids(MPI_Comm comm, const TokenSource& source, int vocab) {
+uint32_t check_token_ids(MPI_Comm comm, const TokenSource& source, int vocab,
+                         const std::function<bool()>& interrupted) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
@@ -204,6 +205,7 @@ uint32_t check_token_ids(MPI_Comm comm, const TokenSource& source, int vocab) {
   uint32_t max_id = 0;
   // A read error here is one rank's; turned into the same message on every rank below.
   for (uint64_t t = lo; t < hi && first_bad == n; t += kChunk) {
+    if (interrupted && interrupted()) break;
     const uint64_t count = std::min(kChunk, hi - t);
     source.read(t, count, buf.data());
     for (uint64_t i = 0; i < count; ++i) {

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -81,7 +82,9 @@ class Dataset {
 
 // Every rank scans its 1/size share of the source's tokens; an id >= vocab anywhere is one
 // UserError on every rank, naming the file and the byte offset of the first such token. Returns
-// the largest id seen. Collective over comm.
-uint32_t check_token_ids(MPI_Comm comm, const TokenSource& source, int vocab);
+// the largest id seen. Collective over comm. `interrupted`, asked between chunks, ends a rank's
+// scan early (a stop signal: the caller then stops the run).
+uint32_t check_token_ids(MPI_Comm comm, const TokenSource& source, int vocab,
+                         const std::function<bool()>& interrupted = {});
 
 }  // namespace tessera

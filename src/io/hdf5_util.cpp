@@ -3,9 +3,45 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common/error.hpp"
+
 namespace tessera {
 
 void hdf5_quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+namespace {
+// The innermost error's description, and the system error message any entry quotes.
+struct Reason {
+  std::string innermost, system;
+};
+
+herr_t collect(unsigned n, const H5E_error2_t* e, void* data) {
+  auto* r = static_cast<Reason*>(data);
+  const std::string desc = e->desc ? e->desc : "";
+  if (n == 0) r->innermost = desc;
+  // The sec2 driver: "..., errno = 13, error message = 'Permission denied', ..."
+  const std::string key = "error message = '";
+  if (const size_t at = desc.find(key); r->system.empty() && at != std::string::npos) {
+    const size_t end = desc.find('\'', at + key.size());
+    r->system = desc.substr(at + key.size(), end == std::string::npos ? end : end - at - key.size());
+  }
+  // MPI-IO: "MPI_File_write_at_all failed ... No space left on device"-like texts.
+  for (const char* what : {"No space left on device", "Disk quota exceeded", "Permission denied",
+                           "Read-only file system", "File exists", "No such file or directory"})
+    if (r->system.empty() && desc.find(what) != std::string::npos) r->system = what;
+  return 0;
+}
+}  // namespace
+
+std::string h5_error_reason() {
+  Reason r;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect, &r);
+  H5Eclear2(H5E_DEFAULT);
+  std::string out = !r.system.empty() ? r.system : r.innermost;
+  for (char& c : out)
+    if (c == '\n' || c == '\r') c = ' ';
+  return out.empty() ? "HDF5 gives no reason" : out;
+}
 
 bool h5_has_attr(hid_t obj, const std::string& name) {
   return H5Aexists(obj, name.c_str()) > 0;
@@ -27,6 +63,11 @@ std::optional<std::string> h5_read_string_attr(hid_t obj, const std::string& nam
     return out;
   }
   const size_t size = H5Tget_size(type.get());
+  // A text attribute (a deck, a data description) is a few KB; a damaged or crafted file may
+  // declare gigabytes.
+  if (size > (size_t(64) << 20))
+    throw UserError("attribute " + name + " declares " + std::to_string(size) +
+                    " bytes of text, more than the 64 MiB any of tessera's is");
   std::vector<char> buffer(size + 1, '\0');
   H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(mem.get(), size + 1);

@@ -34,6 +34,12 @@ class H5Handle {
   }
   hid_t get() const { return id_; }
   bool valid() const { return id_ >= 0; }
+  // Hands the id over without closing it (for a close whose result matters).
+  hid_t release() {
+    const hid_t id = id_;
+    id_ = H5I_INVALID_HID;
+    return id;
+  }
 
  private:
   hid_t id_ = H5I_INVALID_HID;
@@ -42,6 +48,11 @@ class H5Handle {
 
 // Turns off HDF5's own error-stack printing: tessera reports errors itself, in one line.
 void hdf5_quiet();
+
+// Why the last HDF5 call on this thread failed, in a few words from its error stack (the system's
+// own reason where HDF5 recorded one: "Permission denied", "No space left on device"); then
+// clears the stack.
+std::string h5_error_reason();
 
 bool h5_has_attr(hid_t obj, const std::string& name);
 std::optional<std::string> h5_read_string_attr(hid_t obj, const std::string& name);

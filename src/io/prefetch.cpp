@@ -24,11 +24,13 @@ DirectReader::File& DirectReader::open_file(const std::string& path) {
   auto it = files_.find(path);
   if (it != files_.end()) return it->second;
   File f;
+  // O_NONBLOCK: a file replaced by a FIFO since the sources were checked must not hang a reader
+  // (it changes nothing for a regular file).
   if (direct_) {
-    f.fd = open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    f.fd = open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC | O_NONBLOCK);
     f.direct = f.fd >= 0;
   }
-  if (f.fd < 0) f.fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);  // tmpfs and others refuse O_DIRECT
+  if (f.fd < 0) f.fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // tmpfs and others refuse O_DIRECT
   (f.direct ? direct_files_ : buffered_files_) += 1;
   if (f.fd < 0)
     throw UserError("cannot read token file " + path + ": " + std::strerror(errno), kExitIO, false);
@@ -60,7 +62,7 @@ void DirectReader::read(const std::string& path, uint64_t offset, uint64_t bytes
     if (n < 0 && errno == EINVAL && f.direct) {
       // The file system took the O_DIRECT open but refuses the read: buffered from here on.
       close(f.fd);
-      f.fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      f.fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
       f.direct = false;
       direct_files_ -= 1;
       buffered_files_ += 1;

@@ -12,7 +12,9 @@ namespace tessera {
 
 class TokenFile {
  public:
-  // Throws UserError naming the file: missing (exit 1), not HDF5 / no /tokens / wrong dtype (exit 2).
+  // Throws UserError naming the file: missing (exit 1), not HDF5 / no /tokens / wrong dtype, data
+  // that would read as zeros (never written, truncated, a virtual dataset, an external link)
+  // or tokenizer attributes out of range (exit 2).
   explicit TokenFile(const std::string& path);
 
   const std::string& path() const { return path_; }
@@ -29,13 +31,17 @@ class TokenFile {
     return num_tokens_ < 2 ? 0 : (num_tokens_ - 1) / uint64_t(seq_len);
   }
 
-  // Tokens [first, first + count) as uint32. Main thread only: HDF5 is not thread-safe.
+  // Tokens [first, first + count) as uint32. Main thread only: HDF5 is not thread-safe. A file
+  // that has shrunk since it was opened is a UserError, not zeros.
   void read(uint64_t first, uint64_t count, uint32_t* out);
 
  private:
+  void check_storage(hid_t type);
+
   std::string path_;
   H5Handle file_, dataset_, file_space_;
   uint64_t num_tokens_ = 0;
+  uint64_t file_bytes_ = 0;  // the file's size when opened
   int64_t contiguous_offset_ = -1;
   int token_bytes_ = 2;
   int64_t num_documents_ = -1;

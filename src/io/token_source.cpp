@@ -12,6 +12,7 @@
 #include <set>
 
 #include "common/error.hpp"
+#include "common/files.hpp"
 
 namespace tessera {
 
@@ -39,10 +40,13 @@ uint64_t file_size(const std::string& path) {
   return uint64_t(st.st_size);
 }
 
-int open_read(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw UserError("cannot read token file " + path + ": " + std::strerror(errno), kExitIO);
-  return fd;
+// Never blocks: a FIFO or device is refused before it is opened.
+int open_read(const std::string& path) { return open_regular_file(path, "token file"); }
+
+// Something is at `path` (a directory, a FIFO, a link loop...), even if not a regular file.
+bool present(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 || errno != ENOENT;
 }
 
 // Exactly `bytes` at `offset`, or a UserError naming what was short.
@@ -87,6 +91,7 @@ TokenFormat detect(std::string& path, const std::string& requested) {
     if (has_suffix(path, ".bin")) path = strip(path, ".bin");
     return TokenFormat::megatron;
   }
+  if (requested != "auto") require_regular_file(path, "token file");
   if (requested == "hdf5") return TokenFormat::hdf5;
   if (requested == "llmc") return TokenFormat::llmc;
   if (requested == "raw") return TokenFormat::raw;
@@ -99,11 +104,12 @@ TokenFormat detect(std::string& path, const std::string& requested) {
     path = strip(path, ".bin");
     return TokenFormat::megatron;
   }
-  if (!exists(path) && exists(path + ".idx") && exists(path + ".bin")) return TokenFormat::megatron;
-  if (!exists(path))
+  if (!present(path) && exists(path + ".idx") && exists(path + ".bin")) return TokenFormat::megatron;
+  if (!present(path))
     throw UserError("cannot read token file " + path + ": no such file (nor a Megatron prefix with " +
                         path + ".idx and " + path + ".bin)",
                     kExitIO);
+  require_regular_file(path, "token file");  // a directory, FIFO or link loop, said as such
   const std::string h = head(path, 16);
   if (h.empty()) throw UserError(path + ": empty file, no tokens");
   if (h.size() >= 8 && std::memcmp(h.data(), kHdf5Signature, 8) == 0) return TokenFormat::hdf5;
@@ -236,8 +242,8 @@ Part open_raw(const std::string& path, const std::string& dtype) {
 
 Part open_megatron(const std::string& prefix) {
   const std::string idx = prefix + ".idx", bin = prefix + ".bin";
-  if (!exists(idx)) throw UserError("cannot read Megatron index " + idx + ": no such file", kExitIO);
-  if (!exists(bin)) throw UserError("cannot read Megatron data " + bin + ": no such file", kExitIO);
+  require_regular_file(idx, "Megatron index");
+  require_regular_file(bin, "Megatron data");
   const uint64_t idx_size = file_size(idx), bin_size = file_size(bin);
   if (idx_size == 0) throw UserError(idx + ": empty file");
   constexpr uint64_t kHeader = 9 + 8 + 1 + 8 + 8;

@@ -2,9 +2,12 @@
 
 #include <sentencepiece_processor.h>
 
+#include <algorithm>
 #include <cctype>
+#include <iterator>
 
 #include "common/error.hpp"
+#include "common/limits.hpp"
 #include "io/hdf5_util.hpp"
 
 namespace tessera {
@@ -20,6 +23,10 @@ std::string read_tokenizer_model(hid_t loc, const std::string& file, const std::
     throw UserError(file + ": the tokenizer model " + name + " must be a 1-D uint8 dataset");
   hsize_t n = 0;
   H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+  if (n > uint64_t(limits::kTokenizerModelBytes))
+    throw UserError(file + ": the tokenizer model " + name + " declares " + std::to_string(n) +
+                    " bytes, more than the " + std::to_string(limits::kTokenizerModelBytes >> 20) +
+                    " MiB a sentencepiece model can be");
   std::string model(size_t(n), '\0');
   if (n > 0 && H5Dread(dset.get(), H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, model.data()) < 0)
     throw UserError(file + ": read of the tokenizer model " + name + " failed", kExitIO);
@@ -70,6 +77,21 @@ std::unique_ptr<sentencepiece::SentencePieceProcessor> load_model(const Tokenize
 }  // namespace
 
 void check_tokenizer(const TokenizerInfo& info, const std::string& file) {
+  // "none": Megatron and raw data record no tokenizer (vocab_size 0, eot -1).
+  const char* const known[] = {"byte", "sentencepiece", "gpt2", "llama3", "none"};
+  if (std::find(std::begin(known), std::end(known), info.type) == std::end(known))
+    throw UserError(file + ": unknown tokenizer '" + info.type +
+                    "' (tessera knows byte, sentencepiece, gpt2, llama3 and none)");
+  const int64_t min_vocab = info.type == "none" ? 0 : 1;
+  if (info.vocab_size < min_vocab || info.vocab_size > limits::kVocab)
+    throw UserError(file + ": tokenizer vocab_size " + std::to_string(info.vocab_size) +
+                    " is outside " + std::to_string(min_vocab) + ".." +
+                    std::to_string(limits::kVocab) + " (" + limits::kVocabWhy + ")");
+  // -1: no end-of-text token recorded.
+  if (info.eot < -1 || (info.eot >= info.vocab_size && info.vocab_size > 0))
+    throw UserError(file + ": tokenizer eot " + std::to_string(info.eot) +
+                    " is not an id of the vocabulary (0.." + std::to_string(info.vocab_size - 1) +
+                    ")");
   if (info.type == "sentencepiece") load_model(info, file);
 }
 

@@ -40,9 +40,10 @@ std::string read_tokenizer_model(hid_t loc, const std::string& file, const std::
 void write_tokenizer_model(hid_t loc, const std::string& name, const std::string& model,
                            bool write_data, hid_t dxpl);
 
-// Checks a tokenizer read from `file`: a sentencepiece tokenizer must carry a model that loads,
-// whose piece count is vocab_size and which holds the eot id. UserError naming the file otherwise.
-// Byte and other types pass unchanged.
+// Checks a tokenizer read from `file`: a known type (byte, sentencepiece, gpt2, llama3, none),
+// vocab_size within limits::kVocab (0 only for none), eot an id of the vocabulary or -1 (none
+// recorded); a sentencepiece tokenizer must carry a model that loads, whose piece count is
+// vocab_size and which holds the eot id. UserError naming the file otherwise.
 void check_tokenizer(const TokenizerInfo& info, const std::string& file);
 
 // Whether two token files were made by the same tokenizer (type, vocabulary and model), so their

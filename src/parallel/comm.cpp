@@ -96,4 +96,18 @@ void Comm::wait_sends() {
   sends_.clear();
 }
 
+std::string agree_on_failure(MPI_Comm comm, const std::string& failure) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  int first = failure.empty() ? size : rank;
+  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == size) return "";
+  int length = rank == first ? int(failure.size()) : 0;
+  MPI_Bcast(&length, 1, MPI_INT, first, comm);
+  std::string text = rank == first ? failure : std::string(size_t(length), '\0');
+  MPI_Bcast(text.data(), length, MPI_CHAR, first, comm);
+  return text;
+}
+
 }  // namespace tessera

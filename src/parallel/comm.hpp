@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -63,5 +64,11 @@ class Comm {
   std::vector<MPI_Request> reductions_, receives_;
   std::vector<std::pair<const void*, MPI_Request>> sends_;
 };
+
+// A failure some ranks met (a write that failed, a file only one rank reads), agreed on by all so
+// that every rank takes the same way out together instead of one leaving a collective the others
+// wait in: each rank passes its own ("" = none) and every rank gets back that of the lowest
+// failing rank, or "". Collective over comm.
+std::string agree_on_failure(MPI_Comm comm, const std::string& failure);
 
 }  // namespace tessera

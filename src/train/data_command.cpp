@@ -13,6 +13,8 @@
 
 #include "common/cli.hpp"
 #include "common/error.hpp"
+#include "common/limits.hpp"
+#include "common/memory.hpp"
 #include "io/dataset.hpp"
 #include "io/gds_reader.hpp"
 #include "io/prefetch.hpp"
@@ -49,10 +51,13 @@ double since(Clock::time_point t) {
 struct Args {
   std::vector<std::string> files;
   std::string format = "auto", dtype = "uint16";
-  long start = -1, count = -1, seq_len = 1024, batch = 8, depth = 8, readers = 4;
+  int64_t start = -1, count = -1, seq_len = 1024, batch = 8, depth = 8, readers = 4;
   double seconds = 5;
   bool gds = false;
 };
+
+const char* const kValueFlags[] = {"--format", "--dtype", "--start", "--count", "--seq-len",
+                                   "--batch", "--prefetch", "--readers", "--seconds"};
 
 Args parse(const std::string& verb, const std::vector<std::string>& args) {
   Args a;
@@ -66,20 +71,26 @@ Args parse(const std::string& verb, const std::vector<std::string>& args) {
       a.gds = true;
       continue;
     }
+    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), s) == std::end(kValueFlags))
+      throw UserError("tessera data " + verb + ": unknown option " + s + " (see tessera data --help)");
     if (i + 1 >= args.size()) throw UserError("tessera data " + verb + ": " + s + " needs a value");
     const std::string& v = args[++i];
     if (s == "--format") a.format = v;
     else if (s == "--dtype") a.dtype = v;
-    else if (s == "--start") a.start = parse_long(s, v, 0);
-    else if (s == "--count") a.count = parse_long(s, v, 1);
-    else if (s == "--seq-len") a.seq_len = parse_long(s, v, 1);
-    else if (s == "--batch") a.batch = parse_long(s, v, 1);
-    else if (s == "--prefetch") a.depth = parse_long(s, v, 1);
-    else if (s == "--readers") a.readers = parse_long(s, v, 1);
-    else if (s == "--seconds") a.seconds = double(parse_long(s, v, 1));
-    else throw UserError("tessera data " + verb + ": unknown option " + s + " (see tessera data --help)");
+    else if (s == "--start") a.start = parse_int(s, v, 0, INT64_MAX);
+    else if (s == "--count") a.count = parse_int(s, v, 1, INT64_MAX);
+    else if (s == "--seq-len") a.seq_len = parse_int(s, v, 1, limits::kBlock);
+    else if (s == "--batch") a.batch = parse_int(s, v, 1, limits::kStepTokens);
+    else if (s == "--prefetch") a.depth = parse_int(s, v, 1, limits::kPrefetch);
+    else if (s == "--readers") a.readers = parse_int(s, v, 1, limits::kReaders);
+    else a.seconds = double(parse_int(s, v, 1, 86400));
   }
   if (a.files.empty()) throw UserError("tessera data " + verb + ": no FILE given");
+  if (a.batch * (a.seq_len + 1) > limits::kStepTokens)
+    throw UserError("tessera data " + verb + ": --batch " + std::to_string(a.batch) +
+                    " windows of --seq-len + 1 = " + std::to_string(a.seq_len + 1) +
+                    " tokens are more than " + std::to_string(limits::kStepTokens) +
+                    " tokens per step (" + limits::kStepTokensWhy + ")");
   if (a.dtype != "uint16" && a.dtype != "uint32")
     throw UserError("tessera data: --dtype must be uint16 or uint32, got '" + a.dtype + "'");
   return a;
@@ -121,13 +132,20 @@ int dump(const Args& a) {
   if (a.start < 0 || a.count < 0)
     throw UserError("tessera data dump: --start S and --count N are required");
   const TokenSource s(a.files[0], a.format, a.dtype);
-  if (uint64_t(a.start) + uint64_t(a.count) > s.num_tokens())
-    throw UserError(a.files[0] + ": tokens " + std::to_string(a.start) + ".." +
-                    std::to_string(a.start + a.count) + " run past the end (" +
-                    std::to_string(s.num_tokens()) + " tokens)");
-  std::vector<uint32_t> ids(size_t(a.count));
-  s.read(uint64_t(a.start), uint64_t(a.count), ids.data());
-  for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %u" : "%u", ids[i]);
+  const uint64_t start = uint64_t(a.start), count = uint64_t(a.count), n = s.num_tokens();
+  // Compared without adding: start + count may not fit in 64 bits.
+  if (start > n || count > n - start)
+    throw UserError(a.files[0] + ": --start " + std::to_string(start) + " --count " +
+                    std::to_string(count) + " runs past the end (" + std::to_string(n) +
+                    " tokens: the last is " + std::to_string(n - 1) + ")");
+  // In pieces: a dump of billions of tokens needs no more memory than one of a few.
+  constexpr uint64_t kPiece = 1 << 20;
+  std::vector<uint32_t> ids(size_t(std::min(count, kPiece)));
+  for (uint64_t done = 0; done < count; done += kPiece) {
+    const uint64_t m = std::min(kPiece, count - done);
+    s.read(start + done, m, ids.data());
+    for (uint64_t i = 0; i < m; ++i) std::printf(done + i ? " %u" : "%u", ids[size_t(i)]);
+  }
   std::printf("\n");
   return 0;
 }
@@ -141,10 +159,10 @@ double sequential_read(const TokenSource& s, bool direct, std::string* mode) {
   const auto t0 = Clock::now();
   *mode = direct ? "O_DIRECT" : "buffered, page cache dropped";
   for (const TokenExtent& x : s.extents()) {
-    int fd = direct ? open(x.file.c_str(), O_RDONLY | O_DIRECT) : -1;
+    int fd = direct ? open(x.file.c_str(), O_RDONLY | O_DIRECT | O_NONBLOCK) : -1;
     if (fd < 0) {
       if (direct) *mode = "buffered (O_DIRECT refused)";
-      fd = open(x.file.c_str(), O_RDONLY);
+      fd = open(x.file.c_str(), O_RDONLY | O_NONBLOCK);
       if (fd < 0) throw UserError("cannot read " + x.file + ": " + std::strerror(errno), kExitIO);
       fdatasync(fd);
       posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -176,12 +194,14 @@ int bench(const Args& a) {
   const double seq_buffered = sequential_read(s, false, &buffered_mode);
 
   const Dataset data(a.files[0], a.format, a.dtype, int(a.seq_len), 1234);
+  require_host_memory(uint64_t(a.depth) * uint64_t(a.batch) * uint64_t(a.seq_len) * 8,
+                      "the loader's buffers (--prefetch x --batch x --seq-len)");
   const uint64_t windows = data.sources()[0].num_windows(int(a.seq_len));
-  const long steps_max = long(windows / uint64_t(a.batch));
+  const uint64_t steps_max = windows / uint64_t(a.batch);
   Prefetcher loader(data, 1 << 30, 0, uint64_t(a.batch), int(a.batch), int(a.depth), int(a.readers),
                     true);
   const auto t0 = Clock::now();
-  long steps = 0;
+  uint64_t steps = 0;
   while (steps < steps_max && since(t0) < a.seconds) {
     loader.next();
     ++steps;
@@ -195,7 +215,7 @@ int bench(const Args& a) {
   std::printf("sequential read (%s): %.0f MB/s\n", buffered_mode.c_str(), seq_buffered);
   std::printf("loader (%s; random windows of %ld tokens, %ld per step): %.0f MB/s of tokens, "
               "%.0f windows/s, %.0f steps/s over %.1f s\n",
-              loader.mode().c_str(), a.seq_len + 1, a.batch, loader_mbs,
+              loader.mode().c_str(), long(a.seq_len + 1), long(a.batch), loader_mbs,
               double(steps) * double(a.batch) / secs, double(steps) / secs, secs);
   if (a.gds)
     std::printf("GPUDirect Storage (cuFileRead into GPU memory, same windows): %.0f MB/s\n",
@@ -203,7 +223,7 @@ int bench(const Args& a) {
   std::printf("BENCH format=%s gib=%.3f seq_direct_mbs=%.1f seq_buffered_mbs=%.1f loader_mbs=%.1f "
               "loader_windows_s=%.1f seq_len=%ld batch=%ld\n",
               format_name(s.format()), gib, seq_direct, seq_buffered, loader_mbs,
-              double(steps) * double(a.batch) / secs, a.seq_len, a.batch);
+              double(steps) * double(a.batch) / secs, long(a.seq_len), long(a.batch));
   return 0;
 }
 

@@ -22,7 +22,7 @@ class Engine final : public TrainEngine {
   static constexpr bool kBf16 = !std::is_same_v<Act, float>;
 
  public:
-  explicit Engine(const EngineSetup& s)
+  Engine(const EngineSetup& s, bool allocate_now)
       : tile_(s.tile), mb_(s.micro_batch), T_(s.seq_len), zero_(s.zero), embed_sum_(s.embed_sum),
         arena_(Backend::memory()),
         // Built in the fixed order tp, dp, pp, embed (an NCCL communicator's construction is
@@ -33,13 +33,25 @@ class Engine final : public TrainEngine {
         optimizer_(s.tile, &dp_, s.world, s.zero, s.hyper, arena_),
         executor_(model_pointers(), &pp_, s.schedule, s.micro_batch, s.seq_len, arena_) {
     const size_t n = optimizer_.buffer_size();
-    const size_t tokens = size_t(s.n_micro) * s.micro_batch * s.seq_len;
+    step_tokens_ = size_t(s.n_micro) * s.micro_batch * s.seq_len;
+    const size_t tokens = step_tokens_;
     h_master_ = arena_.add("parameters (fp32 master)", n * sizeof(float));
     h_grads_ = arena_.add("gradients (fp32)", n * sizeof(float));
     if constexpr (kBf16) h_copy_ = arena_.add("parameters (bf16 copy)", n * sizeof(Act));
     h_tokens_ = arena_.add("step input tokens", tokens * sizeof(int32_t));
     h_targets_ = arena_.add("step target tokens", tokens * sizeof(int32_t));
     h_losses_ = arena_.add("step losses", tokens * sizeof(float));
+    if (allocate_now) allocate();
+  }
+
+  size_t host_bytes() const override {
+    const size_t host_copies = step_tokens_ * sizeof(float) +
+                               (Backend::kHostMemory ? 0 : buffer_size() * sizeof(float));
+    return (Backend::kHostMemory ? arena_.total_bytes() : 0) + host_copies;
+  }
+
+  void allocate() override {
+    const size_t n = optimizer_.buffer_size();
     arena_.allocate();
     for (auto& model : models_) model->bind();
     optimizer_.bind();
@@ -50,7 +62,7 @@ class Engine final : public TrainEngine {
     tokens_ = arena_.get<int32_t>(h_tokens_);
     targets_ = arena_.get<int32_t>(h_targets_);
     losses_ = arena_.get<float>(h_losses_);
-    host_losses_.resize(tokens);
+    host_losses_.resize(step_tokens_);
     if constexpr (!Backend::kHostMemory) host_params_.assign(n, 0.0f);
   }
 
@@ -209,6 +221,7 @@ class Engine final : public TrainEngine {
 
   const LocalLayout& tile_;
   int mb_, T_;
+  size_t step_tokens_ = 0;
   bool zero_, embed_sum_;
   // The arena before the communicators, so that on an error the communicators go first (their
   // destructors abort NCCL's kernels), then the memory they used.
@@ -230,15 +243,16 @@ class Engine final : public TrainEngine {
 
 }  // namespace
 
-std::unique_ptr<TrainEngine> make_engine(const EngineSetup& setup, bool cuda, bool bf16) {
+std::unique_ptr<TrainEngine> make_engine(const EngineSetup& setup, bool cuda, bool bf16,
+                                         bool allocate) {
 #ifdef TESSERA_CUDA
-  if (cuda && bf16) return std::make_unique<Engine<CudaBackend<cuda::bf16>>>(setup);
-  if (cuda) return std::make_unique<Engine<CudaBackend<float>>>(setup);
+  if (cuda && bf16) return std::make_unique<Engine<CudaBackend<cuda::bf16>>>(setup, allocate);
+  if (cuda) return std::make_unique<Engine<CudaBackend<float>>>(setup, allocate);
 #else
   (void)bf16;
   if (cuda) throw UserError("this tessera was built without the CUDA backend");
 #endif
-  return std::make_unique<Engine<CpuBackend>>(setup);
+  return std::make_unique<Engine<CpuBackend>>(setup, allocate);
 }
 
 }  // namespace tessera

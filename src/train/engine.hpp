@@ -54,6 +54,12 @@ class TrainEngine {
  public:
   virtual ~TrainEngine() = default;
 
+  // The host memory the engine allocates (every buffer on the CPU; host copies of the parameters
+  // and losses on a GPU, whose own memory the CUDA arena checks when it allocates).
+  virtual size_t host_bytes() const = 0;
+  // Allocates the declared buffers (make_engine(..., allocate = false)); the engine is usable
+  // from then on.
+  virtual void allocate() = 0;
   // Elements of the parameter / gradient buffers (DistributedOptimizer::buffer_size).
   virtual size_t buffer_size() const = 0;
   virtual size_t moment_bytes() const = 0;
@@ -96,7 +102,10 @@ class TrainEngine {
 };
 
 // The engine of the chosen backend: "cpu", or "cuda" with bf16 (bf16 parameters and activations,
-// fp32 master) or fp32. CUDA needs a CUDA build and device::activate to have run.
-std::unique_ptr<TrainEngine> make_engine(const EngineSetup& setup, bool cuda, bool bf16);
+// fp32 master) or fp32. CUDA needs a CUDA build and device::activate to have run. With
+// allocate = false every buffer is declared but none allocated until allocate(): the trainer
+// checks host_bytes() against the machine first.
+std::unique_ptr<TrainEngine> make_engine(const EngineSetup& setup, bool cuda, bool bf16,
+                                         bool allocate = true);
 
 }  // namespace tessera

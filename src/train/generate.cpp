@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/memory.hpp"
 #include "common/rng.hpp"
 #include "config/config.hpp"
 #include "backend/cpu/backend.hpp"
@@ -37,6 +38,7 @@ LoadedModel load_model(const std::string& checkpoint) {
   LoadedModel m;
   m.info = read_checkpoint_info(path);
   m.layout = make_local_layout(m.info.shape, 1, 0, 0, m.info.shape.n_layer, true, true);
+  require_host_memory(m.layout.total * sizeof(float), "the model of " + path);
   m.params.resize(m.layout.total);
   read_checkpoint(MPI_COMM_SELF, path, m.layout, true, {m.params.data(), nullptr, nullptr});
   return m;
@@ -65,7 +67,12 @@ void sample_text(const std::string& checkpoint, const SampleOptions& opt) {
     if (id >= s.vocab_size)
       throw UserError(m.info.path + ": the prompt encodes to id " + std::to_string(id) +
                       ", not below the model's vocab_size " + std::to_string(s.vocab_size));
-  if (context.empty()) context.push_back(int32_t(m.info.tokenizer.eot));
+  if (context.empty()) {
+    if (m.info.tokenizer.eot < 0)
+      throw UserError(m.info.path + ": its tokenizer records no end-of-text token to start from: "
+                      "give a --prompt");
+    context.push_back(int32_t(m.info.tokenizer.eot));
+  }
   std::fwrite(opt.prompt.data(), 1, opt.prompt.size(), stdout);
   std::fflush(stdout);
   // Text is printed as it is generated: the decoded text of the prompt and the new ids, past what
@@ -86,6 +93,8 @@ void sample_text(const std::string& checkpoint, const SampleOptions& opt) {
   Comm single;
   Arena arena(CpuBackend::memory());
   Gpt<CpuBackend> model(m.layout, &single, 1, s.block_size, 1, arena);
+  require_host_memory(arena.total_bytes() + m.params.size() * sizeof(float),
+                      "sampling from " + m.info.path);
   arena.allocate();
   model.bind();
   const uint64_t key = stream_key(opt.seed, "sample");
@@ -136,7 +145,11 @@ void eval_checkpoint(const std::string& checkpoint, const std::string& data, int
   const EngineSetup setup{m.layout, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL,
                           &single, {}, mb, T, 1, false, false, AdamWHyper{},
                           model_options(deck)};
-  const std::unique_ptr<TrainEngine> engine = make_engine(setup, /*cuda=*/false, false);
+  const std::unique_ptr<TrainEngine> engine =
+      make_engine(setup, /*cuda=*/false, false, /*allocate=*/false);
+  require_host_memory(engine->host_bytes() + m.params.size() * sizeof(float),
+                      "evaluating " + m.info.path);
+  engine->allocate();
   std::copy(m.params.begin(), m.params.end(), engine->host_params());
   engine->params_to_device();
   const double loss =

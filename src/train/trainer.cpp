@@ -1,6 +1,7 @@
 #include "train/trainer.hpp"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +17,8 @@
 
 #include "backend/peak.hpp"
 #include "common/error.hpp"
+#include "common/files.hpp"
+#include "common/memory.hpp"
 #include "device/select.hpp"
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
@@ -28,6 +31,7 @@
 #include "train/engine.hpp"
 #include "train/evaluate.hpp"
 #include "train/heartbeat.hpp"
+#include "train/run_dir.hpp"
 #include "train/signals.hpp"
 
 namespace tessera {
@@ -41,13 +45,12 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Console and metrics.jsonl, world rank 0 only.
+// Console and metrics.jsonl, world rank 0 only. A write of metrics.jsonl that fails (a full
+// disk) is kept as failure() until the ranks next agree on failures, so that all stop together.
 class RunLog {
  public:
   RunLog(bool active, const std::string& run_dir) : active_(active) {
-    if (!active_) return;
-    metrics_.open(fs::path(run_dir) / "metrics.jsonl", std::ios::app);
-    if (!metrics_) throw UserError("cannot write " + run_dir + "/metrics.jsonl", kExitIO);
+    if (active_) failure_ = metrics_.open((fs::path(run_dir) / "metrics.jsonl").string());
   }
   template <typename... Args>
   void say(const char* fmt, Args... args) {
@@ -57,14 +60,14 @@ class RunLog {
     std::fflush(stdout);
   }
   void json(const std::string& line) {
-    if (!active_) return;
-    metrics_ << line << '\n';
-    metrics_.flush();
+    if (active_ && failure_.empty()) failure_ = metrics_.append(line + "\n");
   }
+  const std::string& failure() const { return failure_; }
 
  private:
   bool active_;
-  std::ofstream metrics_;
+  AppendFile metrics_;
+  std::string failure_;
 };
 
 std::string fmt(const char* f, double v) {
@@ -82,6 +85,53 @@ std::string clock_time(double seconds) {
   else
     std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
   return buf;
+}
+
+// A number in metrics.jsonl: JSON has no NaN or infinity, so a loss that blew up is null.
+std::string json_number(const char* f, double v) { return std::isfinite(v) ? fmt(f, v) : "null"; }
+
+// Why a run stops before train.steps, agreed by all ranks (the larger wins).
+enum Stop { kNone, kBudget, kSigint, kSigterm, kSigusr1 };
+const char* const kStopWhy[] = {"", "wall-time budget run.max_minutes reached", "SIGINT",
+                                "SIGTERM", "SIGUSR1"};
+
+int signalled_stop() {
+  switch (stop_signal()) {
+    case SIGUSR1: return kSigusr1;
+    case SIGTERM: return kSigterm;
+    case SIGINT: return kSigint;
+  }
+  return kNone;
+}
+
+int stop_status(int stop) { return stop == kSigint ? kExitInterrupted : kExitRequeue; }
+
+// The host memory this rank will take (the engine's buffers, the loader's ring, the copies of the
+// Adam moments a checkpoint is written from), summed over the ranks of its node, against what
+// the node has. Collective over world; the same UserError (exit 2) on every rank.
+void check_node_memory(MPI_Comm world, uint64_t engine, uint64_t loader, uint64_t moments) {
+  MPI_Comm node = device::node_comm(world);
+  uint64_t need[3] = {engine, loader, moments};
+  MPI_Allreduce(MPI_IN_PLACE, need, 3, MPI_UINT64_T, MPI_SUM, node);
+  int ranks = 1, node_rank = 0;
+  MPI_Comm_size(node, &ranks);
+  MPI_Comm_rank(node, &node_rank);
+  MPI_Comm_free(&node);
+  std::string source, failure;
+  const uint64_t total = need[0] + need[1] + need[2];
+  if (node_rank == 0) {
+    const uint64_t available = available_host_memory(&source);
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    if (total > available)
+      failure = "the run needs " + human_bytes(double(total)) + " of host memory on " + host +
+                " (" + std::to_string(ranks) + " rank" + (ranks > 1 ? "s" : "") +
+                ": model buffers " + human_bytes(double(need[0])) + ", data loader " +
+                human_bytes(double(need[1])) + ", checkpoint copies " +
+                human_bytes(double(need[2])) + "), but " + human_bytes(double(available)) +
+                " is available (" + source + "): a smaller model or micro-batch, or more nodes";
+  }
+  if (failure = agree_on_failure(world, failure); !failure.empty()) throw UserError(failure);
 }
 
 std::string layout_name(const ParallelLayout& l) {
@@ -122,25 +172,6 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     throw UserError(cfg.data.val + ": tokenizer vocab_size " +
                     std::to_string(val_data->tokenizer().vocab_size) + " differs from data.train's " +
                     std::to_string(data_vocab));
-  // Every token id against the vocabulary, each rank a share, before anything is allocated: a bad
-  // id is one message naming its file and offset, not a crash hours into the run.
-  const auto t_check = Clock::now();
-  uint64_t checked_tokens = 0;
-  uint32_t max_id = 0;
-  if (cfg.data.check_tokens) {
-    const Heartbeat beat(world_rank == 0, "data: checking the token ids of " + cfg.data.train +
-                                              (val_data ? " and " + cfg.data.val : "") +
-                                              " against vocab " + std::to_string(vocab));
-    for (const TokenSource& s : train_data.sources()) {
-      max_id = std::max(max_id, check_token_ids(world_comm, s, vocab));
-      checked_tokens += s.num_tokens();
-    }
-    if (val_data) {
-      max_id = std::max(max_id, check_token_ids(world_comm, *val_data, vocab));
-      checked_tokens += val_data->num_tokens();
-    }
-  }
-  const double check_seconds = seconds_since(t_check);
   const ModelShape shape = make_model_shape(cfg.model, vocab);
 
   ParallelLayout layout;
@@ -198,25 +229,11 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   const std::vector<Action> schedule = make_schedule(parse_schedule(cfg.parallel.schedule),
                                                      me.pp_rank, layout.pp, n_micro, v);
 
-  const AdamWHyper hyper{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
-  // The model, pipeline executor and optimizer of the chosen backend (train/engine.hpp): every
-  // buffer is allocated here, once.
-  const EngineSetup setup{tile, topo.comm(CommName::tp), topo.comm(CommName::dp),
-                          topo.comm(CommName::pp), topo.comm(CommName::embed), &world, schedule,
-                          mb, T, n_micro, /*zero=*/cfg.parallel.zero == 1,
-                          /*embed_sum=*/layout.pp > 1 && shape.tied, hyper,
-                          model_options(cfg)};
-  const std::unique_ptr<TrainEngine> engine =
-      make_engine(setup, backend.cuda, cfg.device.precision == "bf16");
-  float* params = engine->host_params();  // fp32, host: initialised or read here
-  const bool writer = me.dp_rank == 0;  // one rank of each data-parallel group writes its tile
-
   const std::string ckpt_dir =
       cfg.checkpoint.dir.empty() ? (fs::path(cfg.run.dir) / "checkpoints").string()
                                  : cfg.checkpoint.dir;
-  // --- start: fresh or from a checkpoint of any layout ---
-  TrainState state;
-  state.seed = cfg.train.seed;
+  // The checkpoint to start from, and whether its model has the deck's shape: an attribute read,
+  // so that a wrong checkpoint is refused before anything is written.
   std::string restart_from;
   if (cfg.checkpoint.restart == "auto") {
     restart_from = resolve_checkpoint(ckpt_dir);
@@ -238,6 +255,101 @@ int train(MPI_Comm world_comm, const Config& cfg) {
                           ": no such checkpoint file or directory with one",
                       kExitIO);
   }
+  if (!restart_from.empty()) {
+    const CheckpointInfo info = read_checkpoint_info(restart_from);
+    check_checkpoint_shape(info, tile);
+    require_optimizer_state(info);
+  }
+  if (!init_from.empty()) check_checkpoint_shape(read_checkpoint_info(init_from), tile);
+
+  // The model, pipeline executor and optimizer of the chosen backend (train/engine.hpp): every
+  // buffer declared now, checked against the memory of the node, allocated once below.
+  const AdamWHyper hyper{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+  const EngineSetup setup{tile, topo.comm(CommName::tp), topo.comm(CommName::dp),
+                          topo.comm(CommName::pp), topo.comm(CommName::embed), &world, schedule,
+                          mb, T, n_micro, /*zero=*/cfg.parallel.zero == 1,
+                          /*embed_sum=*/layout.pp > 1 && shape.tied, hyper,
+                          model_options(cfg)};
+  const std::unique_ptr<TrainEngine> engine =
+      make_engine(setup, backend.cuda, cfg.device.precision == "bf16", /*allocate=*/false);
+  const bool reads_tokens = tile.first || tile.last;
+  // The engine's buffers, the loader's ring, and the Adam moments copied out for a checkpoint
+  // (or in from one).
+  check_node_memory(world_comm, engine->host_bytes(),
+                    reads_tokens ? uint64_t(std::max(cfg.data.prefetch, 1)) * uint64_t(n_micro) *
+                                       uint64_t(mb) * uint64_t(T) * 2 * sizeof(int32_t)
+                                 : 0,
+                    2 * uint64_t(engine->buffer_size()) * sizeof(float));
+
+  // --- the output places: locked, writable, with room for a checkpoint; then the deck ---
+  const std::string deck_yaml = to_yaml(cfg);
+  const RunDirs dirs(world_comm, cfg.run.dir, ckpt_dir,
+                     checkpoint_bytes(tile, tokenizer, deck_yaml.size() + 4096));
+  RunLog log(world_rank == 0, cfg.run.dir);
+  std::string failure = log.failure();
+  if (world_rank == 0 && failure.empty())
+    failure = write_file_atomically((fs::path(cfg.run.dir) / "deck.yaml").string(), deck_yaml,
+                                    /*durable=*/false);
+  std::error_code ec;
+  if (world_rank == 0) fs::remove(fs::path(cfg.run.dir) / "exit_status", ec);
+  if (failure = agree_on_failure(world_comm, failure); !failure.empty())
+    throw UserError(failure, kExitIO);
+  // <run.dir>/exit_status: how this run ended (0 done, 3 stopped for a requeue, 130 SIGINT), for
+  // job scripts whose launcher does not pass the ranks' status on (MPICH's mpiexec reports 0
+  // after it forwarded a signal). Written by rank 0; a write that fails is every rank's error.
+  auto write_exit_status = [&](int status) {
+    std::string why = log.failure();
+    if (world_rank == 0 && why.empty())
+      why = write_file_atomically((fs::path(cfg.run.dir) / "exit_status").string(),
+                                  std::to_string(status) + "\n", /*durable=*/false);
+    if (why = agree_on_failure(world_comm, why); !why.empty()) throw UserError(why, kExitIO);
+    return status;
+  };
+  // Before the first step a stop signal ends the job at once, with its status: there is nothing
+  // to checkpoint yet (the scan, the allocation, the read of the checkpoint may each take long).
+  auto stop_point = [&](const char* during) {
+    int stop = signalled_stop();
+    MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, world_comm);
+    if (stop == kNone) return;
+    const int status = write_exit_status(stop_status(stop));
+    throw UserError(std::string("stop: ") + kStopWhy[stop] + " during start-up (" + during +
+                        "): no checkpoint written, exit " + std::to_string(status) +
+                        (status == kExitRequeue ? " (requeue to continue)" : ""),
+                    status);
+  };
+  stop_point("opening the data");
+
+  // Every token id against the vocabulary, each rank a share, before anything is allocated: a bad
+  // id is one message naming its file and offset, not a crash hours into the run.
+  const auto t_check = Clock::now();
+  uint64_t checked_tokens = 0;
+  uint32_t max_id = 0;
+  if (cfg.data.check_tokens) {
+    const Heartbeat beat(world_rank == 0, "data: checking the token ids of " + cfg.data.train +
+                                              (val_data ? " and " + cfg.data.val : "") +
+                                              " against vocab " + std::to_string(vocab));
+    const auto interrupted = [] { return stop_signal() != 0; };
+    for (const TokenSource& s : train_data.sources()) {
+      max_id = std::max(max_id, check_token_ids(world_comm, s, vocab, interrupted));
+      checked_tokens += s.num_tokens();
+      stop_point("the token scan");
+    }
+    if (val_data) {
+      max_id = std::max(max_id, check_token_ids(world_comm, *val_data, vocab, interrupted));
+      checked_tokens += val_data->num_tokens();
+      stop_point("the token scan");
+    }
+  }
+  const double check_seconds = seconds_since(t_check);
+
+  engine->allocate();
+  float* params = engine->host_params();  // fp32, host: initialised or read here
+  const bool writer = me.dp_rank == 0;  // one rank of each data-parallel group writes its tile
+  stop_point("allocating the model");
+
+  // --- start: fresh or from a checkpoint of any layout ---
+  TrainState state;
+  state.seed = cfg.train.seed;
   // A bad checkpoint is refused before anything is printed.
   const auto t_read = Clock::now();
   std::string restored_layout;
@@ -257,16 +369,9 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     state = info.state;
     restored_layout = info.saved_layout;
     train_data.reseed(state.seed);
+    stop_point("reading the checkpoint");
   }
   const double read_seconds = seconds_since(t_read);
-
-  std::error_code ec;
-  if (world_rank == 0) fs::create_directories(cfg.run.dir, ec);
-  if (ec) throw UserError("cannot create run directory " + cfg.run.dir + ": " + ec.message(), kExitIO);
-  MPI_Barrier(world_comm);
-  RunLog log(world_rank == 0, cfg.run.dir);
-  const std::string deck_yaml = to_yaml(cfg);
-  if (world_rank == 0) std::ofstream(fs::path(cfg.run.dir) / "deck.yaml") << deck_yaml;
 
   if (shape.arch == Arch::Llama)
     log.say("tessera: llama, %d layers, %d heads (%d key/value), n_embd %d, ffn %d, vocab %d "
@@ -326,6 +431,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   for (const char* var : {"SLURM_JOB_ID", "SLURM_RESTART_COUNT", "PBS_JOBID", "PBS_RUN_COUNT"})
     if (const char* v = std::getenv(var)) job += std::string(job.empty() ? "" : " ") + var + "=" + v;
   if (!job.empty()) log.say("job: %s", job.c_str());
+  for (const std::string& note : dirs.notes()) log.say("%s", note.c_str());
   if (!restart_from.empty()) {
     if (state.seed != cfg.train.seed)
       log.say("restart: note: checkpoint seed %llu kept (deck says %llu)",
@@ -373,14 +479,6 @@ int train(MPI_Comm world_comm, const Config& cfg) {
 
   const LrSchedule schedule_lr{cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps,
                                cfg.optim.decay_steps > 0 ? cfg.optim.decay_steps : cfg.train.steps};
-  // <run.dir>/exit_status: how this run ended (0 done, 3 stopped for a requeue, 130 SIGINT), for
-  // job scripts whose launcher does not pass the ranks' status on (MPICH's mpiexec reports 0
-  // after it forwarded a signal).
-  auto write_exit_status = [&](int status) {
-    if (world_rank == 0) std::ofstream(fs::path(cfg.run.dir) / "exit_status") << status << "\n";
-  };
-  if (world_rank == 0) fs::remove(fs::path(cfg.run.dir) / "exit_status", ec);
-  const bool reads_tokens = tile.first || tile.last;
   const bool speaks_loss = tile.last && me.tp_rank == 0;  // one copy of each dp group's loss
 
   auto save = [&] {
@@ -395,7 +493,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     const std::string path =
         write_checkpoint(world_comm, ckpt_dir, tile, writer, {saved, m.data(), v.data()},
                          state, deck_yaml, tokenizer, layout_name(layout),
-                         cfg.checkpoint.collective_bytes);
+                         cfg.checkpoint.collective_bytes, cfg.checkpoint.reserve);
     log.say("checkpoint: wrote %s (%.1f MB) in %.2f s", path.c_str(),
             world_rank == 0 ? fs::file_size(path, ec) / 1e6 : 0.0, seconds_since(t0));
   };
@@ -415,7 +513,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
             seconds_since(t0));
     log.json("{\"type\":\"eval\",\"step\":" + std::to_string(state.step) +
              ",\"tokens\":" + std::to_string(state.tokens_seen) +
-             ",\"val_loss\":" + fmt("%.9g", loss) + "}");
+             ",\"val_loss\":" + json_number("%.9g", loss) + "}");
   };
 
   if (restart_from.empty() && cfg.train.steps == 0) save();  // the initial model, for references
@@ -426,17 +524,19 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   double step_bytes[4] = {}, wait_sum = 0, run_sum = 0;
   long measured_steps = 0;
 
-  // Stop requests, agreed by all ranks at a step boundary: a signal any rank received, or (rank 0's
-  // clock) a wall-time budget the next step and its checkpoint would overrun. Larger wins.
-  enum Stop { kNone, kBudget, kSigint, kSigterm, kSigusr1 };
+  // At each step boundary the ranks agree on two things: a write that failed on any rank
+  // (metrics.jsonl, the data trace) ends the run on all of them; and a stop request, a signal any
+  // rank received or (rank 0's clock) a wall-time budget the next step and its checkpoint would
+  // overrun. The larger request wins.
   double last_step_seconds = 0, last_save_seconds = 0;
-  auto stop_requested = [&] {
-    int code = kNone;
-    switch (stop_signal()) {
-      case SIGUSR1: code = kSigusr1; break;
-      case SIGTERM: code = kSigterm; break;
-      case SIGINT: code = kSigint; break;
-    }
+  std::string trace_failure;
+  auto step_boundary = [&] {
+    if (std::string why = agree_on_failure(world_comm, world_rank == 0 && !log.failure().empty()
+                                                           ? log.failure()
+                                                           : trace_failure);
+        !why.empty())
+      throw UserError(why, kExitIO);
+    int code = signalled_stop();
     if (code == kNone && world_rank == 0 && cfg.run.max_minutes > 0 &&
         seconds_since(t_start) + last_step_seconds + last_save_seconds > cfg.run.max_minutes * 60)
       code = kBudget;
@@ -453,10 +553,10 @@ int train(MPI_Comm world_comm, const Config& cfg) {
         train_data, vocab, uint64_t(state.next_sample) + uint64_t(me.dp_rank) * n_micro * mb,
         uint64_t(B), n_micro * mb, cfg.data.prefetch, cfg.data.readers, cfg.data.direct_io,
         engine->loader_memory());
-  std::ofstream trace;
+  AppendFile trace;
   if (cfg.data.trace && reads_tokens && tile.first && me.tp_rank == 0)
-    trace.open(fs::path(cfg.run.dir) / ("data_trace.rank" + std::to_string(world_rank) + ".txt"),
-               std::ios::app);
+    trace_failure = trace.open(
+        (fs::path(cfg.run.dir) / ("data_trace.rank" + std::to_string(world_rank) + ".txt")).string());
   double data_wait = 0, interval_seconds = 0;
   // The ETA: the wall time per step of this job so far (evaluations and checkpoints included).
   const auto t_loop = Clock::now();
@@ -467,15 +567,12 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   // over the global batch's B*T positions.
   const float dloss = 1.0f / float(size_t(B) * T);
   while (state.step < cfg.train.steps) {
-    if (const int stop = stop_requested(); stop != kNone) {
+    if (const int stop = step_boundary(); stop != kNone) {
       if (last_saved != state.step) save();
-      const char* why[] = {"", "wall-time budget run.max_minutes reached", "SIGINT", "SIGTERM",
-                           "SIGUSR1"};
-      const int status = stop == kSigint ? kExitInterrupted : kExitRequeue;
-      log.say("stop: %s at step %lld: checkpoint written, exit %d%s", why[stop],
+      const int status = stop_status(stop);
+      log.say("stop: %s at step %lld: checkpoint written, exit %d%s", kStopWhy[stop],
               (long long)state.step, status, status == kExitRequeue ? " (requeue to continue)" : "");
-      write_exit_status(status);
-      return status;
+      return write_exit_status(status);
     }
     const auto t0 = Clock::now();
     double bytes_before[4];
@@ -488,14 +585,17 @@ int train(MPI_Comm world_comm, const Config& cfg) {
       for (int k = 0; k < n_micro; ++k)
         views[size_t(k)] = {samples.inputs + size_t(k) * mb * T,
                             samples.targets + size_t(k) * mb * T};
-      if (trace.is_open()) {
+      if (trace.is_open() && trace_failure.empty()) {
+        std::string lines;
         for (size_t i = 0; i < samples.refs.size(); ++i) {
-          trace << state.step + 1 << ' ' << samples.first + i << ' ' << samples.refs[i].source
-                << ' ' << samples.refs[i].window << ':';
-          for (int t = 0; t < T; ++t) trace << ' ' << samples.inputs[i * size_t(T) + size_t(t)];
-          trace << ' ' << samples.targets[i * size_t(T) + size_t(T - 1)] << '\n';
+          lines += std::to_string(state.step + 1) + ' ' + std::to_string(samples.first + i) + ' ' +
+                   std::to_string(samples.refs[i].source) + ' ' +
+                   std::to_string(samples.refs[i].window) + ':';
+          for (int t = 0; t < T; ++t)
+            lines += ' ' + std::to_string(samples.inputs[i * size_t(T) + size_t(t)]);
+          lines += ' ' + std::to_string(samples.targets[i * size_t(T) + size_t(T - 1)]) + '\n';
         }
-        trace.flush();
+        trace_failure = trace.append(lines);
       }
     }
     // Forward and backward through the pipeline, the gradient sums, the norm, clipping and
@@ -533,11 +633,15 @@ int train(MPI_Comm world_comm, const Config& cfg) {
               clock_time(per_step * double(cfg.train.steps - state.step)).c_str());
       log.json("{\"type\":\"train\",\"step\":" + std::to_string(state.step) +
                ",\"tokens\":" + std::to_string(state.tokens_seen) +
-               ",\"elapsed_s\":" + fmt("%.3f", seconds_since(t_start)) + ",\"loss\":" + fmt("%.17g", loss) + ",\"lr\":" + fmt("%.9g", state.lr) +
-               ",\"grad_norm\":" + fmt("%.9g", norm) + ",\"ms\":" + fmt("%.3f", secs * 1e3) +
-               ",\"tokens_per_s\":" + fmt("%.1f", tok_s) + ",\"mfu\":" + fmt("%.5f", mfu) +
-               ",\"pipeline_wait\":" + fmt("%.5f", engine->wait_seconds() / secs) +
-               ",\"data_wait\":" + fmt("%.6f", wait_fraction) + "}");
+               ",\"elapsed_s\":" + json_number("%.3f", seconds_since(t_start)) +
+               ",\"loss\":" + json_number("%.17g", loss) +
+               ",\"lr\":" + json_number("%.9g", state.lr) +
+               ",\"grad_norm\":" + json_number("%.9g", norm) +
+               ",\"ms\":" + json_number("%.3f", secs * 1e3) +
+               ",\"tokens_per_s\":" + json_number("%.1f", tok_s) +
+               ",\"mfu\":" + json_number("%.5f", mfu) +
+               ",\"pipeline_wait\":" + json_number("%.5f", engine->wait_seconds() / secs) +
+               ",\"data_wait\":" + json_number("%.6f", wait_fraction) + "}");
       data_wait = interval_seconds = 0;
     }
     const bool last = state.step == cfg.train.steps;
@@ -570,12 +674,11 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   for (int r = 0; r < world_size; ++r) {
     std::string line = "{\"type\":\"rank\",\"rank\":" + std::to_string(r);
     for (int k = 0; k < kStats; ++k)
-      line += std::string(",\"") + names[k] + "\":" + fmt("%.6g", all[size_t(r) * kStats + k]);
+      line += std::string(",\"") + names[k] + "\":" + json_number("%.6g", all[size_t(r) * kStats + k]);
     log.json(line + "}");
   }
   log.say("done: %lld steps, %.1f s", (long long)state.step, seconds_since(t_start));
-  write_exit_status(0);
-  return 0;
+  return write_exit_status(0);
 }
 
 }  // namespace tessera

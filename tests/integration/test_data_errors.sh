@@ -46,7 +46,7 @@ expect_error bad_val 2 "^$W/empty\.bin: empty file, no tokens$" \
   run2 data.train="$W/count.bin" data.format=raw data.val="$W/empty.bin"
 expect_error data_info_too 2 "^$W/truncated\.bin: truncated: the header \(byte 8\)" \
   "$TESSERA" data info "$W/truncated.bin"
-expect_error dump_past_end 2 "^$W/count\.bin: tokens 5500\.\.5520 run past the end \(5512 tokens\)$" \
+expect_error dump_past_end 2 "^$W/count\.bin: --start 5500 --count 20 runs past the end \(5512 tokens: the last is 5511\)$" \
   "$TESSERA" data dump "$W/count.bin" --format raw --start 5500 --count 20
 if ls "$WORK"/errors/checkpoints/* >/dev/null 2>&1; then fail "a refused run wrote a checkpoint"
 else pass "no refused run wrote a checkpoint"; fi

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <mpi.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <filesystem>
@@ -183,5 +184,85 @@ TEST(Checkpoint, ModelOnlyCheckpointStartsARunButContinuesNone) {
     EXPECT_EQ(e.exit_code, kExitBadInput);
     EXPECT_NE(std::string(e.what()).find("holds no optimizer state"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("checkpoint.init_from"), std::string::npos) << e.what();
+  }
+}
+
+// ROMIO reads text before a ':' as a file-system prefix: a run directory named for a time of day
+// must still take checkpoints, through MPI-IO, and give them back.
+TEST(Checkpoint, DirectoryWithAColon) {
+  Fixture f;
+  EXPECT_EQ(mpiio_name("/a/b.h5"), "/a/b.h5");
+  EXPECT_EQ(mpiio_name("runs/10:00/b.h5"), "ufs:runs/10:00/b.h5");
+  f.dir /= "10:00";
+  const std::string path = f.save(3);
+  EXPECT_EQ(resolve_checkpoint(f.dir.string()), path);
+  std::vector<float> p(f.layout.total), m(f.layout.total), v(f.layout.total);
+  read_checkpoint(MPI_COMM_WORLD, path, f.layout, true, {p.data(), m.data(), v.data()});
+  EXPECT_EQ(p, f.p);
+  EXPECT_EQ(probe_checkpoint_dir(MPI_COMM_WORLD, f.dir.string()), "");
+  EXPECT_FALSE(fs::exists(f.dir / ".tessera-probe.h5"));
+}
+
+// A write that cannot happen is one UserError (exit 1) naming the step and what was kept, and
+// leaves no .tmp file.
+TEST(Checkpoint, FailedWriteKeepsTheLastOne) {
+  Fixture f;
+  f.save(2);
+  fs::create_directories(f.dir / "step_00000004.h5.tmp");  // in the way of the new file
+  try {
+    f.save(4);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.exit_code, kExitIO);
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("checkpoint step 4: ", 0), 0u) << what;
+    EXPECT_NE(what.find(": kept step 2 (step_00000002.h5)"), std::string::npos) << what;
+  }
+  EXPECT_EQ(resolve_checkpoint(f.dir.string()), (f.dir / "step_00000002.h5").string());
+  std::ifstream latest(f.dir / "latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_00000002.h5");
+}
+
+// Not a file: said so by name, and a FIFO is never opened (which would wait for a writer).
+TEST(Checkpoint, PathsThatAreNotFiles) {
+  Fixture f;
+  fs::create_directories(f.dir);
+  const std::string fifo = (f.dir / "fifo.h5").string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(resolve_checkpoint(fifo), fifo);  // for the reader to refuse by name
+  EXPECT_EQ(resolve_checkpoint((f.dir / "nothing").string()), "");
+  try {
+    read_checkpoint_info(fifo);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.exit_code, kExitBadInput);
+    EXPECT_EQ(std::string(e.what()), "checkpoint " + fifo + " is a FIFO (named pipe), not a file");
+  }
+}
+
+// Sizes stored in a checkpoint are range-checked, not narrowed to int: 2^32 + 2 layers is not 2.
+TEST(Checkpoint, AttributesOutOfRange) {
+  Fixture f;
+  const std::string path = f.save(1);
+  {
+    hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t model = H5Gopen2(file, "model", H5P_DEFAULT);
+    H5Adelete(model, "n_layer");
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t attr = H5Acreate2(model, "n_layer", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    const int64_t huge = (int64_t(1) << 32) + 2;
+    H5Awrite(attr, H5T_NATIVE_INT64, &huge);
+    H5Aclose(attr);
+    H5Sclose(space);
+    H5Gclose(model);
+    H5Fclose(file);
+  }
+  try {
+    read_checkpoint_info(path);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": attribute n_layer = 4294967298 is outside 1..1024");
   }
 }

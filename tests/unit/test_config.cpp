@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sys/stat.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -71,6 +73,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.checkpoint.restart, b.checkpoint.restart);
   EXPECT_EQ(a.checkpoint.collective_bytes, b.checkpoint.collective_bytes);
   EXPECT_EQ(a.checkpoint.init_from, b.checkpoint.init_from);
+  EXPECT_EQ(a.checkpoint.reserve, b.checkpoint.reserve);
   EXPECT_EQ(a.log.every, b.log.every);
   EXPECT_EQ(a.log.peak_gflops, b.log.peak_gflops);
   EXPECT_EQ(a.run.dir, b.run.dir);
@@ -121,6 +124,7 @@ TEST(Config, EveryKeyReachesItsField) {
       "eval:\n  every: 3\n  batches: 2\n"
       "checkpoint:\n  dir: ck\n  every: 4\n  restart: none\n  collective_bytes: 4096\n"
       "  init_from: gpt2.h5\n"
+      "  reserve: false\n"
       "log:\n  every: 1\n  peak_gflops: 250.5\n"
       "run:\n  dir: r\n  max_minutes: 1.5\n"
       "device:\n  backend: auto\n  precision: bf16\n  threads: 2\n"
@@ -143,7 +147,7 @@ TEST(Config, EveryKeyReachesItsField) {
   e.train = {7, 12, 4, 42};
   e.optim = {6e-4, 6e-5, 5, 70, 0.05, 0.8, 0.99, 1e-6, 0.5};
   e.eval = {3, 2};
-  e.checkpoint = {"ck", 4, "none", 4096, "gpt2.h5"};
+  e.checkpoint = {"ck", 4, "none", 4096, "gpt2.h5", false};
   e.log = {1, 250.5};
   e.run = RunConfig{"r", 1.5};  // not `e.run.dir = "r"`: GCC 12 -O3 warns falsely (-Wrestrict)
   e.device = {"auto", "bf16", 2};
@@ -382,6 +386,58 @@ TEST(Config, RangeRules) {
   EXPECT_EQ(c.data.seq_len, c.model.block_size);
 }
 
+// Every size and count has an upper bound, and its message says why; the bound itself is allowed.
+TEST(Config, UpperBoundsWithTheirReason) {
+  const RangeCase cases[] = {
+      {"model", "n_layer", "1025", "must be <= 1024 (the deepest published GPTs have about 100), got 1025"},
+      {"model", "n_head", "65537", "must be <= 65536 (the widest published models use 12288-25600), got 65537"},
+      {"model", "n_embd", "100000", "must be <= 65536 (the widest published models use 12288-25600), got 100000"},
+      {"model", "block_size", "1048577", "must be <= 1048576 (a learned position table of 1M rows), got 1048577"},
+      {"model", "vocab_size", "2147483647", "must be <= 16777216 (the largest vocabularies in use have about 256k tokens), got 2147483647"},
+      {"model", "vocab_multiple", "2147483647", "must be <= 65536 (padding wte further only wastes memory), got 2147483647"},
+      {"data", "prefetch", "100000", "must be <= 256 (a few steps hide any disk's latency), got 100000"},
+      {"data", "readers", "100000", "must be <= 256 (more threads than any disk has queues), got 100000"},
+      {"device", "threads", "100000", "must be <= 1024 (more than any node has cores), got 100000"},
+  };
+  for (const RangeCase& c : cases) {
+    std::string section = c.section, key = c.key;
+    std::string text = section + ":\n  " + key + ": " + c.value + "\n" +
+                       (section == "data" ? "  train: t.h5\n" : "data:\n  train: t.h5\n");
+    std::string expected = "deck.yaml:2:" + std::to_string(key.size() + 5) + ": " + section + "." +
+                           key + ": " + c.problem;
+    EXPECT_EQ(deck_error(text), expected);
+  }
+  EXPECT_EQ(deck_error(std::string(kMinimal) + "train:\n  batch_size: 40000000\n"),
+            "deck.yaml:4:15: train.batch_size: train.batch_size x data.seq_len = 40000000 x 128 "
+            "tokens per step is more than 2147483647 (the ops count a step's positions in an int)");
+  Config c = parse_deck(std::string(kMinimal) +
+                            "model: {n_layer: 1024, n_embd: 65536, n_head: 65536, block_size: 1048576,"
+                            " vocab_size: 16777216, vocab_multiple: 65536}\n"
+                            "device: {threads: 1024}\n",
+                        "deck.yaml", {"data.prefetch=256", "data.readers=256"});
+  EXPECT_EQ(c.model.vocab_multiple, 65536);
+}
+
+// A quote left open swallowed the keys below it into one string; now it is refused on its line.
+TEST(Config, UnterminatedQuotes) {
+  EXPECT_EQ(deck_error("run:\n  dir: \"runs/x\ntrain:\n  steps: 10\ndata:\n  train: t.h5\n"),
+            "deck.yaml:2:8: run.dir: the double-quoted value is not closed on its line (add the "
+            "closing quote)");
+  EXPECT_EQ(deck_error("data:\n  train: t.h5\n  val: 'v.h5\nrun:\n  dir: \"r\"\n"),
+            "deck.yaml:3:8: data.val: the single-quoted value is not closed on its line (add the "
+            "closing quote)");
+  EXPECT_EQ(deck_error("parallel:\n  stage_layers: [\"1, 2]\n"),
+            "deck.yaml:2:18: parallel.stage_layers: the double-quoted value is not closed on its "
+            "line (add the closing quote)");
+  // Quotes that do close, escaped quotes, quotes inside plain values and in comments are fine.
+  Config c = parse_deck("data:\n  train: \"a \\\" # b\"  # it's\n  val: 'it''s'\n"
+                        "run: {dir: x-\"y}\n# \"an open quote in a comment\n",
+                        "deck.yaml", {});
+  EXPECT_EQ(c.data.train, "a \" # b");
+  EXPECT_EQ(c.data.val, "it's");
+  EXPECT_EQ(c.run.dir, "x-\"y");
+}
+
 // A rule between two keys points at the later of them, or at the one given.
 TEST(Config, CrossKeyRules) {
   EXPECT_EQ(
@@ -511,9 +567,35 @@ TEST(Config, UnreadableDeckIsAnIOError) {
     load_deck(dir, {});
     ADD_FAILURE() << "no error";
   } catch (const UserError& e) {
-    EXPECT_EQ(e.exit_code, kExitIO);
-    EXPECT_EQ(std::string(e.what()), "cannot read deck " + dir + ": Is a directory");
+    EXPECT_EQ(e.exit_code, kExitBadInput);
+    EXPECT_EQ(std::string(e.what()), "deck " + dir + " is a directory, not a file");
   }
+}
+
+// A FIFO is refused without being opened (an open would wait for a writer forever), and so is a
+// file too large to be a deck; a symbolic link loop is named as one.
+TEST(Config, DeckMustBeASmallRegularFile) {
+  const std::string dir = ::testing::TempDir() + "tessera_deck_kinds";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string fifo = dir + "/fifo.yaml", big = dir + "/big.yaml", loop = dir + "/loop.yaml";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  std::ofstream(big) << std::string(2 << 20, '#');
+  std::filesystem::create_symlink(loop, loop);
+  auto error_of = [](const std::string& path) -> std::pair<int, std::string> {
+    try {
+      load_deck(path, {});
+    } catch (const UserError& e) {
+      return {e.exit_code, e.what()};
+    }
+    return {0, "no error"};
+  };
+  EXPECT_EQ(error_of(fifo), std::make_pair(kExitBadInput, "deck " + fifo + " is a FIFO (named pipe), not a file"));
+  EXPECT_EQ(error_of(big), std::make_pair(kExitBadInput, "deck " + big + " is larger than 1024 KiB: not a deck?"));
+  EXPECT_EQ(error_of(loop), std::make_pair(kExitIO, "cannot read deck " + loop +
+                                                        ": Too many levels of symbolic links (a symbolic link loop)"));
+  EXPECT_EQ(error_of("/dev/null"), std::make_pair(kExitBadInput, std::string("deck /dev/null is a character device, not a file")));
+  std::filesystem::remove_all(dir);
 }
 
 // Every field away from its default, with awkward doubles and strings that need quoting.
@@ -538,7 +620,7 @@ Config unusual_config() {
   c.train = {123456, 480, 12, std::numeric_limits<uint64_t>::max()};
   c.optim = {0.1 + 0.2, 5e-324, 7, 99, 0.0, 0.0, 0.999999999, 1e-8, 123456789.125};
   c.eval = {250, 20};
-  c.checkpoint = {" leading space", 1000, "none", 1 << 20, "runs/a b/step_00000010.h5"};
+  c.checkpoint = {" leading space", 1000, "none", 1 << 20, "runs/a b/step_00000010.h5", false};
   c.log = {5, 1.5e12};
   c.run.dir = "yes";
   c.device = {"cuda", "bf16", 16};
@@ -581,7 +663,7 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 61);
+  EXPECT_EQ(keys, 62);
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",

@@ -111,6 +111,37 @@ TEST(Tokenizer, UnknownTypeIsAUserError) {
   }
 }
 
+// The attributes a token file or checkpoint records are checked, whatever the type: a known name,
+// a vocabulary within bounds, an eot inside it.
+TEST(Tokenizer, AttributesAreChecked) {
+  auto problem = [](const TokenizerInfo& info) -> std::string {
+    try {
+      check_tokenizer(info, "f.h5");
+    } catch (const UserError& e) {
+      EXPECT_EQ(e.exit_code, kExitBadInput);
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(problem({"byte", 257, 256, {}}), "");
+  EXPECT_EQ(problem({"gpt2", 50257, 50256, {}}), "");
+  EXPECT_EQ(problem({"none", 0, -1, {}}), "");  // Megatron and raw data record none
+  EXPECT_EQ(problem({"byte", 257, -1, {}}), "");  // no eot recorded
+  EXPECT_EQ(problem({"tiktoken", 100, 5, {}}),
+            "f.h5: unknown tokenizer 'tiktoken' (tessera knows byte, sentencepiece, gpt2, llama3 "
+            "and none)");
+  EXPECT_EQ(problem({"byte", 257, 300, {}}),
+            "f.h5: tokenizer eot 300 is not an id of the vocabulary (0..256)");
+  EXPECT_EQ(problem({"byte", 257, -7, {}}),
+            "f.h5: tokenizer eot -7 is not an id of the vocabulary (0..256)");
+  EXPECT_EQ(problem({"byte", (int64_t(1) << 32) + 100, 5, {}}),
+            "f.h5: tokenizer vocab_size 4294967396 is outside 1..16777216 (the largest "
+            "vocabularies in use have about 256k tokens)");
+  EXPECT_EQ(problem({"byte", 0, -1, {}}),
+            "f.h5: tokenizer vocab_size 0 is outside 1..16777216 (the largest vocabularies in use "
+            "have about 256k tokens)");
+}
+
 TEST(Tokenizer, SentencePieceRoundTripIsExact) {
   const Tokenizer tok(bpe_info(), "test");
   // Indentation, blank lines, tabs, trailing spaces, digits, characters the model saw (é) and

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Full and read-only disks, on small tmpfs mounts this test makes (it needs root, or at least the
+# right to mount: elsewhere it says so and passes nothing). A checkpoint that finds the disk full,
+# on 1 rank and on 2 (data- and tensor-parallel), with the space reserved up front and without
+# (a write failing part-way): every rank agrees, exit 1, one line "checkpoint step N: disk full on
+# DIR (...): kept step M", the .tmp file removed, `latest` still on step M, no hang, no crash. A
+# run directory that is full at the start or fills up during the run, and a read-only checkpoint
+# directory: one line, exit 1, found at once.
+source "$(dirname "$0")/lib.sh"
+deck=$(tiny_deck full)
+cd "$WORK" || exit 1
+export OMP_NUM_THREADS=1
+
+mounts=()
+cleanup_mounts() {
+  for m in "${mounts[@]}"; do umount "$m" 2>/dev/null; done
+  [ -n "${KEEP:-}" ] || rm -rf "$WORK"
+}
+trap cleanup_mounts EXIT
+# tmpfs NAME SIZE [OPTIONS]: a fresh tmpfs at $WORK/NAME.
+tmpfs() {
+  mkdir -p "$WORK/$1"
+  mount -t tmpfs -o "size=$2${3:+,$3}" tmpfs "$WORK/$1" 2>"$WORK/mount.err" || return 1
+  mounts+=("$WORK/$1")
+}
+if ! tmpfs probe 64k; then
+  echo "test_disk_full: skipped: cannot mount a tmpfs here ($(head -1 "$WORK/mount.err")); run as root"
+  finish
+fi
+
+# disk_full NAME NP SIZE RESERVE STEP KEPT [OVERRIDES...]: checkpoints every 2 steps into a tmpfs
+# of SIZE (a checkpoint of the tiny model is 0.52 MB, its reservation about 0.9 MB; a write
+# first needs room for its metadata, 0.24 MB, and holds as much again while the data goes in).
+disk_full() {
+  local name=$1 np=$2 size=$3 reserve=$4 step=$5 kept=$6
+  shift 6
+  tmpfs "$name" "$size" || { fail "$name: mount"; return; }
+  local start=$SECONDS
+  timeout -s KILL 120 $MPIEXEC -n "$np" "$TESSERA" train "$deck" run.dir="$WORK/$name.run" \
+    checkpoint.dir="$WORK/$name" checkpoint.every=2 checkpoint.reserve="$reserve" train.steps=40 \
+    "$@" >"$name.out" 2>"$name.err"
+  local rc=$? took=$((SECONDS - start))
+  local want="^checkpoint step $step: disk full on $WORK/$name \(a checkpoint needs about [0-9.]+ MB, [0-9.]+ MB are free\): kept step $kept \(step_0*$kept\.h5\)$"
+  if [ "$rc" -eq 1 ] && [ "$(wc -l <"$name.err")" -eq 1 ] && grep -Eq "$want" "$name.err" &&
+     [ "$(cat "$WORK/$name/latest")" = "$(printf 'step_%08d.h5' "$kept")" ] &&
+     ! ls "$WORK/$name"/*.tmp >/dev/null 2>&1; then
+    pass "$name ($np ranks, reserve=$reserve): exit 1 in $took s, latest kept, no .tmp: $(cat "$name.err")"
+  else
+    fail "$name ($np ranks, reserve=$reserve): exit $rc after $took s (137: killed, it hung)"
+    sed 's/^/    err: /' "$name.err" | head -5; ls -la "$WORK/$name" | sed 's/^/    /'
+  fi
+  # The checkpoint it kept restarts.
+  if timeout 60 "$TESSERA" train "$deck" run.dir="$WORK/$name.restart" checkpoint.reserve=false \
+       checkpoint.restart="$WORK/$name" checkpoint.dir="$WORK/$name.restart/ck" train.steps=$((kept + 1)) \
+       >"$name.restart.log" 2>&1 && grep -q "restart: .*step_0*$kept\.h5 at step $kept" "$name.restart.log"; then
+    pass "$name: the kept checkpoint restarts"
+  else
+    fail "$name: restart from the kept checkpoint"; tail -3 "$name.restart.log"
+  fi
+}
+# Reserved up front: step 2 fits, step 4's reservation does not.
+disk_full reserve_1rank 1 1300k true 4 2
+disk_full reserve_dp2 2 1300k true 4 2 parallel.dp=2 train.batch_size=4 train.micro_batch=2
+# Not reserved: steps 2 and 4 fit; step 6 finds room for its metadata (0.58 MB free), and its
+# data writes fail part-way, on one rank or on both.
+disk_full write_1rank 1 1600k false 6 4
+disk_full write_dp2 2 1600k false 6 4 parallel.dp=2 train.batch_size=4 train.micro_batch=2
+disk_full write_tp2 2 1600k false 6 4 parallel.tp=2
+
+# run.dir full before the start: refused at once, nothing trained.
+tmpfs fullrun 64k
+dd if=/dev/zero of="$WORK/fullrun/filler" bs=4k count=100 2>/dev/null
+expect_error run_dir_full 1 "^cannot write $WORK/fullrun/(\.tessera\.lock|deck\.yaml|metrics\.jsonl).*: No space left on device$" \
+  timeout 60 "$TESSERA" train "$deck" run.dir="$WORK/fullrun" checkpoint.dir="$WORK/fullrun_ck"
+
+# run.dir fills up during the run (metrics.jsonl grows a line a step; checkpoints go elsewhere):
+# every rank stops at the next step boundary, exit 1.
+tmpfs smallrun 16k
+timeout -s KILL 120 $MPIEXEC -n 2 "$TESSERA" train "$deck" parallel.dp=2 run.dir="$WORK/smallrun" \
+  checkpoint.dir="$WORK/smallrun_ck" train.steps=2000 >smallrun.out 2>smallrun.err
+rc=$?
+if [ "$rc" -eq 1 ] && [ "$(wc -l <smallrun.err)" -eq 1 ] &&
+   grep -q "^cannot write $WORK/smallrun/metrics\.jsonl: No space left on device$" smallrun.err &&
+   ! grep -q "^done:" smallrun.out; then
+  pass "run.dir filling up during the run: exit 1 at $(grep -c '^step' smallrun.out) steps: $(cat smallrun.err)"
+else
+  fail "run.dir filling up: exit $rc"; sed 's/^/    err: /' smallrun.err | head -3
+fi
+
+# A read-only checkpoint directory: found at the start, not after training.
+tmpfs readonly 64k ro
+expect_error checkpoint_dir_read_only 1 "^cannot create files in $WORK/readonly: Read-only file system$" \
+  timeout 60 "$TESSERA" train "$deck" run.dir="$WORK/ro_run" checkpoint.dir="$WORK/readonly"
+if [ -e "$WORK/ro_run/metrics.jsonl" ] && [ -s "$WORK/ro_run/metrics.jsonl" ]; then
+  fail "the read-only run trained"
+else
+  pass "the read-only run trained nothing"
+fi
+finish
