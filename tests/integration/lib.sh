@@ -92,3 +92,9 @@ for l in open(sys.argv[1]):
     r = json.loads(l)
     if r["type"] == "train": print(r["step"], repr(r["loss"]))' "$1"
 }
+
+wait_for_line() {  # wait_for_line FILE REGEX SECONDS: until FILE has a line matching REGEX
+  local i
+  for ((i = 0; i < $3 * 20; i++)); do grep -Eq "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
+  return 1
+}

@@ -95,11 +95,6 @@ finish_job() {  # finish_job SECONDS: wait for $JOB (killing it after SECONDS); 
   STATUS=0
   wait "$JOB" || STATUS=$?
 }
-wait_for_line() {  # wait_for_line FILE REGEX SECONDS: until FILE has a line matching REGEX
-  local i
-  for ((i = 0; i < $3 * 20; i++)); do grep -Eq "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
-  return 1
-}
 show() { tail -n "${2:-8}" "$1" | sed 's/^/    /'; }
 # same_model A.h5 B.h5: every /model tensor and the step equal to the bit
 same_model() {

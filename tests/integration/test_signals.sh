@@ -78,10 +78,12 @@ for how in "TERM mpiexec" "USR1 ranks"; do
   fi
 done
 
-# 2. A signal during start-up (log.peak_gflops=0: the ranks spend half a second measuring sgemm
-# before the first step): they stop at the first step boundary, step 0, with a checkpoint.
+# 2. A signal after the model is set up but before the first step (log.peak_gflops=0: the ranks
+# spend half a second measuring sgemm after the start-up lines): they stop at the first step
+# boundary, step 0, with a checkpoint. (Earlier, during the token scan or the allocation, the job
+# ends with no checkpoint: test_startup.sh.)
 launch startup 400 log.peak_gflops=0
-wait_for "$WORK/startup/deck.yaml" 60
+wait_for_line "$WORK/startup.log" '^tessera: ' 60
 signal USR1 startup ranks
 wait "$job"
 rc=$(cat startup.rc)
