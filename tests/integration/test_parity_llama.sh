@@ -9,18 +9,19 @@ deck=$(tiny_deck parity)
 cd "$WORK" || exit 1
 # Grouped-query attention (4 query heads on 2 key/value heads), an untied head, gradient
 # accumulation (2 micro-batches), warmup, cosine, clipping and weight decay (0.1) all on.
-# optim.eps = 1e-6, as in test_parity.sh, though LLaMA has no bias whose gradient is zero in exact
-# arithmetic: Adam's first step moves a weight by lr * g / (|g| + eps), so where a gradient is
-# within a few eps of zero by accident (here 6 of 140k elements have |g| < 3e-8 before clipping),
-# the gradients' fp32 rounding (~1e-10 absolute in both implementations) becomes a difference of
-# up to lr * 1e-10 / eps in the weight. With eps = 1e-8 that alone reached 6e-5 of a tensor's max
-# (layers.1.mlp.up_proj [64, 17], g = -8e-9: the worst element after 1 step and after 10); with
-# 1e-6 the worst is 9e-6, and tessera and the reference are equally far from a float64 run of the
-# reference (RMS 1.0e-5 and 0.9e-5). The bounds are the issue's.
+# optim.eps = 1e-5, though LLaMA has no bias whose gradient is zero in exact arithmetic (the
+# reason for test_parity.sh's 1e-6): Adam's first step moves a weight by lr * g / (|g| + eps), so
+# where a gradient is within a few eps of zero by accident, the gradients' fp32 rounding (~1e-10
+# absolute in both implementations, and different for another thread count) becomes a
+# difference of up to lr * 1e-10 / eps in the weight, in a handful of isolated elements (the
+# median difference is 1e-7 of a tensor's max). With eps = 1e-8 that reached 6e-5 of a tensor's
+# max, with 1e-6 up to 8e-5 (the tied run on 2 threads); with 1e-5 the worst is about 1e-5 on 1
+# and 2 threads. The bounds are the issue's. rope_theta 500, not the default, so that a
+# reference ignoring it fails.
 common=(model.arch=llama model.n_layer=2 model.n_head=4 model.n_kv_head=2 model.n_embd=64
         model.ffn_multiple=32 model.block_size=64 data.seq_len=32 train.batch_size=8
         train.micro_batch=4 optim.decay_steps=10 optim.warmup_steps=3 optim.grad_clip=1.0
-        optim.lr=1e-2 optim.min_lr=1e-3 optim.weight_decay=0.1 optim.eps=1e-6 model.rope_theta=500)
+        optim.lr=1e-2 optim.min_lr=1e-3 optim.weight_decay=0.1 optim.eps=1e-5 model.rope_theta=500)
 
 # parity RUN REF: RUN's metrics and step-10 checkpoint against the reference's outputs REF.json/.h5.
 parity() {
