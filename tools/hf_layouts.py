@@ -13,19 +13,21 @@ layer index. The conversion says how a tessera tensor and the HF one relate:
 
 import_weights.py and export_weights.py walk the table, so a layout is added by adding an entry
 to LAYOUTS (names, conversions, how to read the model shape from the tensors and config.json,
-and the config.json to write). Two layouts:
+and the config.json to write). Three layouts:
 
-  hf-gpt2   GPT2LMHeadModel: Conv1D weights transposed, the tied head left out;
-  hf-llama  LlamaForCausalLM: every tensor copied as it is (tessera keeps q, k, v and gate, up
-            as separate tensors by the same names), the embedding and an untied lm_head padded.
+  hf-gpt2     GPT2LMHeadModel: Conv1D weights transposed, the tied head left out;
+  hf-llama    LlamaForCausalLM: every tensor copied as it is (tessera keeps q, k, v and gate,
+              up as separate tensors by the same names), the embedding and an untied lm_head
+              padded;
+  meta-llama  (import only) Meta's original LLaMA files: llama/model.py's names, params.json,
+              and the rows of wq and wk permuted within each head.
 
-No LLaMA row is permuted. The checkpoints Meta published (and llama.cpp's GGUF files) rotate
-interleaved pairs (2i, 2i + 1) of each head, so the script that converts them to Hugging Face
-permutes the rows of q_proj and k_proj within each head to make the pairs (i, i + hs/2) that
-Hugging Face's rotate_half turns together. tessera's rotary embedding is rotate_half's (pair
-(i, i + hs/2), angle t * rope_theta^(-2i/hs)), so Hugging Face's rows are already tessera's:
-importing and exporting copy them. (Converting Meta's original files would need that
-permutation; this tool reads Hugging Face's.)
+No Hugging Face LLaMA row is permuted. The checkpoints Meta published rotate interleaved pairs
+(2i, 2i + 1) of each head, so Hugging Face's convert_llama_weights_to_hf.py permutes the rows of
+q_proj and k_proj within each head to make the pairs (i, i + hs/2) that its rotate_half turns
+together. tessera's rotary embedding is rotate_half's (pair (i, i + hs/2), angle
+t * rope_theta^(-2i/hs)), so Hugging Face's rows are already tessera's: hf-llama copies them, and
+meta-llama applies the conversion script's permutation.
 """
 import json
 import os

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""Imports published Hugging Face weights into a tessera checkpoint that a run starts from.
+"""Imports published Hugging Face or Meta LLaMA weights into a tessera checkpoint to start from.
 
 Usage:
-  import_weights.py SRC --out FILE.h5 [--layout auto|hf-gpt2|hf-llama] [--config config.json]
+  import_weights.py SRC --out FILE.h5 [--layout auto|hf-gpt2|hf-llama|meta-llama]
+                    [--config config.json|params.json]
                     [--deck DECK.yaml] [--n-head N] [--vocab-multiple 64]
 
 SRC is a .safetensors file (read by tools/safetensors_io.py, tessera's own reader of the format),
@@ -24,6 +25,14 @@ config.json's model_type or the tensor names (tools/hf_layouts.py):
             turns with dimension i + hs/2), the convention Hugging Face's rows are already in.
             (Meta's original checkpoints pair (2i, 2i + 1); Hugging Face's conversion script
             permutes their q and k rows into rotate_half order, so its files need nothing more.)
+  meta-llama  Meta's original single-file LLaMA checkpoint (consolidated.00.pth, torch.load;
+            llama/model.py's names: tok_embeddings, layers.L.attention.wq/wk/wv/wo,
+            feed_forward.w1/w2/w3 = gate/down/up, attention_norm, ffn_norm, norm, output) with
+            params.json beside it (dim, n_layers, n_heads, n_kv_heads, norm_eps, rope_theta,
+            vocab_size; max_seq_len, else --deck's block_size). The rows of wq and wk are
+            permuted within each head from Meta's pairs (2i, 2i + 1) to rotate_half's
+            (i, i + hs/2), as convert_llama_weights_to_hf.py does: the checkpoint equals the one
+            imported from that script's output. use_scaled_rope (Llama 3.1) is refused.
 
 The tensors are converted to float32 (F16, BF16 and F32 exactly) and to tessera's names and
 shapes; the embedding (and an untied head) gets zero padding rows up to model.vocab_multiple.
@@ -37,7 +46,8 @@ of what was read and written.
 --deck checks the weights against a deck's model section (every shape key, resolved as tessera
 resolves it, and the vocabulary: model.vocab_size, or the vocab_size of an HDF5 data.train)
 before anything is written, and gives n_head and vocab_multiple when the weights do not (and,
-for hf-llama without a config.json, norm_eps, rope_theta, block_size and the head's tying).
+for hf-llama without a config.json or meta-llama without params.json, norm_eps, rope_theta,
+block_size and the head's tying).
 
 Exit status: 0 done; 2 bad input (unknown layout, a missing, extra or misshapen tensor, a shape
 or config.json setting tessera's model cannot take, a shape that disagrees with config.json or
