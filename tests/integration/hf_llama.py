@@ -2,22 +2,24 @@
 """Test helper: random LLaMA weights in the Hugging Face layout, and an independent forward pass.
 
   hf_llama.py make --out DIR [--layers 2 --heads 4 --kv-heads 2 --embd 32 --ffn 96
-                  --positions 64 --vocab 257 --seed 5] [--tied] [--meta] [--defect NAME ...]
-      DIR/pytorch_model.bin (torch.save of LlamaForCausalLM's state_dict: "model." names and
-      lm_head.weight, untied unless --tied, when it shares embed_tokens' storage), the same
-      weights in DIR/model.safetensors (the names save_pretrained gives: "model." and lm_head,
-      which a tied model leaves out) and DIR/config.json (LlamaConfig's keys). --meta also
-      writes DIR/meta/consolidated.00.pth and DIR/meta/params.json: the same model in Meta's
-      original layout, q and k rows put back into Meta's interleaved pairs by the inverse of
-      convert_llama_weights_to_hf.py's permute. Each --defect NAME (one of DEFECTS) writes
-      DIR/NAME/ instead: the model with its state dict or config.json spoilt that way.
-  hf_llama.py loss --weights FILE --config config.json --data TOKENS.h5 --seq-len T --windows N
-                   [--permute-qk]
-      The mean cross-entropy of the first N windows of T+1 tokens of the token file, in file
+                  --positions 64 --vocab 257 --seed 5]
+      (one process, for the test's time) DIR/pytorch_model.bin (torch.save of
+      LlamaForCausalLM's state_dict: "model." names and an untied lm_head.weight), the same
+      weights in DIR/model.safetensors (the names save_pretrained gives) and DIR/config.json
+      (LlamaConfig's keys); DIR/meta/consolidated.00.pth and DIR/meta/params.json: the same
+      model in Meta's original layout, q and k rows put back into Meta's interleaved pairs by
+      the inverse of convert_llama_weights_to_hf.py's permute; DIR/tied/: a model of seed + 1
+      with tie_word_embeddings (lm_head.weight shares embed_tokens' storage in the torch file,
+      and is left out of the safetensors); DIR/bad/NAME/ for each of DEFECTS: the untied model
+      with its state dict or config.json spoilt that way.
+  hf_llama.py loss --weights FILE --config config.json [--weights ... --config ...]
+                   --data TOKENS.h5 --seq-len T --windows N [--permute-qk]
+      For each weights and config, a line with the mean cross-entropy of the first N windows of T+1 tokens of the token file, in file
       order, under the HF LLaMA forward written out below from the HF names (float64).
-      --permute-qk first applies, to q_proj and k_proj, the row permutation Hugging Face's
-      convert_llama_weights_to_hf.py applies to Meta's checkpoints: the loss a tool that
-      (wrongly) permuted Hugging Face's rows once more would give.
+      --permute-qk adds a line: the loss of the first weights after the row permutation
+      Hugging Face's convert_llama_weights_to_hf.py applies to Meta's checkpoints, applied to
+      q_proj and k_proj: the loss a tool that (wrongly) permuted Hugging Face's rows once more
+      would give.
   hf_llama.py compare A B [--rows NAME:N ...]      as hf_gpt2.py compare
   hf_llama.py transformers --dir DIR --data TOKENS.h5 --seq-len T --windows N
       Loads DIR (an export) with transformers' LlamaForCausalLM.from_pretrained and compares
@@ -144,7 +146,9 @@ def write_meta(out, sd, a):
     for l in range(a.layers):      # the inverse of Hugging Face's permute, checked
         for name, n in (("q_proj", a.heads), ("k_proj", a.kv_heads)):
             hf = sd[f"model.layers.{l}.self_attn.{name}.weight"]
-            assert torch.equal(meta_to_hf_permutation(hf_to_meta_permutation(hf, n), n), hf)
+            meta_rows = hf_to_meta_permutation(hf, n)
+            assert torch.equal(meta_to_hf_permutation(meta_rows, n), hf)
+            assert not torch.equal(meta_rows, hf)       # the rows do move
     torch.save({k: v.clone().contiguous() for k, v in meta.items()},
                os.path.join(out, "consolidated.00.pth"))
     params = {"dim": a.embd, "n_layers": a.layers, "n_heads": a.heads, "n_kv_heads": a.kv_heads,
@@ -155,15 +159,16 @@ def write_meta(out, sd, a):
 
 
 def cmd_make(a):
-    if not a.defect:
-        sd = make_state_dict(a)
-        write_hf(a.out, sd, hf_config(a), a.tied)
-        if a.meta:
-            write_meta(os.path.join(a.out, "meta"), sd, a)
-    for defect in a.defect or []:
+    a.tied = False
+    sd = make_state_dict(a)
+    write_hf(a.out, sd, hf_config(a), False)
+    write_meta(os.path.join(a.out, "meta"), sd, a)
+    for defect in DEFECTS:
         sd, config = make_state_dict(a), hf_config(a)
         spoil(sd, config, defect, a)
-        write_hf(os.path.join(a.out, defect), sd, config, a.tied)
+        write_hf(os.path.join(a.out, "bad", defect), sd, config, False)
+    a.tied, a.seed = True, a.seed + 1
+    write_hf(os.path.join(a.out, "tied"), make_state_dict(a), hf_config(a), True)
 
 
 def hf_llama_logits(w, c, idx):
@@ -224,23 +229,27 @@ def meta_to_hf_permutation(t, n_heads):
 
 def cmd_loss(a):
     import torch
-    w = load_weights(a.weights)
-    with open(a.config) as f:
-        c = json.load(f)
-    if a.permute_qk:
-        nh = c["num_attention_heads"]
-        nkv = c.get("num_key_value_heads") or nh
-        for name in list(w):
-            if name.endswith("self_attn.q_proj.weight"):
-                w[name] = meta_to_hf_permutation(w[name], nh)
-            elif name.endswith("self_attn.k_proj.weight"):
-                w[name] = meta_to_hf_permutation(w[name], nkv)
+    if len(a.weights) != len(a.config):
+        raise SystemExit("hf_llama.py: give one --config per --weights")
     idx, tgt = windows(a)
-    logits = hf_llama_logits(w, c, idx)
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
-    if not math.isfinite(loss.item()):
-        raise SystemExit("hf_llama.py: the loss is not finite")
-    print(f"{loss.item():.10f}")
+    runs = [(load_weights(w), json.load(open(c)), False) for w, c in zip(a.weights, a.config)]
+    if a.permute_qk:
+        runs.append((dict(runs[0][0]), runs[0][1], True))
+    for w, c, permute in runs:
+        if permute:
+            nh = c["num_attention_heads"]
+            nkv = c.get("num_key_value_heads") or nh
+            for name in list(w):
+                if name.endswith("self_attn.q_proj.weight"):
+                    w[name] = meta_to_hf_permutation(w[name], nh)
+                elif name.endswith("self_attn.k_proj.weight"):
+                    w[name] = meta_to_hf_permutation(w[name], nkv)
+        logits = hf_llama_logits(w, c, idx)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 tgt.reshape(-1))
+        if not math.isfinite(loss.item()):
+            raise SystemExit("hf_llama.py: the loss is not finite")
+        print(f"{loss.item():.10f}")
 
 
 def windows(a):
@@ -284,12 +293,9 @@ def main():
     m.add_argument("--positions", type=int, default=64)
     m.add_argument("--vocab", type=int, default=257)
     m.add_argument("--seed", type=int, default=5)
-    m.add_argument("--tied", action="store_true")
-    m.add_argument("--meta", action="store_true")
-    m.add_argument("--defect", choices=DEFECTS, action="append")
     lo = sub.add_parser("loss")
-    lo.add_argument("--weights", required=True)
-    lo.add_argument("--config", required=True)
+    lo.add_argument("--weights", required=True, action="append")
+    lo.add_argument("--config", required=True, action="append")
     lo.add_argument("--data", required=True)
     lo.add_argument("--seq-len", type=int, required=True)
     lo.add_argument("--windows", type=int, required=True)
