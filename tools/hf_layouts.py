@@ -473,8 +473,7 @@ def _meta_shape(meta, params, hints):
                 config[hkey] = params[mkey]
         if config.get("vocab_size", 0) < 0:   # LLaMA 1 and 2: -1, the tokenizer's
             del config["vocab_size"]
-        config["rope_scaling"] = ({"use_scaled_rope": True} if config.get("rope_scaling")
-                                  else None)
+        config["rope_scaling"] = True if config.get("rope_scaling") else None
         if "max_position_embeddings" not in config:
             deck = hints.get("deck")
             if deck is None:

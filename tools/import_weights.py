@@ -9,7 +9,8 @@ Usage:
 SRC is a .safetensors file (read by tools/safetensors_io.py, tessera's own reader of the format),
 a PyTorch state dict (pytorch_model.bin, .pt, .pth: torch.load), or a Hugging Face model
 directory holding one of model.safetensors, model.safetensors.index.json (shards),
-pytorch_model.bin or pytorch_model.bin.index.json, and config.json. The layout is detected from
+pytorch_model.bin or pytorch_model.bin.index.json, and config.json (or Meta's
+consolidated.00.pth and params.json). The layout is detected from
 config.json's model_type or the tensor names (tools/hf_layouts.py):
 
   hf-gpt2   GPT2LMHeadModel: names with or without the "transformer." prefix; a tied
@@ -135,12 +136,15 @@ def read_source(src, opened):
     if not os.path.exists(src):
         raise ToolError(f"{src}: no such file or directory", EXIT_IO)
     if os.path.isdir(src):
+        if os.path.isfile(os.path.join(src, "consolidated.01.pth")):
+            raise ToolError(f"{src}: Meta's checkpoint in several consolidated.*.pth files (a "
+                            "tensor-parallel split): only a single consolidated.00.pth is read")
         for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                     "pytorch_model.bin.index.json"):
+                     "pytorch_model.bin.index.json", "consolidated.00.pth"):
             if os.path.isfile(os.path.join(src, name)):
                 return read_source(os.path.join(src, name), opened)[0], src
-        raise ToolError(f"{src}: a directory without model.safetensors, pytorch_model.bin or "
-                        "their .index.json")
+        raise ToolError(f"{src}: a directory without model.safetensors, pytorch_model.bin, "
+                        "their .index.json, or consolidated.00.pth")
     folder = os.path.dirname(src) or "."
     if src.endswith(".index.json"):
         try:

@@ -106,7 +106,7 @@ fi
 # 3b. Meta's original layout (consolidated.00.pth, params.json; wq and wk rows in Meta's
 # interleaved pairs, made from the HF model by the inverse of Hugging Face's permute): the import
 # permutes them back, giving the HF import's checkpoint to the bit.
-if $IMPORT hf/meta/consolidated.00.pth --out meta.h5 >meta.yaml 2>meta.log &&
+if $IMPORT hf/meta --out meta.h5 >meta.yaml 2>meta.log &&
    grep -q "meta-llama, 2 layers, 4 heads (2 key/value)" meta.log &&
    $HF compare imp.h5 meta.h5 >/dev/null && cmp -s model.yaml meta.yaml &&
    "$PYTHON" - imp.h5 meta.h5 <<'PY'
@@ -230,6 +230,12 @@ import_error "rope_scaling" "hf/bad/rope_scaling: config.json rope_scaling = .*l
 import_error "hidden_act gelu" "hf/bad/gelu: config.json hidden_act = 'gelu': tessera's LLaMA MLP is SwiGLU" hf/bad/gelu
 import_error "tied in config.json, untied in the file" "lm_head.weight differs from model.embed_tokens.weight: the head is not tied, but the model ties it \(config.json\)" hf/bad/tied_differs
 import_error "key/value heads not dividing the heads" "hf/bad/kv_heads: num_key_value_heads 3 does not divide num_attention_heads 4" hf/bad/kv_heads
+mkdir -p meta_scaled && cp hf/meta/consolidated.00.pth meta_scaled/
+"$PYTHON" -c 'import json, sys; p = json.load(open(sys.argv[1])); p["use_scaled_rope"] = True
+json.dump(p, open(sys.argv[2], "w"))' hf/meta/params.json meta_scaled/params.json
+import_error "meta-llama with use_scaled_rope" "meta_scaled/consolidated.00.pth: params.json use_scaled_rope = true: tessera's rotary embedding has no scaling" meta_scaled/consolidated.00.pth
+cp meta_scaled/consolidated.00.pth meta_scaled/consolidated.01.pth
+import_error "Meta's tensor-parallel split" "meta_scaled: Meta's checkpoint in several consolidated.\*.pth files" meta_scaled
 import_error "unknown --layout" "unknown layout 'hf-llama3' \(known: hf-gpt2, hf-llama, meta-llama\)" hf --layout hf-llama3
 import_error "HF weights read as meta-llama" "hf: no layers.0.attention.wq.weight: not a meta-llama state dict" hf --layout meta-llama
 import_error "no config.json, no deck" "bare/model.safetensors: hf-llama weights without a config.json: give it .* or --deck" bare/model.safetensors
