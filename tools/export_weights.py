@@ -2,19 +2,27 @@
 """Exports a tessera checkpoint's model in a Hugging Face layout.
 
 Usage:
-  export_weights.py CKPT --out DIR [--format hf-gpt2] [--torch-bin]
+  export_weights.py CKPT --out DIR [--format auto|hf-gpt2|hf-llama] [--torch-bin]
 
 CKPT is a checkpoint file or a checkpoint directory (its `latest`, else its newest
-step_*.h5). DIR receives
+step_*.h5). The format follows the model (auto): hf-gpt2 for model.arch gpt2, hf-llama for
+llama. DIR receives
   model.safetensors   the weights (float32), written by tools/safetensors_io.py, with the names
-                      GPT2LMHeadModel.save_pretrained gives them ("transformer.h.0.attn.c_attn.
-                      weight", ...; the head is tied to transformer.wte.weight and not stored) and
-                      __metadata__ {"format": "pt"}, which transformers requires;
-  config.json         GPT2Config for the model's shape (vocab_size is the real vocabulary: the
-                      padding rows of tessera's wte are dropped);
-  pytorch_model.bin   with --torch-bin: the same state dict through torch.save, lm_head.weight
-                      included.
-`GPT2LMHeadModel.from_pretrained(DIR)` loads it. Every tensor's checksum is verified first.
+                      save_pretrained gives them and __metadata__ {"format": "pt"}, which
+                      transformers requires:
+                        hf-gpt2: GPT2LMHeadModel's ("transformer.h.0.attn.c_attn.weight", ...;
+                          Conv1D weights [in, out]; the head is tied to transformer.wte.weight
+                          and not stored);
+                        hf-llama: LlamaForCausalLM's ("model.layers.0.self_attn.q_proj.weight",
+                          ..., "lm_head.weight" when untied), every tensor as tessera holds it:
+                          q_proj and k_proj are not permuted (tessera's rotary embedding is
+                          Hugging Face's rotate_half);
+  config.json         GPT2Config or LlamaConfig for the model's shape (vocab_size is the real
+                      vocabulary: the padding rows of the embedding and head are dropped);
+  pytorch_model.bin   with --torch-bin: the same state dict through torch.save, a tied
+                      lm_head.weight included (sharing the embedding's storage).
+`GPT2LMHeadModel.from_pretrained(DIR)` / `LlamaForCausalLM.from_pretrained(DIR)` loads it.
+Every tensor's checksum is verified first.
 
 Exit status: 0 done; 2 bad input (not a tessera checkpoint, a model the format cannot hold), one
 line and nothing written; 1 an I/O error (checksum mismatch included).
@@ -30,8 +38,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_io  # noqa: E402
 from hf_layouts import LAYOUTS, get_layout  # noqa: E402
-from tessera_ckpt import read_model_checkpoint  # noqa: E402
+from tessera_ckpt import read_checkpoint  # noqa: E402
 from tessera_data import EXIT_IO, ToolError, run_tool  # noqa: E402
+
+FORMATS = [name for name, layout in LAYOUTS.items() if layout.config_json is not None]
 
 
 def resolve_checkpoint(path):
@@ -55,7 +65,7 @@ def resolve_checkpoint(path):
 
 def hf_state_dict(layout, shape, tensors):
     """{full HF name: float32 array} of tessera tensors, in the layout's order (no tied head)."""
-    return {layout.prefix + hname: np.ascontiguousarray(conv.to_hf(tensors[tname], shape), np.float32)
+    return {layout.full(hname): np.ascontiguousarray(conv.to_hf(tensors[tname], shape), np.float32)
             for tname, hname, conv in layout.expand(shape)}
 
 
@@ -63,15 +73,27 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint")
     ap.add_argument("--out", required=True, help="directory to write the model into")
-    ap.add_argument("--format", default="hf-gpt2", help=", ".join(LAYOUTS))
+    ap.add_argument("--format", default="auto", help="auto (by the model's arch), " + ", ".join(FORMATS))
     ap.add_argument("--torch-bin", action="store_true", help="also write pytorch_model.bin")
     args = ap.parse_args()
     t0 = time.time()
-    layout = get_layout(args.format)
+    layout = None if args.format == "auto" else get_layout(args.format)
+    if layout is not None and layout.config_json is None:
+        raise ToolError(f"--format {layout.name}: an import layout only (export formats: "
+                        f"{', '.join(FORMATS)})")
     path = resolve_checkpoint(args.checkpoint)
-    shape, tensors, attrs = read_model_checkpoint(path)
-    state = hf_state_dict(layout, shape, tensors)
-    config = layout.config_json(shape, attrs["eot"])
+    ck = read_checkpoint(path)
+    shape, tensors = ck["shape"], ck["model"]
+    if layout is None:
+        layout = next(LAYOUTS[f] for f in FORMATS if LAYOUTS[f].arch == shape["arch"])
+    if layout.arch != shape["arch"]:
+        raise ToolError(f"{path}: a {shape['arch']} model; the {layout.name} format holds "
+                        f"{layout.arch} models ({layout.architecture})")
+    try:
+        state = hf_state_dict(layout, shape, tensors)
+    except ToolError as e:
+        raise ToolError(f"{path}: {e}") from None
+    config = layout.config_json(shape, ck["eot"])
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ToolError(f"{args.out}: exists and is not a directory", EXIT_IO)
     os.makedirs(args.out, exist_ok=True)
@@ -88,14 +110,14 @@ def main():
     if args.torch_bin:
         import torch
         sd = {k: torch.from_numpy(v) for k, v in state.items()}
-        if layout.head:
-            sd[layout.head] = sd[layout.prefix + "wte.weight"]  # tied: the same storage
+        if shape["tie_embeddings"]:
+            sd[layout.head] = sd[layout.full(layout.embed)]  # tied: the same storage
         bin_path = os.path.join(args.out, "pytorch_model.bin")
         torch.save(sd, bin_path + ".tmp")
         os.replace(bin_path + ".tmp", bin_path)
         written.append(bin_path)
     n = sum(v.size for v in state.values())
-    print(f"export_weights: {path} (step {attrs['step']}) -> {layout.name}: {n / 1e6:.2f}M "
+    print(f"export_weights: {path} (step {ck['step']}) -> {layout.name}: {n / 1e6:.2f}M "
           f"parameters, {shape['n_layer']} layers, vocab {shape['vocab_size']}; wrote "
           f"{', '.join(os.path.basename(w) for w in written)} in {args.out} "
           f"({time.time() - t0:.2f} s)", file=sys.stderr)

@@ -1,18 +1,42 @@
 #!/usr/bin/python3
-"""Imports published Hugging Face weights into a tessera checkpoint that a run starts from.
+"""Imports published Hugging Face or Meta LLaMA weights into a tessera checkpoint to start from.
 
 Usage:
-  import_weights.py SRC --out FILE.h5 [--layout auto|hf-gpt2] [--config config.json]
+  import_weights.py SRC --out FILE.h5 [--layout auto|hf-gpt2|hf-llama|meta-llama]
+                    [--config config.json|params.json]
                     [--deck DECK.yaml] [--n-head N] [--vocab-multiple 64]
 
 SRC is a .safetensors file (read by tools/safetensors_io.py, tessera's own reader of the format),
 a PyTorch state dict (pytorch_model.bin, .pt, .pth: torch.load), or a Hugging Face model
 directory holding one of model.safetensors, model.safetensors.index.json (shards),
-pytorch_model.bin or pytorch_model.bin.index.json, and config.json. The layout is detected from
-config.json's model_type or the tensor names; hf-gpt2 is GPT2LMHeadModel's (names with or
-without the "transformer." prefix; a tied lm_head.weight, if present, must equal wte; the causal
-mask buffers of older files are skipped). The tensors are converted to float32 (F16, BF16 and F32
-exactly) and to tessera's names and shapes (tools/hf_layouts.py).
+pytorch_model.bin or pytorch_model.bin.index.json, and config.json (or Meta's
+consolidated.00.pth and params.json). The layout is detected from
+config.json's model_type or the tensor names (tools/hf_layouts.py):
+
+  hf-gpt2   GPT2LMHeadModel: names with or without the "transformer." prefix; a tied
+            lm_head.weight, if present, must equal wte; the causal-mask buffers of older files
+            are skipped; Conv1D weights are transposed to tessera's [out, in].
+  hf-llama  LlamaForCausalLM: names with or without the "model." prefix, lm_head.weight (absent
+            or equal to embed_tokens when config.json ties them); the shape from config.json
+            (num_attention_heads, num_key_value_heads, intermediate_size, rms_norm_eps,
+            rope_theta, max_position_embeddings, tie_word_embeddings; hidden_act must be silu,
+            rope_scaling absent or null, no attention or MLP biases), or from --deck without one.
+            Every tensor is copied as it is: q_proj and k_proj need NO row permutation, because
+            tessera's rotary embedding is Hugging Face's rotate_half (dimension i of a head
+            turns with dimension i + hs/2), the convention Hugging Face's rows are already in.
+            (Meta's original checkpoints pair (2i, 2i + 1); Hugging Face's conversion script
+            permutes their q and k rows into rotate_half order, so its files need nothing more.)
+  meta-llama  Meta's original single-file LLaMA checkpoint (consolidated.00.pth, torch.load;
+            llama/model.py's names: tok_embeddings, layers.L.attention.wq/wk/wv/wo,
+            feed_forward.w1/w2/w3 = gate/down/up, attention_norm, ffn_norm, norm, output) with
+            params.json beside it (dim, n_layers, n_heads, n_kv_heads, norm_eps, rope_theta,
+            vocab_size; max_seq_len, else --deck's block_size). The rows of wq and wk are
+            permuted within each head from Meta's pairs (2i, 2i + 1) to rotate_half's
+            (i, i + hs/2), as convert_llama_weights_to_hf.py does: the checkpoint equals the one
+            imported from that script's output. use_scaled_rope (Llama 3.1) is refused.
+
+The tensors are converted to float32 (F16, BF16 and F32 exactly) and to tessera's names and
+shapes; the embedding (and an untied head) gets zero padding rows up to model.vocab_multiple.
 
 FILE.h5 is a tessera checkpoint at step 0 with the model and no optimizer state: train from it
 with `checkpoint.init_from: FILE.h5` (fresh AdamW, step 0, any parallel layout), or evaluate it
@@ -20,13 +44,16 @@ with `tessera eval FILE.h5 --data TOKENS`. The deck stored in it is --deck's tex
 of the model section. stdout gets the deck's `model` section for these weights; stderr one line
 of what was read and written.
 
---deck checks the weights against a deck's model section (and its vocabulary: model.vocab_size,
-or the vocab_size of an HDF5 data.train) before anything is written, and gives n_head and
-vocab_multiple when the weights do not.
+--deck checks the weights against a deck's model section (every shape key, resolved as tessera
+resolves it, and the vocabulary: model.vocab_size, or the vocab_size of an HDF5 data.train)
+before anything is written, and gives n_head and vocab_multiple when the weights do not (and,
+for hf-llama without a config.json or meta-llama without params.json, norm_eps, rope_theta,
+block_size and the head's tying).
 
 Exit status: 0 done; 2 bad input (unknown layout, a missing, extra or misshapen tensor, a shape
-that disagrees with config.json or --deck, a malformed safetensors file), with one line naming
-the tensor and the shapes and nothing written; 1 an I/O error.
+or config.json setting tessera's model cannot take, a shape that disagrees with config.json or
+--deck, a malformed safetensors file), with one line naming the tensor and the shapes and
+nothing written; 1 an I/O error.
 """
 import argparse
 import json
@@ -39,12 +66,17 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_io  # noqa: E402
 from hf_layouts import LAYOUTS, detect_layout, get_layout  # noqa: E402
-from tessera_ckpt import model_tensors, write_model_checkpoint  # noqa: E402
+from tessera_ckpt import ARCHES, model_tensors, write_model_checkpoint  # noqa: E402
 from tessera_data import EXIT_IO, ToolError, run_tool  # noqa: E402
 
 # tessera's ModelConfig defaults (src/config/config.hpp): a deck that leaves a key out gets these.
-DECK_DEFAULTS = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 256, "vocab_size": 0,
-                 "vocab_multiple": 64}
+DECK_DEFAULTS = {"arch": "gpt2", "n_layer": 4, "n_head": 4, "n_kv_head": 0, "n_embd": 128,
+                 "ffn_hidden": 0, "ffn_multiple": 256, "block_size": 256, "vocab_size": 0,
+                 "vocab_multiple": 64, "tie_embeddings": "auto", "norm_eps": 1e-5,
+                 "rope_theta": 10000.0}
+# The model keys a deck and the weights must agree on, in the order they are checked.
+SHAPE_CHECKS = ("n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "block_size",
+                "tie_embeddings", "norm_eps", "rope_theta")
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
@@ -104,12 +136,15 @@ def read_source(src, opened):
     if not os.path.exists(src):
         raise ToolError(f"{src}: no such file or directory", EXIT_IO)
     if os.path.isdir(src):
+        if os.path.isfile(os.path.join(src, "consolidated.01.pth")):
+            raise ToolError(f"{src}: Meta's checkpoint in several consolidated.*.pth files (a "
+                            "tensor-parallel split): only a single consolidated.00.pth is read")
         for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                     "pytorch_model.bin.index.json"):
+                     "pytorch_model.bin.index.json", "consolidated.00.pth"):
             if os.path.isfile(os.path.join(src, name)):
                 return read_source(os.path.join(src, name), opened)[0], src
-        raise ToolError(f"{src}: a directory without model.safetensors, pytorch_model.bin or "
-                        "their .index.json")
+        raise ToolError(f"{src}: a directory without model.safetensors, pytorch_model.bin, "
+                        "their .index.json, or consolidated.00.pth")
     folder = os.path.dirname(src) or "."
     if src.endswith(".index.json"):
         try:
@@ -156,8 +191,7 @@ def read_deck(path):
         raise ToolError(f"{path}: not YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(deck, dict) or not isinstance(deck.get("model", {}) or {}, dict):
         raise ToolError(f"{path}: not a tessera deck (a map of sections)")
-    model = dict(DECK_DEFAULTS)
-    model.update(deck.get("model") or {})
+    model = resolve_model(deck.get("model") or {}, path)
     data_vocab = 0
     train = (deck.get("data") or {}).get("train", "")
     if not model["vocab_size"] and isinstance(train, str) and train.endswith(".h5"):
@@ -169,14 +203,55 @@ def read_deck(path):
     return model, text, data_vocab
 
 
+def resolve_model(section, path):
+    """A deck's model section with tessera's defaults and derived values, as
+    src/model/param_layout.cpp's make_model_shape resolves them: n_kv_head 0 = n_head,
+    ffn_hidden 0 = 4 n_embd (gpt2) or 8 n_embd / 3 rounded up to ffn_multiple (llama),
+    tie_embeddings auto = (arch is gpt2), as 0 or 1."""
+    model = dict(DECK_DEFAULTS)
+    model.update(section)
+    out = {"arch": model["arch"]}
+    if out["arch"] not in ARCHES:
+        raise ToolError(f"{path}: model.arch = {out['arch']!r}: must be {' or '.join(ARCHES)}")
+    for key, kind in DECK_DEFAULTS.items():
+        if key in ("arch", "tie_embeddings"):
+            continue
+        v = model[key]
+        try:
+            if isinstance(v, bool):
+                raise ValueError
+            out[key] = int(v) if isinstance(kind, int) else float(v)
+            if isinstance(kind, int) and out[key] != v:
+                raise ValueError
+        except (TypeError, ValueError):
+            raise ToolError(f"{path}: model.{key} = {v!r} is not "
+                            f"{'an integer' if isinstance(kind, int) else 'a number'}") from None
+    if out["n_head"] < 1 or out["ffn_multiple"] < 1:
+        raise ToolError(f"{path}: model.n_head and model.ffn_multiple must be >= 1")
+    out["n_kv_head"] = out["n_kv_head"] or out["n_head"]
+    if not out["ffn_hidden"]:
+        if out["arch"] == "llama":
+            f = (8 * out["n_embd"] + 2) // 3
+            out["ffn_hidden"] = (f + out["ffn_multiple"] - 1) // out["ffn_multiple"] * out["ffn_multiple"]
+        else:
+            out["ffn_hidden"] = 4 * out["n_embd"]
+    tie = model["tie_embeddings"]
+    tie = {True: "true", False: "false"}.get(tie, tie)
+    if tie not in ("auto", "true", "false"):
+        raise ToolError(f"{path}: model.tie_embeddings = {tie!r}: must be auto, true or false")
+    out["tie_embeddings"] = int(out["arch"] == "gpt2" if tie == "auto" else tie == "true")
+    return out
+
+
 def check_against_deck(shape, deck_path, model, data_vocab, src):
-    arch = model.get("arch", "gpt2")
-    if arch != "gpt2":
-        raise ToolError(f"{deck_path}: model.arch = {arch}, but {src} holds a GPT-2 model")
-    for key in ("n_layer", "n_head", "n_embd", "block_size"):
+    ev = shape["evidence"]
+    if model["arch"] != shape["arch"]:
+        raise ToolError(f"{deck_path}: model.arch = {model['arch']}, but {src} holds a "
+                        f"{shape['arch']} model ({ev['arch']})")
+    for key in SHAPE_CHECKS:
         if model[key] != shape[key]:
-            raise ToolError(f"{deck_path}: model.{key} = {model[key]}, but {src} has {key} "
-                            f"{shape[key]} ({shape['evidence'][key]})")
+            raise ToolError(f"{deck_path}: model.{key} = {yaml_value(model[key], key)}, but {src} "
+                            f"has {key} {yaml_value(shape[key], key)} ({ev[key]})")
     vocab = model["vocab_size"] or data_vocab
     if not vocab:
         raise ToolError(f"{deck_path}: model.vocab_size is not set and data.train records none: "
@@ -184,12 +259,27 @@ def check_against_deck(shape, deck_path, model, data_vocab, src):
     if vocab != shape["vocab_size"]:
         where = "model.vocab_size" if model["vocab_size"] else "the vocab_size of data.train"
         raise ToolError(f"{deck_path}: {where} is {vocab}, but {src} has vocab_size "
-                        f"{shape['vocab_size']} ({shape['evidence']['vocab_size']})")
+                        f"{shape['vocab_size']} ({ev['vocab_size']})")
+
+
+def yaml_value(v, key):
+    """A model value as a deck writes it, read back the same by yaml-cpp and PyYAML: tying as
+    true/false, reals with a decimal point in the mantissa (PyYAML reads 1e-05 as a string)."""
+    if key == "tie_embeddings":
+        return "true" if v else "false"
+    if isinstance(v, float):
+        text = repr(v)
+        mantissa, e, exponent = text.partition("e")
+        return (mantissa if "." in mantissa else mantissa + ".0") + e + exponent
+    return str(v)
 
 
 def deck_model_section(shape):
     keys = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "vocab_multiple")
-    return "model:\n" + "".join(f"  {k}: {shape[k]}\n" for k in keys)
+    if shape["arch"] == "llama":
+        keys = ("arch", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "block_size",
+                "vocab_size", "vocab_multiple", "tie_embeddings", "norm_eps", "rope_theta")
+    return "model:\n" + "".join(f"  {k}: {yaml_value(shape[k], k)}\n" for k in keys)
 
 
 def shown(dims):
@@ -206,7 +296,7 @@ def convert(tensors, layout, shape, src):
     # Every expected tensor present with its shape, then nothing else.
     for tname, hname, conv in rows:
         need = tuple(conv.hf_shape(tessera_dims[tname], shape))
-        full = layout.prefix + hname
+        full = layout.full(hname)
         if hname not in tensors:
             raise ToolError(f"{src}: missing tensor {full} {shown(need)} ({layout.name}, "
                             f"n_layer {shape['n_layer']})")
@@ -232,14 +322,14 @@ def convert(tensors, layout, shape, src):
             assert a.shape == dims
             return a
         out[tname] = load
-    if layout.head and layout.head in tensors:
-        head, emb = tensors[layout.head], layout.prefix + "wte.weight"
-        if head.shape != tensors["wte.weight"].shape:
+    if layout.head in tensors and layout.head not in wanted:
+        head, emb = tensors[layout.head], layout.full(layout.embed)
+        if head.shape != tensors[layout.embed].shape:
             raise ToolError(f"{src}: {layout.head} is {shown(head.shape)}, the tied embedding "
-                            f"{emb} is {shown(tensors['wte.weight'].shape)}")
-        if not np.array_equal(head.float32(), tensors["wte.weight"].float32()):
-            raise ToolError(f"{src}: {layout.head} differs from {emb}: the head is not tied, and "
-                            f"tessera's GPT-2 ties them")
+                            f"{emb} is {shown(tensors[layout.embed].shape)}")
+        if not np.array_equal(head.float32(), tensors[layout.embed].float32()):
+            raise ToolError(f"{src}: {layout.head} differs from {emb}: the head is not tied, but "
+                            f"the model ties it ({shape['evidence']['tie_embeddings']})")
     return out
 
 
@@ -248,7 +338,8 @@ def main():
     ap.add_argument("src")
     ap.add_argument("--out", required=True, help="the tessera checkpoint to write (.h5)")
     ap.add_argument("--layout", default="auto", help="auto, " + ", ".join(LAYOUTS))
-    ap.add_argument("--config", help="config.json (default: the one beside SRC, if any)")
+    ap.add_argument("--config", help="config.json, or params.json for meta-llama (default: the "
+                    "one beside SRC, if any)")
     ap.add_argument("--deck", help="a tessera deck the weights must fit")
     ap.add_argument("--n-head", type=int, default=0, help="heads, when no config.json or deck says")
     ap.add_argument("--vocab-multiple", type=int, default=0,
@@ -266,6 +357,9 @@ def main():
         if name == "auto":
             name = detect_layout(set(tensors), (config or {}).get("model_type"))
         layout = get_layout(name)
+        if layout.config_file != "config.json" and not args.config:
+            config_path = os.path.join(folder, layout.config_file)
+            config = read_config(config_path) if os.path.isfile(config_path) else None
         if config and config.get("model_type") not in (None, layout.model_type):
             raise ToolError(f"{config_path}: model_type {config.get('model_type')!r}, but the "
                             f"layout is {layout.name} ({layout.model_type})")
@@ -279,21 +373,14 @@ def main():
         if layout.detect not in plain:
             raise ToolError(f"{args.src}: no {layout.prefix}{layout.detect}: not a {layout.name} "
                             f"state dict ({len(plain)} tensors, e.g. {', '.join(sorted(tensors)[:3])})")
-        n_head = args.n_head or (deck_model["n_head"] if deck_model and not (config and "n_head" in config) else 0)
         multiple = args.vocab_multiple or (deck_model["vocab_multiple"] if deck_model else 64)
         if multiple < 1:
             raise ToolError(f"--vocab-multiple {multiple}: must be >= 1")
+        hints = {"n_head": args.n_head, "deck": deck_model, "vocab_multiple": multiple}
         try:
-            shape = layout.shape_from({k: t for k, t in plain.items()}, config, n_head, multiple)
+            shape = layout.shape_from(plain, config, hints)
         except ToolError as e:
             raise ToolError(f"{args.src}: {e}") from None
-        wte, wpe = plain["wte.weight"].shape, plain["wpe.weight"].shape
-        p = layout.prefix
-        shape["evidence"] = {
-            "n_layer": f"{p}h.0 .. {p}h.{shape['n_layer'] - 1}",
-            "n_head": "config.json" if config and "n_head" in config else "--n-head",
-            "n_embd": f"{p}wte.weight {shown(wte)}", "vocab_size": f"{p}wte.weight {shown(wte)}",
-            "block_size": f"{p}wpe.weight {shown(wpe)}"}
         if deck_model:
             check_against_deck(shape, args.deck, deck_model, data_vocab, args.src)
         model = convert(plain, layout, shape, args.src)
@@ -326,8 +413,9 @@ def main():
         for f in opened:
             f.close()
     sys.stdout.write(deck_model_section(shape))
+    kv = f" ({shape['n_kv_head']} key/value)" if shape["n_kv_head"] != shape["n_head"] else ""
     print(f"import_weights: {args.src}: {layout.name}, {shape['n_layer']} layers, {shape['n_head']} "
-          f"heads, n_embd {shape['n_embd']}, vocab {shape['vocab_size']} (padded "
+          f"heads{kv}, n_embd {shape['n_embd']}, vocab {shape['vocab_size']} (padded "
           f"{shape['padded_vocab']}), block {shape['block_size']}: {n_params / 1e6:.2f}M parameters; "
           f"wrote {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB) in {time.time() - t0:.2f} s",
           file=sys.stderr)

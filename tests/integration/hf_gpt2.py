@@ -11,9 +11,10 @@
   hf_gpt2.py loss --weights FILE --data TOKENS.h5 --seq-len T --windows N
       The mean cross-entropy of the first N windows of T+1 tokens of the token file, in file
       order, under the HF GPT-2 forward written out below from the HF names (float64).
-  hf_gpt2.py compare A B [--rows-of wte:V]
+  hf_gpt2.py compare A B [--rows NAME:V ...] [--skip NAME ...]
       Exit 0 when two files' tensors (tessera checkpoints: /model/*; safetensors; torch .bin)
-      are equal bit for bit, by name; prints the first difference otherwise.
+      are equal bit for bit, by name (without the base model's prefix); prints the first
+      difference otherwise.
 
 The forward is GPT2LMHeadModel's (transformers' modeling_gpt2.py), evaluated: Conv1D layers
 y = x @ W + b with W [in, out]; LayerNorm eps 1e-5; GELU "gelu_new" =
@@ -34,6 +35,16 @@ import safetensors_io  # noqa: E402
 from tessera_data import read_token_file  # noqa: E402
 
 DEFECTS = ("missing", "extra", "shape", "unknown", "llama", "untied", "int")
+# The base models' prefixes (GPT2LMHeadModel's transformer., LlamaForCausalLM's model.): names
+# are compared and evaluated without them (hf_llama.py uses load_weights and compare too).
+BASE_PREFIXES = ("transformer.", "model.")
+
+
+def strip_prefix(name):
+    for p in BASE_PREFIXES:
+        if name.startswith(p):
+            return name[len(p):]
+    return name
 
 
 def make_state_dict(L, H, C, P, V, seed):
@@ -129,8 +140,7 @@ def load_weights(path):
     else:
         arrays, _ = safetensors_io.read_file(path)
         sd = {k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}
-    return {(k[len("transformer."):] if k.startswith("transformer.") else k): v.to(torch.float64)
-            for k, v in sd.items() if v.is_floating_point()}
+    return {strip_prefix(k): v.to(torch.float64) for k, v in sd.items() if v.is_floating_point()}
 
 
 def hf_gpt2_logits(w, idx, n_head):
@@ -194,8 +204,8 @@ def read_any(path):
     else:
         out = safetensors_io.read_file(path)[0]
     # HF names without the base model's prefix, parameters only (no causal-mask buffers).
-    return {(k[len("transformer."):] if k.startswith("transformer.") else k): v
-            for k, v in out.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    return {strip_prefix(k): v for k, v in out.items()
+            if not k.endswith((".attn.bias", ".attn.masked_bias"))}
 
 
 def cmd_compare(a):
@@ -208,14 +218,22 @@ def cmd_compare(a):
         return 1
     for k in sorted(names_x):
         u, v = np.asarray(x[k]), np.asarray(y[k])
-        if a.rows and k == a.rows.split(":")[0]:
-            n = int(a.rows.split(":")[1])
-            u, v = u[:n], v[:n]
+        rows = dict(r.split(":") for r in a.rows or [])
+        if k in rows:
+            u, v = u[:int(rows[k])], v[:int(rows[k])]
         if u.shape != v.shape or u.dtype != v.dtype or u.tobytes() != v.tobytes():
             print(f"{k}: {u.dtype}{list(u.shape)} vs {v.dtype}{list(v.shape)} differ")
             return 1
     print(f"{len(names_x)} tensors equal to the bit")
     return 0
+
+
+def add_compare_parser(sub):
+    c = sub.add_parser("compare")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.add_argument("--rows", action="append", help="NAME:N compares rows [0, N) of NAME only")
+    c.add_argument("--skip", action="append", help="a name to leave out")
 
 
 def main():
@@ -237,11 +255,7 @@ def main():
     lo.add_argument("--data", required=True)
     lo.add_argument("--seq-len", type=int, required=True)
     lo.add_argument("--windows", type=int, required=True)
-    c = sub.add_parser("compare")
-    c.add_argument("a")
-    c.add_argument("b")
-    c.add_argument("--rows", help="NAME:N compares rows [0, N) of NAME only")
-    c.add_argument("--skip", action="append", help="a name to leave out")
+    add_compare_parser(sub)
     a = ap.parse_args()
     return {"make": cmd_make, "loss": cmd_loss, "compare": cmd_compare}[a.cmd](a) or 0
 

@@ -162,7 +162,7 @@ import_error "missing tensor" "missing tensor transformer.h.1.mlp.c_fc.weight \[
 import_error "extra tensor" "unexpected tensor h.0.attn.c_attn.scale \[3\]" bad_extra
 import_error "wrong shape" "transformer.h.0.attn.c_attn.weight is \[96, 32\], .* needs \[32, 96\]" bad_shape
 import_error "unknown layout" "unknown layout: none of the known layouts' tensors found" bad_unknown
-import_error "LLaMA (not yet)" "layout hf-llama is not supported yet" bad_llama
+import_error "a partial LLaMA state dict (recognised as hf-llama)" "bad_llama: missing tensor model.layers.0.self_attn.k_proj.weight \(hf-llama layout\)" bad_llama
 import_error "untied head" "lm_head.weight differs from transformer.wte.weight" bad_untied
 import_error "integer parameter" "transformer.h.0.ln_1.bias \[32\] is I64, not a floating-point tensor" bad_int
 import_error "unknown --layout" "unknown layout 'hf-t5'" hf --layout hf-t5

@@ -91,7 +91,7 @@ expect_error data_info_not_h5 2 "$PYTHON" "$TOOLS/tessera_data.py" info corpus/a
 # --- AdamW and LR schedule against hand computation ------------------------------------------
 check adamw_by_hand "$PYTHON" - <<'EOF'
 import math, torch
-import reference_gpt as rg
+import reference_train as rg      # the optimizer and schedule both parity references use
 
 optim = dict(lr=0.1, min_lr=0.01, warmup_steps=2, decay_steps=6, weight_decay=0.5,
              beta1=0.9, beta2=0.95, eps=1e-8, grad_clip=0.0)
@@ -158,7 +158,10 @@ torch.manual_seed(0)
 m = rg.GPT(2, 2, 16, 16, 320, 257)
 rg.init_random(m, 0.02, 1)
 keys = list(m.state_dict().keys())
-assert keys == rg.param_names(2), keys
+import tessera_ckpt as tc         # the checkpoint's names, in tessera's order
+shape = tc.shape_defaults(dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=257,
+                               padded_vocab=320))
+assert keys == [n for n, _ in tc.model_tensors(shape)], keys
 x = torch.randint(0, 257, (3, 12)); y = torch.randint(0, 257, (3, 12))
 loss = m(x, y).item()
 assert abs(loss - math.log(257)) < 0.05, loss                    # small init: near-uniform
@@ -190,10 +193,75 @@ assert torch.allclose(att(h), ref, atol=1e-5)
 print("model ok")
 EOF
 
+# The LLaMA reference's pieces against loops written independently: the rotary embedding as a
+# 2x2 rotation of each pair (i, i + hs/2), grouped-query attention head by head, RMSNorm, SwiGLU;
+# the names and shapes are the checkpoint's (tessera_ckpt.model_tensors), padded rows never reach
+# a logit, and the model is causal.
+check llama_model_properties "$PYTHON" - <<'EOF'
+import math, torch
+import reference_llama as rl, tessera_ckpt as tc
+torch.manual_seed(0)
+shape = dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=48,
+             block_size=16, vocab_size=257, padded_vocab=320, tie_embeddings=0, norm_eps=1e-5,
+             rope_theta=500.0)
+m = rl.Llama(shape, 257)
+with torch.no_grad():
+    for p in m.parameters():
+        p.copy_(torch.randn(p.shape) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+sd = m.state_dict()
+assert [(k, tuple(v.shape)) for k, v in sd.items()] == tc.model_tensors(shape), list(sd)
+x = torch.randint(0, 257, (3, 12)); y = torch.randint(0, 257, (3, 12))
+loss = m(x, y).item()
+with torch.no_grad():
+    m.lm_head.weight[257:] = 100.0
+    m.embed_tokens.weight[257:] = -100.0
+assert abs(m(x, y).item() - loss) < 1e-6
+x2 = x.clone(); x2[:, -1] = (x2[:, -1] + 1) % 257
+def per_pos(inp):
+    return torch.stack([m(inp[:, :t + 1], y[:, :t + 1]) * (t + 1) for t in range(inp.shape[1])])
+a, b = per_pos(x), per_pos(x2)
+assert torch.allclose(a[:-1], b[:-1], atol=1e-5) and not torch.allclose(a[-1], b[-1])
+# One attention block, loop by loop.
+att, T, hs = m.layers[0].self_attn.double(), 6, 8
+h = torch.randn(2, T, 32, dtype=torch.float64)
+q, k, v = h @ att.q_proj.weight.t(), h @ att.k_proj.weight.t(), h @ att.v_proj.weight.t()
+def rotate(vec, t):          # (..., hs) at position t: pair (i, i + hs/2) turns by t * theta^(-2i/hs)
+    out = vec.clone()
+    for i in range(hs // 2):
+        ang = t * 500.0 ** (-2 * i / hs)
+        a_, b_ = vec[..., i], vec[..., i + hs // 2]
+        out[..., i] = a_ * math.cos(ang) - b_ * math.sin(ang)
+        out[..., i + hs // 2] = a_ * math.sin(ang) + b_ * math.cos(ang)
+    return out
+heads = []
+for hd in range(4):
+    kv = hd // 2                 # 4 query heads on 2 key/value heads
+    qh = torch.stack([rotate(q[:, t, hd * hs:(hd + 1) * hs], t) for t in range(T)], 1)
+    kh = torch.stack([rotate(k[:, t, kv * hs:(kv + 1) * hs], t) for t in range(T)], 1)
+    vh = v[:, :, kv * hs:(kv + 1) * hs]
+    w = torch.full((2, T, T), -math.inf, dtype=torch.float64)
+    for i in range(T):
+        for j in range(i + 1):
+            w[:, i, j] = (qh[:, i] * kh[:, j]).sum(-1) / math.sqrt(hs)
+    heads.append(torch.softmax(w, -1) @ vh)
+ref = torch.cat(heads, -1) @ att.o_proj.weight.t()
+got = att(h)
+assert torch.allclose(got, ref, atol=1e-5), (got - ref).abs().max()
+# RMSNorm and the SwiGLU MLP.
+n = m.layers[0].input_layernorm.double()
+r = torch.randn(4, 32, dtype=torch.float64)
+want = r / torch.sqrt((r * r).mean(-1, keepdim=True) + 1e-5) * n.weight
+assert torch.allclose(n(r), want, atol=1e-12)
+mlp = m.layers[0].mlp.double()
+g_, u_ = r @ mlp.gate_proj.weight.t(), r @ mlp.up_proj.weight.t()
+assert torch.allclose(mlp(r), (g_ / (1 + torch.exp(-g_)) * u_) @ mlp.down_proj.weight.t(), atol=1e-10)
+print("llama model ok")
+EOF
+
 # --- a fake checkpoint, two steps end to end, and resume ------------------------------------
 check make_checkpoint "$PYTHON" - <<'EOF'
 import h5py, numpy as np, yaml, torch
-import reference_gpt as rg
+import reference_gpt as rg, tessera_ckpt as tc
 deck = {
     "model": dict(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=0, vocab_multiple=64, init_std=0.02),
     "data": dict(train="std/train.h5", val="std/val.h5", seq_len=16),
@@ -222,10 +290,14 @@ with h5py.File("ckpt0.h5", "w") as f:
     f.attrs["software_version"] = np.bytes_("test")
     f.attrs["saved_layout"] = np.bytes_("dp=1 tp=1 pp=1")
     g = f.create_group("model")
+    tc.write_shape(g.attrs, tc.shape_defaults(dict(n_layer=2, n_head=2, n_embd=16, block_size=32,
+                                                   vocab_size=257, padded_vocab=320)))
     for n, t in m.state_dict().items():
         g.create_dataset(n, data=t.numpy())
         f.create_dataset(f"optim/exp_avg/{n}", data=np.zeros(t.shape, np.float32))
         f.create_dataset(f"optim/exp_avg_sq/{n}", data=np.zeros(t.shape, np.float32))
+        for grp in ("model", "optim/exp_avg", "optim/exp_avg_sq"):
+            f.create_dataset(f"checksum/{grp}/{n}", data=np.uint64(tc.checksum(f[grp][n][...])))
     f["optim"].attrs["step"] = np.int64(0)
     tr = f.create_group("train")
     tr.attrs["next_sample"] = np.int64(0)
@@ -279,14 +351,15 @@ EOF
 # land where two uninterrupted steps did.
 check make_checkpoint_step1 "$PYTHON" - <<'EOF'
 import shutil, h5py, numpy as np, torch
-import reference_gpt as rg, tessera_data as td
-ck = rg.load_checkpoint("ckpt0.h5", rg.param_names)
+import reference_gpt as rg, reference_train as rt, tessera_ckpt as tc, tessera_data as td
+ck = rt.load_checkpoint("ckpt0.h5")
 m = rg.build_model(ck, "ckpt0.h5")
-opt = rg.make_optimizer(m, ck["deck"]["optim"])
+rt.load_weights(m, ck["model"], "ckpt0.h5")
+opt = rt.make_optimizer(m, ck["deck"]["optim"])
 torch.use_deterministic_algorithms(True)
 tokens, _ = td.read_token_file("std/train.h5")
 batches = td.train_step_batches(tokens, 16, 0, 4, 2, 1337, 0)
-rg.train_step(m, opt, batches, rg.lr_at(0, ck["deck"]["optim"], 10), 1.0)
+rt.train_step(m, opt, batches, rt.lr_at(0, ck["deck"]["optim"], 10), 1.0)
 shutil.copy("ckpt0.h5", "ckpt1.h5")
 with h5py.File("ckpt1.h5", "r+") as f:
     f.attrs["step"] = np.int64(1)
@@ -294,6 +367,8 @@ with h5py.File("ckpt1.h5", "r+") as f:
         f["model"][n][...] = p.detach().numpy()
         f["optim/exp_avg"][n][...] = opt.state[p]["exp_avg"].numpy()
         f["optim/exp_avg_sq"][n][...] = opt.state[p]["exp_avg_sq"].numpy()
+        for grp in ("model", "optim/exp_avg", "optim/exp_avg_sq"):
+            f[f"checksum/{grp}/{n}"][()] = np.uint64(tc.checksum(f[grp][n][...]))
     f["optim"].attrs["step"] = np.int64(1)
     f["train"].attrs["next_sample"] = np.int64(4)
     # String attributes may come back as bytes: store the deck as fixed-length ASCII here.
@@ -368,6 +443,7 @@ grep -Eq '^tokens_per_second [0-9.]+$' bench.log && pass "bench_output" || { fai
 expect_error reference_missing_ckpt 1 "$PYTHON" "$TOOLS/reference_gpt.py" --checkpoint nope.h5 --steps 1
 expect_error reference_not_checkpoint 2 "$PYTHON" "$TOOLS/reference_gpt.py" --checkpoint std/train.h5 --steps 1
 expect_error reference_missing_data 1 "$PYTHON" "$TOOLS/reference_gpt.py" --checkpoint ckpt0.h5 --steps 1 --data nope.h5
+expect_error reference_llama_on_gpt2 2 "$PYTHON" "$TOOLS/reference_llama.py" --checkpoint ckpt0.h5 --steps 1
 
 if [ "$FAILS" -eq 0 ]; then echo "test_tools: all passed"; exit 0; fi
 echo "test_tools: $FAILS failed"; exit 1
