@@ -352,6 +352,7 @@ EOF
 check make_checkpoint_step1 "$PYTHON" - <<'EOF'
 import shutil, h5py, numpy as np, torch
 import reference_gpt as rg, reference_train as rt, tessera_ckpt as tc, tessera_data as td
+torch.set_num_threads(2)  # as reference_2_steps: the sums' order follows the thread count
 ck = rt.load_checkpoint("ckpt0.h5")
 m = rg.build_model(ck, "ckpt0.h5")
 rt.load_weights(m, ck["model"], "ckpt0.h5")
@@ -376,7 +377,7 @@ with h5py.File("ckpt1.h5", "r+") as f:
     f.attrs["deck"] = np.bytes_(deck.encode() if isinstance(deck, str) else deck)
 print("step-1 checkpoint written")
 EOF
-check reference_resume "$PYTHON" "$TOOLS/reference_gpt.py" --checkpoint ckpt1.h5 --steps 1 \
+check reference_resume "$PYTHON" "$TOOLS/reference_gpt.py" --checkpoint ckpt1.h5 --steps 1 --threads 2 \
   --data std/train.h5 --out final_resumed.h5 --losses-out losses_resumed.json
 check resume_matches "$PYTHON" - <<'EOF'
 import json, h5py, numpy as np
