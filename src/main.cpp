@@ -20,6 +20,7 @@
 #include "common/limits.hpp"
 #include "common/version.hpp"
 #include "config/config.hpp"
+#include "plan/command.hpp"
 #include "train/ckpt_command.hpp"
 #include "train/data_command.hpp"
 #include "train/generate.hpp"
@@ -37,6 +38,9 @@ usage:
                                                     generate text from a checkpoint
   tessera data info|dump|bench FILE ...             inspect token files (tessera data --help)
   tessera ckpt diff REF OTHER                       compare two checkpoints tensor by tensor
+  tessera plan DECK.yaml --ranks N [--machine M] [--search]
+                                                    memory, communication and step time of a
+                                                    layout, or every layout ranked (no launch)
   tessera peak                                      measure this machine's sgemm GFLOP/s
   tessera --version | --help | COMMAND --help
 
@@ -169,6 +173,7 @@ int run(const std::vector<std::string>& argv) {
   }
   if (command == "data") return tessera::data_command(args);
   if (command == "ckpt") return tessera::ckpt_command(args);
+  if (command == "plan") return tessera::plan_command(args);
   if (command == "peak") {
     std::printf("sgemm_gflops %.1f\n", tessera::measure_sgemm_gflops(2.0));
     return 0;

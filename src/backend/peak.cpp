@@ -27,4 +27,23 @@ double measure_sgemm_gflops(double seconds) {
   return 2.0 * n * n * double(n) / best / 1e9;
 }
 
+double measure_copy_bandwidth(double seconds) {
+  const size_t n = size_t(16) << 20;  // floats: 64 MB, beyond any cache
+  std::vector<float> a(n, 1.0f), b(n, 0.0f);
+  auto once = [&] {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; ++i) b[i] = a[i];
+  };
+  once();
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  double best = 1e30;
+  do {
+    const auto t0 = clock::now();
+    once();
+    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
+  } while (std::chrono::duration<double>(clock::now() - start).count() < seconds);
+  return 2.0 * double(n) * sizeof(float) / best;
+}
+
 }  // namespace tessera

@@ -3,6 +3,7 @@
 #include "common/error.hpp"
 
 #include "backend/cpu/backend.hpp"
+#include "backend/declare.hpp"
 #ifdef TESSERA_CUDA
 #include "backend/cuda/backend.hpp"
 #endif
@@ -450,6 +451,9 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
 }
 
 template class Gpt<CpuBackend>;
+// Declarations only (`tessera plan`, backend/declare.hpp).
+template Gpt<DeclareBackend<float>>::Gpt(const LocalLayout&, Comm*, int, int, int, Arena&, const ModelOptions&, int);
+template Gpt<DeclareBackend<Bf16Bytes>>::Gpt(const LocalLayout&, Comm*, int, int, int, Arena&, const ModelOptions&, int);
 #ifdef TESSERA_CUDA
 template class Gpt<CudaBackend<float>>;
 template class Gpt<CudaBackend<cuda::bf16>>;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/cpu/backend.hpp"
+#include "backend/declare.hpp"
 #ifdef TESSERA_CUDA
 #include "backend/cuda/backend.hpp"
 #endif
@@ -139,6 +140,9 @@ void DistributedOptimizer<Backend>::set_moments(const std::vector<float>& m,
 }
 
 template class DistributedOptimizer<CpuBackend>;
+// Declarations only (`tessera plan`, backend/declare.hpp).
+template DistributedOptimizer<DeclareBackend<float>>::DistributedOptimizer(const LocalLayout&, Comm*, Comm*, bool, const AdamWHyper&, Arena&);
+template DistributedOptimizer<DeclareBackend<Bf16Bytes>>::DistributedOptimizer(const LocalLayout&, Comm*, Comm*, bool, const AdamWHyper&, Arena&);
 #ifdef TESSERA_CUDA
 template class DistributedOptimizer<CudaBackend<float>>;
 template class DistributedOptimizer<CudaBackend<cuda::bf16>>;

@@ -53,6 +53,11 @@ class DistributedOptimizer {
   void set_moments(const std::vector<float>& m, const std::vector<float>& v);
 
   size_t moment_bytes() const { return 2 * (shard_end_ - shard_begin_) * sizeof(float); }
+  // Every buffer it declared: the moments, ZeRO-1's gradient shard, the norm's accumulator.
+  size_t declared_bytes() const {
+    return arena_->bytes(h_norm_) + arena_->bytes(h_m_) + arena_->bytes(h_v_) +
+           (zero_ ? arena_->bytes(h_shard_) : 0);
+  }
 
  private:
   // Calls f(tensor, begin, end) for the parts of the local tensors inside [lo, hi).

@@ -20,6 +20,14 @@ class Comm {
   // overlap is NcclComm's (a stream of its own): MPI's non-blocking sums overlap the compute
   // without one, so it changes nothing here.
   explicit Comm(MPI_Comm comm, bool overlap = false);
+  // The size and rank of a communicator that is not there: what declarations read (`tessera
+  // plan` counting a rank's buffers without MPI ranks). It must not communicate.
+  static Comm shape(int size, int rank) {
+    Comm c;
+    c.size_ = size;
+    c.rank_ = rank;
+    return c;
+  }
   MPI_Comm mpi() const { return comm_; }
   int size() const { return size_; }
   int rank() const { return rank_; }

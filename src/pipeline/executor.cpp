@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "backend/cpu/backend.hpp"
+#include "backend/declare.hpp"
 #ifdef TESSERA_CUDA
 #include "backend/cuda/backend.hpp"
 #endif
@@ -149,6 +150,9 @@ void PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, const A
 }
 
 template class PipelineExecutor<CpuBackend>;
+// Declarations only (`tessera plan`, backend/declare.hpp).
+template PipelineExecutor<DeclareBackend<float>>::PipelineExecutor(std::vector<Gpt<DeclareBackend<float>>*>, Comm*, std::vector<Action>, int, int, Arena&);
+template PipelineExecutor<DeclareBackend<Bf16Bytes>>::PipelineExecutor(std::vector<Gpt<DeclareBackend<Bf16Bytes>>*>, Comm*, std::vector<Action>, int, int, Arena&);
 #ifdef TESSERA_CUDA
 template class PipelineExecutor<CudaBackend<float>>;
 template class PipelineExecutor<CudaBackend<cuda::bf16>>;

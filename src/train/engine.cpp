@@ -8,6 +8,7 @@
 #include "optim/distributed.hpp"
 #include "pipeline/executor.hpp"
 #include "train/batch.hpp"
+#include "train/engine_memory.hpp"
 #ifdef TESSERA_CUDA
 #include "backend/cuda/backend.hpp"
 #endif
@@ -29,26 +30,13 @@ class Engine final : public TrainEngine {
         // collective over its ranks).
         // The data-parallel sums overlap the backward that follows them.
         tp_(s.tp), dp_(s.dp, /*overlap=*/true), pp_(s.pp), embed_(s.embed),
-        models_(make_models(s)),
-        optimizer_(s.tile, &dp_, s.world, s.zero, s.hyper, arena_),
-        executor_(model_pointers(), &pp_, s.schedule, s.micro_batch, s.seq_len, arena_) {
-    const size_t n = optimizer_.buffer_size();
-    step_tokens_ = size_t(s.n_micro) * s.micro_batch * s.seq_len;
-    const size_t tokens = step_tokens_;
-    h_master_ = arena_.add("parameters (fp32 master)", n * sizeof(float));
-    h_grads_ = arena_.add("gradients (fp32)", n * sizeof(float));
-    if constexpr (kBf16) h_copy_ = arena_.add("parameters (bf16 copy)", n * sizeof(Act));
-    h_tokens_ = arena_.add("step input tokens", tokens * sizeof(int32_t));
-    h_targets_ = arena_.add("step target tokens", tokens * sizeof(int32_t));
-    h_losses_ = arena_.add("step losses", tokens * sizeof(float));
+        mem_(s, arena_, &tp_, &dp_, &pp_), models_(mem_.models), optimizer_(mem_.optimizer),
+        executor_(mem_.executor) {
+    step_tokens_ = mem_.step_tokens;
     if (allocate_now) allocate();
   }
 
-  size_t host_bytes() const override {
-    const size_t host_copies = step_tokens_ * sizeof(float) +
-                               (Backend::kHostMemory ? 0 : buffer_size() * sizeof(float));
-    return (Backend::kHostMemory ? arena_.total_bytes() : 0) + host_copies;
-  }
+  size_t host_bytes() const override { return mem_.host_bytes(arena_, Backend::kHostMemory); }
 
   void allocate() override {
     const size_t n = optimizer_.buffer_size();
@@ -56,23 +44,19 @@ class Engine final : public TrainEngine {
     for (auto& model : models_) model->bind();
     optimizer_.bind();
     executor_.bind();
-    master_ = arena_.get<float>(h_master_);
-    grads_ = arena_.get<float>(h_grads_);
-    if constexpr (kBf16) copy_ = arena_.get<Act>(h_copy_);
-    tokens_ = arena_.get<int32_t>(h_tokens_);
-    targets_ = arena_.get<int32_t>(h_targets_);
-    losses_ = arena_.get<float>(h_losses_);
+    master_ = arena_.get<float>(mem_.h_master);
+    grads_ = arena_.get<float>(mem_.h_grads);
+    if constexpr (kBf16) copy_ = arena_.get<Act>(mem_.h_copy);
+    tokens_ = arena_.get<int32_t>(mem_.h_tokens);
+    targets_ = arena_.get<int32_t>(mem_.h_targets);
+    losses_ = arena_.get<float>(mem_.h_losses);
     host_losses_.resize(step_tokens_);
     if constexpr (!Backend::kHostMemory) host_params_.assign(n, 0.0f);
   }
 
   size_t buffer_size() const override { return optimizer_.buffer_size(); }
   size_t moment_bytes() const override { return optimizer_.moment_bytes(); }
-  size_t activation_bytes() const override {
-    size_t bytes = 0;
-    for (const auto& model : models_) bytes += model->activation_bytes();
-    return bytes;
-  }
+  size_t activation_bytes() const override { return mem_.activation_bytes(); }
   std::string memory_report() const override { return Backend::memory_report(arena_, kBf16); }
   double peak_gflops() const override { return Backend::peak_gflops(kBf16); }
   Allocator loader_memory() const override { return Backend::loader_memory(); }
@@ -167,21 +151,6 @@ class Engine final : public TrainEngine {
   }
 
  private:
-  // One model per chunk of layers (virtual stages), each with the slots its chunk's schedule keeps.
-  std::vector<std::unique_ptr<Gpt<Backend>>> make_models(const EngineSetup& s) {
-    std::vector<std::unique_ptr<Gpt<Backend>>> models;
-    for (int c = 0; c < int(s.tile.chunks.size()); ++c)
-      models.push_back(std::make_unique<Gpt<Backend>>(s.tile, &tp_, s.micro_batch, s.seq_len,
-                                                      schedule_slots(s.schedule, c), arena_,
-                                                      s.model, c));
-    return models;
-  }
-  std::vector<Gpt<Backend>*> model_pointers() {
-    std::vector<Gpt<Backend>*> out;
-    for (auto& model : models_) out.push_back(model.get());
-    return out;
-  }
-
   const Act* model_params() const {
     if constexpr (kBf16) return copy_;
     else return master_;
@@ -227,10 +196,10 @@ class Engine final : public TrainEngine {
   // destructors abort NCCL's kernels), then the memory they used.
   Arena arena_;
   typename Backend::Comm tp_, dp_, pp_, embed_;
-  std::vector<std::unique_ptr<Gpt<Backend>>> models_;
-  DistributedOptimizer<Backend> optimizer_;
-  PipelineExecutor<Backend> executor_;
-  size_t h_master_ = 0, h_grads_ = 0, h_copy_ = 0, h_tokens_ = 0, h_targets_ = 0, h_losses_ = 0;
+  EngineMemory<Backend> mem_;  // every buffer's declaration (train/engine_memory.hpp)
+  std::vector<std::unique_ptr<Gpt<Backend>>>& models_;
+  DistributedOptimizer<Backend>& optimizer_;
+  PipelineExecutor<Backend>& executor_;
   float* master_ = nullptr;
   float* grads_ = nullptr;
   Act* copy_ = nullptr;  // bf16 only: what the model reads

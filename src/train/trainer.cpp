@@ -19,6 +19,8 @@
 #include "common/error.hpp"
 #include "common/files.hpp"
 #include "common/memory.hpp"
+#include "plan/layout.hpp"
+#include "plan/memory.hpp"
 #include "device/select.hpp"
 #include "io/checkpoint.hpp"
 #include "io/dataset.hpp"
@@ -177,57 +179,20 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   ParallelLayout layout;
   if (std::string e = resolve_layout(cfg.parallel, world_size, &layout); !e.empty())
     throw UserError(cfg.deck_path + ": " + e);
-  const int mb = cfg.train.micro_batch > 0 ? cfg.train.micro_batch : B / layout.dp;
-  if (std::string e = check_layout(layout, shape.n_head, shape.padded_vocab, shape.n_layer,
-                                   cfg.parallel.stage_layers, B, mb);
-      !e.empty())
+  // The checks a layout must pass against the deck, each stage's chunks (plan/layout.hpp).
+  RunLayout run;
+  if (std::string e = make_run_layout(cfg, shape, layout, &run); !e.empty())
     throw UserError(cfg.deck_path + ": " + e);
-  // The model's other tensor-parallel splits (the deck checks them where tp is given, not auto).
-  if (shape.n_kv_head % layout.tp != 0)
-    throw UserError(cfg.deck_path + ": parallel.tp = " + std::to_string(layout.tp) +
-                    " does not divide model.n_kv_head = " + std::to_string(shape.n_kv_head) +
-                    " (each rank needs whole key/value heads)");
-  if (cfg.parallel.sequence_parallel && layout.tp > 1 && (mb * T) % layout.tp != 0)
-    throw UserError(cfg.deck_path + ": parallel.sequence_parallel splits the " +
-                    std::to_string(mb * T) + " rows of a micro-batch (train.micro_batch x "
-                    "data.seq_len) over parallel.tp = " + std::to_string(layout.tp) +
-                    ", which does not divide them");
-  if (shape.ffn_hidden % layout.tp != 0)
-    throw UserError(cfg.deck_path + ": parallel.tp = " + std::to_string(layout.tp) +
-                    " does not divide model.ffn_hidden = " + std::to_string(shape.ffn_hidden));
-  const int n_micro = B / (layout.dp * mb);
-  // Virtual stages: the rules the deck could not check before pp and the micro-batches were known.
-  const int v = cfg.parallel.virtual_stages;
-  if (v > 1 && layout.pp < 2)
-    throw UserError(cfg.deck_path + ": parallel.virtual_stages = " + std::to_string(v) +
-                    " needs parallel.pp >= 2 (one stage has nothing to interleave)");
-  if (v > 1 && shape.n_layer % (layout.pp * v) != 0)
-    throw UserError(cfg.deck_path + ": parallel.virtual_stages = " + std::to_string(v) +
-                    " does not divide the layers of each stage (model.n_layer = " +
-                    std::to_string(shape.n_layer) + " over parallel.pp = " +
-                    std::to_string(layout.pp) + ")");
-  if (v > 1 && n_micro % layout.pp != 0)
-    throw UserError(cfg.deck_path + ": parallel.virtual_stages = " + std::to_string(v) +
-                    " runs micro-batches in groups of parallel.pp = " + std::to_string(layout.pp) +
-                    ", but a step has " + std::to_string(n_micro) +
-                    " per dp rank (train.batch_size / (dp x train.micro_batch))");
+  const int mb = run.micro_batch, n_micro = run.n_micro, v = run.virtual_stages;
+  const std::vector<std::vector<LayerRange>>& stage_chunks = run.stage_chunks;
 
   Topology topo(world_comm, layout);
   const RankCoord me = topo.coord();
   Comm world(world_comm);
   // Each stage's layer chunks: virtual stage k = chunk * pp + stage holds the k-th of pp * v
   // equal ranges (v = 1: the stage's balanced or given range).
-  const auto ranges =
-      stage_layer_ranges(shape.n_layer, layout.pp * v, v > 1 ? std::vector<int>{}
-                                                             : cfg.parallel.stage_layers);
-  std::vector<std::vector<LayerRange>> stage_chunks(size_t(layout.pp));
-  for (int k = 0; k < layout.pp * v; ++k)
-    stage_chunks[size_t(k % layout.pp)].push_back({ranges[size_t(k)].first, ranges[size_t(k)].second});
-  const LocalLayout tile = make_local_layout(shape, layout.tp, me.tp_rank,
-                                             stage_chunks[size_t(me.pp_rank)], topo.first_stage(),
-                                             topo.last_stage());
-  const std::vector<Action> schedule = make_schedule(parse_schedule(cfg.parallel.schedule),
-                                                     me.pp_rank, layout.pp, n_micro, v);
+  const LocalLayout tile = rank_tile(run, shape, me.tp_rank, me.pp_rank);
+  const std::vector<Action> schedule = rank_schedule(cfg, run, me.pp_rank);
 
   const std::string ckpt_dir =
       cfg.checkpoint.dir.empty() ? (fs::path(cfg.run.dir) / "checkpoints").string()
@@ -272,14 +237,16 @@ int train(MPI_Comm world_comm, const Config& cfg) {
                           model_options(cfg)};
   const std::unique_ptr<TrainEngine> engine =
       make_engine(setup, backend.cuda, cfg.device.precision == "bf16", /*allocate=*/false);
+  // The plan's count of this rank (plan/memory.hpp: the same declarations, made without
+  // allocating): the engine's buffers, the loader's ring, and the Adam moments copied out for a
+  // checkpoint (or in from one), checked against the memory of the node before any allocation.
+  const RankMemory planned = rank_memory(cfg, shape, run, me.dp_rank, me.tp_rank, me.pp_rank,
+                                         backend.cuda, cfg.device.precision == "bf16");
+  if (planned.engine_host != engine->host_bytes() ||
+      planned.activations != engine->activation_bytes())
+    throw std::logic_error("tessera plan's count of this rank differs from its engine's");
+  check_node_memory(world_comm, planned.engine_host, planned.loader, planned.checkpoint);
   const bool reads_tokens = tile.first || tile.last;
-  // The engine's buffers, the loader's ring, and the Adam moments copied out for a checkpoint
-  // (or in from one).
-  check_node_memory(world_comm, engine->host_bytes(),
-                    reads_tokens ? uint64_t(std::max(cfg.data.prefetch, 1)) * uint64_t(n_micro) *
-                                       uint64_t(mb) * uint64_t(T) * 2 * sizeof(int32_t)
-                                 : 0,
-                    2 * uint64_t(engine->buffer_size()) * sizeof(float));
 
   // --- the output places: locked, writable, with room for a checkpoint; then the deck ---
   const std::string deck_yaml = to_yaml(cfg);
@@ -411,6 +378,7 @@ int train(MPI_Comm world_comm, const Config& cfg) {
           4.0 * tile.total / 1e6, 4.0 * tile.total / 1e6, engine->moment_bytes() / 1e6,
           engine->activation_bytes() / 1e6, cfg.model.attention.c_str(),
           cfg.train.recompute.c_str());
+  log.say("plan (rank 0): %s", memory_line(planned).c_str());
   if (const std::string report = engine->memory_report(); !report.empty())
     log.say("%s", report.c_str());
   for (size_t s = 0; s < train_data.sources().size(); ++s) {

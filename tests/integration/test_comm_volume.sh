@@ -3,7 +3,8 @@
 # every train.recompute, with and without sequence parallelism, with virtual stages; GPT-2 and
 # LLaMA) and
 # the bytes it hands to MPI per step on each communicator equal the counts of
-# ../shared/FORMULAS.md (tools/parallel_counts.py): an extra, missing or oversized collective, a
+# ../shared/FORMULAS.md (tools/parallel_counts.py) and, exactly, those of `tessera plan --json`
+# of the run's deck (tools/plan_check.py): an extra, missing or oversized collective, a
 # tile of the wrong size, or an activation buffer that grows with T² under fused attention shows
 # here.
 source "$(dirname "$0")/lib.sh"
@@ -29,7 +30,11 @@ for layout in "2 2 2 0 gemm 1f1b none false" "1 2 2 0 fused gpipe selective fals
        parallel.virtual_stages="$v" model.n_layer=8 "${family[@]}" \
        run.dir="$WORK/$name" \
        >"$name.log" 2>&1 &&
-     out=$("$PYTHON" "$ROOT/tools/parallel_counts.py" "$WORK/$name/metrics.jsonl"); then
+     out=$("$PYTHON" "$ROOT/tools/parallel_counts.py" "$WORK/$name/metrics.jsonl") &&
+     "$TESSERA" plan "$WORK/$name/deck.yaml" --ranks $(($1 * $2 * $3)) --machine cpu --json \
+       >"$name.plan.json" 2>>"$name.log" &&
+     out="$out; $("$PYTHON" "$ROOT/tools/plan_check.py" "$WORK/$name/metrics.jsonl" \
+                  "$name.plan.json")"; then
     pass "$name: $out"
   else
     fail "$name: ${out:-run failed}"; tail -3 "$name.log"

@@ -1,0 +1,397 @@
+#include "plan/command.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "common/cli.hpp"
+#include "common/error.hpp"
+#include "common/files.hpp"
+#include "common/memory.hpp"
+#include "io/token_source.hpp"
+#include "plan/comm.hpp"
+#include "plan/machine.hpp"
+#include "plan/memory.hpp"
+#include "plan/step_time.hpp"
+
+namespace tessera {
+
+const char* const kPlanUsage =
+    R"(usage: tessera plan DECK.yaml [section.key=value ...] --ranks N
+                   [--machine NAME | --machine-file FILE] [--search] [--json]
+
+Predicts, without launching anything, what `tessera train DECK` would take on N ranks: per rank
+role (pipeline stage, tensor-parallel rank) the bytes of parameters, gradients, optimizer state,
+activations (for the schedule, recompute and sequence parallelism), other buffers and the data
+loader's ring, counted from the trainer's own buffer declarations; the bytes per step on each
+communicator (tp, dp, pp, embed); the pipeline bubble; the step time, tokens/s and MFU.
+  --machine NAME       a100-40gb, a100-80gb, h100-sxm, h200, gh200, or cpu (this machine,
+                       measured now); default cpu for device.backend cpu, else h100-sxm
+  --machine-file FILE  a YAML machine description (input/README.md, "Machine files")
+  --search             every layout of N ranks (dp, tp, pp, virtual stages, micro-batch, ZeRO-1,
+                       recompute, sequence parallelism) that fits, fastest first, and why the
+                       others do not
+  --json               one JSON object instead of text
+Exit status: 0, or 2 for a bad deck, machine file or argument, or when nothing fits.
+)";
+
+namespace {
+
+struct Options {
+  std::string deck, machine, machine_file;
+  std::vector<std::string> overrides;
+  long ranks = 0;
+  bool search = false, json = false;
+};
+
+// One candidate: a deck with its parallel and train keys set, and what the plan makes of it.
+struct Candidate {
+  Config cfg;
+  RunLayout run;
+  std::vector<RankMemory> roles;  // distinct (pp, tp) roles, dp rank 0
+  std::vector<CommBytes> comm;    // by role
+  StepTime time;
+  double need = 0;                // the largest rank's device bytes (host bytes of a node: cpu)
+  int worst = 0;                  // its role
+  std::string refused;            // "" when it fits
+};
+
+std::string gb(double bytes) { return human_bytes(bytes); }
+
+std::string layout_text(const Config& c, const RunLayout& r) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "dp=%d tp=%d pp=%d v=%d mb=%d zero=%d recompute=%s sp=%d",
+                r.layout.dp, r.layout.tp, r.layout.pp, r.virtual_stages, r.micro_batch,
+                c.parallel.zero, c.train.recompute.c_str(),
+                int(c.parallel.sequence_parallel && r.layout.tp > 1));
+  return buf;
+}
+
+// The plan of cfg on `ranks` of `machine`: its memory, communication and time, or why not.
+// all_roles: every (pp, tp) role; else only the first and last stage's tp rank 0 (the largest
+// tiles: the first stages take a balanced split's extra layers and hold the most micro-batches,
+// the last holds the head), as the search needs.
+Candidate plan(const Config& cfg, const ModelShape& shape, const ParallelLayout& layout,
+               const Machine& machine, bool all_roles) {
+  Candidate c;
+  c.cfg = cfg;
+  const bool bf16 = cfg.device.precision == "bf16";
+  if (std::string e = make_run_layout(cfg, shape, layout, &c.run); !e.empty()) {
+    c.refused = e;
+    c.run.layout = layout;
+    c.run.micro_batch = cfg.train.micro_batch;
+    c.run.virtual_stages = cfg.parallel.virtual_stages;
+    return c;
+  }
+  const int node = machine.devices_per_node;
+  const std::vector<int> stages = all_roles ? [&] {
+    std::vector<int> s;
+    for (int i = 0; i < layout.pp; ++i) s.push_back(i);
+    return s;
+  }() : std::vector<int>{0, layout.pp - 1};
+  for (int s : stages) {
+    if (!all_roles && s == 0 && layout.pp == 1 && !c.roles.empty()) continue;
+    for (int t = 0; t < (all_roles ? layout.tp : 1); ++t) {
+      if (!all_roles && !c.roles.empty() && c.roles.back().pp_rank == s) continue;
+      c.roles.push_back(rank_memory(cfg, shape, c.run, 0, t, s, machine.gpu, bf16));
+      c.comm.push_back(comm_bytes(cfg, shape, c.run, s, c.roles.back().checkpoint / 8,
+                                  bf16 ? 2 : 4));
+    }
+  }
+  uint64_t buffer = 0;
+  for (size_t i = 0; i < c.roles.size(); ++i) {
+    const RankMemory& m = c.roles[i];
+    const double need = machine.gpu ? double(m.arena) + machine.reserved : double(m.host());
+    if (need > c.need) {
+      c.need = need;
+      c.worst = int(i);
+    }
+    buffer = std::max(buffer, m.checkpoint / 8);
+  }
+  c.time = step_time(cfg, shape, c.run, machine, bf16, buffer);
+  if (layout.tp > node)
+    c.refused = "tp=" + std::to_string(layout.tp) + " crosses a node of " + std::to_string(node) +
+                (machine.gpu ? " GPUs" : " devices");
+  const RankMemory& w = c.roles[size_t(c.worst)];
+  const std::string who = "stage " + std::to_string(w.pp_rank) + " tp " + std::to_string(w.tp_rank);
+  if (machine.gpu && c.refused.empty() && c.need > machine.memory)
+    c.refused = who + " needs " + gb(c.need) + " of " + gb(machine.memory);
+  if (!machine.gpu && c.refused.empty()) {
+    // The ranks of one node share its host memory, as the trainer's node check counts them.
+    const double per_node = c.need * std::min<long>(node, long(layout.dp) * layout.tp * layout.pp);
+    const double available = double(available_host_memory());
+    if (per_node > available)
+      c.refused = "a node's ranks need " + gb(per_node) + " of host memory, " + gb(available) +
+                  " is available";
+  }
+  return c;
+}
+
+std::string json_role(const RankMemory& m, const CommBytes& b) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "{\"pp_rank\":%d,\"tp_rank\":%d,\"param_bytes\":%llu,\"grad_bytes\":%llu,"
+                "\"optim_bytes\":%llu,\"activation_bytes\":%llu,\"in_flight\":%d,"
+                "\"param_buffer_bytes\":%llu,\"grad_buffer_bytes\":%llu,\"optimizer_buffer_bytes\":%llu,"
+                "\"other_bytes\":%llu,\"arena_bytes\":%llu,\"engine_host_bytes\":%llu,"
+                "\"loader_bytes\":%llu,\"checkpoint_copy_bytes\":%llu,\"tp_bytes_per_step\":%.0f,"
+                "\"dp_bytes_per_step\":%.0f,\"pp_bytes_per_step\":%.0f,\"embed_bytes_per_step\":%.0f}",
+                m.pp_rank, m.tp_rank, 4ull * m.param_elems, 4ull * m.param_elems,
+                (unsigned long long)m.moments, (unsigned long long)m.activations, m.in_flight,
+                (unsigned long long)m.params, (unsigned long long)m.grads,
+                (unsigned long long)m.optimizer, (unsigned long long)m.other,
+                (unsigned long long)m.arena, (unsigned long long)m.engine_host,
+                (unsigned long long)m.loader, (unsigned long long)m.checkpoint, b.tp, b.dp, b.pp,
+                b.embed);
+  return buf;
+}
+
+std::string json_time(const Candidate& c) {
+  char buf[512];
+  const StepTime& t = c.time;
+  std::snprintf(buf, sizeof buf,
+                "\"bubble\":%.6g,\"step_seconds\":%.6g,\"compute_seconds\":%.6g,\"tp_seconds\":%.6g,"
+                "\"pp_seconds\":%.6g,\"bubble_seconds\":%.6g,\"dp_seconds\":%.6g,"
+                "\"embed_seconds\":%.6g,\"optimizer_seconds\":%.6g,\"tokens_per_s\":%.6g,"
+                "\"mfu\":%.6g,\"model_flops_per_step\":%.6g,\"max_rank_bytes\":%.0f",
+                pipeline_bubble(c.run), t.total, t.compute, t.tp, t.pp, t.bubble, t.dp, t.embed,
+                t.optimizer, t.tokens_per_s, t.mfu, t.model_flops, c.need);
+  return buf;
+}
+
+void print_plan(const Candidate& c, const Machine& machine, long ranks) {
+  std::printf("plan: %ld ranks on %s: %s, schedule %s, %d micro-batch%s per step\n", ranks,
+              machine.name.c_str(), layout_text(c.cfg, c.run).c_str(),
+              c.cfg.parallel.schedule.c_str(), c.run.n_micro, c.run.n_micro > 1 ? "es" : "");
+  // Roles with identical counts (tp ranks usually are) share a line.
+  for (size_t i = 0; i < c.roles.size(); ++i) {
+    size_t j = i;
+    while (j + 1 < c.roles.size() && c.roles[j + 1].pp_rank == c.roles[i].pp_rank &&
+           c.roles[j + 1].arena == c.roles[i].arena && c.roles[j + 1].loader == c.roles[i].loader)
+      ++j;
+    const RankMemory& m = c.roles[i];
+    const double need = machine.gpu ? double(m.arena) + machine.reserved : double(m.host());
+    std::string of = machine.gpu ? "+ " + gb(machine.reserved) + " runtime = " + gb(need) +
+                                       " of " + gb(machine.memory)
+                                 : "(host: " + gb(need) + " with loader and checkpoint copies)";
+    std::string line = memory_line(m, of);
+    if (j > i) line.replace(line.find(" tp ") + 4, std::to_string(m.tp_rank).size(),
+                            std::to_string(m.tp_rank) + "-" + std::to_string(c.roles[j].tp_rank));
+    std::printf("  %s\n", line.c_str());
+    const CommBytes& b = c.comm[i];
+    std::printf("    bytes per step: tp %s, dp %s, pp %s, embed %s\n", gb(b.tp).c_str(),
+                gb(b.dp).c_str(), gb(b.pp).c_str(), gb(b.embed).c_str());
+    i = j;
+  }
+  const StepTime& t = c.time;
+  std::printf("  bubble %.3f; step %.4g s = compute %.4g + tp %.3g + pp %.3g + bubble %.3g + "
+              "dp %.3g + embed %.3g + optimizer %.3g; %.4g tokens/s, MFU %.1f%%\n",
+              pipeline_bubble(c.run), t.total, t.compute, t.tp, t.pp, t.bubble, t.dp, t.embed,
+              t.optimizer, t.tokens_per_s, 100 * t.mfu);
+  if (!c.refused.empty()) std::printf("  does not fit: %s\n", c.refused.c_str());
+}
+
+// Every layout the search tries: (dp, tp, pp) of `ranks`, virtual stages, micro-batches (powers
+// of two), ZeRO-1, recompute, sequence parallelism; the deck's schedule and other keys kept.
+std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long ranks,
+                              const Machine& machine) {
+  std::vector<Candidate> out;
+  for (int tp = 1; tp <= ranks; ++tp) {
+    if (ranks % tp) continue;
+    for (int pp = 1; pp <= ranks / tp; ++pp) {
+      if ((ranks / tp) % pp) continue;
+      const int dp = int(ranks / tp / pp);
+      const ParallelLayout layout{dp, tp, pp};
+      Config base = deck;
+      base.parallel.dp = dp;
+      base.parallel.tp = tp;
+      base.parallel.pp = pp;
+      if (pp > 1 && deck.parallel.stage_layers.size() != size_t(pp)) base.parallel.stage_layers = {};
+      if (pp == 1) base.parallel.stage_layers = {};
+      const int per_dp = deck.train.batch_size / dp;
+      bool any = false;
+      for (int mb = 1; mb <= std::max(1, per_dp); mb *= 2)
+        for (int v = 1; v <= (pp > 1 ? 4 : 1); v *= 2)
+          for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero)
+            for (const char* rc : {"none", "selective", "full"})
+              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+                if (deck.train.batch_size % dp || per_dp % mb) continue;
+                Config cfg = base;
+                cfg.train.micro_batch = mb;
+                cfg.parallel.virtual_stages = v;
+                cfg.parallel.zero = zero;
+                cfg.train.recompute = rc;
+                cfg.parallel.sequence_parallel = sp;
+                out.push_back(plan(cfg, shape, layout, machine, false));
+                any = true;
+              }
+      if (!any) {
+        Candidate c;
+        c.cfg = base;
+        c.run.layout = layout;
+        c.refused = "train.batch_size = " + std::to_string(deck.train.batch_size) +
+                    " is not a multiple of dp = " + std::to_string(dp);
+        out.push_back(std::move(c));
+      }
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.refused.empty() != b.refused.empty()) return a.refused.empty();
+    return a.refused.empty() ? a.time.total < b.time.total : false;
+  });
+  return out;
+}
+
+int vocab_of(const Config& cfg, std::string* note) {
+  if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
+  try {
+    const TokenSource src(cfg.data.train, cfg.data.format, cfg.data.dtype);
+    if (src.tokenizer().vocab_size > 0) return int(src.tokenizer().vocab_size);
+  } catch (const UserError&) {
+  }
+  // No data here (a login node before the data is staged): the family's usual tokenizer.
+  const bool llama = cfg.model.arch == "llama";
+  *note = std::string("model.vocab_size = 0 and data.train unreadable here: ") +
+          (llama ? "LLaMA 3's 128256" : "GPT-2's 50257") + " tokens assumed";
+  return llama ? 128256 : 50257;
+}
+
+}  // namespace
+
+int plan_command(const std::vector<std::string>& args) {
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw UserError("tessera plan: " + a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kPlanUsage, stdout);
+      return 0;
+    } else if (a == "--ranks") {
+      o.ranks = long(parse_int("--ranks", value(), 1, 1 << 20));
+    } else if (a == "--machine") {
+      o.machine = value();
+    } else if (a == "--machine-file") {
+      o.machine_file = value();
+    } else if (a == "--search") {
+      o.search = true;
+    } else if (a == "--json") {
+      o.json = true;
+    } else if (a.starts_with("-")) {
+      throw UserError("tessera plan: unknown option " + a + " (see tessera plan --help)");
+    } else if (o.deck.empty()) {
+      o.deck = a;
+    } else if (a.find('=') != std::string::npos) {
+      o.overrides.push_back(a);
+    } else {
+      throw UserError("tessera plan: unexpected argument '" + a + "' (see tessera plan --help)");
+    }
+  }
+  if (o.deck.empty()) throw UserError("tessera plan: a deck is required (see tessera plan --help)");
+  if (o.ranks == 0) throw UserError("tessera plan: --ranks N is required");
+  if (!o.machine.empty() && !o.machine_file.empty())
+    throw UserError("tessera plan: --machine and --machine-file exclude each other");
+  const Config cfg = load_deck(o.deck, o.overrides);
+  const Machine machine =
+      !o.machine_file.empty() ? load_machine(o.machine_file)
+                              : builtin_machine(!o.machine.empty() ? o.machine
+                                                : cfg.device.backend == "cpu" ? "cpu"
+                                                                              : "h100-sxm");
+  if (cfg.device.precision == "bf16" && machine.peak_bf16 <= 0)
+    throw UserError(o.deck + ": device.precision = bf16: machine " + machine.name +
+                    " has no bf16 (a GPU machine, or device.precision=fp32)");
+  std::string note;
+  const ModelShape shape = make_model_shape(cfg.model, vocab_of(cfg, &note));
+  const auto t0 = std::chrono::steady_clock::now();
+
+  if (!o.search) {
+    ParallelLayout layout;
+    if (std::string e = resolve_layout(cfg.parallel, int(o.ranks), &layout); !e.empty())
+      throw UserError(o.deck + ": " + e);
+    const Candidate c = plan(cfg, shape, layout, machine, true);
+    if (c.roles.empty()) throw UserError(o.deck + ": " + c.refused);
+    if (o.json) {
+      std::string roles;
+      for (size_t i = 0; i < c.roles.size(); ++i)
+        roles += (i ? "," : "") + json_role(c.roles[i], c.comm[i]);
+      std::printf("{\"ranks\":%ld,\"machine\":\"%s\",\"dp\":%d,\"tp\":%d,\"pp\":%d,"
+                  "\"micro_batches\":%d,\"fits\":%s,%s,\"roles\":[%s]}\n",
+                  o.ranks, machine.name.c_str(), layout.dp, layout.tp, layout.pp, c.run.n_micro,
+                  c.refused.empty() ? "true" : "false", json_time(c).c_str(), roles.c_str());
+    } else {
+      if (!note.empty()) std::printf("note: %s\n", note.c_str());
+      print_plan(c, machine, o.ranks);
+    }
+    if (!c.refused.empty()) {
+      std::fprintf(stderr, "%s: %s does not fit: %s\n", o.deck.c_str(),
+                   layout_text(c.cfg, c.run).c_str(), c.refused.c_str());
+      return kExitBadInput;
+    }
+    return 0;
+  }
+
+  const std::vector<Candidate> all = search(cfg, shape, o.ranks, machine);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  size_t fits = 0;
+  while (fits < all.size() && all[fits].refused.empty()) ++fits;
+  if (o.json) {
+    std::string items;
+    for (const Candidate& c : all) {
+      items += std::string(items.empty() ? "" : ",") + "{\"layout\":\"" + layout_text(c.cfg, c.run) +
+               "\",\"fits\":" + (c.refused.empty() ? "true" : "false");
+      if (c.refused.empty()) items += "," + json_time(c);
+      else items += ",\"refused\":\"" + c.refused + "\"";
+      items += "}";
+    }
+    std::printf("{\"ranks\":%ld,\"machine\":\"%s\",\"fits\":%zu,\"seconds\":%.3f,\"layouts\":[%s]}\n",
+                o.ranks, machine.name.c_str(), fits, seconds, items.c_str());
+  } else {
+    if (!note.empty()) std::printf("note: %s\n", note.c_str());
+    std::printf("search: %zu layouts of %ld ranks on %s, %zu fit (%.3f s); fastest first:\n",
+                all.size(), o.ranks, machine.name.c_str(), fits, seconds);
+    for (size_t i = 0; i < std::min<size_t>(fits, 10); ++i) {
+      const Candidate& c = all[i];
+      std::printf("  %2zu. %-66s step %.4g s, %.4g tokens/s, MFU %.1f%%, max rank %s\n", i + 1,
+                  layout_text(c.cfg, c.run).c_str(), c.time.total, c.time.tokens_per_s,
+                  100 * c.time.mfu, gb(c.need).c_str());
+    }
+    if (fits > 10) std::printf("  ... %zu more that fit (--json lists all)\n", fits - 10);
+    // Why the others do not: the (dp, tp, pp) none of whose variants fits, with its reason.
+    std::map<std::string, std::string> why;
+    std::map<std::string, bool> fit_triples;
+    for (const Candidate& c : all) {
+      const std::string k = "dp=" + std::to_string(c.run.layout.dp) + " tp=" +
+                            std::to_string(c.run.layout.tp) + " pp=" + std::to_string(c.run.layout.pp);
+      if (c.refused.empty()) fit_triples[k] = true;
+      else if (!why.count(k)) why[k] = c.refused;
+    }
+    for (const auto& [k, reason] : why)
+      if (!fit_triples.count(k)) std::printf("  refused %s: %s\n", k.c_str(), reason.c_str());
+    if (fits > 0 && fits < all.size())
+      std::printf("  (%zu variants refused in all, --json gives each its reason)\n", all.size() - fits);
+  }
+  if (fits == 0) {
+    // The smallest shortfall among the refusals for memory.
+    const Candidate* best = nullptr;
+    for (const Candidate& c : all)
+      if (!c.roles.empty() && (!best || c.need < best->need)) best = &c;
+    std::string line = o.deck + ": no layout of " + std::to_string(o.ranks) + " ranks fits " +
+                       machine.name;
+    if (best && machine.gpu)
+      line += ": the smallest, " + layout_text(best->cfg, best->run) + ", needs " +
+              gb(best->need) + " per GPU of " + gb(machine.memory) + " (short by " +
+              gb(best->need - machine.memory) + ")";
+    else if (best)
+      line += ": the smallest, " + layout_text(best->cfg, best->run) + ": " + best->refused;
+    std::fprintf(stderr, "%s\n", line.c_str());
+    return kExitBadInput;
+  }
+  return 0;
+}
+
+}  // namespace tessera

@@ -1,0 +1,72 @@
+#include "plan/layout.hpp"
+
+#include <algorithm>
+
+namespace tessera {
+
+std::string make_run_layout(const Config& cfg, const ModelShape& shape,
+                            const ParallelLayout& layout, RunLayout* out) {
+  const int T = cfg.data.seq_len, B = cfg.train.batch_size;
+  const int mb = cfg.train.micro_batch > 0 ? cfg.train.micro_batch : B / layout.dp;
+  if (std::string e = check_layout(layout, shape.n_head, shape.padded_vocab, shape.n_layer,
+                                   cfg.parallel.stage_layers, B, mb);
+      !e.empty())
+    return e;
+  // The model's other tensor-parallel splits (the deck checks them where tp is given, not auto).
+  if (shape.n_kv_head % layout.tp != 0)
+    return "parallel.tp = " + std::to_string(layout.tp) + " does not divide model.n_kv_head = " +
+           std::to_string(shape.n_kv_head) + " (each rank needs whole key/value heads)";
+  if (cfg.parallel.sequence_parallel && layout.tp > 1 && (mb * T) % layout.tp != 0)
+    return "parallel.sequence_parallel splits the " + std::to_string(mb * T) +
+           " rows of a micro-batch (train.micro_batch x data.seq_len) over parallel.tp = " +
+           std::to_string(layout.tp) + ", which does not divide them";
+  if (shape.ffn_hidden % layout.tp != 0)
+    return "parallel.tp = " + std::to_string(layout.tp) + " does not divide model.ffn_hidden = " +
+           std::to_string(shape.ffn_hidden);
+  const int n_micro = B / (layout.dp * mb);
+  // Virtual stages: the rules the deck could not check before pp and the micro-batches were known.
+  const int v = cfg.parallel.virtual_stages;
+  if (v > 1 && layout.pp < 2)
+    return "parallel.virtual_stages = " + std::to_string(v) +
+           " needs parallel.pp >= 2 (one stage has nothing to interleave)";
+  if (v > 1 && shape.n_layer % (layout.pp * v) != 0)
+    return "parallel.virtual_stages = " + std::to_string(v) +
+           " does not divide the layers of each stage (model.n_layer = " +
+           std::to_string(shape.n_layer) + " over parallel.pp = " + std::to_string(layout.pp) +
+           ")";
+  if (v > 1 && n_micro % layout.pp != 0)
+    return "parallel.virtual_stages = " + std::to_string(v) +
+           " runs micro-batches in groups of parallel.pp = " + std::to_string(layout.pp) +
+           ", but a step has " + std::to_string(n_micro) +
+           " per dp rank (train.batch_size / (dp x train.micro_batch))";
+  out->layout = layout;
+  out->micro_batch = mb;
+  out->n_micro = n_micro;
+  out->virtual_stages = v;
+  // Each stage's layer chunks: virtual stage k = chunk * pp + stage holds the k-th of pp * v
+  // equal ranges (v = 1: the stage's balanced or given range).
+  const auto ranges = stage_layer_ranges(
+      shape.n_layer, layout.pp * v, v > 1 ? std::vector<int>{} : cfg.parallel.stage_layers);
+  out->stage_chunks.assign(size_t(layout.pp), {});
+  for (int k = 0; k < layout.pp * v; ++k)
+    out->stage_chunks[size_t(k % layout.pp)].push_back(
+        {ranges[size_t(k)].first, ranges[size_t(k)].second});
+  return "";
+}
+
+LocalLayout rank_tile(const RunLayout& run, const ModelShape& shape, int tp_rank, int pp_rank) {
+  return make_local_layout(shape, run.layout.tp, tp_rank, run.stage_chunks[size_t(pp_rank)],
+                           pp_rank == 0, pp_rank == run.layout.pp - 1);
+}
+
+std::vector<Action> rank_schedule(const Config& cfg, const RunLayout& run, int pp_rank) {
+  return make_schedule(parse_schedule(cfg.parallel.schedule), pp_rank, run.layout.pp,
+                       run.n_micro, run.virtual_stages);
+}
+
+uint64_t loader_ring_bytes(const Config& cfg, const RunLayout& run) {
+  return uint64_t(std::max(cfg.data.prefetch, 1)) * uint64_t(run.n_micro) *
+         uint64_t(run.micro_batch) * uint64_t(cfg.data.seq_len) * 2 * sizeof(int32_t);
+}
+
+}  // namespace tessera

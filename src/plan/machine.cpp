@@ -1,0 +1,181 @@
+#include "plan/machine.hpp"
+
+#include <omp.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "backend/peak.hpp"
+#include "common/error.hpp"
+
+namespace tessera {
+
+namespace {
+
+constexpr double kGB = 1e9, kGiB = 1024.0 * 1024 * 1024, kT = 1e12;
+
+// Dense (no sparsity) datasheet peaks per GPU; bandwidths one direction per GPU (NVLink's
+// datasheet figure is both directions together, halved here; inter-node: one NIC per GPU).
+std::vector<Machine> builtins() {
+  std::vector<Machine> m;
+  // NVIDIA A100 Tensor Core GPU datasheet (SXM): FP32 19.5, TF32 156, BF16 312 TFLOP/s; 40 GB
+  // HBM2 at 1,555 GB/s, 80 GB HBM2e at 2,039 GB/s; NVLink 600 GB/s. DGX A100: 8 GPUs, one
+  // 200 Gb/s HDR InfiniBand port per GPU.
+  Machine a40{"a100-40gb", true, 19.5 * kT, 156 * kT, 312 * kT, 40 * kGiB, 1555 * kGB, 8,
+              300 * kGB, 25 * kGB, 5e-6, 2 * kGiB, 0.85, 64};
+  Machine a80 = a40;
+  a80.name = "a100-80gb";
+  a80.memory = 80 * kGiB;
+  a80.memory_bw = 2039 * kGB;
+  // NVIDIA H100 Tensor Core GPU datasheet (SXM): FP32 67, TF32 494.5, BF16 989.5 TFLOP/s
+  // (989 "with sparsity" halved); 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s. DGX H100: 8 GPUs,
+  // one 400 Gb/s NDR port per GPU.
+  Machine h100{"h100-sxm", true, 67 * kT, 494.5 * kT, 989.5 * kT, 80 * kGiB, 3350 * kGB, 8,
+               450 * kGB, 50 * kGB, 5e-6, 2 * kGiB, 0.75, 64};
+  // NVIDIA H200 datasheet (SXM): the H100's compute; 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s.
+  Machine h200 = h100;
+  h200.name = "h200";
+  h200.memory = 141 * kGB;
+  h200.memory_bw = 4800 * kGB;
+  // NVIDIA GH200 Grace Hopper Superchip datasheet: the H100's compute; 96 GB HBM3 at 4 TB/s.
+  // Four superchips per node (HPE Cray EX254n, as in Alps), linked GPU to GPU by NVLink
+  // (150 GB/s one direction per pair: a reading of the node's diagram, not a datasheet line), and
+  // one 200 Gb/s Slingshot NIC each.
+  Machine gh200 = h100;
+  gh200.name = "gh200";
+  gh200.memory = 96 * kGiB;
+  gh200.memory_bw = 4000 * kGB;
+  gh200.devices_per_node = 4;
+  gh200.intra_bw = 150 * kGB;
+  gh200.inter_bw = 25 * kGB;
+  return {a40, a80, h100, h200, gh200};
+}
+
+// This machine, measured now: one device is this process's OpenMP threads, the node's cores
+// shared among as many such devices as fit; MPI's shared-memory transfers copy at the measured
+// bandwidth twice (into and out of the shared segment).
+Machine measured_cpu() {
+  Machine m;
+  m.name = "cpu";
+  m.gpu = false;
+  m.peak_fp32 = measure_sgemm_gflops(0.3) * 1e9;
+  m.memory_bw = measure_copy_bandwidth(0.1);
+  const int threads = std::max(1, omp_get_max_threads());
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  m.devices_per_node = std::max(1, cores / threads);
+  m.memory = 0;  // the host's: checked against what the node has (trainer.cpp's node check)
+  m.intra_bw = m.inter_bw = m.memory_bw / 4;
+  m.latency = 20e-6;
+  // OpenBLAS on the sgemm's 1024 cube is the measured peak (efficiency 1 there); small
+  // dimensions cost it less than a GPU's tiles.
+  m.gemm_half = 16;
+  m.gemm_efficiency = std::pow(1.0 + m.gemm_half / 1024.0, 3);
+  return m;
+}
+
+std::string where(const std::string& path, const YAML::Mark& mark) {
+  return path + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+}  // namespace
+
+std::vector<std::string> machine_names() {
+  std::vector<std::string> names;
+  for (const Machine& m : builtins()) names.push_back(m.name);
+  names.push_back("cpu");
+  return names;
+}
+
+Machine builtin_machine(const std::string& name) {
+  if (name == "cpu") return measured_cpu();
+  for (const Machine& m : builtins())
+    if (m.name == name) return m;
+  std::string known;
+  for (const std::string& n : machine_names()) known += (known.empty() ? "" : ", ") + n;
+  throw UserError("--machine " + name + ": no such machine (built in: " + known +
+                  "; or --machine-file FILE)");
+}
+
+Machine load_machine(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw UserError(path + ": cannot read the machine file");
+  } catch (const YAML::ParserException& e) {
+    throw UserError(where(path, e.mark) + ": " + e.msg);
+  }
+  if (!root.IsMap())
+    throw UserError(where(path, root.Mark()) + ": expected a mapping of machine keys");
+  Machine m;
+  m.name = path;
+  m.reserved = 2 * kGiB;
+  // key, scale to SI units, where it goes, required, lowest allowed value
+  struct Key {
+    const char* name;
+    double scale;
+    double* value;
+    bool required;
+    double low;
+  };
+  double per_node = 0, gpu = 1;
+  const Key keys[] = {
+      {"peak_tflops_fp32", kT, &m.peak_fp32, true, 1e-6},
+      {"peak_tflops_tf32", kT, &m.peak_tf32, false, 0},
+      {"peak_tflops_bf16", kT, &m.peak_bf16, false, 0},
+      {"memory_gb", kGB, &m.memory, true, 1e-3},
+      {"memory_bandwidth_gbs", kGB, &m.memory_bw, true, 1e-3},
+      {"gpus_per_node", 1, &per_node, true, 1},
+      {"intra_node_gbs", kGB, &m.intra_bw, true, 1e-3},
+      {"inter_node_gbs", kGB, &m.inter_bw, true, 1e-3},
+      {"latency_us", 1e-6, &m.latency, false, 0},
+      {"reserved_gb", kGB, &m.reserved, false, 0},
+      {"gemm_efficiency", 1, &m.gemm_efficiency, false, 1e-3},
+      {"gemm_half", 1, &m.gemm_half, false, 0},
+      {"gpu", 1, &gpu, false, 0},
+  };
+  for (const auto& entry : root) {
+    const std::string key = entry.first.as<std::string>();
+    const std::string at = where(path, entry.first.Mark()) + ": " + key;
+    if (key == "name") {
+      if (!entry.second.IsScalar()) throw UserError(at + ": expected a name");
+      m.name = entry.second.as<std::string>();
+      continue;
+    }
+    const Key* k = nullptr;
+    for (const Key& candidate : keys)
+      if (key == candidate.name) k = &candidate;
+    if (!k) throw UserError(at + ": unknown key (see input/README.md, \"Machine files\")");
+    const YAML::Node& v = entry.second;
+    const std::string vat = where(path, v.Mark()) + ": " + key;
+    double x = 0;
+    if (key == "gpu") {
+      if (!v.IsScalar() || (v.Scalar() != "true" && v.Scalar() != "false"))
+        throw UserError(vat + ": expected true or false");
+      gpu = v.Scalar() == "true";
+      continue;
+    }
+    try {
+      x = v.IsScalar() ? v.as<double>() : NAN;
+    } catch (const YAML::Exception&) {
+      x = NAN;
+    }
+    if (!std::isfinite(x)) throw UserError(vat + ": expected a number, got '" +
+                                           (v.IsScalar() ? v.Scalar() : "a non-scalar") + "'");
+    if (x < k->low) throw UserError(vat + ": must be >= " + std::to_string(k->low));
+    if (key == "gpus_per_node" && x != std::floor(x))
+      throw UserError(vat + ": expected a whole number");
+    if (key == "gemm_efficiency" && x > 1) throw UserError(vat + ": must be <= 1");
+    *k->value = x * k->scale;
+  }
+  for (const Key& k : keys)
+    if (k.required && !root[k.name])
+      throw UserError(where(path, root.Mark()) + ": " + k.name + ": missing (required)");
+  m.devices_per_node = int(per_node);
+  m.gpu = gpu != 0;
+  return m;
+}
+
+}  // namespace tessera

@@ -1,0 +1,67 @@
+#include "plan/memory.hpp"
+
+#include <mpi.h>
+
+#include "backend/declare.hpp"
+#include "common/files.hpp"
+#include "model/options.hpp"
+#include "train/engine_memory.hpp"
+
+namespace tessera {
+
+namespace {
+
+template <class Act>
+RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& run, int dp_rank,
+                 int tp_rank, int pp_rank, bool gpu) {
+  using Backend = DeclareBackend<Act>;
+  const ParallelLayout& l = run.layout;
+  const LocalLayout tile = rank_tile(run, shape, tp_rank, pp_rank);
+  const EngineSetup setup{tile, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL,
+                          nullptr, rank_schedule(cfg, run, pp_rank), run.micro_batch,
+                          cfg.data.seq_len, run.n_micro, cfg.parallel.zero == 1,
+                          l.pp > 1 && shape.tied, AdamWHyper{}, model_options(cfg)};
+  Comm tp = Comm::shape(l.tp, tp_rank), dp = Comm::shape(l.dp, dp_rank),
+       pp = Comm::shape(l.pp, pp_rank);
+  Arena arena(Backend::memory());
+  const EngineMemory<Backend> mem(setup, arena, &tp, &dp, &pp);
+  RankMemory m;
+  m.pp_rank = pp_rank;
+  m.tp_rank = tp_rank;
+  m.dp_rank = dp_rank;
+  m.param_elems = tile.total;
+  m.params = arena.bytes(mem.h_master) + (mem.h_copy ? arena.bytes(mem.h_copy) : 0);
+  m.grads = arena.bytes(mem.h_grads);
+  m.moments = mem.optimizer.moment_bytes();
+  m.activations = mem.activation_bytes();
+  m.arena = arena.total_bytes();
+  m.engine_host = mem.host_bytes(arena, /*host_memory=*/!gpu);
+  m.optimizer = mem.optimizer.declared_bytes();
+  m.other = m.arena - m.params - m.grads - m.optimizer - m.activations;
+  m.loader = (tile.first || tile.last) ? loader_ring_bytes(cfg, run) : 0;
+  m.checkpoint = 2 * uint64_t(mem.optimizer.buffer_size()) * sizeof(float);
+  for (size_t c = 0; c < tile.chunks.size(); ++c)
+    m.in_flight += mem.models[c]->slots();
+  return m;
+}
+
+}  // namespace
+
+RankMemory rank_memory(const Config& cfg, const ModelShape& shape, const RunLayout& run,
+                       int dp_rank, int tp_rank, int pp_rank, bool gpu, bool bf16) {
+  return bf16 ? count<Bf16Bytes>(cfg, shape, run, dp_rank, tp_rank, pp_rank, gpu)
+              : count<float>(cfg, shape, run, dp_rank, tp_rank, pp_rank, gpu);
+}
+
+std::string memory_line(const RankMemory& m, const std::string& total_of) {
+  return "stage " + std::to_string(m.pp_rank) + " tp " + std::to_string(m.tp_rank) +
+         ": parameters " + human_bytes(double(m.params)) + ", gradients " +
+         human_bytes(double(m.grads)) + ", optimizer " + human_bytes(double(m.optimizer)) +
+         ", activations " + human_bytes(double(m.activations)) + " (" +
+         std::to_string(m.in_flight) + " micro-batch" + (m.in_flight > 1 ? "es" : "") +
+         " in flight), other " + human_bytes(double(m.other)) + ", loader " +
+         human_bytes(double(m.loader)) + ": " + human_bytes(double(m.arena)) + " allocated" +
+         (total_of.empty() ? "" : " " + total_of);
+}
+
+}  // namespace tessera

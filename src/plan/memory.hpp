@@ -1,0 +1,39 @@
+#pragma once
+// The bytes one rank of a run allocates, counted from the engine's own declarations
+// (train/engine_memory.hpp over backend/declare.hpp): nothing is allocated and no communicator
+// is needed, so `tessera plan` answers on a login node what `tessera train` will take.
+#include <cstdint>
+#include <string>
+
+#include "config/config.hpp"
+#include "plan/layout.hpp"
+
+namespace tessera {
+
+struct RankMemory {
+  int pp_rank = 0, tp_rank = 0, dp_rank = 0;
+  uint64_t param_elems = 0;  // the tile's parameters (LocalLayout::total)
+  // The engine's arena, by what its buffers hold.
+  uint64_t params = 0;       // fp32 master (padded to dp shards under ZeRO-1), plus the bf16 copy
+  uint64_t grads = 0;        // fp32 gradients
+  uint64_t optimizer = 0;    // Adam moments (this rank's shard under ZeRO-1), ZeRO's gradient shard
+  uint64_t moments = 0;      // the Adam moments alone (DistributedOptimizer::moment_bytes)
+  uint64_t activations = 0;  // every chunk's kept activations and statistics (Gpt::activation_bytes)
+  uint64_t other = 0;        // scratch, cross-entropy, pipeline send buffers, step token buffers
+  uint64_t arena = 0;        // the sum: one allocation on the device (host on the CPU)
+  uint64_t engine_host = 0;  // TrainEngine::host_bytes: the arena on the CPU plus host copies
+  uint64_t loader = 0;       // the data loader's ring (first and last stage)
+  uint64_t checkpoint = 0;   // the Adam moments copied out for a checkpoint (host)
+  int in_flight = 0;         // micro-batch activation sets the schedule keeps (summed over chunks)
+  uint64_t host() const { return engine_host + loader + checkpoint; }
+};
+
+// The rank at (dp_rank, tp_rank, pp_rank) of `run`, on a GPU (the arena in device memory) or the
+// CPU; bf16: CUDA's bf16 activations and parameter copy.
+RankMemory rank_memory(const Config& cfg, const ModelShape& shape, const RunLayout& run,
+                       int dp_rank, int tp_rank, int pp_rank, bool gpu, bool bf16);
+
+// "rank 0 (stage 0, tp 0): parameters 497.8 MB, gradients ..., total 2.1 GB" for logs.
+std::string memory_line(const RankMemory& m, const std::string& total_of = "");
+
+}  // namespace tessera

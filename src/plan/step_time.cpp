@@ -1,0 +1,119 @@
+#include "plan/step_time.hpp"
+
+#include <algorithm>
+
+namespace tessera {
+
+namespace {
+
+struct Costs {
+  const Machine& m;
+  double peak;
+  double gemm_eff(double d) const { return d / (d + m.gemm_half); }
+  // One (M x K) . (K x N) product, forward; or its two backward products too (3x).
+  double gemm(double M, double N, double K) const {
+    const double eff = std::min(1.0, m.gemm_efficiency * gemm_eff(M) * gemm_eff(N) * gemm_eff(K));
+    return 2 * M * N * K / (peak * eff);
+  }
+  double gemm_fwd_bwd(double M, double N, double K) const {
+    return gemm(M, N, K) + gemm(M, K, N) + gemm(N, K, M);
+  }
+  double bytes(double b) const { return b / m.memory_bw; }
+};
+
+}  // namespace
+
+StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& run,
+                   const Machine& machine, bool bf16, uint64_t param_buffer) {
+  const ParallelLayout& l = run.layout;
+  const Costs c{machine, machine.peak(bf16)};
+  const double a = bf16 ? 2 : 4;  // activation bytes
+  const double b = run.micro_batch, T = cfg.data.seq_len, C = shape.n_embd, n = b * T;
+  const double tp = l.tp, hs = shape.head_size(), nh = shape.n_head / tp;
+  const double Q = nh * hs, QKV = (nh + 2.0 * shape.n_kv_head / tp) * hs;
+  const double F = shape.ffn_hidden / tp, FH = shape.arch == Arch::Llama ? 2 * F : F;
+  const bool gemm_attention = cfg.model.attention != "fused";
+  const std::string& rc = cfg.train.recompute;
+  // One layer, one micro-batch: forward and backward GEMMs.
+  const double fwd_layer = c.gemm(n, QKV, C) + c.gemm(n, C, Q) + c.gemm(n, FH, C) + c.gemm(n, C, F);
+  const double att_fwd = b * nh * (c.gemm(T, T, hs) + c.gemm(T, hs, T));
+  const double layer_gemm = c.gemm_fwd_bwd(n, QKV, C) + c.gemm_fwd_bwd(n, C, Q) +
+                            c.gemm_fwd_bwd(n, FH, C) + c.gemm_fwd_bwd(n, C, F) + 3 * att_fwd;
+  // Memory-bound ops of a layer, forward (the backward reads and writes about twice as much):
+  // norms, residual adds, biases, the MLP's activation, and the attention's T x T softmax (or,
+  // fused, its q, k, v read once per block of rows).
+  const double rows = cfg.parallel.sequence_parallel && tp > 1 ? n / tp : n;
+  const double elementwise = a * (2 * 2 * rows * C + 2 * 3 * rows * C + 2 * n * (QKV + C + FH) +
+                                  2 * n * F) +
+                             (gemm_attention ? 3 * a * b * nh * T * T : 4 * a * n * QKV);
+  const double layer_mem = c.bytes(3 * elementwise);
+  const double recompute = rc == "full" ? fwd_layer + att_fwd + c.bytes(elementwise)
+                           : rc == "selective" ? att_fwd + c.bytes(gemm_attention ? 3 * a * b * nh * T * T : 0)
+                                               : 0;
+  const double per_layer = layer_gemm + layer_mem + recompute;
+  // Where a rank's peers are: ranks are numbered tp fastest, then dp, then pp.
+  const int node = machine.devices_per_node;
+  const double tp_bw = l.tp <= node ? machine.intra_bw : machine.inter_bw;
+  const double dp_bw = l.tp * l.dp <= node ? machine.intra_bw : machine.inter_bw;
+  const double pp_bw = l.tp * l.dp * l.pp <= node ? machine.intra_bw : machine.inter_bw;
+
+  StepTime out;
+  double slowest = 0, slowest_bwd = 0;
+  CommBytes slowest_comm;
+  for (int s = 0; s < l.pp; ++s) {
+    double layers = 0;
+    for (const LayerRange& r : run.stage_chunks[size_t(s)]) layers += r.end - r.begin;
+    double t = layers * per_layer;
+    if (s == l.pp - 1)  // the LM head and the loss
+      t += c.gemm_fwd_bwd(n, double(shape.padded_vocab) / tp, C) +
+           c.bytes(3 * 4.0 * n * shape.padded_vocab / tp);
+    if (s == 0) t += c.bytes(2 * a * n * C * 2);  // embedding and its gradient
+    const CommBytes bytes = comm_bytes(cfg, shape, run, s, param_buffer, int(a));
+    // tp: blocking collectives inside the layers; each ring all-reduce moves 2 (tp-1)/tp of its
+    // payload, an all-gather or reduce-scatter (sequence parallelism) half that; about 4
+    // collectives per layer and micro-batch, each with its latency.
+    const double sp = cfg.parallel.sequence_parallel ? 0.5 : 1.0;
+    const double tp_time = l.tp > 1 ? sp * ring_traffic(bytes.tp, l.tp) / tp_bw / run.n_micro +
+                                          4 * layers * machine.latency
+                                    : 0;
+    // pp: a micro-batch's sends and receives, not overlapped with compute.
+    const double pp_time = l.pp > 1 ? bytes.pp / pp_bw / run.n_micro + 2 * machine.latency : 0;
+    const double mb = t + tp_time + pp_time;
+    if (mb > slowest) {
+      slowest = mb;
+      slowest_bwd = 2.0 / 3.0 * t;
+      slowest_comm = bytes;
+      out.tp = tp_time * run.n_micro;
+      out.pp = pp_time * run.n_micro;
+      out.compute = t * run.n_micro;
+    }
+  }
+  const double v = run.virtual_stages;
+  out.bubble = (l.pp - 1) / v * slowest;
+  // dp: without ZeRO-1 each layer's sum starts once the step's last backward has it; a GPU's
+  // collectives run on their own stream meanwhile, MPI's progress only inside MPI calls, so on
+  // the CPU nothing overlaps. ZeRO-1's reduce-scatter and all-gather follow the backward.
+  const double dp_time = l.dp > 1 ? ring_traffic(slowest_comm.dp, l.dp) / dp_bw +
+                                        2 * machine.latency
+                                  : 0;
+  const bool overlaps = machine.gpu && cfg.parallel.zero != 1;
+  out.dp = overlaps ? std::max(0.0, dp_time - slowest_bwd) : dp_time;
+  out.embed = slowest_comm.embed > 0 ? ring_traffic(slowest_comm.embed, 2) / machine.inter_bw : 0;
+  // AdamW: parameter, gradient, two moments read, three written (fp32), over this rank's shard;
+  // zeroing the gradients and the norm's read over the whole buffer.
+  const double shard = cfg.parallel.zero == 1 ? double(param_buffer) / l.dp : double(param_buffer);
+  out.optimizer = c.bytes(28 * shard + (bf16 ? 2 * shard : 0) + 8.0 * double(param_buffer));
+  out.total = out.compute + out.tp + out.pp + out.bubble + out.dp + out.embed + out.optimizer;
+  // Model FLOPs: FORMULAS.md's 6 N_matmul + 12 L C T per token (attention not halved for causal).
+  const double Cq = shape.n_head * hs, Ckv = 2.0 * shape.n_kv_head * hs;
+  const double per_layer_params = C * (Cq + Ckv) + Cq * C +
+                                  C * (shape.arch == Arch::Llama ? 3.0 : 2.0) * shape.ffn_hidden;
+  const double n_matmul = shape.n_layer * per_layer_params + double(shape.padded_vocab) * C;
+  const double tokens = double(cfg.train.batch_size) * T;
+  out.model_flops = tokens * (6 * n_matmul + 12.0 * shape.n_layer * C * T);
+  out.tokens_per_s = tokens / out.total;
+  out.mfu = out.model_flops / out.total / (double(l.dp) * l.tp * l.pp * c.peak);
+  return out;
+}
+
+}  // namespace tessera

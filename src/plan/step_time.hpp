@@ -1,0 +1,32 @@
+#pragma once
+// The predicted time of one optimizer step (README "Planning a run" states the model): every
+// GEMM at the device's peak times an efficiency that falls with its smallest dimensions,
+// memory-bound ops at the memory bandwidth, tensor-parallel collectives on the node's link,
+// pipeline and data-parallel traffic on the link their ranks share (inside a node or not), the
+// pipeline's fill and drain, and the overlap the trainer really has.
+#include "config/config.hpp"
+#include "plan/comm.hpp"
+#include "plan/layout.hpp"
+#include "plan/machine.hpp"
+
+namespace tessera {
+
+struct StepTime {
+  double compute = 0;   // the slowest stage's GEMMs and memory-bound ops, all micro-batches
+  double tp = 0;        // its tensor-parallel collectives
+  double pp = 0;        // its sends and receives
+  double bubble = 0;    // the pipeline's fill and drain
+  double dp = 0;        // the exposed data-parallel reduction (and ZeRO-1's all-gather)
+  double embed = 0;     // the tied embedding's gradient sum
+  double optimizer = 0; // AdamW over the largest tile
+  double total = 0;
+  double tokens_per_s = 0;
+  double model_flops = 0;  // per step, FORMULAS.md: 6 N_matmul + 12 L C T per token
+  double mfu = 0;          // model FLOP/s over (ranks x peak)
+};
+
+// param_buffer: the gradient buffer's elements on the largest tile (DistributedOptimizer).
+StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& run,
+                   const Machine& machine, bool bf16, uint64_t param_buffer);
+
+}  // namespace tessera

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# `tessera plan`: the README's two searches complete in under a second each, without mpiexec;
+# a plan's memory equals what the trainer counts for its own rank (the run refuses to start
+# otherwise; test_comm_volume.sh holds every rank's bytes equal to the plan's on ten layouts);
+# a layout that cannot fit is refused with its numbers; bad machine files and arguments are one
+# line, exit 2.
+source "$(dirname "$0")/lib.sh"
+deck=$(tiny_deck plan)
+cd "$WORK" || exit 1
+
+# The searches of the README, timed by the plan itself.
+for args in "$ROOT/input/gpt2-124m.yaml --ranks 8 --machine h100-sxm" \
+            "$ROOT/input/llama-1b.yaml --ranks 64 --machine h100-sxm"; do
+  # shellcheck disable=SC2086
+  if "$TESSERA" plan $args --search --json >search.json 2>search.err &&
+     s=$("$PYTHON" -c 'import json,sys; d=json.load(open("search.json"));
+assert d["fits"] > 0 and d["layouts"][0]["fits"], d["layouts"][:1]
+t=[l["step_seconds"] for l in d["layouts"] if l["fits"]]
+assert t == sorted(t), "not fastest first"
+print(d["seconds"], d["fits"], len(d["layouts"]))') &&
+     [ "$(echo "$s" | awk '$1 < 1.0 {print "ok"}')" = ok ]; then
+    pass "plan --search $(basename "${args%% *}") ${args#* }: $s (seconds, fitting, tried)"
+  else
+    fail "plan --search $args: ${s:-$(head -c 300 search.err)}"
+  fi
+done
+
+# A plan's text names every stage and the step time; an 80 GB GPU refuses a 1B model on one
+# rank without recompute at this micro-batch, with the numbers.
+if out=$("$TESSERA" plan "$ROOT/input/gpt2-124m.yaml" --ranks 8 --machine a100-40gb \
+           parallel.dp=2 parallel.tp=2 parallel.pp=2 2>&1) &&
+   echo "$out" | grep -q "stage 0 tp 0-1:" && echo "$out" | grep -q "stage 1 tp 0-1:" &&
+   echo "$out" | grep -qE "tokens/s, MFU [0-9.]+%"; then
+  pass "plan prints each stage's memory, the bubble and the step time"
+else
+  fail "plan text: $out"
+fi
+ALLOW_STDOUT=1 expect_error "a layout that does not fit" 2 "does not fit: stage 0 tp 0 needs .* GB of 85.9 GB" \
+  "$TESSERA" plan "$ROOT/input/llama-1b.yaml" --ranks 1 --machine h100-sxm parallel.tp=1 train.micro_batch=64
+ALLOW_STDOUT=1 expect_error "no layout of N ranks fits" 2 "no layout of 1 ranks fits h100-sxm: the smallest.*short by" \
+  "$TESSERA" plan "$ROOT/input/llama-1b.yaml" --ranks 1 --machine h100-sxm --search \
+  model.n_layer=128 train.batch_size=1 train.micro_batch=1
+
+# Machine files: a good one plans; each bad line is named by file:line:col.
+cat >node.yaml <<'M'
+name: test-node
+peak_tflops_fp32: 20
+peak_tflops_bf16: 300
+memory_gb: 64
+memory_bandwidth_gbs: 1600
+gpus_per_node: 4
+intra_node_gbs: 100
+inter_node_gbs: 25
+M
+if out=$("$TESSERA" plan "$ROOT/input/gpt2-124m.yaml" --ranks 4 --machine-file node.yaml parallel.dp=4 2>&1) &&
+   echo "$out" | grep -q "on test-node"; then
+  pass "a machine file plans"
+else
+  fail "machine file: $out"
+fi
+sed 's/memory_gb: 64/memory_gb: lots/' node.yaml >bad1.yaml
+expect_error "machine file: a bad number" 2 "bad1.yaml:4:12: memory_gb: expected a number, got 'lots'" \
+  "$TESSERA" plan "$deck" --ranks 1 --machine-file bad1.yaml
+sed 's/gpus_per_node/gpus_per_nod/' node.yaml >bad2.yaml
+expect_error "machine file: an unknown key" 2 "bad2.yaml:6:1: gpus_per_nod: unknown key" \
+  "$TESSERA" plan "$deck" --ranks 1 --machine-file bad2.yaml
+grep -v inter_node node.yaml >bad3.yaml
+expect_error "machine file: a missing key" 2 "bad3.yaml:1:1: inter_node_gbs: missing" \
+  "$TESSERA" plan "$deck" --ranks 1 --machine-file bad3.yaml
+expect_error "unknown machine" 2 "--machine dgx9: no such machine" \
+  "$TESSERA" plan "$deck" --ranks 1 --machine dgx9
+expect_error "bad --ranks" 2 "--ranks: expected an integer" "$TESSERA" plan "$deck" --ranks x
+expect_error "deck error" 2 "train.micro_batch=-1: must be >= 0" \
+  "$TESSERA" plan "$deck" --ranks 1 train.micro_batch=-1
+expect_error "a layout the deck cannot take" 2 "parallel.tp = 3 does not divide" \
+  "$TESSERA" plan "$deck" --ranks 3 parallel.tp=3
+finish

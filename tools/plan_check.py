@@ -1,0 +1,31 @@
+#!/usr/bin/python3
+"""Holds a run's per-rank report (the "rank" lines of metrics.jsonl) against `tessera plan --json`
+of the same deck and layout: parameter, gradient, optimizer and activation bytes and the bytes per
+step on each communicator must be equal (tests/integration/test_comm_volume.sh).
+
+  plan_check.py METRICS.jsonl PLAN.json     exit 1 on any difference
+"""
+import json
+import sys
+
+KEYS = ("param_bytes", "grad_bytes", "optim_bytes", "activation_bytes", "tp_bytes_per_step",
+        "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step")
+
+
+def main(metrics_path, plan_path):
+    ranks = [r for r in map(json.loads, open(metrics_path)) if r["type"] == "rank"]
+    plan = json.load(open(plan_path))
+    roles = {(r["pp_rank"], r["tp_rank"]): r for r in plan["roles"]}
+    bad = 0
+    for r in ranks:
+        want = roles[(int(r["pp_rank"]), int(r["tp_rank"]))]
+        for key in KEYS:
+            if r[key] != want[key]:
+                print(f"rank {r['rank']}: {key} measured {r[key]:.0f}, plan {want[key]:.0f}")
+                bad += 1
+    print(f"{len(ranks)} ranks: {'all' if not bad else 'not all'} figures equal tessera plan's")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))
