@@ -20,7 +20,10 @@ scan_stop() {  # scan_stop NAME NP SIG STATUS
   $MPIEXEC -n "$np" "$TESSERA" train "$deck" data.train="$W/big.bin" data.format=raw model.vocab_size=257 \
     data.val= parallel.dp="$np" run.dir="$W/$name" >"$name.out" 2>"$name.err" &
   local job=$!
-  sleep 1.5
+  # deck.yaml is written right before the scan starts; the scan then takes seconds.
+  local i
+  for ((i = 0; i < 600; i++)); do [ -f "$W/$name/deck.yaml" ] && break; sleep 0.05; done
+  sleep 0.5
   local sent=$SECONDS
   pkill -"$sig" -f "^$TESSERA train .*run.dir=$W/$name\$"
   wait "$job"
