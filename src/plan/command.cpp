@@ -300,7 +300,8 @@ int plan_command(const std::vector<std::string>& args) {
       !o.machine_file.empty() ? load_machine(o.machine_file)
                               : builtin_machine(!o.machine.empty() ? o.machine
                                                 : cfg.device.backend == "cpu" ? "cpu"
-                                                                              : "h100-sxm");
+                                                                              : "h100-sxm",
+                                                cfg.device.threads, o.ranks);
   if (cfg.device.precision == "bf16" && machine.peak_bf16 <= 0)
     throw UserError(o.deck + ": device.precision = bf16: machine " + machine.name +
                     " has no bf16 (a GPU machine, or device.precision=fp32)");
