@@ -36,6 +36,13 @@ def train(args, name, np_, threads, overrides):
     return rows, deck
 
 
+def cpu_share(n):
+    """CPU time over wall time of n busy processes for 2 s each: the share of a core the load leaves."""
+    spin = "import time\nt=time.monotonic()\nwhile time.monotonic()-t<2: pass\nprint(time.process_time()/(time.monotonic()-t))"
+    procs = [subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    return min(1.0, statistics.mean(float(p.communicate()[0]) for p in procs))
+
+
 def mb(x):
     return f"{x / 1e6:.3f}"
 
@@ -171,8 +178,13 @@ def main():
                    "Measured: the median of steps 2-4. Predicted: `tessera plan --json` run just "
                    "before, with the run's threads; it times this machine's sgemm at each of the step's "
                    "GEMM shapes, its exp rate and copy bandwidth (src/plan/step_time.cpp).\n")
-        out.append("| layout | ranks x threads | load | predicted s | measured s | predicted / measured |")
-        out.append("|---|---|---|---|---|---|")
+        out.append("The CPU share is what the load leaves a run: as many busy processes as the run has "
+                   "threads, each 2 s, their CPU time over wall time, just before and just after the run "
+                   "(averaged). The last column scales the measured step by it, an estimate of the step "
+                   "on a quiet machine.\n")
+        out.append("| layout | ranks x threads | load | predicted s | measured s | predicted / measured | "
+                   "CPU share | predicted / (measured x share) |")
+        out.append("|---|---|---|---|---|---|---|---|")
         for name, np_, threads, extra in (
                 ("1 rank", 1, 2, []),
                 ("dp=2", 2, 1, ["parallel.dp=2"]),
@@ -184,11 +196,13 @@ def main():
             plan = json.loads(subprocess.run(
                 [args.tessera, "plan", args.deck, "--ranks", str(np_), "--machine", "cpu", "--json"] + deck_args,
                 env=env, check=True, capture_output=True, text=True).stdout)
+            before = cpu_share(np_ * threads)
             rows, _ = train(args, f"predict_{np_}_{'_'.join(extra) or 'one'}", np_, threads, deck_args)
-            ms = statistics.median(r["ms"] for r in rows if r["type"] == "train" and r["step"] > 1)
+            share = (before + cpu_share(np_ * threads)) / 2
+            step = statistics.median(r["ms"] for r in rows if r["type"] == "train" and r["step"] > 1) / 1000
             predicted = plan["step_seconds"]
-            out.append(f"| {name} | {np_} x {threads} | {load:.1f} | {predicted:.2f} | {ms / 1000:.2f} | "
-                       f"{predicted / (ms / 1000):.2f} |")
+            out.append(f"| {name} | {np_} x {threads} | {load:.1f} | {predicted:.2f} | {step:.2f} | "
+                       f"{predicted / step:.2f} | {share:.2f} | {predicted / (step * share):.2f} |")
     print("\n".join(out))
 
 
