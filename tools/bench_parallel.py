@@ -2,8 +2,9 @@
 """The parallel half of `make bench`: per-rank memory and communication of a 3D layout against
 the formulas (tools/parallel_counts.py), the measured pipeline bubble against (pp-1)/(m+pp-1)
 and, interleaved, (pp-1)/(v*m+pp-1), activation memory under recompute and sequence parallelism
-(measured against the formula, with recompute's step time), and data-parallel throughput (dp=2
-against dp=1) on this machine. Prints markdown tables; --only runs some sections (1-5).
+(measured against the formula, with recompute's step time), data-parallel throughput (dp=2
+against dp=1) on this machine, and `tessera plan`'s predicted step time on the measured `cpu`
+machine against the measured one. Prints markdown tables; --only runs some sections (1-6).
 
   bench_parallel.py --tessera bin/tessera --data data/default --out build/bench [--only 3,4]
 """
@@ -33,6 +34,13 @@ def train(args, name, np_, threads, overrides):
     rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
     deck = yaml.safe_load(open(os.path.join(run_dir, "deck.yaml")))
     return rows, deck
+
+
+def cpu_share(n):
+    """CPU time over wall time of n busy processes for 2 s each: the share of a core the load leaves."""
+    spin = "import time\nt=time.monotonic()\nwhile time.monotonic()-t<2: pass\nprint(time.process_time()/(time.monotonic()-t))"
+    procs = [subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    return min(1.0, statistics.mean(float(p.communicate()[0]) for p in procs))
 
 
 def mb(x):
@@ -154,6 +162,47 @@ def main():
         out.append(f"\ndp=2 / dp=1 throughput: {tps[2] / tps[1]:.2f}x on the same 2 cores (the ideal is 1.0: "
                    "both use both cores; the difference is what the gradient all-reduce and two half-size "
                    "problems cost or save).")
+    if want(6):
+        # 6. `tessera plan`'s step time for the `cpu` machine against the trainer's, GPT-2 124M
+        # shape; each plan is made just before its run, on the run's threads, so both see the
+        # same load. Needs the GPT-2-vocabulary token file tools/bench.sh writes.
+        tokens = os.path.join(args.out, "tokens.h5")
+        if not os.path.exists(tokens):
+            sys.exit(f"bench_parallel: {tokens}: missing (tools/bench.sh writes it)")
+        shape = ["model.n_layer=12", "model.n_head=12", "model.n_embd=768", "model.vocab_size=50257",
+                 "model.block_size=64", "data.seq_len=64", "train.batch_size=4", f"data.train={tokens}",
+                 "train.steps=4"]
+        out.append("\n## Predicted (`tessera plan`, machine `cpu`) against measured step time\n")
+        out.append("GPT-2 124M shape (L=12, H=12, C=768, V=50257), T=64, batch 4, fp32, on this machine's "
+                   "2 cores (shared with other work: the 1-minute load average is given before each run). "
+                   "Measured: the median of steps 2-4. Predicted: `tessera plan --json` run just "
+                   "before, with the run's threads; it times this machine's sgemm at each of the step's "
+                   "GEMM shapes, its exp rate and copy bandwidth (src/plan/step_time.cpp).\n")
+        out.append("The CPU share is what the load leaves a run: as many busy processes as the run has "
+                   "threads, each 2 s, their CPU time over wall time, just before and just after the run "
+                   "(averaged). The last column scales the measured step by it, an estimate of the step "
+                   "on a quiet machine.\n")
+        out.append("| layout | ranks x threads | load | predicted s | measured s | predicted / measured | "
+                   "CPU share | predicted / (measured x share) |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for name, np_, threads, extra in (
+                ("1 rank", 1, 2, []),
+                ("dp=2", 2, 1, ["parallel.dp=2"]),
+                ("tp=2", 2, 1, ["parallel.tp=2"]),
+                ("pp=2, m=4", 2, 1, ["parallel.pp=2", "train.micro_batch=1"])):
+            load = os.getloadavg()[0]
+            deck_args = shape + extra + [f"device.threads={threads}"]
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+            plan = json.loads(subprocess.run(
+                [args.tessera, "plan", args.deck, "--ranks", str(np_), "--machine", "cpu", "--json"] + deck_args,
+                env=env, check=True, capture_output=True, text=True).stdout)
+            before = cpu_share(np_ * threads)
+            rows, _ = train(args, f"predict_{np_}_{'_'.join(extra) or 'one'}", np_, threads, deck_args)
+            share = (before + cpu_share(np_ * threads)) / 2
+            step = statistics.median(r["ms"] for r in rows if r["type"] == "train" and r["step"] > 1) / 1000
+            predicted = plan["step_seconds"]
+            out.append(f"| {name} | {np_} x {threads} | {load:.1f} | {predicted:.2f} | {step:.2f} | "
+                       f"{predicted / step:.2f} | {share:.2f} | {predicted / (step * share):.2f} |")
     print("\n".join(out))
 
 

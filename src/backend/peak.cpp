@@ -1,7 +1,13 @@
 #include "backend/peak.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/ops.hpp"
@@ -44,6 +50,77 @@ double measure_copy_bandwidth(double seconds) {
     best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
   } while (std::chrono::duration<double>(clock::now() - start).count() < seconds);
   return 2.0 * double(n) * sizeof(float) / best;
+}
+
+double measure_sgemm_seconds(bool trans_a, bool trans_b, int M, int N, int K, bool per_thread) {
+  constexpr int kClamp = 1024;
+  const int m = std::min(M, kClamp), n = std::min(N, kClamp), k = std::min(K, kClamp);
+  const double scale = double(M) / m * (double(N) / n) * (double(K) / k);
+  static std::mutex lock;
+  static std::map<std::tuple<bool, bool, int, int, int, bool, int>, double> cache;
+  const int threads = omp_get_max_threads();
+  const auto key = std::make_tuple(trans_a, trans_b, m, n, k, per_thread, threads);
+  {
+    std::lock_guard<std::mutex> hold(lock);
+    if (auto it = cache.find(key); it != cache.end()) return it->second * scale;
+  }
+  const int copies = per_thread ? threads : 1;
+  const size_t a_size = size_t(m) * k, b_size = size_t(k) * n, c_size = size_t(m) * n;
+  std::vector<float> a(a_size * copies, 0.5f), b(b_size * copies, 0.25f), c(c_size * copies, 0.0f);
+  // Leading dimensions as stored: row-major op(A) (M,K) is A (K,M) when transposed.
+  const int lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  // Per thread, each thread runs `inner` products back to back inside one parallel region, as
+  // the attention's loop does: a region per tiny product would time the fork and join instead.
+  const int inner = per_thread ? int(std::clamp(1e8 / (2.0 * m * n * k), 1.0, 1000.0)) : 1;
+  auto once = [&] {
+    if (!per_thread) {
+      cpu::gemm<float>(trans_a, trans_b, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
+                       c.data(), n);
+      return;
+    }
+#pragma omp parallel
+    {
+      const size_t t = size_t(omp_get_thread_num());
+      for (int r = 0; r < inner; ++r)
+        cpu::gemm<float>(trans_a, trans_b, m, n, k, 1.0f, a.data() + t * a_size, lda,
+                         b.data() + t * b_size, ldb, 0.0f, c.data() + t * c_size, n);
+    }
+  };
+  once();
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  double best = 1e30;
+  int reps = 0;
+  // The fastest of at least 3 repetitions and 100 ms: on a shared machine most repetitions
+  // measure what else ran meanwhile, as measure_sgemm_gflops says.
+  do {
+    const auto t0 = clock::now();
+    once();
+    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count() / inner);
+  } while (++reps < 3 || std::chrono::duration<double>(clock::now() - start).count() < 0.1);
+  std::lock_guard<std::mutex> hold(lock);
+  cache[key] = best;
+  return best * scale;
+}
+
+double measure_exp_rate(double seconds) {
+  const size_t n = size_t(1) << 20;
+  std::vector<float> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) a[i] = -float(i % 1000) * 0.01f;
+  auto once = [&] {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; ++i) b[i] = std::exp(a[i] - 1.0f);
+  };
+  once();
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  double best = 1e30;
+  do {
+    const auto t0 = clock::now();
+    once();
+    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
+  } while (std::chrono::duration<double>(clock::now() - start).count() < seconds);
+  return double(n) / best;
 }
 
 }  // namespace tessera

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <map>
 
 #include "common/cli.hpp"
@@ -300,13 +301,15 @@ int plan_command(const std::vector<std::string>& args) {
       !o.machine_file.empty() ? load_machine(o.machine_file)
                               : builtin_machine(!o.machine.empty() ? o.machine
                                                 : cfg.device.backend == "cpu" ? "cpu"
-                                                                              : "h100-sxm");
+                                                                              : "h100-sxm",
+                                                cfg.device.threads, o.ranks);
   if (cfg.device.precision == "bf16" && machine.peak_bf16 <= 0)
     throw UserError(o.deck + ": device.precision = bf16: machine " + machine.name +
                     " has no bf16 (a GPU machine, or device.precision=fp32)");
   std::string note;
   const ModelShape shape = make_model_shape(cfg.model, vocab_of(cfg, &note));
   const auto t0 = std::chrono::steady_clock::now();
+  const std::clock_t cpu0 = std::clock();
 
   if (!o.search) {
     ParallelLayout layout;
@@ -337,6 +340,8 @@ int plan_command(const std::vector<std::string>& args) {
   const std::vector<Candidate> all = search(cfg, shape, o.ranks, machine);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The search's own cost: on a shared login node its wall time also counts other users' load.
+  const double cpu_seconds = double(std::clock() - cpu0) / CLOCKS_PER_SEC;
   size_t fits = 0;
   while (fits < all.size() && all[fits].refused.empty()) ++fits;
   if (o.json) {
@@ -348,12 +353,14 @@ int plan_command(const std::vector<std::string>& args) {
       else items += ",\"refused\":\"" + c.refused + "\"";
       items += "}";
     }
-    std::printf("{\"ranks\":%ld,\"machine\":\"%s\",\"fits\":%zu,\"seconds\":%.3f,\"layouts\":[%s]}\n",
-                o.ranks, machine.name.c_str(), fits, seconds, items.c_str());
+    std::printf("{\"ranks\":%ld,\"machine\":\"%s\",\"fits\":%zu,\"seconds\":%.3f,"
+                "\"cpu_seconds\":%.3f,\"layouts\":[%s]}\n",
+                o.ranks, machine.name.c_str(), fits, seconds, cpu_seconds, items.c_str());
   } else {
     if (!note.empty()) std::printf("note: %s\n", note.c_str());
-    std::printf("search: %zu layouts of %ld ranks on %s, %zu fit (%.3f s); fastest first:\n",
-                all.size(), o.ranks, machine.name.c_str(), fits, seconds);
+    std::printf("search: %zu layouts of %ld ranks on %s, %zu fit (%.3f s, %.3f s of CPU); fastest "
+                "first:\n",
+                all.size(), o.ranks, machine.name.c_str(), fits, seconds, cpu_seconds);
     for (size_t i = 0; i < std::min<size_t>(fits, 10); ++i) {
       const Candidate& c = all[i];
       std::printf("  %2zu. %-66s step %.4g s, %.4g tokens/s, MFU %.1f%%, max rank %s\n", i + 1,

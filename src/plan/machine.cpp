@@ -53,25 +53,33 @@ std::vector<Machine> builtins() {
   return {a40, a80, h100, h200, gh200};
 }
 
-// This machine, measured now: one device is this process's OpenMP threads, the node's cores
-// shared among as many such devices as fit; MPI's shared-memory transfers copy at the measured
-// bandwidth twice (into and out of the shared segment).
-Machine measured_cpu() {
+// This machine, measured now, as the run would use it: one device is `threads` OpenMP threads
+// (the run's), the node's cores shared among as many such devices as fit, and the memory
+// bandwidth among the ranks running at once. GEMMs are timed at the step's own shapes when the
+// plan asks (Machine::measured); the sgemm cube is the peak MFU is stated against. MPI's
+// shared-memory transfers copy at the measured bandwidth twice (into and out of the segment).
+Machine measured_cpu(int threads, long ranks) {
+  if (threads > 0) omp_set_num_threads(threads);
+  threads = std::max(1, omp_get_max_threads());
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
   Machine m;
   m.name = "cpu";
   m.gpu = false;
+  m.measured = true;
   m.peak_fp32 = measure_sgemm_gflops(0.3) * 1e9;
-  m.memory_bw = measure_copy_bandwidth(0.1);
-  const int threads = std::max(1, omp_get_max_threads());
-  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  m.exp_rate = measure_exp_rate(0.05);
   m.devices_per_node = std::max(1, cores / threads);
+  // Ranks beside this one on the node draw on the same memory: the whole node's bandwidth
+  // (every core copying) split among them, or one rank's threads' own, whichever is less.
+  const double own = measure_copy_bandwidth(0.1);
+  omp_set_num_threads(cores);
+  const double node = measure_copy_bandwidth(0.1);
+  omp_set_num_threads(threads);
+  const long sharing = std::clamp<long>(ranks, 1, m.devices_per_node);
+  m.memory_bw = std::min(own, node / double(sharing));
   m.memory = 0;  // the host's: checked against what the node has (trainer.cpp's node check)
   m.intra_bw = m.inter_bw = m.memory_bw / 4;
   m.latency = 20e-6;
-  // OpenBLAS on the sgemm's 1024 cube is the measured peak (efficiency 1 there); small
-  // dimensions cost it less than a GPU's tiles.
-  m.gemm_half = 16;
-  m.gemm_efficiency = std::pow(1.0 + m.gemm_half / 1024.0, 3);
   return m;
 }
 
@@ -88,8 +96,8 @@ std::vector<std::string> machine_names() {
   return names;
 }
 
-Machine builtin_machine(const std::string& name) {
-  if (name == "cpu") return measured_cpu();
+Machine builtin_machine(const std::string& name, int threads, long ranks) {
+  if (name == "cpu") return measured_cpu(threads, ranks);
   for (const Machine& m : builtins())
     if (m.name == name) return m;
   std::string known;

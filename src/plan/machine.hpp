@@ -22,14 +22,19 @@ struct Machine {
   double reserved = 0;         // bytes the runtime takes besides the arena (context, NCCL, cuBLAS)
   double gemm_efficiency = 0.8;  // the fraction of peak the largest GEMMs reach
   double gemm_half = 64;       // a GEMM dimension of this size halves the efficiency
+  // `cpu`: every GEMM timed at its own shape (backend/peak.hpp) instead of the curve above, and
+  // exp-bearing ops (GELU, softmax, cross-entropy) bound by the measured exp rate too.
+  bool measured = false;
+  double exp_rate = 0;         // exp evaluations per second per device; 0: not a bound
   double peak(bool bf16) const { return bf16 ? peak_bf16 : peak_fp32; }
 };
 
 // The built-in names, for messages and --help.
 std::vector<std::string> machine_names();
-// A built-in machine, or `cpu` measured now (a short sgemm and a copy, on this process's OpenMP
-// threads). Throws UserError (exit 2) for an unknown name.
-Machine builtin_machine(const std::string& name);
+// A built-in machine, or `cpu` measured now on `threads` OpenMP threads per rank (the run's
+// device.threads; 0: the runtime's default), `ranks` of them sharing this node's cores and memory
+// bandwidth. Throws UserError (exit 2) for an unknown name.
+Machine builtin_machine(const std::string& name, int threads, long ranks);
 // A YAML machine file; errors read "FILE:LINE:COL: key: problem" (UserError, exit 2).
 Machine load_machine(const std::string& path);
 

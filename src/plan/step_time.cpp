@@ -1,6 +1,11 @@
 #include "plan/step_time.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <cmath>
+
+#include "backend/peak.hpp"
 
 namespace tessera {
 
@@ -10,16 +15,57 @@ struct Costs {
   const Machine& m;
   double peak;
   double gemm_eff(double d) const { return d / (d + m.gemm_half); }
-  // One (M x K) . (K x N) product, forward; or its two backward products too (3x).
-  double gemm(double M, double N, double K) const {
+  // One product C(M,N) = op(A)(M,K) op(B)(K,N) on the device: on `cpu` timed at its shape (with
+  // the transposes backend/cpu/matmul.cpp uses), elsewhere the peak times the shape's efficiency.
+  double gemm(double M, double N, double K, bool ta = false, bool tb = true) const {
+    if (m.measured) return measure_sgemm_seconds(ta, tb, int(M), int(N), int(K), false);
     const double eff = std::min(1.0, m.gemm_efficiency * gemm_eff(M) * gemm_eff(N) * gemm_eff(K));
     return 2 * M * N * K / (peak * eff);
   }
+  // A linear layer's forward, its input gradient and its weight gradient.
   double gemm_fwd_bwd(double M, double N, double K) const {
-    return gemm(M, N, K) + gemm(M, K, N) + gemm(N, K, M);
+    return gemm(M, N, K, false, true) + gemm(M, K, N, false, false) + gemm(N, K, M, true, false);
   }
   double bytes(double b) const { return b / m.memory_bw; }
+  // A streaming op: its bytes at the memory bandwidth, or its exps at the exp rate if slower.
+  double stream(double b, double exps) const {
+    return std::max(bytes(b), m.exp_rate > 0 ? exps / m.exp_rate : 0.0);
+  }
 };
+
+// Causal attention's products for b sequences of nh query heads (nkv kv heads) of size hs,
+// forward and backward. On `cpu` as backend/cpu/attention.cpp runs them: one single-threaded
+// product per (sequence, head) and thread, query rows in blocks of 64 that skip the masked keys;
+// elsewhere the full T x T products at the device's efficiency for their shape.
+struct Attention {
+  double fwd = 0, bwd = 0;
+};
+Attention attention_gemms(const Costs& c, double b, double T, double nh, double nkv, double hs) {
+  Attention a;
+  if (!c.m.measured) {
+    a.fwd = b * nh * (c.gemm(T, T, hs) + c.gemm(T, hs, T));
+    a.bwd = 2 * a.fwd;
+    return a;
+  }
+  const double threads = omp_get_max_threads();
+  auto one = [](bool ta, bool tb, int M, int N, int K) {
+    return measure_sgemm_seconds(ta, tb, M, N, K, true);
+  };
+  constexpr int kRowBlock = 64;
+  const int t = int(T), h = int(hs);
+  double fwd = 0, dq = 0, dkv = 0;
+  for (int i0 = 0; i0 < t; i0 += kRowBlock) {
+    const int i1 = std::min(t, i0 + kRowBlock);
+    fwd += one(false, true, i1 - i0, i1, h) + one(false, false, i1 - i0, h, i1);
+    dq += one(false, true, i1 - i0, i1, h) + one(false, false, i1 - i0, h, i1);
+    dkv += 2 * one(true, false, i1 - i0, h, t - i0);
+  }
+  // (sequence, query head) tasks for the forward and dq; (sequence, kv head) tasks of nh/nkv
+  // heads each for dk and dv; static schedule, so the busiest thread takes the ceiling.
+  a.fwd = std::ceil(b * nh / threads) * fwd;
+  a.bwd = std::ceil(b * nh / threads) * dq + std::ceil(b * nkv / threads) * (nh / nkv) * dkv;
+  return a;
+}
 
 }  // namespace
 
@@ -36,20 +82,25 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const std::string& rc = cfg.train.recompute;
   // One layer, one micro-batch: forward and backward GEMMs.
   const double fwd_layer = c.gemm(n, QKV, C) + c.gemm(n, C, Q) + c.gemm(n, FH, C) + c.gemm(n, C, F);
-  const double att_fwd = b * nh * (c.gemm(T, T, hs) + c.gemm(T, hs, T));
+  const Attention att = attention_gemms(c, b, T, nh, shape.n_kv_head / tp, hs);
   const double layer_gemm = c.gemm_fwd_bwd(n, QKV, C) + c.gemm_fwd_bwd(n, C, Q) +
-                            c.gemm_fwd_bwd(n, FH, C) + c.gemm_fwd_bwd(n, C, F) + 3 * att_fwd;
-  // Memory-bound ops of a layer, forward (the backward reads and writes about twice as much):
-  // norms, residual adds, biases, the MLP's activation, and the attention's T x T softmax (or,
-  // fused, its q, k, v read once per block of rows).
+                            c.gemm_fwd_bwd(n, FH, C) + c.gemm_fwd_bwd(n, C, F) + att.fwd + att.bwd;
+  // Streaming ops of a layer, forward bytes (the backward reads and writes about twice as much):
+  // norms, residual adds, biases; the MLP's activation (an exp per element each way: GELU's
+  // sigmoid, SwiGLU's SiLU); the attention's T x T softmax (an exp per causal score), or, fused,
+  // its q, k, v read once per block of rows and the scores' exps again in the backward.
   const double rows = cfg.parallel.sequence_parallel && tp > 1 ? n / tp : n;
-  const double elementwise = a * (2 * 2 * rows * C + 2 * 3 * rows * C + 2 * n * (QKV + C + FH) +
-                                  2 * n * F) +
-                             (gemm_attention ? 3 * a * b * nh * T * T : 4 * a * n * QKV);
-  const double layer_mem = c.bytes(3 * elementwise);
-  const double recompute = rc == "full" ? fwd_layer + att_fwd + c.bytes(elementwise)
-                           : rc == "selective" ? att_fwd + c.bytes(gemm_attention ? 3 * a * b * nh * T * T : 0)
-                                               : 0;
+  const double other = a * (2 * 2 * rows * C + 2 * 3 * rows * C + 2 * n * (QKV + C + FH));
+  const double act = a * 2 * n * F, act_exps = n * F;
+  const double soft = gemm_attention ? 3 * a * b * nh * T * T : 4 * a * n * QKV;
+  const double soft_exps = b * nh * T * (T + 1) / 2;
+  const double layer_mem = c.stream(3 * other, 0) + c.stream(3 * act, 2 * act_exps) +
+                           c.stream(3 * soft, (gemm_attention ? 1 : 2) * soft_exps);
+  const double fwd_mem = c.stream(other, 0) + c.stream(act, act_exps) + c.stream(soft, soft_exps);
+  const double recompute = rc == "full" ? fwd_layer + att.fwd + fwd_mem
+                           : rc == "selective"
+                               ? att.fwd + (gemm_attention ? c.stream(soft, soft_exps) : 0)
+                               : 0;
   const double per_layer = layer_gemm + layer_mem + recompute;
   // Where a rank's peers are: ranks are numbered tp fastest, then dp, then pp.
   const int node = machine.devices_per_node;
@@ -66,7 +117,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
     double t = layers * per_layer;
     if (s == l.pp - 1)  // the LM head and the loss
       t += c.gemm_fwd_bwd(n, double(shape.padded_vocab) / tp, C) +
-           c.bytes(3 * 4.0 * n * shape.padded_vocab / tp);
+           c.stream(3 * 4.0 * n * shape.padded_vocab / tp, double(n) * shape.padded_vocab / tp);
     if (s == 0) t += c.bytes(2 * a * n * C * 2);  // embedding and its gradient
     const CommBytes bytes = comm_bytes(cfg, shape, run, s, param_buffer, int(a));
     // tp: blocking collectives inside the layers; each ring all-reduce moves 2 (tp-1)/tp of its

@@ -8,7 +8,8 @@ source "$(dirname "$0")/lib.sh"
 deck=$(tiny_deck plan)
 cd "$WORK" || exit 1
 
-# The searches of the README, timed by the plan itself.
+# The searches of the README, timed by the plan itself: its CPU time, which on this shared
+# machine does not count other users' load as its wall time does (both are printed).
 for args in "$ROOT/input/gpt2-124m.yaml --ranks 8 --machine h100-sxm" \
             "$ROOT/input/llama-1b.yaml --ranks 64 --machine h100-sxm"; do
   # shellcheck disable=SC2086
@@ -17,9 +18,9 @@ for args in "$ROOT/input/gpt2-124m.yaml --ranks 8 --machine h100-sxm" \
 assert d["fits"] > 0 and d["layouts"][0]["fits"], d["layouts"][:1]
 t=[l["step_seconds"] for l in d["layouts"] if l["fits"]]
 assert t == sorted(t), "not fastest first"
-print(d["seconds"], d["fits"], len(d["layouts"]))') &&
+print(d["cpu_seconds"], d["fits"], len(d["layouts"]), d["seconds"])') &&
      [ "$(echo "$s" | awk '$1 < 1.0 {print "ok"}')" = ok ]; then
-    pass "plan --search $(basename "${args%% *}") ${args#* }: $s (seconds, fitting, tried)"
+    pass "plan --search $(basename "${args%% *}") ${args#* }: $s (CPU seconds, fitting, tried, wall seconds)"
   else
     fail "plan --search $args: ${s:-$(head -c 300 search.err)}"
   fi
