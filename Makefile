@@ -305,7 +305,7 @@ bin/fuzz_%: $(OBJ) $(BUILD)/tests/fuzz/targets.o tests/fuzz/libfuzzer_main.cpp
 fuzz-bins: $(foreach t,$(FUZZ_TARGETS),bin/fuzz_$(t))
 
 fuzz: deps
-	$(MAKE) -j$(JOBS) CXX=$(FUZZ_CXX) CUDA=0 BUILD=build-fuzz WARN="-Wall -Wextra" \
+	$(MAKE) -j$(JOBS) CXX=$(FUZZ_CXX) CUDA=0 BUILD=build-fuzz WARN="-Wall -Wextra -Wno-pass-failed" \
 	  OPT="-O1 -g -fsanitize=address,fuzzer-no-link -fno-omit-frame-pointer" fuzz-bins
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p build-fuzz/corpus/$$t; echo "fuzz: $$t for $(FUZZ_TIME) s"; \
