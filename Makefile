@@ -290,6 +290,9 @@ test: deps
 # `make test` replays the kept corpus through the targets built with $(CXX) (bin/fuzz_replay);
 # `make fuzz` builds each target with clang's libFuzzer and ASan (build-fuzz/, CUDA off) and runs
 # it FUZZ_TIME seconds, from the kept corpus; an input that crashes is written into the corpus.
+# A damaged HDF5 file can make libhdf5 itself ask malloc for terabytes: as without ASan, the
+# allocation fails (allocator_may_return_null) and HDF5 reports an error, which must reach us as
+# a UserError; an allocation of tessera's own that large still ends as an uncaught bad_alloc.
 FUZZ_TARGETS := deck checkpoint token_hdf5 token_llmc token_megatron token_raw
 FUZZ_TIME    ?= 60
 FUZZ_CXX     ?= clang++-14
@@ -309,8 +312,8 @@ fuzz: deps
 	  OPT="-O1 -g -fsanitize=address,fuzzer-no-link -fno-omit-frame-pointer" fuzz-bins
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p build-fuzz/corpus/$$t; echo "fuzz: $$t for $(FUZZ_TIME) s"; \
-	  ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=tests/lsan.supp \
-	  bin/fuzz_$$t -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+	  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 LSAN_OPTIONS=suppressions=tests/lsan.supp \
+	  bin/fuzz_$$t -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=4096 -malloc_limit_mb=4000000 -print_final_stats=1 \
 	    -artifact_prefix=tests/fuzz/corpus/$$t/crash- build-fuzz/corpus/$$t tests/fuzz/corpus/$$t \
 	    2>&1 | tee build-fuzz/$$t.log | grep -E "^(stat::|INFO: Running|==[0-9]+==ERROR|SUMMARY)"; \
 	done

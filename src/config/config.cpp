@@ -502,6 +502,25 @@ void check_quotes(const std::string& text, const std::string& origin) {
 }
 
 YAML::Node load_yaml(const std::string& text, const std::string& origin) {
+  // yaml-cpp 0.7 loops, allocating without bound, on a NUL byte and on other control characters
+  // (found by tests/fuzz). YAML allows none but tab, line feed and carriage return, so a deck
+  // holding one is refused, by position, before it reaches the parser.
+  const auto control = std::find_if(text.begin(), text.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return (u < 0x20 && u != '\t' && u != '\n' && u != '\r') || u == 0x7f;
+  });
+  if (control != text.end()) {
+    const size_t at_byte = size_t(control - text.begin());
+    const size_t newline = text.rfind('\n', at_byte);
+    const size_t column = at_byte - (newline == std::string::npos ? 0 : newline + 1) + 1;
+    const long line = long(std::count(text.begin(), control, '\n')) + 1;
+    char code[8];
+    std::snprintf(code, sizeof code, "0x%02X", static_cast<unsigned char>(*control));
+    fail(one_line(origin) + ":" + std::to_string(line) + ":" + std::to_string(column),
+         std::string(*control == '\0' ? "a NUL byte" : "control character ") +
+             (*control == '\0' ? "" : code) + ": a deck is text (YAML allows tab, line feed "
+             "and carriage return, no other control character)");
+  }
   check_quotes(text, origin);
   std::vector<YAML::Node> documents;
   try {

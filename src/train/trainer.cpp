@@ -515,8 +515,8 @@ int train(MPI_Comm world_comm, const Config& cfg) {
       b->assign(engine->buffer_size(), 0.0f);
   }
   else if (cfg.checkpoint.async)
-    log.say("warning: checkpoint.async needs MPI_THREAD_MULTIPLE, which this MPI library does not "
-            "give: checkpoints are written synchronously");
+    log.say("%s", "warning: checkpoint.async needs MPI_THREAD_MULTIPLE, which this MPI library "
+                  "does not give: checkpoints are written synchronously");
   double last_write_seconds = 0;
   auto finish_write = [&] {
     if (!background || !background->busy()) return;
@@ -687,8 +687,8 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     int level = 0;
     MPI_Query_thread(&level);
     if (level < MPI_THREAD_MULTIPLE)
-      log.say("warning: the MPI library gives no MPI_THREAD_MULTIPLE: the hang watchdog calls "
-              "MPI_Abort from its own thread all the same");
+      log.say("%s", "warning: the MPI library gives no MPI_THREAD_MULTIPLE: the hang watchdog "
+                    "calls MPI_Abort from its own thread all the same");
     watchdog = std::make_unique<Watchdog>(cfg.run.dir, world_rank, world_size, cfg.run.hang_timeout);
   }
   long stall_rank = -1, stall_step = -1;

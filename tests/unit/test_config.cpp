@@ -912,4 +912,16 @@ TEST(Config, ParallelCrossKeyRules) {
 }
 
 }  // namespace
+// Found by tests/fuzz (corpus/deck/crash-timeout-*): yaml-cpp loops without bound on a NUL byte,
+// so a deck holding one is refused by position first.
+TEST(Config, NulByteIsRefusedByPosition) {
+  const char text[] = "data: {train: t.h5}\nrun:\n  dir: a\0b\n";
+  EXPECT_EQ(deck_error(std::string(text, sizeof text - 1)),
+            "deck.yaml:3:9: a NUL byte: a deck is text (YAML allows tab, line feed and carriage "
+            "return, no other control character)");
+  EXPECT_EQ(deck_error("data: {train: t.h5}\n# make ru\x1c\x1cn\n"),
+            "deck.yaml:2:10: control character 0x1C: a deck is text (YAML allows tab, line feed "
+            "and carriage return, no other control character)");
+}
+
 }  // namespace tessera
