@@ -158,7 +158,7 @@ OBJ      := $(SRC:%.cpp=$(BUILD)/%.o) $(CUDA_OBJ)
 UNIT_SRC := $(sort $(wildcard tests/unit/*.cpp))
 UNIT_OBJ := $(UNIT_SRC:%.cpp=$(BUILD)/%.o)
 
-.PHONY: all deps run test unit integration bench asan clean data cuda-report test-gpu bench-gpu gpu-bundle \
+.PHONY: all deps run test unit integration bench asan clean data cuda-report test-gpu bench-gpu gpu-bundle fuzz fuzz-bins \
         test-cuda-host
 all: bin/tessera$(EXE)
 
@@ -280,10 +280,43 @@ run: deps
 	@echo "run: the run's curves are in runs/default/metrics.png"
 
 test: deps
-	$(MAKE) -j$(JOBS) bin/tessera bin/unit_tests $(if $(filter 1,$(CUDA_ON)),bin/gpu_tests)
+	$(MAKE) -j$(JOBS) bin/tessera bin/unit_tests bin/fuzz_replay $(if $(filter 1,$(CUDA_ON)),bin/gpu_tests)
 	bin/unit_tests
+	bin/fuzz_replay $(sort $(wildcard tests/fuzz/corpus/*))
 	PYTHON=$(PYTHON) MPIEXEC=$(MPIEXEC) bash tests/run_integration.sh
 	$(MAKE) test-cuda-host
+
+# ---- fuzzing (tests/fuzz/README.md) -------------------------------------------------------------
+# `make test` replays the kept corpus through the targets built with $(CXX) (bin/fuzz_replay);
+# `make fuzz` builds each target with clang's libFuzzer and ASan (build-fuzz/, CUDA off) and runs
+# it FUZZ_TIME seconds, from the kept corpus; an input that crashes is written into the corpus.
+# A damaged HDF5 file can make libhdf5 itself ask malloc for terabytes: as without ASan, the
+# allocation fails (allocator_may_return_null) and HDF5 reports an error, which must reach us as
+# a UserError; an allocation of tessera's own that large still ends as an uncaught bad_alloc.
+FUZZ_TARGETS := deck checkpoint token_hdf5 token_llmc token_megatron token_raw
+FUZZ_TIME    ?= 60
+FUZZ_CXX     ?= clang++-14
+bin/fuzz_replay: $(OBJ) $(BUILD)/tests/fuzz/targets.o $(BUILD)/tests/fuzz/replay.o
+	@mkdir -p bin
+	$(CXX) $(OPT) -o $@ $^ $(ALL_LIBS)
+
+bin/fuzz_%: $(OBJ) $(BUILD)/tests/fuzz/targets.o tests/fuzz/libfuzzer_main.cpp
+	@mkdir -p bin
+	$(CXX) $(ALL_CFLAGS) -fsanitize=address,fuzzer -DTESSERA_FUZZ_TARGET=$* -o $@ \
+	  tests/fuzz/libfuzzer_main.cpp $(OBJ) $(BUILD)/tests/fuzz/targets.o $(ALL_LIBS)
+
+fuzz-bins: $(foreach t,$(FUZZ_TARGETS),bin/fuzz_$(t))
+
+fuzz: deps
+	$(MAKE) -j$(JOBS) CXX=$(FUZZ_CXX) CUDA=0 BUILD=build-fuzz WARN="-Wall -Wextra -Wno-pass-failed" \
+	  OPT="-O1 -g -fsanitize=address,fuzzer-no-link -fno-omit-frame-pointer" fuzz-bins
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/corpus/$$t; echo "fuzz: $$t for $(FUZZ_TIME) s"; \
+	  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 LSAN_OPTIONS=suppressions=tests/lsan.supp \
+	  bin/fuzz_$$t -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=4096 -malloc_limit_mb=4000000 -print_final_stats=1 \
+	    -artifact_prefix=tests/fuzz/corpus/$$t/crash- build-fuzz/corpus/$$t tests/fuzz/corpus/$$t \
+	    2>&1 | tee build-fuzz/$$t.log | grep -E "^(stat::|INFO: Running|==[0-9]+==ERROR|SUMMARY)"; \
+	done
 
 bench: deps
 	$(MAKE) -j$(JOBS) bin/tessera

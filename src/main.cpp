@@ -38,6 +38,7 @@ usage:
                                                     generate text from a checkpoint
   tessera data info|dump|bench FILE ...             inspect token files (tessera data --help)
   tessera ckpt diff REF OTHER                       compare two checkpoints tensor by tensor
+  tessera ckpt info|verify CKPT                     what a checkpoint holds; verify every checksum
   tessera plan DECK.yaml --ranks N [--machine M] [--search]
                                                     memory, communication and step time of a
                                                     layout, or every layout ranked (no launch)
@@ -47,7 +48,8 @@ usage:
 CKPT is a checkpoint file (step_NNNNNNNN.h5) or a directory holding checkpoints (its newest is
 used). Launch training with mpiexec/srun. Exit status: 0 done, 1 I/O error, 2 bad input,
 3 stopped early by SIGUSR1/SIGTERM or run.max_minutes after writing a checkpoint (requeue the
-job to continue), 130 stopped by SIGINT after writing a checkpoint.
+job to continue), 4 stopped by the anomaly policy (train.anomaly_action) with the last good
+checkpoint kept, 130 stopped by SIGINT after writing a checkpoint.
 Deck keys are documented in input/README.md.
 )";
 
@@ -213,9 +215,11 @@ int main(int argc, char** argv) {
   const bool training = argc > 1 && std::strcmp(argv[1], "train") == 0;
   std::signal(SIGXFSZ, SIG_IGN);
   if (training) tessera::install_stop_handlers();
-  // Funneled: the data loader's thread reads files and never calls MPI.
+  // Funneled: the data loader's thread reads files and never calls MPI. Training asks for
+  // MPI_THREAD_MULTIPLE (MPICH provides it): the hang watchdog's thread ends a hung job with
+  // MPI_Abort while the training thread waits inside MPI.
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(&argc, &argv, training ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &provided);
   if (training) tessera::install_stop_handlers();
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -15,6 +15,13 @@ inline constexpr int kExitBadInput = 2;
 // Stopped early by SIGUSR1, SIGTERM or run.max_minutes after writing a checkpoint: a job script
 // requeues (or the next job of a chain continues) on this status.
 inline constexpr int kExitRequeue = 3;
+// Stopped by the anomaly policy (train.anomaly_action: stop, or a skip or rollback that could not
+// go on) before a poisoned update reached the weights, or a checkpoint refused because the weights
+// or moments are not finite: the last good checkpoint is kept.
+inline constexpr int kExitAnomaly = 4;
+// Ended by the hang watchdog (run.hang_timeout): no rank made progress for that long; the
+// forensics are in <run.dir>/hang/.
+inline constexpr int kExitHang = 5;
 // Stopped by SIGINT after writing a checkpoint (128 + SIGINT, as a shell reports it).
 inline constexpr int kExitInterrupted = 130;
 

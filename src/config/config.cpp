@@ -72,6 +72,9 @@ std::vector<Field> fields_of(Config& c) {
       {"train", "micro_batch", &c.train.micro_batch},
       {"train", "seed", &c.train.seed},
       {"train", "recompute", &c.train.recompute},
+      {"train", "anomaly_window", &c.train.anomaly_window},
+      {"train", "anomaly_sigma", &c.train.anomaly_sigma},
+      {"train", "anomaly_action", &c.train.anomaly_action},
       {"optim", "lr", &c.optim.lr},
       {"optim", "min_lr", &c.optim.min_lr},
       {"optim", "warmup_steps", &c.optim.warmup_steps},
@@ -89,10 +92,13 @@ std::vector<Field> fields_of(Config& c) {
       {"checkpoint", "init_from", &c.checkpoint.init_from},
       {"checkpoint", "collective_bytes", &c.checkpoint.collective_bytes},
       {"checkpoint", "reserve", &c.checkpoint.reserve},
+      {"checkpoint", "keep", &c.checkpoint.keep},
+      {"checkpoint", "async", &c.checkpoint.async},
       {"log", "every", &c.log.every},
       {"log", "peak_gflops", &c.log.peak_gflops},
       {"run", "dir", &c.run.dir},
       {"run", "max_minutes", &c.run.max_minutes},
+      {"run", "hang_timeout", &c.run.hang_timeout},
       {"device", "backend", &c.device.backend},
       {"device", "precision", &c.device.precision},
       {"device", "threads", &c.device.threads},
@@ -496,6 +502,25 @@ void check_quotes(const std::string& text, const std::string& origin) {
 }
 
 YAML::Node load_yaml(const std::string& text, const std::string& origin) {
+  // yaml-cpp 0.7 loops, allocating without bound, on a NUL byte and on other control characters
+  // (found by tests/fuzz). YAML allows none but tab, line feed and carriage return, so a deck
+  // holding one is refused, by position, before it reaches the parser.
+  const auto control = std::find_if(text.begin(), text.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return (u < 0x20 && u != '\t' && u != '\n' && u != '\r') || u == 0x7f;
+  });
+  if (control != text.end()) {
+    const size_t at_byte = size_t(control - text.begin());
+    const size_t newline = text.rfind('\n', at_byte);
+    const size_t column = at_byte - (newline == std::string::npos ? 0 : newline + 1) + 1;
+    const long line = long(std::count(text.begin(), control, '\n')) + 1;
+    char code[8];
+    std::snprintf(code, sizeof code, "0x%02X", static_cast<unsigned char>(*control));
+    fail(one_line(origin) + ":" + std::to_string(line) + ":" + std::to_string(column),
+         std::string(*control == '\0' ? "a NUL byte" : "control character ") +
+             (*control == '\0' ? "" : code) + ": a deck is text (YAML allows tab, line feed "
+             "and carriage return, no other control character)");
+  }
   check_quotes(text, origin);
   std::vector<YAML::Node> documents;
   try {
@@ -899,6 +924,13 @@ void validate(const Config& c, const Deck& deck) {
   if (t.recompute != "none" && t.recompute != "selective" && t.recompute != "full") {
     deck.fail_key("train.recompute", "must be none, selective or full, got " + shown(t.recompute));
   }
+  at_least(deck, "train.anomaly_window", t.anomaly_window, 2);
+  at_most(deck, "train.anomaly_window", t.anomaly_window, 100000, "a window of steps kept in memory");
+  non_negative(deck, "train.anomaly_sigma", t.anomaly_sigma);
+  if (t.anomaly_action != "stop" && t.anomaly_action != "skip" && t.anomaly_action != "rollback") {
+    deck.fail_key("train.anomaly_action",
+                  "must be stop, skip or rollback, got " + shown(t.anomaly_action));
+  }
   if (t.micro_batch > 0 && t.batch_size % t.micro_batch != 0) {
     deck.fail_later("train.batch_size", "train.micro_batch",
                     "train.batch_size = " + num(t.batch_size) +
@@ -924,11 +956,13 @@ void validate(const Config& c, const Deck& deck) {
   at_least(deck, "eval.batches", c.eval.batches, 1);
   at_least(deck, "checkpoint.every", c.checkpoint.every, 0);
   at_least(deck, "checkpoint.collective_bytes", c.checkpoint.collective_bytes, 0);
+  at_least(deck, "checkpoint.keep", c.checkpoint.keep, 0);
   not_empty(deck, "checkpoint.restart", c.checkpoint.restart, "auto, none or a checkpoint path");
   at_least(deck, "log.every", c.log.every, 1);
   non_negative(deck, "log.peak_gflops", c.log.peak_gflops);
   not_empty(deck, "run.dir", c.run.dir, "the run directory");
   non_negative(deck, "run.max_minutes", c.run.max_minutes);
+  non_negative(deck, "run.hang_timeout", c.run.hang_timeout);
   const std::string& backend = c.device.backend;
   if (backend != "cpu" && backend != "cuda" && backend != "auto") {
     deck.fail_key("device.backend", "must be cpu, cuda or auto, got " + shown(backend));

@@ -48,6 +48,11 @@ struct TrainConfig {
   int micro_batch = 0;       // sequences per forward/backward per dp rank; 0 = batch_size / dp
   uint64_t seed = 1337;
   std::string recompute = "none";  // none | selective | full (model/options.hpp)
+  // The anomaly policy (train/anomaly.hpp): a non-finite loss or gradient norm, or with sigma > 0
+  // one above the running mean + sigma x std of the last `window` steps, is met by `action`.
+  int anomaly_window = 50;
+  double anomaly_sigma = 0;        // 0 = non-finite values only
+  std::string anomaly_action = "stop";  // stop | skip | rollback
 };
 
 struct OptimConfig {
@@ -75,6 +80,8 @@ struct CheckpointConfig {
   std::string init_from;     // "" = none; else a checkpoint whose weights start a fresh run
   bool reserve = true;       // fallocate a checkpoint's size before writing it: a full disk is found
                              // before a byte is written
+  int keep = 0;              // complete checkpoints kept (older ones removed); 0 = all
+  bool async = false;        // written by a background thread from a host snapshot
 };
 
 struct LogConfig {
@@ -85,6 +92,7 @@ struct LogConfig {
 struct RunConfig {
   std::string dir = "runs/default";
   double max_minutes = 0;    // wall-time budget: checkpoint and exit 3 before it runs out; 0 = none
+  double hang_timeout = 0;   // seconds without progress before the watchdog ends the job; 0 = off
 };
 
 struct DeviceConfig {

@@ -1,10 +1,12 @@
 #include "device/nccl_comm.hpp"
 
 #include <exception>
+#include <string>
 #include <type_traits>
 
 #include "backend/cuda/context.hpp"
 #include "device/check.hpp"
+#include "parallel/comm.hpp"
 
 namespace tessera::device {
 
@@ -17,6 +19,15 @@ ncclDataType_t nccl_type() {
   else if constexpr (std::is_same_v<T, __nv_bfloat16>) return ncclBfloat16;
   else if constexpr (std::is_same_v<T, int32_t>) return ncclInt32;
   else static_assert(sizeof(T) == 0, "no NCCL type for T");
+}
+
+// The communicator's MPI name (Topology names tp, dp, pp, embed), for the hang forensics' ring
+// (parallel/comm.hpp). On a GPU the ring holds the calls as they were queued on the stream.
+std::string name_of(MPI_Comm comm) {
+  char name[MPI_MAX_OBJECT_NAME] = "none";
+  int length = 0;
+  if (comm != MPI_COMM_NULL) MPI_Comm_get_name(comm, name, &length);
+  return name;
 }
 
 }  // namespace
@@ -67,6 +78,7 @@ template <typename T>
 void NcclComm::all_reduce_sum(T* x, size_t n) {
   if (!active() || n == 0) return;
   enter();
+  const trace::Scope call(name_of(mpi_).c_str(), "nccl all_reduce_sum", n * sizeof(T));
   NCCL_CHECK(ncclAllReduce(x, x, n, nccl_type<T>(), ncclSum, comm_, stream_));
   leave();
   payload_bytes += n * sizeof(T);
@@ -75,6 +87,7 @@ void NcclComm::all_reduce_sum(T* x, size_t n) {
 void NcclComm::start_all_reduce_sum(float* x, size_t n) {
   if (!active() || n == 0) return;
   enter();
+  const trace::Scope call(name_of(mpi_).c_str(), "nccl start_all_reduce_sum", n * sizeof(float));
   NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclSum, comm_, stream_));
   payload_bytes += n * sizeof(float);
 }
@@ -86,6 +99,7 @@ void NcclComm::wait_reductions() {
 void NcclComm::all_reduce_max(float* x, size_t n) {
   if (!active() || n == 0) return;
   enter();
+  const trace::Scope call(name_of(mpi_).c_str(), "nccl all_reduce_max", n * sizeof(float));
   NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclMax, comm_, stream_));
   leave();
   payload_bytes += n * sizeof(float);
@@ -100,6 +114,7 @@ void NcclComm::reduce_scatter_sum(const T* send, T* recv, size_t count) {
     return;
   }
   enter();
+  const trace::Scope call(name_of(mpi_).c_str(), "nccl reduce_scatter_sum", size_t(size_) * count * sizeof(T));
   NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type<T>(), ncclSum, comm_, stream_));
   leave();
   payload_bytes += size_t(size_) * count * sizeof(T);
@@ -114,6 +129,7 @@ void NcclComm::all_gather(const T* send, T* recv, size_t count) {
     return;
   }
   enter();
+  const trace::Scope call(name_of(mpi_).c_str(), "nccl all_gather", size_t(size_) * count * sizeof(T));
   NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type<T>(), comm_, stream_));
   leave();
   payload_bytes += size_t(size_) * count * sizeof(T);
@@ -131,6 +147,7 @@ void NcclComm::group_end() {
 template <typename T>
 void NcclComm::send(const T* x, size_t n, int peer, int) {
   if (n == 0) return;
+  const trace::Scope call(name_of(mpi_).c_str(), "nccl send", n * sizeof(T), peer);
   NCCL_CHECK(ncclSend(x, n, nccl_type<T>(), peer, comm_, stream_));
   payload_bytes += n * sizeof(T);
 }
@@ -138,6 +155,7 @@ void NcclComm::send(const T* x, size_t n, int peer, int) {
 template <typename T>
 void NcclComm::recv(T* x, size_t n, int peer, int) {
   if (n == 0) return;
+  const trace::Scope call(name_of(mpi_).c_str(), "nccl recv", n * sizeof(T), peer);
   NCCL_CHECK(ncclRecv(x, n, nccl_type<T>(), peer, comm_, stream_));
 }
 

@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.hpp"
@@ -43,6 +46,35 @@ uint64_t tile_checksum(const LocalLayout& layout, const LocalTensor& t, const fl
   for (size_t i = 0; i < t.numel; ++i)
     sum += element_hash(layout.canonical_index(t, i), values[i]);
   return sum;
+}
+
+std::string state_text(const TrainState& st, const ModelShape& s) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "step=%lld tokens_seen=%lld next_sample=%lld seed=%llu lr=%.17g n_layer=%d "
+                "n_head=%d n_embd=%d block_size=%d vocab_size=%d padded_vocab=%d arch=%s "
+                "n_kv_head=%d ffn_hidden=%d tied=%d norm_eps=%.17g rope_theta=%.17g",
+                (long long)st.step, (long long)st.tokens_seen, (long long)st.next_sample,
+                (unsigned long long)st.seed, st.lr, s.n_layer, s.n_head, s.n_embd, s.block_size,
+                s.vocab_size, s.padded_vocab, arch_name(s.arch), s.n_kv_head, s.ffn_hidden,
+                s.tied ? 1 : 0, s.norm_eps, s.rope_theta);
+  return std::string(buf) + " data_sources=" + st.data_sources +
+         " data_position=" + st.data_position;
+}
+
+uint64_t state_checksum(const TrainState& state, const ModelShape& shape) {
+  return mix64(fnv1a64(state_text(state, shape)));
+}
+
+std::string first_bad_value(const std::string& name, const float* values, size_t n,
+                            bool non_negative) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(values[i]) || (non_negative && values[i] < 0)) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%g", double(values[i]));
+      return name + " holds " + buf + " at element " + std::to_string(i) + " of this rank's tile";
+    }
+  return "";
 }
 
 namespace {
@@ -163,7 +195,7 @@ uint64_t write_tensor(hid_t dset, const std::string& path, const LocalLayout& la
 // Returns this rank's part of the checksum when it is `counted`, else 0.
 uint64_t read_tensor(hid_t file, const std::string& ckpt, const std::string& path,
                      const LocalLayout& layout, const ParamTensor& c, const LocalTensor* t,
-                     bool counted, float* local, long collective_bytes) {
+                     bool counted, float* local, long collective_bytes, std::string* bad) {
   if (H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
     throw UserError(ckpt + ": missing dataset /" + path);
   H5Handle dset(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
@@ -178,6 +210,10 @@ uint64_t read_tensor(hid_t file, const std::string& ckpt, const std::string& pat
   if ((t || mode == H5FD_MPIO_COLLECTIVE) &&
       H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), transfer(mode).get(), local) < 0)
     throw UserError(ckpt + ": read of /" + path + " failed", kExitIO);
+  // A value no training state can hold: found after the checksums (a damaged file is an I/O
+  // error), reported as bad input.
+  if (t && bad->empty())
+    *bad = first_bad_value("/" + path, local, t->numel, path.rfind("optim/exp_avg_sq/", 0) == 0);
   return t && counted ? tile_checksum(layout, *t, local) : 0;
 }
 
@@ -291,6 +327,8 @@ void write_metadata(hid_t root, const LocalLayout& layout, const TrainState& sta
     h5_write_string_attr(root, "deck", deck_yaml);
     h5_write_string_attr(root, "software_version", kSoftwareVersion);
     h5_write_string_attr(root, "saved_layout", saved_layout);
+    h5_write_int_attr(root, "state_checksum",
+                      int64_t(state_checksum(state, layout.canonical.shape)));
 
     H5Handle model = make_group(root, "model", failure);
     const ModelShape& s = layout.canonical.shape;
@@ -384,6 +422,21 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
       failure = "cannot write " + tmp_path + ": " + std::strerror(ENOSPC);
   }
   if (std::string why = agree_on_failure(comm, failure); !why.empty()) give_up(why);
+  // Never a checkpoint of weights or moments that are not finite: it would poison every restart.
+  std::string bad;
+  for (const LocalTensor& t : layout.tensors) {
+    const ParamTensor& c = layout.canonical.tensors[t.canonical];
+    const std::pair<const char*, const float*> parts[] = {
+        {"/model/", buffers.params}, {"/optim/exp_avg/", buffers.exp_avg},
+        {"/optim/exp_avg_sq/", buffers.exp_avg_sq}};
+    for (const auto& [prefix, base] : parts)
+      if (bad.empty() && base)
+        bad = first_bad_value(prefix + c.name, base + t.offset, t.numel, false);
+  }
+  if (bad = agree_on_failure(comm, bad); !bad.empty())
+    throw UserError("checkpoint step " + std::to_string(state.step) + ": refused: " + bad +
+                        ": nothing written, " + (rank == 0 ? kept(dir) : std::string("")),
+                    kExitAnomaly);
 
   WriteFailure local;
   H5Handle file(H5Fcreate(mpiio_name(tmp_path).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT,
@@ -547,6 +600,18 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   info.state.lr = h5_read_double_attr(train.get(), "lr").value_or(0.0);
   info.state.data_sources = h5_read_string_attr(train.get(), "data_sources").value_or("");
   info.state.data_position = h5_read_string_attr(train.get(), "data_position").value_or("");
+  if (!std::isfinite(info.state.lr) || info.state.lr < 0)
+    throw UserError(path + ": /train attribute lr " + std::to_string(info.state.lr) +
+                    " is not a learning rate (finite, >= 0)");
+  // The restart state is covered by a checksum of its own (every run checkpoint has one; imported
+  // weights, which restart nothing, need none).
+  const auto stored = h5_read_int_attr(root, "state_checksum");
+  if (!stored && info.has_optimizer)
+    throw UserError(path + ": missing attribute state_checksum (the restart state is unchecked)");
+  if (stored && uint64_t(*stored) != state_checksum(info.state, info.shape))
+    throw UserError(path + ": attribute state_checksum does not match the restart attributes "
+                    "(step, tokens_seen, /train next_sample, seed, lr, data_sources, "
+                    "data_position, the /model shape): one was changed after the write");
   H5Handle tok(H5Gopen2(root, "tokenizer", H5P_DEFAULT), H5Gclose);
   info.tokenizer.type = h5_read_string_attr(tok.get(), "type").value_or("byte");
   info.tokenizer.vocab_size = require_int(tok.get(), path, "vocab_size");
@@ -598,6 +663,7 @@ CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const Loc
   const std::vector<const LocalTensor*> tiles = tiles_by_canonical(layout);
   std::vector<std::string> paths;
   std::vector<uint64_t> sums;
+  std::string bad;  // this rank's first value out of range
   for (size_t i = 0; i < tiles.size(); ++i) {
     const ParamTensor& c = layout.canonical.tensors[i];
     const LocalTensor* t = tiles[i];
@@ -611,12 +677,56 @@ CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const Loc
     for (const auto& [prefix, base] : parts) {
       paths.push_back(prefix + c.name);
       sums.push_back(read_tensor(file.get(), path, paths.back(), layout, c, t, counted, base + off,
-                                 collective_bytes));
+                                 collective_bytes, &bad));
     }
   }
   MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
   verify_checksums(file.get(), path, paths, sums);
+  if (bad = agree_on_failure(comm, bad); !bad.empty())
+    throw UserError(path + ": " + bad + " (a checkpoint holds finite weights and moments, and "
+                    "non-negative exp_avg_sq)");
   return info;
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& dir, int keep) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string f = entry.path().filename().string();
+    if (f.size() == 16 && f.rfind("step_", 0) == 0 && f.substr(13) == ".h5") names.push_back(f);
+  }
+  std::sort(names.begin(), names.end());  // step_NNNNNNNN: the name orders by step
+  std::vector<std::string> removed;
+  for (size_t i = 0; i + size_t(std::max(keep, 1)) < names.size(); ++i) {
+    const fs::path path = fs::path(dir) / names[i];
+    if (unlink(path.c_str()) != 0 && errno != ENOENT)
+      throw UserError("checkpoint.keep: cannot remove " + path.string() + ": " +
+                          std::strerror(errno),
+                      kExitIO);
+    removed.push_back(names[i]);
+  }
+  return removed;
+}
+
+CheckpointInfo verify_checkpoint(const std::string& path) {
+  const CheckpointInfo info = read_checkpoint_info(path);
+  const LocalLayout whole =
+      make_local_layout(info.shape, 1, 0, 0, info.shape.n_layer, true, true);
+  // The tensors the shape promises must be in the file before memory is taken for them.
+  const double need = double(whole.canonical.total) * sizeof(float) * (info.has_optimizer ? 3 : 1);
+  std::error_code ec;
+  const double have = double(fs::file_size(path, ec));
+  if (need > have)
+    throw UserError(path + ": its model shape needs " + human_bytes(need) + " of tensors, but the "
+                    "file has " + human_bytes(have) + " (truncated, or not what its attributes say)");
+  std::vector<float> p(whole.total), m, v;
+  if (info.has_optimizer) {
+    m.resize(whole.total);
+    v.resize(whole.total);
+  }
+  return read_checkpoint(MPI_COMM_SELF, path, whole, true,
+                         {p.data(), info.has_optimizer ? m.data() : nullptr,
+                          info.has_optimizer ? v.data() : nullptr});
 }
 
 std::string resolve_checkpoint(const std::string& dir_or_file) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "io/token_file.hpp"
 #include "model/shard.hpp"
@@ -102,6 +103,25 @@ CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const Loc
 // if nothing is at the path. Anything else at the path (a file, a FIFO, a link loop) is returned
 // as is, for read_checkpoint_info to read or to refuse by name.
 std::string resolve_checkpoint(const std::string& dir_or_file);
+
+// The restart state and model shape as one canonical text, and its hash: stored as the root
+// attribute `state_checksum`, so that an attribute changed after the write is found on read.
+std::string state_text(const TrainState& state, const ModelShape& shape);
+uint64_t state_checksum(const TrainState& state, const ModelShape& shape);
+
+// The first element of values[0, n) that is not finite (or, with non_negative, below zero), as
+// "NAME holds VALUE at element I"; "" when there is none.
+std::string first_bad_value(const std::string& name, const float* values, size_t n,
+                            bool non_negative);
+
+// checkpoint.keep: removes the complete step_*.h5 files of dir older than its `keep` newest
+// (keep >= 1; the newest is never removed, and neither are .tmp files, which a write still
+// owns). Returns the names removed, or throws UserError (exit 1) naming a removal that failed.
+std::vector<std::string> prune_checkpoints(const std::string& dir, int keep);
+
+// `tessera ckpt verify`: reads every tensor of the checkpoint at path through read_checkpoint on
+// one rank (the same checksum walk and value checks as a restart), throwing the first problem.
+CheckpointInfo verify_checkpoint(const std::string& path);
 
 // Order-free checksum of a tensor's elements: the sum over elements of a hash of (canonical
 // index, value bits), so the parts held by different ranks add up to the whole.

@@ -7,6 +7,11 @@
 
 namespace tessera {
 
+std::mutex& hdf5_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
 void hdf5_quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
 namespace {

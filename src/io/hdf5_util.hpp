@@ -4,6 +4,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -45,6 +46,10 @@ class H5Handle {
   hid_t id_ = H5I_INVALID_HID;
   Closer closer_ = nullptr;
 };
+
+// Debian's parallel HDF5 is not thread-safe: a thread that may call HDF5 while another does (the
+// background checkpoint writer, train/async_writer.hpp; a chunked token file's reads) holds this.
+std::mutex& hdf5_mutex();
 
 // Turns off HDF5's own error-stack printing: tessera reports errors itself, in one line.
 void hdf5_quiet();

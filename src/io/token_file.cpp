@@ -125,6 +125,7 @@ void TokenFile::check_storage(hid_t type) {
 
 void TokenFile::read(uint64_t first, uint64_t count, uint32_t* out) {
   if (count == 0) return;
+  const std::lock_guard<std::mutex> lock(hdf5_mutex());  // a background checkpoint write may run
   const hsize_t start[1] = {first};
   const hsize_t n[1] = {count};
   H5Sselect_hyperslab(file_space_.get(), H5S_SELECT_SET, start, nullptr, n, nullptr);

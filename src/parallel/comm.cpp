@@ -1,6 +1,10 @@
 #include "parallel/comm.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
 
 namespace tessera {
 
@@ -9,15 +13,122 @@ constexpr size_t kBucket = size_t(1) << 22;  // elements per non-blocking all-re
 constexpr size_t kChunk = size_t(1) << 30;   // MPI counts are int
 }  // namespace
 
+namespace trace {
+
+namespace {
+
+struct Call {
+  char comm[MPI_MAX_OBJECT_NAME];
+  const char* op;
+  size_t bytes;
+  int peer;
+  long step;
+  int micro;
+  double start, end;  // seconds on the steady clock; end < 0 while in flight
+};
+
+std::mutex mutex;  // the ring is written by the training thread, read by the watchdog
+Call ring[kTraceCalls];
+uint64_t recorded = 0;
+int open_slot = -1;
+long step_now = 0;
+int micro_now = -1;
+const char* phase_now = "start-up";
+std::atomic<uint64_t> ticks{0};
+
+double clock_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string describe(const Call& c) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s %s %zu B%s", c.comm, c.op, c.bytes,
+                c.peer >= 0 ? (" peer " + std::to_string(c.peer)).c_str() : "");
+  return buf;
+}
+
+}  // namespace
+
+void set_step(long step) {
+  const std::lock_guard<std::mutex> lock(mutex);
+  step_now = step;
+  micro_now = -1;
+  ++ticks;
+}
+void set_micro(int micro) {
+  const std::lock_guard<std::mutex> lock(mutex);
+  micro_now = micro;
+}
+void set_phase(const char* phase) {
+  const std::lock_guard<std::mutex> lock(mutex);
+  phase_now = phase;
+  ++ticks;
+}
+uint64_t progress() { return ticks.load(); }
+
+bool in_call(std::string* what) {
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (open_slot < 0) return false;
+  if (what) *what = describe(ring[open_slot]);
+  return true;
+}
+
+std::string report(double now_steady) {
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::string out = "step " + std::to_string(step_now) + ", micro-batch " +
+                    std::to_string(micro_now) + ", phase " + phase_now + "\n" +
+                    "last " + std::to_string(std::min<uint64_t>(recorded, kTraceCalls)) +
+                    " communication calls, oldest first (times in seconds before this report):\n";
+  const uint64_t first = recorded > kTraceCalls ? recorded - kTraceCalls : 0;
+  for (uint64_t i = first; i < recorded; ++i) {
+    const Call& c = ring[i % kTraceCalls];
+    char buf[384];
+    std::snprintf(buf, sizeof buf, "%s step %ld micro %d started %.3f %s\n", describe(c).c_str(),
+                  c.step, c.micro, now_steady - c.start,
+                  c.end < 0 ? "IN FLIGHT" : ("took " + std::to_string(c.end - c.start)).c_str());
+    out += buf;
+  }
+  return out;
+}
+
+double now() { return clock_seconds(); }
+Scope::Scope(const char* comm, const char* op, size_t bytes, int peer) {
+  const std::lock_guard<std::mutex> lock(mutex);
+  slot_ = int(recorded++ % kTraceCalls);
+  Call& c = ring[slot_];
+  std::snprintf(c.comm, sizeof c.comm, "%s", comm);
+  c.op = op;
+  c.bytes = bytes;
+  c.peer = peer;
+  c.step = step_now;
+  c.micro = micro_now;
+  c.start = clock_seconds();
+  c.end = -1;
+  open_slot = slot_;
+  ++ticks;
+}
+
+Scope::~Scope() {
+  const std::lock_guard<std::mutex> lock(mutex);
+  ring[slot_].end = clock_seconds();
+  open_slot = -1;
+  ++ticks;
+}
+
+}  // namespace trace
+
 Comm::Comm(MPI_Comm comm, bool) : comm_(comm) {
   if (comm_ != MPI_COMM_NULL) {
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_rank(comm_, &rank_);
+    int length = 0;
+    MPI_Comm_get_name(comm_, name_, &length);
   }
 }
 
 void Comm::reduce(void* x, size_t n, MPI_Datatype type, MPI_Op op, size_t elem) {
   if (!active() || n == 0) return;
+  const trace::Scope call(name_, op == MPI_MAX ? "all_reduce_max" : "all_reduce_sum", n * elem);
   for (size_t done = 0; done < n; done += kChunk)
     MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(x) + done * elem,
                   int(std::min(kChunk, n - done)), type, op, comm_);
@@ -26,6 +137,7 @@ void Comm::reduce(void* x, size_t n, MPI_Datatype type, MPI_Op op, size_t elem) 
 
 void Comm::start_all_reduce_sum(float* x, size_t n) {
   if (!active() || n == 0) return;
+  const trace::Scope call(name_, "start_all_reduce_sum", n * sizeof(float));
   for (size_t b = 0; b < n; b += kBucket) {
     reductions_.emplace_back();
     MPI_Iallreduce(MPI_IN_PLACE, x + b, int(std::min(kBucket, n - b)), MPI_FLOAT, MPI_SUM, comm_,
@@ -38,6 +150,8 @@ void Comm::start_all_reduce_sum(float* x, size_t n) {
 }
 
 void Comm::wait_reductions() {
+  if (reductions_.empty()) return;
+  const trace::Scope call(name_, "wait_reductions", 0);
   MPI_Waitall(int(reductions_.size()), reductions_.data(), MPI_STATUSES_IGNORE);
   reductions_.clear();
 }
@@ -47,6 +161,7 @@ void Comm::reduce_scatter_sum(const float* send, float* recv, size_t count_per_r
     if (send != recv) std::copy(send, send + count_per_rank, recv);
     return;
   }
+  const trace::Scope call(name_, "reduce_scatter_sum", size_t(size_) * count_per_rank * sizeof(float));
   MPI_Reduce_scatter_block(send, recv, int(count_per_rank), MPI_FLOAT, MPI_SUM, comm_);
   count(size_t(size_) * count_per_rank * sizeof(float));
 }
@@ -57,6 +172,7 @@ void Comm::all_gather(const float* send, float* recv, size_t count_per_rank) {
     return;
   }
   const bool in_place = send == recv + size_t(rank_) * count_per_rank;
+  const trace::Scope call(name_, "all_gather", size_t(size_) * count_per_rank * sizeof(float));
   MPI_Allgather(in_place ? MPI_IN_PLACE : send, int(count_per_rank), MPI_FLOAT, recv,
                 int(count_per_rank), MPI_FLOAT, comm_);
   count(size_t(size_) * count_per_rank * sizeof(float));
@@ -64,19 +180,25 @@ void Comm::all_gather(const float* send, float* recv, size_t count_per_rank) {
 
 void Comm::group_end() {
   in_group_ = false;
+  if (receives_.empty()) return;
+  const trace::Scope call(name_, "wait_receives", 0);
   MPI_Waitall(int(receives_.size()), receives_.data(), MPI_STATUSES_IGNORE);
   receives_.clear();
 }
 
 void Comm::send(const float* x, size_t n, int peer, int tag) {
+  const trace::Scope call(name_, "isend", n * sizeof(float), peer);
   sends_.emplace_back(x, MPI_REQUEST_NULL);
   MPI_Isend(x, int(n), MPI_FLOAT, peer, tag, comm_, &sends_.back().second);
   count(n * sizeof(float));
 }
 
 void Comm::recv(float* x, size_t n, int peer, int tag) {
-  receives_.emplace_back();
-  MPI_Irecv(x, int(n), MPI_FLOAT, peer, tag, comm_, &receives_.back());
+  {
+    const trace::Scope call(name_, "irecv", n * sizeof(float), peer);
+    receives_.emplace_back();
+    MPI_Irecv(x, int(n), MPI_FLOAT, peer, tag, comm_, &receives_.back());
+  }
   if (!in_group_) group_end();
 }
 
@@ -86,12 +208,17 @@ void Comm::wait_send(const void* buffer) {
       ++it;
       continue;
     }
-    MPI_Wait(&it->second, MPI_STATUS_IGNORE);
+    {
+      const trace::Scope call(name_, "wait_send", 0);
+      MPI_Wait(&it->second, MPI_STATUS_IGNORE);
+    }
     it = sends_.erase(it);
   }
 }
 
 void Comm::wait_sends() {
+  if (sends_.empty()) return;
+  const trace::Scope call(name_, "wait_sends", 0);
   for (auto& [buffer, request] : sends_) MPI_Wait(&request, MPI_STATUS_IGNORE);
   sends_.clear();
 }
@@ -100,6 +227,10 @@ std::string agree_on_failure(MPI_Comm comm, const std::string& failure) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
+  char name[MPI_MAX_OBJECT_NAME] = "";
+  int name_length = 0;
+  MPI_Comm_get_name(comm, name, &name_length);
+  const trace::Scope call(name, "agree_on_failure", sizeof(int));
   int first = failure.empty() ? size : rank;
   MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
   if (first == size) return "";

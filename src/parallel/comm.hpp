@@ -14,6 +14,34 @@
 
 namespace tessera {
 
+// Hang forensics (README, "Long runs"): every call a Comm makes is recorded in this rank's ring
+// of its last kTraceCalls calls (communicator, operation, bytes, peer, step, micro-batch, start
+// and end), here in one place rather than at the call sites. A watchdog thread reads it.
+namespace trace {
+inline constexpr int kTraceCalls = 64;
+void set_step(long step);    // the optimizer step being taken (the trainer)
+void set_micro(int micro);   // the micro-batch the pipeline works on (the executor)
+void set_phase(const char* phase);  // what the rank does between calls (a static string)
+// Changes whenever a call starts or ends or the step or phase changes.
+uint64_t progress();
+// True while the rank is inside a recorded call; `what` then says which ("dp all_reduce 4096 B").
+bool in_call(std::string* what);
+// The ring, oldest first, one call a line, after the rank's step, micro-batch and phase.
+std::string report(double now);
+double now();  // the steady clock the records use, in seconds
+// Records one call from construction to destruction.
+class Scope {
+ public:
+  Scope(const char* comm, const char* op, size_t bytes, int peer = -1);
+  ~Scope();
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  int slot_;
+};
+}  // namespace trace
+
 class Comm {
  public:
   Comm() = default;
@@ -37,6 +65,7 @@ class Comm {
   void all_reduce_sum(float* x, size_t n) { reduce(x, n, MPI_FLOAT, MPI_SUM, sizeof(float)); }
   void all_reduce_sum(double* x, size_t n) { reduce(x, n, MPI_DOUBLE, MPI_SUM, sizeof(double)); }
   void all_reduce_max(float* x, size_t n) { reduce(x, n, MPI_FLOAT, MPI_MAX, sizeof(float)); }
+  void all_reduce_max(int* x, size_t n) { reduce(x, n, MPI_INT, MPI_MAX, sizeof(int)); }
   // As all_reduce_sum, started now in 16 MB buckets and complete after wait_reductions(): the
   // data-parallel sum of a layer's gradients while the backward pass goes on below it.
   void start_all_reduce_sum(float* x, size_t n);
@@ -67,6 +96,7 @@ class Comm {
   void reduce(void* x, size_t n, MPI_Datatype type, MPI_Op op, size_t elem);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  char name_[MPI_MAX_OBJECT_NAME] = "none";  // MPI_Comm_set_name's (Topology: tp, dp, pp, embed)
   int size_ = 1, rank_ = 0;
   bool in_group_ = false;
   std::vector<MPI_Request> reductions_, receives_;

@@ -171,6 +171,10 @@ Topology::Topology(MPI_Comm world, const ParallelLayout& layout) : layout_(layou
     comms_[static_cast<int>(CommName::embed)] =
         split(world, ends ? c.dp_rank * tp + c.tp_rank : MPI_UNDEFINED, c.pp_rank);
   }
+  // Named, for the hang forensics' record of each call (parallel/comm.hpp).
+  const char* names[] = {"tp", "dp", "pp", "embed"};
+  for (int k = 0; k < 4; ++k)
+    if (comms_[k] != MPI_COMM_NULL) MPI_Comm_set_name(comms_[k], names[k]);
 }
 
 Topology::~Topology() {

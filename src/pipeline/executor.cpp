@@ -6,6 +6,7 @@
 
 #include "backend/cpu/backend.hpp"
 #include "backend/declare.hpp"
+#include "parallel/comm.hpp"
 #ifdef TESSERA_CUDA
 #include "backend/cuda/backend.hpp"
 #endif
@@ -102,6 +103,7 @@ void PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, const A
     Gpt<Backend>& model = *models_[size_t(a.chunk)];
     const int slot = slot_of(a);
     const MicroBatch& mb = batches[size_t(a.mb)];
+    trace::set_micro(a.mb);
     if (a.op == Op::Forward) {
       pp_->wait_send(model.output(slot));  // the slot's output is overwritten: its send has left
       model.forward(params, slot, mb.tokens, mb.targets, mb.losses, B_, T_);

@@ -97,7 +97,7 @@ Candidate plan(const Config& cfg, const ModelShape& shape, const ParallelLayout&
     for (int t = 0; t < (all_roles ? layout.tp : 1); ++t) {
       if (!all_roles && !c.roles.empty() && c.roles.back().pp_rank == s) continue;
       c.roles.push_back(rank_memory(cfg, shape, c.run, 0, t, s, machine.gpu, bf16));
-      c.comm.push_back(comm_bytes(cfg, shape, c.run, s, c.roles.back().checkpoint / 8,
+      c.comm.push_back(comm_bytes(cfg, shape, c.run, s, c.roles.back().buffer_size,
                                   bf16 ? 2 : 4));
     }
   }
@@ -109,7 +109,7 @@ Candidate plan(const Config& cfg, const ModelShape& shape, const ParallelLayout&
       c.need = need;
       c.worst = int(i);
     }
-    buffer = std::max(buffer, m.checkpoint / 8);
+    buffer = std::max(buffer, m.buffer_size);
   }
   c.time = step_time(cfg, shape, c.run, machine, bf16, buffer);
   if (layout.tp > node)

@@ -39,7 +39,8 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   m.optimizer = mem.optimizer.declared_bytes();
   m.other = m.arena - m.params - m.grads - m.optimizer - m.activations;
   m.loader = (tile.first || tile.last) ? loader_ring_bytes(cfg, run) : 0;
-  m.checkpoint = 2 * uint64_t(mem.optimizer.buffer_size()) * sizeof(float);
+  m.buffer_size = uint64_t(mem.optimizer.buffer_size());
+  m.checkpoint = (cfg.checkpoint.async ? 3 : 2) * m.buffer_size * sizeof(float);
   for (size_t c = 0; c < tile.chunks.size(); ++c)
     m.in_flight += mem.models[c]->slots();
   return m;

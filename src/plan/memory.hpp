@@ -23,7 +23,9 @@ struct RankMemory {
   uint64_t arena = 0;        // the sum: one allocation on the device (host on the CPU)
   uint64_t engine_host = 0;  // TrainEngine::host_bytes: the arena on the CPU plus host copies
   uint64_t loader = 0;       // the data loader's ring (first and last stage)
-  uint64_t checkpoint = 0;   // the Adam moments copied out for a checkpoint (host)
+  uint64_t buffer_size = 0;  // floats in the optimizer's flat buffer (the dp gradient sum's payload)
+  uint64_t checkpoint = 0;   // host copies for a checkpoint: the Adam moments, and the parameters
+                             // too for an asynchronous one (checkpoint.async)
   int in_flight = 0;         // micro-batch activation sets the schedule keeps (summed over chunks)
   uint64_t host() const { return engine_host + loader + checkpoint; }
 };

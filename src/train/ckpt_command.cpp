@@ -2,6 +2,7 @@
 
 #include <hdf5.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,12 +17,20 @@ namespace tessera {
 
 const char* const kCkptUsage = R"(usage:
   tessera ckpt diff REF OTHER
+  tessera ckpt info CKPT
+  tessera ckpt verify CKPT
 
 diff   one line per dataset of REF's /model and /optim, tab-separated:
          NAME  max|ref|  max|other - ref|  sum(ref^2)  sum((other - ref)^2)  identical
        (identical: 1 when every value is bitwise equal, else 0), or `NAME missing` when OTHER
        lacks it or `NAME shape` when the shapes differ. Values are read as doubles; sums are in
        double. tests/integration/compare_runs.py turns these lines into a verdict.
+info   the step, restart state, layout it was saved on, model shape and tokenizer, one line per
+       tensor (name, shape, bytes), then the deck it was written with.
+verify reads every tensor and checks its checksum, that weights and moments are finite and
+       exp_avg_sq non-negative, and the restart state's checksum: `ok: ...` and exit 0, or one
+       line naming the first bad tensor or attribute (exit 1 for a checksum mismatch, 2 else).
+CKPT is a checkpoint file or a directory (its newest complete checkpoint).
 )";
 
 namespace {
@@ -111,6 +120,64 @@ int diff(const std::string& ref_path, const std::string& other_path) {
   return 0;
 }
 
+std::string checkpoint_path(const std::string& arg) {
+  const std::string path = resolve_checkpoint(arg);
+  if (path.empty()) throw UserError(arg + ": no such checkpoint file or directory with one", kExitIO);
+  return path;
+}
+
+int info(const std::string& arg) {
+  const std::string path = checkpoint_path(arg);
+  const CheckpointInfo c = read_checkpoint_info(path);
+  const ModelShape& m = c.shape;
+  std::printf("checkpoint %s\nstep %lld, tokens_seen %lld, next_sample %lld, seed %llu, lr %.9g\n",
+              path.c_str(), (long long)c.state.step, (long long)c.state.tokens_seen,
+              (long long)c.state.next_sample, (unsigned long long)c.state.seed, c.state.lr);
+  std::printf("saved_layout %s, optimizer state %s\n", c.saved_layout.c_str(),
+              c.has_optimizer ? "yes" : "no (model only)");
+  std::printf("model %s: n_layer %d, n_head %d, n_kv_head %d, n_embd %d, ffn_hidden %d, "
+              "block_size %d, vocab_size %d (padded %d), %s\n",
+              arch_name(m.arch), m.n_layer, m.n_head, m.n_kv_head, m.n_embd, m.ffn_hidden,
+              m.block_size, m.vocab_size, m.padded_vocab, m.tied ? "tied" : "untied");
+  std::printf("tokenizer %s, vocab_size %lld, eot %lld\n", c.tokenizer.type.c_str(),
+              (long long)c.tokenizer.vocab_size, (long long)c.tokenizer.eot);
+  if (!c.state.data_sources.empty())
+    std::printf("data %s at %s\n", c.state.data_sources.c_str(), c.state.data_position.c_str());
+  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) throw UserError("cannot open checkpoint " + path, kExitIO);
+  double total = 0;
+  size_t count = 0;
+  for (const char* group : {"/model", "/optim"})
+    for (const std::string& name : dataset_names(file.get(), group)) {
+      H5Handle set(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+      H5Handle space(H5Dget_space(set.get()), H5Sclose);
+      H5Handle type(H5Dget_type(set.get()), H5Tclose);
+      std::vector<hsize_t> dims(size_t(std::max(0, H5Sget_simple_extent_ndims(space.get()))));
+      H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+      std::string shape;
+      for (hsize_t d : dims) {
+        if (!shape.empty()) shape += 'x';
+        shape.append(std::to_string(d));
+      }
+      const double bytes = double(H5Sget_simple_extent_npoints(space.get())) *
+                           double(H5Tget_size(type.get()));
+      std::printf("tensor %s [%s] %.0f bytes\n", name.c_str() + 1, shape.c_str(), bytes);
+      total += bytes;
+      ++count;
+    }
+  std::printf("%zu tensors, %.0f bytes\ndeck:\n%s", count, total, c.deck_yaml.c_str());
+  return 0;
+}
+
+int verify(const std::string& arg) {
+  const std::string path = checkpoint_path(arg);
+  const CheckpointInfo c = verify_checkpoint(path);
+  std::printf("ok: %s: step %lld, every checksum, value and the restart state verified%s\n",
+              path.c_str(), (long long)c.state.step,
+              c.has_optimizer ? "" : " (model only: no optimizer state)");
+  return 0;
+}
+
 }  // namespace
 
 int ckpt_command(const std::vector<std::string>& args) {
@@ -122,6 +189,11 @@ int ckpt_command(const std::vector<std::string>& args) {
     if (args.size() != 3)
       throw UserError("tessera ckpt diff: expected REF and OTHER checkpoints (see --help)");
     return diff(args[1], args[2]);
+  }
+  if (args[0] == "info" || args[0] == "verify") {
+    if (args.size() != 2)
+      throw UserError("tessera ckpt " + args[0] + ": expected one checkpoint (see --help)");
+    return args[0] == "info" ? info(args[1]) : verify(args[1]);
   }
   throw UserError("tessera ckpt: unknown verb '" + args[0] + "' (see tessera ckpt --help)");
 }

@@ -89,7 +89,7 @@ class Engine final : public TrainEngine {
   }
 
   StepResult train_step(const std::vector<HostMicroBatch>& batches, float dloss, double grad_clip,
-                        double lr, long t) override {
+                        double lr, long t, const StepCheck& check) override {
     const std::vector<MicroBatch> inputs = upload(batches);
     Backend::zero(grads_, optimizer_.buffer_size() * sizeof(float));
     // Each layer's gradient is summed over dp as soon as the step's last backward finishes it.
@@ -117,9 +117,12 @@ class Engine final : public TrainEngine {
     }
     optimizer_.reduce_gradients(grads_);
     const double norm = optimizer_.grad_norm(grads_);
-    optimizer_.step(master_, copy_, grads_, grad_clip > 0 ? clip_factor(norm, grad_clip) : 1.0,
-                    lr, t);
     const double loss = tile_.last ? mean_losses(batches.size()) : 0.0;
+    // A dropped update leaves nothing behind: the gradients are zeroed at the next step's start,
+    // and under ZeRO-1 no rank has a shard to all-gather.
+    if (!check || check(loss, norm))
+      optimizer_.step(master_, copy_, grads_, grad_clip > 0 ? clip_factor(norm, grad_clip) : 1.0,
+                      lr, t);
     Backend::sync();  // the step's time is the device's
     return {loss, norm};
   }

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,11 +86,16 @@ class TrainEngine {
     double loss;  // the executor's sum of this stage's micro-batch losses
     double norm;  // the global gradient norm before clipping
   };
+  // Called on every rank once a step's gradients, norm and loss are known, before the optimizer
+  // touches anything: false drops the update (the anomaly policy), leaving parameters and Adam
+  // moments as they were. Gets StepResult's values.
+  using StepCheck = std::function<bool(double loss, double norm)>;
   // One optimizer step on this rank's micro-batches: gradients, the tied embedding's sum over
   // embed, the dp reduction, the norm, clipping (grad_clip > 0) and AdamW at learning rate lr,
-  // step t.
+  // step t, unless check (when given) says no.
   virtual StepResult train_step(const std::vector<HostMicroBatch>& batches, float dloss,
-                                double grad_clip, double lr, long t) = 0;
+                                double grad_clip, double lr, long t,
+                                const StepCheck& check = {}) = 0;
   // The sum of the mean losses of this rank's share of windows [first, first + count) of `file`
   // (file order), micro-batch by micro-batch: non-zero on the last stage.
   virtual double eval_loss_sum(const TokenSource& file, int vocab, uint64_t first,

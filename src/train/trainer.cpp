@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "backend/peak.hpp"
@@ -30,10 +31,13 @@
 #include "parallel/comm.hpp"
 #include "parallel/topology.hpp"
 #include "pipeline/schedule.hpp"
+#include "train/anomaly.hpp"
+#include "train/async_writer.hpp"
 #include "train/engine.hpp"
 #include "train/evaluate.hpp"
 #include "train/heartbeat.hpp"
 #include "train/run_dir.hpp"
+#include "train/watchdog.hpp"
 #include "train/signals.hpp"
 
 namespace tessera {
@@ -449,24 +453,92 @@ int train(MPI_Comm world_comm, const Config& cfg) {
                                cfg.optim.decay_steps > 0 ? cfg.optim.decay_steps : cfg.train.steps};
   const bool speaks_loss = tile.last && me.tp_rank == 0;  // one copy of each dp group's loss
 
+  // checkpoint.keep: the older complete checkpoints go once a newer one is complete.
+  // Collective over comm; returns the lines for the log.
+  auto prune = [&](MPI_Comm comm) {
+    std::vector<std::string> lines;
+    if (cfg.checkpoint.keep <= 0) return lines;
+    std::string why;
+    if (world_rank == 0) try {
+        for (const std::string& name : prune_checkpoints(ckpt_dir, cfg.checkpoint.keep))
+          lines.push_back("checkpoint: removed " + name + " (checkpoint.keep = " +
+                          std::to_string(cfg.checkpoint.keep) + ")");
+      } catch (const UserError& e) {
+        why = e.what();
+      }
+    if (why = agree_on_failure(comm, why); !why.empty()) throw UserError(why, kExitIO);
+    return lines;
+  };
+  // checkpoint.async (train/async_writer.hpp): the write in flight is waited for, at the same
+  // point on every rank, before the next checkpoint, a rollback, a stop and the end.
+  int thread_level = 0;
+  MPI_Query_thread(&thread_level);
+  std::unique_ptr<AsyncWriter> background;
+  if (cfg.checkpoint.async && thread_level >= MPI_THREAD_MULTIPLE) {
+    background = std::make_unique<AsyncWriter>(world_comm);
+    // The snapshot's memory taken and touched now: first-touching 1.5 GB (GPT-2 124M) inside the
+    // first checkpoint's stall cost more than the copy itself.
+    for (std::vector<float>* b : {&background->params, &background->exp_avg, &background->exp_avg_sq})
+      b->assign(engine->buffer_size(), 0.0f);
+  }
+  else if (cfg.checkpoint.async)
+    log.say("%s", "warning: checkpoint.async needs MPI_THREAD_MULTIPLE, which this MPI library "
+                  "does not give: checkpoints are written synchronously");
+  double last_write_seconds = 0;
+  auto finish_write = [&] {
+    if (!background || !background->busy()) return;
+    const Heartbeat beat(world_rank == 0, "checkpoint: waiting for the background write");
+    for (const std::string& line : background->wait(&last_write_seconds))
+      log.say("%s", line.c_str());
+  };
   auto save = [&] {
+    trace::set_phase("checkpoint write");
     const auto t0 = Clock::now();
+    state.data_sources = train_data.describe();
+    state.data_position = train_data.position(uint64_t(state.next_sample));
+    if (background) {
+      // A second checkpoint waits for the first; then the snapshot, and training goes on.
+      finish_write();
+      const float* p = engine->params_to_host();
+      background->params.assign(p, p + engine->buffer_size());
+      engine->get_moments(background->exp_avg, background->exp_avg_sq);
+      const TrainState snapshot = state;
+      AsyncWriter* w = background.get();
+      background->start([&, w, snapshot](MPI_Comm comm) {
+        const auto t_write = Clock::now();
+        const std::string path = write_checkpoint(
+            comm, ckpt_dir, tile, writer, {w->params.data(), w->exp_avg.data(), w->exp_avg_sq.data()},
+            snapshot, deck_yaml, tokenizer, layout_name(layout), cfg.checkpoint.collective_bytes,
+            cfg.checkpoint.reserve);
+        std::error_code size_ec;
+        std::vector<std::string> lines = {
+            "checkpoint: wrote " + path + " (" +
+            fmt("%.1f", world_rank == 0 ? fs::file_size(path, size_ec) / 1e6 : 0.0) + " MB) in " +
+            fmt("%.2f", seconds_since(t_write)) + " s in the background"};
+        for (std::string& line : prune(comm)) lines.push_back(std::move(line));
+        return lines;
+      });
+      const double stall = seconds_since(t0);
+      log.say("checkpoint: step %lld copied to the host in %.3f s (training stalled %.3f s); "
+              "writing in the background", (long long)state.step, stall, stall);
+      return;
+    }
     const Heartbeat beat(world_rank == 0, "checkpoint: writing step " + std::to_string(state.step) +
                                               " to " + ckpt_dir);
     std::vector<float> m, v;
     engine->get_moments(m, v);
     float* saved = engine->params_to_host();
-    state.data_sources = train_data.describe();
-    state.data_position = train_data.position(uint64_t(state.next_sample));
     const std::string path =
         write_checkpoint(world_comm, ckpt_dir, tile, writer, {saved, m.data(), v.data()},
                          state, deck_yaml, tokenizer, layout_name(layout),
                          cfg.checkpoint.collective_bytes, cfg.checkpoint.reserve);
     log.say("checkpoint: wrote %s (%.1f MB) in %.2f s", path.c_str(),
             world_rank == 0 ? fs::file_size(path, ec) / 1e6 : 0.0, seconds_since(t0));
+    for (const std::string& line : prune(world_comm)) log.say("%s", line.c_str());
   };
   auto evaluate = [&] {
     if (!val_data) return;
+    trace::set_phase("evaluation");
     const auto t0 = Clock::now();
     const Heartbeat beat(world_rank == 0, "eval: step " + std::to_string(state.step) + " on " +
                                               cfg.data.val);
@@ -508,8 +580,50 @@ int train(MPI_Comm world_comm, const Config& cfg) {
     if (code == kNone && world_rank == 0 && cfg.run.max_minutes > 0 &&
         seconds_since(t_start) + last_step_seconds + last_save_seconds > cfg.run.max_minutes * 60)
       code = kBudget;
-    MPI_Allreduce(MPI_IN_PLACE, &code, 1, MPI_INT, MPI_MAX, world_comm);
+    world.all_reduce_max(&code, 1);
     return code;
+  };
+
+  long last_saved = restart_from.empty() ? -1 : state.step;
+  // The anomaly policy (train.anomaly_*, README "Long runs"). The test triggers exist only for
+  // the test suites: TESSERA_TEST_NAN_STEP=N makes step N's gradients NaN, TESSERA_TEST_SPIKE_STEP=N
+  // multiplies them by 10^4, each once per job (a rollback replays step numbers).
+  AnomalyDetector detector(cfg.train.anomaly_window, cfg.train.anomaly_sigma);
+  auto test_step = [](const char* var) {
+    const char* v = std::getenv(var);
+    return v ? std::atol(v) : -1L;
+  };
+  long test_nan_step = test_step("TESSERA_TEST_NAN_STEP");
+  long test_spike_step = test_step("TESSERA_TEST_SPIKE_STEP");
+  // More anomalous steps in a row than this is not a passing spike: the run stops.
+  constexpr int kAnomaliesInARow = 10;
+  int anomalies_in_a_row = 0;
+  auto kept_checkpoint = [&] {
+    const std::string newest = resolve_checkpoint(ckpt_dir);
+    return newest.empty() ? std::string("no checkpoint to keep")
+                          : "kept " + fs::path(newest).filename().string();
+  };
+  // Rollback: the weights, moments and step of the newest complete checkpoint; the data goes on
+  // after the anomalous batch, so that the batches between (PaLM's remedy for a spike) are skipped.
+  // Returns the checkpoint's path, "" when there is none.
+  int64_t rolled_from = 0;
+  auto rollback = [&] {
+    finish_write();
+    const std::string path = resolve_checkpoint(ckpt_dir);
+    if (path.empty()) return path;
+    const Heartbeat beat(world_rank == 0, "rollback: reading " + path);
+    std::vector<float> m(engine->buffer_size()), v(engine->buffer_size());
+    const CheckpointInfo info = read_checkpoint(world_comm, path, tile, writer,
+                                                {params, m.data(), v.data()},
+                                                cfg.checkpoint.collective_bytes);
+    engine->set_moments(m, v);
+    engine->params_to_device();
+    const int64_t next = state.next_sample;
+    rolled_from = info.state.next_sample;
+    state = info.state;
+    state.next_sample = next;
+    last_saved = -1;  // the data position differs from the checkpoint's: a stop writes anew
+    return path;
   };
 
   std::vector<HostMicroBatch> views(static_cast<size_t>(n_micro));
@@ -530,17 +644,39 @@ int train(MPI_Comm world_comm, const Config& cfg) {
   const auto t_loop = Clock::now();
   const int64_t first_step = state.step;
   bool loader_logged = false;
-  long last_saved = restart_from.empty() ? -1 : state.step;
   // Every micro-batch's gradient is scaled so that the sum over the job is that of the mean
   // over the global batch's B*T positions.
   const float dloss = 1.0f / float(size_t(B) * T);
+  // Hang forensics (run.hang_timeout): the watchdog runs while the steps do. TESSERA_TEST_STALL=
+  // RANK:STEP (for the test suites only) stalls that rank at the start of that step.
+  std::unique_ptr<Watchdog> watchdog;
+  if (cfg.run.hang_timeout > 0) {
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+      log.say("%s", "warning: the MPI library gives no MPI_THREAD_MULTIPLE: the hang watchdog "
+                    "calls MPI_Abort from its own thread all the same");
+    watchdog = std::make_unique<Watchdog>(cfg.run.dir, world_rank, world_size, cfg.run.hang_timeout);
+  }
+  long stall_rank = -1, stall_step = -1;
+  if (const char* v = std::getenv("TESSERA_TEST_STALL"))
+    if (std::sscanf(v, "%ld:%ld", &stall_rank, &stall_step) != 2) stall_rank = -1;
+  bool hang_warned = false;
   while (state.step < cfg.train.steps) {
+    trace::set_phase("step boundary");
     if (const int stop = step_boundary(); stop != kNone) {
       if (last_saved != state.step) save();
+      finish_write();  // a stop ends with a complete checkpoint
       const int status = stop_status(stop);
       log.say("stop: %s at step %lld: checkpoint written, exit %d%s", kStopWhy[stop],
               (long long)state.step, status, status == kExitRequeue ? " (requeue to continue)" : "");
       return write_exit_status(status);
+    }
+    trace::set_step(state.step + 1);
+    trace::set_phase("training step");
+    if (world_rank == stall_rank && state.step + 1 == stall_step) {
+      trace::set_phase("stalled on purpose (TESSERA_TEST_STALL)");
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     const auto t0 = Clock::now();
     double bytes_before[4];
@@ -567,26 +703,87 @@ int train(MPI_Comm world_comm, const Config& cfg) {
       }
     }
     // Forward and backward through the pipeline, the gradient sums, the norm, clipping and
-    // AdamW, on the engine's backend (train/engine.hpp).
+    // AdamW, on the engine's backend (train/engine.hpp). The anomaly policy judges the loss and
+    // the norm before the update: every rank the same reduced numbers, and a MAX to be sure.
     state.lr = schedule_lr.at(state.step);
+    float step_dloss = dloss;
+    if (state.step + 1 == test_nan_step) step_dloss = NAN, test_nan_step = -1;
+    if (state.step + 1 == test_spike_step) step_dloss *= 1e4f, test_spike_step = -1;
+    double loss = 0;
+    std::string anomaly;
+    auto check = [&](double stage_loss, double step_norm) {
+      loss = speaks_loss ? stage_loss : 0;
+      world.all_reduce_sum(&loss, 1);
+      loss /= double(n_micro) * layout.dp;
+      anomaly = detector.judge(loss, step_norm);
+      int bad = !anomaly.empty();
+      world.all_reduce_max(&bad, 1);
+      if (bad && anomaly.empty()) anomaly = "another rank judged it anomalous";
+      return bad == 0;
+    };
     const TrainEngine::StepResult result =
-        engine->train_step(views, dloss, cfg.optim.grad_clip, state.lr, state.step + 1);
-    double loss = result.loss;
+        engine->train_step(views, step_dloss, cfg.optim.grad_clip, state.lr, state.step + 1, check);
     const double norm = result.norm;
     for (int c = 0; c < 4; ++c) step_bytes[c] += engine->payload_bytes(c) - bytes_before[c];
     if (measured_steps++ > 0) {  // the first step warms up
       wait_sum += engine->wait_seconds();
       run_sum += engine->run_seconds();
     }
-    if (!speaks_loss) loss = 0;
-    world.all_reduce_sum(&loss, 1);
-    loss /= double(n_micro) * layout.dp;
+    if (!anomaly.empty()) {
+      // The update was dropped on every rank; the batch is consumed whatever the action.
+      const int64_t attempted = state.step + 1, from = state.next_sample;
+      state.next_sample += B;
+      const std::string action = cfg.train.anomaly_action;
+      std::string outcome;
+      int stop_status = 0;
+      if (++anomalies_in_a_row > kAnomaliesInARow) {
+        outcome = "stop: " + std::to_string(anomalies_in_a_row) + " anomalous steps in a row";
+        stop_status = kExitAnomaly;
+      } else if (action == "skip") {
+        outcome = "skip: update dropped, global samples [" + std::to_string(from) + ", " +
+                  std::to_string(state.next_sample) + ") skipped";
+      } else if (action == "rollback") {
+        const std::string path = rollback();
+        if (path.empty()) {
+          outcome = "rollback: no checkpoint in " + ckpt_dir + " to roll back to: stop";
+          stop_status = kExitAnomaly;
+        } else {
+          outcome = "rollback: to " + path + " (step " + std::to_string(state.step) +
+                    "), global samples [" + std::to_string(rolled_from) + ", " +
+                    std::to_string(state.next_sample) + ") skipped";
+        }
+      } else {
+        outcome = "stop";
+        stop_status = kExitAnomaly;
+      }
+      if (stop_status != 0)
+        outcome += ": no checkpoint written, " + kept_checkpoint() + ", exit " +
+                   std::to_string(stop_status);
+      log.say("anomaly: step %lld: %s (loss %.4f, grad_norm %.4g): %s", (long long)attempted,
+              anomaly.c_str(), loss, norm, outcome.c_str());
+      log.json("{\"type\":\"anomaly\",\"step\":" + std::to_string(attempted) +
+               ",\"loss\":" + json_number("%.17g", loss) +
+               ",\"grad_norm\":" + json_number("%.9g", norm) + ",\"reason\":\"" + anomaly +
+               "\",\"action\":\"" + (stop_status != 0 ? "stop" : action) + "\"}");
+      if (stop_status != 0) {
+        finish_write();
+        return write_exit_status(stop_status);
+      }
+      continue;
+    }
+    anomalies_in_a_row = 0;
+    detector.accept(loss, norm);
     state.step += 1;
     state.next_sample += B;
     state.tokens_seen += int64_t(B) * T;
 
     const double secs = seconds_since(t0);
     last_step_seconds = secs;
+    if (watchdog && !hang_warned && secs > cfg.run.hang_timeout) {
+      log.say("warning: step %lld took %.1f s, longer than run.hang_timeout = %g s: the watchdog "
+              "may end a healthy run", (long long)state.step + 1, secs, cfg.run.hang_timeout);
+      hang_warned = true;
+    }
     interval_seconds += secs;
     const double tok_s = double(B) * T / secs;
     const double mfu = flops_token * tok_s / (peak_gflops * 1e9 * world_size);
@@ -618,11 +815,15 @@ int train(MPI_Comm world_comm, const Config& cfg) {
       const auto t_save = Clock::now();
       save();
       last_saved = state.step;
-      last_save_seconds = seconds_since(t_save);
+      // The budget keeps room for a whole write: the stop waits for it.
+      last_save_seconds = background ? std::max(seconds_since(t_save), last_write_seconds)
+                                     : seconds_since(t_save);
     }
     if (last) evaluate();
   }
   if (last_saved != state.step && cfg.train.steps > 0) save();
+  finish_write();
+  watchdog.reset();
 
   // One line per rank in metrics.jsonl: its memory, its bytes per step on each communicator
   // (payload handed to MPI), and its pipeline bubble.

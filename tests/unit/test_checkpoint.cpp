@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 #include <vector>
 
 #include "common/error.hpp"
@@ -265,4 +266,143 @@ TEST(Checkpoint, AttributesOutOfRange) {
   } catch (const UserError& e) {
     EXPECT_EQ(std::string(e.what()), path + ": attribute n_layer = 4294967298 is outside 1..1024");
   }
+}
+
+namespace {
+
+// Replaces element `at` of dataset `name` (a whole-model layout: one tile per tensor) and stores
+// the checksum of the new values, so that only the value checks can refuse the file.
+void plant(const Fixture& f, const std::string& path, const std::string& prefix, size_t tensor,
+           size_t at, float value) {
+  const LocalTensor& t = f.layout.tensors[tensor];
+  const std::string name = prefix + f.layout.canonical.tensors[t.canonical].name;
+  std::vector<float> w(t.numel);
+  hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t dset = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+  H5Dread(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, w.data());
+  w[at] = value;
+  H5Dwrite(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, w.data());
+  H5Dclose(dset);
+  const uint64_t sum = tile_checksum(f.layout, t, w.data());
+  hid_t cset = H5Dopen2(file, ("checksum/" + name).c_str(), H5P_DEFAULT);
+  H5Dwrite(cset, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &sum);
+  H5Dclose(cset);
+  H5Fclose(file);
+}
+
+std::string read_error(const Fixture& f, const std::string& path, int* code) {
+  std::vector<float> p(f.layout.total), m(f.layout.total), v(f.layout.total);
+  try {
+    read_checkpoint(MPI_COMM_WORLD, path, f.layout, true, {p.data(), m.data(), v.data()});
+  } catch (const UserError& e) {
+    *code = e.exit_code;
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// A checkpoint is never written from weights or moments that are not finite; the last good one
+// stays the newest.
+TEST(Checkpoint, NonFiniteStateIsNeverWritten) {
+  Fixture f;
+  f.save(1);
+  const LocalTensor& t = f.layout.tensors[3];
+  const std::string name = f.layout.canonical.tensors[t.canonical].name;
+  for (std::vector<float>* part : {&f.p, &f.m, &f.v}) {
+    const float keep = (*part)[t.offset + 2];
+    (*part)[t.offset + 2] = part == &f.m ? INFINITY : NAN;
+    try {
+      f.save(2);
+      FAIL() << "no error";
+    } catch (const UserError& e) {
+      const std::string prefix = part == &f.p ? "/model/" : part == &f.m ? "/optim/exp_avg/"
+                                                                          : "/optim/exp_avg_sq/";
+      EXPECT_EQ(e.exit_code, kExitAnomaly);
+      EXPECT_EQ(std::string(e.what()),
+                "checkpoint step 2: refused: " + prefix + name + " holds " +
+                    (part == &f.m ? "inf" : "nan") +
+                    " at element 2 of this rank's tile: nothing written, kept step 1 "
+                    "(step_00000001.h5)");
+    }
+    (*part)[t.offset + 2] = keep;
+    EXPECT_FALSE(fs::exists(f.dir / "step_00000002.h5"));
+    EXPECT_FALSE(fs::exists(f.dir / "step_00000002.h5.tmp"));
+    EXPECT_EQ(fs::path(resolve_checkpoint(f.dir.string())).filename(), "step_00000001.h5");
+  }
+}
+
+// Values no training state holds are refused on read, one line naming the tensor, exit 2, even
+// when their checksum matches.
+TEST(Checkpoint, NonFiniteOrNegativeValuesAreRefusedOnRead) {
+  Fixture f;
+  const std::string path = f.save(1);
+  int code = 0;
+  ASSERT_EQ(read_error(f, path, &code), "");
+  const std::string w = f.layout.canonical.tensors[f.layout.tensors[2].canonical].name;
+  plant(f, path, "model/", 2, 5, NAN);
+  EXPECT_EQ(read_error(f, path, &code),
+            path + ": /model/" + w + " holds nan at element 5 of this rank's tile (a checkpoint "
+            "holds finite weights and moments, and non-negative exp_avg_sq)");
+  EXPECT_EQ(code, kExitBadInput);
+  plant(f, path, "model/", 2, 5, 0.5f);
+  ASSERT_EQ(read_error(f, path, &code), "");
+  plant(f, path, "optim/exp_avg_sq/", 4, 1, -1.0f);
+  EXPECT_NE(read_error(f, path, &code).find("/optim/exp_avg_sq/" +
+                                            f.layout.canonical.tensors[f.layout.tensors[4].canonical].name +
+                                            " holds -1 at element 1"),
+            std::string::npos);
+  EXPECT_EQ(code, kExitBadInput);
+  plant(f, path, "optim/exp_avg_sq/", 4, 1, 0.0f);
+  plant(f, path, "optim/exp_avg/", 0, 0, -INFINITY);
+  EXPECT_NE(read_error(f, path, &code).find(" holds -inf at element 0"), std::string::npos);
+}
+
+// The restart state is covered by state_checksum: an in-range value changed after the write is
+// refused; a value out of range by its range check first.
+TEST(Checkpoint, RestartStateIsChecksummed) {
+  Fixture f;
+  const std::string path = f.save(3);
+  auto set_int = [&](const char* group, const char* name, int64_t value) {
+    hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t g = H5Gopen2(file, group, H5P_DEFAULT);
+    h5_write_int_attr(g, name, value);
+    H5Gclose(g);
+    H5Fclose(file);
+  };
+  EXPECT_EQ(read_checkpoint_info(path).state.next_sample, 12);
+  for (const auto& [group, name, value] :
+       {std::tuple{"train", "next_sample", int64_t(13)}, std::tuple{"/", "step", int64_t(4)},
+        std::tuple{"train", "seed", int64_t(6)}, std::tuple{"model", "ffn_hidden", int64_t(16)}}) {
+    f.save(3);  // a fresh file each time
+    set_int(group, name, value);
+    try {
+      read_checkpoint_info(path);
+      FAIL() << "no error for " << name;
+    } catch (const UserError& e) {
+      EXPECT_EQ(e.exit_code, kExitBadInput);
+      EXPECT_EQ(std::string(e.what()),
+                path + ": attribute state_checksum does not match the restart attributes (step, "
+                "tokens_seen, /train next_sample, seed, lr, data_sources, data_position, the "
+                "/model shape): one was changed after the write")
+          << name;
+    }
+  }
+  f.save(3);
+  set_int("train", "next_sample", -1);
+  try {
+    read_checkpoint_info(path);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("next_sample = -1 is outside"), std::string::npos)
+        << e.what();
+  }
+  f.save(3);
+  {
+    hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Adelete(file, "state_checksum");
+    H5Fclose(file);
+  }
+  EXPECT_THROW(read_checkpoint_info(path), UserError);
 }

@@ -57,6 +57,9 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.train.batch_size, b.train.batch_size);
   EXPECT_EQ(a.train.micro_batch, b.train.micro_batch);
   EXPECT_EQ(a.train.seed, b.train.seed);
+  EXPECT_EQ(a.train.anomaly_window, b.train.anomaly_window);
+  EXPECT_EQ(a.train.anomaly_sigma, b.train.anomaly_sigma);
+  EXPECT_EQ(a.train.anomaly_action, b.train.anomaly_action);
   EXPECT_EQ(a.optim.lr, b.optim.lr);
   EXPECT_EQ(a.optim.min_lr, b.optim.min_lr);
   EXPECT_EQ(a.optim.warmup_steps, b.optim.warmup_steps);
@@ -74,10 +77,13 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.checkpoint.collective_bytes, b.checkpoint.collective_bytes);
   EXPECT_EQ(a.checkpoint.init_from, b.checkpoint.init_from);
   EXPECT_EQ(a.checkpoint.reserve, b.checkpoint.reserve);
+  EXPECT_EQ(a.checkpoint.keep, b.checkpoint.keep);
+  EXPECT_EQ(a.checkpoint.async, b.checkpoint.async);
   EXPECT_EQ(a.log.every, b.log.every);
   EXPECT_EQ(a.log.peak_gflops, b.log.peak_gflops);
   EXPECT_EQ(a.run.dir, b.run.dir);
   EXPECT_EQ(a.run.max_minutes, b.run.max_minutes);
+  EXPECT_EQ(a.run.hang_timeout, b.run.hang_timeout);
   EXPECT_EQ(a.device.backend, b.device.backend);
   EXPECT_EQ(a.device.precision, b.device.precision);
   EXPECT_EQ(a.device.threads, b.device.threads);
@@ -119,14 +125,15 @@ TEST(Config, EveryKeyReachesItsField) {
       "data:\n  train: a.h5\n  val: b.h5\n  format: raw\n  dtype: uint32\n  seq_len: 48\n"
       "  prefetch: 2\n  readers: 3\n  direct_io: false\n  check_tokens: false\n  trace: true\n"
       "train:\n  steps: 7\n  batch_size: 12\n  micro_batch: 4\n  seed: 42\n"
+      "  anomaly_window: 9\n  anomaly_sigma: 2.5\n  anomaly_action: rollback\n"
       "optim:\n  lr: 6e-4\n  min_lr: 6e-5\n  warmup_steps: 5\n  decay_steps: 70\n"
       "  weight_decay: 0.05\n  beta1: 0.8\n  beta2: 0.99\n  eps: 1e-6\n  grad_clip: 0.5\n"
       "eval:\n  every: 3\n  batches: 2\n"
       "checkpoint:\n  dir: ck\n  every: 4\n  restart: none\n  collective_bytes: 4096\n"
       "  init_from: gpt2.h5\n"
-      "  reserve: false\n"
+      "  reserve: false\n  keep: 3\n  async: true\n"
       "log:\n  every: 1\n  peak_gflops: 250.5\n"
-      "run:\n  dir: r\n  max_minutes: 1.5\n"
+      "run:\n  dir: r\n  max_minutes: 1.5\n  hang_timeout: 90\n"
       "device:\n  backend: auto\n  precision: bf16\n  threads: 2\n"
       "parallel:\n  dp: 3\n  tp: 3\n  pp: 2\n  schedule: gpipe\n  zero: 1\n"
       "  stage_layers: [1, 1]\n";
@@ -145,11 +152,14 @@ TEST(Config, EveryKeyReachesItsField) {
   e.data.check_tokens = false;
   e.data.trace = true;
   e.train = {7, 12, 4, 42};
+  e.train.anomaly_window = 9;
+  e.train.anomaly_sigma = 2.5;
+  e.train.anomaly_action = "rollback";
   e.optim = {6e-4, 6e-5, 5, 70, 0.05, 0.8, 0.99, 1e-6, 0.5};
   e.eval = {3, 2};
-  e.checkpoint = {"ck", 4, "none", 4096, "gpt2.h5", false};
+  e.checkpoint = {"ck", 4, "none", 4096, "gpt2.h5", false, 3, true};
   e.log = {1, 250.5};
-  e.run = RunConfig{"r", 1.5};  // not `e.run.dir = "r"`: GCC 12 -O3 warns falsely (-Wrestrict)
+  e.run = RunConfig{"r", 1.5, 90};  // not `e.run.dir = "r"`: GCC 12 -O3 warns falsely (-Wrestrict)
   e.device = {"auto", "bf16", 2};
   e.parallel = {3, 3, 2, "gpipe", 1, {1, 1}};
   expect_same(c, e);
@@ -203,7 +213,7 @@ TEST(Config, UnknownKeysSuggestTheNearestName) {
             "deck.yaml:3:3: model.seq_len: unknown key (did you mean data.seq_len?)");
   EXPECT_EQ(deck_error("data: {train: t.h5}\ntrain:\n  xyzzy: 3\n"),
             "deck.yaml:3:3: train.xyzzy: unknown key (train has: steps, batch_size, micro_batch, "
-            "seed, recompute)");
+            "seed, recompute, anomaly_window, anomaly_sigma, anomaly_action)");
 }
 
 TEST(Config, UnknownSectionsSuggestTheNearestName) {
@@ -335,6 +345,13 @@ TEST(Config, RangeRules) {
       {"model", "norm_eps", "0", "must be > 0, got 0"},
       {"model", "rope_theta", "-1", "must be > 0, got -1"},
       {"train", "recompute", "some", "must be none, selective or full, got 'some'"},
+      {"train", "anomaly_window", "1", "must be >= 2, got 1"},
+      {"train", "anomaly_window", "100001",
+       "must be <= 100000 (a window of steps kept in memory), got 100001"},
+      {"train", "anomaly_sigma", "-1", "must be >= 0, got -1"},
+      {"train", "anomaly_action", "ignore", "must be stop, skip or rollback, got 'ignore'"},
+      {"checkpoint", "keep", "-1", "must be >= 0, got -1"},
+      {"run", "hang_timeout", "-1", "must be >= 0, got -1"},
       {"data", "seq_len", "0", "must be >= 1, got 0"},
       {"train", "steps", "-1", "must be >= 0, got -1"},
       {"train", "batch_size", "0", "must be >= 1, got 0"},
@@ -663,7 +680,7 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 62);
+  EXPECT_EQ(keys, 68);
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",
@@ -895,4 +912,16 @@ TEST(Config, ParallelCrossKeyRules) {
 }
 
 }  // namespace
+// Found by tests/fuzz (corpus/deck/crash-timeout-*): yaml-cpp loops without bound on a NUL byte,
+// so a deck holding one is refused by position first.
+TEST(Config, NulByteIsRefusedByPosition) {
+  const char text[] = "data: {train: t.h5}\nrun:\n  dir: a\0b\n";
+  EXPECT_EQ(deck_error(std::string(text, sizeof text - 1)),
+            "deck.yaml:3:9: a NUL byte: a deck is text (YAML allows tab, line feed and carriage "
+            "return, no other control character)");
+  EXPECT_EQ(deck_error("data: {train: t.h5}\n# make ru\x1c\x1cn\n"),
+            "deck.yaml:2:10: control character 0x1C: a deck is text (YAML allows tab, line feed "
+            "and carriage return, no other control character)");
+}
+
 }  // namespace tessera

@@ -1,0 +1,115 @@
+// The anomaly policy: the detector's verdicts, and a dropped update that leaves the parameters,
+// the Adam moments and AdamW's step count exactly as they were (with and without ZeRO-1).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "model/shard.hpp"
+#include "pipeline/schedule.hpp"
+#include "train/anomaly.hpp"
+#include "train/engine.hpp"
+
+using namespace tessera;
+
+TEST(Anomaly, NonFiniteIsAlwaysAnomalous) {
+  const AnomalyDetector off(5, 0.0);  // sigma 0: spikes are not looked for
+  EXPECT_EQ(off.judge(3.0, 1.0), "");
+  EXPECT_EQ(off.judge(NAN, 1.0), "loss nan is not finite");
+  EXPECT_EQ(off.judge(3.0, INFINITY), "grad_norm inf is not finite");
+  EXPECT_EQ(off.judge(-INFINITY, 1.0), "loss -inf is not finite");
+  EXPECT_EQ(off.judge(3.0, 1e30), "");
+}
+
+TEST(Anomaly, SpikesAgainstAFullWindow) {
+  AnomalyDetector d(4, 3.0);
+  // Not judged until the window is full.
+  for (double x : {4.0, 4.2, 3.8}) {
+    EXPECT_EQ(d.judge(100.0, 100.0), "");
+    d.accept(x, 1.0 + (x - 4.0));
+  }
+  d.accept(4.0, 1.0);  // window: loss 4, 4.2, 3.8, 4 (mean 4, std 0.1414); norm mean 1
+  EXPECT_EQ(d.judge(4.4, 1.0), "");  // mean + 3 std = 4.424
+  EXPECT_EQ(d.judge(4.43, 1.0),
+            "loss 4.43 is above the mean 4 + 3 x std 0.141421 of the last 4 steps");
+  EXPECT_NE(d.judge(4.0, 2.0).find("grad_norm 2 is above the mean 1 + 3 x std"), std::string::npos);
+  // The window slides: four larger losses make 4.43 normal.
+  for (int i = 0; i < 4; ++i) d.accept(4.4 + 0.05 * i, 1.0);
+  EXPECT_EQ(d.judge(4.43, 1.0), "");
+}
+
+namespace {
+
+// Two engines of one small model on this rank; B = 2 sequences of T = 8.
+struct Pair {
+  ModelShape shape = make_model_shape(2, 2, 16, 8, 40, 8);
+  LocalLayout tile = make_local_layout(shape, 1, 0, 0, shape.n_layer, true, true);
+  Comm world{MPI_COMM_SELF};
+  std::unique_ptr<TrainEngine> a, b;
+  explicit Pair(bool zero) {
+    const EngineSetup setup{tile, MPI_COMM_NULL, MPI_COMM_SELF, MPI_COMM_NULL, MPI_COMM_NULL,
+                            &world, make_schedule(ScheduleKind::OneFOneB, 0, 1, 1), 2, 8, 1, zero,
+                            false, AdamWHyper{0.9, 0.95, 1e-8, 0.1}, ModelOptions{}};
+    a = make_engine(setup, false, false);
+    b = make_engine(setup, false, false);
+    for (TrainEngine* e : {a.get(), b.get()}) {
+      init_local_parameters(e->host_params(), tile, 11, 0.02);
+      e->params_to_device();
+    }
+  }
+};
+
+std::vector<int32_t> tokens(int seed) {
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  std::vector<int32_t> t(2 * 8 + 1);
+  for (int32_t& x : t) x = int32_t(gen() % 40);
+  return t;
+}
+
+void expect_same_state(TrainEngine& a, TrainEngine& b) {
+  const size_t n = a.buffer_size();
+  const float* pa = a.params_to_host();
+  const float* pb = b.params_to_host();
+  EXPECT_EQ(std::vector<float>(pa, pa + n), std::vector<float>(pb, pb + n));
+  std::vector<float> ma, va, mb, vb;
+  a.get_moments(ma, va);
+  b.get_moments(mb, vb);
+  EXPECT_EQ(ma, mb);
+  EXPECT_EQ(va, vb);
+}
+
+}  // namespace
+
+// Engine a: step 1, a step whose update is dropped (NaN gradients), step 2. Engine b: step 1,
+// step 2. Every parameter and moment equal to the bit: the dropped update left nothing behind,
+// and step 2 saw AdamW's t = 2 in both.
+TEST(Anomaly, DroppedUpdateLeavesNothingBehind) {
+  for (bool zero : {false, true}) {
+    Pair p(zero);
+    const std::vector<int32_t> t1 = tokens(1), t2 = tokens(2), bad = tokens(3);
+    auto batch = [](const std::vector<int32_t>& t) {
+      return std::vector<HostMicroBatch>{{t.data(), t.data() + 1}};
+    };
+    const float dloss = 1.0f / 16;
+    int checked = 0;
+    const TrainEngine::StepCheck yes = [&](double, double) { return ++checked > 0; };
+    const TrainEngine::StepCheck no = [&](double loss, double norm) {
+      EXPECT_TRUE(std::isfinite(loss));
+      EXPECT_TRUE(std::isnan(norm));
+      return false;
+    };
+    p.a->train_step(batch(t1), dloss, 1.0, 1e-2, 1, yes);
+    p.b->train_step(batch(t1), dloss, 1.0, 1e-2, 1);
+    expect_same_state(*p.a, *p.b);
+    const TrainEngine::StepResult dropped = p.a->train_step(batch(bad), NAN, 1.0, 1e-2, 2, no);
+    EXPECT_TRUE(std::isnan(dropped.norm));
+    expect_same_state(*p.a, *p.b);
+    p.a->train_step(batch(t2), dloss, 1.0, 1e-2, 2, yes);
+    p.b->train_step(batch(t2), dloss, 1.0, 1e-2, 2);
+    expect_same_state(*p.a, *p.b);
+    EXPECT_EQ(checked, 2);
+  }
+}
