@@ -14,22 +14,35 @@
 
 namespace tessera {
 
+namespace {
+
+// The fastest of at least `min_reps` runs of once() and `seconds` of them, after a warm-up run
+// (thread pool start and page faults are no part of a rate): a peak is what the machine can do,
+// and slower repetitions measure whatever else ran on the cores meanwhile.
+template <class F>
+double fastest_seconds(F&& once, double seconds, int min_reps = 1) {
+  once();
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  double best = 1e30;
+  int reps = 0;
+  do {
+    const auto t0 = clock::now();
+    once();
+    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
+  } while (++reps < min_reps ||
+           std::chrono::duration<double>(clock::now() - start).count() < seconds);
+  return best;
+}
+
+}  // namespace
+
 double measure_sgemm_gflops(double seconds) {
   constexpr int n = 1024;
   std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n, 0.0f);
   auto once = [&] { cpu::gemm<float>(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
                                      c.data(), n); };
-  once();  // warm-up: thread pool start and page faults are no part of the rate
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  // The fastest repetition: a peak is what the machine can do, and slower repetitions measure
-  // whatever else ran on the cores meanwhile.
-  double best = 1e30;
-  do {
-    const auto t0 = clock::now();
-    once();
-    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
-  } while (std::chrono::duration<double>(clock::now() - start).count() < seconds);
+  const double best = fastest_seconds(once, seconds);
   return 2.0 * n * n * double(n) / best / 1e9;
 }
 
@@ -40,15 +53,7 @@ double measure_copy_bandwidth(double seconds) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; ++i) b[i] = a[i];
   };
-  once();
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  double best = 1e30;
-  do {
-    const auto t0 = clock::now();
-    once();
-    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
-  } while (std::chrono::duration<double>(clock::now() - start).count() < seconds);
+  const double best = fastest_seconds(once, seconds);
   return 2.0 * double(n) * sizeof(float) / best;
 }
 
@@ -86,18 +91,9 @@ double measure_sgemm_seconds(bool trans_a, bool trans_b, int M, int N, int K, bo
                          b.data() + t * b_size, ldb, 0.0f, c.data() + t * c_size, n);
     }
   };
-  once();
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  double best = 1e30;
-  int reps = 0;
   // The fastest of at least 3 repetitions and 100 ms: on a shared machine most repetitions
-  // measure what else ran meanwhile, as measure_sgemm_gflops says.
-  do {
-    const auto t0 = clock::now();
-    once();
-    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count() / inner);
-  } while (++reps < 3 || std::chrono::duration<double>(clock::now() - start).count() < 0.1);
+  // measure what else ran meanwhile.
+  const double best = fastest_seconds(once, 0.1, 3) / inner;
   std::lock_guard<std::mutex> hold(lock);
   cache[key] = best;
   return best * scale;
@@ -111,15 +107,7 @@ double measure_exp_rate(double seconds) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; ++i) b[i] = std::exp(a[i] - 1.0f);
   };
-  once();
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  double best = 1e30;
-  do {
-    const auto t0 = clock::now();
-    once();
-    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
-  } while (std::chrono::duration<double>(clock::now() - start).count() < seconds);
+  const double best = fastest_seconds(once, seconds);
   return double(n) / best;
 }
 
