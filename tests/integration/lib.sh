@@ -98,3 +98,11 @@ wait_for_line() {  # wait_for_line FILE REGEX SECONDS: until FILE has a line mat
   for ((i = 0; i < $3 * 20; i++)); do grep -Eq "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
   return 1
 }
+wait_for() {  # wait_for FILE-GLOB SECONDS: until a file matches FILE-GLOB
+  local t=0
+  until compgen -G "$1" >/dev/null; do
+    sleep 0.05
+    t=$((t + 1))
+    [ "$t" -lt $(($2 * 20)) ] || return 1
+  done
+}

@@ -28,14 +28,6 @@ signal() {  # signal SIG NAME WHO: WHO = mpiexec (the launcher) or ranks
     pkill -"$1" -f "^$TESSERA train .*run.dir=$WORK/$2( |\$)"
   fi
 }
-wait_for() {  # wait_for FILE-GLOB SECONDS
-  local t=0
-  until compgen -G "$1" >/dev/null; do
-    sleep 0.05
-    t=$((t + 1))
-    [ "$t" -lt $(($2 * 20)) ] || return 1
-  done
-}
 finish_run() {  # finish_run NAME STEPS: restart until the run completes (bounded)
   timeout 120 $MPIEXEC -n 2 "$TESSERA" train "$deck" "${common[@]}" train.steps="$2" \
     run.dir="$WORK/$1" >>"$WORK/$1.log" 2>&1

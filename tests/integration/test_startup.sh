@@ -21,8 +21,7 @@ scan_stop() {  # scan_stop NAME NP SIG STATUS
     data.val= parallel.dp="$np" run.dir="$W/$name" >"$name.out" 2>"$name.err" &
   local job=$!
   # deck.yaml is written right before the scan starts; the scan then takes seconds.
-  local i
-  for ((i = 0; i < 600; i++)); do [ -f "$W/$name/deck.yaml" ] && break; sleep 0.05; done
+  wait_for "$W/$name/deck.yaml" 30
   sleep 0.5
   local sent=$SECONDS
   pkill -"$sig" -f "^$TESSERA train .*run.dir=$W/$name\$"
