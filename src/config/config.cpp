@@ -3,6 +3,7 @@
 // overrides, value types, the required key, ranges. Nothing here prints, exits or aborts.
 #include "config/config.hpp"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <sstream>
 #include <string_view>
 #include <utility>
 #include <variant>
@@ -501,6 +503,36 @@ void check_quotes(const std::string& text, const std::string& origin) {
   }
 }
 
+// The documents of a YAML stream as the parser reports them: where the latest one starts, where
+// its first node is if it holds anything but one null, and whether it starts where the one
+// before did.
+struct Documents : YAML::EventHandler {
+  YAML::Mark start, node;
+  int count = 0;
+  bool only_null = true, stuck = false;
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    stuck = count > 0 && mark.pos == start.pos;
+    start = mark;
+    ++count;
+    only_null = true;
+  }
+  void saw(const YAML::Mark& mark) {
+    if (only_null) node = mark;
+    only_null = false;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { saw(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override { saw(mark); }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override { saw(mark); }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override { saw(mark); }
+  void OnMapEnd() override {}
+};
+
 YAML::Node load_yaml(const std::string& text, const std::string& origin) {
   // yaml-cpp 0.7 loops, allocating without bound, on a NUL byte and on other control characters
   // (found by tests/fuzz). YAML allows none but tab, line feed and carriage return, so a deck
@@ -522,19 +554,26 @@ YAML::Node load_yaml(const std::string& text, const std::string& origin) {
              "and carriage return, no other control character)");
   }
   check_quotes(text, origin);
-  std::vector<YAML::Node> documents;
+  // yaml-cpp 0.7's LoadAll never ends, allocating a null document per turn, on a token that no
+  // document can start with (a ',' at the top level: found by tests/fuzz; yaml-cpp issue 1040):
+  // the documents are walked here as events, one starting where the one before did is refused,
+  // and only then is the first one loaded.
+  Documents documents;
   try {
-    documents = YAML::LoadAll(text);
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    while (parser.HandleNextDocument(documents)) {
+      if (documents.stuck)
+        fail(at(origin, documents.start), std::string("unexpected '") + text[documents.start.pos] +
+                                              "': no YAML document can start with it");
+      // A trailing "---" makes an empty second document, harmless; a second deck is not.
+      if (documents.count > 1 && !documents.only_null)
+        fail(at(origin, documents.node), "expected one YAML document, found a second");
+    }
+    return YAML::Load(text);
   } catch (const YAML::Exception& e) {
     fail(at(origin, e.mark), e.msg);
   }
-  // A trailing "---" makes an empty second document, harmless; a second deck is not.
-  for (size_t i = 1; i < documents.size(); i++) {
-    if (!documents[i].IsNull()) {
-      fail(at(origin, documents[i].Mark()), "expected one YAML document, found a second");
-    }
-  }
-  return documents.empty() ? YAML::Node() : documents[0];
 }
 
 // Walks the document's sections and keys, recording where each known key's value is. Refuses

@@ -924,4 +924,17 @@ TEST(Config, NulByteIsRefusedByPosition) {
             "and carriage return, no other control character)");
 }
 
+
+// Found by tests/fuzz (corpus/deck/crash-timeout-ea18be*): yaml-cpp 0.7's LoadAll never ends on
+// a ',' where a document would start (yaml-cpp issue 1040); a second document is still refused,
+// a trailing "---" still harmless.
+TEST(Config, CommaWhereADocumentStartsIsRefused) {
+  EXPECT_EQ(deck_error(","), "deck.yaml:1:1: unexpected ',': no YAML document can start with it");
+  EXPECT_EQ(deck_error("\n  , seq: 1\n"),
+            "deck.yaml:2:3: unexpected ',': no YAML document can start with it");
+  EXPECT_EQ(deck_error("data: {train: t.h5}\n---\nrun: {dir: a}\n"),
+            "deck.yaml:3:1: expected one YAML document, found a second");
+  EXPECT_EQ(parse_deck("data: {train: t.h5}\ntrain: {steps: 7}\n---\n", "deck.yaml", {}).train.steps, 7);
+}
+
 }  // namespace tessera
