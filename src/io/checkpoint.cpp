@@ -24,6 +24,7 @@
 #include "common/limits.hpp"
 #include "common/rng.hpp"
 #include "common/version.hpp"
+#include "io/contained.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/tokenizer.hpp"
 #include "parallel/comm.hpp"
@@ -191,19 +192,48 @@ uint64_t write_tensor(hid_t dset, const std::string& path, const LocalLayout& la
   return t ? tile_checksum(layout, *t, local) : 0;
 }
 
+// Opens dataset /path of a checkpoint: there, of `shape`, and contiguous as tessera writes it.
+// Another layout is a damaged or foreign file, and a damaged chunk index can make libhdf5
+// allocate and fill gigabytes (found by tests/fuzz).
+H5Handle open_tensor(hid_t file, const std::string& ckpt, const std::string& path,
+                     const std::vector<size_t>& shape) {
+  if (H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
+    throw UserError(ckpt + ": missing dataset /" + path);
+  H5Handle dset(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!dset.valid())
+    throw UserError(ckpt + ": /" + path + " cannot be opened: " + h5_error_reason());
+  H5Handle space(H5Dget_space(dset.get()), H5Sclose);
+  std::vector<hsize_t> dims(size_t(std::max(0, H5Sget_simple_extent_ndims(space.get()))));
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  if (std::vector<size_t>(dims.begin(), dims.end()) != shape)
+    throw UserError(ckpt + ": /" + path + " has a different shape from the deck's model");
+  H5Handle plist(H5Dget_create_plist(dset.get()), H5Pclose);
+  if (H5Pget_layout(plist.get()) != H5D_CONTIGUOUS)
+    throw UserError(ckpt + ": /" + path + " is not stored contiguously as tessera writes it "
+                    "(a damaged file, or not a tessera checkpoint)");
+  // Its bytes where the file has them: a damaged address or size sends libhdf5 reading (or
+  // seeking) far past the end, slowly (found by tests/fuzz).
+  H5Handle type(H5Dget_type(dset.get()), H5Tclose);
+  uint64_t want = sizeof(float);
+  for (size_t d : shape) want *= d;
+  const haddr_t at = H5Dget_offset(dset.get());
+  const uint64_t stored = H5Dget_storage_size(dset.get());
+  std::error_code ec;
+  const uint64_t file_bytes = fs::file_size(ckpt, ec);
+  if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != sizeof(float) ||
+      stored != want || at == HADDR_UNDEF || ec || uint64_t(at) + stored > file_bytes)
+    throw UserError(ckpt + ": /" + path + " is not " + std::to_string(want) + " bytes of float32 " +
+                    "inside the file's " + std::to_string(file_bytes) + " bytes (a damaged file)");
+  return dset;
+}
+
 // Reads this rank's tile of canonical tensor c (every rank that holds one, owner or not).
 // Returns this rank's part of the checksum when it is `counted`, else 0.
 uint64_t read_tensor(hid_t file, const std::string& ckpt, const std::string& path,
                      const LocalLayout& layout, const ParamTensor& c, const LocalTensor* t,
                      bool counted, float* local, long collective_bytes, std::string* bad) {
-  if (H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
-    throw UserError(ckpt + ": missing dataset /" + path);
-  H5Handle dset(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
+  H5Handle dset = open_tensor(file, ckpt, path, c.shape);
   H5Handle space(H5Dget_space(dset.get()), H5Sclose);
-  std::vector<hsize_t> dims(size_t(std::max(0, H5Sget_simple_extent_ndims(space.get()))));
-  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  if (std::vector<size_t>(dims.begin(), dims.end()) != c.shape)
-    throw UserError(ckpt + ": /" + path + " has a different shape from the deck's model");
   select_tile(space.get(), t);
   H5Handle mem = memory_space(t);
   const H5FD_mpio_xfer_t mode = transfer_mode(c, collective_bytes);
@@ -540,9 +570,9 @@ std::string probe_checkpoint_dir(MPI_Comm comm, const std::string& dir) {
   return failure;
 }
 
-CheckpointInfo read_checkpoint_info(const std::string& path) {
-  hdf5_quiet();
-  require_regular_file(path, "checkpoint");
+namespace {
+
+CheckpointInfo read_info_here(const std::string& path) {
   if (H5Fis_hdf5(path.c_str()) <= 0)
     throw UserError(path + ": not an HDF5 file (a tessera checkpoint is step_NNNNNNNN.h5)");
   H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
@@ -619,6 +649,26 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   info.tokenizer.model = read_tokenizer_model(tok.get(), path, "model");
   check_tokenizer(info.tokenizer, path);
   return info;
+}
+
+}  // namespace
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  hdf5_quiet();
+  require_regular_file(path, "checkpoint");
+  // The metadata first in a child process (io/contained.hpp), where libhdf5 crashing on a damaged
+  // file is one more error: the attributes, and every tensor's dataset opened and checked as a
+  // read will open it.
+  run_contained("checkpoint " + path, [&] {
+    const CheckpointInfo info = read_info_here(path);
+    H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    const LocalLayout whole = make_local_layout(info.shape, 1, 0, 0, info.shape.n_layer, true, true);
+    std::vector<std::string> prefixes = {"model/"};
+    if (info.has_optimizer) prefixes.insert(prefixes.end(), {"optim/exp_avg/", "optim/exp_avg_sq/"});
+    for (const ParamTensor& c : whole.canonical.tensors)
+      for (const std::string& prefix : prefixes) open_tensor(file.get(), path, prefix + c.name, c.shape);
+  });
+  return read_info_here(path);
 }
 
 void check_checkpoint_shape(const CheckpointInfo& info, const LocalLayout& layout) {

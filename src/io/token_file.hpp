@@ -14,8 +14,10 @@ class TokenFile {
  public:
   // Throws UserError naming the file: missing (exit 1), not HDF5 / no /tokens / wrong dtype, data
   // that would read as zeros (never written, truncated, a virtual dataset, an external link)
-  // or tokenizer attributes out of range (exit 2).
-  explicit TokenFile(const std::string& path);
+  // or tokenizer attributes out of range (exit 2). The file is first opened, checked and its
+  // first and last tokens read in a child process (io/contained.hpp), where libhdf5 crashing on
+  // a damaged file is one more such error.
+  explicit TokenFile(const std::string& path) : TokenFile(path, true) {}
 
   const std::string& path() const { return path_; }
   uint64_t num_tokens() const { return num_tokens_; }
@@ -36,6 +38,7 @@ class TokenFile {
   void read(uint64_t first, uint64_t count, uint32_t* out);
 
  private:
+  TokenFile(const std::string& path, bool contained);
   void check_storage(hid_t type);
 
   std::string path_;

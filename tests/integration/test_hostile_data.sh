@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Token files that would read as zeros, or lie about themselves, are refused with one line before
 # training (exit 2), by `train` on 2 ranks and by `data info`: /tokens never written, chunks
-# missing, a virtual dataset, an external link into another file, a contiguous dataset running
+# missing or a damaged chunk index, a virtual dataset, an external link into another file, a contiguous dataset running
 # past the end of its file (even with data.check_tokens=false), tokenizer attributes out of range.
 # A chunked file truncated while a run reads it stops the run (exit 1) instead of training on
 # zeros. Paths that are not files (a directory, a FIFO, a device, a link loop) say what they are.
@@ -47,6 +47,14 @@ for name, kw in [("eot_out", dict(eot=300)), ("eot_neg", dict(eot=-5)),
         f.create_dataset("tokens", data=ids); attrs(f, **kw)
 with h5py.File("chunked.h5", "w") as f:              # read through HDF5
     f.create_dataset("tokens", data=np.tile(ids, 10), chunks=(4096,)); attrs(f)
+with h5py.File("badchunk.h5", "w") as f:             # its 2nd chunk's size zeroed in the index
+    f.create_dataset("tokens", data=np.tile(ids, 10), chunks=(1024,)); attrs(f)
+raw = bytearray(open("badchunk.h5", "rb").read())
+key = struct.pack("<IIQQ", 2048, 0, 1024, 0)  # v1 B-tree key: size, filter mask, offset
+assert raw.count(key) == 1, "badchunk.h5: chunk key not found once"
+at = raw.find(key)
+raw[at:at + 4] = struct.pack("<I", 0)
+open("badchunk.h5", "wb").write(raw)
 EOF
 
 W=$WORK
@@ -55,6 +63,8 @@ expect_error unwritten 2 "^$W/unwritten\.h5: /tokens declares 200000 tokens, but
   run2 data.train="$W/unwritten.h5"
 expect_error missing_chunks 2 "^$W/partchunks\.h5: /tokens declares 200000 tokens in 20 chunks, but only 5 were ever written" \
   run2 data.train="$W/partchunks.h5" data.check_tokens=false
+expect_error damaged_chunk_index 2 "^$W/badchunk\.h5: /tokens' [0-9]+ unfiltered chunks of 1024 tokens take [0-9]+ bytes on disk, not [0-9]+ \(a damaged chunk index\)$" \
+  run2 data.train="$W/badchunk.h5" data.check_tokens=false
 expect_error virtual_dataset 2 "^$W/vds\.h5: /tokens is a virtual dataset" \
   run2 data.train="$W/vds.h5" data.check_tokens=false
 expect_error external_link 2 "^$W/extlink\.h5: /tokens is a link to a dataset in another file, .*target\.h5; give that file as the data$" \
