@@ -289,7 +289,8 @@ test: deps
 # ---- fuzzing (tests/fuzz/README.md) -------------------------------------------------------------
 # `make test` replays the kept corpus through the targets built with $(CXX) (bin/fuzz_replay);
 # `make fuzz` builds each target with clang's libFuzzer and ASan (build-fuzz/, CUDA off) and runs
-# it FUZZ_TIME seconds, from the kept corpus; an input that crashes is written into the corpus.
+# it FUZZ_TIME seconds from the kept corpus (tests/fuzz/run.sh); what it finds goes to
+# build-fuzz/findings/, and into the kept corpus once fixed.
 # A damaged HDF5 file can make libhdf5 itself ask malloc for terabytes: as without ASan, the
 # allocation fails (allocator_may_return_null) and HDF5 reports an error, which must reach us as
 # a UserError; an allocation of tessera's own that large still ends as an uncaught bad_alloc.
@@ -310,13 +311,7 @@ fuzz-bins: $(foreach t,$(FUZZ_TARGETS),bin/fuzz_$(t))
 fuzz: deps
 	$(MAKE) -j$(JOBS) CXX=$(FUZZ_CXX) CUDA=0 BUILD=build-fuzz WARN="-Wall -Wextra -Wno-pass-failed" \
 	  OPT="-O1 -g -fsanitize=address,fuzzer-no-link -fno-omit-frame-pointer" fuzz-bins
-	@for t in $(FUZZ_TARGETS); do \
-	  mkdir -p build-fuzz/corpus/$$t; echo "fuzz: $$t for $(FUZZ_TIME) s"; \
-	  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 LSAN_OPTIONS=suppressions=tests/lsan.supp \
-	  bin/fuzz_$$t -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=4096 -malloc_limit_mb=4000000 -print_final_stats=1 \
-	    -artifact_prefix=tests/fuzz/corpus/$$t/crash- build-fuzz/corpus/$$t tests/fuzz/corpus/$$t \
-	    2>&1 | tee build-fuzz/$$t.log | grep -E "^(stat::|INFO: Running|==[0-9]+==ERROR|SUMMARY)"; \
-	done
+	@for t in $(FUZZ_TARGETS); do bash tests/fuzz/run.sh $$t $(FUZZ_TIME) || exit 1; done
 
 bench: deps
 	$(MAKE) -j$(JOBS) bin/tessera
