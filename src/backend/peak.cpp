@@ -111,4 +111,29 @@ double measure_exp_rate(double seconds) {
   return double(n) / best;
 }
 
+OptimizerRates measure_optimizer_rates(int sharing) {
+  const int threads = omp_get_max_threads();
+  sharing = std::max(1, sharing);
+  // 4 Mi elements a rank: its four buffers (64 MB) are beyond any cache, as a model's are.
+  const size_t per_rank = size_t(1) << 22, n = per_rank * size_t(sharing);
+  std::vector<float> p(n, 0.5f), g(n, 0.25f), m(n, 0.0f), v(n, 0.0f);
+  omp_set_num_threads(threads * sharing);
+  OptimizerRates r;
+  long t = 0;
+  const AdamWHyper hyper;
+  auto per_element = [&](auto&& once) { return fastest_seconds(once, 0.05, 3) / double(per_rank); };
+  r.adamw = per_element([&] { cpu::adamw_update(p.data(), nullptr, g.data(), m.data(), v.data(), n,
+                                                true, hyper, 1e-4, ++t); });
+  double sum = 0;
+  r.norm = per_element([&] { cpu::sum_of_squares(&sum, g.data(), n); });
+  r.scale = per_element([&] { cpu::scale(g.data(), n, 1.0f); });
+  // Zeroing is one memset on the rank's own thread; the other ranks' memsets run meanwhile.
+  r.zero = per_element([&] {
+#pragma omp parallel for schedule(static) num_threads(sharing)
+    for (int k = 0; k < sharing; ++k) cpu::zero(m.data() + size_t(k) * per_rank, per_rank * sizeof(float));
+  });
+  omp_set_num_threads(threads);
+  return r;
+}
+
 }  // namespace tessera

@@ -19,4 +19,16 @@ double measure_sgemm_seconds(bool trans_a, bool trans_b, int M, int N, int K, bo
 // sigmoid, softmax, cross-entropy): on a CPU these ops are bound by it more than by memory.
 double measure_exp_rate(double seconds);
 
+// Seconds per element of the optimizer's passes over a rank's buffer (optim/distributed.cpp,
+// train/engine.cpp), timed as the step runs them: on this rank's OpenMP threads while `sharing`
+// ranks of the node run the same passes over their own buffers, beyond the caches. AdamW's
+// square root and division and the norm's double sum make them slower than a copy.
+struct OptimizerRates {
+  double adamw = 0;  // adamw_update: parameter, gradient and both moments
+  double norm = 0;   // sum_of_squares of the gradients (the global norm)
+  double scale = 0;  // scale (gradient clipping)
+  double zero = 0;   // zero (the gradients, each step)
+};
+OptimizerRates measure_optimizer_rates(int sharing);
+
 }  // namespace tessera

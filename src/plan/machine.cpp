@@ -77,6 +77,7 @@ Machine measured_cpu(int threads, long ranks) {
   omp_set_num_threads(threads);
   const long sharing = std::clamp<long>(ranks, 1, m.devices_per_node);
   m.memory_bw = std::min(own, node / double(sharing));
+  m.optimizer = measure_optimizer_rates(int(sharing));
   m.memory = 0;  // the host's: checked against what the node has (trainer.cpp's node check)
   m.intra_bw = m.inter_bw = m.memory_bw / 4;
   m.latency = 20e-6;

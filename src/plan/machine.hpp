@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/peak.hpp"
+
 namespace tessera {
 
 struct Machine {
@@ -26,6 +28,7 @@ struct Machine {
   // exp-bearing ops (GELU, softmax, cross-entropy) bound by the measured exp rate too.
   bool measured = false;
   double exp_rate = 0;         // exp evaluations per second per device; 0: not a bound
+  OptimizerRates optimizer{};  // `cpu`: the optimizer's passes, timed (elsewhere: bytes at memory_bw)
   double peak(bool bf16) const { return bf16 ? peak_bf16 : peak_fp32; }
 };
 

@@ -152,8 +152,14 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   out.embed = slowest_comm.embed > 0 ? ring_traffic(slowest_comm.embed, 2) / machine.inter_bw : 0;
   // AdamW: parameter, gradient, two moments read, three written (fp32), over this rank's shard;
   // zeroing the gradients and the norm's read over the whole buffer.
+  // On `cpu` each pass at its measured rate: dp rank 0 sums the norm over the shard, clipping
+  // scales it (charged always: early in training the norm is above the clip), AdamW updates it,
+  // and the whole gradient buffer is zeroed at the step's start.
   const double shard = cfg.parallel.zero == 1 ? double(param_buffer) / l.dp : double(param_buffer);
-  out.optimizer = c.bytes(28 * shard + (bf16 ? 2 * shard : 0) + 8.0 * double(param_buffer));
+  const OptimizerRates& o = machine.optimizer;
+  out.optimizer = machine.measured
+                      ? shard * (o.adamw + o.norm + o.scale) + double(param_buffer) * o.zero
+                      : c.bytes(28 * shard + (bf16 ? 2 * shard : 0) + 8.0 * double(param_buffer));
   out.total = out.compute + out.tp + out.pp + out.bubble + out.dp + out.embed + out.optimizer;
   // Model FLOPs: FORMULAS.md's 6 N_matmul + 12 L C T per token (attention not halved for causal).
   const double Cq = shape.n_head * hs, Ckv = 2.0 * shape.n_kv_head * hs;

@@ -1,0 +1,72 @@
+// The probes `tessera plan --machine cpu` times this machine with (backend/peak.cpp) against the
+// same operations timed here directly: a probe that measured something else (a wrong shape, a
+// per-element rate divided by the wrong count, the wrong thread count) is off by far more than
+// the factor of two these allow for a shared machine.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "backend/cpu/ops.hpp"
+#include "backend/peak.hpp"
+#include "optim/adamw.hpp"
+
+using namespace tessera;
+
+namespace {
+
+template <class F>
+double fastest(F&& once, int reps) {
+  once();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    once();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+}  // namespace
+
+TEST(Peak, SgemmSecondsAtAShapeMatchesTheProductTimedDirectly) {
+  // The attention-projection shape of a GPT-2 124M layer at 256 tokens: C(256,2304) = A B^T.
+  const int M = 256, N = 2304, K = 768;
+  std::vector<float> a(size_t(M) * K, 0.5f), b(size_t(N) * K, 0.25f), c(size_t(M) * N);
+  const double direct = fastest([&] {
+    cpu::gemm<float>(false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
+  }, 5);
+  const double probe = measure_sgemm_seconds(false, true, M, N, K, false);
+  EXPECT_GT(probe, direct / 2) << "probe " << probe << " s, direct " << direct << " s";
+  EXPECT_LT(probe, direct * 2) << "probe " << probe << " s, direct " << direct << " s";
+  // Past 1024 a dimension is measured at 1024 and the time scaled by the ratio.
+  EXPECT_DOUBLE_EQ(measure_sgemm_seconds(false, true, 4 * 1024, 512, 512, false),
+                   4 * measure_sgemm_seconds(false, true, 1024, 512, 512, false));
+}
+
+TEST(Peak, OptimizerRatesMatchThePassesTimedDirectly) {
+  const size_t n = size_t(1) << 22;
+  std::vector<float> p(n, 0.5f), g(n, 0.25f), m(n, 0.0f), v(n, 0.0f);
+  const AdamWHyper hyper;
+  long t = 0;
+  const double adamw = fastest([&] {
+    cpu::adamw_update(p.data(), nullptr, g.data(), m.data(), v.data(), n, true, hyper, 1e-4, ++t);
+  }, 5) / double(n);
+  double sum = 0;
+  const double norm = fastest([&] { cpu::sum_of_squares(&sum, g.data(), n); }, 5) / double(n);
+  const int threads = omp_get_max_threads();
+  const OptimizerRates rates = measure_optimizer_rates(1);
+  EXPECT_GT(rates.adamw, adamw / 2) << "probe " << rates.adamw << " s/element, direct " << adamw;
+  EXPECT_LT(rates.adamw, adamw * 2) << "probe " << rates.adamw << " s/element, direct " << adamw;
+  EXPECT_GT(rates.norm, norm / 2) << "probe " << rates.norm << " s/element, direct " << norm;
+  EXPECT_LT(rates.norm, norm * 2) << "probe " << rates.norm << " s/element, direct " << norm;
+  EXPECT_GT(rates.scale, 0.0);
+  EXPECT_GT(rates.zero, 0.0);
+  // The probe leaves the caller's thread count as it found it, also when it ran more threads for
+  // the ranks beside this one.
+  EXPECT_EQ(omp_get_max_threads(), threads);
+  measure_optimizer_rates(3);
+  EXPECT_EQ(omp_get_max_threads(), threads);
+}
