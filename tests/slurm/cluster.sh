@@ -13,6 +13,7 @@
 SL_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SL_DIR=""
 SL_WHY=""
+SL_CTLD_T0_MS=0
 
 sl() { SLURM_CONF=$SL_DIR/slurm.conf "$@"; }
 
@@ -65,6 +66,8 @@ slurm_start() {
     SL_WHY="munged did not start: $(tail -1 "$m/munged.log" 2>/dev/null || cat "$m/start.txt")"
     return 1
   fi
+  # Its time-limit checks run every 30 s from here (test_slurm.sh times a job to them).
+  SL_CTLD_T0_MS=$(( $(date +%s%N) / 1000000 ))
   if ! sl slurmctld -f "$SL_DIR/slurm.conf" >"$SL_DIR/log/slurmctld.start" 2>&1 ||
      ! _slurm_wait 20 sl scontrol ping; then
     SL_WHY="slurmctld did not start: $(grep -m1 -iE 'fatal|error' "$SL_DIR/log/slurmctld.log" "$SL_DIR/log/slurmctld.start" 2>/dev/null)"
