@@ -171,11 +171,12 @@ def main():
             sys.exit(f"bench_parallel: {tokens}: missing (tools/bench.sh writes it)")
         shape = ["model.n_layer=12", "model.n_head=12", "model.n_embd=768", "model.vocab_size=50257",
                  "model.block_size=64", "data.seq_len=64", "train.batch_size=4", f"data.train={tokens}",
-                 "train.steps=4"]
+                 "train.steps=6"]
         out.append("\n## Predicted (`tessera plan`, machine `cpu`) against measured step time\n")
         out.append("GPT-2 124M shape (L=12, H=12, C=768, V=50257), T=64, batch 4, fp32, on this machine's "
                    "2 cores (shared with other work: the 1-minute load average is given before each run). "
-                   "Measured: the median of steps 2-4. Predicted: `tessera plan --json` run just "
+                   "Measured: the median of steps 3-6 (steps 1 and 2 still fault in memory and warm the "
+                   "caches). Predicted: `tessera plan --json` run just "
                    "before, with the run's threads; it times this machine's sgemm at each of the step's "
                    "GEMM shapes, its exp rate and copy bandwidth (src/plan/step_time.cpp).\n")
         out.append("The CPU share is what the load leaves a run: as many busy processes as the run has "
@@ -199,7 +200,7 @@ def main():
             before = cpu_share(np_ * threads)
             rows, _ = train(args, f"predict_{np_}_{'_'.join(extra) or 'one'}", np_, threads, deck_args)
             share = (before + cpu_share(np_ * threads)) / 2
-            step = statistics.median(r["ms"] for r in rows if r["type"] == "train" and r["step"] > 1) / 1000
+            step = statistics.median(r["ms"] for r in rows if r["type"] == "train" and r["step"] > 2) / 1000
             predicted = plan["step_seconds"]
             out.append(f"| {name} | {np_} x {threads} | {load:.1f} | {predicted:.2f} | {step:.2f} | "
                        f"{predicted / step:.2f} | {share:.2f} | {predicted / (step * share):.2f} |")

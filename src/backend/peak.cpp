@@ -1,9 +1,11 @@
 #include "backend/peak.hpp"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -20,19 +22,35 @@ namespace {
 // (thread pool start and page faults are no part of a rate): a peak is what the machine can do,
 // and slower repetitions measure whatever else ran on the cores meanwhile.
 template <class F>
-double fastest_seconds(F&& once, double seconds, int min_reps = 1) {
+double fastest_seconds(F&& once, double seconds, int min_reps = 1,
+                       const std::function<void()>& before = {}) {
   once();
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   double best = 1e30;
   int reps = 0;
   do {
+    if (before) before();
     const auto t0 = clock::now();
     once();
     best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
   } while (++reps < min_reps ||
            std::chrono::duration<double>(clock::now() - start).count() < seconds);
   return best;
+}
+
+// Writes a buffer twice the size of the last-level cache, so that what a probe reads next comes
+// from memory.
+void evict_caches() {
+  static std::vector<char> sweep;
+  if (sweep.empty()) {
+    const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    sweep.resize(size_t(2 * std::max(llc, 32L << 20)));
+  }
+  const size_t n = sweep.size();
+  char* p = sweep.data();
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; i += 64) p[i] = char(i);
 }
 
 }  // namespace
@@ -92,8 +110,9 @@ double measure_sgemm_seconds(bool trans_a, bool trans_b, int M, int N, int K, bo
     }
   };
   // The fastest of at least 3 repetitions and 100 ms: on a shared machine most repetitions
-  // measure what else ran meanwhile.
-  const double best = fastest_seconds(once, 0.1, 3) / inner;
+  // measure what else ran meanwhile. Each starts with the operands out of the caches, as in a
+  // step, where the ops between two products of a layer sweep other memory.
+  const double best = fastest_seconds(once, 0.1, 3, evict_caches) / inner;
   std::lock_guard<std::mutex> hold(lock);
   cache[key] = best;
   return best * scale;

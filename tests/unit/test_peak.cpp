@@ -1,7 +1,8 @@
 // The probes `tessera plan --machine cpu` times this machine with (backend/peak.cpp) against the
 // same operations timed here directly: a probe that measured something else (a wrong shape, a
 // per-element rate divided by the wrong count, the wrong thread count) is off by far more than
-// the factor of two these allow for a shared machine.
+// the factor of two these allow for a shared machine and for the probe's cold caches (it evicts
+// them before each repetition, as a step's other ops do; the direct timing here runs warm).
 #include <gtest/gtest.h>
 #include <omp.h>
 
