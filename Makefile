@@ -107,7 +107,8 @@ CUDA_GENCODE   := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$
                   -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
 CUDA_SRC       := $(sort $(wildcard src/backend/cuda/*.cu))
 CUDA_OBJ       := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
-# Host files that call the CUDA runtime, NCCL or cuBLAS: compiled only into a CUDA build.
+# Host files that call the CUDA runtime, NCCL or cuBLAS: compiled only into a CUDA build. cuBLAS
+# is not linked: src/device/cublas_loader.cpp loads it on first use.
 # src/device/select.cpp (the node-local rank, the backend decision) is in every build; the
 # emulator (src/device/emu) only in the emulated one.
 CUDA_HOST_SRC  := $(filter-out src/device/select.cpp,$(wildcard src/device/*.cpp))
@@ -122,7 +123,7 @@ ifeq ($(CUDA_EMU),1)
   EXE          := -emu
 else ifeq ($(CUDA_ON),1)
   CUDA_CFLAGS  := -DTESSERA_CUDA -I$(CUDA_HOME)/include
-  CUDA_LIBS    := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcublas -lcudart
+  CUDA_LIBS    := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart -ldl
   EXE          :=
 else
   CUDA_CFLAGS  :=
