@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <numeric>
@@ -109,8 +110,10 @@ TEST(Blend, AFunctionOfSeedAndIndexOnly) {
 namespace {
 
 // A raw uint16 file of n tokens, token i = (i * 7919) % 65521, in the build directory (a real
-// file system: /tmp may be tmpfs, which refuses O_DIRECT).
+// file system: /tmp may be tmpfs, which refuses O_DIRECT), made if absent (`make asan` builds
+// into build-asan/ only).
 std::string raw_file(uint64_t n) {
+  std::filesystem::create_directories("build");
   const std::string path = "build/test_data_raw_" + std::to_string(getpid()) + ".bin";
   std::ofstream f(path, std::ios::binary);
   for (uint64_t i = 0; i < n; ++i) {
