@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -32,6 +33,10 @@
 namespace tessera {
 
 namespace fs = std::filesystem;
+
+// The groups a checkpoint keeps each canonical tensor in: the weights, then AdamW's moments
+// (absent from imported weights).
+constexpr const char* kTensorGroups[] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
 
 uint64_t element_hash(uint64_t canonical_index, float value) {
   uint32_t bits;
@@ -484,7 +489,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
     if (failure.empty()) {
       write_metadata(root, layout, state, deck_yaml, tokenizer, saved_layout, rank, local);
       for (const ParamTensor& c : layout.canonical.tensors)
-        for (const char* prefix : {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"}) {
+        for (const char* prefix : kTensorGroups) {
           paths.push_back(prefix + c.name);
           datasets.push_back(create_dataset(root, paths.back(), H5T_IEEE_F32LE, c.shape, local));
         }
@@ -663,10 +668,10 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
     const CheckpointInfo info = read_info_here(path);
     H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
     const LocalLayout whole = make_local_layout(info.shape, 1, 0, 0, info.shape.n_layer, true, true);
-    std::vector<std::string> prefixes = {"model/"};
-    if (info.has_optimizer) prefixes.insert(prefixes.end(), {"optim/exp_avg/", "optim/exp_avg_sq/"});
+    const size_t groups = info.has_optimizer ? std::size(kTensorGroups) : 1;
     for (const ParamTensor& c : whole.canonical.tensors)
-      for (const std::string& prefix : prefixes) open_tensor(file.get(), path, prefix + c.name, c.shape);
+      for (size_t g = 0; g < groups; ++g)
+        open_tensor(file.get(), path, kTensorGroups[g] + c.name, c.shape);
   });
   return read_info_here(path);
 }

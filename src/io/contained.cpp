@@ -91,7 +91,10 @@ void run_contained(const std::string& what, const std::function<void()>& check) 
     }
     pollfd p{fds[0], POLLIN, 0};
     const int r = poll(&p, 1, int(std::min(left * 1000, 1000.0)) + 1);
-    if (r < 0 && errno != EINTR) break;
+    if (r < 0 && errno != EINTR) {
+      kill(pid, SIGKILL);  // no way left to wait for it within the limit: it ends here
+      break;
+    }
     if (r <= 0) continue;
     char buf[4096];
     const ssize_t n = read(fds[0], buf, sizeof buf);

@@ -27,6 +27,7 @@ while [ $((SECONDS - start)) -lt "$seconds" ] && [ "$runs" -lt 50 ]; do
   grep -E "^==[0-9]+==ERROR|^SUMMARY|Test unit written" "$log.run"
 done
 rm -f "$log.run"
+fuzzed=$((SECONDS - start))
 # A finding written by a contained child (src/io/contained.cpp: libhdf5 crashed there, and the
 # reader refused the file with one line) replays clean: counted apart from those that do not.
 found=0 contained=0
@@ -40,4 +41,4 @@ for f in "$findings"/*; do
     found=$((found + 1))
   fi
 done
-echo "fuzz: $target: $execs executions in $((SECONDS - start)) s ($runs runs), corpus $(find "$corpus" -type f | wc -l) inputs, $found findings in $findings, $contained contained (libhdf5 crashed in the reader's child process, the file refused with one line)"
+echo "fuzz: $target: $execs executions in $fuzzed s ($runs runs), corpus $(find "$corpus" -type f | wc -l) inputs, $found findings in $findings, $contained contained (libhdf5 crashed in the reader's child process, the file refused with one line)"

@@ -12,8 +12,8 @@
 
 #include "common/error.hpp"
 #include "config/config.hpp"
-#include "io/contained.hpp"
 #include "io/checkpoint.hpp"
+#include "io/contained.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/token_source.hpp"
 
