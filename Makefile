@@ -107,11 +107,13 @@ CUDA_GENCODE   := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$
                   -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
 CUDA_SRC       := $(sort $(wildcard src/backend/cuda/*.cu))
 CUDA_OBJ       := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
-# Host files that call the CUDA runtime, NCCL or cuBLAS: compiled only into a CUDA build. cuBLAS
-# is not linked: src/device/cublas_loader.cpp loads it on first use.
+# Host files that call the CUDA runtime, NCCL or cuBLAS: compiled only into a CUDA build (the
+# rank's GPU state, checked calls and the cuBLAS loader in src/device, the NCCL communicator in
+# src/parallel). cuBLAS is not linked: src/device/cublas_loader.cpp loads it on first use.
 # src/device/select.cpp (the node-local rank, the backend decision) is in every build; the
 # emulator (src/device/emu) only in the emulated one.
-CUDA_HOST_SRC  := $(filter-out src/device/select.cpp,$(wildcard src/device/*.cpp))
+CUDA_HOST_SRC  := $(filter-out src/device/select.cpp,$(wildcard src/device/*.cpp)) \
+                  src/parallel/nccl_comm.cpp
 EMU_SRC        := $(wildcard src/device/emu/*.cpp)
 NVCC_OPT       ?= -O3
 NVCC_FLAGS     := -std=c++20 $(NVCC_OPT) -lineinfo $(CUDA_GENCODE) --Werror all-warnings \

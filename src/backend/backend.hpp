@@ -1,13 +1,13 @@
 #pragma once
 // What a backend gives the code above the ops. The model (model/gpt), the pipeline executor
 // (pipeline/executor), the distributed optimizer (optim/distributed) and the train engine
-// (train/engine) are written once, as templates over a backend B:
+// (engine/engine) are written once, as templates over a backend B:
 //
 //   B::Act        the type of activations and of the parameters the ops read: float, or bf16 on
 //                 CUDA (parameter gradients, norm statistics, losses and the optimizer's
 //                 master weights and moments are fp32 on every backend)
 //   B::Comm       the communicator the model's collectives and the pipeline's transfers go
-//                 through: Comm (MPI, parallel/comm.hpp) or device::NcclComm; the same named calls
+//                 through: Comm (MPI, parallel/comm.hpp) or NcclComm; the same named calls
 //   B::kHostMemory  true when the backend's buffers are host memory, so nothing is copied in or
 //                 out (checkpoints, initialisation)
 //   B::kAlignedHead true when the LM head's GEMMs run over the padded vocabulary rows (aligned

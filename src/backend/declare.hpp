@@ -1,6 +1,6 @@
 #pragma once
 // A backend that only declares buffers: the element type of its activations and nothing to run.
-// `tessera plan` builds an engine's declarations over it (train/engine_memory.hpp) to count the
+// `tessera plan` builds an engine's declarations over it (engine/engine_memory.hpp) to count the
 // bytes a run of any precision would allocate, on a machine with neither the device nor the
 // ranks. Only the constructors of Gpt, DistributedOptimizer and PipelineExecutor are
 // instantiated for it (model/gpt.cpp, optim/distributed.cpp, pipeline/executor.cpp).

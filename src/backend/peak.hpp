@@ -20,7 +20,7 @@ double measure_sgemm_seconds(bool trans_a, bool trans_b, int M, int N, int K, bo
 double measure_exp_rate(double seconds);
 
 // Seconds per element of the optimizer's passes over a rank's buffer (optim/distributed.cpp,
-// train/engine.cpp), timed as the step runs them: on this rank's OpenMP threads while `sharing`
+// engine/engine.cpp), timed as the step runs them: on this rank's OpenMP threads while `sharing`
 // ranks of the node run the same passes over their own buffers, beyond the caches. AdamW's
 // square root and division and the norm's double sum make them slower than a copy.
 struct OptimizerRates {

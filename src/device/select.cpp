@@ -14,8 +14,8 @@
 #ifdef TESSERA_CUDA
 #include <cuda_runtime_api.h>
 
-#include "backend/cuda/context.hpp"
 #include "device/check.hpp"
+#include "device/context.hpp"
 #endif
 
 namespace tessera::device {
@@ -209,7 +209,7 @@ void activate(const DeviceChoice& choice) {
   if (!choice.cuda) return;
 #ifdef TESSERA_CUDA
   CUDA_CHECK(cudaSetDevice(choice.device));
-  cuda::init();
+  init();
 #endif
 }
 

@@ -44,7 +44,7 @@ struct DeviceChoice {
 DeviceChoice choose_backend(const Config& cfg, MPI_Comm world);
 
 // On a CUDA choice: cudaSetDevice(choice.device) and the backend's stream and cuBLAS handle
-// (cuda::init), before any device memory or NCCL communicator is made. A no-op for the CPU.
+// (device::init, device/context.hpp), before any device memory or NCCL communicator is made. A no-op for the CPU.
 void activate(const DeviceChoice& choice);
 
 }  // namespace tessera::device

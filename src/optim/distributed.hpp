@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "backend/adamw.hpp"
 #include "backend/arena.hpp"
 #include "model/shard.hpp"
-#include "optim/adamw.hpp"
 #include "parallel/comm.hpp"
 
 namespace tessera {

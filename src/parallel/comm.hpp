@@ -3,7 +3,7 @@
 // collectives of every backend (the gradient norm, checkpoints). Call sites read
 // `tp.all_reduce_sum(partial, n)`, so every communication is visible where it happens. A
 // communicator of one rank (or none) makes every call a no-op, so one code path serves every
-// layout. device::NcclComm offers the same calls on a GPU. Bytes are counted for `make bench`.
+// layout. NcclComm offers the same calls on a GPU. Bytes are counted for `make bench`.
 #include <mpi.h>
 
 #include <cstddef>

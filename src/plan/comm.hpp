@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "config/config.hpp"
-#include "plan/layout.hpp"
+#include "engine/run_layout.hpp"
 
 namespace tessera {
 

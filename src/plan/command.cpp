@@ -11,10 +11,10 @@
 #include "common/error.hpp"
 #include "common/files.hpp"
 #include "common/memory.hpp"
+#include "engine/memory.hpp"
 #include "io/token_source.hpp"
 #include "plan/comm.hpp"
 #include "plan/machine.hpp"
-#include "plan/memory.hpp"
 #include "plan/step_time.hpp"
 
 namespace tessera {

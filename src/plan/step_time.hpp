@@ -5,8 +5,8 @@
 // pipeline and data-parallel traffic on the link their ranks share (inside a node or not), the
 // pipeline's fill and drain, and the overlap the trainer really has.
 #include "config/config.hpp"
+#include "engine/run_layout.hpp"
 #include "plan/comm.hpp"
-#include "plan/layout.hpp"
 #include "plan/machine.hpp"
 
 namespace tessera {

@@ -7,17 +7,17 @@
 #include <cstdio>
 #include <vector>
 
+#include "backend/cpu/backend.hpp"
 #include "common/error.hpp"
 #include "common/memory.hpp"
 #include "common/rng.hpp"
 #include "config/config.hpp"
-#include "backend/cpu/backend.hpp"
+#include "engine/engine.hpp"
 #include "io/checkpoint.hpp"
+#include "io/eval_data.hpp"
 #include "io/tokenizer.hpp"
 #include "model/gpt.hpp"
 #include "parallel/comm.hpp"
-#include "train/engine.hpp"
-#include "train/evaluate.hpp"
 #include "train/heartbeat.hpp"
 
 namespace tessera {

@@ -1,5 +1,5 @@
 // `make bench-gpu`, tessera's half: tokens/s, MFU and device memory of the trainer's own training
-// step (train/engine.hpp: the model, pipeline executor and distributed optimizer over the CUDA
+// step (engine/engine.hpp: the model, pipeline executor and distributed optimizer over the CUDA
 // backend) on one GPU, for the GPT-2 124M shape and a 1.3B shape, bf16 and fp32, fused and gemm
 // attention. The step is the trainer's: the token upload, the forward and backward, the gradient
 // norm, clipping and AdamW, ending in a stream synchronisation, timed on the host over 5 steps
@@ -19,7 +19,7 @@
 #include "model/param_layout.hpp"
 #include "model/shard.hpp"
 #include "pipeline/schedule.hpp"
-#include "train/engine.hpp"
+#include "engine/engine.hpp"
 
 namespace tessera::gpu_test {
 

@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend/cuda/context.hpp"
+#include "device/context.hpp"
 #include "backend/cuda/ops.hpp"
 
 namespace tessera::gpu_test {
@@ -23,7 +23,7 @@ using bf16 = __nv_bfloat16;
 inline void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
-inline void sync() { ck(cudaStreamSynchronize(cuda::stream()), "cudaStreamSynchronize"); }
+inline void sync() { ck(cudaStreamSynchronize(device::stream()), "cudaStreamSynchronize"); }
 
 // Conversions on the host (cuda_bf16.h's are host-callable); rounding to nearest even.
 template <typename T>
@@ -78,20 +78,20 @@ class Dev {
   size_t size() const { return n_; }
 
   void poison() {
-    ck(cudaMemsetAsync(p_, 0xFF, n_ * sizeof(T), cuda::stream()), "cudaMemsetAsync");
+    ck(cudaMemsetAsync(p_, 0xFF, n_ * sizeof(T), device::stream()), "cudaMemsetAsync");
     sync();
   }
   void put(const std::vector<double>& host) {
     std::vector<T> t(n_);
     for (size_t i = 0; i < n_; i++) t[i] = from_double<T>(host.at(i));
-    ck(cudaMemcpyAsync(p_, t.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, cuda::stream()),
+    ck(cudaMemcpyAsync(p_, t.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, device::stream()),
        "cudaMemcpyAsync H2D");
     sync();  // t goes out of scope
   }
   std::vector<double> fetch() const {
-    sync();  // the ops run on cuda::stream(); wait for them first
+    sync();  // the ops run on device::stream(); wait for them first
     std::vector<T> t(n_);
-    ck(cudaMemcpyAsync(t.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost, cuda::stream()),
+    ck(cudaMemcpyAsync(t.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost, device::stream()),
        "cudaMemcpyAsync D2H");
     sync();
     std::vector<double> out(n_);
@@ -111,7 +111,7 @@ class DevInts {
   explicit DevInts(const std::vector<int32_t>& host) : n_(host.size()) {
     ck(cudaMalloc(reinterpret_cast<void**>(&p_), n_ * sizeof(int32_t) + 16), "cudaMalloc");
     ck(cudaMemcpyAsync(p_, host.data(), n_ * sizeof(int32_t), cudaMemcpyHostToDevice,
-                       cuda::stream()),
+                       device::stream()),
        "cudaMemcpyAsync H2D");
     sync();
   }

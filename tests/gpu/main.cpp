@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   gpu_test::ck(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
   std::printf("rank %d: GPU %d of %d: %s, sm_%d%d, %.1f GB\n", rank, dev, count, prop.name,
               prop.major, prop.minor, prop.totalGlobalMem / 1e9);
-  cuda::init();
+  device::init();
   int rc = 0;
   if (bench) {
     rc = rank == 0 ? gpu_test::run_bench() : 0;
@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
     ::testing::InitGoogleTest(&argc, argv);
     rc = RUN_ALL_TESTS();
   }
-  cuda::shutdown();
+  device::shutdown();
   int worst = rc;
   MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();

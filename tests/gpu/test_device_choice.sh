@@ -42,7 +42,7 @@ else
 fi
 
 if [ -n "${TESSERA_EMU:-}" ]; then
-  # Room for what cuda::init takes but not for the run's buffers, from a 1-rank run's log.
+  # Room for what device::init takes but not for the run's buffers, from a 1-rank run's log.
   "$TESSERA" train "$deck" device.backend=cuda train.steps=1 eval.batches=1 run.dir="$WORK/one" \
     >one.log 2>&1
   limit=$(awk '/cuBLAS workspace and reduction scratch:/ { init = $(NF - 1) }

@@ -48,7 +48,7 @@ TEST(Emulator, BlockAndWarpSums) {
   std::vector<double> in(1024);
   for (size_t i = 0; i < in.size(); i++) in[i] = double(i % 7);
   Dev<float> d_in(in), d_block(1024), d_warp(1024);
-  launch<sums_kernel>(1, 1024, 0, cuda::stream(), d_block.get(), d_warp.get(), d_in.get());
+  launch<sums_kernel>(1, 1024, 0, device::stream(), d_block.get(), d_warp.get(), d_in.get());
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
   double total = 0;
   for (double x : in) total += x;
@@ -125,7 +125,7 @@ TEST(Emulator, CopiesStayInsideTheirAllocations) {
   float* d = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), 10 * sizeof(float)), cudaSuccess);
   std::vector<float> host(11);
-  const cudaStream_t s = cuda::stream();
+  const cudaStream_t s = device::stream();
   EXPECT_EQ(cudaMemcpyAsync(host.data(), d, 11 * sizeof(float), cudaMemcpyDeviceToHost, s),
             cudaErrorInvalidValue);
   EXPECT_EQ(cudaMemcpyAsync(d, host.data(), 10 * sizeof(float), cudaMemcpyDeviceToHost, s),

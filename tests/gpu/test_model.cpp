@@ -1,4 +1,4 @@
-// Training parity of the two backends through the trainer's one engine (train/engine.hpp): the
+// Training parity of the two backends through the trainer's one engine (engine/engine.hpp): the
 // CPU backend and the CUDA backend train the same small model from the same initialisation on the
 // same batches for 10 steps (forward, backward, the dp reduction, the global norm, clipping,
 // AdamW). fp32: every step's loss within a relative 1e-5 of the CPU's and the norm within 1e-4,
@@ -17,7 +17,7 @@
 #include "gpu_test.hpp"
 #include "model/shard.hpp"
 #include "pipeline/schedule.hpp"
-#include "train/engine.hpp"
+#include "engine/engine.hpp"
 
 namespace tessera::gpu_test {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "backend/cpu/ops.hpp"
 #include "gpu_test.hpp"
-#include "optim/adamw.hpp"
+#include "backend/adamw.hpp"
 
 namespace tessera::gpu_test {
 namespace {

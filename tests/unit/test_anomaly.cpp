@@ -11,7 +11,7 @@
 #include "model/shard.hpp"
 #include "pipeline/schedule.hpp"
 #include "train/anomaly.hpp"
-#include "train/engine.hpp"
+#include "engine/engine.hpp"
 
 using namespace tessera;
 

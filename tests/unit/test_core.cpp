@@ -10,7 +10,8 @@
 #include "model/init.hpp"
 #include "model/shard.hpp"
 #include "model/param_layout.hpp"
-#include "optim/adamw.hpp"
+#include "backend/adamw.hpp"
+#include "optim/clip.hpp"
 #include "optim/lr_schedule.hpp"
 
 using namespace tessera;

@@ -12,7 +12,7 @@
 
 #include "backend/cpu/ops.hpp"
 #include "backend/peak.hpp"
-#include "optim/adamw.hpp"
+#include "backend/adamw.hpp"
 
 using namespace tessera;
 

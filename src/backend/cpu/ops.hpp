@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/adamw.hpp"
 #include "backend/arena.hpp"
-#include "optim/adamw.hpp"
 
 namespace tessera::cpu {
 

@@ -1,4 +1,4 @@
-// AdamW and the pieces of global-norm clipping on the device; twin of optim/adamw.cpp.
+// AdamW and the pieces of global-norm clipping on the device; twin of backend/cpu/adamw.cpp.
 #include <cmath>
 
 #include "backend/cuda/common.cuh"

@@ -4,14 +4,14 @@
 // and moments), cuBLAS and the kernels of this folder on one stream, the collectives over NCCL.
 #include "backend/backend.hpp"
 #include "backend/cuda/ops.hpp"
-#include "device/nccl_comm.hpp"
+#include "parallel/nccl_comm.hpp"
 
 namespace tessera {
 
 template <typename F>
 struct CudaBackend {
   using Act = F;
-  using Comm = device::NcclComm;
+  using Comm = NcclComm;
   static constexpr bool kHostMemory = false;
   // The LM head over the padded vocabulary rows: aligned leading dimensions for cuBLAS, and no
   // GEMM with K = 0 on a rank that holds only padding.

@@ -8,18 +8,20 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backend/cuda/context.hpp"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.hpp"
 #include "device/check.hpp"
+#include "device/context.hpp"
 
 namespace tessera::cuda {
 
-// The cuBLAS handle bound to stream(), with its workspace set.
-cublasHandle_t blas();
-// kScratchDoubles doubles of device memory for two-pass reductions (one partial per block).
-inline constexpr int kScratchDoubles = 1024;
-double* scratch();
+// The rank's stream, cuBLAS handle and reduction scratch (device/context.hpp), by the names the
+// kernels' launches use.
+using device::blas;
+using device::column_scratch;
+using device::kScratchDoubles;
+using device::scratch;
+using device::stream;
 
 inline constexpr int kWarp = 32;
 inline constexpr unsigned kFullMask = 0xffffffffu;
@@ -119,7 +121,6 @@ struct ColumnSplit {
 };
 // `outputs` column sums of `cols` columns each share the scratch.
 ColumnSplit column_split(int rows, int cols, int outputs);
-float* column_scratch();
 // out (cols) += Σ_chunk partial[chunk * cols + col], chunks in order.
 void add_column_partials(float* out, const float* partial, int chunks, int cols);
 

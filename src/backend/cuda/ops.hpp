@@ -13,7 +13,7 @@
 //    GEMMs read are F.
 // All arithmetic is fp32 (fp64 where the CPU op sums in double); bf16 is a storage format.
 //
-// Every op is asynchronous on the backend's stream (context.hpp: cuda::stream()), the stream the
+// Every op is asynchronous on the backend's stream (device/context.hpp: stream()), the stream the
 // cuBLAS handle is bound to, so ops run in call order; "accumulates" means ADDS into its output,
 // as on the CPU.
 #include <cuda_bf16.h>
@@ -22,8 +22,8 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/adamw.hpp"
 #include "backend/arena.hpp"
-#include "optim/adamw.hpp"
 
 namespace tessera::cuda {
 
@@ -160,10 +160,10 @@ void adamw_update(float* params, C* params_copy, const float* grads, float* m, f
 void sum_of_squares(double* acc, const float* x, size_t n);
 void scale(float* x, size_t n, float factor);
 
-// Memory and synchronisation (context.cu; backend/backend.hpp says what each is for): device
+// Memory and synchronisation (memory.cu; backend/backend.hpp says what each is for): device
 // memory from cudaMalloc, the loader's ring pinned (cudaHostAlloc); zero and copy queue on
-// stream(); to_host and to_device return complete; upload copies pinned host memory on the copy
-// stream, and await_uploads makes stream() wait for those copies (not the host).
+// device::stream(); to_host and to_device return complete; upload copies pinned host memory on the copy
+// stream, and await_uploads makes device::stream() wait for those copies (not the host).
 Allocator memory();
 Allocator loader_memory();
 void zero(void* p, size_t bytes);

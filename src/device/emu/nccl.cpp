@@ -1,4 +1,4 @@
-// The CUDA emulator's NCCL: the calls NcclComm makes (device/nccl_comm.cpp), on MPI over the
+// The CUDA emulator's NCCL: the calls NcclComm makes (parallel/nccl_comm.cpp), on MPI over the
 // emulator's host buffers, at once.
 //
 // Bootstrap keeps NCCL's contract: one rank makes an ncclUniqueId, the caller broadcasts it, and

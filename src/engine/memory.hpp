@@ -1,12 +1,12 @@
 #pragma once
 // The bytes one rank of a run allocates, counted from the engine's own declarations
-// (train/engine_memory.hpp over backend/declare.hpp): nothing is allocated and no communicator
+// (engine/engine_memory.hpp over backend/declare.hpp): nothing is allocated and no communicator
 // is needed, so `tessera plan` answers on a login node what `tessera train` will take.
 #include <cstdint>
 #include <string>
 
 #include "config/config.hpp"
-#include "plan/layout.hpp"
+#include "engine/run_layout.hpp"
 
 namespace tessera {
 

@@ -1,14 +1,14 @@
-#include "device/nccl_comm.hpp"
+#include "parallel/nccl_comm.hpp"
 
 #include <exception>
 #include <string>
 #include <type_traits>
 
-#include "backend/cuda/context.hpp"
 #include "device/check.hpp"
+#include "device/context.hpp"
 #include "parallel/comm.hpp"
 
-namespace tessera::device {
+namespace tessera {
 
 namespace {
 
@@ -33,7 +33,7 @@ std::string name_of(MPI_Comm comm) {
 }  // namespace
 
 NcclComm::NcclComm(MPI_Comm comm, bool overlap)
-    : mpi_(comm), compute_(cuda::stream()), stream_(cuda::stream()) {
+    : mpi_(comm), compute_(device::stream()), stream_(device::stream()) {
   if (comm == MPI_COMM_NULL) return;
   MPI_Comm_size(comm, &size_);
   MPI_Comm_rank(comm, &rank_);
@@ -170,4 +170,4 @@ TESSERA_INSTANTIATE(double)
 TESSERA_INSTANTIATE(__nv_bfloat16)
 #undef TESSERA_INSTANTIATE
 
-}  // namespace tessera::device
+}  // namespace tessera

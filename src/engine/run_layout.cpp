@@ -1,4 +1,4 @@
-#include "plan/layout.hpp"
+#include "engine/run_layout.hpp"
 
 #include <algorithm>
 
@@ -62,6 +62,15 @@ LocalLayout rank_tile(const RunLayout& run, const ModelShape& shape, int tp_rank
 std::vector<Action> rank_schedule(const Config& cfg, const RunLayout& run, int pp_rank) {
   return make_schedule(parse_schedule(cfg.parallel.schedule), pp_rank, run.layout.pp,
                        run.n_micro, run.virtual_stages);
+}
+
+EngineSetup engine_setup(const Config& cfg, const RunLayout& run, const LocalLayout& tile,
+                         int pp_rank) {
+  const AdamWHyper hyper{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+  const bool embed_sum = run.layout.pp > 1 && tile.canonical.shape.tied;
+  return {tile, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, /*world=*/nullptr,
+          rank_schedule(cfg, run, pp_rank), run.micro_batch, cfg.data.seq_len, run.n_micro,
+          /*zero=*/cfg.parallel.zero == 1, embed_sum, hyper, model_options(cfg)};
 }
 
 uint64_t loader_ring_bytes(const Config& cfg, const RunLayout& run) {

@@ -1,12 +1,13 @@
 #pragma once
 // What a resolved (dp, tp, pp) layout makes of a deck: the micro-batches, each stage's layer
-// chunks, each rank's tile and schedule, and the loader's ring. The trainer and `tessera plan`
-// both build a run from these, so the plan counts the run the trainer would make.
+// chunks, each rank's tile, schedule and engine set-up, and the loader's ring. The trainer and
+// `tessera plan` both build a run from these, so the plan counts the run the trainer would make.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "config/config.hpp"
+#include "engine/engine.hpp"
 #include "model/param_layout.hpp"
 #include "model/shard.hpp"
 #include "parallel/topology.hpp"
@@ -31,6 +32,11 @@ std::string make_run_layout(const Config& cfg, const ModelShape& shape,
 // The tile of the rank at (tp_rank, pp_rank), and its stage's schedule.
 LocalLayout rank_tile(const RunLayout& run, const ModelShape& shape, int tp_rank, int pp_rank);
 std::vector<Action> rank_schedule(const Config& cfg, const RunLayout& run, int pp_rank);
+
+// What the engine of the rank at pp_rank holding `tile` is built from, its communicators null:
+// the plan counts the engine so, the trainer sets the run's own.
+EngineSetup engine_setup(const Config& cfg, const RunLayout& run, const LocalLayout& tile,
+                         int pp_rank);
 
 // Host bytes of the data loader's ring on a rank that reads tokens (the first or last stage):
 // data.prefetch steps (at least one) of tokens and targets.

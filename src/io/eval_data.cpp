@@ -1,4 +1,4 @@
-#include "train/evaluate.hpp"
+#include "io/eval_data.hpp"
 
 #include <algorithm>
 

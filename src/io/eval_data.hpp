@@ -1,5 +1,6 @@
 #pragma once
-// Micro-batches of windows read from a token source.
+// The validation data of a run: which windows of the file a run evaluates (the same on every
+// layout), and the micro-batches of them that the engine reads in file order.
 #include <cstdint>
 #include <vector>
 
@@ -7,6 +8,12 @@
 
 namespace tessera {
 
+// The validation set of a run: the first `batches` global batches of windows of the file, in file
+// order, so every layout evaluates the same windows. Fewer when the file is short; UserError when
+// it has not one batch. (TrainEngine::eval_loss_sum runs them.)
+uint64_t eval_windows(const TokenSource& file, int seq_len, int batch_size, int batches);
+
+// A micro-batch of windows: inputs and targets (B,T).
 struct Batch {
   int B = 0, T = 0;
   std::vector<int32_t> inputs, targets;  // (B,T)

@@ -1,13 +1,13 @@
 #pragma once
 // An NCCL communicator twinned with one MPI communicator (tp, dp, pp, embed): the CUDA backend's
 // transport, with the named calls of parallel/comm.hpp on device buffers, queued on the backend's
-// stream (cuda::stream() when it is built). MPI stays the bootstrap: rank 0 of the MPI
+// stream (device::stream() when it is built). MPI stays the bootstrap: rank 0 of the MPI
 // communicator makes the ncclUniqueId and MPI_Bcast hands it to the others. A communicator of one
 // rank (or MPI_COMM_NULL) makes every call a no-op, as Comm does.
 //
 // Construction is collective over the MPI communicator and blocks until every member joins, so
 // all ranks must build their NcclComms in the same order (the engine's fixed tp, dp, pp, embed).
-// cudaSetDevice and cuda::init must have run first: the communicator binds to the current device.
+// cudaSetDevice and device::init must have run first: the communicator binds to the current device.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <mpi.h>
@@ -16,7 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace tessera::device {
+namespace tessera {
 
 class NcclComm {
  public:
@@ -82,4 +82,4 @@ class NcclComm {
   int size_ = 1, rank_ = 0;
 };
 
-}  // namespace tessera::device
+}  // namespace tessera

@@ -1,11 +1,8 @@
-#include "plan/memory.hpp"
-
-#include <mpi.h>
+#include "engine/memory.hpp"
 
 #include "backend/declare.hpp"
 #include "common/files.hpp"
-#include "model/options.hpp"
-#include "train/engine_memory.hpp"
+#include "engine/engine_memory.hpp"
 
 namespace tessera {
 
@@ -17,10 +14,7 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   using Backend = DeclareBackend<Act>;
   const ParallelLayout& l = run.layout;
   const LocalLayout tile = rank_tile(run, shape, tp_rank, pp_rank);
-  const EngineSetup setup{tile, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL,
-                          nullptr, rank_schedule(cfg, run, pp_rank), run.micro_batch,
-                          cfg.data.seq_len, run.n_micro, cfg.parallel.zero == 1,
-                          l.pp > 1 && shape.tied, AdamWHyper{}, model_options(cfg)};
+  const EngineSetup setup = engine_setup(cfg, run, tile, pp_rank);
   Comm tp = Comm::shape(l.tp, tp_rank), dp = Comm::shape(l.dp, dp_rank),
        pp = Comm::shape(l.pp, pp_rank);
   Arena arena(Backend::memory());

@@ -1,14 +1,15 @@
-#include "train/engine.hpp"
+#include "engine/engine.hpp"
 
 #include <type_traits>
 
 #include "backend/cpu/backend.hpp"
 #include "common/error.hpp"
+#include "engine/engine_memory.hpp"
+#include "io/eval_data.hpp"
 #include "model/gpt.hpp"
+#include "optim/clip.hpp"
 #include "optim/distributed.hpp"
 #include "pipeline/executor.hpp"
-#include "train/batch.hpp"
-#include "train/engine_memory.hpp"
 #ifdef TESSERA_CUDA
 #include "backend/cuda/backend.hpp"
 #endif
@@ -199,7 +200,7 @@ class Engine final : public TrainEngine {
   // destructors abort NCCL's kernels), then the memory they used.
   Arena arena_;
   typename Backend::Comm tp_, dp_, pp_, embed_;
-  EngineMemory<Backend> mem_;  // every buffer's declaration (train/engine_memory.hpp)
+  EngineMemory<Backend> mem_;  // every buffer's declaration (engine/engine_memory.hpp)
   std::vector<std::unique_ptr<Gpt<Backend>>>& models_;
   DistributedOptimizer<Backend>& optimizer_;
   PipelineExecutor<Backend>& executor_;

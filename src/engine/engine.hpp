@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
+#include "backend/adamw.hpp"
 #include "backend/arena.hpp"
 #include "io/token_source.hpp"
 #include "model/options.hpp"
 #include "model/shard.hpp"
-#include "optim/adamw.hpp"
 #include "parallel/comm.hpp"
 #include "pipeline/schedule.hpp"
 

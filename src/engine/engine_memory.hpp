@@ -1,8 +1,8 @@
 #pragma once
-// Every buffer an engine (train/engine.cpp) allocates, declared in its Arena: the model chunks'
+// Every buffer an engine (engine/engine.cpp) allocates, declared in its Arena: the model chunks'
 // activations, the optimizer's moments, the pipeline's send buffers, the master weights,
 // gradients and token buffers. The engine builds it over its communicators; `tessera plan`
-// (plan/memory.cpp) builds the same over DeclareBackend (backend/declare.hpp) and communicators
+// (engine/memory.cpp) builds the same over DeclareBackend (backend/declare.hpp) and communicators
 // of the right size without MPI, and reads the arena's byte counts: one accounting, so the plan
 // and the run cannot disagree.
 #include <memory>
@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "backend/arena.hpp"
+#include "engine/engine.hpp"
 #include "model/gpt.hpp"
 #include "optim/distributed.hpp"
 #include "pipeline/executor.hpp"
-#include "train/engine.hpp"
 
 namespace tessera {
 

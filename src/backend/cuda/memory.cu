@@ -1,0 +1,97 @@
+// The CUDA backend's memory functions (ops.hpp), twin of backend/cpu/memory.cpp: the arena's
+// device allocation, the loader's pinned ring, copies queued on the rank's stream
+// (device/context.hpp), and the start-up log's memory report and peak.
+#include <cstdio>
+#include <string>
+
+#include "backend/cuda/common.cuh"
+
+namespace tessera::cuda {
+
+namespace {
+
+// The arena's one allocation: every buffer of the run. Out of memory says how much was asked
+// and how much the GPU has left, as cudaMemGetInfo sees it.
+void* device_allocate(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    char call[128], reason[128];
+    std::snprintf(call, sizeof call, "cudaMalloc of %.1f MB (every buffer of the run)",
+                  bytes / 1e6);
+    std::snprintf(reason, sizeof reason, "out of memory: %.1f MB free of %.1f MB", free / 1e6,
+                  total / 1e6);
+    device::fail(call, reason, __FILE__, __LINE__);
+  }
+  CUDA_CHECK(e);
+  return p;
+}
+void device_release(void* p) { cudaFree(p); }  // no check: runs in a destructor
+// Page-locked: pageable memory would make cudaMemcpyAsync stage through a driver buffer and block
+// the host; pinned memory is copied by the DMA engine directly.
+void* pinned_allocate(size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+  return p;
+}
+void pinned_release(void* p) { cudaFreeHost(p); }
+
+}  // namespace
+
+Allocator memory() { return {device_allocate, device_release}; }
+Allocator loader_memory() { return {pinned_allocate, pinned_release}; }
+
+void zero(void* p, size_t bytes) {
+  CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream()));  // 0 bits are +0 in fp32 and bf16
+}
+
+void copy(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+}
+
+void to_host(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void to_device(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+  CUDA_CHECK(cudaStreamSynchronize(stream()));  // the host may reuse src on return
+}
+
+void upload(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, device::copy_stream()));
+  CUDA_CHECK(cudaEventRecord(device::uploaded(), device::copy_stream()));
+}
+
+void await_uploads() { CUDA_CHECK(cudaStreamWaitEvent(stream(), device::uploaded(), 0)); }
+
+void sync() { CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+std::string memory_report(const Arena& arena, bool bf16) {
+  char backend[96];
+  std::snprintf(backend, sizeof backend, "\n  cuBLAS workspace and reduction scratch: %.1f MB",
+                device::bytes_allocated() / 1e6);
+  return std::string("device memory (rank 0, ") + (bf16 ? "bf16" : "fp32") + "):\n" +
+         arena.report() + backend;
+}
+
+// Dense datasheet peaks (no sparsity), as tests/gpu/bench.cpp: bf16 tensor cores; fp32 without
+// TF32 (the fp32 path's GEMMs) the CUDA cores. A100: 312 / 19.5 TFLOP/s; H100 SXM and H200:
+// 989 / 67; H100 PCIe: 756 / 51.
+double peak_gflops(bool bf16) {
+  int dev = 0;
+  cudaDeviceProp p;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  const bool pcie = std::string(p.name).find("PCIe") != std::string::npos;
+  if (p.major == 9) return pcie ? (bf16 ? 756e3 : 51e3) : (bf16 ? 989e3 : 67e3);
+  if (p.major == 8 && p.minor == 0) return bf16 ? 312e3 : 19.5e3;
+  return 0.0;
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,34 @@
+#pragma once
+// This rank's GPU state: the stream every op runs on, the cuBLAS handle bound to it and its
+// workspace, the device scratch of the kernels' reductions, and the copy stream that brings each
+// step's tokens over while the compute stream works. Created once at start (after cudaSetDevice,
+// device::activate), so no op and no communicator allocates; the CUDA backend's kernels
+// (backend/cuda) and the NCCL communicators (parallel/nccl_comm) run on it.
+#include <cublas_api.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+namespace tessera::device {
+
+// Doubles of device scratch for two-pass reductions (one partial per block).
+inline constexpr int kScratchDoubles = 1024;
+// Floats of device scratch for pass 1 of the column sums (backend/cuda/common.cuh): 4 MB.
+inline constexpr size_t kColumnScratchFloats = size_t(1) << 20;
+
+// `stream` = nullptr creates a non-blocking stream of its own. Logs nothing; `bytes_allocated()`
+// is what init took from the device (for the start-up memory log).
+void init(cudaStream_t stream = nullptr);
+void shutdown();
+bool initialized();
+cudaStream_t stream();
+size_t bytes_allocated();
+// The cuBLAS handle bound to stream(), with its workspace set.
+cublasHandle_t blas();
+double* scratch();         // kScratchDoubles
+float* column_scratch();   // kColumnScratchFloats
+// The copy stream of the step's token uploads, and the event the compute stream waits on.
+cudaStream_t copy_stream();
+cudaEvent_t uploaded();
+
+}  // namespace tessera::device

@@ -1,0 +1,190 @@
+// What a run says (train/run.hpp): the start-up lines (the model, the layout and each rank's
+// place in it, memory, data, where the parameters came from, the peak MFU is measured against),
+// each logged step's line and metrics.jsonl row, and at the end one row per rank of its memory,
+// its bytes per step on each communicator and its pipeline bubble.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "backend/peak.hpp"
+#include "train/run.hpp"
+
+namespace tessera {
+
+void Run::announce() {
+  announce_model();
+  announce_data();
+  announce_start();
+  measure_peak();
+}
+
+void Run::announce_model() {
+  const ParallelLayout& layout = run_.layout;
+  if (shape_.arch == Arch::Llama)
+    log_->say("tessera: llama, %d layers, %d heads (%d key/value), n_embd %d, ffn %d, vocab %d "
+              "(padded %d), %s head: %.2fM parameters",
+              shape_.n_layer, shape_.n_head, shape_.n_kv_head, shape_.n_embd, shape_.ffn_hidden,
+              shape_.vocab_size, shape_.padded_vocab, shape_.tied ? "tied" : "untied",
+              tile_.canonical.total / 1e6);
+  else
+    log_->say("tessera: %d layers, %d heads, n_embd %d, vocab %d (padded %d)%s: %.2fM parameters",
+              shape_.n_layer, shape_.n_head, shape_.n_embd, shape_.vocab_size, shape_.padded_vocab,
+              shape_.tied ? "" : ", untied head", tile_.canonical.total / 1e6);
+  const int v = run_.virtual_stages;
+  log_->say("layout: %s on %d ranks, %s schedule%s, %d micro-batches of %d per dp rank%s",
+            layout_name(layout).c_str(), world_size_, cfg_.parallel.schedule.c_str(),
+            v > 1 ? (" interleaved over " + std::to_string(v) + " virtual stages").c_str() : "",
+            run_.n_micro, run_.micro_batch, cfg_.parallel.zero == 1 ? ", ZeRO-1" : "");
+  if (world_size_ > 1) {
+    std::vector<std::vector<std::pair<int, int>>> chunks(run_.stage_chunks.size());
+    for (size_t s = 0; s < run_.stage_chunks.size(); ++s)
+      for (const LayerRange& r : run_.stage_chunks[s]) chunks[s].emplace_back(r.begin, r.end);
+    // What the first and last stages hold besides their layers.
+    const bool llama = shape_.arch == Arch::Llama;
+    const std::string norm = llama ? "norm" : "ln_f";
+    const std::string embed = llama ? "embed_tokens" : "wte, wpe";
+    const std::string last_only = shape_.tied ? (llama ? "embed_tokens copy, " : "wte copy, ") + norm
+                                              : norm + ", lm_head";
+    const std::string both = embed + ", " + (shape_.tied ? norm : norm + ", lm_head");
+    log_->say("%s", topo_->rank_grid(chunks, embed, last_only, both).c_str());
+  }
+  if (!backend_.note.empty()) log_->say("%s", backend_.note.c_str());
+  const int rows = run_.micro_batch * T_;
+  if (cfg_.parallel.sequence_parallel)
+    log_->say(layout.tp > 1 ? "sequence parallel: norms and residuals on %d of every %d rows per rank"
+                            : "warning: parallel.sequence_parallel has no effect with tp = 1 "
+                              "(%d of %d rows per rank)",
+              rows / layout.tp, rows);
+  log_->say("memory (rank 0): parameters %.1f MB, gradients %.1f MB, Adam moments %.1f MB, "
+            "activations %.1f MB (%s attention, recompute %s)",
+            4.0 * tile_.total / 1e6, 4.0 * tile_.total / 1e6, engine_->moment_bytes() / 1e6,
+            engine_->activation_bytes() / 1e6, cfg_.model.attention.c_str(),
+            cfg_.train.recompute.c_str());
+  log_->say("plan (rank 0): %s", memory_line(planned_).c_str());
+  if (const std::string report = engine_->memory_report(); !report.empty())
+    log_->say("%s", report.c_str());
+}
+
+void Run::announce_data() {
+  for (size_t s = 0; s < train_data_->sources().size(); ++s) {
+    const TokenSource& src = train_data_->sources()[s];
+    log_->say("data: %s: %s, %d-bit, %llu tokens in %zu file%s, %llu windows of %d, weight %.4g",
+              src.spec().c_str(), format_name(src.format()), 8 * src.token_bytes(),
+              (unsigned long long)src.num_tokens(), src.files().size(),
+              src.files().size() == 1 ? "" : "s", (unsigned long long)src.num_windows(T_), T_ + 1,
+              train_data_->entries()[s].weight);
+  }
+  if (val_data_)
+    log_->say("data: val %s: %s, %llu tokens", val_data_->spec().c_str(),
+              format_name(val_data_->format()), (unsigned long long)val_data_->num_tokens());
+  if (cfg_.data.check_tokens)
+    log_->say("data: %llu token ids checked below vocab %d in %.2f s (largest %u)",
+              (unsigned long long)checked_tokens_, vocab_, check_seconds_, max_id_);
+  std::string job;
+  for (const char* var : {"SLURM_JOB_ID", "SLURM_RESTART_COUNT", "PBS_JOBID", "PBS_RUN_COUNT"})
+    if (const char* v = std::getenv(var)) job += std::string(job.empty() ? "" : " ") + var + "=" + v;
+  if (!job.empty()) log_->say("job: %s", job.c_str());
+  for (const std::string& note : dirs_->notes()) log_->say("%s", note.c_str());
+}
+
+// Where the parameters came from (restore() read or made them).
+void Run::announce_start() {
+  if (!restart_from_.empty()) {
+    if (state_.seed != cfg_.train.seed)
+      log_->say("restart: note: checkpoint seed %llu kept (deck says %llu)",
+                (unsigned long long)state_.seed, (unsigned long long)cfg_.train.seed);
+    log_->say("restart: %s at step %lld, saved on %s (read in %.2f s)", restart_from_.c_str(),
+              (long long)state_.step, restored_layout_.c_str(), read_seconds_);
+    log_->say("restart: data resumes at global sample %lld (%s)", (long long)state_.next_sample,
+              train_data_->position(uint64_t(state_.next_sample)).c_str());
+    if (!state_.data_sources.empty() && state_.data_sources != train_data_->describe())
+      log_->say("restart: note: the training data changed since the checkpoint (it read: %s); "
+                "the new data continues from global sample %lld",
+                state_.data_sources.c_str(), (long long)state_.next_sample);
+  } else if (!init_from_.empty()) {
+    log_->say("init: weights from %s (step %lld of its run, saved_layout '%s'), fresh optimizer, "
+              "step 0 (read in %.2f s)",
+              init_from_.c_str(), (long long)init_info_.state.step,
+              init_info_.saved_layout.c_str(), read_seconds_);
+    if (init_info_.tokenizer.type != "none" && init_info_.tokenizer.type != tokenizer().type)
+      log_->say("init: note: the weights come with tokenizer '%s', the training data has '%s'",
+                init_info_.tokenizer.type.c_str(), tokenizer().type.c_str());
+  } else {
+    log_->say("init: fresh model from seed %llu (%.2f s)", (unsigned long long)cfg_.train.seed,
+              init_seconds_);
+  }
+}
+
+// The peak MFU is measured against: the deck's, a GPU's datasheet figure for its precision (0 on
+// the CPU, or a GPU not in the table), else the CPU's sgemm measured now; one for the whole job.
+void Run::measure_peak() {
+  peak_gflops_ = cfg_.log.peak_gflops;
+  const char* peak_from = "log.peak_gflops";
+  if (peak_gflops_ <= 0) {
+    peak_gflops_ = engine_->peak_gflops();
+    peak_from = "GPU datasheet";
+    if (peak_gflops_ <= 0) {
+      peak_gflops_ = measure_sgemm_gflops(0.5);
+      peak_from = "sgemm measured now";
+    }
+    MPI_Bcast(&peak_gflops_, 1, MPI_DOUBLE, 0, world_comm_);
+  }
+  log_->say("peak: %.1f GFLOP/s per rank (%s) on %d threads", peak_gflops_, peak_from,
+            omp_get_max_threads());
+  flops_token_ = flops_per_token(shape_, T_);
+}
+
+void Run::log_step(double secs, double loss, double norm) {
+  const double tok_s = double(B_) * T_ / secs;
+  const double mfu = flops_token_ * tok_s / (peak_gflops_ * 1e9 * world_size_);
+  if (state_.step % cfg_.log.every != 0 && state_.step != 1 && state_.step != cfg_.train.steps)
+    return;
+  // The loader's wait is rank 0's (a first-stage rank: it reads tokens) over the interval.
+  const double wait_fraction = interval_seconds_ > 0 ? data_wait_ / interval_seconds_ : 0;
+  const double per_step = seconds_since(t_loop_) / double(state_.step - first_step_);
+  log_->say("step %6lld/%d | loss %.4f | lr %.3e | norm %.3f | %.1f ms | %.0f tok/s | MFU %.1f%% "
+            "| data wait %.2f%% | %s elapsed, ETA %s",
+            (long long)state_.step, cfg_.train.steps, loss, state_.lr, norm, secs * 1e3, tok_s,
+            mfu * 100, wait_fraction * 100, clock_time(seconds_since(t_start_)).c_str(),
+            clock_time(per_step * double(cfg_.train.steps - state_.step)).c_str());
+  log_->json("{\"type\":\"train\",\"step\":" + std::to_string(state_.step) +
+             ",\"tokens\":" + std::to_string(state_.tokens_seen) +
+             ",\"elapsed_s\":" + json_number("%.3f", seconds_since(t_start_)) +
+             ",\"loss\":" + json_number("%.17g", loss) +
+             ",\"lr\":" + json_number("%.9g", state_.lr) +
+             ",\"grad_norm\":" + json_number("%.9g", norm) +
+             ",\"ms\":" + json_number("%.3f", secs * 1e3) +
+             ",\"tokens_per_s\":" + json_number("%.1f", tok_s) +
+             ",\"mfu\":" + json_number("%.5f", mfu) +
+             ",\"pipeline_wait\":" + json_number("%.5f", engine_->wait_seconds() / secs) +
+             ",\"data_wait\":" + json_number("%.6f", wait_fraction) + "}");
+  data_wait_ = interval_seconds_ = 0;
+}
+
+// One line per rank in metrics.jsonl: its memory, its bytes per step on each communicator
+// (payload handed to MPI), and its pipeline bubble.
+void Run::log_ranks() {
+  const double n = double(std::max(1L, measured_steps_));
+  const double mine[] = {double(me_.dp_rank), double(me_.tp_rank), double(me_.pp_rank),
+                         4.0 * tile_.total, 4.0 * tile_.total, double(engine_->moment_bytes()),
+                         double(engine_->activation_bytes()), step_bytes_[0] / n,
+                         step_bytes_[1] / n, step_bytes_[2] / n, step_bytes_[3] / n,
+                         run_sum_ > 0 ? wait_sum_ / run_sum_ : 0.0, double(run_.n_micro)};
+  constexpr int kStats = sizeof(mine) / sizeof(mine[0]);
+  std::vector<double> all(size_t(kStats) * world_size_);
+  MPI_Gather(mine, kStats, MPI_DOUBLE, all.data(), kStats, MPI_DOUBLE, 0, world_comm_);
+  const char* names[kStats] = {"dp_rank", "tp_rank", "pp_rank", "param_bytes", "grad_bytes",
+                               "optim_bytes", "activation_bytes", "tp_bytes_per_step",
+                               "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step",
+                               "pipeline_bubble", "micro_batches"};
+  for (int r = 0; r < world_size_; ++r) {
+    std::string line = "{\"type\":\"rank\",\"rank\":" + std::to_string(r);
+    for (int k = 0; k < kStats; ++k)
+      line += std::string(",\"") + names[k] + "\":" +
+              json_number("%.6g", all[size_t(r) * kStats + k]);
+    log_->json(line + "}");
+  }
+}
+
+}  // namespace tessera
