@@ -283,6 +283,7 @@ run: deps
 	@echo "run: the run's curves are in runs/default/metrics.png"
 
 test: deps
+	$(PYTHON) tests/layering/check.py src
 	$(MAKE) -j$(JOBS) bin/tessera bin/unit_tests bin/fuzz_replay $(if $(filter 1,$(CUDA_ON)),bin/gpu_tests)
 	bin/unit_tests
 	bin/fuzz_replay $(sort $(wildcard tests/fuzz/corpus/*))
