@@ -21,7 +21,7 @@
 #include "common/error.hpp"
 #include "common/files.hpp"
 #include "common/limits.hpp"
-#include "io/dataset.hpp"
+#include "config/blend.hpp"
 
 namespace tessera {
 namespace {
