@@ -113,11 +113,11 @@ void validate_model(const Config& c, const Deck& deck) {
   if (m.attention != "gemm" && m.attention != "fused") {
     deck.fail_key("model.attention", "must be gemm or fused, got " + shown(m.attention));
   } else if (m.attention == "fused" && m.n_embd % m.n_head == 0 &&
-             m.n_embd / m.n_head > kMaxFusedHeadSize) {
+             m.n_embd / m.n_head > limits::kFusedHeadSize) {
     deck.fail_later("model.n_head", "model.attention",
-                    "model.attention = fused takes head sizes up to " + num(kMaxFusedHeadSize) +
-                        ", and model.n_embd / model.n_head = " + num(m.n_embd / m.n_head) +
-                        ": use model.attention: gemm or more heads");
+                    "model.attention = fused takes head sizes up to " +
+                        num(limits::kFusedHeadSize) + ", and model.n_embd / model.n_head = " +
+                        num(m.n_embd / m.n_head) + ": use model.attention: gemm or more heads");
   }
 }
 
