@@ -37,6 +37,8 @@ inline constexpr const char* kReadersWhy = "more threads than any disk has queue
 // OpenMP threads per rank: more than any node has cores (the runtime fails to start them).
 inline constexpr int kThreads = 1024;
 inline constexpr const char* kThreadsWhy = "more than any node has cores";
+// Head sizes (n_embd / n_head) of model.attention: fused: the CUDA kernel's tiles hold up to 128.
+inline constexpr int kFusedHeadSize = 128;
 // A deck is a few KB; the limit keeps a wrong path (a log, a device) from being read whole.
 inline constexpr int64_t kDeckBytes = 1 << 20;
 // A serialized sentencepiece model is a few MB.

@@ -7,10 +7,6 @@
 
 namespace tessera {
 
-// model.attention: fused runs the CUDA kernel of backend/cuda/attention_fused.cu, which covers
-// head sizes (n_embd / n_head) up to this.
-inline constexpr int kMaxFusedHeadSize = 128;
-
 struct ModelConfig {
   std::string arch = "gpt2";  // gpt2 | llama (model/param_layout.hpp)
   int n_layer = 4;

@@ -10,19 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "config/blend.hpp"
 #include "io/token_source.hpp"
 
 namespace tessera {
-
-struct BlendEntry {
-  double weight = 1;
-  std::string spec;
-};
-
-// data.train as the deck gives it: "SPEC" alone (spaces allowed unless it starts with a number),
-// or Megatron's blend syntax "W1 SPEC1 W2 SPEC2 ..." with positive weights (normalised to sum 1).
-// Returns "" or the problem.
-std::string parse_blend(const std::string& text, std::vector<BlendEntry>* out);
 
 struct SampleRef {
   int source = 0;
@@ -38,7 +29,7 @@ struct SampleRef {
 // per epoch of the source.
 class Blend {
  public:
-  static constexpr uint64_t kBlock = 4096;
+  static constexpr uint64_t kBlock = kBlendBlock;
   Blend(const std::vector<double>& weights, const std::vector<uint64_t>& windows, uint64_t seed);
   SampleRef at(uint64_t g) const;
   // Samples of source s among global samples [0, g).

@@ -16,12 +16,12 @@
 //
 // Shared memory holds fp32 tiles whatever F is; key rows are padded by one float so that lanes
 // reading 32 different keys at the same dimension hit 32 different banks. Head sizes up to
-// kMaxFusedHeadSize: a lane owns dimensions lane, lane + 32, ... of its rows (Dmax / 32 of them),
-// Dmax the head size rounded up to 32, 64 or 128.
+// limits::kFusedHeadSize: a lane owns dimensions lane, lane + 32, ... of its rows (Dmax / 32 of
+// them), Dmax the head size rounded up to 32, 64 or 128.
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
-#include "config/config.hpp"
+#include "common/limits.hpp"
 
 namespace tessera::cuda {
 
@@ -349,7 +349,7 @@ void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out
   CUDA_CHECK_LAUNCH();
 }
 
-static_assert(kMaxFusedHeadSize == 128, "with_head_tile covers head sizes up to 128");
+static_assert(limits::kFusedHeadSize == 128, "with_head_tile covers head sizes up to 128");
 
 #define TESSERA_INSTANTIATE(F)                                                                     \
   template void attention_fused_forward<F>(F*, float*, const F*, int, int, int, int, int);        \

@@ -91,8 +91,8 @@ void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* 
 // style: tiles of q, k and v in shared memory, an online softmax in fp32, the masked tiles
 // skipped): the forward saves lse (B,NH,T, fp32), each query row's log-sum-exp of its scaled
 // scores, and overwrites out and lse; the backward recomputes the probabilities from q, k and lse
-// and accumulates dqkv from dout, using out of the forward. Head sizes up to kMaxFusedHeadSize
-// (config/config.hpp); deterministic (no atomics).
+// and accumulates dqkv from dout, using out of the forward. Head sizes up to
+// limits::kFusedHeadSize (common/limits.hpp); deterministic (no atomics).
 template <typename F>
 void attention_fused_forward(F* out, float* lse, const F* qkv, int B, int T, int NH, int NKV,
                              int hs);

@@ -1,0 +1,345 @@
+// The deck's range rules, checked once every value is converted: each key's own range, and the
+// rules between keys (reported at whichever was given last). A section at a time, in deck order;
+// the parallel layout last, as far as it can be checked before the world size is known.
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/limits.hpp"
+#include "config/blend.hpp"
+#include "config/deck.hpp"
+
+namespace tessera::deck_internal {
+namespace {
+
+std::string num(int v) { return std::to_string(v); }
+std::string num(long long v) { return std::to_string(v); }
+std::string num(double v) { return shortest(v); }
+
+void at_least(const Deck& deck, std::string_view name, long long v, long long min) {
+  if (v < min) deck.fail_key(name, "must be >= " + num(min) + ", got " + num(v));
+}
+
+void positive(const Deck& deck, std::string_view name, double v) {
+  if (!(v > 0)) deck.fail_key(name, "must be > 0, got " + num(v));
+}
+
+void non_negative(const Deck& deck, std::string_view name, double v) {
+  if (!(v >= 0)) deck.fail_key(name, "must be >= 0, got " + num(v));
+}
+
+void below_one(const Deck& deck, std::string_view name, double v) {
+  if (!(v >= 0 && v < 1)) deck.fail_key(name, "must be in [0, 1), got " + num(v));
+}
+
+// dp, tp, pp: 0 is how `auto` is stored, so a 0 is only fine where the deck said auto.
+void positive_or_auto(const Deck& deck, std::string_view name, int v) {
+  const Source& s = deck.sources[deck.index(name)];
+  bool said_auto = v == 0 && s.present && s.value.IsScalar() && s.value.Scalar() == "auto";
+  if (v < 1 && !said_auto) deck.fail_key(name, "must be >= 1 or auto, got " + num(v));
+}
+
+// An upper bound, with the reason it is there.
+void at_most(const Deck& deck, std::string_view name, long long v, long long max, const char* why) {
+  if (v > max) deck.fail_key(name, "must be <= " + num(max) + " (" + why + "), got " + num(v));
+}
+
+void not_empty(const Deck& deck, std::string_view name, const std::string& v, const char* meaning) {
+  if (v.empty()) deck.fail_key(name, std::string("must not be empty (") + meaning + ")");
+}
+
+void validate_model(const Config& c, const Deck& deck) {
+  const ModelConfig& m = c.model;
+  const bool llama = m.arch == "llama";
+  if (m.arch != "gpt2" && !llama)
+    deck.fail_key("model.arch", "must be gpt2 or llama, got " + shown(m.arch));
+  at_least(deck, "model.n_layer", m.n_layer, 1);
+  at_most(deck, "model.n_layer", m.n_layer, limits::kLayers, limits::kLayersWhy);
+  at_least(deck, "model.n_head", m.n_head, 1);
+  at_most(deck, "model.n_head", m.n_head, limits::kEmbd, limits::kEmbdWhy);
+  at_least(deck, "model.n_kv_head", m.n_kv_head, 0);
+  if (m.n_kv_head > 0 && !llama && m.n_kv_head != m.n_head) {
+    deck.fail_later("model.arch", "model.n_kv_head",
+                    "model.n_kv_head = " + num(m.n_kv_head) +
+                        " needs model.arch: llama (GPT-2 has n_head key/value heads)");
+  }
+  if (m.n_kv_head > 0 && m.n_head % m.n_kv_head != 0) {
+    deck.fail_later("model.n_head", "model.n_kv_head",
+                    "model.n_kv_head = " + num(m.n_kv_head) + " does not divide model.n_head = " +
+                        num(m.n_head));
+  }
+  at_least(deck, "model.n_embd", m.n_embd, 1);
+  at_most(deck, "model.n_embd", m.n_embd, limits::kEmbd, limits::kEmbdWhy);
+  if (m.n_embd % m.n_head != 0) {
+    deck.fail_later("model.n_embd", "model.n_head",
+                    "model.n_embd = " + num(m.n_embd) +
+                        " is not a multiple of model.n_head = " + num(m.n_head));
+  }
+  if (llama && (m.n_embd / m.n_head) % 2 != 0) {
+    deck.fail_later("model.n_embd", "model.n_head",
+                    "model.n_embd / model.n_head = " + num(m.n_embd / m.n_head) +
+                        " is odd: llama's rotary embeddings rotate pairs of a head's values");
+  }
+  at_least(deck, "model.ffn_hidden", m.ffn_hidden, 0);
+  at_most(deck, "model.ffn_hidden", m.ffn_hidden, limits::kFfn, limits::kFfnWhy);
+  if (!llama && m.ffn_hidden != 0 && m.ffn_hidden != 4 * m.n_embd) {
+    deck.fail_later("model.arch", "model.ffn_hidden",
+                    "model.ffn_hidden = " + num(m.ffn_hidden) +
+                        " needs model.arch: llama (GPT-2's MLP is 4 n_embd = " +
+                        num(4 * m.n_embd) + " wide)");
+  }
+  at_least(deck, "model.ffn_multiple", m.ffn_multiple, 1);
+  at_most(deck, "model.ffn_multiple", m.ffn_multiple, limits::kFfn, limits::kFfnWhy);
+  at_least(deck, "model.block_size", m.block_size, 1);
+  at_most(deck, "model.block_size", m.block_size, limits::kBlock, limits::kBlockWhy);
+  at_least(deck, "model.vocab_size", m.vocab_size, 0);
+  at_most(deck, "model.vocab_size", m.vocab_size, limits::kVocab, limits::kVocabWhy);
+  at_least(deck, "model.vocab_multiple", m.vocab_multiple, 1);
+  at_most(deck, "model.vocab_multiple", m.vocab_multiple, limits::kVocabMultiple,
+          limits::kVocabMultipleWhy);
+  positive(deck, "model.init_std", m.init_std);
+  if (m.tie_embeddings != "auto" && m.tie_embeddings != "true" && m.tie_embeddings != "false") {
+    deck.fail_key("model.tie_embeddings", "must be auto, true or false, got " +
+                                              shown(m.tie_embeddings));
+  }
+  positive(deck, "model.norm_eps", m.norm_eps);
+  if (!llama && m.norm_eps != 1e-5) {
+    deck.fail_later("model.arch", "model.norm_eps",
+                    "model.norm_eps = " + num(m.norm_eps) +
+                        " needs model.arch: llama (GPT-2's LayerNorm uses 1e-5)");
+  }
+  positive(deck, "model.rope_theta", m.rope_theta);
+  if (m.attention != "gemm" && m.attention != "fused") {
+    deck.fail_key("model.attention", "must be gemm or fused, got " + shown(m.attention));
+  } else if (m.attention == "fused" && m.n_embd % m.n_head == 0 &&
+             m.n_embd / m.n_head > limits::kFusedHeadSize) {
+    deck.fail_later("model.n_head", "model.attention",
+                    "model.attention = fused takes head sizes up to " +
+                        num(limits::kFusedHeadSize) + ", and model.n_embd / model.n_head = " +
+                        num(m.n_embd / m.n_head) + ": use model.attention: gemm or more heads");
+  }
+}
+
+void validate_data(const Config& c, const Deck& deck) {
+  const ModelConfig& m = c.model;
+  not_empty(deck, "data.train", c.data.train, "the training token file");
+  std::vector<BlendEntry> blend;
+  if (std::string e = parse_blend(c.data.train, &blend); !e.empty()) deck.fail_key("data.train", e);
+  const std::string& format = c.data.format;
+  if (format != "auto" && format != "hdf5" && format != "llmc" && format != "megatron" &&
+      format != "raw") {
+    deck.fail_key("data.format", "must be auto, hdf5, llmc, megatron or raw, got " + shown(format));
+  }
+  if (c.data.dtype != "uint16" && c.data.dtype != "uint32") {
+    deck.fail_key("data.dtype", "must be uint16 or uint32, got " + shown(c.data.dtype));
+  }
+  at_least(deck, "data.seq_len", c.data.seq_len, 1);
+  at_least(deck, "data.prefetch", c.data.prefetch, 0);
+  at_most(deck, "data.prefetch", c.data.prefetch, limits::kPrefetch, limits::kPrefetchWhy);
+  at_least(deck, "data.readers", c.data.readers, 1);
+  at_most(deck, "data.readers", c.data.readers, limits::kReaders, limits::kReadersWhy);
+  if (c.data.seq_len > m.block_size) {
+    deck.fail_later("data.seq_len", "model.block_size",
+                    "data.seq_len = " + num(c.data.seq_len) +
+                        " is more than model.block_size = " + num(m.block_size));
+  }
+}
+
+void validate_train(const Config& c, const Deck& deck) {
+  const TrainConfig& t = c.train;
+  at_least(deck, "train.steps", t.steps, 0);
+  at_least(deck, "train.batch_size", t.batch_size, 1);
+  at_least(deck, "train.micro_batch", t.micro_batch, 0);
+  if (static_cast<long long>(t.batch_size) * c.data.seq_len > limits::kStepTokens) {
+    deck.fail_later("train.batch_size", "data.seq_len",
+                    "train.batch_size x data.seq_len = " + num(t.batch_size) + " x " +
+                        num(c.data.seq_len) + " tokens per step is more than " +
+                        num(static_cast<long long>(limits::kStepTokens)) + " (" +
+                        limits::kStepTokensWhy + ")");
+  }
+  if (t.recompute != "none" && t.recompute != "selective" && t.recompute != "full") {
+    deck.fail_key("train.recompute", "must be none, selective or full, got " + shown(t.recompute));
+  }
+  at_least(deck, "train.anomaly_window", t.anomaly_window, 2);
+  at_most(deck, "train.anomaly_window", t.anomaly_window, 100000, "a window of steps kept in memory");
+  non_negative(deck, "train.anomaly_sigma", t.anomaly_sigma);
+  if (t.anomaly_action != "stop" && t.anomaly_action != "skip" && t.anomaly_action != "rollback") {
+    deck.fail_key("train.anomaly_action",
+                  "must be stop, skip or rollback, got " + shown(t.anomaly_action));
+  }
+  if (t.micro_batch > 0 && t.batch_size % t.micro_batch != 0) {
+    deck.fail_later("train.batch_size", "train.micro_batch",
+                    "train.batch_size = " + num(t.batch_size) +
+                        " is not a multiple of train.micro_batch = " + num(t.micro_batch));
+  }
+}
+
+void validate_optim(const Config& c, const Deck& deck) {
+  const OptimConfig& o = c.optim;
+  positive(deck, "optim.lr", o.lr);
+  non_negative(deck, "optim.min_lr", o.min_lr);
+  if (o.min_lr > o.lr) {
+    deck.fail_later("optim.lr", "optim.min_lr",
+                    "optim.min_lr = " + num(o.min_lr) + " is more than optim.lr = " + num(o.lr));
+  }
+  at_least(deck, "optim.warmup_steps", o.warmup_steps, 0);
+  at_least(deck, "optim.decay_steps", o.decay_steps, 0);
+  non_negative(deck, "optim.weight_decay", o.weight_decay);
+  below_one(deck, "optim.beta1", o.beta1);
+  below_one(deck, "optim.beta2", o.beta2);
+  positive(deck, "optim.eps", o.eps);
+  non_negative(deck, "optim.grad_clip", o.grad_clip);
+}
+
+void validate_device(const Config& c, const Deck& deck) {
+  const std::string& backend = c.device.backend;
+  if (backend != "cpu" && backend != "cuda" && backend != "auto") {
+    deck.fail_key("device.backend", "must be cpu, cuda or auto, got " + shown(backend));
+  }
+  const std::string& precision = c.device.precision;
+  if (precision != "fp32" && precision != "bf16") {
+    deck.fail_key("device.precision", "must be fp32 or bf16, got " + shown(precision));
+  }
+  if (precision == "bf16" && backend == "cpu") {
+    deck.fail_later("device.backend", "device.precision",
+                    "device.precision = bf16 needs device.backend: cuda or auto (the CPU backend "
+                    "is fp32)");
+  }
+  at_least(deck, "device.threads", c.device.threads, 0);
+  at_most(deck, "device.threads", c.device.threads, limits::kThreads, limits::kThreadsWhy);
+}
+
+// The layout rules that need no world size; src/parallel/topology.cpp checks the resolved layout
+// again (check_layout) once `auto` is known. 0 in dp, tp, pp is auto.
+void validate_parallel(const Config& c, const Deck& deck) {
+  const ParallelConfig& p = c.parallel;
+  positive_or_auto(deck, "parallel.dp", p.dp);
+  positive_or_auto(deck, "parallel.tp", p.tp);
+  positive_or_auto(deck, "parallel.pp", p.pp);
+  const std::pair<std::string_view, int> sizes[] = {
+      {"parallel.dp", p.dp}, {"parallel.tp", p.tp}, {"parallel.pp", p.pp}};
+  std::vector<std::string_view> autos;
+  for (const auto& [key, v] : sizes) {
+    if (v == 0) autos.push_back(key);
+  }
+  if (autos.size() > 1) {
+    std::string which(autos[0]);
+    for (size_t k = 1; k < autos.size(); k++) {
+      which += (k + 1 == autos.size() ? " and " : ", ") + std::string(autos[k]);
+    }
+    deck.fail_latest(autos, which + " are auto; at most one of dp, tp, pp may be auto");
+  }
+  if (p.schedule != "gpipe" && p.schedule != "1f1b") {
+    deck.fail_key("parallel.schedule", "must be gpipe or 1f1b, got " + shown(p.schedule));
+  }
+  if (p.zero != 0 && p.zero != 1) {
+    deck.fail_key("parallel.zero", "must be 0 or 1, got " + num(p.zero));
+  }
+
+  const ModelConfig& m = c.model;
+  if (p.tp > 0 && m.n_head % p.tp != 0) {
+    deck.fail_later("parallel.tp", "model.n_head",
+                    "parallel.tp = " + num(p.tp) + " does not divide model.n_head = " +
+                        num(m.n_head));
+  }
+  if (p.tp > 0 && m.n_kv_head > 0 && m.n_kv_head % p.tp != 0) {
+    deck.fail_later("parallel.tp", "model.n_kv_head",
+                    "parallel.tp = " + num(p.tp) + " does not divide model.n_kv_head = " +
+                        num(m.n_kv_head) + " (each rank needs whole key/value heads)");
+  }
+  if (p.tp > 0 && m.ffn_hidden > 0 && m.ffn_hidden % p.tp != 0) {
+    deck.fail_later("parallel.tp", "model.ffn_hidden",
+                    "parallel.tp = " + num(p.tp) + " does not divide model.ffn_hidden = " +
+                        num(m.ffn_hidden));
+  }
+  at_least(deck, "parallel.virtual_stages", p.virtual_stages, 1);
+  if (p.virtual_stages > 1) {
+    if (p.schedule != "1f1b")
+      deck.fail_later("parallel.schedule", "parallel.virtual_stages",
+                      "parallel.virtual_stages = " + num(p.virtual_stages) +
+                          " interleaves the 1f1b schedule, but parallel.schedule = " + p.schedule);
+    if (!p.stage_layers.empty())
+      deck.fail_later("parallel.stage_layers", "parallel.virtual_stages",
+                      "parallel.virtual_stages = " + num(p.virtual_stages) +
+                          " splits the layers evenly: parallel.stage_layers must be []");
+    if (p.pp == 1)
+      deck.fail_later("parallel.pp", "parallel.virtual_stages",
+                      "parallel.virtual_stages = " + num(p.virtual_stages) +
+                          " needs parallel.pp >= 2 (one stage has nothing to interleave)");
+    if (p.pp > 1 && m.n_layer % (p.pp * p.virtual_stages) != 0)
+      deck.fail_later("model.n_layer", "parallel.virtual_stages",
+                      "parallel.virtual_stages = " + num(p.virtual_stages) +
+                          " does not divide the layers of each stage (model.n_layer = " +
+                          num(m.n_layer) + " over parallel.pp = " + num(p.pp) +
+                          "): every virtual stage needs the same number of layers");
+  }
+  const std::vector<int>& layers = p.stage_layers;
+  if (!layers.empty()) {
+    const std::string given = "parallel.stage_layers = " + flow(layers);
+    long long sum = 0;
+    for (int n : layers) {
+      if (n < 1) {
+        deck.fail_key("parallel.stage_layers",
+                      "every stage needs at least one layer, got " + flow(layers));
+      }
+      sum += n;
+    }
+    if (p.pp > 0 && static_cast<int>(layers.size()) != p.pp) {
+      deck.fail_later("parallel.stage_layers", "parallel.pp",
+                      given + " has " + num(static_cast<long long>(layers.size())) +
+                          " entries, but parallel.pp = " + num(p.pp));
+    }
+    if (sum != m.n_layer) {
+      deck.fail_later("parallel.stage_layers", "model.n_layer",
+                      given + " sums to " + num(sum) + ", but model.n_layer = " + num(m.n_layer));
+    }
+  } else if (p.pp > m.n_layer) {
+    deck.fail_later("parallel.pp", "model.n_layer",
+                    "parallel.pp = " + num(p.pp) + " is more than model.n_layer = " +
+                        num(m.n_layer) + " (every stage needs at least one layer)");
+  }
+
+  // train.micro_batch is per data-parallel rank: a step is batch_size / (dp * micro_batch)
+  // micro-batches on every rank; micro_batch 0 is batch_size / dp (no accumulation).
+  const TrainConfig& t = c.train;
+  if (p.dp > 0) {
+    long long per = static_cast<long long>(p.dp) * std::max(t.micro_batch, 1);
+    std::string per_text = t.micro_batch > 0
+                               ? "parallel.dp x train.micro_batch = " + num(p.dp) + " x " +
+                                     num(t.micro_batch) + " = " + num(per)
+                               : "parallel.dp = " + num(p.dp);
+    const char* problem = t.batch_size < per        ? " is less than "
+                          : t.batch_size % per != 0 ? " is not a multiple of "
+                                                    : nullptr;
+    if (problem) {
+      deck.fail_latest({"train.batch_size", "train.micro_batch", "parallel.dp"},
+                       "train.batch_size = " + num(t.batch_size) + problem + per_text);
+    }
+  }
+}
+
+}  // namespace
+
+void validate(const Config& c, const Deck& deck) {
+  validate_model(c, deck);
+  validate_data(c, deck);
+  validate_train(c, deck);
+  validate_optim(c, deck);
+  // eval, checkpoint, log, run: each key on its own.
+  at_least(deck, "eval.every", c.eval.every, 0);
+  at_least(deck, "eval.batches", c.eval.batches, 1);
+  at_least(deck, "checkpoint.every", c.checkpoint.every, 0);
+  at_least(deck, "checkpoint.collective_bytes", c.checkpoint.collective_bytes, 0);
+  at_least(deck, "checkpoint.keep", c.checkpoint.keep, 0);
+  not_empty(deck, "checkpoint.restart", c.checkpoint.restart, "auto, none or a checkpoint path");
+  at_least(deck, "log.every", c.log.every, 1);
+  non_negative(deck, "log.peak_gflops", c.log.peak_gflops);
+  not_empty(deck, "run.dir", c.run.dir, "the run directory");
+  non_negative(deck, "run.max_minutes", c.run.max_minutes);
+  non_negative(deck, "run.hang_timeout", c.run.hang_timeout);
+  validate_device(c, deck);
+  validate_parallel(c, deck);
+}
+
+}  // namespace tessera::deck_internal
