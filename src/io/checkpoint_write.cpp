@@ -204,6 +204,77 @@ void write_metadata(hid_t root, const LocalLayout& layout, const TrainState& sta
   }
 }
 
+// This rank's first weight or moment that is not finite, as first_bad_value names it; "" when
+// there is none.
+std::string first_bad_tile_value(const LocalLayout& layout, const ModelBuffers& buffers) {
+  std::string bad;
+  for (const LocalTensor& t : layout.tensors) {
+    const ParamTensor& c = layout.canonical.tensors[t.canonical];
+    const std::pair<const char*, const float*> parts[] = {
+        {"/model/", buffers.params}, {"/optim/exp_avg/", buffers.exp_avg},
+        {"/optim/exp_avg_sq/", buffers.exp_avg_sq}};
+    for (const auto& [prefix, base] : parts)
+      if (bad.empty() && base)
+        bad = first_bad_value(prefix + c.name, base + t.offset, t.numel, false);
+  }
+  return bad;
+}
+
+// A checkpoint's datasets, three per canonical tensor (ckpt::kTensorGroups, in order): dataset
+// 3 i + k is group k of tensor i. Each tensor's dataset has a scalar checksum dataset beside it.
+struct Datasets {
+  std::vector<std::string> paths;
+  std::vector<H5Handle> tensors, checksums;
+};
+
+// Creates (collective) every tensor's dataset, then every checksum's.
+Datasets create_datasets(hid_t root, const LocalLayout& layout, WriteFailure& failure) {
+  Datasets sets;
+  for (const ParamTensor& c : layout.canonical.tensors)
+    for (const char* prefix : ckpt::kTensorGroups) {
+      sets.paths.push_back(prefix + c.name);
+      sets.tensors.push_back(
+          create_dataset(root, sets.paths.back(), H5T_IEEE_F32LE, c.shape, failure));
+    }
+  for (const std::string& path : sets.paths)
+    sets.checksums.push_back(create_dataset(root, "checksum/" + path, H5T_STD_U64LE, {}, failure));
+  return sets;
+}
+
+// Writes this rank's tiles of every tensor it owns (collective), appending its part of each
+// dataset's checksum to sums. A write that failed on one rank stops every rank after that
+// tensor, before the next collective call. Returns the failure, the same on every rank.
+std::string write_data(MPI_Comm comm, const LocalLayout& layout, bool writer,
+                       const ModelBuffers& buffers, const Datasets& sets, long collective_bytes,
+                       WriteFailure& local, std::vector<uint64_t>& sums) {
+  const std::vector<const LocalTensor*> tiles = ckpt::tiles_by_canonical(layout);
+  std::string failure;
+  for (size_t i = 0; i < tiles.size() && failure.empty(); ++i) {
+    const ParamTensor& c = layout.canonical.tensors[i];
+    // Replicated copies (other dp ranks, other tp ranks, the tied wte copy) stay silent.
+    const LocalTensor* t = writer && tiles[i] && tiles[i]->owner ? tiles[i] : nullptr;
+    const size_t off = t ? t->offset : 0;
+    const float* parts[] = {buffers.params, buffers.exp_avg, buffers.exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      const size_t d = 3 * i + size_t(k);
+      sums.push_back(write_tensor(sets.tensors[d].get(), sets.paths[d], layout, c, t,
+                                  parts[k] + off, collective_bytes, local));
+    }
+    failure = agree_on_failure(comm, local.what);
+  }
+  return failure;
+}
+
+// One reduction for all checksums: each is the sum of the owners' parts. Rank 0 writes them.
+void write_checksums(MPI_Comm comm, int rank, const Datasets& sets, std::vector<uint64_t>& sums,
+                     WriteFailure& failure) {
+  MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
+  for (size_t d = 0; d < sums.size() && rank == 0; ++d)
+    failure.note(H5Dwrite(sets.checksums[d].get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL,
+                          ckpt::transfer(H5FD_MPIO_INDEPENDENT).get(), &sums[d]) < 0,
+                 "cannot write /checksum/" + sets.paths[d]);
+}
+
 }  // namespace
 
 uint64_t checkpoint_bytes(const LocalLayout& layout, const TokenizerInfo& tokenizer,
@@ -257,17 +328,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
   }
   if (std::string why = agree_on_failure(comm, failure); !why.empty()) give_up(why);
   // Never a checkpoint of weights or moments that are not finite: it would poison every restart.
-  std::string bad;
-  for (const LocalTensor& t : layout.tensors) {
-    const ParamTensor& c = layout.canonical.tensors[t.canonical];
-    const std::pair<const char*, const float*> parts[] = {
-        {"/model/", buffers.params}, {"/optim/exp_avg/", buffers.exp_avg},
-        {"/optim/exp_avg_sq/", buffers.exp_avg_sq}};
-    for (const auto& [prefix, base] : parts)
-      if (bad.empty() && base)
-        bad = first_bad_value(prefix + c.name, base + t.offset, t.numel, false);
-  }
-  if (bad = agree_on_failure(comm, bad); !bad.empty())
+  if (std::string bad = agree_on_failure(comm, first_bad_tile_value(layout, buffers)); !bad.empty())
     throw UserError("checkpoint step " + std::to_string(state.step) + ": refused: " + bad +
                         ": nothing written, " + (rank == 0 ? kept(dir) : std::string("")),
                     kExitAnomaly);
@@ -283,48 +344,24 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
   {
     // 1. Every object: attributes, groups, the tensors' and the checksums' datasets; flushed.
     const hid_t root = file.get();
-    std::vector<std::string> paths;
-    std::vector<H5Handle> datasets, checksum_sets;
+    Datasets sets;
     if (failure.empty()) {
       write_metadata(root, layout, state, deck_yaml, tokenizer, saved_layout, rank, local);
-      for (const ParamTensor& c : layout.canonical.tensors)
-        for (const char* prefix : ckpt::kTensorGroups) {
-          paths.push_back(prefix + c.name);
-          datasets.push_back(create_dataset(root, paths.back(), H5T_IEEE_F32LE, c.shape, local));
-        }
-      for (const std::string& path : paths)
-        checksum_sets.push_back(create_dataset(root, "checksum/" + path, H5T_STD_U64LE, {}, local));
+      sets = create_datasets(root, layout, local);
       local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
       if (rank == 0 && local.what.empty()) local.what = hold_room(room_path, metadata_bytes);
       failure = agree_on_failure(comm, local.what);
     }
-    // 2. The data, tensor by tensor. A write that failed on one rank stops every rank after that
-    // tensor, before the next collective call.
-    const std::vector<const LocalTensor*> tiles = ckpt::tiles_by_canonical(layout);
+    // 2. The data, tensor by tensor.
     std::vector<uint64_t> sums;
-    for (size_t i = 0; i < tiles.size() && failure.empty(); ++i) {
-      const ParamTensor& c = layout.canonical.tensors[i];
-      // Replicated copies (other dp ranks, other tp ranks, the tied wte copy) stay silent.
-      const LocalTensor* t = writer && tiles[i] && tiles[i]->owner ? tiles[i] : nullptr;
-      const size_t off = t ? t->offset : 0;
-      const float* parts[] = {buffers.params, buffers.exp_avg, buffers.exp_avg_sq};
-      for (int k = 0; k < 3; ++k) {
-        const size_t d = 3 * i + size_t(k);
-        sums.push_back(write_tensor(datasets[d].get(), paths[d], layout, c, t, parts[k] + off,
-                                    collective_bytes, local));
-      }
-      failure = agree_on_failure(comm, local.what);
-    }
+    if (failure.empty())
+      failure = write_data(comm, layout, writer, buffers, sets, collective_bytes, local, sums);
     // The metadata's room back to the disk, before HDF5 writes metadata again (the flush below,
     // or the close).
     if (rank == 0) unlink(room_path.c_str());
+    // 3. The checksums; flushed.
     if (failure.empty()) {
-      // One reduction for all checksums: each is the sum of the owners' parts. Rank 0 writes them.
-      MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
-      for (size_t d = 0; d < sums.size() && rank == 0; ++d)
-        local.note(H5Dwrite(checksum_sets[d].get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL,
-                            ckpt::transfer(H5FD_MPIO_INDEPENDENT).get(), &sums[d]) < 0,
-                   "cannot write /checksum/" + paths[d]);
+      write_checksums(comm, rank, sets, sums, local);
       local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
       failure = agree_on_failure(comm, local.what);
     }
