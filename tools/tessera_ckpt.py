@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """tessera checkpoints in Python: the model tensors of a checkpoint, read and written as
-src/io/checkpoint.cpp reads and writes them (the C++ code is the specification; the import tests
-run tessera on what this writes).
+src/io/checkpoint_write.cpp writes and src/io/checkpoint_read.cpp reads them (the C++ code is the
+specification; the import tests run tessera on what this writes).
 
 A checkpoint is one HDF5 file:
   /                 attributes format="tessera-checkpoint", format_version=1, step, tokens_seen,
@@ -45,7 +45,7 @@ def padded_vocab(vocab_size, vocab_multiple):
 
 def shape_defaults(shape):
     """`shape` with the family keys it lacks set as tessera reads a checkpoint without them
-    (src/io/checkpoint.cpp): GPT-2, n_kv_head = n_head, ffn_hidden = 4 n_embd, tied, norm_eps
+    (src/io/checkpoint_read.cpp): GPT-2, n_kv_head = n_head, ffn_hidden = 4 n_embd, tied, norm_eps
     1e-5, rope_theta 10000."""
     out = dict(shape)
     out.setdefault("arch", "gpt2")

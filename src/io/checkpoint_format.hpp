@@ -1,0 +1,35 @@
+#pragma once
+// What the checkpoint writer (checkpoint_write.cpp) and reader (checkpoint_read.cpp) share besides
+// the API of io/checkpoint.hpp: the groups a canonical tensor is kept in, and how one rank's tile
+// of it is selected and moved through MPI-IO. Internal to src/io: nothing else includes it.
+#include <vector>
+
+#include "io/checkpoint.hpp"
+#include "io/hdf5_util.hpp"
+#include "model/shard.hpp"
+
+namespace tessera::ckpt {
+
+// The groups a checkpoint keeps each canonical tensor in: the weights, then AdamW's moments
+// (absent from imported weights).
+inline constexpr const char* kTensorGroups[] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
+
+// A dataset transfer property list for MPI-IO transfers of `mode`.
+H5Handle transfer(H5FD_mpio_xfer_t mode);
+
+// Selects this rank's blocks of a canonical tensor in the dataset's dataspace, or nothing when
+// it holds none. A vector's dataspace has rank 1, so only row0/rows of each block are read.
+void select_tile(hid_t space, const LocalTensor* t);
+
+// The local buffer as a 1-D dataspace; one element, unselected, when this rank writes nothing.
+H5Handle memory_space(const LocalTensor* t);
+
+// Collective MPI-IO transfers for tensors of at least `collective_bytes` (two-phase aggregation
+// pays for large data on a parallel file system); independent ones for the small tensors, where a
+// collective round per tensor costs more than the data. Either way each rank moves only its tile.
+H5FD_mpio_xfer_t transfer_mode(const ParamTensor& c, long collective_bytes);
+
+// The local tensor holding canonical tensor i on this rank, or null.
+std::vector<const LocalTensor*> tiles_by_canonical(const LocalLayout& layout);
+
+}  // namespace tessera::ckpt

@@ -1,0 +1,347 @@
+// Reading checkpoints: the attributes, first checked in a child process (io/contained.hpp), the
+// stored shape against the deck's, every rank's tile read whatever layout wrote the file, the
+// checksums and values verified; `tessera ckpt verify`, and which file a restart picks.
+#include "io/checkpoint.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/files.hpp"
+#include "common/limits.hpp"
+#include "io/checkpoint_format.hpp"
+#include "io/contained.hpp"
+#include "io/hdf5_util.hpp"
+#include "io/tokenizer.hpp"
+#include "parallel/comm.hpp"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+H5Handle open_parallel_file(MPI_Comm comm, const std::string& path) {
+  H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
+  H5Handle file(H5Fopen(mpiio_name(path).c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  if (!file.valid())
+    throw UserError("cannot open checkpoint " + path + ": " + h5_error_reason(), kExitIO);
+  return file;
+}
+
+// Opens dataset /path of a checkpoint: there, of `shape`, and contiguous as tessera writes it.
+// Another layout is a damaged or foreign file, and a damaged chunk index can make libhdf5
+// allocate and fill gigabytes (found by tests/fuzz).
+H5Handle open_tensor(hid_t file, const std::string& ckpt, const std::string& path,
+                     const std::vector<size_t>& shape) {
+  if (H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0)
+    throw UserError(ckpt + ": missing dataset /" + path);
+  H5Handle dset(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!dset.valid())
+    throw UserError(ckpt + ": /" + path + " cannot be opened: " + h5_error_reason());
+  H5Handle space(H5Dget_space(dset.get()), H5Sclose);
+  std::vector<hsize_t> dims(size_t(std::max(0, H5Sget_simple_extent_ndims(space.get()))));
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  if (std::vector<size_t>(dims.begin(), dims.end()) != shape)
+    throw UserError(ckpt + ": /" + path + " has a different shape from the deck's model");
+  H5Handle plist(H5Dget_create_plist(dset.get()), H5Pclose);
+  if (H5Pget_layout(plist.get()) != H5D_CONTIGUOUS)
+    throw UserError(ckpt + ": /" + path + " is not stored contiguously as tessera writes it "
+                    "(a damaged file, or not a tessera checkpoint)");
+  // Its bytes where the file has them: a damaged address or size sends libhdf5 reading (or
+  // seeking) far past the end, slowly (found by tests/fuzz).
+  H5Handle type(H5Dget_type(dset.get()), H5Tclose);
+  uint64_t want = sizeof(float);
+  for (size_t d : shape) want *= d;
+  const haddr_t at = H5Dget_offset(dset.get());
+  const uint64_t stored = H5Dget_storage_size(dset.get());
+  std::error_code ec;
+  const uint64_t file_bytes = fs::file_size(ckpt, ec);
+  if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != sizeof(float) ||
+      stored != want || at == HADDR_UNDEF || ec || uint64_t(at) + stored > file_bytes)
+    throw UserError(ckpt + ": /" + path + " is not " + std::to_string(want) + " bytes of float32 " +
+                    "inside the file's " + std::to_string(file_bytes) + " bytes (a damaged file)");
+  return dset;
+}
+
+// Reads this rank's tile of canonical tensor c (every rank that holds one, owner or not).
+// Returns this rank's part of the checksum when it is `counted`, else 0.
+uint64_t read_tensor(hid_t file, const std::string& ckpt, const std::string& path,
+                     const LocalLayout& layout, const ParamTensor& c, const LocalTensor* t,
+                     bool counted, float* local, long collective_bytes, std::string* bad) {
+  H5Handle dset = open_tensor(file, ckpt, path, c.shape);
+  H5Handle space(H5Dget_space(dset.get()), H5Sclose);
+  ckpt::select_tile(space.get(), t);
+  H5Handle mem = ckpt::memory_space(t);
+  const H5FD_mpio_xfer_t mode = ckpt::transfer_mode(c, collective_bytes);
+  if ((t || mode == H5FD_MPIO_COLLECTIVE) &&
+      H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), ckpt::transfer(mode).get(),
+              local) < 0)
+    throw UserError(ckpt + ": read of /" + path + " failed", kExitIO);
+  // A value no training state can hold: found after the checksums (a damaged file is an I/O
+  // error), reported as bad input.
+  if (t && bad->empty())
+    *bad = first_bad_value("/" + path, local, t->numel, path.rfind("optim/exp_avg_sq/", 0) == 0);
+  return t && counted ? tile_checksum(layout, *t, local) : 0;
+}
+
+void verify_checksums(hid_t file, const std::string& ckpt, const std::vector<std::string>& paths,
+                      const std::vector<uint64_t>& sums) {
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const std::string path = "checksum/" + paths[i];
+    uint64_t stored = 0;
+    H5Handle cset(H5Lexists(file, path.c_str(), H5P_DEFAULT) > 0
+                      ? H5Dopen2(file, path.c_str(), H5P_DEFAULT)
+                      : H5I_INVALID_HID,
+                  H5Dclose);
+    if (!cset.valid() || H5Dread(cset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL,
+                                 ckpt::transfer(H5FD_MPIO_INDEPENDENT).get(), &stored) < 0)
+      throw UserError(ckpt + ": missing checksum for /" + paths[i]);
+    if (stored != sums[i])
+      throw UserError(ckpt + ": checksum mismatch in /" + paths[i] + " (file corrupt?)", kExitIO);
+  }
+}
+
+int64_t require_int(hid_t obj, const std::string& file, const std::string& name) {
+  auto v = h5_read_int_attr(obj, name);
+  if (!v) throw UserError(file + ": missing attribute " + name + " (not a tessera checkpoint?)");
+  return *v;
+}
+
+// An integer attribute within [lo, hi]: a damaged or crafted file must not have its sizes narrowed
+// into plausible ones.
+int64_t require_int(hid_t obj, const std::string& file, const std::string& name, int64_t lo,
+                    int64_t hi) {
+  const int64_t v = require_int(obj, file, name);
+  if (v < lo || v > hi)
+    throw UserError(file + ": attribute " + name + " = " + std::to_string(v) + " is outside " +
+                    std::to_string(lo) + ".." + std::to_string(hi));
+  return v;
+}
+
+CheckpointInfo read_info_here(const std::string& path) {
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    throw UserError(path + ": not an HDF5 file (a tessera checkpoint is step_NNNNNNNN.h5)");
+  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid())
+    throw UserError("cannot open checkpoint " + path + ": " + h5_error_reason(), kExitIO);
+  const hid_t root = file.get();
+  if (h5_read_string_attr(root, "format").value_or("") != "tessera-checkpoint")
+    throw UserError(path + ": not a tessera checkpoint (no format=tessera-checkpoint attribute)");
+  const int64_t version = require_int(root, path, "format_version");
+  if (version != kCheckpointFormatVersion)
+    throw UserError(path + ": checkpoint format_version " + std::to_string(version) +
+                    ", this tessera reads " + std::to_string(kCheckpointFormatVersion));
+  CheckpointInfo info;
+  info.path = path;
+  info.deck_yaml = h5_read_string_attr(root, "deck").value_or("");
+  info.saved_layout = h5_read_string_attr(root, "saved_layout").value_or("");
+  info.state.step = require_int(root, path, "step", 0, INT_MAX);
+  info.state.tokens_seen = require_int(root, path, "tokens_seen", 0, INT64_MAX);
+  for (const char* group : {"model", "train", "tokenizer"})
+    if (H5Lexists(root, group, H5P_DEFAULT) <= 0)
+      throw UserError(path + ": missing group /" + group);
+  info.has_optimizer = H5Lexists(root, "optim", H5P_DEFAULT) > 0;
+  H5Handle model(H5Gopen2(root, "model", H5P_DEFAULT), H5Gclose);
+  info.shape.n_layer = int(require_int(model.get(), path, "n_layer", 1, limits::kLayers));
+  info.shape.n_head = int(require_int(model.get(), path, "n_head", 1, limits::kEmbd));
+  info.shape.n_embd = int(require_int(model.get(), path, "n_embd", 1, limits::kEmbd));
+  info.shape.block_size = int(require_int(model.get(), path, "block_size", 1, limits::kBlock));
+  info.shape.vocab_size = int(require_int(model.get(), path, "vocab_size", 1, limits::kVocab));
+  info.shape.padded_vocab =
+      int(require_int(model.get(), path, "padded_vocab", info.shape.vocab_size,
+                      int64_t(info.shape.vocab_size) + limits::kVocabMultiple));
+  if (info.shape.n_embd % info.shape.n_head != 0)
+    throw UserError(path + ": n_embd " + std::to_string(info.shape.n_embd) +
+                    " is not a multiple of n_head " + std::to_string(info.shape.n_head));
+  // Checkpoints from before the LLaMA family are GPT-2's.
+  const std::string arch = h5_read_string_attr(model.get(), "arch").value_or("gpt2");
+  if (arch != "gpt2" && arch != "llama")
+    throw UserError(path + ": /model attribute arch '" + arch + "' is neither gpt2 nor llama");
+  info.shape.arch = arch == "llama" ? Arch::Llama : Arch::Gpt2;
+  info.shape.n_kv_head = h5_read_int_attr(model.get(), "n_kv_head")
+                             ? int(require_int(model.get(), path, "n_kv_head", 1, info.shape.n_head))
+                             : info.shape.n_head;
+  if (info.shape.n_head % info.shape.n_kv_head != 0)
+    throw UserError(path + ": n_kv_head " + std::to_string(info.shape.n_kv_head) +
+                    " does not divide n_head " + std::to_string(info.shape.n_head));
+  info.shape.ffn_hidden = h5_read_int_attr(model.get(), "ffn_hidden")
+                              ? int(require_int(model.get(), path, "ffn_hidden", 1, limits::kFfn))
+                              : 4 * info.shape.n_embd;
+  info.shape.tied = h5_read_int_attr(model.get(), "tie_embeddings").value_or(1) != 0;
+  info.shape.norm_eps = h5_read_double_attr(model.get(), "norm_eps").value_or(1e-5);
+  info.shape.rope_theta = h5_read_double_attr(model.get(), "rope_theta").value_or(10000.0);
+  H5Handle train(H5Gopen2(root, "train", H5P_DEFAULT), H5Gclose);
+  info.state.next_sample = require_int(train.get(), path, "next_sample", 0, INT64_MAX);
+  info.state.seed = uint64_t(require_int(train.get(), path, "seed"));
+  info.state.lr = h5_read_double_attr(train.get(), "lr").value_or(0.0);
+  info.state.data_sources = h5_read_string_attr(train.get(), "data_sources").value_or("");
+  info.state.data_position = h5_read_string_attr(train.get(), "data_position").value_or("");
+  if (!std::isfinite(info.state.lr) || info.state.lr < 0)
+    throw UserError(path + ": /train attribute lr " + std::to_string(info.state.lr) +
+                    " is not a learning rate (finite, >= 0)");
+  // The restart state is covered by a checksum of its own (every run checkpoint has one; imported
+  // weights, which restart nothing, need none).
+  const auto stored = h5_read_int_attr(root, "state_checksum");
+  if (!stored && info.has_optimizer)
+    throw UserError(path + ": missing attribute state_checksum (the restart state is unchecked)");
+  if (stored && uint64_t(*stored) != state_checksum(info.state, info.shape))
+    throw UserError(path + ": attribute state_checksum does not match the restart attributes "
+                    "(step, tokens_seen, /train next_sample, seed, lr, data_sources, "
+                    "data_position, the /model shape): one was changed after the write");
+  H5Handle tok(H5Gopen2(root, "tokenizer", H5P_DEFAULT), H5Gclose);
+  info.tokenizer.type = h5_read_string_attr(tok.get(), "type").value_or("byte");
+  info.tokenizer.vocab_size = require_int(tok.get(), path, "vocab_size");
+  info.tokenizer.eot = require_int(tok.get(), path, "eot");
+  info.tokenizer.model = read_tokenizer_model(tok.get(), path, "model");
+  check_tokenizer(info.tokenizer, path);
+  return info;
+}
+
+}  // namespace
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  hdf5_quiet();
+  require_regular_file(path, "checkpoint");
+  // The metadata first in a child process (io/contained.hpp), where libhdf5 crashing on a damaged
+  // file is one more error: the attributes, and every tensor's dataset opened and checked as a
+  // read will open it.
+  run_contained("checkpoint " + path, [&] {
+    const CheckpointInfo info = read_info_here(path);
+    H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    const LocalLayout whole = make_local_layout(info.shape, 1, 0, 0, info.shape.n_layer, true, true);
+    const size_t groups = info.has_optimizer ? std::size(ckpt::kTensorGroups) : 1;
+    for (const ParamTensor& c : whole.canonical.tensors)
+      for (size_t g = 0; g < groups; ++g)
+        open_tensor(file.get(), path, ckpt::kTensorGroups[g] + c.name, c.shape);
+  });
+  return read_info_here(path);
+}
+
+void check_checkpoint_shape(const CheckpointInfo& info, const LocalLayout& layout) {
+  const ModelShape &a = info.shape, &b = layout.canonical.shape;
+  std::string diff;
+  auto check = [&](const char* key, const auto& stored, const auto& wanted) {
+    if (stored == wanted) return;
+    std::ostringstream text;
+    text << (diff.empty() ? "" : ", ") << key << " " << stored << " in the checkpoint, " << wanted
+         << " in the deck";
+    diff += text.str();
+  };
+  auto boolean = [](bool x) { return std::string(x ? "true" : "false"); };
+  check("model.n_layer", a.n_layer, b.n_layer);
+  check("model.n_head", a.n_head, b.n_head);
+  check("model.n_embd", a.n_embd, b.n_embd);
+  check("model.block_size", a.block_size, b.block_size);
+  check("vocab_size", a.vocab_size, b.vocab_size);
+  check("padded vocab", a.padded_vocab, b.padded_vocab);
+  check("model.n_kv_head", a.n_kv_head, b.n_kv_head);
+  check("model.ffn_hidden", a.ffn_hidden, b.ffn_hidden);
+  check("model.tie_embeddings", boolean(a.tied), boolean(b.tied));
+  check("model.arch", std::string(arch_name(a.arch)), std::string(arch_name(b.arch)));
+  check("model.norm_eps", a.norm_eps, b.norm_eps);
+  check("model.rope_theta", a.rope_theta, b.rope_theta);
+  if (!diff.empty()) throw UserError(info.path + ": model shape differs from the deck: " + diff);
+}
+
+void require_optimizer_state(const CheckpointInfo& info) {
+  if (!info.has_optimizer)
+    throw UserError(info.path + ": holds no optimizer state (no /optim: imported weights?), so no "
+                    "run continues from it; start a new one with checkpoint.init_from");
+}
+
+CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const LocalLayout& layout,
+                               bool writer, const ModelBuffers& buffers, long collective_bytes) {
+  CheckpointInfo info = read_checkpoint_info(path);
+  check_checkpoint_shape(info, layout);
+  if (buffers.exp_avg) require_optimizer_state(info);
+
+  H5Handle file = open_parallel_file(comm, path);
+  const std::vector<const LocalTensor*> tiles = ckpt::tiles_by_canonical(layout);
+  std::vector<std::string> paths;
+  std::vector<uint64_t> sums;
+  std::string bad;  // this rank's first value out of range
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const ParamTensor& c = layout.canonical.tensors[i];
+    const LocalTensor* t = tiles[i];
+    const bool counted = t && writer && t->owner;
+    const size_t off = t ? t->offset : 0;
+    std::vector<std::pair<const char*, float*>> parts = {{"model/", buffers.params}};
+    // Sampling and evaluation pass no moment buffers, on every rank alike: nothing to read.
+    if (buffers.exp_avg)
+      parts.insert(parts.end(), {{"optim/exp_avg/", buffers.exp_avg},
+                                 {"optim/exp_avg_sq/", buffers.exp_avg_sq}});
+    for (const auto& [prefix, base] : parts) {
+      paths.push_back(prefix + c.name);
+      sums.push_back(read_tensor(file.get(), path, paths.back(), layout, c, t, counted, base + off,
+                                 collective_bytes, &bad));
+    }
+  }
+  MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
+  verify_checksums(file.get(), path, paths, sums);
+  if (bad = agree_on_failure(comm, bad); !bad.empty())
+    throw UserError(path + ": " + bad + " (a checkpoint holds finite weights and moments, and "
+                    "non-negative exp_avg_sq)");
+  return info;
+}
+
+CheckpointInfo verify_checkpoint(const std::string& path) {
+  const CheckpointInfo info = read_checkpoint_info(path);
+  const LocalLayout whole =
+      make_local_layout(info.shape, 1, 0, 0, info.shape.n_layer, true, true);
+  // The tensors the shape promises must be in the file before memory is taken for them.
+  const double need = double(whole.canonical.total) * sizeof(float) * (info.has_optimizer ? 3 : 1);
+  std::error_code ec;
+  const double have = double(fs::file_size(path, ec));
+  if (need > have)
+    throw UserError(path + ": its model shape needs " + human_bytes(need) + " of tensors, but the "
+                    "file has " + human_bytes(have) + " (truncated, or not what its attributes say)");
+  std::vector<float> p(whole.total), m, v;
+  if (info.has_optimizer) {
+    m.resize(whole.total);
+    v.resize(whole.total);
+  }
+  return read_checkpoint(MPI_COMM_SELF, path, whole, true,
+                         {p.data(), info.has_optimizer ? m.data() : nullptr,
+                          info.has_optimizer ? v.data() : nullptr});
+}
+
+std::string resolve_checkpoint(const std::string& dir_or_file) {
+  struct stat st;
+  // Anything there but a directory (a file, a FIFO, a link loop) is for the reader to accept or
+  // to refuse by name.
+  if (stat(dir_or_file.c_str(), &st) != 0) return errno == ENOENT ? "" : dir_or_file;
+  if (!S_ISDIR(st.st_mode)) return dir_or_file;
+  std::error_code ec;
+  const fs::path dir(dir_or_file);
+  std::string name;
+  if (fs::is_regular_file(dir / "latest", ec)) {
+    std::ifstream latest(dir / "latest");
+    char line[64] = {};  // "step_NNNNNNNN.h5": a damaged `latest` is no reason to read it all
+    latest.getline(line, sizeof line);
+    name = line;
+  }
+  if (!name.empty() && fs::is_regular_file(dir / name, ec)) return (dir / name).string();
+  // No usable `latest` (a job killed between rename and update): newest complete file wins.
+  std::string best;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string f = entry.path().filename().string();
+    if (f.size() == 16 && f.rfind("step_", 0) == 0 && f.substr(13) == ".h5" && f > best) best = f;
+  }
+  return best.empty() ? "" : (dir / best).string();
+}
+
+}  // namespace tessera

@@ -1,0 +1,434 @@
+// Writing checkpoints: the collective write of step_NNNNNNNN.h5.tmp (disk space reserved and
+// held for HDF5's metadata, values checked, metadata then data then checksums, every failure
+// agreed on by all ranks), its rename and `latest`; the size estimate, the start-up probe of a
+// checkpoint directory and checkpoint.keep's pruning.
+#include "io/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/files.hpp"
+#include "common/version.hpp"
+#include "io/checkpoint_format.hpp"
+#include "io/hdf5_util.hpp"
+#include "io/tokenizer.hpp"
+#include "parallel/comm.hpp"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string step_name(int64_t step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(step));
+  return name;
+}
+
+H5Handle parallel_access(MPI_Comm comm) {
+  H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
+  H5Pset_all_coll_metadata_ops(fapl.get(), true);
+  H5Pset_coll_metadata_write(fapl.get(), true);
+  return fapl;
+}
+
+// The first failure of a write on this rank ("" while all is well). Every rank goes on making the
+// same HDF5 calls after one (they are collective) until the ranks next agree on failures.
+struct WriteFailure {
+  std::string what;
+  void note(bool failed, const std::string& doing) {
+    if (failed && what.empty()) what = doing + ": " + h5_error_reason();
+  }
+};
+
+H5Handle make_group(hid_t parent, const std::string& name, WriteFailure& failure) {
+  H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  H5Handle group(H5Gcreate2(parent, name.c_str(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  failure.note(!group.valid(), "cannot create group /" + name);
+  return group;
+}
+
+// Creates dataset `path` (collective) of `type` and shape dims ({} = scalar).
+H5Handle create_dataset(hid_t file, const std::string& path, hid_t type,
+                        const std::vector<size_t>& dims, WriteFailure& failure) {
+  const std::vector<hsize_t> d(dims.begin(), dims.end());
+  H5Handle space(d.empty() ? H5Screate(H5S_SCALAR)
+                           : H5Screate_simple(int(d.size()), d.data(), nullptr),
+                 H5Sclose);
+  H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  H5Handle dset(H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), H5P_DEFAULT,
+                           H5P_DEFAULT),
+                H5Dclose);
+  failure.note(!dset.valid(), "cannot create /" + path);
+  return dset;
+}
+
+// Writes this rank's tile of canonical tensor c into its dataset, if it holds one it owns.
+// Returns this rank's part of the dataset's checksum.
+uint64_t write_tensor(hid_t dset, const std::string& path, const LocalLayout& layout,
+                      const ParamTensor& c, const LocalTensor* t, const float* local,
+                      long collective_bytes, WriteFailure& failure) {
+  if (dset < 0) return 0;
+  H5Handle file_space(H5Dget_space(dset), H5Sclose);
+  ckpt::select_tile(file_space.get(), t);
+  H5Handle mem = ckpt::memory_space(t);
+  const H5FD_mpio_xfer_t mode = ckpt::transfer_mode(c, collective_bytes);
+  // Independent: a rank without a tile has nothing to do. Collective: every rank takes part.
+  if (t || mode == H5FD_MPIO_COLLECTIVE)
+    failure.note(H5Dwrite(dset, H5T_NATIVE_FLOAT, mem.get(), file_space.get(),
+                          ckpt::transfer(mode).get(), local) < 0,
+                 "write of /" + path + " failed");
+  return t ? tile_checksum(layout, *t, local) : 0;
+}
+
+// "kept step M": what a failed write leaves as the newest checkpoint.
+std::string kept(const std::string& dir) {
+  const std::string newest = resolve_checkpoint(dir);
+  if (newest.empty()) return "no earlier checkpoint to keep";
+  const std::string name = fs::path(newest).filename().string();
+  return "kept step " + std::to_string(std::atoll(name.c_str() + 5)) + " (" + name + ")";
+}
+
+bool no_space(const std::string& reason) {
+  return reason.find("No space left") != std::string::npos ||
+         reason.find("Disk quota") != std::string::npos ||
+         reason.find("File too large") != std::string::npos;
+}
+
+// Rank 0, once every rank has the new file open: its expected size reserved with fallocate, so
+// that a full disk or quota is found before a byte of data is written and the writes cannot run
+// out of space (HDF5 trims the file to its real size when it closes it). Where the file system
+// cannot reserve, its free space is compared instead. Returns "" or the problem.
+std::string reserve_space(const std::string& tmp, uint64_t bytes) {
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return "cannot write " + tmp + ": " + std::strerror(errno);
+  std::string why;
+  if (fallocate(fd, 0, 0, off_t(bytes)) != 0) {
+    const int err = errno;
+    if (err == EOPNOTSUPP || err == ENOSYS) {
+      const long long free = free_bytes(tmp);
+      if (free >= 0 && uint64_t(free) < bytes) why = std::strerror(ENOSPC);
+    } else {
+      why = std::strerror(err);
+    }
+  }
+  close(fd);
+  return why.empty() ? "" : "cannot write " + tmp + ": " + why;
+}
+
+// Rank 0: a file holding `bytes` of the disk while the data is written, given back right before
+// HDF5 writes metadata again (the last flush, or the close after a failure). A parallel flush
+// whose metadata write fails on one rank leaves the others waiting inside HDF5 forever, so the
+// metadata must always find room, however full the data made the disk. Returns "" or the problem.
+std::string hold_room(const std::string& path, uint64_t bytes) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return "cannot write " + path + ": " + std::strerror(errno);
+  int err = fallocate(fd, 0, 0, off_t(bytes)) == 0 ? 0 : errno;
+  if (err == EOPNOTSUPP || err == ENOSYS) {  // no fallocate: write the bytes
+    const std::vector<char> zeros(1 << 16, 1);
+    err = 0;
+    for (uint64_t done = 0; done < bytes && err == 0; done += zeros.size())
+      if (pwrite(fd, zeros.data(), zeros.size(), off_t(done)) < 0) err = errno;
+    if (err == 0 && fsync(fd) != 0) err = errno;
+  }
+  close(fd);
+  if (err == 0) return "";
+  unlink(path.c_str());
+  return "cannot write " + path + ": " + std::strerror(err);
+}
+
+// The root attributes and the /model, /optim, /train and /tokenizer groups. Metadata is made the
+// same way on every rank, so it fails (if ever) on all of them alike.
+void write_metadata(hid_t root, const LocalLayout& layout, const TrainState& state,
+                    const std::string& deck_yaml, const TokenizerInfo& tokenizer,
+                    const std::string& saved_layout, int rank, WriteFailure& failure) {
+  try {
+    h5_write_string_attr(root, "format", "tessera-checkpoint");
+    h5_write_int_attr(root, "format_version", kCheckpointFormatVersion);
+    h5_write_int_attr(root, "step", state.step);
+    h5_write_int_attr(root, "tokens_seen", state.tokens_seen);
+    h5_write_string_attr(root, "deck", deck_yaml);
+    h5_write_string_attr(root, "software_version", kSoftwareVersion);
+    h5_write_string_attr(root, "saved_layout", saved_layout);
+    h5_write_int_attr(root, "state_checksum",
+                      int64_t(state_checksum(state, layout.canonical.shape)));
+
+    H5Handle model = make_group(root, "model", failure);
+    const ModelShape& s = layout.canonical.shape;
+    h5_write_int_attr(model.get(), "n_layer", s.n_layer);
+    h5_write_int_attr(model.get(), "n_head", s.n_head);
+    h5_write_int_attr(model.get(), "n_embd", s.n_embd);
+    h5_write_int_attr(model.get(), "block_size", s.block_size);
+    h5_write_int_attr(model.get(), "vocab_size", s.vocab_size);
+    h5_write_int_attr(model.get(), "padded_vocab", s.padded_vocab);
+    h5_write_string_attr(model.get(), "arch", arch_name(s.arch));
+    h5_write_int_attr(model.get(), "n_kv_head", s.n_kv_head);
+    h5_write_int_attr(model.get(), "ffn_hidden", s.ffn_hidden);
+    h5_write_int_attr(model.get(), "tie_embeddings", s.tied ? 1 : 0);
+    h5_write_double_attr(model.get(), "norm_eps", s.norm_eps);
+    h5_write_double_attr(model.get(), "rope_theta", s.rope_theta);
+
+    H5Handle optim = make_group(root, "optim", failure);
+    h5_write_int_attr(optim.get(), "step", state.step);
+    H5Handle train = make_group(root, "train", failure);
+    h5_write_int_attr(train.get(), "next_sample", state.next_sample);
+    h5_write_int_attr(train.get(), "seed", int64_t(state.seed));
+    h5_write_int_attr(train.get(), "vocab_size", s.vocab_size);
+    h5_write_double_attr(train.get(), "lr", state.lr);
+    h5_write_string_attr(train.get(), "data_sources", state.data_sources);
+    h5_write_string_attr(train.get(), "data_position", state.data_position);
+    H5Handle tok = make_group(root, "tokenizer", failure);
+    h5_write_string_attr(tok.get(), "type", tokenizer.type);
+    h5_write_int_attr(tok.get(), "vocab_size", tokenizer.vocab_size);
+    h5_write_int_attr(tok.get(), "eot", tokenizer.eot);
+    // The sentencepiece model, copied from the token file: `tessera sample` decodes with it.
+    write_tokenizer_model(tok.get(), "model", tokenizer.model, rank == 0,
+                          ckpt::transfer(H5FD_MPIO_INDEPENDENT).get());
+  } catch (const std::exception& e) {
+    failure.note(true, e.what());
+  }
+}
+
+// This rank's first weight or moment that is not finite, as first_bad_value names it; "" when
+// there is none.
+std::string first_bad_tile_value(const LocalLayout& layout, const ModelBuffers& buffers) {
+  std::string bad;
+  for (const LocalTensor& t : layout.tensors) {
+    const ParamTensor& c = layout.canonical.tensors[t.canonical];
+    const std::pair<const char*, const float*> parts[] = {
+        {"/model/", buffers.params}, {"/optim/exp_avg/", buffers.exp_avg},
+        {"/optim/exp_avg_sq/", buffers.exp_avg_sq}};
+    for (const auto& [prefix, base] : parts)
+      if (bad.empty() && base)
+        bad = first_bad_value(prefix + c.name, base + t.offset, t.numel, false);
+  }
+  return bad;
+}
+
+// A checkpoint's datasets, three per canonical tensor (ckpt::kTensorGroups, in order): dataset
+// 3 i + k is group k of tensor i. Each tensor's dataset has a scalar checksum dataset beside it.
+struct Datasets {
+  std::vector<std::string> paths;
+  std::vector<H5Handle> tensors, checksums;
+};
+
+// Creates (collective) every tensor's dataset, then every checksum's.
+Datasets create_datasets(hid_t root, const LocalLayout& layout, WriteFailure& failure) {
+  Datasets sets;
+  for (const ParamTensor& c : layout.canonical.tensors)
+    for (const char* prefix : ckpt::kTensorGroups) {
+      sets.paths.push_back(prefix + c.name);
+      sets.tensors.push_back(
+          create_dataset(root, sets.paths.back(), H5T_IEEE_F32LE, c.shape, failure));
+    }
+  for (const std::string& path : sets.paths)
+    sets.checksums.push_back(create_dataset(root, "checksum/" + path, H5T_STD_U64LE, {}, failure));
+  return sets;
+}
+
+// Writes this rank's tiles of every tensor it owns (collective), appending its part of each
+// dataset's checksum to sums. A write that failed on one rank stops every rank after that
+// tensor, before the next collective call. Returns the failure, the same on every rank.
+std::string write_data(MPI_Comm comm, const LocalLayout& layout, bool writer,
+                       const ModelBuffers& buffers, const Datasets& sets, long collective_bytes,
+                       WriteFailure& local, std::vector<uint64_t>& sums) {
+  const std::vector<const LocalTensor*> tiles = ckpt::tiles_by_canonical(layout);
+  std::string failure;
+  for (size_t i = 0; i < tiles.size() && failure.empty(); ++i) {
+    const ParamTensor& c = layout.canonical.tensors[i];
+    // Replicated copies (other dp ranks, other tp ranks, the tied wte copy) stay silent.
+    const LocalTensor* t = writer && tiles[i] && tiles[i]->owner ? tiles[i] : nullptr;
+    const size_t off = t ? t->offset : 0;
+    const float* parts[] = {buffers.params, buffers.exp_avg, buffers.exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      const size_t d = 3 * i + size_t(k);
+      sums.push_back(write_tensor(sets.tensors[d].get(), sets.paths[d], layout, c, t,
+                                  parts[k] + off, collective_bytes, local));
+    }
+    failure = agree_on_failure(comm, local.what);
+  }
+  return failure;
+}
+
+// One reduction for all checksums: each is the sum of the owners' parts. Rank 0 writes them.
+void write_checksums(MPI_Comm comm, int rank, const Datasets& sets, std::vector<uint64_t>& sums,
+                     WriteFailure& failure) {
+  MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
+  for (size_t d = 0; d < sums.size() && rank == 0; ++d)
+    failure.note(H5Dwrite(sets.checksums[d].get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL,
+                          ckpt::transfer(H5FD_MPIO_INDEPENDENT).get(), &sums[d]) < 0,
+                 "cannot write /checksum/" + sets.paths[d]);
+}
+
+}  // namespace
+
+uint64_t checkpoint_bytes(const LocalLayout& layout, const TokenizerInfo& tokenizer,
+                          size_t text_bytes) {
+  const uint64_t datasets = 6 * layout.canonical.tensors.size();  // 3 tensors, 3 checksums
+  return 3 * uint64_t(layout.canonical.total) * sizeof(float) + datasets * (8 + 1024) +
+         tokenizer.model.size() + 2 * text_bytes + (256 << 10);
+}
+
+std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalLayout& layout,
+                             bool writer, const ModelBuffers& buffers, const TrainState& state,
+                             const std::string& deck_yaml, const TokenizerInfo& tokenizer,
+                             const std::string& saved_layout, long collective_bytes,
+                             bool reserve) {
+  hdf5_quiet();
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const std::string final_path = (fs::path(dir) / step_name(state.step)).string();
+  const std::string tmp_path = final_path + ".tmp";
+  const uint64_t bytes =
+      checkpoint_bytes(layout, tokenizer,
+                       deck_yaml.size() + state.data_sources.size() + state.data_position.size());
+  // Every failure ends here, on every rank at once: the tmp file removed, `latest` untouched.
+  auto give_up = [&](const std::string& why) {
+    std::string keep = rank == 0 ? kept(dir) : "";
+    keep = agree_on_failure(comm, keep);
+    if (rank == 0) unlink(tmp_path.c_str());
+    const std::string where = "checkpoint step " + std::to_string(state.step) + ": ";
+    if (no_space(why)) {
+      const long long free = rank == 0 ? free_bytes(dir) : -1;
+      throw UserError(where + "disk full on " + dir + " (a checkpoint needs about " +
+                          human_bytes(double(bytes)) +
+                          (free >= 0 ? ", " + human_bytes(double(free)) + " are free" : "") + "): " +
+                          keep,
+                      kExitIO);
+    }
+    throw UserError(where + why + ": " + keep, kExitIO);
+  };
+
+  // HDF5 cannot close a file whose metadata it cannot write (and then fails inside MPI_Finalize),
+  // so the metadata must always find room: there must be room for it before the file is made,
+  // and it is written, and flushed, before any data.
+  const uint64_t metadata_bytes = 6 * layout.canonical.tensors.size() * 1024 + (64 << 10);
+  const std::string room_path = (fs::path(dir) / kRoomFile).string();
+  std::string failure;
+  if (rank == 0) {
+    failure = make_directories(dir);
+    const long long free = failure.empty() ? free_bytes(dir) : -1;
+    if (free >= 0 && uint64_t(free) < 2 * metadata_bytes)  // the metadata, and room held for it
+      failure = "cannot write " + tmp_path + ": " + std::strerror(ENOSPC);
+  }
+  if (std::string why = agree_on_failure(comm, failure); !why.empty()) give_up(why);
+  // Never a checkpoint of weights or moments that are not finite: it would poison every restart.
+  if (std::string bad = agree_on_failure(comm, first_bad_tile_value(layout, buffers)); !bad.empty())
+    throw UserError("checkpoint step " + std::to_string(state.step) + ": refused: " + bad +
+                        ": nothing written, " + (rank == 0 ? kept(dir) : std::string("")),
+                    kExitAnomaly);
+
+  WriteFailure local;
+  H5Handle file(H5Fcreate(mpiio_name(tmp_path).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT,
+                          parallel_access(comm).get()),
+                H5Fclose);
+  local.note(!file.valid(), "cannot create " + tmp_path);
+  if (std::string why = agree_on_failure(comm, local.what); !why.empty()) give_up(why);
+  if (rank == 0 && reserve) local.what = reserve_space(tmp_path, bytes);
+  failure = agree_on_failure(comm, local.what);
+  {
+    // 1. Every object: attributes, groups, the tensors' and the checksums' datasets; flushed.
+    const hid_t root = file.get();
+    Datasets sets;
+    if (failure.empty()) {
+      write_metadata(root, layout, state, deck_yaml, tokenizer, saved_layout, rank, local);
+      sets = create_datasets(root, layout, local);
+      local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
+      if (rank == 0 && local.what.empty()) local.what = hold_room(room_path, metadata_bytes);
+      failure = agree_on_failure(comm, local.what);
+    }
+    // 2. The data, tensor by tensor.
+    std::vector<uint64_t> sums;
+    if (failure.empty())
+      failure = write_data(comm, layout, writer, buffers, sets, collective_bytes, local, sums);
+    // The metadata's room back to the disk, before HDF5 writes metadata again (the flush below,
+    // or the close).
+    if (rank == 0) unlink(room_path.c_str());
+    // 3. The checksums; flushed.
+    if (failure.empty()) {
+      write_checksums(comm, rank, sets, sums, local);
+      local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
+      failure = agree_on_failure(comm, local.what);
+    }
+    // A failure leaves the metadata written: what the close still writes is small. Give it the
+    // space the partial file took (the data written so far) first.
+    if (!failure.empty() && rank == 0) truncate(tmp_path.c_str(), 0);
+    MPI_Barrier(comm);
+  }  // the datasets close here, the file below
+  // One close: a close that failed cannot be retried (HDF5 1.10 leaves the file half torn down).
+  if (H5Fclose(file.release()) < 0)
+    // HDF5 still holds the file and would close it again inside MPI_Finalize, after MPI is gone:
+    // this rank ends the job instead (MPI_Abort).
+    throw UserError("checkpoint step " + std::to_string(state.step) + ": " +
+                        (failure.empty() ? "" : failure + ", and ") + "the close of " + tmp_path +
+                        " failed: " + h5_error_reason() + ": " + kept(dir),
+                    kExitIO, /*every_rank=*/false);
+  if (!failure.empty()) give_up(failure);
+
+  if (rank == 0) {
+    if (std::rename(tmp_path.c_str(), final_path.c_str()) != 0)
+      failure = "cannot rename " + tmp_path + " to " + final_path + ": " + std::strerror(errno);
+    else
+      failure = write_file_atomically((fs::path(dir) / "latest").string(),
+                                      step_name(state.step) + "\n", /*durable=*/true);
+  }
+  failure = agree_on_failure(comm, failure);
+  if (!failure.empty())
+    throw UserError("checkpoint step " + std::to_string(state.step) + ": " + failure, kExitIO);
+  return final_path;
+}
+
+std::string probe_checkpoint_dir(MPI_Comm comm, const std::string& dir) {
+  hdf5_quiet();
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const std::string probe = (fs::path(dir) / kProbeFile).string();
+  const hid_t file =
+      H5Fcreate(mpiio_name(probe).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, parallel_access(comm).get());
+  std::string failure =
+      file < 0 ? "cannot create a checkpoint file in " + dir + " (MPI-IO, as checkpoints are "
+                 "written): " + h5_error_reason()
+               : "";
+  if (file >= 0 && H5Fclose(file) < 0)
+    failure = "cannot write a checkpoint file in " + dir + ": " + h5_error_reason();
+  failure = agree_on_failure(comm, failure);
+  if (rank == 0) unlink(probe.c_str());
+  return failure;
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& dir, int keep) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string f = entry.path().filename().string();
+    if (f.size() == 16 && f.rfind("step_", 0) == 0 && f.substr(13) == ".h5") names.push_back(f);
+  }
+  std::sort(names.begin(), names.end());  // step_NNNNNNNN: the name orders by step
+  std::vector<std::string> removed;
+  for (size_t i = 0; i + size_t(std::max(keep, 1)) < names.size(); ++i) {
+    const fs::path path = fs::path(dir) / names[i];
+    if (unlink(path.c_str()) != 0 && errno != ENOENT)
+      throw UserError("checkpoint.keep: cannot remove " + path.string() + ": " +
+                          std::strerror(errno),
+                      kExitIO);
+    removed.push_back(names[i]);
+  }
+  return removed;
+}
+
+}  // namespace tessera
