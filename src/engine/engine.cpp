@@ -105,7 +105,8 @@ class Engine final : public TrainEngine {
       const auto [begin, end] = tile_.layer_range(l);
       optimizer_.start_reduce(grads_, begin, end);
     };
-    executor_.run(model_params(), grads_, inputs, dloss,
+    FlatWeights<Act> weights(tile_, model_params(), grads_);
+    executor_.run(weights, inputs, dloss,
                   zero_ ? std::function<void(int)>{} : layer_done);
     tp_sum(-1);
     if (zero_)
@@ -140,7 +141,8 @@ class Engine final : public TrainEngine {
       read_eval_batch(file, first + i * uint64_t(mb_), vocab, batch);
       Backend::to_device(tokens_, batch.inputs.data(), bytes);
       Backend::to_device(targets_, batch.targets.data(), bytes);
-      executor_.forward_only(model_params(), {MicroBatch{tokens_, targets_, losses_}});
+      FlatWeights<Act> weights(tile_, model_params(), nullptr);
+      executor_.forward_only(weights, {MicroBatch{tokens_, targets_, losses_}});
       if (tile_.last) sum += mean_losses(1);
     }
     return sum;

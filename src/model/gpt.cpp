@@ -223,8 +223,9 @@ template <class Backend>
 typename Gpt<Backend>::LayerWeights Gpt<Backend>::layer_weights(const Act* params, float* grads,
                                                                 int l) const {
   const LocalLayout& lay = layout_;
+  const size_t begin = lay.units[size_t(lay.layer_unit(l))].begin;
   auto at = [&](LayerTensor t) -> size_t {
-    return lay.canonical.has(t) ? lay.tensors[size_t(lay.layer(l, t))].offset : size_t(-1);
+    return lay.canonical.has(t) ? lay.tensors[size_t(lay.layer(l, t))].offset - begin : size_t(-1);
   };
   auto P = [&](LayerTensor t) { return at(t) == size_t(-1) ? nullptr : params + at(t); };
   auto G = [&](LayerTensor t) {
@@ -310,36 +311,78 @@ void Gpt<Backend>::layer_forward(const Act* params, int l, const LayerActs& a, i
 }
 
 template <class Backend>
-void Gpt<Backend>::forward(const Act* params, int slot, const int32_t* tokens,
+std::vector<int> Gpt<Backend>::pass_units(bool forward) const {
+  const LocalLayout& lay = layout_;
+  std::vector<int> in, layers, out;
+  if (first_) {
+    in.push_back(unit(lay.embed));
+    if (lay.positions >= 0) in.push_back(unit(lay.positions));
+  }
+  for (int l = begin_; l < end_; ++l) layers.push_back(lay.layer_unit(l));
+  if (last_) {
+    out.push_back(unit(lay.norm_weight));
+    if (lay.norm_bias >= 0) out.push_back(unit(lay.norm_bias));
+    out.push_back(unit(lay.head));
+  }
+  if (!forward) {
+    // The backward reads the head, the final norm's weight (not its bias), the layers from the
+    // top; the embedding's backward reads no parameters.
+    std::vector<int> back;
+    if (last_) back = {unit(lay.head), unit(lay.norm_weight)};
+    back.insert(back.end(), layers.rbegin(), layers.rend());
+    return back;
+  }
+  in.insert(in.end(), layers.begin(), layers.end());
+  in.insert(in.end(), out.begin(), out.end());
+  return in;
+}
+
+template <class Backend>
+void Gpt<Backend>::forward(Weights<Act>& weights, int slot, const int32_t* tokens,
                            const int32_t* targets, float* losses, int B, int T) {
   const LocalLayout& lay = layout_;
   const int C = n_embd(), N = B * T, Nr = N / seq_split();
-  // A local tensor's parameters, or nullptr where this rank (or the family) has none.
-  auto P = [&](int tensor) {
-    return tensor < 0 ? nullptr : params + lay.tensors[size_t(tensor)].offset;
-  };
   const Act* none = nullptr;
+  weights.pass(pass_units(true));
+  // A tensor outside the layers is a unit of its own: its parameters, or nullptr where this rank
+  // (or the family) has none; done() releases them.
+  auto P = [&](int tensor) { return tensor < 0 ? none : weights.params(unit(tensor)); };
+  auto done = [&](int tensor) {
+    if (tensor >= 0) weights.params_done(unit(tensor));
+  };
 
   if (first_) {
     // Vocab-parallel lookup: each rank fills its rows' tokens, tp rank 0 adds the positions once;
     // the sum over tp is the stage's input.
     Act* partial = options_.sequence_parallel ? scratch(kPartial) : act(kEncoded, slot);
-    Backend::encoder_forward(partial, tokens, P(lay.embed),
-                             lay.tp_rank == 0 ? P(lay.positions) : none, B, T, C, lay.vocab_begin,
-                             lay.vocab_rows);
+    const Act* embed = P(lay.embed);
+    const Act* positions = P(lay.positions);
+    Backend::encoder_forward(partial, tokens, embed, lay.tp_rank == 0 ? positions : none, B, T, C,
+                             lay.vocab_begin, lay.vocab_rows);
+    done(lay.embed);
+    done(lay.positions);
     reduce_rows(partial, act(kEncoded, slot), N);
   }
-  for (int l = begin_; l < end_; ++l) layer_forward(params, l, layer_acts(slot, l - begin_, false), B, T);
+  for (int l = begin_; l < end_; ++l) {
+    const int u = lay.layer_unit(l);
+    layer_forward(weights.params(u), l, layer_acts(slot, l - begin_, false), B, T);
+    weights.params_done(u);
+  }
   if (!last_) return;
 
+  const Act* norm_weight = P(lay.norm_weight);
+  const Act* norm_bias = P(lay.norm_bias);
   norm_forward(act(kLnF, slot), stat(kLnFMean, slot), stat(kLnFRstd, slot), output(slot),
-               P(lay.norm_weight), P(lay.norm_bias), Nr);
+               norm_weight, norm_bias, Nr);
+  done(lay.norm_weight);
+  done(lay.norm_bias);
   // Vocab-parallel head over this rank's rows (head_columns(): the real ones, or with the
   // padding where the backend wants aligned GEMMs; the cross-entropy reads the real ones).
   const int Vh = head_columns(), Vl = lay.vocab_valid();
   Act* logits = act(kLogits, slot);
   Backend::matmul_forward(logits, gather_rows(act(kLnF, slot), scratch(kGather), N), P(lay.head),
                           none, N, C, Vh);
+  done(lay.head);
   if (targets == nullptr) return;
 
   // Vocab-parallel cross-entropy: the max, then the sum of exponentials and the target logit,
@@ -401,19 +444,22 @@ void Gpt<Backend>::layer_backward(const Act* params, float* grads, int l, const 
 }
 
 template <class Backend>
-void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int32_t* tokens,
-                            int B, int T, float dloss,
-                            const std::function<void(int layer)>& layer_done) {
+void Gpt<Backend>::backward(Weights<Act>& weights, int slot, const int32_t* tokens, int B, int T,
+                            float dloss, const std::function<void(int layer)>& layer_done) {
   const LocalLayout& lay = layout_;
   const int C = n_embd(), N = B * T, Nr = N / seq_split();
-  auto P = [&](int tensor) {
-    return tensor < 0 ? nullptr : params + lay.tensors[size_t(tensor)].offset;
-  };
-  auto G = [&](int tensor) {
-    return tensor < 0 ? nullptr : grads + lay.tensors[size_t(tensor)].offset;
+  weights.pass(pass_units(false));
+  const Act* none = nullptr;
+  float* const no_grad = nullptr;
+  // A tensor outside the layers is a unit of its own (see forward).
+  auto P = [&](int tensor) { return tensor < 0 ? none : weights.params(unit(tensor)); };
+  auto G = [&](int tensor) { return tensor < 0 ? no_grad : weights.grads(unit(tensor)); };
+  auto done = [&](int tensor, bool read_params) {
+    if (tensor < 0) return;
+    if (read_params) weights.params_done(unit(tensor));
+    weights.grads_done(unit(tensor));
   };
   Act* dres = scratch(kDRes);
-  float* const no_grad = nullptr;
 
   if (last_) {
     // The probabilities become their own gradient in place: probs - onehot, scaled (0 on the
@@ -423,16 +469,22 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
     Backend::crossentropy_backward(dlogits, dlogits, targets_ + size_t(slot) * max_n_, dloss, N,
                                    Vh, Vl, lay.vocab_begin);
     zero(scratch(kDLn), size_t(N) * C);
+    const Act* head = P(lay.head);
     Backend::matmul_backward(scratch(kDLn), G(lay.head), no_grad, dlogits,
-                             gather_rows(act(kLnF, slot), scratch(kGather), N), P(lay.head), N, C,
-                             Vh);
+                             gather_rows(act(kLnF, slot), scratch(kGather), N), head, N, C, Vh);
+    done(lay.head, true);
     const Act* dlnf = reduce_rows(scratch(kDLn), scratch(kDLnRows), N);
     zero(dres, size_t(Nr) * C);
-    norm_backward(dres, G(lay.norm_weight), G(lay.norm_bias), dlnf, output(slot),
-                  P(lay.norm_weight), stat(kLnFMean, slot), stat(kLnFRstd, slot), Nr);
+    const Act* norm_weight = P(lay.norm_weight);
+    norm_backward(dres, G(lay.norm_weight), G(lay.norm_bias), dlnf, output(slot), norm_weight,
+                  stat(kLnFMean, slot), stat(kLnFRstd, slot), Nr);
+    done(lay.norm_weight, true);
+    done(lay.norm_bias, false);
   }
   for (int l = end_ - 1; l >= begin_; --l) {
-    const int i = l - begin_;
+    const int i = l - begin_, u = lay.layer_unit(l);
+    const Act* params = weights.params(u);
+    float* grads = weights.grads(u);
     if (options_.recompute == Recompute::Full) {
       // Rerun the layer's forward from its kept input, then its backward reads what it wrote.
       const LayerActs a = layer_acts(slot, i, true);
@@ -443,11 +495,17 @@ void Gpt<Backend>::backward(const Act* params, float* grads, int slot, const int
       if (options_.recompute == Recompute::Selective) attention_core(a, B, T);
       layer_backward(params, grads, l, a, B, T);
     }
+    weights.params_done(u);
+    weights.grads_done(u);
     if (layer_done) layer_done(l);
   }
-  if (first_)
-    Backend::encoder_backward(G(lay.embed), G(lay.positions), gather_rows(dres, scratch(kDFull), N),
-                              tokens, B, T, C, lay.vocab_begin, lay.vocab_rows);
+  if (first_) {
+    Backend::encoder_backward(G(lay.embed), G(lay.positions),
+                              gather_rows(dres, scratch(kDFull), N), tokens, B, T, C,
+                              lay.vocab_begin, lay.vocab_rows);
+    done(lay.embed, false);
+    done(lay.positions, false);
+  }
 }
 
 template class Gpt<CpuBackend>;

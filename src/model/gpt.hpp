@@ -21,6 +21,7 @@
 #include "backend/arena.hpp"
 #include "model/options.hpp"
 #include "model/shard.hpp"
+#include "model/weights.hpp"
 
 namespace tessera {
 
@@ -54,20 +55,21 @@ class Gpt {
 
   // tokens (B,T); targets (B,T) on the last stage, or nullptr for logits only; both in backend
   // memory. On the last stage with targets, losses (B*T, backend memory) receives each position's
-  // cross-entropy; nothing waits for it (the engine reads a step's losses once, at its end).
-  void forward(const Act* params, int slot, const int32_t* tokens, const int32_t* targets,
+  // cross-entropy; nothing waits for it (the engine reads a step's losses once, at its end). The
+  // parameters come unit by unit from `weights` (model/weights.hpp).
+  void forward(Weights<Act>& weights, int slot, const int32_t* tokens, const int32_t* targets,
                float* losses, int B, int T);
 
   // Stages before the last: the gradient of the output (B,T,C), filled by the caller (received
   // from the next stage) before backward.
   Act* grad_output() { return scratch(kDRes); }
-  // Accumulates parameter gradients (fp32, the layout's offsets) of micro-batch `slot` into grads;
-  // on the last stage each position's loss is weighted by dloss. Afterwards, on stages after the
+  // Adds the parameter gradients (fp32) of micro-batch `slot` to those `weights` hands out, unit
+  // by unit; on the last stage each position's loss is weighted by dloss. Afterwards, on stages after the
   // first, grad_input() holds the gradient of the stage's input (B,T,C).
   // When layer_done is given, it is called with each layer's index as soon as that layer's
   // parameter gradients are complete (the data-parallel reduction of the step's last backward
   // starts there, while the layers below are still computing).
-  void backward(const Act* params, float* grads, int slot, const int32_t* tokens, int B, int T,
+  void backward(Weights<Act>& weights, int slot, const int32_t* tokens, int B, int T,
                 float dloss, const std::function<void(int layer)>& layer_done = {});
   const Act* grad_input() const { return scratch(kDRes); }
 
@@ -116,8 +118,8 @@ class Gpt {
   // `recomputing`: the layer's output too goes to the workspace (the kept one may be in flight
   // to the next stage; the values are the same).
   LayerActs layer_acts(int slot, int i, bool recomputing) const;
-  // One layer's parameters (and gradients, where grads is given) by role; nullptr where the
-  // family has none (LLaMA's biases).
+  // One layer's parameters (and gradients, where grads is given) by role, from the pointers to
+  // its unit; nullptr where the family has none (LLaMA's biases).
   struct LayerWeights {
     const Act *norm1, *norm1_b, *qkv, *qkv_b, *proj, *proj_b, *norm2, *norm2_b, *fc, *fc_b,
         *down, *down_b;
@@ -131,6 +133,9 @@ class Gpt {
   void norm_backward(Act* din, float* dweight, float* dbias, const Act* dout, const Act* in,
                      const Act* weight, const float* mean, const float* rstd, int rows);
   void layer_forward(const Act* params, int l, const LayerActs& a, int B, int T);
+  // The units whose parameters a forward (or backward) pass of this chunk reads, in order.
+  std::vector<int> pass_units(bool forward) const;
+  int unit(int tensor) const { return layout_.unit_of_tensor[size_t(tensor)]; }
   void attention_core(const LayerActs& a, int B, int T);
   void layer_backward(const Act* params, float* grads, int l, const LayerActs& a, int B, int T);
 

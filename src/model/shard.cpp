@@ -108,6 +108,17 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
     if (P.norm_bias >= 0) L.norm_bias = add(size_t(P.norm_bias), Split::Replicated, true);
     L.head = tied ? L.embed : add(size_t(P.head), Split::Rows, true);  // vocab-parallel
   }
+  // Each layer one unit, each tensor outside the layers one of its own.
+  std::vector<int> layer_of(L.tensors.size(), -1);
+  for (int l = 0; l < shape.n_layer; ++l)
+    if (L.layer_first_tensor_[size_t(l)] >= 0) layer_of[size_t(L.layer_first_tensor_[size_t(l)])] = l;
+  L.unit_of_tensor.assign(L.tensors.size(), -1);
+  for (size_t i = 0; i < L.tensors.size();) {
+    const size_t n = layer_of[i] >= 0 ? size_t(P.per_layer()) : 1;
+    L.units.push_back({L.tensors[i].offset, L.tensors[i + n - 1].offset + L.tensors[i + n - 1].numel});
+    for (size_t k = i; k < i + n; ++k) L.unit_of_tensor[k] = int(L.units.size()) - 1;
+    i += n;
+  }
   return L;
 }
 

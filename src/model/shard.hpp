@@ -31,6 +31,14 @@ struct LayerRange {
   int begin = 0, end = 0;
 };
 
+// A unit of the parameters, as sharded data parallelism (ZeRO-2 and 3) gathers and reduces them:
+// one layer (its tensors are consecutive in the local buffer) or one tensor outside the layers
+// (embedding, positions, final norm, untied head). [begin, end) of the local buffer.
+struct Unit {
+  size_t begin = 0, end = 0;
+  size_t size() const { return end - begin; }
+};
+
 struct LocalLayout {
   ParamLayout canonical;
   int tp = 1, tp_rank = 0;
@@ -51,6 +59,10 @@ struct LocalLayout {
   // Layer l's parameters in the local buffer: [first, end) (its tensors are consecutive).
   std::pair<size_t, size_t> layer_range(int l) const;
   std::vector<int> layer_first_tensor_;  // by model layer: its first local tensor, or -1
+  // The units in buffer order, and each local tensor's unit.
+  std::vector<Unit> units;
+  std::vector<int> unit_of_tensor;
+  int layer_unit(int l) const { return unit_of_tensor[size_t(layer_first_tensor_[size_t(l)])]; }
 
   const ParamTensor& canon(const LocalTensor& t) const { return canonical.tensors[t.canonical]; }
   // Row-major canonical element index of local element i of tensor t.

@@ -47,14 +47,14 @@ void PipelineExecutor<Backend>::bind() {
 }
 
 template <class Backend>
-void PipelineExecutor<Backend>::run(const Act* params, float* grads,
-                                    const std::vector<MicroBatch>& batches, float dloss,
+void PipelineExecutor<Backend>::run(Weights<Act>& weights, const std::vector<MicroBatch>& batches,
+                                    float dloss,
                                     const std::function<void(int layer)>& layer_done) {
-  walk(schedule_, params, grads, batches, dloss, layer_done);
+  walk(schedule_, weights, batches, dloss, layer_done);
 }
 
 template <class Backend>
-void PipelineExecutor<Backend>::forward_only(const Act* params,
+void PipelineExecutor<Backend>::forward_only(Weights<Act>& weights,
                                              const std::vector<MicroBatch>& batches) {
   // Each micro-batch through every chunk before the next: a chain of lone transfers, in the
   // order every stage meets them.
@@ -66,7 +66,7 @@ void PipelineExecutor<Backend>::forward_only(const Act* params,
       if (!models_[size_t(c)]->last()) actions.push_back({Op::SendForward, mb, c});
     }
   }
-  walk(actions, params, nullptr, batches, 0.0f, {});
+  walk(actions, weights, batches, 0.0f, {});
 }
 
 namespace {
@@ -79,9 +79,8 @@ int message_tag(bool gradient, int mb, int sender_chunk, int chunks) {
 }  // namespace
 
 template <class Backend>
-void PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, const Act* params,
-                                     float* grads, const std::vector<MicroBatch>& batches,
-                                     float dloss,
+void PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, Weights<Act>& weights,
+                                     const std::vector<MicroBatch>& batches, float dloss,
                                      const std::function<void(int layer)>& layer_done) {
   const double t_start = now();
   wait_seconds_ = 0;
@@ -106,11 +105,11 @@ void PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, const A
     trace::set_micro(a.mb);
     if (a.op == Op::Forward) {
       pp_->wait_send(model.output(slot));  // the slot's output is overwritten: its send has left
-      model.forward(params, slot, mb.tokens, mb.targets, mb.losses, B_, T_);
+      model.forward(weights, slot, mb.tokens, mb.targets, mb.losses, B_, T_);
       continue;
     }
     if (a.op == Op::Backward) {
-      model.backward(params, grads, slot, mb.tokens, B_, T_, dloss,
+      model.backward(weights, slot, mb.tokens, B_, T_, dloss,
                      &a == last_backward[size_t(a.chunk)] ? layer_done
                                                           : std::function<void(int)>{});
       continue;

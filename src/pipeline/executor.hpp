@@ -42,15 +42,16 @@ class PipelineExecutor {
                    int B, int T, Arena& arena);
   void bind();
 
-  // Runs every action of the step. dloss weights each position's loss; the last stage writes
-  // every micro-batch's losses. layer_done, if given, is passed to each chunk's last backward pass
-  // of the step (see Gpt::backward).
-  void run(const Act* params, float* grads, const std::vector<MicroBatch>& batches, float dloss,
+  // Runs every action of the step, the chunks reading their parameters from and adding their
+  // gradients to `weights` (model/weights.hpp). dloss weights each position's loss; the last
+  // stage writes every micro-batch's losses. layer_done, if given, is passed to each chunk's last
+  // backward pass of the step (see Gpt::backward).
+  void run(Weights<Act>& weights, const std::vector<MicroBatch>& batches, float dloss,
            const std::function<void(int layer)>& layer_done = {});
 
   // Forward passes only (evaluation): each micro-batch received, forwarded and sent on through
   // every chunk in turn; the last stage writes the losses.
-  void forward_only(const Act* params, const std::vector<MicroBatch>& batches);
+  void forward_only(Weights<Act>& weights, const std::vector<MicroBatch>& batches);
 
   // Seconds this stage's host spent blocked in transfer groups during the last run(), and the
   // run's length: on the CPU the measured pipeline bubble is their ratio (a GPU's transfers are
@@ -74,7 +75,7 @@ class PipelineExecutor {
   std::vector<size_t> send_slot_;
   double wait_seconds_ = 0, run_seconds_ = 0;
 
-  void walk(const std::vector<Action>& actions, const Act* params, float* grads,
+  void walk(const std::vector<Action>& actions, Weights<Act>& weights,
             const std::vector<MicroBatch>& batches, float dloss,
             const std::function<void(int layer)>& layer_done);
 };

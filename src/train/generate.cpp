@@ -102,7 +102,8 @@ void sample_text(const std::string& checkpoint, const SampleOptions& opt) {
   for (int i = 0; i < opt.tokens; ++i) {
     // The model sees at most block_size positions: the oldest tokens fall off the front.
     const int T = std::min<int>(int(context.size()), s.block_size);
-    model.forward(m.params.data(), 0, context.data() + context.size() - T, nullptr, nullptr, 1, T);
+    FlatWeights<float> weights(m.layout, m.params.data(), nullptr);
+    model.forward(weights, 0, context.data() + context.size() - T, nullptr, nullptr, 1, T);
     const float* logits = model.logits(0) + size_t(T - 1) * model.head_columns();
     int next = 0;
     if (opt.temperature <= 0) {
