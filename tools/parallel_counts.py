@@ -88,13 +88,47 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
         n_local += (Vp * C // tp + Tmax * C if first else 0) + (2 * C if last else 0)
     if last and (not tied or not first):
         n_local += Vp * C // tp
-    zero = p.get("zero", 0) == 1 and dp > 1
-    padded = -(-n_local // dp) * dp if zero else n_local
+    # ZeRO (FORMULAS.md, "Memory per rank"): over the shard group of g dp ranks (zero_group, or
+    # dp), r = dp / g replicas. Stage 1 pads the flat buffer to g equal slices; stages 2 and 3
+    # split every unit (a layer, or one tensor outside the layers) into g equal parts, the last
+    # padded: S = sum over units of ceil(unit / g) elements per rank.
+    stage = p.get("zero", 0)
+    g = p.get("zero_group", 0) or dp
+    r = dp // g
+    if stage == 1 and g == 1:
+        stage = 0
+    if llama:
+        layer = (2 * C * C + 2 * KV * C + 3 * F * C) // tp + 2 * C
+        outer_first, outer_last = [Vp * C // tp], [C]
+    else:
+        layer = (4 * C * C + 2 * F * C + 3 * C + F) // tp + 6 * C
+        outer_first, outer_last = [Vp * C // tp, Tmax * C], [C, C]
+    units = (outer_first if first else []) + [layer] * L_here + (outer_last if last else [])
+    if last and (not tied or not first):
+        units.append(Vp * C // tp)  # lm_head, or the last stage's copy of the tied embedding
+    assert sum(units) == n_local
+    parts = [-(-u // g) for u in units]
+    S = sum(parts)
+    padded = -(-n_local // g) * g if stage == 1 else n_local
+    state = {0: n_local, 1: padded // g, 2: S, 3: S}[stage]
     out = {
         "param_bytes": 4 * n_local,
         "grad_bytes": 4 * n_local,
-        "optim_bytes": 8 * padded // (dp if zero else 1),
+        "optim_bytes": 8 * state,
+        # fp32 on the CPU: stages 0 and 1 keep the whole (padded) buffer of parameters and of
+        # gradients, 2 the parameters whole and the gradients' parts, 3 both as parts; the
+        # optimizer its moments, ZeRO-1's gradient slice and the norm's one double.
+        "param_buffer_bytes": 4 * (padded if stage <= 2 else S),
+        "grad_buffer_bytes": 4 * (padded if stage <= 1 else S),
+        "optimizer_buffer_bytes": 8 * state + (4 * state if stage == 1 else 0) + 8,
     }
+    # ZeRO-2/3's transient buffers: two units' gradients (g parts each) and the two parts a
+    # reduce-scatter returns; ZeRO-3 two units' gathered parameters (every unit's without
+    # resharding), ZeRO-2 one unit's for the gather after the update.
+    largest = max(g * q for q in parts)
+    keep = stage == 3 and not p.get("reshard_after_forward", True)
+    gathered = g * S if keep else (2 if stage == 3 else 1) * largest
+    out["transient_bytes"] = 4 * (2 * largest + 2 * max(parts) + gathered) if stage >= 2 else 0
     # Communication payload per step (bytes handed to MPI), FORMULAS.md "Communication":
     # tp: per micro-batch per layer 2 all-reduces of b*T*C forward and 2 backward; the embedding's
     # all-reduce on the first stage; on the last stage the LM head's input gradient (b*T*C) and the
@@ -118,15 +152,44 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
         tp_bytes = micro * (L_here * (14 if full else 10) * act + (2 * act if first else 0) +
                             (3 * act + 4 * b * T + 16 * b * T if last else 0))
         norms = (2 * C, C) if llama else (4 * C, 2 * C)  # per layer, final
-        tp_bytes += 4 * (L_here * norms[0] + (norms[1] if last else 0))
+        # (ZeRO-2/3: once per micro-batch, in the unit's gradients before their reduce-scatter.)
+        tp_bytes += 4 * (L_here * norms[0] + (norms[1] if last else 0)) * (
+            micro if p.get("zero", 0) >= 2 else 1)
+    # dp (FORMULAS.md, "Communication"), the payload handed to MPI: stage 0 an all-reduce of the
+    # buffer; 1 a reduce-scatter and an all-gather of the padded buffer over the group, its slice
+    # all-reduced over the replicas; 2 per micro-batch every unit's gradients reduce-scattered
+    # (g parts each), after the update every unit's parameters all-gathered; 3 per micro-batch
+    # every unit's parameters gathered for the forward (the embedding, positions, layers, the
+    # final norm, the head) and again for the backward (the head, the final norm's weight, the
+    # layers: the embedding's backward and the norm's bias need none), every unit's gradients
+    # reduce-scattered (the tied embedding of a lone stage twice: as the head and as the
+    # embedding), or without resharding every unit gathered once a step; 2 and 3 then all-reduce
+    # their parts' sums over the replicas.
     dp_bytes = 0
-    if dp > 1:
-        dp_bytes = 4 * padded * (2 if zero else 1)   # all-reduce, or reduce-scatter + all-gather
+    if dp > 1 and stage == 0:
+        dp_bytes = 4 * n_local
+    elif dp > 1 and stage == 1:
+        dp_bytes = 8 * padded + (4 * padded // g if r > 1 else 0)
+    elif dp > 1:
+        def whole(u):  # a unit as gathered: g parts
+            return g * -(-u // g)
+        ins = sum(whole(u) for u in outer_first) if first else 0
+        layers = L_here * whole(layer)
+        norm = [whole(u) for u in outer_last] if last else []
+        head = whole(Vp * C // tp) if last else 0  # its own unit, or on a lone tied stage wte's
+        reduced = layers + ins + (sum(norm) + head if last else 0)
+        gathered = 2 * layers + ins + (sum(norm) + norm[0] + 2 * head if last else 0)
+        every = sum(whole(u) for u in units)
+        gathers = every if stage == 2 or keep else micro * gathered
+        dp_bytes = (4 * (micro * reduced + gathers) if g > 1 else 0) + (4 * S if r > 1 else 0)
     # Every (micro-batch, chunk) output goes to the next virtual stage and its input's gradient to
     # the previous one: all but the model's last and first virtual stage.
     boundary = act // tp if sp else act
     pp_bytes = micro * boundary * ((v - (1 if last else 0)) + (v - (1 if first else 0))) if pp > 1 else 0
-    embed_bytes = 4 * Vp * C // tp if pp > 1 and tied and (first or last) else 0
+    # The tied embedding's gradient (ZeRO-2/3: this rank's part of it, padding included).
+    embed_bytes = 0
+    if pp > 1 and tied and (first or last):
+        embed_bytes = 4 * (-(-(Vp * C // tp) // g) if stage >= 2 else Vp * C // tp)
     out.update(tp_bytes_per_step=tp_bytes, dp_bytes_per_step=dp_bytes, pp_bytes_per_step=pp_bytes,
                embed_bytes_per_step=embed_bytes)
     # Activations as tessera keeps them (fp32, no dropout), per micro-batch and layer, in floats:
@@ -197,7 +260,9 @@ def compare(metrics_path):
     for r in ranks:
         want = counts(deck, dp, tp, pp, vocab, int(r["dp_rank"]), int(r["tp_rank"]), int(r["pp_rank"]))
         for key in ("param_bytes", "grad_bytes", "optim_bytes", "activation_bytes", "tp_bytes_per_step",
-                    "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step"):
+                    "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step",
+                    "param_buffer_bytes", "grad_buffer_bytes", "optimizer_buffer_bytes",
+                    "transient_bytes"):
             if abs(r[key] - want[key]) > 1e-6 * max(1.0, want[key]):
                 print(f"rank {r['rank']}: {key} measured {r[key]:.0f}, formula {want[key]:.0f}")
                 bad += 1

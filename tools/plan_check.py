@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Holds a run's per-rank report (the "rank" lines of metrics.jsonl) against `tessera plan --json`
-of the same deck and layout: parameter, gradient, optimizer and activation bytes and the bytes per
+of the same deck and layout: parameter, gradient, optimizer and activation bytes, the buffers that
+hold them (master and copy, gradients, optimizer state, ZeRO's transient buffers) and the bytes per
 step on each communicator must be equal (tests/integration/test_comm_volume.sh).
 
   plan_check.py METRICS.jsonl PLAN.json     exit 1 on any difference
@@ -9,7 +10,8 @@ import json
 import sys
 
 KEYS = ("param_bytes", "grad_bytes", "optim_bytes", "activation_bytes", "tp_bytes_per_step",
-        "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step")
+        "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step", "param_buffer_bytes",
+        "grad_buffer_bytes", "optimizer_buffer_bytes", "transient_bytes")
 
 
 def main(metrics_path, plan_path):

@@ -102,10 +102,17 @@ struct ParallelConfig {
   int tp = 1;                     // tensor-parallel ranks; 0 = auto
   int pp = 1;                     // pipeline stages; 0 = auto
   std::string schedule = "1f1b";  // gpipe | 1f1b
-  int zero = 0;                   // 0 | 1 (ZeRO-1: optimizer state sharded over dp)
+  // ZeRO stage (optim/distributed.hpp): 0 none, 1 optimizer state, 2 and gradients, 3 and
+  // parameters sharded over the data-parallel group, or over groups of zero_group consecutive dp
+  // ranks (zero_group below).
+  int zero = 0;
   std::vector<int> stage_layers;  // layers per stage (sums to n_layer); empty = balanced
   bool sequence_parallel = false; // norms and residuals split along the sequence over tp
   int virtual_stages = 1;         // layer chunks per pipeline rank (interleaved 1F1B when > 1)
+  int zero_group = 0;             // hybrid sharding: ZeRO over groups of this many dp ranks; 0 = dp
+  // ZeRO-3: a layer's parameters are gathered again for its backward (true), or kept from its
+  // forward until the step's end (false: more memory, a third less communication).
+  bool reshard_after_forward = true;
 };
 
 struct Config {

@@ -145,6 +145,8 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel", "pp", IntOrAuto{&c.parallel.pp}},
       {"parallel", "schedule", &c.parallel.schedule},
       {"parallel", "zero", &c.parallel.zero},
+      {"parallel", "zero_group", &c.parallel.zero_group},
+      {"parallel", "reshard_after_forward", &c.parallel.reshard_after_forward},
       {"parallel", "stage_layers", &c.parallel.stage_layers},
       {"parallel", "sequence_parallel", &c.parallel.sequence_parallel},
       {"parallel", "virtual_stages", &c.parallel.virtual_stages},

@@ -233,8 +233,19 @@ void validate_parallel(const Config& c, const Deck& deck) {
   if (p.schedule != "gpipe" && p.schedule != "1f1b") {
     deck.fail_key("parallel.schedule", "must be gpipe or 1f1b, got " + shown(p.schedule));
   }
-  if (p.zero != 0 && p.zero != 1) {
-    deck.fail_key("parallel.zero", "must be 0 or 1, got " + num(p.zero));
+  if (p.zero < 0 || p.zero > 3) {
+    deck.fail_key("parallel.zero", "must be 0, 1, 2 or 3, got " + num(p.zero));
+  }
+  at_least(deck, "parallel.zero_group", p.zero_group, 0);
+  if (p.dp > 0 && p.zero_group > 0 && p.dp % p.zero_group != 0) {
+    deck.fail_later("parallel.dp", "parallel.zero_group",
+                    "parallel.zero_group = " + num(p.zero_group) + " does not divide parallel.dp = " +
+                        num(p.dp) + " (the dp ranks are sharded in groups of zero_group)");
+  }
+  if (!p.reshard_after_forward && p.zero != 3) {
+    deck.fail_later("parallel.zero", "parallel.reshard_after_forward",
+                    "parallel.reshard_after_forward = false keeps gathered parameters, which only "
+                    "parallel.zero = 3 shards; parallel.zero = " + num(p.zero));
   }
 
   const ModelConfig& m = c.model;

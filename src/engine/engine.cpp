@@ -25,14 +25,17 @@ class Engine final : public TrainEngine {
 
  public:
   Engine(const EngineSetup& s, bool allocate_now)
-      : tile_(s.tile), mb_(s.micro_batch), T_(s.seq_len), zero_(s.zero), embed_sum_(s.embed_sum),
+      : tile_(s.tile), mb_(s.micro_batch), T_(s.seq_len), embed_sum_(s.embed_sum),
         arena_(Backend::memory()),
-        // Built in the fixed order tp, dp, pp, embed (an NCCL communicator's construction is
-        // collective over its ranks).
-        // The data-parallel sums overlap the backward that follows them.
+        // Built in the fixed order tp, dp, pp, embed, shard, replica (an NCCL communicator's
+        // construction is collective over its ranks). The data-parallel sums and the ZeRO
+        // group's gathers overlap the compute that follows them.
         tp_(s.tp), dp_(s.dp, /*overlap=*/true), pp_(s.pp), embed_(s.embed),
-        mem_(s, arena_, &tp_, &dp_, &pp_), models_(mem_.models), optimizer_(mem_.optimizer),
-        executor_(mem_.executor) {
+        own_shard_(s.shard, /*overlap=*/true), replica_(s.replica),
+        shard_(s.shard == MPI_COMM_NULL ? &dp_ : &own_shard_),
+        mem_(s, arena_, &tp_, &dp_, &pp_, shard_, &replica_),
+        models_(mem_.models), optimizer_(mem_.optimizer), executor_(mem_.executor) {
+    if (mem_.sharded) parts_layout_ = shard_layout(tile_, mem_.plan);
     step_tokens_ = mem_.step_tokens;
     if (allocate_now) allocate();
   }
@@ -40,7 +43,6 @@ class Engine final : public TrainEngine {
   size_t host_bytes() const override { return mem_.host_bytes(arena_, Backend::kHostMemory); }
 
   void allocate() override {
-    const size_t n = optimizer_.buffer_size();
     arena_.allocate();
     for (auto& model : models_) model->bind();
     optimizer_.bind();
@@ -52,25 +54,74 @@ class Engine final : public TrainEngine {
     targets_ = arena_.get<int32_t>(mem_.h_targets);
     losses_ = arena_.get<float>(mem_.h_losses);
     host_losses_.resize(step_tokens_);
-    if constexpr (!Backend::kHostMemory) host_params_.assign(n, 0.0f);
+    if (mem_.sharded) {
+      sharded_own_ = std::make_unique<ShardedWeights<Backend>>(
+          tile_, mem_.plan, *mem_.sharded, shard_, optimizer_.stage(), arena_);
+      sharded_ = sharded_own_.get();
+      // ZeRO-2 gathers from the full parameters, ZeRO-3 from this rank's parts of them.
+      sharded_->bind(model_params(), grads_);
+      // Sequence parallelism's partial norm gradients, summed over tp in the unit's buffer
+      // before its reduce-scatter: each unit's ranges, relative to its start.
+      std::vector<std::vector<std::pair<size_t, size_t>>> partial(tile_.units.size());
+      auto add = [&](int l) {
+        for (const auto& [begin, end] : models_.front()->tp_partial_gradients(l)) {
+          const int u = tile_.unit_of_tensor[size_t(tensor_at(begin))];
+          partial[size_t(u)].emplace_back(begin - tile_.units[size_t(u)].begin, end - begin);
+        }
+      };
+      add(-1);
+      for (const LayerRange& chunk : tile_.chunks)
+        for (int l = chunk.begin; l < chunk.end; ++l) add(l);
+      sharded_->before_reduce = [this, partial](int u, float* grads) {
+        for (const auto& [at, n] : partial[size_t(u)]) tp_.all_reduce_sum(grads + at, n);
+      };
+    }
+    if (!mem_.host_state_is_master(Backend::kHostMemory))
+      host_params_.assign(optimizer_.state_size(), 0.0f);
   }
 
-  size_t buffer_size() const override { return optimizer_.buffer_size(); }
+  size_t state_size() const override { return optimizer_.state_size(); }
+  const LocalLayout& state_layout() const override {
+    return mem_.sharded ? parts_layout_ : tile_;
+  }
+  bool writes_state() const override {
+    return mem_.sharded ? replica_.rank() == 0 : dp_.rank() == 0;
+  }
   size_t moment_bytes() const override { return optimizer_.moment_bytes(); }
+  Footprint footprint() const override {
+    return {arena_.bytes(mem_.h_master) + (mem_.h_copy ? arena_.bytes(mem_.h_copy) : 0),
+            arena_.bytes(mem_.h_grads), optimizer_.declared_bytes(), mem_.transient_bytes()};
+  }
   size_t activation_bytes() const override { return mem_.activation_bytes(); }
   std::string memory_report() const override { return Backend::memory_report(arena_, kBf16); }
   double peak_gflops() const override { return Backend::peak_gflops(kBf16); }
   Allocator loader_memory() const override { return Backend::loader_memory(); }
 
-  // On a host backend the master weights are the host parameters: nothing to copy.
+  // Where the master weights are host memory laid out as the state, they are the host
+  // parameters: nothing to copy.
   float* host_params() override {
-    if constexpr (Backend::kHostMemory) return master_;
-    else return host_params_.data();
+    return host_params_.empty() ? master_ : host_params_.data();
   }
   void params_to_device() override {
-    if constexpr (Backend::kHostMemory) return;
+    if (host_params_.empty()) return;
+    const float* host = host_params_.data();
+    if (stage() == 2) {
+      // This rank's parts into the full parameters (the master itself in fp32, else the bf16
+      // copy beside the parts' master), then every rank's parts gathered.
+      if constexpr (kBf16) Backend::to_device(master_, host, host_params_.size() * sizeof(float));
+      each_part([&](size_t local, size_t state, size_t n) {
+        if constexpr (kBf16) {
+          const std::vector<Act> rounded(host + state, host + state + n);
+          Backend::to_device(copy_ + local, rounded.data(), n * sizeof(Act));
+        } else {
+          Backend::to_device(master_ + local, host + state, n * sizeof(float));
+        }
+      });
+      sharded_->gather_full(full_params());
+      return;
+    }
     const size_t n = host_params_.size();
-    Backend::to_device(master_, host_params_.data(), n * sizeof(float));
+    Backend::to_device(master_, host, n * sizeof(float));
     if constexpr (kBf16) {
       // Rounded to nearest even, as adamw_update rounds the copy it refreshes.
       std::vector<Act> rounded(host_params_.begin(), host_params_.end());
@@ -78,9 +129,14 @@ class Engine final : public TrainEngine {
     }
   }
   float* params_to_host() override {
-    if constexpr (!Backend::kHostMemory)
+    if (host_params_.empty()) return master_;
+    if (stage() == 2 && !kBf16)
+      each_part([&](size_t local, size_t state, size_t n) {
+        Backend::to_host(host_params_.data() + state, master_ + local, n * sizeof(float));
+      });
+    else
       Backend::to_host(host_params_.data(), master_, host_params_.size() * sizeof(float));
-    return host_params();
+    return host_params_.data();
   }
   void get_moments(std::vector<float>& m, std::vector<float>& v) override {
     optimizer_.get_moments(m, v);
@@ -92,39 +148,30 @@ class Engine final : public TrainEngine {
   StepResult train_step(const std::vector<HostMicroBatch>& batches, float dloss, double grad_clip,
                         double lr, long t, const StepCheck& check) override {
     const std::vector<MicroBatch> inputs = upload(batches);
-    Backend::zero(grads_, optimizer_.buffer_size() * sizeof(float));
-    // Each layer's gradient is summed over dp as soon as the step's last backward finishes it.
-    // Sequence parallelism leaves the norms' gradients partial over tp: summed once, after the
-    // step's last backward, before the dp sum reads them.
-    auto tp_sum = [&](int l) {
-      for (const auto& [begin, end] : models_.front()->tp_partial_gradients(l))
-        tp_.all_reduce_sum(grads_ + begin, end - begin);
-    };
-    auto layer_done = [&](int l) {
-      tp_sum(l);
-      const auto [begin, end] = tile_.layer_range(l);
-      optimizer_.start_reduce(grads_, begin, end);
-    };
-    FlatWeights<Act> weights(tile_, model_params(), grads_);
-    executor_.run(weights, inputs, dloss,
-                  zero_ ? std::function<void(int)>{} : layer_done);
-    tp_sum(-1);
-    if (zero_)
-      for (const LayerRange& chunk : tile_.chunks)
-        for (int l = chunk.begin; l < chunk.end; ++l) tp_sum(l);
-    // The tied embedding: stage 0's and the last stage's copy see the sum of both gradients.
+    if (sharded_) backward_sharded(inputs, dloss);
+    else backward_flat(inputs, dloss);
+    // The tied embedding: stage 0's and the last stage's copy see the sum of both gradients
+    // (under ZeRO-2/3 their parts: the two stages split the tensor alike).
     if (embed_sum_ && tile_.embed >= 0) {
       const LocalTensor& embed = tile_.tensors[size_t(tile_.embed)];
-      embed_.all_reduce_sum(grads_ + embed.offset, embed.numel);
+      if (sharded_) {
+        const size_t u = size_t(tile_.unit_of_tensor[size_t(tile_.embed)]);
+        embed_.all_reduce_sum(grads_ + mem_.plan.offset[u], mem_.plan.part[u]);  // its part
+      } else {
+        embed_.all_reduce_sum(grads_ + embed.offset, embed.numel);
+      }
     }
     optimizer_.reduce_gradients(grads_);
     const double norm = optimizer_.grad_norm(grads_);
     const double loss = tile_.last ? mean_losses(batches.size()) : 0.0;
     // A dropped update leaves nothing behind: the gradients are zeroed at the next step's start,
-    // and under ZeRO-1 no rank has a shard to all-gather.
-    if (!check || check(loss, norm))
+    // and under ZeRO no rank has a shard to all-gather.
+    if (!check || check(loss, norm)) {
       optimizer_.step(master_, copy_, grads_, grad_clip > 0 ? clip_factor(norm, grad_clip) : 1.0,
                       lr, t);
+      if (stage() == 2) sharded_->gather_full(full_params());
+    }
+    if (sharded_) sharded_->end_step();
     Backend::sync();  // the step's time is the device's
     return {loss, norm};
   }
@@ -136,30 +183,87 @@ class Engine final : public TrainEngine {
     const size_t n = size_t(count / uint64_t(mb_));
     const size_t bytes = size_t(mb_) * T_ * sizeof(int32_t);
     Batch batch(mb_, T_);
+    FlatWeights<Act> flat(tile_, model_params(), nullptr);
+    Weights<Act>& weights = sharded_ ? static_cast<Weights<Act>&>(*sharded_) : flat;
     double sum = 0;
     for (size_t i = 0; i < n; ++i) {
       read_eval_batch(file, first + i * uint64_t(mb_), vocab, batch);
       Backend::to_device(tokens_, batch.inputs.data(), bytes);
       Backend::to_device(targets_, batch.targets.data(), bytes);
-      FlatWeights<Act> weights(tile_, model_params(), nullptr);
       executor_.forward_only(weights, {MicroBatch{tokens_, targets_, losses_}});
       if (tile_.last) sum += mean_losses(1);
     }
+    if (sharded_) sharded_->end_step();
     return sum;
   }
 
   double wait_seconds() const override { return executor_.wait_seconds(); }
   double run_seconds() const override { return executor_.run_seconds(); }
   double payload_bytes(int c) const override {
-    const uint64_t bytes[] = {tp_.payload_bytes, dp_.payload_bytes, pp_.payload_bytes,
-                              embed_.payload_bytes};
+    const uint64_t bytes[] = {tp_.payload_bytes,
+                              dp_.payload_bytes + own_shard_.payload_bytes + replica_.payload_bytes,
+                              pp_.payload_bytes, embed_.payload_bytes};
     return double(bytes[c]);
   }
 
  private:
+  int stage() const { return optimizer_.stage(); }
   const Act* model_params() const {
     if constexpr (kBf16) return copy_;
     else return master_;
+  }
+  // ZeRO-2's full parameters: what the model reads.
+  Act* full_params() {
+    if constexpr (kBf16) return copy_;
+    else return master_;
+  }
+  // f(local, state, n) for this rank's parts of the tile (ZeRO-2/3).
+  template <typename Fn>
+  void each_part(Fn f) const {
+    for (size_t u = 0; u < tile_.units.size(); ++u) {
+      const auto [lo, hi] = mem_.plan.range(tile_, int(u));
+      if (lo < hi) f(lo, mem_.plan.offset[u], hi - lo);
+    }
+  }
+  // Sequence parallelism leaves the norms' gradients partial over tp (layer l's, or with l = -1
+  // the final norm's): summed over tp.
+  void tp_sum(int l) {
+    for (const auto& [begin, end] : models_.front()->tp_partial_gradients(l))
+      tp_.all_reduce_sum(grads_ + begin, end - begin);
+  }
+  // The local tensor at local element x.
+  int tensor_at(size_t x) const {
+    for (size_t i = 0; i < tile_.tensors.size(); ++i)
+      if (x >= tile_.tensors[i].offset && x < tile_.tensors[i].offset + tile_.tensors[i].numel)
+        return int(i);
+    return -1;
+  }
+
+  // ZeRO 0 and 1: the gradients in the full buffer. Each layer's gradient is summed over dp as
+  // soon as the step's last backward finishes it (ZeRO-0), with its sequence-parallel partial
+  // sums first; after the step's last backward the rest.
+  void backward_flat(const std::vector<MicroBatch>& inputs, float dloss) {
+    Backend::zero(grads_, optimizer_.buffer_size() * sizeof(float));
+    auto layer_done = [&](int l) {
+      tp_sum(l);
+      const auto [begin, end] = tile_.layer_range(l);
+      optimizer_.start_reduce(grads_, begin, end);
+    };
+    FlatWeights<Act> weights(tile_, model_params(), grads_);
+    executor_.run(weights, inputs, dloss,
+                  stage() == 0 ? layer_done : std::function<void(int)>{});
+    tp_sum(-1);
+    if (stage() != 0)
+      for (const LayerRange& chunk : tile_.chunks)
+        for (int l = chunk.begin; l < chunk.end; ++l) tp_sum(l);
+  }
+
+  // ZeRO-2/3: the gradients reduce-scattered unit by unit as each backward produces them
+  // (optim/sharded_weights.hpp; the sequence-parallel partial sums before, see allocate).
+  void backward_sharded(const std::vector<MicroBatch>& inputs, float dloss) {
+    sharded_->begin_step();
+    executor_.run(*sharded_, inputs, dloss);
+    sharded_->finish();
   }
 
   // The sum over the first `count` micro-batches of their mean loss: the positions' losses
@@ -197,15 +301,21 @@ class Engine final : public TrainEngine {
   const LocalLayout& tile_;
   int mb_, T_;
   size_t step_tokens_ = 0;
-  bool zero_, embed_sum_;
+  bool embed_sum_;
   // The arena before the communicators, so that on an error the communicators go first (their
   // destructors abort NCCL's kernels), then the memory they used.
   Arena arena_;
   typename Backend::Comm tp_, dp_, pp_, embed_;
+  // Hybrid sharding's ZeRO group (without it dp_ is the group) and replicas (one rank without).
+  typename Backend::Comm own_shard_, replica_;
+  typename Backend::Comm* shard_;
   EngineMemory<Backend> mem_;  // every buffer's declaration (engine/engine_memory.hpp)
   std::vector<std::unique_ptr<Gpt<Backend>>>& models_;
   DistributedOptimizer<Backend>& optimizer_;
   PipelineExecutor<Backend>& executor_;
+  LocalLayout parts_layout_;  // ZeRO-2/3: this rank's parts as a layout (shard_layout)
+  std::unique_ptr<ShardedWeights<Backend>> sharded_own_;  // ZeRO-2/3, once allocated
+  ShardedWeights<Backend>* sharded_ = nullptr;
   float* master_ = nullptr;
   float* grads_ = nullptr;
   Act* copy_ = nullptr;  // bf16 only: what the model reads
@@ -213,7 +323,7 @@ class Engine final : public TrainEngine {
   int32_t* targets_ = nullptr;
   float* losses_ = nullptr;          // (micro-batches, B*T) on the last stage
   std::vector<float> host_losses_;   // the same, read once per step
-  std::vector<float> host_params_;  // off-host backends: checkpoints and initialisation
+  std::vector<float> host_params_;  // the host state where it is not the master itself
 };
 
 }  // namespace

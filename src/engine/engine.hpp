@@ -38,10 +38,14 @@ struct EngineSetup {
   Comm* world;  // every rank: the gradient norm
   std::vector<Action> schedule;
   int micro_batch, seq_len, n_micro;
-  bool zero;       // parallel.zero == 1
+  int zero;        // parallel.zero: the ZeRO stage (optim/distributed.hpp)
   bool embed_sum;  // pp > 1: stage 0's wte and the last stage's copy sum their gradients
   AdamWHyper hyper;
   ModelOptions model;  // attention, recompute (model/options.hpp)
+  // Hybrid sharding (parallel.zero_group < dp): the ZeRO group and the groups holding the same
+  // shard (parallel/topology.hpp); MPI_COMM_NULL: one group, dp's communicator.
+  MPI_Comm shard = MPI_COMM_NULL, replica = MPI_COMM_NULL;
+  bool reshard_after_forward = true;  // ZeRO-3 (parallel.reshard_after_forward)
 };
 
 // A micro-batch's tokens and targets (B,T) in host memory (the loader's ring), nullptr where the
@@ -61,10 +65,24 @@ class TrainEngine {
   // Allocates the declared buffers (make_engine(..., allocate = false)); the engine is usable
   // from then on.
   virtual void allocate() = 0;
-  // Elements of the parameter / gradient buffers (DistributedOptimizer::buffer_size).
-  virtual size_t buffer_size() const = 0;
+  // The state this rank holds of the parameters' master weights and moments, as the host sees
+  // it (host_params(), get_moments): its elements (DistributedOptimizer::state_size) and their
+  // layout, the tile or under ZeRO-2/3 this rank's parts of it (ShardPlan::layout), which
+  // initialisation and checkpoints read and write; and whether this rank writes it into a
+  // checkpoint (one rank of those holding the same state: dp rank 0, or under ZeRO-2/3 the
+  // first replica's).
+  virtual size_t state_size() const = 0;
+  virtual const LocalLayout& state_layout() const = 0;
+  virtual bool writes_state() const = 0;
   virtual size_t moment_bytes() const = 0;
   virtual size_t activation_bytes() const = 0;
+  // What its arena holds for the parameters (master and bf16 copy), the gradients, the optimizer
+  // (moments, ZeRO-1's gradient slice, the norm) and ZeRO-2/3's transient buffers: the persistent
+  // bytes per rank that the ZeRO stages shrink (engine/engine_memory.hpp).
+  struct Footprint {
+    size_t params = 0, grads = 0, optimizer = 0, transient = 0;
+  };
+  virtual Footprint footprint() const = 0;
   // Lines for rank 0's start-up log: what the backend allocated ("" = nothing more to say).
   virtual std::string memory_report() const = 0;
   // The device's peak GFLOP/s that MFU is measured against, 0 when the trainer should measure
@@ -73,12 +91,13 @@ class TrainEngine {
   // The memory the data loader's ring is allocated from (pinned on a GPU).
   virtual Allocator loader_memory() const = 0;
 
-  // The host fp32 parameters (buffer_size()): initialise or read a checkpoint into them, then
-  // params_to_device(). params_to_host() returns them refreshed from the training copy.
+  // The host fp32 parameters (state_size(), laid out as state_layout()): initialise or read a
+  // checkpoint into them, then params_to_device(). params_to_host() returns them refreshed from
+  // the training copy.
   virtual float* host_params() = 0;
   virtual void params_to_device() = 0;
   virtual float* params_to_host() = 0;
-  // Adam moments as full local host buffers (DistributedOptimizer::get_moments / set_moments).
+  // Adam moments as host state (DistributedOptimizer::get_moments / set_moments).
   virtual void get_moments(std::vector<float>& m, std::vector<float>& v) = 0;
   virtual void set_moments(const std::vector<float>& m, const std::vector<float>& v) = 0;
 

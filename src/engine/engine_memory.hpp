@@ -1,10 +1,16 @@
 #pragma once
 // Every buffer an engine (engine/engine.cpp) allocates, declared in its Arena: the model chunks'
-// activations, the optimizer's moments, the pipeline's send buffers, the master weights,
-// gradients and token buffers. The engine builds it over its communicators; `tessera plan`
-// (engine/memory.cpp) builds the same over DeclareBackend (backend/declare.hpp) and communicators
-// of the right size without MPI, and reads the arena's byte counts: one accounting, so the plan
-// and the run cannot disagree.
+// activations, the optimizer's moments, the pipeline's send buffers, the parameters, gradients and
+// token buffers, and under ZeRO-2/3 the transient buffers of the sharded weights. The engine
+// builds it over its communicators; `tessera plan` (engine/memory.cpp) builds the same over
+// DeclareBackend (backend/declare.hpp) and communicators of the right size without MPI, and
+// reads the arena's byte counts: one accounting, so the plan and the run cannot disagree.
+//
+// What the parameters and gradients take by ZeRO stage (P: the tile's elements, padded to the
+// group under ZeRO-1; S: this rank's parts, ShardPlan::total):
+//   0, 1  fp32 master P, gradients P, bf16 copy P
+//   2     fp32: parameters P (the master); bf16: copy P, master S; gradient sums S
+//   3     master S, bf16 copy S; gradient sums S
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -13,6 +19,7 @@
 #include "engine/engine.hpp"
 #include "model/gpt.hpp"
 #include "optim/distributed.hpp"
+#include "optim/sharded_weights.hpp"
 #include "pipeline/executor.hpp"
 
 namespace tessera {
@@ -22,15 +29,38 @@ struct EngineMemory {
   using Act = typename Backend::Act;
   using Comm = typename Backend::Comm;
 
-  // tp, dp, pp: the engine's communicators (only their size and rank are read here).
-  EngineMemory(const EngineSetup& s, Arena& arena, Comm* tp, Comm* dp, Comm* pp)
-      : models(make_models(s, arena, tp)), optimizer(s.tile, dp, s.world, s.zero, s.hyper, arena),
+  // tp, dp, pp, shard, replica: the engine's communicators (only their size and rank are read
+  // here; shard and replica are those of the ZeRO group, dp's own and a lone rank's without
+  // hybrid sharding).
+  EngineMemory(const EngineSetup& s, Arena& arena, Comm* tp, Comm* dp, Comm* pp, Comm* shard,
+               Comm* replica)
+      : models(make_models(s, arena, tp)),
+        plan(make_shard_plan(s.tile, s.zero >= 2 ? shard->size() : 1,
+                             s.zero >= 2 ? shard->rank() : 0)),
+        optimizer(s.tile, {dp, shard, replica, s.world}, s.zero, &plan, s.hyper, arena),
+        sharded(s.zero >= 2 ? std::make_unique<ShardedBuffers>(plan, s.zero,
+                                                               s.reshard_after_forward,
+                                                               sizeof(Act), arena)
+                            : nullptr),
         executor(model_pointers(), pp, s.schedule, s.micro_batch, s.seq_len, arena) {
-    const size_t n = optimizer.buffer_size();
+    constexpr bool kFp32 = std::is_same_v<Act, float>;
+    const int stage = optimizer.stage();
+    const size_t full = optimizer.buffer_size(), parts = plan.total;
     step_tokens = size_t(s.n_micro) * s.micro_batch * s.seq_len;
-    h_master = arena.add("parameters (fp32 master)", n * sizeof(float));
-    h_grads = arena.add("gradients (fp32)", n * sizeof(float));
-    if (!std::is_same_v<Act, float>) h_copy = arena.add("parameters (bf16 copy)", n * sizeof(Act));
+    if (stage <= 1) {
+      h_master = arena.add("parameters (fp32 master)", full * sizeof(float));
+      h_grads = arena.add("gradients (fp32)", full * sizeof(float));
+      if (!kFp32) h_copy = arena.add("parameters (bf16 copy)", full * sizeof(Act));
+    } else {
+      if (stage == 2 && kFp32)
+        h_master = arena.add("parameters (fp32, the master)", full * sizeof(float));
+      else
+        h_master = arena.add("master weights (fp32, this rank's parts)", parts * sizeof(float));
+      h_grads = arena.add("gradient sums (fp32, this rank's parts)", parts * sizeof(float));
+      if (!kFp32)
+        h_copy = stage == 2 ? arena.add("parameters (bf16)", full * sizeof(Act))
+                            : arena.add("parameters (bf16, this rank's parts)", parts * sizeof(Act));
+    }
     h_tokens = arena.add("step input tokens", step_tokens * sizeof(int32_t));
     h_targets = arena.add("step target tokens", step_tokens * sizeof(int32_t));
     h_losses = arena.add("step losses", step_tokens * sizeof(float));
@@ -42,17 +72,26 @@ struct EngineMemory {
     for (const auto& model : models) bytes += model->activation_bytes();
     return bytes;
   }
+  // ZeRO-2/3's gathered parameters and gradient buffers (0 otherwise).
+  size_t transient_bytes() const { return sharded ? sharded->bytes() : 0; }
 
+  // The fp32 state the host reads and writes (initialisation, checkpoints): the engine's own
+  // buffer where the master is host memory laid out as the state, else a host copy of it.
+  bool host_state_is_master(bool host_memory) const {
+    return host_memory && optimizer.stage() != 2;
+  }
   // TrainEngine::host_bytes: on a host backend the arena, plus the host copies of the step's
-  // losses and (off the host) of the parameters.
+  // losses and (off the host, or ZeRO-2's parts) of the parameters.
   size_t host_bytes(const Arena& arena, bool host_memory) const {
     return (host_memory ? arena.total_bytes() : 0) + step_tokens * sizeof(float) +
-           (host_memory ? 0 : optimizer.buffer_size() * sizeof(float));
+           (host_state_is_master(host_memory) ? 0 : optimizer.state_size() * sizeof(float));
   }
 
   // One model per chunk of layers (virtual stages), each with the slots its chunk's schedule keeps.
   std::vector<std::unique_ptr<Gpt<Backend>>> models;
+  ShardPlan plan;  // ZeRO-2/3: this rank's parts (one part of n = 1 otherwise)
   DistributedOptimizer<Backend> optimizer;
+  std::unique_ptr<ShardedBuffers> sharded;  // ZeRO-2/3's transient buffers
   PipelineExecutor<Backend> executor;
   size_t step_tokens = 0;
   size_t h_master = 0, h_grads = 0, h_copy = 0, h_tokens = 0, h_targets = 0, h_losses = 0;

@@ -15,10 +15,12 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   const ParallelLayout& l = run.layout;
   const LocalLayout tile = rank_tile(run, shape, tp_rank, pp_rank);
   const EngineSetup setup = engine_setup(cfg, run, tile, pp_rank);
+  const int group = l.shard_size();
   Comm tp = Comm::shape(l.tp, tp_rank), dp = Comm::shape(l.dp, dp_rank),
-       pp = Comm::shape(l.pp, pp_rank);
+       pp = Comm::shape(l.pp, pp_rank), shard = Comm::shape(group, dp_rank % group),
+       replica = Comm::shape(l.dp / group, dp_rank / group);
   Arena arena(Backend::memory());
-  const EngineMemory<Backend> mem(setup, arena, &tp, &dp, &pp);
+  const EngineMemory<Backend> mem(setup, arena, &tp, &dp, &pp, &shard, &replica);
   RankMemory m;
   m.pp_rank = pp_rank;
   m.tp_rank = tp_rank;
@@ -31,10 +33,12 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   m.arena = arena.total_bytes();
   m.engine_host = mem.host_bytes(arena, /*host_memory=*/!gpu);
   m.optimizer = mem.optimizer.declared_bytes();
-  m.other = m.arena - m.params - m.grads - m.optimizer - m.activations;
+  m.transient = mem.transient_bytes();
+  m.other = m.arena - m.params - m.grads - m.optimizer - m.activations - m.transient;
   m.loader = (tile.first || tile.last) ? loader_ring_bytes(cfg, run) : 0;
   m.buffer_size = uint64_t(mem.optimizer.buffer_size());
-  m.checkpoint = (cfg.checkpoint.async ? 3 : 2) * m.buffer_size * sizeof(float);
+  m.state_size = uint64_t(mem.optimizer.state_size());
+  m.checkpoint = (cfg.checkpoint.async ? 3 : 2) * m.state_size * sizeof(float);
   for (size_t c = 0; c < tile.chunks.size(); ++c)
     m.in_flight += mem.models[c]->slots();
   return m;
@@ -54,7 +58,9 @@ std::string memory_line(const RankMemory& m, const std::string& total_of) {
          human_bytes(double(m.grads)) + ", optimizer " + human_bytes(double(m.optimizer)) +
          ", activations " + human_bytes(double(m.activations)) + " (" +
          std::to_string(m.in_flight) + " micro-batch" + (m.in_flight > 1 ? "es" : "") +
-         " in flight), other " + human_bytes(double(m.other)) + ", loader " +
+         " in flight), " +
+         (m.transient > 0 ? "ZeRO transient " + human_bytes(double(m.transient)) + ", " : "") +
+         "other " + human_bytes(double(m.other)) + ", loader " +
          human_bytes(double(m.loader)) + ": " + human_bytes(double(m.arena)) + " allocated" +
          (total_of.empty() ? "" : " " + total_of);
 }

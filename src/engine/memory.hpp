@@ -14,16 +14,20 @@ struct RankMemory {
   int pp_rank = 0, tp_rank = 0, dp_rank = 0;
   uint64_t param_elems = 0;  // the tile's parameters (LocalLayout::total)
   // The engine's arena, by what its buffers hold.
-  uint64_t params = 0;       // fp32 master (padded to dp shards under ZeRO-1), plus the bf16 copy
-  uint64_t grads = 0;        // fp32 gradients
-  uint64_t optimizer = 0;    // Adam moments (this rank's shard under ZeRO-1), ZeRO's gradient shard
+  uint64_t params = 0;       // fp32 master (padded to dp shards under ZeRO-1; this rank's parts
+                             // under ZeRO-3), plus the bf16 copy
+  uint64_t grads = 0;        // fp32 gradients (the parts' sums under ZeRO-2/3)
+  uint64_t optimizer = 0;    // Adam moments (this rank's shard under ZeRO), ZeRO-1's gradient shard
   uint64_t moments = 0;      // the Adam moments alone (DistributedOptimizer::moment_bytes)
   uint64_t activations = 0;  // every chunk's kept activations and statistics (Gpt::activation_bytes)
+  uint64_t transient = 0;    // ZeRO-2/3: gathered parameters and unit gradient buffers
   uint64_t other = 0;        // scratch, cross-entropy, pipeline send buffers, step token buffers
   uint64_t arena = 0;        // the sum: one allocation on the device (host on the CPU)
   uint64_t engine_host = 0;  // TrainEngine::host_bytes: the arena on the CPU plus host copies
   uint64_t loader = 0;       // the data loader's ring (first and last stage)
   uint64_t buffer_size = 0;  // floats in the optimizer's flat buffer (the dp gradient sum's payload)
+  uint64_t state_size = 0;   // floats of master weights and moments this rank holds (the host
+                             // state a checkpoint reads and writes)
   uint64_t checkpoint = 0;   // host copies for a checkpoint: the Adam moments, and the parameters
                              // too for an asynchronous one (checkpoint.async)
   int in_flight = 0;         // micro-batch activation sets the schedule keeps (summed over chunks)

@@ -70,7 +70,8 @@ EngineSetup engine_setup(const Config& cfg, const RunLayout& run, const LocalLay
   const bool embed_sum = run.layout.pp > 1 && tile.canonical.shape.tied;
   return {tile, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, /*world=*/nullptr,
           rank_schedule(cfg, run, pp_rank), run.micro_batch, cfg.data.seq_len, run.n_micro,
-          /*zero=*/cfg.parallel.zero == 1, embed_sum, hyper, model_options(cfg)};
+          cfg.parallel.zero, embed_sum, hyper, model_options(cfg), MPI_COMM_NULL, MPI_COMM_NULL,
+          cfg.parallel.reshard_after_forward};
 }
 
 uint64_t loader_ring_bytes(const Config& cfg, const RunLayout& run) {

@@ -26,13 +26,13 @@ Split split_of(LayerTensor t) {
 }  // namespace
 
 size_t LocalLayout::canonical_index(const LocalTensor& t, size_t i) const {
-  const size_t cols = t.blocks.front().cols;
-  size_t row = i / cols;
-  const size_t col = i % cols;
+  // The blocks in order, each rows x cols of the local elements (a tile's blocks share their
+  // cols; a shard's piece may start and end inside a row).
   const size_t canon_cols = canon(t).shape.size() == 2 ? canon(t).shape[1] : 1;
   for (const Block& b : t.blocks) {
-    if (row < b.rows) return (b.row0 + row) * canon_cols + b.col0 + col;
-    row -= b.rows;
+    const size_t n = b.rows * b.cols;
+    if (i < n) return (b.row0 + i / b.cols) * canon_cols + b.col0 + i % b.cols;
+    i -= n;
   }
   return size_t(-1);
 }
@@ -118,6 +118,80 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
     L.units.push_back({L.tensors[i].offset, L.tensors[i + n - 1].offset + L.tensors[i + n - 1].numel});
     for (size_t k = i; k < i + n; ++k) L.unit_of_tensor[k] = int(L.units.size()) - 1;
     i += n;
+  }
+  return L;
+}
+
+namespace {
+
+// The canonical rectangles of local elements [i0, i1) of tensor t (row-major over its blocks'
+// stacked rows): per block a partial first row, the whole rows, a partial last row.
+std::vector<Block> rectangles(const LocalTensor& t, size_t i0, size_t i1) {
+  std::vector<Block> out;
+  size_t at = 0;  // the block's first local element
+  for (const Block& b : t.blocks) {
+    const size_t n = b.rows * b.cols, lo = std::max(i0, at), hi = std::min(i1, at + n);
+    at += n;
+    if (lo >= hi) continue;
+    size_t r0 = (lo - (at - n)) / b.cols, c0 = (lo - (at - n)) % b.cols;
+    const size_t r1 = (hi - (at - n)) / b.cols, c1 = (hi - (at - n)) % b.cols;
+    if (r0 == r1) {
+      out.push_back({b.row0 + r0, 1, b.col0 + c0, c1 - c0});
+      continue;
+    }
+    if (c0 > 0) out.push_back({b.row0 + r0++, 1, b.col0 + c0, b.cols - c0});
+    if (r1 > r0) out.push_back({b.row0 + r0, r1 - r0, b.col0, b.cols});
+    if (c1 > 0) out.push_back({b.row0 + r1, 1, b.col0, c1});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::pair<size_t, size_t> ShardPlan::range(const LocalLayout& tile, int u) const {
+  const Unit& unit = tile.units[size_t(u)];
+  const size_t first = std::min(unit.end, unit.begin + size_t(rank) * part[size_t(u)]);
+  return {first, std::min(unit.end, first + part[size_t(u)])};
+}
+
+ShardPlan make_shard_plan(const LocalLayout& tile, int n, int rank) {
+  ShardPlan p;
+  p.n = n;
+  p.rank = rank;
+  for (const Unit& u : tile.units) {
+    p.part.push_back((u.size() + size_t(n) - 1) / size_t(n));
+    p.offset.push_back(p.total);
+    p.total += p.part.back();
+    p.largest_part = std::max(p.largest_part, p.part.back());
+  }
+  return p;
+}
+
+LocalLayout shard_layout(const LocalLayout& tile, const ShardPlan& p) {
+  LocalLayout L;
+  L.canonical = tile.canonical;
+  L.tp = tile.tp;
+  L.tp_rank = tile.tp_rank;
+  L.chunks = tile.chunks;
+  L.first = tile.first;
+  L.last = tile.last;
+  L.vocab_begin = tile.vocab_begin;
+  L.vocab_rows = tile.vocab_rows;
+  L.total = p.total;
+  for (size_t i = 0; i < tile.tensors.size(); ++i) {
+    const LocalTensor& t = tile.tensors[i];
+    const int u = tile.unit_of_tensor[i];
+    const auto [lo, hi] = p.range(tile, u);
+    const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
+    if (a >= b) continue;
+    LocalTensor piece;
+    piece.canonical = t.canonical;
+    piece.offset = p.offset[size_t(u)] + (a - lo);
+    piece.numel = b - a;
+    piece.shape = {piece.numel};
+    piece.blocks = rectangles(t, a - t.offset, b - t.offset);
+    piece.owner = t.owner;
+    L.tensors.push_back(std::move(piece));
   }
   return L;
 }

@@ -79,6 +79,28 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int layer_begin,
                               int layer_end, bool first, bool last);
 
+// Sharded data parallelism (ZeRO-2 and 3, DESIGN §6): each unit of the tile split into n equal
+// parts, the last padded, rank `rank` of the shard group holding part `rank` of every unit, one
+// after another in its shard buffer. The same split on every stage and tp rank of a tile shape,
+// so that the tied embedding's parts on the first and last stage match element for element.
+struct ShardPlan {
+  int n = 1, rank = 0;
+  std::vector<size_t> part;    // by unit: elements of each part, ceil(unit size / n)
+  std::vector<size_t> offset;  // by unit: where this rank's part starts in the shard buffer
+  size_t total = 0;            // elements of the shard buffer: the sum of the parts
+  size_t largest_part = 0;     // the largest part of any unit
+  // This rank's part of unit u as local elements [first, second): at most part[u] of them, fewer
+  // (or none) where the part runs past the unit's end into the padding.
+  std::pair<size_t, size_t> range(const LocalLayout& tile, int u) const;
+};
+ShardPlan make_shard_plan(const LocalLayout& tile, int n, int rank);
+
+// The tensors' pieces in this rank's parts as a layout whose buffer is the shard buffer: each
+// piece a LocalTensor of the canonical tensor, its blocks the canonical rectangles it covers
+// (rows split at the part's ends). Initialisation and checkpoints read and write the shard
+// through it as they do a whole tile.
+LocalLayout shard_layout(const LocalLayout& tile, const ShardPlan& plan);
+
 // Fills the local buffer with this tile of the canonical initialisation.
 void init_local_parameters(float* params, const LocalLayout& layout, uint64_t seed, double std);
 

@@ -1,12 +1,21 @@
 #pragma once
 // The optimizer step of one rank's tile under data parallelism (DESIGN §6), over a backend B
-// (backend/backend.hpp): gradients summed over dp (all-reduce started layer by layer during the
-// last backward, or ZeRO-1's reduce-scatter), the global gradient norm with every parameter
-// counted once, clipping, AdamW, and under ZeRO-1 the all-gather of the parameters.
+// (backend/backend.hpp), for each ZeRO stage:
+//   0  gradients all-reduced over dp (started layer by layer during the last backward); every
+//      dp rank runs AdamW on its whole tile;
+//   1  gradients reduce-scattered over the shard group, each rank keeping the Adam moments of
+//      1/n of the (padded) flat buffer and updating only that slice, then the parameters
+//      all-gathered;
+//   2  the gradients arrive reduce-scattered by unit (optim/sharded_weights.hpp) and each rank
+//      updates its parts of every unit (ShardPlan), then the parameters are all-gathered;
+//   3  as 2, and the parameters stay sharded: a unit is gathered when the model needs it.
+// With hybrid sharding (parallel.zero_group) the shard group is zero_group dp ranks and the
+// parts' sums are all-reduced across the replica group. The global gradient norm counts every
+// parameter once; clipping, AdamW.
 //
 // Precision: the master weights, gradients and Adam moments are fp32 on every backend. Where the
-// model reads Backend::Act = bf16, step() also refreshes the bf16 copy of the master (`copy`); where it
-// reads fp32 it reads the master itself (copy = nullptr).
+// model reads Backend::Act = bf16, step() also refreshes the bf16 copy of the master (`copy`);
+// where it reads fp32 it reads the master itself (copy = nullptr).
 #include <cstddef>
 #include <utility>
 #include <vector>
@@ -22,55 +31,73 @@ template <class Backend>
 class DistributedOptimizer {
  public:
   using Act = typename Backend::Act;
+  using BComm = typename Backend::Comm;
 
-  // dp: this rank's data-parallel group; world: every rank over MPI (the norm's one double).
-  // Declares its buffers (moments, the ZeRO-1 gradient shard) in `arena`; bind() once the arena
-  // is allocated (it zeroes the moments).
-  DistributedOptimizer(const LocalLayout& layout, typename Backend::Comm* dp, Comm* world, bool zero,
-                       const AdamWHyper& hyper, Arena& arena);
+  // The communicators of the tile: dp (stage 0's sums), shard and replica (stages 1-3: the ZeRO
+  // group and the groups holding the same shard), world over MPI (the norm's one double).
+  struct Comms {
+    BComm* dp;
+    BComm* shard;
+    BComm* replica;
+    Comm* world;
+  };
+  // plan: stages 2 and 3, this rank's parts (model/shard.hpp). Declares its buffers (moments,
+  // ZeRO-1's gradient shard) in `arena`; bind() once the arena is allocated (zeroes the moments).
+  DistributedOptimizer(const LocalLayout& layout, const Comms& comms, int stage,
+                       const ShardPlan* plan, const AdamWHyper& hyper, Arena& arena);
   void bind();
 
-  // Length of the parameter and gradient buffers: layout.total rounded up to a multiple of dp
-  // under ZeRO-1 (equal shards), else layout.total.
+  int stage() const { return stage_; }
+  // Elements of the full parameter and gradient buffers: layout.total, rounded up to a multiple
+  // of the shard group under ZeRO-1 (equal slices).
   size_t buffer_size() const { return padded_; }
+  // Elements of the state this rank holds of the parameters' master weights and moments: the
+  // whole (padded) buffer for stages 0 and 1, its parts (ShardPlan::total) for 2 and 3.
+  size_t state_size() const { return stage_ >= 2 ? plan_->total : padded_; }
 
-  // Without ZeRO-1: starts summing grads[begin, end) over dp in the background (a layer whose
-  // gradients are complete, while the backward pass goes on below it).
+  // Stage 0: starts summing grads[begin, end) over dp in the background (a layer whose gradients
+  // are complete, while the backward pass goes on below it).
   void start_reduce(float* grads, size_t begin, size_t end);
-  // Sums the gradients of every dp rank: the ranges not started yet, then waits for all. Under
-  // ZeRO-1 reduces and scatters them so this rank holds its shard's sum.
+  // Stage 0: the sums of every dp rank (the ranges not started yet, then a wait for all); 1: the
+  // reduce-scatter into this rank's slice; 1-3: the slice's sums all-reduced across replicas.
+  // `grads`: the full buffer (0, 1) or the parts' sums (2, 3).
   void reduce_gradients(float* grads);
   // L2 norm of the reduced gradient, every parameter counted exactly once across tp, pp and dp:
   // the step's one wait for the device (the clip factor is decided on the host).
   double grad_norm(const float* grads) const;
-  // Scales this rank's gradients (the shard under ZeRO-1) by clip, then AdamW on the master
-  // (refreshing `copy` when given); under ZeRO-1 the updated shards of the master (and copy) are
-  // all-gathered so every dp rank holds the whole tile again.
+  // Scales this rank's gradients by clip, then AdamW on its master (refreshing `copy` when given):
+  //   stages 0, 1: master, copy and grads the full buffers; under ZeRO-1 the updated slices of
+  //                the master (and copy) are all-gathered over the shard group;
+  //   stage 2:     grads the parts' sums; fp32: master the full parameters, copy null; bf16:
+  //                master the parts, copy the full bf16 parameters (the caller all-gathers the
+  //                updated parts: ShardedWeights::gather_full);
+  //   stage 3:     master, copy (bf16) and grads the parts.
   void step(float* master, Act* copy, float* grads, double clip, double lr, long t);
 
-  // Adam moments as full local host buffers (checkpoints): gathered over dp under ZeRO-1.
+  // Adam moments as this rank's host state (state_size(): the full local buffers for stages 0
+  // and 1, gathered over the shard group under ZeRO-1; the parts for 2 and 3), for checkpoints.
   void get_moments(std::vector<float>& m, std::vector<float>& v);
   void set_moments(const std::vector<float>& m, const std::vector<float>& v);
 
   size_t moment_bytes() const { return 2 * (shard_end_ - shard_begin_) * sizeof(float); }
-  // Every buffer it declared: the moments, ZeRO-1's gradient shard, the norm's accumulator.
+  // Every buffer it declared: the moments, ZeRO-1's gradient slice, the norm's accumulator.
   size_t declared_bytes() const {
     return arena_->bytes(h_norm_) + arena_->bytes(h_m_) + arena_->bytes(h_v_) +
-           (zero_ ? arena_->bytes(h_shard_) : 0);
+           (stage_ == 1 ? arena_->bytes(h_shard_) : 0);
   }
 
  private:
-  // Calls f(tensor, begin, end) for the parts of the local tensors inside [lo, hi).
+  // Calls f(tensor, local, state, n) for this rank's pieces of the local tensors: n elements at
+  // local index `local` of the layout, at index `state` of this rank's state (the moments).
   template <typename Fn>
-  void for_each_piece(size_t lo, size_t hi, Fn f) const;
-  const float* reduced(const float* grads) const { return zero_ ? grad_shard_ : grads; }
+  void for_each_piece(Fn f) const;
 
   const LocalLayout& layout_;
-  typename Backend::Comm* dp_;
-  Comm* world_;
-  bool zero_;
+  Comms comms_;
+  int stage_;
+  const ShardPlan* plan_;
   AdamWHyper hyper_;
-  size_t padded_, shard_begin_, shard_end_;
+  size_t padded_, shard_begin_, shard_end_;  // stage 1: this rank's slice of the padded buffer
   Arena* arena_;
   size_t h_norm_ = 0, h_m_ = 0, h_v_ = 0, h_shard_ = 0;
   double* norm_ = nullptr;

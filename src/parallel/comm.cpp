@@ -178,6 +178,62 @@ void Comm::all_gather(const float* send, float* recv, size_t count_per_rank) {
   count(size_t(size_) * count_per_rank * sizeof(float));
 }
 
+int Comm::ticket(MPI_Request request) {
+  for (size_t i = 0; i < tickets_.size(); ++i)
+    if (!tickets_[i].taken) {
+      tickets_[i] = {request, true};
+      return int(i);
+    }
+  tickets_.push_back({request, true});
+  return int(tickets_.size()) - 1;
+}
+
+int Comm::start_all_gather(const float* send, float* recv, size_t count_per_rank) {
+  if (!active()) {
+    if (send != recv) std::copy(send, send + count_per_rank, recv);
+    return -1;
+  }
+  const bool in_place = send == recv + size_t(rank_) * count_per_rank;
+  const trace::Scope call(name_, "start_all_gather",
+                          size_t(size_) * count_per_rank * sizeof(float));
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Iallgather(in_place ? MPI_IN_PLACE : send, int(count_per_rank), MPI_FLOAT, recv,
+                 int(count_per_rank), MPI_FLOAT, comm_, &request);
+  count(size_t(size_) * count_per_rank * sizeof(float));
+  return ticket(request);
+}
+
+int Comm::start_reduce_scatter_sum(const float* send, float* recv, size_t count_per_rank) {
+  if (!active()) {
+    if (send != recv) std::copy(send, send + count_per_rank, recv);
+    return -1;
+  }
+  const trace::Scope call(name_, "start_reduce_scatter_sum",
+                          size_t(size_) * count_per_rank * sizeof(float));
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Ireduce_scatter_block(send, recv, int(count_per_rank), MPI_FLOAT, MPI_SUM, comm_, &request);
+  count(size_t(size_) * count_per_rank * sizeof(float));
+  return ticket(request);
+}
+
+void Comm::wait(int t) {
+  if (t < 0) return;
+  Ticket& ticket = tickets_[size_t(t)];
+  if (ticket.request != MPI_REQUEST_NULL) {
+    const trace::Scope call(name_, "wait", 0);
+    MPI_Wait(&ticket.request, MPI_STATUS_IGNORE);
+  }
+  ticket.taken = false;
+}
+
+void Comm::progress() {
+  for (Ticket& t : tickets_) {
+    if (!t.taken || t.request == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    MPI_Test(&t.request, &done, MPI_STATUS_IGNORE);
+  }
+}
+
 void Comm::group_end() {
   in_group_ = false;
   if (receives_.empty()) return;

@@ -75,6 +75,13 @@ class Comm {
   // recv (size * count) = every rank's send (count), in rank order; in place when send is
   // recv + rank * count.
   void all_gather(const float* send, float* recv, size_t count);
+  // The same two started now and complete once wait(ticket) returns: recv written, send free to
+  // reuse. A ticket is the call's; -1 is that of a call complete at once (one rank). progress()
+  // lets MPI move started calls on between computations (MPICH progresses only inside MPI calls).
+  int start_all_gather(const float* send, float* recv, size_t count);
+  int start_reduce_scatter_sum(const float* send, float* recv, size_t count);
+  void wait(int ticket);
+  void progress();
 
   // Point to point, for the pipeline. Between group_start() and group_end() sends and receives
   // are posted as they come (MPI_Isend / MPI_Irecv, tagged); group_end() returns once the
@@ -99,7 +106,15 @@ class Comm {
   char name_[MPI_MAX_OBJECT_NAME] = "none";  // MPI_Comm_set_name's (Topology: tp, dp, pp, embed)
   int size_ = 1, rank_ = 0;
   bool in_group_ = false;
+  int ticket(MPI_Request request);
   std::vector<MPI_Request> reductions_, receives_;
+  // The started calls by ticket; a slot is taken from start_* until wait() (MPI_Test may have
+  // completed its request before).
+  struct Ticket {
+    MPI_Request request = MPI_REQUEST_NULL;
+    bool taken = false;
+  };
+  std::vector<Ticket> tickets_;
   std::vector<std::pair<const void*, MPI_Request>> sends_;
 };
 

@@ -50,6 +50,7 @@ NcclComm::NcclComm(MPI_Comm comm, bool overlap)
 }
 
 NcclComm::~NcclComm() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
   if (computed_) cudaEventDestroy(computed_);
   if (communicated_) cudaEventDestroy(communicated_);
   if (stream_ != compute_) cudaStreamDestroy(stream_);
@@ -135,6 +136,55 @@ void NcclComm::all_gather(const T* send, T* recv, size_t count) {
   payload_bytes += size_t(size_) * count * sizeof(T);
 }
 
+int NcclComm::ticket() {
+  size_t i = 0;
+  while (i < taken_.size() && taken_[i]) ++i;
+  if (i == taken_.size()) {
+    events_.push_back(nullptr);
+    taken_.push_back(false);
+    CUDA_CHECK(cudaEventCreateWithFlags(&events_[i], cudaEventDisableTiming));
+  }
+  taken_[i] = true;
+  CUDA_CHECK(cudaEventRecord(events_[i], stream_));
+  return int(i);
+}
+
+template <typename T>
+int NcclComm::start_all_gather(const T* send, T* recv, size_t count) {
+  if (count == 0) return -1;
+  if (!active() || stream_ == compute_) {
+    all_gather(send, recv, count);
+    return -1;
+  }
+  enter();
+  const trace::Scope call(name_of(mpi_).c_str(), "nccl start_all_gather",
+                          size_t(size_) * count * sizeof(T));
+  NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type<T>(), comm_, stream_));
+  payload_bytes += size_t(size_) * count * sizeof(T);
+  return ticket();
+}
+
+template <typename T>
+int NcclComm::start_reduce_scatter_sum(const T* send, T* recv, size_t count) {
+  if (count == 0) return -1;
+  if (!active() || stream_ == compute_) {
+    reduce_scatter_sum(send, recv, count);
+    return -1;
+  }
+  enter();
+  const trace::Scope call(name_of(mpi_).c_str(), "nccl start_reduce_scatter_sum",
+                          size_t(size_) * count * sizeof(T));
+  NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type<T>(), ncclSum, comm_, stream_));
+  payload_bytes += size_t(size_) * count * sizeof(T);
+  return ticket();
+}
+
+void NcclComm::wait(int t) {
+  if (t < 0) return;
+  CUDA_CHECK(cudaStreamWaitEvent(compute_, events_[size_t(t)], 0));
+  taken_[size_t(t)] = false;
+}
+
 void NcclComm::group_start() {
   enter();
   NCCL_CHECK(ncclGroupStart());
@@ -163,6 +213,8 @@ void NcclComm::recv(T* x, size_t n, int peer, int) {
   template void NcclComm::all_reduce_sum<T>(T*, size_t);                                          \
   template void NcclComm::reduce_scatter_sum<T>(const T*, T*, size_t);                            \
   template void NcclComm::all_gather<T>(const T*, T*, size_t);                                    \
+  template int NcclComm::start_all_gather<T>(const T*, T*, size_t);                               \
+  template int NcclComm::start_reduce_scatter_sum<T>(const T*, T*, size_t);                       \
   template void NcclComm::send<T>(const T*, size_t, int, int);                                    \
   template void NcclComm::recv<T>(T*, size_t, int, int);
 TESSERA_INSTANTIATE(float)

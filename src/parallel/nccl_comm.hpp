@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace tessera {
 
@@ -53,6 +54,15 @@ class NcclComm {
   // recv + rank * count).
   template <typename T>
   void all_gather(const T* send, T* recv, size_t count);
+  // The same two started now on the communicator's stream; wait(ticket) makes the compute
+  // stream's later work see the result (and the send buffer free). Without `overlap` they run
+  // on the compute stream in order and the ticket is -1. progress() is Comm's, a no-op here.
+  template <typename T>
+  int start_all_gather(const T* send, T* recv, size_t count);
+  template <typename T>
+  int start_reduce_scatter_sum(const T* send, T* recv, size_t count);
+  void wait(int ticket);
+  void progress() {}
 
   // Point to point, for the pipeline: group_start/end are ncclGroupStart/End. NCCL matches the
   // messages between two ranks in order and has no tags (`tag` is Comm's, ignored here), and the
@@ -79,6 +89,10 @@ class NcclComm {
   MPI_Comm mpi_ = MPI_COMM_NULL;
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
   cudaEvent_t computed_ = nullptr, communicated_ = nullptr;  // overlap only
+  // One event per started call (overlap only): recorded on stream_ after it, waited on by wait.
+  int ticket();
+  std::vector<cudaEvent_t> events_;
+  std::vector<bool> taken_;
   int size_ = 1, rank_ = 0;
 };
 

@@ -83,7 +83,10 @@ std::string resolve_layout(const ParallelConfig& cfg, int world_size, ParallelLa
     }
     value[a] = static_cast<int>(world_size / fixed);
   }
-  *out = ParallelLayout{value[0], value[1], value[2]};
+  *out = ParallelLayout{value[0], value[1], value[2], cfg.zero_group};
+  if (cfg.zero_group > 0 && value[0] % cfg.zero_group != 0)
+    return "parallel.zero_group = " + num(cfg.zero_group) + " does not divide parallel.dp = " +
+           num(value[0]) + " (the dp ranks are sharded in groups of zero_group)";
   return "";
 }
 
@@ -171,9 +174,14 @@ Topology::Topology(MPI_Comm world, const ParallelLayout& layout) : layout_(layou
     comms_[static_cast<int>(CommName::embed)] =
         split(world, ends ? c.dp_rank * tp + c.tp_rank : MPI_UNDEFINED, c.pp_rank);
   }
+  const int group = layout.shard_size(), dp_group = c.pp_rank * tp + c.tp_rank;
+  comms_[static_cast<int>(CommName::shard)] =
+      split(world, dp_group * dp + c.dp_rank / group, c.dp_rank);
+  comms_[static_cast<int>(CommName::replica)] =
+      split(world, dp_group * group + c.dp_rank % group, c.dp_rank);
   // Named, for the hang forensics' record of each call (parallel/comm.hpp).
-  const char* names[] = {"tp", "dp", "pp", "embed"};
-  for (int k = 0; k < 4; ++k)
+  const char* names[] = {"tp", "dp", "pp", "embed", "shard", "replica"};
+  for (int k = 0; k < kCommNames; ++k)
     if (comms_[k] != MPI_COMM_NULL) MPI_Comm_set_name(comms_[k], names[k]);
 }
 

@@ -16,6 +16,10 @@ namespace tessera {
 
 struct ParallelLayout {
   int dp = 1, tp = 1, pp = 1;
+  // ZeRO shards over groups of this many consecutive dp ranks (hybrid sharding), replicated
+  // across the dp / zero_group groups; 0 = dp (one group).
+  int zero_group = 0;
+  int shard_size() const { return zero_group > 0 ? zero_group : dp; }
 };
 
 struct RankCoord {
@@ -43,7 +47,11 @@ std::vector<std::pair<int, int>> stage_layer_ranges(int n_layer, int pp,
 std::string check_layout(const ParallelLayout& layout, int n_head, int padded_vocab, int n_layer,
                          const std::vector<int>& stage_layers, int batch_size, int micro_batch);
 
-enum class CommName { tp, dp, pp, embed };
+// shard: the ZeRO group within dp (ranks dp_rank / zero_group alike, by dp rank); replica: the
+// ranks holding the same shard in the other groups (dp_rank % zero_group alike). With one group
+// shard has dp's ranks and replica is this rank alone.
+enum class CommName { tp, dp, pp, embed, shard, replica };
+inline constexpr int kCommNames = 6;
 
 class Topology {
  public:
@@ -80,7 +88,8 @@ class Topology {
   RankCoord coord_;
   int world_rank_ = 0, world_size_ = 0;
   MPI_Comm world_ = MPI_COMM_NULL;
-  MPI_Comm comms_[4] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
+  MPI_Comm comms_[kCommNames] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL,
+                                 MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
 };
 
 }  // namespace tessera

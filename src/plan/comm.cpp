@@ -1,6 +1,64 @@
 #include "plan/comm.hpp"
 
+#include <cmath>
+
 namespace tessera {
+
+namespace {
+
+// The data-parallel payload and traffic (comm.hpp gives them by ZeRO stage).
+void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, int pp_rank,
+              uint64_t param_buffer, int act_bytes, CommBytes* out) {
+  const ParallelLayout& l = run.layout;
+  const int zero = cfg.parallel.zero, n = l.shard_size(), r = l.dp / n;
+  const double P = double(param_buffer), m = run.n_micro;
+  auto ring = [](double payload, int ranks) {
+    return ranks > 1 ? (ranks - 1.0) / ranks * payload : 0;
+  };
+  if (zero == 0 || (zero == 1 && n == 1)) {
+    out->dp = 4 * P;
+    out->dp_traffic = 2 * ring(4 * P, l.dp);
+    return;
+  }
+  if (zero == 1) {
+    const double slice = P / n;
+    out->dp = (n > 1 ? 8 * P : 0) + (r > 1 ? 4 * slice : 0);
+    out->dp_traffic = ring(8 * P, n) + 2 * ring(4 * slice, r);
+    return;
+  }
+  const LocalLayout tile = rank_tile(run, shape, 0, pp_rank);
+  const ShardPlan plan = make_shard_plan(tile, n, 0);
+  auto unit_of = [&](int tensor) { return tile.unit_of_tensor[size_t(tensor)]; };
+  auto whole = [&](int u) { return double(n) * double(plan.part[size_t(u)]); };  // padded unit
+  double gathered = 0, reduced = 0;  // elements per micro-batch
+  for (size_t c = 0; c < tile.chunks.size(); ++c) {
+    const bool first = tile.first && c == 0, last = tile.last && c + 1 == tile.chunks.size();
+    double layers = 0;
+    for (int k = tile.chunks[c].begin; k < tile.chunks[c].end; ++k)
+      layers += whole(tile.layer_unit(k));
+    gathered += 2 * layers;  // forward and backward
+    reduced += layers;
+    if (first) {  // the embedding's forward reads embed and positions; its backward none
+      for (int t : {tile.embed, tile.positions})
+        if (t >= 0) gathered += whole(unit_of(t)), reduced += whole(unit_of(t));
+    }
+    if (last) {  // forward: the final norm and the head; backward: the head and the norm's weight
+      for (int t : {tile.norm_weight, tile.norm_bias})
+        if (t >= 0) gathered += whole(unit_of(t)), reduced += whole(unit_of(t));
+      gathered += 2 * whole(unit_of(tile.head)) + whole(unit_of(tile.norm_weight));
+      reduced += whole(unit_of(tile.head));
+    }
+  }
+  double every = 0;  // every unit once
+  for (size_t u = 0; u < tile.units.size(); ++u) every += whole(int(u));
+  const bool keep = zero == 3 && !cfg.parallel.reshard_after_forward;
+  const double gathers = zero == 2 ? every : keep ? every : m * gathered;
+  const double payload = m * reduced * 4 + gathers * act_bytes;
+  out->dp = (n > 1 ? payload : 0) + (r > 1 ? 4.0 * double(plan.total) : 0);
+  out->dp_traffic = ring(payload, n) + 2 * ring(4.0 * double(plan.total), r);
+}
+
+}  // namespace
 
 CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, int pp_rank,
                      uint64_t param_buffer, int act_bytes) {
@@ -26,21 +84,23 @@ CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout
     out.tp = m * (L * (full ? 6 : 4) * act + (first ? act : 0) + (last ? act + ce : 0));
   } else if (sp) {
     out.tp = m * (L * (full ? 14 : 10) * act + (first ? 2 * act : 0) + (last ? 3 * act + ce : 0));
+    // (ZeRO-2/3 sum them in each micro-batch's unit buffers, before the reduce-scatter.)
     const double per_layer = llama ? 2 * C : 4 * C, final_norm = llama ? C : 2 * C;
-    out.tp += 4 * (L * per_layer + (last ? final_norm : 0));
+    out.tp += 4 * (L * per_layer + (last ? final_norm : 0)) * (cfg.parallel.zero >= 2 ? m : 1);
   }
-  // dp: the fp32 gradient buffer, all-reduced or reduce-scattered then (the parameters)
-  // all-gathered under ZeRO-1.
-  if (l.dp > 1) out.dp = 4.0 * double(param_buffer) * (cfg.parallel.zero == 1 ? 2 : 1);
+  if (l.dp > 1) dp_bytes(cfg, shape, run, pp_rank, param_buffer, act_bytes, &out);
   // pp: each (micro-batch, chunk) sends its output forward and its input's gradient back, except
   // at the model's two ends; sequence parallelism sends this rank's rows only.
   if (l.pp > 1) {
     const double v = run.virtual_stages;
     out.pp = m * (sp ? act / l.tp : act) * ((v - (last ? 1 : 0)) + (v - (first ? 1 : 0)));
   }
-  // embed: the tied embedding's fp32 gradient, summed between the first and last stage.
-  if (l.pp > 1 && shape.tied && (first || last))
-    out.embed = 4.0 * double(shape.padded_vocab) * C / l.tp;
+  // embed: the tied embedding's fp32 gradient, summed between the first and last stage (under
+  // ZeRO-2/3 this rank's part of it).
+  if (l.pp > 1 && shape.tied && (first || last)) {
+    const double rows = double(shape.padded_vocab) * C / l.tp, g = l.shard_size();
+    out.embed = 4.0 * (cfg.parallel.zero >= 2 ? std::ceil(rows / g) : rows);
+  }
   return out;
 }
 

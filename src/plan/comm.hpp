@@ -11,10 +11,22 @@ namespace tessera {
 
 struct CommBytes {
   double tp = 0, dp = 0, pp = 0, embed = 0;  // payload bytes per step
+  // The data-parallel bytes each rank puts on the wire per step (ring algorithms): an
+  // all-reduce 2 (n-1)/n of its payload, a reduce-scatter or all-gather (n-1)/n.
+  double dp_traffic = 0;
 };
 
 // The rank at (tp_rank, pp_rank) of `run` (dp ranks alike); act_bytes: an activation's size (4,
 // or 2 in bf16); param_buffer: its gradient buffer's elements (DistributedOptimizer::buffer_size).
+// dp by ZeRO stage (parallel.zero; n the shard group, r = dp / n its replicas, P the buffer, S
+// the rank's parts, U the tile's units each padded to n parts, m micro-batches):
+//   0  one all-reduce of P (fp32)
+//   1  a reduce-scatter and an all-gather of P; the slice all-reduced across replicas
+//   2  per micro-batch a reduce-scatter of every unit's gradients (fp32); after the update an
+//      all-gather of every unit's parameters
+//   3  per micro-batch every unit's parameters gathered for its forward and again for its
+//      backward (not with reshard_after_forward = false: once per step), and its gradients
+//      reduce-scattered; 2 and 3 then all-reduce S across replicas
 CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, int pp_rank,
                      uint64_t param_buffer, int act_bytes);
 

@@ -31,9 +31,9 @@ communicator (tp, dp, pp, embed); the pipeline bubble; the step time, tokens/s a
   --machine NAME       a100-40gb, a100-80gb, h100-sxm, h200, gh200, or cpu (this machine,
                        measured now); default cpu for device.backend cpu, else h100-sxm
   --machine-file FILE  a YAML machine description (input/README.md, "Machine files")
-  --search             every layout of N ranks (dp, tp, pp, virtual stages, micro-batch, ZeRO-1,
-                       recompute, sequence parallelism) that fits, fastest first, and why the
-                       others do not
+  --search             every layout of N ranks (dp, tp, pp, virtual stages, micro-batch, ZeRO
+                       stage, recompute, sequence parallelism) that fits, fastest first, and why
+                       the others do not
   --json               one JSON object instead of text
 Exit status: 0, or 2 for a bad deck, machine file or argument, or when nothing fits.
 )";
@@ -136,13 +136,15 @@ std::string json_role(const RankMemory& m, const CommBytes& b) {
                 "{\"pp_rank\":%d,\"tp_rank\":%d,\"param_bytes\":%llu,\"grad_bytes\":%llu,"
                 "\"optim_bytes\":%llu,\"activation_bytes\":%llu,\"in_flight\":%d,"
                 "\"param_buffer_bytes\":%llu,\"grad_buffer_bytes\":%llu,\"optimizer_buffer_bytes\":%llu,"
-                "\"other_bytes\":%llu,\"arena_bytes\":%llu,\"engine_host_bytes\":%llu,"
+                "\"transient_bytes\":%llu,\"other_bytes\":%llu,\"arena_bytes\":%llu,"
+                "\"engine_host_bytes\":%llu,"
                 "\"loader_bytes\":%llu,\"checkpoint_copy_bytes\":%llu,\"tp_bytes_per_step\":%.0f,"
                 "\"dp_bytes_per_step\":%.0f,\"pp_bytes_per_step\":%.0f,\"embed_bytes_per_step\":%.0f}",
                 m.pp_rank, m.tp_rank, 4ull * m.param_elems, 4ull * m.param_elems,
                 (unsigned long long)m.moments, (unsigned long long)m.activations, m.in_flight,
                 (unsigned long long)m.params, (unsigned long long)m.grads,
-                (unsigned long long)m.optimizer, (unsigned long long)m.other,
+                (unsigned long long)m.optimizer, (unsigned long long)m.transient,
+                (unsigned long long)m.other,
                 (unsigned long long)m.arena, (unsigned long long)m.engine_host,
                 (unsigned long long)m.loader, (unsigned long long)m.checkpoint, b.tp, b.dp, b.pp,
                 b.embed);
@@ -195,7 +197,8 @@ void print_plan(const Candidate& c, const Machine& machine, long ranks) {
 }
 
 // Every layout the search tries: (dp, tp, pp) of `ranks`, virtual stages, micro-batches (powers
-// of two), ZeRO-1, recompute, sequence parallelism; the deck's schedule and other keys kept.
+// of two), the ZeRO stages, recompute, sequence parallelism; the deck's schedule, zero_group and
+// other keys kept.
 std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long ranks,
                               const Machine& machine) {
   std::vector<Candidate> out;
@@ -204,7 +207,10 @@ std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long 
     for (int pp = 1; pp <= ranks / tp; ++pp) {
       if ((ranks / tp) % pp) continue;
       const int dp = int(ranks / tp / pp);
-      const ParallelLayout layout{dp, tp, pp};
+      const int group = deck.parallel.zero_group > 0 && dp % deck.parallel.zero_group == 0
+                            ? deck.parallel.zero_group
+                            : 0;
+      const ParallelLayout layout{dp, tp, pp, group};
       Config base = deck;
       base.parallel.dp = dp;
       base.parallel.tp = tp;
@@ -215,7 +221,7 @@ std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long 
       bool any = false;
       for (int mb = 1; mb <= std::max(1, per_dp); mb *= 2)
         for (int v = 1; v <= (pp > 1 ? 4 : 1); v *= 2)
-          for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero)
+          for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
             for (const char* rc : {"none", "selective", "full"})
               for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
                 if (deck.train.batch_size % dp || per_dp % mb) continue;

@@ -141,21 +141,26 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   }
   const double v = run.virtual_stages;
   out.bubble = (l.pp - 1) / v * slowest;
-  // dp: without ZeRO-1 each layer's sum starts once the step's last backward has it; a GPU's
+  // dp: without ZeRO each layer's sum starts once the step's last backward has it; a GPU's
   // collectives run on their own stream meanwhile, MPI's progress only inside MPI calls, so on
-  // the CPU nothing overlaps. ZeRO-1's reduce-scatter and all-gather follow the backward.
-  const double dp_time = l.dp > 1 ? ring_traffic(slowest_comm.dp, l.dp) / dp_bw +
-                                        2 * machine.latency
-                                  : 0;
-  const bool overlaps = machine.gpu && cfg.parallel.zero != 1;
-  out.dp = overlaps ? std::max(0.0, dp_time - slowest_bwd) : dp_time;
+  // the CPU nothing overlaps. ZeRO-1's reduce-scatter and all-gather follow the backward. ZeRO-2's
+  // reduce-scatters and ZeRO-3's gathers run beside every micro-batch's compute on a GPU (the
+  // next unit's gather while this one computes); ZeRO-2's gather after the update does not.
+  const int zero = cfg.parallel.zero;
+  const double dp_time = l.dp > 1 ? slowest_comm.dp_traffic / dp_bw + 2 * machine.latency : 0;
+  if (!machine.gpu || zero == 1)
+    out.dp = dp_time;
+  else if (zero == 0)
+    out.dp = std::max(0.0, dp_time - slowest_bwd);
+  else
+    out.dp = std::max(0.0, dp_time - out.compute);
   out.embed = slowest_comm.embed > 0 ? ring_traffic(slowest_comm.embed, 2) / machine.inter_bw : 0;
   // AdamW: parameter, gradient, two moments read, three written (fp32), over this rank's shard;
   // zeroing the gradients and the norm's read over the whole buffer.
   // On `cpu` each pass at its measured rate: dp rank 0 sums the norm over the shard, clipping
   // scales it (charged always: early in training the norm is above the clip), AdamW updates it,
   // and the whole gradient buffer is zeroed at the step's start.
-  const double shard = cfg.parallel.zero == 1 ? double(param_buffer) / l.dp : double(param_buffer);
+  const double shard = zero >= 1 ? double(param_buffer) / l.shard_size() : double(param_buffer);
   const OptimizerRates& o = machine.optimizer;
   out.optimizer = machine.measured
                       ? shard * (o.adamw + o.norm + o.scale) + double(param_buffer) * o.zero

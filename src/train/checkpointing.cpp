@@ -20,15 +20,15 @@ void Run::restore() {
   const auto t_read = Clock::now();
   if (!init_from_.empty()) {
     const Heartbeat beat(world_rank_ == 0, "init: reading " + init_from_);
-    init_info_ = read_checkpoint(world_comm_, init_from_, tile_, writer_, {params, nullptr, nullptr},
-                                 cfg_.checkpoint.collective_bytes);
+    init_info_ = read_checkpoint(world_comm_, init_from_, engine_->state_layout(), writer_,
+                                 {params, nullptr, nullptr}, cfg_.checkpoint.collective_bytes);
   }
   if (!restart_from_.empty()) {
     const Heartbeat beat(world_rank_ == 0, "restart: reading " + restart_from_);
-    std::vector<float> m(engine_->buffer_size()), v(engine_->buffer_size());
+    std::vector<float> m(engine_->state_size()), v(engine_->state_size());
     const CheckpointInfo info =
-        read_checkpoint(world_comm_, restart_from_, tile_, writer_, {params, m.data(), v.data()},
-                        cfg_.checkpoint.collective_bytes);
+        read_checkpoint(world_comm_, restart_from_, engine_->state_layout(), writer_,
+                        {params, m.data(), v.data()}, cfg_.checkpoint.collective_bytes);
     engine_->set_moments(m, v);
     state_ = info.state;
     restored_layout_ = info.saved_layout;
@@ -38,7 +38,8 @@ void Run::restore() {
   read_seconds_ = seconds_since(t_read);
   if (restart_from_.empty() && init_from_.empty()) {
     const auto t0 = Clock::now();
-    init_local_parameters(params, tile_, cfg_.train.seed, cfg_.model.init_std);
+    init_local_parameters(params, engine_->state_layout(), cfg_.train.seed,
+                          cfg_.model.init_std);
     init_seconds_ = seconds_since(t0);
   }
   engine_->params_to_device();
@@ -53,7 +54,7 @@ void Run::start_background_writer() {
     background_ = std::make_unique<AsyncWriter>(world_comm_);
     for (std::vector<float>* b :
          {&background_->params, &background_->exp_avg, &background_->exp_avg_sq})
-      b->assign(engine_->buffer_size(), 0.0f);
+      b->assign(engine_->state_size(), 0.0f);
   } else if (cfg_.checkpoint.async) {
     log_->say("%s", "warning: checkpoint.async needs MPI_THREAD_MULTIPLE, which this MPI library "
                     "does not give: checkpoints are written synchronously");
@@ -93,14 +94,14 @@ void Run::save() {
     // A second checkpoint waits for the first; then the snapshot, and training goes on.
     finish_write();
     const float* p = engine_->params_to_host();
-    background_->params.assign(p, p + engine_->buffer_size());
+    background_->params.assign(p, p + engine_->state_size());
     engine_->get_moments(background_->exp_avg, background_->exp_avg_sq);
     const TrainState snapshot = state_;
     AsyncWriter* w = background_.get();
     background_->start([this, w, snapshot](MPI_Comm comm) {
       const auto t_write = Clock::now();
       const std::string path = write_checkpoint(
-          comm, ckpt_dir_, tile_, writer_,
+          comm, ckpt_dir_, engine_->state_layout(), writer_,
           {w->params.data(), w->exp_avg.data(), w->exp_avg_sq.data()}, snapshot, deck_yaml_,
           tokenizer(), layout_name(run_.layout), cfg_.checkpoint.collective_bytes,
           cfg_.checkpoint.reserve);
@@ -123,9 +124,10 @@ void Run::save() {
   engine_->get_moments(m, v);
   float* saved = engine_->params_to_host();
   const std::string path =
-      write_checkpoint(world_comm_, ckpt_dir_, tile_, writer_, {saved, m.data(), v.data()},
-                       state_, deck_yaml_, tokenizer(), layout_name(run_.layout),
-                       cfg_.checkpoint.collective_bytes, cfg_.checkpoint.reserve);
+      write_checkpoint(world_comm_, ckpt_dir_, engine_->state_layout(), writer_,
+                       {saved, m.data(), v.data()}, state_, deck_yaml_, tokenizer(),
+                       layout_name(run_.layout), cfg_.checkpoint.collective_bytes,
+                       cfg_.checkpoint.reserve);
   std::error_code ec;
   log_->say("checkpoint: wrote %s (%.1f MB) in %.2f s", path.c_str(),
             world_rank_ == 0 ? fs::file_size(path, ec) / 1e6 : 0.0, seconds_since(t0));
@@ -146,9 +148,10 @@ std::string Run::rollback() {
   const std::string path = resolve_checkpoint(ckpt_dir_);
   if (path.empty()) return path;
   const Heartbeat beat(world_rank_ == 0, "rollback: reading " + path);
-  std::vector<float> m(engine_->buffer_size()), v(engine_->buffer_size());
+  std::vector<float> m(engine_->state_size()), v(engine_->state_size());
   const CheckpointInfo info =
-      read_checkpoint(world_comm_, path, tile_, writer_, {engine_->host_params(), m.data(), v.data()},
+      read_checkpoint(world_comm_, path, engine_->state_layout(), writer_,
+                      {engine_->host_params(), m.data(), v.data()},
                       cfg_.checkpoint.collective_bytes);
   engine_->set_moments(m, v);
   engine_->params_to_device();

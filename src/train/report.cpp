@@ -31,11 +31,19 @@ void Run::announce_model() {
     log_->say("tessera: %d layers, %d heads, n_embd %d, vocab %d (padded %d)%s: %.2fM parameters",
               shape_.n_layer, shape_.n_head, shape_.n_embd, shape_.vocab_size, shape_.padded_vocab,
               shape_.tied ? "" : ", untied head", tile_.canonical.total / 1e6);
-  const int v = run_.virtual_stages;
+  const int v = run_.virtual_stages, zero = cfg_.parallel.zero, group = layout.shard_size();
+  std::string sharding;
+  if (zero > 0)
+    sharding = ", ZeRO-" + std::to_string(zero) +
+               (group < layout.dp ? " in groups of " + std::to_string(group) + " dp ranks" : "");
   log_->say("layout: %s on %d ranks, %s schedule%s, %d micro-batches of %d per dp rank%s",
             layout_name(layout).c_str(), world_size_, cfg_.parallel.schedule.c_str(),
             v > 1 ? (" interleaved over " + std::to_string(v) + " virtual stages").c_str() : "",
-            run_.n_micro, run_.micro_batch, cfg_.parallel.zero == 1 ? ", ZeRO-1" : "");
+            run_.n_micro, run_.micro_batch, sharding.c_str());
+  if (zero >= 2 && group == 1)
+    log_->say("note: parallel.zero = %d shards over %s of one rank: it has no effect but the "
+              "unit-by-unit gradient buffers",
+              zero, layout.dp == 1 ? "dp = 1" : "parallel.zero_group");
   if (world_size_ > 1) {
     std::vector<std::vector<std::pair<int, int>>> chunks(run_.stage_chunks.size());
     for (size_t s = 0; s < run_.stage_chunks.size(); ++s)
@@ -166,18 +174,22 @@ void Run::log_step(double secs, double loss, double norm) {
 // (payload handed to MPI), and its pipeline bubble.
 void Run::log_ranks() {
   const double n = double(std::max(1L, measured_steps_));
+  const TrainEngine::Footprint f = engine_->footprint();
   const double mine[] = {double(me_.dp_rank), double(me_.tp_rank), double(me_.pp_rank),
                          4.0 * tile_.total, 4.0 * tile_.total, double(engine_->moment_bytes()),
                          double(engine_->activation_bytes()), step_bytes_[0] / n,
                          step_bytes_[1] / n, step_bytes_[2] / n, step_bytes_[3] / n,
-                         run_sum_ > 0 ? wait_sum_ / run_sum_ : 0.0, double(run_.n_micro)};
+                         run_sum_ > 0 ? wait_sum_ / run_sum_ : 0.0, double(run_.n_micro),
+                         double(f.params), double(f.grads), double(f.optimizer),
+                         double(f.transient)};
   constexpr int kStats = sizeof(mine) / sizeof(mine[0]);
   std::vector<double> all(size_t(kStats) * world_size_);
   MPI_Gather(mine, kStats, MPI_DOUBLE, all.data(), kStats, MPI_DOUBLE, 0, world_comm_);
   const char* names[kStats] = {"dp_rank", "tp_rank", "pp_rank", "param_bytes", "grad_bytes",
                                "optim_bytes", "activation_bytes", "tp_bytes_per_step",
                                "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step",
-                               "pipeline_bubble", "micro_batches"};
+                               "pipeline_bubble", "micro_batches", "param_buffer_bytes",
+                               "grad_buffer_bytes", "optimizer_buffer_bytes", "transient_bytes"};
   for (int r = 0; r < world_size_; ++r) {
     std::string line = "{\"type\":\"rank\",\"rank\":" + std::to_string(r);
     for (int k = 0; k < kStats; ++k)

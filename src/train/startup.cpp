@@ -88,7 +88,7 @@ Run::Run(MPI_Comm world, const Config& cfg)
   stop_point("opening the data");
   scan_tokens();
   engine_->allocate();
-  writer_ = me_.dp_rank == 0;
+  writer_ = engine_->writes_state();
   stop_point("allocating the model");
 }
 
@@ -177,6 +177,10 @@ void Run::declare_engine() {
   setup.dp = topo_->comm(CommName::dp);
   setup.pp = topo_->comm(CommName::pp);
   setup.embed = topo_->comm(CommName::embed);
+  if (run_.layout.shard_size() < run_.layout.dp) {  // hybrid sharding: groups within dp
+    setup.shard = topo_->comm(CommName::shard);
+    setup.replica = topo_->comm(CommName::replica);
+  }
   setup.world = world_.get();
   const bool bf16 = cfg_.device.precision == "bf16";
   engine_ = make_engine(setup, backend_.cuda, bf16, /*allocate=*/false);

@@ -61,7 +61,7 @@ void train_both(bool bf16, double loss_tol, double param_tol, Split split = Spli
   gpu_setup.model.fused_attention = fused;
   const std::unique_ptr<TrainEngine> cpu = make_engine(setup, /*cuda=*/false, false);
   const std::unique_ptr<TrainEngine> gpu = make_engine(gpu_setup, /*cuda=*/true, bf16);
-  ASSERT_EQ(cpu->buffer_size(), gpu->buffer_size());
+  ASSERT_EQ(cpu->state_size(), gpu->state_size());
   init_local_parameters(cpu->host_params(), tile, 1337, 0.02);
   init_local_parameters(gpu->host_params(), tile, 1337, 0.02);
   cpu->params_to_device();
@@ -93,7 +93,7 @@ void train_both(bool bf16, double loss_tol, double param_tol, Split split = Spli
         << want.norm;
   }
   if (param_tol > 0) {
-    const size_t n = cpu->buffer_size();
+    const size_t n = cpu->state_size();
     const float* pc = cpu->params_to_host();
     const float* pg = gpu->params_to_host();
     const Compare c = compare(std::vector<double>(pg, pg + n), std::vector<double>(pc, pc + n));

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every rank's memory (activations too, with gemm and fused attention, under both schedules,
 # every train.recompute, with and without sequence parallelism, with virtual stages; GPT-2 and
-# LLaMA) and
+# LLaMA; the parameters', gradients' and optimizer's buffers and the transient ones under every
+# ZeRO stage, hybrid groups among them) and
 # the bytes it hands to MPI per step on each communicator equal the counts of
 # ../shared/FORMULAS.md (tools/parallel_counts.py) and, exactly, those of `tessera plan --json`
 # of the run's deck (tools/plan_check.py): an extra, missing or oversized collective, a
@@ -25,21 +26,28 @@ inter_node_gbs: 10
 EOF
 common=(model.n_layer=4 model.n_head=4 model.n_embd=32 train.batch_size=8 train.micro_batch=2
         train.steps=2 eval.batches=1)
+# DP TP PP ZERO ATTENTION SCHEDULE RECOMPUTE SP [V [ARCH [key=value ...]]]; ZeRO-2 and 3 with
+# the parameters' and gradients' parts, hybrid groups and kept gathers among them.
 for layout in "2 2 2 0 gemm 1f1b none false" "1 2 2 0 fused gpipe selective false" \
               "4 1 2 1 gemm gpipe full false" "2 2 1 1 fused 1f1b full false" \
               "1 2 2 0 gemm 1f1b selective true" "2 2 2 1 fused gpipe full true" \
               "1 2 2 0 gemm 1f1b none true 2" "1 2 4 0 fused 1f1b selective false 2" \
-              "2 2 2 1 fused 1f1b selective true 2 llama" "1 2 2 0 gemm gpipe full false 1 llama"; do
+              "2 2 2 1 fused 1f1b selective true 2 llama" "1 2 2 0 gemm gpipe full false 1 llama" \
+              "4 1 1 2 gemm 1f1b none false" "2 2 2 3 fused 1f1b full true" \
+              "4 1 2 3 gemm gpipe none false 1 gpt2 parallel.zero_group=2" \
+              "4 1 1 3 gemm 1f1b selective false 1 llama parallel.reshard_after_forward=false" \
+              "4 1 2 1 gemm 1f1b none false 1 gpt2 parallel.zero_group=2"; do
   set -- $layout
   v=${9:-1} arch=${10:-gpt2}
+  extra=("${@:11}")
   # LLaMA: grouped-query attention and its default (untied) head.
   family=(model.arch="$arch")
   [ "$arch" = llama ] && family+=(model.n_kv_head=2 model.ffn_multiple=32)
-  name="${arch}_dp$1_tp$2_pp$3_zero$4_$5_$6_$7_sp$8_v$v"
+  name="${arch}_dp$1_tp$2_pp$3_zero$4_$5_$6_$7_sp$8_v$v$(echo "${extra[*]}" | tr -cd 'a-z0-9')"
   if timeout 120 $MPIEXEC -n $(($1 * $2 * $3)) "$TESSERA" train "$deck" "${common[@]}" \
        parallel.dp="$1" parallel.tp="$2" parallel.pp="$3" parallel.zero="$4" model.attention="$5" \
        parallel.schedule="$6" train.recompute="$7" parallel.sequence_parallel="$8" \
-       parallel.virtual_stages="$v" model.n_layer=8 "${family[@]}" \
+       parallel.virtual_stages="$v" model.n_layer=8 "${family[@]}" "${extra[@]}" \
        run.dir="$WORK/$name" \
        >"$name.log" 2>&1 &&
      out=$("$PYTHON" "$ROOT/tools/parallel_counts.py" "$WORK/$name/metrics.jsonl") &&

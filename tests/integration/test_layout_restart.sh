@@ -51,6 +51,32 @@ run coll_saved 2 1 1 train.steps=5 checkpoint.collective_bytes=0 &&
 run straight222 2 2 2 train.steps=10 &&
   run saved 2 2 2 train.steps=10 checkpoint.restart=auto &&
   compare saved straight222 --exact
+# Across ZeRO stages, each writing its parts and reading them back (no rank holds the whole model
+# for it): ZeRO-3 on dp=4 for 3 steps, then 1 rank without ZeRO to step 5, ZeRO-2 on (2,2,1) to
+# step 8, ZeRO-3 in hybrid groups of 2 to step 10; each leg's losses and last checkpoint equal
+# those of one uninterrupted 1-rank run.
+zero_leg() {  # zero_leg NAME FROM TO: NAME's losses FROM..TO and checkpoint TO against the straight run
+  local out
+  if out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/zstraight/metrics.jsonl" \
+       "$WORK/zstraight/checkpoints/step_0000000$3.h5" "$WORK/$1/metrics.jsonl" \
+       "$WORK/$1/checkpoints/step_0000000$3.h5" --steps "$2:$3"); then
+    pass "$1 (steps $2-$3): $out"
+  else
+    fail "$1 (steps $2-$3): $out"
+  fi
+}
+if run zstraight 1 1 1 train.steps=9 checkpoint.every=1 &&
+   run z_a 4 1 1 train.steps=3 parallel.zero=3 && zero_leg z_a 1 3 &&
+   run z_b 1 1 1 train.steps=5 checkpoint.restart="$WORK/z_a/checkpoints/step_00000003.h5" &&
+   zero_leg z_b 4 5 &&
+   run z_c 2 2 1 train.steps=8 parallel.zero=2 \
+     checkpoint.restart="$WORK/z_b/checkpoints/step_00000005.h5" && zero_leg z_c 6 8 &&
+   run z_d 4 1 1 train.steps=9 parallel.zero=3 parallel.zero_group=2 \
+     checkpoint.restart="$WORK/z_c/checkpoints/step_00000008.h5"; then
+  zero_leg z_d 9 9
+  grep -q "restart: .*step_00000008.h5 at step 8, saved on dp=2,tp=2,pp=1" z_d.log ||
+    fail "z_d: restart line missing"
+fi
 # A LLaMA checkpoint (grouped-query, untied head) saved on (2,2,2) with interleaved stages and
 # sequence parallelism restarts on (1,1,1) and on (1,2,2) with the 1-rank run's losses.
 llama=(model.arch=llama model.n_kv_head=2 model.ffn_multiple=32)

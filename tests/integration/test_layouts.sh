@@ -58,12 +58,25 @@ for extra in "1 1 2" "2 2 2 parallel.zero=1 parallel.sequence_parallel=true mode
   name="v2_dp$1_tp$2_pp$3"
   if run "$name" "$@" parallel.virtual_stages=2; then compare "$name"; else fail "$name run"; tail -5 "$name.log"; fi
 done
-# LLaMA blocks (grouped-query attention, untied head): the 1-rank run against tp=2 and against
+# ZeRO-2 and 3 (gradients, and parameters, sharded by unit over dp): alone, in hybrid groups of
+# 2 dp ranks, on (2,2,2) with sequence parallelism and the fused attention (the tied embedding's
+# parts summed between the stages), and under interleaved stages keeping the gathered
+# parameters from the forward (reshard_after_forward: false).
+for extra in "4 1 1 parallel.zero=2" "4 1 1 parallel.zero=3" "4 1 1 parallel.zero=3 parallel.zero_group=2" \
+             "2 2 2 parallel.zero=3 parallel.sequence_parallel=true model.attention=fused" \
+             "2 1 2 parallel.zero=3 parallel.virtual_stages=2 parallel.reshard_after_forward=false"; do
+  set -- $extra
+  name="zero_dp$1_tp$2_pp$3_$(echo "${*:4}" | tr -cd 'a-z0-9' | tail -c 24)"
+  if run "$name" "$@"; then compare "$name"; else fail "$name run"; tail -5 "$name.log"; fi
+done
+# LLaMA blocks (grouped-query attention, untied head): the 1-rank run against tp=2, against
 # (2,2,2) with everything at once (ZeRO-1, sequence parallelism, selective recompute, fused
-# attention, interleaved stages).
+# attention, interleaved stages), and against ZeRO-3 on dp=4 with full recompute (each layer's
+# parameters gathered for its forward, and again for the backward's rerun).
 llama=(model.arch=llama model.n_kv_head=2 model.ffn_multiple=32)
 if run llama_ref 1 1 1 "${llama[@]}"; then
-  for extra in "1 2 1" "2 2 2 parallel.zero=1 parallel.sequence_parallel=true train.recompute=selective model.attention=fused parallel.virtual_stages=2"; do
+  for extra in "1 2 1" "2 2 2 parallel.zero=1 parallel.sequence_parallel=true train.recompute=selective model.attention=fused parallel.virtual_stages=2" \
+               "4 1 1 parallel.zero=3 train.recompute=full"; do
     set -- $extra
     name="llama_dp$1_tp$2_pp$3"
     if run "$name" "$@" "${llama[@]}"; then compare_to llama_ref "$name"; else fail "$name run"; tail -5 "$name.log"; fi

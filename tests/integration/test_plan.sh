@@ -36,6 +36,26 @@ if out=$("$TESSERA" plan "$ROOT/input/gpt2-124m.yaml" --ranks 8 --machine a100-4
 else
   fail "plan text: $out"
 fi
+# ZeRO-3 (FSDP-style) on the LLaMA 7B deck: 64 ranks hold 18/64 bytes of fp32 state per
+# parameter (bf16 copy 2, master 4, gradient 4, moments 8, each a 64th; the units' padding at
+# most 64 elements each) and fit an 80 GB GPU; the same deck with ZeRO-1 does not, by its numbers.
+if "$TESSERA" plan "$ROOT/input/llama-7b-fsdp.yaml" --ranks 64 --machine h100-sxm --json \
+     >fsdp.json 2>fsdp.err &&
+   s=$("$PYTHON" -c 'import json; d=json.load(open("fsdp.json")); r=d["roles"][0]
+assert d["fits"] and d["max_rank_bytes"] < 80e9, d["max_rank_bytes"]
+N = r["param_bytes"] / 4
+state = r["param_buffer_bytes"] + r["grad_buffer_bytes"] + r["optimizer_buffer_bytes"] - 8
+assert 18 * N / 64 <= state <= 18 * (N + 64 * 300) / 64, (state, 18 * N / 64)
+assert r["checkpoint_copy_bytes"] < 4 * N / 32, r["checkpoint_copy_bytes"]
+most = d["max_rank_bytes"] / 1e9
+print(f"{most:.1f} GB a rank, state {state/1e9:.3f} GB = {state/N:.4f} bytes/parameter")'); then
+  pass "llama-7b-fsdp: ZeRO-3 on 64 H100s fits: $s"
+else
+  fail "llama-7b-fsdp: ${s:-$(head -c 300 fsdp.err)}"
+fi
+ALLOW_STDOUT=1 expect_error "llama-7b-fsdp with ZeRO-1 does not fit" 2 \
+  "does not fit: stage 0 tp 0 needs 109.1 GB of 85.9 GB" \
+  "$TESSERA" plan "$ROOT/input/llama-7b-fsdp.yaml" --ranks 64 --machine h100-sxm parallel.zero=1
 ALLOW_STDOUT=1 expect_error "a layout that does not fit" 2 "does not fit: stage 0 tp 0 needs .* GB of 85.9 GB" \
   "$TESSERA" plan "$ROOT/input/llama-1b.yaml" --ranks 1 --machine h100-sxm parallel.tp=1 train.micro_batch=64
 ALLOW_STDOUT=1 expect_error "no layout of N ranks fits" 2 "no layout of 1 ranks fits h100-sxm: the smallest.*short by" \

@@ -70,7 +70,7 @@ std::vector<int32_t> tokens(int seed) {
 }
 
 void expect_same_state(TrainEngine& a, TrainEngine& b) {
-  const size_t n = a.buffer_size();
+  const size_t n = a.state_size();
   const float* pa = a.params_to_host();
   const float* pb = b.params_to_host();
   EXPECT_EQ(std::vector<float>(pa, pa + n), std::vector<float>(pb, pb + n));

@@ -93,6 +93,8 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.parallel.schedule, b.parallel.schedule);
   EXPECT_EQ(a.parallel.zero, b.parallel.zero);
   EXPECT_EQ(a.parallel.stage_layers, b.parallel.stage_layers);
+  EXPECT_EQ(a.parallel.zero_group, b.parallel.zero_group);
+  EXPECT_EQ(a.parallel.reshard_after_forward, b.parallel.reshard_after_forward);
 }
 
 TEST(Config, MinimalDeckTakesEveryDefault) {
@@ -380,8 +382,9 @@ TEST(Config, RangeRules) {
       {"parallel", "tp", "-2", "must be >= 1 or auto, got -2"},
       {"parallel", "pp", "0", "must be >= 1 or auto, got 0"},
       {"parallel", "schedule", "zb", "must be gpipe or 1f1b, got 'zb'"},
-      {"parallel", "zero", "2", "must be 0 or 1, got 2"},
-      {"parallel", "zero", "-1", "must be 0 or 1, got -1"},
+      {"parallel", "zero", "4", "must be 0, 1, 2 or 3, got 4"},
+      {"parallel", "zero", "-1", "must be 0, 1, 2 or 3, got -1"},
+      {"parallel", "zero_group", "-1", "must be >= 0, got -1"},
       {"parallel", "stage_layers", "[4, 0]", "every stage needs at least one layer, got [4, 0]"},
   };
   for (const RangeCase& c : cases) {
@@ -680,7 +683,7 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 68);
+  EXPECT_EQ(keys, 70);
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",
@@ -713,6 +716,19 @@ TEST(Config, ParallelSection) {
   EXPECT_EQ(c.parallel.stage_layers, (std::vector<int>{1, 3}));
   // zero=1 goes with any dp, 1 included.
   EXPECT_EQ(parse_deck(kMinimal, "deck.yaml", {"parallel.zero=1"}).parallel.zero, 1);
+  // Hybrid sharding: groups of zero_group dp ranks, which must divide dp.
+  EXPECT_EQ(parse_deck(kMinimal, "deck.yaml",
+                       {"parallel.dp=4", "parallel.zero=3", "parallel.zero_group=2"})
+                .parallel.zero_group,
+            2);
+  EXPECT_EQ(deck_error(std::string(kMinimal) + "parallel:\n  dp: 4\n  zero: 2\n  zero_group: 3\n"),
+            "deck.yaml:6:15: parallel.zero_group: parallel.zero_group = 3 does not divide parallel.dp = 4 (the dp ranks "
+            "are sharded in groups of zero_group)");
+  // Keeping the gathered parameters is a stage-3 choice.
+  EXPECT_EQ(deck_error(std::string(kMinimal) +
+                       "parallel:\n  zero: 2\n  reshard_after_forward: false\n"),
+            "deck.yaml:5:26: parallel.reshard_after_forward: parallel.reshard_after_forward = false keeps gathered parameters, "
+            "which only parallel.zero = 3 shards; parallel.zero = 2");
 }
 
 TEST(Config, ParallelOverrides) {

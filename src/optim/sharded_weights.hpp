@@ -1,0 +1,115 @@
+#pragma once
+// The model's parameters and gradients under ZeRO-2 and 3 (DESIGN §6), unit by unit
+// (model/weights.hpp): each rank of the shard group holds one part of every unit (ShardPlan,
+// model/shard.hpp) of the gradient sums, and under ZeRO-3 of the parameters too.
+//
+// Gradients: a unit's backward adds into a zeroed transient buffer of the whole unit; on release
+// the buffer is reduce-scattered over the shard group (started now, finished when its buffer is
+// next needed or at finish()) and this rank's part added to its sum: every micro-batch's
+// gradients reach their owners as the backward produces them, so no rank ever holds the whole
+// gradient. Two such buffers take turns.
+//
+// Parameters (ZeRO-3): a unit's parameters are all-gathered into a transient buffer just before
+// it computes. The pass's order is known (Weights::pass), so the next unit's gather is started as
+// soon as a buffer is free, while the current unit computes: two buffers, at most two units'
+// parameters gathered at a time. With reshard_after_forward = false every unit keeps its
+// gathered parameters from its first use until the step ends (end_step), in a buffer of its own.
+// ZeRO-2 reads the full parameter buffer the optimizer keeps up to date.
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+#include "backend/arena.hpp"
+#include "model/shard.hpp"
+#include "model/weights.hpp"
+
+namespace tessera {
+
+// The transient buffers of ShardedWeights, declared in the engine's arena (what `tessera plan`
+// counts): two units' gradients and their reduced parts, and under ZeRO-3 two units' gathered
+// parameters (every unit's, without resharding) or under ZeRO-2 one unit's for the update's
+// gather. act_bytes: the size of the parameters' element type.
+struct ShardedBuffers {
+  ShardedBuffers(const ShardPlan& plan, int stage, bool reshard_after_forward, size_t act_bytes,
+                 Arena& arena);
+  size_t bytes() const;
+  bool keep;                         // ZeRO-3 without resharding
+  size_t largest = 0;                // elements of the largest gathered unit (n parts of it)
+  std::vector<size_t> kept_offset;   // keep: where each unit's gathered parameters are
+  size_t h_params = 0, h_grads = 0, h_parts = 0;
+  const Arena* arena;
+};
+
+template <class Backend>
+class ShardedWeights final : public Weights<typename Backend::Act> {
+ public:
+  using Act = typename Backend::Act;
+  using Comm = typename Backend::Comm;
+
+  // stage 2 or 3; shard: the ZeRO group (plan.n ranks); buffers declared in `arena`, which must
+  // be allocated.
+  ShardedWeights(const LocalLayout& tile, const ShardPlan& plan, const ShardedBuffers& buffers,
+                 Comm* shard, int stage, Arena& arena);
+  // params: ZeRO-2's full parameter buffer (the layout's offsets), or ZeRO-3's shard of them
+  // (the gather source, plan.total); grads: this rank's gradient sums (plan.total).
+  void bind(const Act* params, float* grads);
+
+  // The step's start (the sums zeroed) and the end of its backward passes (every
+  // reduce-scatter finished and added); end_step drops the gathered parameters that
+  // reshard_after_forward = false kept.
+  void begin_step();
+  void finish();
+  void end_step();
+
+  // Called with a unit's gradients (the whole unit) just before they are reduce-scattered: the
+  // engine sums sequence parallelism's partial norm gradients over tp there, once per
+  // micro-batch, so that every rank of the group hands tp the same amount.
+  std::function<void(int unit, float* grads)> before_reduce;
+
+  void pass(const std::vector<int>& units) override;
+  const Act* params(int unit) override;
+  void params_done(int unit) override;
+  float* grads(int unit) override;
+  void grads_done(int unit) override;
+
+  // ZeRO-2 after the update, which wrote this rank's parts in place: every unit's parts
+  // all-gathered, so that every rank of the group holds the whole buffer `full` again.
+  void gather_full(Act* full);
+
+ private:
+  struct Gathered {         // a parameter buffer
+    int unit = -1;          // the unit it holds or gathers; -1: free
+    int ticket = -1;        // its gather in flight; -1 once waited for
+    bool in_use = false;    // handed out by params() and not released yet
+  };
+  struct Reducing {         // a gradient buffer
+    int unit = -1;          // the unit whose gradients it holds; -1: free
+    int ticket = -1;        // its reduce-scatter
+    bool busy = false;      // released: the reduce-scatter is in flight
+  };
+  void start_gather(int unit, size_t buffer);
+  int free_gather_buffer() const;
+  int holding(int unit) const;  // the buffer holding (or gathering) unit, not handed out; or -1
+  void start_next_gather();
+  void retire(size_t buffer);  // finishes the reduce-scatter of gradient buffer `buffer`
+
+  const LocalLayout& tile_;
+  const ShardPlan& plan_;
+  Comm* shard_;
+  int stage_;
+  bool keep_;  // reshard_after_forward = false
+  size_t largest_;  // elements of the largest gathered unit (n parts of its part size)
+  const std::vector<size_t>& kept_offset_;  // keep_: where each unit's gathered parameters are
+  const Act* source_ = nullptr;
+  float* sums_ = nullptr;
+  Act* gathered_ = nullptr;  // 2 x largest_, or (keep_) every unit's n parts one after another
+  float* unit_grads_ = nullptr;  // 2 x largest_
+  float* parts_ = nullptr;       // 2 x plan.largest_part: what a reduce-scatter hands this rank
+  std::vector<Gathered> gathered_state_;
+  std::vector<Reducing> reducing_;
+  std::vector<int> order_;  // the pass's units
+  size_t next_ = 0;         // the first unit of order_ whose gather is not started
+  size_t turn_ = 0;         // the gradient buffer to take next
+};
+
+}  // namespace tessera
