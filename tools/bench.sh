@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: sgemm peak, tessera's training throughput on a GPT-2 124M shape, and the PyTorch
 # reference's on the same shape, threads and batch, measured side by side in one run; then the
-# parallel layouts (tools/bench_parallel.py), the checkpoint stall synchronous and asynchronous
+# parallel layouts (tools/bench_parallel.py), the ZeRO stages (tools/bench_zero.sh), the
+# checkpoint stall synchronous and asynchronous
 # (tools/bench_checkpoint.sh), then the data loader (tools/bench_data.sh). Writes the tables to build/bench/results.md and
 # prints them.
 #   THREADS (2)  STEPS (6 timed steps after one warm-up)  PYTHON (/usr/bin/python3)
@@ -72,6 +73,8 @@ PY
 echo "bench: parallel layouts (memory, communication, bubble, dp throughput)" >&2
 { echo; "$PYTHON" "$ROOT/tools/bench_parallel.py" --tessera "$ROOT/bin/tessera" --data "$ROOT/data/default" \
     --out "$OUT"; } >>"$OUT/results.md"
+echo "bench: ZeRO stages 0-3 side by side (tools/bench_zero.sh)" >&2
+{ echo; OUT=$OUT PYTHON=$PYTHON TOKENS=$OUT/tokens.h5 bash "$ROOT/tools/bench_zero.sh"; } >>"$OUT/results.md"
 echo "bench: checkpoint stall, synchronous and checkpoint.async (tools/bench_checkpoint.sh)" >&2
 { echo; DECK=$OUT/deck.yaml OUT=$OUT PYTHON=$PYTHON bash "$ROOT/tools/bench_checkpoint.sh"; } >>"$OUT/results.md"
 echo "bench: data loader (1 GiB per format; tools/bench_data.sh)" >&2

@@ -116,11 +116,11 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
         "grad_bytes": 4 * n_local,
         "optim_bytes": 8 * state,
         # fp32 on the CPU: stages 0 and 1 keep the whole (padded) buffer of parameters and of
-        # gradients, 2 the parameters whole and the gradients' parts, 3 both as parts; the
-        # optimizer its moments, ZeRO-1's gradient slice and the norm's one double.
+        # gradients (ZeRO-1's slice of the sums lands in it), 2 the parameters whole and the
+        # gradients' parts, 3 both as parts; the optimizer its moments and the norm's one double.
         "param_buffer_bytes": 4 * (padded if stage <= 2 else S),
         "grad_buffer_bytes": 4 * (padded if stage <= 1 else S),
-        "optimizer_buffer_bytes": 8 * state + (4 * state if stage == 1 else 0) + 8,
+        "optimizer_buffer_bytes": 8 * state + 8,
     }
     # ZeRO-2/3's transient buffers: two units' gradients (g parts each) and the two parts a
     # reduce-scatter returns; ZeRO-3 two units' gathered parameters (every unit's without

@@ -113,6 +113,9 @@ struct ParallelConfig {
   // ZeRO-3: a layer's parameters are gathered again for its backward (true), or kept from its
   // forward until the step's end (false: more memory, a third less communication).
   bool reshard_after_forward = true;
+  // ZeRO-3: the next unit's gather starts while this one computes (false: each unit is gathered
+  // when the model asks for it; for measuring the overlap).
+  bool zero_prefetch = true;
 };
 
 struct Config {

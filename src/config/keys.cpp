@@ -147,6 +147,7 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel", "zero", &c.parallel.zero},
       {"parallel", "zero_group", &c.parallel.zero_group},
       {"parallel", "reshard_after_forward", &c.parallel.reshard_after_forward},
+      {"parallel", "zero_prefetch", &c.parallel.zero_prefetch},
       {"parallel", "stage_layers", &c.parallel.stage_layers},
       {"parallel", "sequence_parallel", &c.parallel.sequence_parallel},
       {"parallel", "virtual_stages", &c.parallel.virtual_stages},

@@ -26,6 +26,7 @@ class Engine final : public TrainEngine {
  public:
   Engine(const EngineSetup& s, bool allocate_now)
       : tile_(s.tile), mb_(s.micro_batch), T_(s.seq_len), embed_sum_(s.embed_sum),
+        prefetch_(s.zero_prefetch),
         arena_(Backend::memory()),
         // Built in the fixed order tp, dp, pp, embed, shard, replica (an NCCL communicator's
         // construction is collective over its ranks). The data-parallel sums and the ZeRO
@@ -56,7 +57,7 @@ class Engine final : public TrainEngine {
     host_losses_.resize(step_tokens_);
     if (mem_.sharded) {
       sharded_own_ = std::make_unique<ShardedWeights<Backend>>(
-          tile_, mem_.plan, *mem_.sharded, shard_, optimizer_.stage(), arena_);
+          tile_, mem_.plan, *mem_.sharded, shard_, optimizer_.stage(), prefetch_, arena_);
       sharded_ = sharded_own_.get();
       // ZeRO-2 gathers from the full parameters, ZeRO-3 from this rank's parts of them.
       sharded_->bind(model_params(), grads_);
@@ -90,7 +91,8 @@ class Engine final : public TrainEngine {
   size_t moment_bytes() const override { return optimizer_.moment_bytes(); }
   Footprint footprint() const override {
     return {arena_.bytes(mem_.h_master) + (mem_.h_copy ? arena_.bytes(mem_.h_copy) : 0),
-            arena_.bytes(mem_.h_grads), optimizer_.declared_bytes(), mem_.transient_bytes()};
+            arena_.bytes(mem_.h_grads), optimizer_.declared_bytes(), mem_.transient_bytes(),
+            arena_.total_bytes()};
   }
   size_t activation_bytes() const override { return mem_.activation_bytes(); }
   std::string memory_report() const override { return Backend::memory_report(arena_, kBf16); }
@@ -199,6 +201,9 @@ class Engine final : public TrainEngine {
 
   double wait_seconds() const override { return executor_.wait_seconds(); }
   double run_seconds() const override { return executor_.run_seconds(); }
+  double dp_wait_seconds() const override {
+    return dp_.busy_seconds + own_shard_.busy_seconds + replica_.busy_seconds;
+  }
   double payload_bytes(int c) const override {
     const uint64_t bytes[] = {tp_.payload_bytes,
                               dp_.payload_bytes + own_shard_.payload_bytes + replica_.payload_bytes,
@@ -301,7 +306,7 @@ class Engine final : public TrainEngine {
   const LocalLayout& tile_;
   int mb_, T_;
   size_t step_tokens_ = 0;
-  bool embed_sum_;
+  bool embed_sum_, prefetch_;
   // The arena before the communicators, so that on an error the communicators go first (their
   // destructors abort NCCL's kernels), then the memory they used.
   Arena arena_;

@@ -46,6 +46,7 @@ struct EngineSetup {
   // shard (parallel/topology.hpp); MPI_COMM_NULL: one group, dp's communicator.
   MPI_Comm shard = MPI_COMM_NULL, replica = MPI_COMM_NULL;
   bool reshard_after_forward = true;  // ZeRO-3 (parallel.reshard_after_forward)
+  bool zero_prefetch = true;          // ZeRO-3 (parallel.zero_prefetch)
 };
 
 // A micro-batch's tokens and targets (B,T) in host memory (the loader's ring), nullptr where the
@@ -81,6 +82,7 @@ class TrainEngine {
   // bytes per rank that the ZeRO stages shrink (engine/engine_memory.hpp).
   struct Footprint {
     size_t params = 0, grads = 0, optimizer = 0, transient = 0;
+    size_t arena = 0;  // every buffer: the rank's peak (activations included)
   };
   virtual Footprint footprint() const = 0;
   // Lines for rank 0's start-up log: what the backend allocated ("" = nothing more to say).
@@ -122,6 +124,9 @@ class TrainEngine {
   // The pipeline's blocked and total seconds of the last train_step (PipelineExecutor).
   virtual double wait_seconds() const = 0;
   virtual double run_seconds() const = 0;
+  // Seconds blocked in data-parallel collectives so far (dp, and ZeRO's shard and replica
+  // groups): the communication no computation hid. 0 on a GPU, whose host does not wait.
+  virtual double dp_wait_seconds() const = 0;
   // Payload bytes handed to communicator c (0 tp, 1 dp, 2 pp, 3 embed) so far.
   virtual double payload_bytes(int c) const = 0;
 };

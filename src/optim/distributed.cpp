@@ -29,7 +29,6 @@ DistributedOptimizer<Backend>::DistributedOptimizer(const LocalLayout& layout, c
   h_norm_ = arena.add("gradient norm accumulator", sizeof(double));
   h_m_ = arena.add("Adam first moments", state * sizeof(float));
   h_v_ = arena.add("Adam second moments", state * sizeof(float));
-  if (stage_ == 1) h_shard_ = arena.add("ZeRO-1 gradient shard", state * sizeof(float));
 }
 
 template <class Backend>
@@ -38,7 +37,6 @@ void DistributedOptimizer<Backend>::bind() {
   norm_ = arena_->get<double>(h_norm_);
   m_ = arena_->get<float>(h_m_);
   v_ = arena_->get<float>(h_v_);
-  if (stage_ == 1) grad_shard_ = arena_->get<float>(h_shard_);
   Backend::zero(m_, state * sizeof(float));
   Backend::zero(v_, state * sizeof(float));
 }
@@ -72,8 +70,8 @@ void DistributedOptimizer<Backend>::start_reduce(float* grads, size_t begin, siz
 template <class Backend>
 void DistributedOptimizer<Backend>::reduce_gradients(float* grads) {
   if (stage_ == 1) {
-    comms_.shard->reduce_scatter_sum(static_cast<const float*>(grads), grad_shard_,
-                                     shard_end_ - shard_begin_);
+    // In place: the slice's sums land in the gradient buffer (where, the communicator says).
+    grad_shard_ = comms_.shard->reduce_scatter_sum_in_place(grads, shard_end_ - shard_begin_);
     comms_.replica->all_reduce_sum(grad_shard_, shard_end_ - shard_begin_);
     return;
   }

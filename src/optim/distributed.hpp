@@ -41,8 +41,8 @@ class DistributedOptimizer {
     BComm* replica;
     Comm* world;
   };
-  // plan: stages 2 and 3, this rank's parts (model/shard.hpp). Declares its buffers (moments,
-  // ZeRO-1's gradient shard) in `arena`; bind() once the arena is allocated (zeroes the moments).
+  // plan: stages 2 and 3, this rank's parts (model/shard.hpp). Declares its buffers (the moments,
+  // the norm's accumulator) in `arena`; bind() once the arena is allocated (zeroes the moments).
   DistributedOptimizer(const LocalLayout& layout, const Comms& comms, int stage,
                        const ShardPlan* plan, const AdamWHyper& hyper, Arena& arena);
   void bind();
@@ -80,10 +80,9 @@ class DistributedOptimizer {
   void set_moments(const std::vector<float>& m, const std::vector<float>& v);
 
   size_t moment_bytes() const { return 2 * (shard_end_ - shard_begin_) * sizeof(float); }
-  // Every buffer it declared: the moments, ZeRO-1's gradient slice, the norm's accumulator.
+  // Every buffer it declared: the moments and the norm's accumulator.
   size_t declared_bytes() const {
-    return arena_->bytes(h_norm_) + arena_->bytes(h_m_) + arena_->bytes(h_v_) +
-           (stage_ == 1 ? arena_->bytes(h_shard_) : 0);
+    return arena_->bytes(h_norm_) + arena_->bytes(h_m_) + arena_->bytes(h_v_);
   }
 
  private:
@@ -99,9 +98,10 @@ class DistributedOptimizer {
   AdamWHyper hyper_;
   size_t padded_, shard_begin_, shard_end_;  // stage 1: this rank's slice of the padded buffer
   Arena* arena_;
-  size_t h_norm_ = 0, h_m_ = 0, h_v_ = 0, h_shard_ = 0;
+  size_t h_norm_ = 0, h_m_ = 0, h_v_ = 0;
   double* norm_ = nullptr;
-  float *m_ = nullptr, *v_ = nullptr, *grad_shard_ = nullptr;
+  float *m_ = nullptr, *v_ = nullptr;
+  float* grad_shard_ = nullptr;  // ZeRO-1: where this step's slice of the sums is
   std::vector<std::pair<size_t, size_t>> started_;  // ranges already in flight this step
 };
 

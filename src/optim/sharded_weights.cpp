@@ -37,8 +37,9 @@ size_t ShardedBuffers::bytes() const {
 template <class Backend>
 ShardedWeights<Backend>::ShardedWeights(const LocalLayout& tile, const ShardPlan& plan,
                                         const ShardedBuffers& buffers, Comm* shard, int stage,
-                                        Arena& arena)
+                                        bool prefetch, Arena& arena)
     : tile_(tile), plan_(plan), shard_(shard), stage_(stage), keep_(buffers.keep),
+      prefetch_(prefetch),
       largest_(buffers.largest), kept_offset_(buffers.kept_offset),
       gathered_(arena.get<Act>(buffers.h_params)),
       unit_grads_(arena.get<float>(buffers.h_grads)),
@@ -107,7 +108,7 @@ int ShardedWeights<Backend>::holding(int unit) const {
 // buffer of its own) the next unit not gathered yet this step, one at a time.
 template <class Backend>
 void ShardedWeights<Backend>::start_next_gather() {
-  while (next_ < order_.size()) {
+  while (prefetch_ && next_ < order_.size()) {
     const int unit = order_[next_];
     if (keep_) {
       ++next_;

@@ -48,8 +48,9 @@ class ShardedWeights final : public Weights<typename Backend::Act> {
 
   // stage 2 or 3; shard: the ZeRO group (plan.n ranks); buffers declared in `arena`, which must
   // be allocated.
+  // prefetch: start the pass's next gathers ahead (parallel.zero_prefetch).
   ShardedWeights(const LocalLayout& tile, const ShardPlan& plan, const ShardedBuffers& buffers,
-                 Comm* shard, int stage, Arena& arena);
+                 Comm* shard, int stage, bool prefetch, Arena& arena);
   // params: ZeRO-2's full parameter buffer (the layout's offsets), or ZeRO-3's shard of them
   // (the gather source, plan.total); grads: this rank's gradient sums (plan.total).
   void bind(const Act* params, float* grads);
@@ -98,6 +99,7 @@ class ShardedWeights final : public Weights<typename Backend::Act> {
   Comm* shard_;
   int stage_;
   bool keep_;  // reshard_after_forward = false
+  bool prefetch_;
   size_t largest_;  // elements of the largest gathered unit (n parts of its part size)
   const std::vector<size_t>& kept_offset_;  // keep_: where each unit's gathered parameters are
   const Act* source_ = nullptr;

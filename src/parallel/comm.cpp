@@ -117,6 +117,15 @@ Scope::~Scope() {
 
 }  // namespace trace
 
+namespace {
+// Adds a blocking call's seconds to the communicator's busy time.
+struct Busy {
+  double& total;
+  double start = trace::now();
+  ~Busy() { total += trace::now() - start; }
+};
+}  // namespace
+
 Comm::Comm(MPI_Comm comm, bool) : comm_(comm) {
   if (comm_ != MPI_COMM_NULL) {
     MPI_Comm_size(comm_, &size_);
@@ -129,6 +138,7 @@ Comm::Comm(MPI_Comm comm, bool) : comm_(comm) {
 void Comm::reduce(void* x, size_t n, MPI_Datatype type, MPI_Op op, size_t elem) {
   if (!active() || n == 0) return;
   const trace::Scope call(name_, op == MPI_MAX ? "all_reduce_max" : "all_reduce_sum", n * elem);
+  const Busy busy{busy_seconds};
   for (size_t done = 0; done < n; done += kChunk)
     MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(x) + done * elem,
                   int(std::min(kChunk, n - done)), type, op, comm_);
@@ -152,6 +162,7 @@ void Comm::start_all_reduce_sum(float* x, size_t n) {
 void Comm::wait_reductions() {
   if (reductions_.empty()) return;
   const trace::Scope call(name_, "wait_reductions", 0);
+  const Busy busy{busy_seconds};
   MPI_Waitall(int(reductions_.size()), reductions_.data(), MPI_STATUSES_IGNORE);
   reductions_.clear();
 }
@@ -162,8 +173,18 @@ void Comm::reduce_scatter_sum(const float* send, float* recv, size_t count_per_r
     return;
   }
   const trace::Scope call(name_, "reduce_scatter_sum", size_t(size_) * count_per_rank * sizeof(float));
+  const Busy busy{busy_seconds};
   MPI_Reduce_scatter_block(send, recv, int(count_per_rank), MPI_FLOAT, MPI_SUM, comm_);
   count(size_t(size_) * count_per_rank * sizeof(float));
+}
+
+float* Comm::reduce_scatter_sum_in_place(float* x, size_t count_per_rank) {
+  if (!active()) return x;
+  const trace::Scope call(name_, "reduce_scatter_sum", size_t(size_) * count_per_rank * sizeof(float));
+  const Busy busy{busy_seconds};
+  MPI_Reduce_scatter_block(MPI_IN_PLACE, x, int(count_per_rank), MPI_FLOAT, MPI_SUM, comm_);
+  count(size_t(size_) * count_per_rank * sizeof(float));
+  return x;
 }
 
 void Comm::all_gather(const float* send, float* recv, size_t count_per_rank) {
@@ -173,6 +194,7 @@ void Comm::all_gather(const float* send, float* recv, size_t count_per_rank) {
   }
   const bool in_place = send == recv + size_t(rank_) * count_per_rank;
   const trace::Scope call(name_, "all_gather", size_t(size_) * count_per_rank * sizeof(float));
+  const Busy busy{busy_seconds};
   MPI_Allgather(in_place ? MPI_IN_PLACE : send, int(count_per_rank), MPI_FLOAT, recv,
                 int(count_per_rank), MPI_FLOAT, comm_);
   count(size_t(size_) * count_per_rank * sizeof(float));
@@ -221,6 +243,7 @@ void Comm::wait(int t) {
   Ticket& ticket = tickets_[size_t(t)];
   if (ticket.request != MPI_REQUEST_NULL) {
     const trace::Scope call(name_, "wait", 0);
+    const Busy busy{busy_seconds};
     MPI_Wait(&ticket.request, MPI_STATUS_IGNORE);
   }
   ticket.taken = false;

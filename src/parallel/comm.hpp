@@ -72,6 +72,9 @@ class Comm {
   void wait_reductions();
   // send (size * count) summed over the ranks; this rank keeps block `rank` in recv (count).
   void reduce_scatter_sum(const float* send, float* recv, size_t count);
+  // The same in place: x (size * count) summed, this rank's block of the sums left in x and
+  // returned (MPI leaves it at x, NCCL at x + rank * count).
+  float* reduce_scatter_sum_in_place(float* x, size_t count);
   // recv (size * count) = every rank's send (count), in rank order; in place when send is
   // recv + rank * count.
   void all_gather(const float* send, float* recv, size_t count);
@@ -98,6 +101,9 @@ class Comm {
   // tools/parallel_counts.py compare with the formulas; the ring volume follows from it).
   uint64_t payload_bytes = 0;
   void count(size_t bytes) { payload_bytes += bytes; }
+  // Seconds this rank spent blocked in its collectives and their waits (not in point-to-point
+  // transfers, which the pipeline executor times itself): the exposed communication.
+  double busy_seconds = 0;
 
  private:
   void reduce(void* x, size_t n, MPI_Datatype type, MPI_Op op, size_t elem);

@@ -50,6 +50,12 @@ class NcclComm {
   // send (size * count) summed over the ranks; this rank keeps block `rank` in recv (count).
   template <typename T>
   void reduce_scatter_sum(const T* send, T* recv, size_t count);
+  // In place: x (size * count) summed, this rank's block left at x + rank * count (NCCL's
+  // in-place placement) and returned.
+  float* reduce_scatter_sum_in_place(float* x, size_t count) {
+    reduce_scatter_sum(static_cast<const float*>(x), x + size_t(rank_) * count, count);
+    return x + size_t(rank_) * count;
+  }
   // recv (size * count) = every rank's send (count), in rank order (in place when send is
   // recv + rank * count).
   template <typename T>
@@ -78,6 +84,8 @@ class NcclComm {
 
   // Payload bytes handed to NCCL, counted as Comm counts what it hands to MPI.
   uint64_t payload_bytes = 0;
+  // Comm's blocked seconds: the host never blocks on NCCL's queued work, so it stays 0.
+  double busy_seconds = 0;
 
  private:
   // With `overlap`: stream_ waits for the compute stream's work so far (enter), the compute

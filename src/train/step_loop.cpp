@@ -170,6 +170,7 @@ void Run::read_step() {
 void Run::take_step(double* loss, double* norm, std::string* anomaly) {
   double bytes_before[4];
   for (int c = 0; c < 4; ++c) bytes_before[c] = engine_->payload_bytes(c);
+  const double dp_wait_before = engine_->dp_wait_seconds();
   state_.lr = schedule_lr_.at(state_.step);
   float step_dloss = dloss_;
   if (state_.step + 1 == test_nan_step_) step_dloss = NAN, test_nan_step_ = -1;
@@ -191,6 +192,7 @@ void Run::take_step(double* loss, double* norm, std::string* anomaly) {
   if (measured_steps_++ > 0) {  // the first step warms up
     wait_sum_ += engine_->wait_seconds();
     run_sum_ += engine_->run_seconds();
+    dp_wait_sum_ += engine_->dp_wait_seconds() - dp_wait_before;
   }
 }
 

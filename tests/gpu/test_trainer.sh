@@ -5,8 +5,9 @@
 # of its largest (fp32; bf16: losses within 2e-2, the parameters within 2e-2 of their norm). A
 # CUDA checkpoint restarts on the CPU and the reverse (checkpoints are fp32 on both). The fused
 # attention (model.attention: fused) against the CPU's gemm attention, fp32 and bf16. With 2 GPUs,
-# pipeline (both schedules), tensor (gemm and fused attention) and data parallel (ZeRO-1) layouts
-# over NCCL against the 1-rank CPU run, tp=2 with sequence parallelism too; with 4, tp=4 over a vocabulary padded so that the last
+# pipeline (both schedules), tensor (gemm and fused attention) and data parallel (ZeRO-1, 2 and 3;
+# ZeRO-3 in bf16 too) layouts over NCCL against the 1-rank CPU run, tp=2 with sequence
+# parallelism too; with 4, tp=4 over a vocabulary padded so that the last
 # rank holds only padding rows; with 8, (2,2,2) with gemm attention, and with ZeRO-1 and fused
 # attention. Without a GPU: skipped, exit 0.
 #
@@ -94,7 +95,8 @@ layouts=()
 if [ "$gpus" -ge 2 ]; then
   layouts+=("parallel.pp=2 parallel.schedule=1f1b" "parallel.pp=2 parallel.schedule=gpipe"
             "parallel.tp=2" "parallel.tp=2 model.attention=fused" "parallel.dp=2"
-            "parallel.dp=2 parallel.zero=1" "parallel.tp=2 parallel.sequence_parallel=true")
+            "parallel.dp=2 parallel.zero=1" "parallel.tp=2 parallel.sequence_parallel=true"
+            "parallel.dp=2 parallel.zero=2" "parallel.dp=2 parallel.zero=3")
 else
   echo "test_trainer: 1 GPU: the multi-rank layouts over NCCL are skipped"
 fi
@@ -113,6 +115,9 @@ for layout in "${layouts[@]}"; do
   train "$name" "$np" device.backend=cuda $layout && cmp "$name" cpu "$name" --loss-rtol 1e-5 --param-tol 1e-4
 done
 if [ "$gpus" -ge 2 ]; then
+  # ZeRO-3 in bf16: the owners' fp32 masters, bf16 weights gathered over NCCL's own stream.
+  train bf16_dp2_zero3 2 device.backend=cuda device.precision=bf16 parallel.dp=2 parallel.zero=3 &&
+    cmp bf16_dp2_zero3_near_cpu cpu bf16_dp2_zero3 --loss-rtol 2e-2 --param-norm-tol 2e-2
   # The interleaved 1F1B schedule over NCCL (grouped transfers around the ring of stages): 4
   # layers, 2 stages of 2 chunks, against the 1-rank CPU run of the same 4 layers.
   train cpu_l4 1 device.backend=cpu model.n_layer=4 &&

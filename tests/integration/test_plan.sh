@@ -38,7 +38,9 @@ else
 fi
 # ZeRO-3 (FSDP-style) on the LLaMA 7B deck: 64 ranks hold 18/64 bytes of fp32 state per
 # parameter (bf16 copy 2, master 4, gradient 4, moments 8, each a 64th; the units' padding at
-# most 64 elements each) and fit an 80 GB GPU; the same deck with ZeRO-1 does not, by its numbers.
+# most 64 elements each), and for an (asynchronous) checkpoint host copies of their parts only
+# (parameters and two moments), and fit an 80 GB GPU; the same deck with ZeRO-1 does not, by its
+# numbers.
 if "$TESSERA" plan "$ROOT/input/llama-7b-fsdp.yaml" --ranks 64 --machine h100-sxm --json \
      >fsdp.json 2>fsdp.err &&
    s=$("$PYTHON" -c 'import json; d=json.load(open("fsdp.json")); r=d["roles"][0]
@@ -46,7 +48,7 @@ assert d["fits"] and d["max_rank_bytes"] < 80e9, d["max_rank_bytes"]
 N = r["param_bytes"] / 4
 state = r["param_buffer_bytes"] + r["grad_buffer_bytes"] + r["optimizer_buffer_bytes"] - 8
 assert 18 * N / 64 <= state <= 18 * (N + 64 * 300) / 64, (state, 18 * N / 64)
-assert r["checkpoint_copy_bytes"] < 4 * N / 32, r["checkpoint_copy_bytes"]
+assert r["checkpoint_copy_bytes"] <= 12 * (N + 64 * 300) / 64, r["checkpoint_copy_bytes"]
 most = d["max_rank_bytes"] / 1e9
 print(f"{most:.1f} GB a rank, state {state/1e9:.3f} GB = {state/N:.4f} bytes/parameter")'); then
   pass "llama-7b-fsdp: ZeRO-3 on 64 H100s fits: $s"

@@ -95,6 +95,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.parallel.stage_layers, b.parallel.stage_layers);
   EXPECT_EQ(a.parallel.zero_group, b.parallel.zero_group);
   EXPECT_EQ(a.parallel.reshard_after_forward, b.parallel.reshard_after_forward);
+  EXPECT_EQ(a.parallel.zero_prefetch, b.parallel.zero_prefetch);
 }
 
 TEST(Config, MinimalDeckTakesEveryDefault) {
@@ -683,7 +684,7 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 70);
+  EXPECT_EQ(keys, 71);
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",
