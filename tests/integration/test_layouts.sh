@@ -66,7 +66,7 @@ for extra in "4 1 1 parallel.zero=2" "4 1 1 parallel.zero=3" "4 1 1 parallel.zer
              "2 2 2 parallel.zero=3 parallel.sequence_parallel=true model.attention=fused" \
              "2 1 2 parallel.zero=3 parallel.virtual_stages=2 parallel.reshard_after_forward=false"; do
   set -- $extra
-  name="zero_dp$1_tp$2_pp$3_$(echo "${*:4}" | tr -cd 'a-z0-9' | tail -c 24)"
+  name="zero_dp$1_tp$2_pp$3_$(echo "${*:4}" | sed 's/parallel\.//g; s/model\.//g; s/=//g; s/ /_/g')"
   if run "$name" "$@"; then compare "$name"; else fail "$name run"; tail -5 "$name.log"; fi
 done
 # LLaMA blocks (grouped-query attention, untied head): the 1-rank run against tp=2, against
