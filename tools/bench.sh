@@ -20,15 +20,7 @@ echo "bench: sgemm peak ($THREADS threads)" >&2
 peak=$("$ROOT/bin/tessera" peak | awk '/sgemm_gflops/ {print $2}')
 
 echo "bench: random GPT-2-vocabulary token file" >&2
-"$PYTHON" - "$OUT/tokens.h5" "$V" <<'PY'
-import sys, h5py, numpy as np
-path, vocab = sys.argv[1], int(sys.argv[2])
-with h5py.File(path, "w") as f:
-    f.create_dataset("tokens", data=np.random.default_rng(0).integers(0, vocab, 200_000, dtype=np.uint16))
-    f.attrs["vocab_size"] = np.int64(vocab)
-    f.attrs["eot"] = np.int64(vocab - 1)
-    f.attrs["tokenizer"] = np.bytes_("gpt2")
-PY
+"$PYTHON" "$ROOT/tools/random_tokens.py" "$OUT/tokens.h5" "$V"
 
 echo "bench: tessera, GPT-2 124M shape, T=$T B=$B, $((STEPS + 1)) steps" >&2
 rm -rf "$OUT/run"

@@ -16,17 +16,7 @@ TOKENS=${TOKENS:-$OUT/tokens.h5}
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 MPIR_CVAR_POLLS_BEFORE_YIELD=1
 L=12 H=12 C=768 V=50257 T=256 RANKS=4
-if [ ! -f "$TOKENS" ]; then
-  "$PYTHON" - "$TOKENS" "$V" <<'PY'
-import sys, h5py, numpy as np
-path, vocab = sys.argv[1], int(sys.argv[2])
-with h5py.File(path, "w") as f:
-    f.create_dataset("tokens", data=np.random.default_rng(0).integers(0, vocab, 200_000, dtype=np.uint16))
-    f.attrs["vocab_size"] = np.int64(vocab)
-    f.attrs["eot"] = np.int64(vocab - 1)
-    f.attrs["tokenizer"] = np.bytes_("gpt2")
-PY
-fi
+[ -f "$TOKENS" ] || "$PYTHON" "$ROOT/tools/random_tokens.py" "$TOKENS" "$V"
 cat >"$OUT/zero.yaml" <<DECK
 model: {n_layer: $L, n_head: $H, n_embd: $C, block_size: $T, vocab_size: $V, vocab_multiple: 64}
 data: {train: "$TOKENS", seq_len: $T, check_tokens: false}
