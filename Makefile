@@ -6,6 +6,7 @@
 # HDF5_HOME  parallel HDF5 prefix; default: pkg-config hdf5-mpich
 # YAML_HOME  yaml-cpp prefix; default: pkg-config yaml-cpp
 # SENTENCEPIECE_HOME  sentencepiece prefix (the BPE tokenizer); default: pkg-config sentencepiece
+# PCRE2_HOME PCRE2 prefix (the pre-tokenizer patterns of byte-level BPE); default: pkg-config libpcre2-8
 # BLAS_LIBS  link line of a CBLAS library; default: pkg-config openblas
 # BLAS_CFLAGS include flags for cblas.h
 # CXX, CXXFLAGS, LDFLAGS as usual; ARCH=native adds -march=native (off by default: a binary
@@ -60,6 +61,13 @@ else
 SPM_CFLAGS := $(shell pkg-config --cflags sentencepiece 2>/dev/null)
 SPM_LIBS   := $(shell pkg-config --libs sentencepiece 2>/dev/null || echo -lsentencepiece -lsentencepiece_train)
 endif
+ifdef PCRE2_HOME
+PCRE2_CFLAGS := -I$(PCRE2_HOME)/include
+PCRE2_LIBS   := -L$(PCRE2_HOME)/lib -Wl,-rpath,$(PCRE2_HOME)/lib -lpcre2-8
+else
+PCRE2_CFLAGS := $(shell pkg-config --cflags libpcre2-8 2>/dev/null)
+PCRE2_LIBS   := $(shell pkg-config --libs libpcre2-8 2>/dev/null || echo -lpcre2-8)
+endif
 # The OpenMP build of OpenBLAS: called from inside our OpenMP loops it runs single-threaded
 # instead of oversubscribing the cores as the pthread build does.
 OPENBLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
@@ -69,8 +77,10 @@ BLAS_LIBS    ?= -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas
 ARCH_FLAGS := $(if $(filter native,$(ARCH)),-march=native,)
 WARN       := -Wall -Wextra -Werror
 BASE_FLAGS := -std=c++20 $(OPT) -g $(ARCH_FLAGS) -fopenmp $(WARN) -MMD -MP -Isrc
-ALL_CFLAGS := $(BASE_FLAGS) $(MPI_CFLAGS) $(HDF5_CFLAGS) $(YAML_CFLAGS) $(SPM_CFLAGS) $(BLAS_CFLAGS) $(CXXFLAGS)
-ALL_LIBS   := $(HDF5_LIBS) $(YAML_LIBS) $(SPM_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -fopenmp -lm $(LDFLAGS)
+ALL_CFLAGS := $(BASE_FLAGS) $(MPI_CFLAGS) $(HDF5_CFLAGS) $(YAML_CFLAGS) $(SPM_CFLAGS) $(PCRE2_CFLAGS) \
+              $(BLAS_CFLAGS) $(CXXFLAGS)
+ALL_LIBS   := $(HDF5_LIBS) $(YAML_LIBS) $(SPM_LIBS) $(PCRE2_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -fopenmp -lm \
+              $(LDFLAGS)
 
 BUILD ?= build
 
