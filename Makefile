@@ -171,7 +171,7 @@ OBJ      := $(SRC:%.cpp=$(BUILD)/%.o) $(CUDA_OBJ)
 UNIT_SRC := $(sort $(wildcard tests/unit/*.cpp))
 UNIT_OBJ := $(UNIT_SRC:%.cpp=$(BUILD)/%.o)
 
-.PHONY: all deps run test unit integration bench asan clean data cuda-report test-gpu bench-gpu gpu-bundle fuzz fuzz-bins \
+.PHONY: all deps deps-run deps-test run test unit integration bench asan clean data cuda-report test-gpu bench-gpu gpu-bundle fuzz fuzz-bins \
         test-cuda-host
 all: bin/tessera$(EXE)
 
@@ -262,28 +262,45 @@ test-cuda-host: deps
 -include $(CUDA_OBJ:.o=.d) $(GPU_TEST_OBJ:.o=.d)
 # ------------------------------------------------------------------------------------------------
 
-# Debian packages tessera builds and tests with. Idempotent: installs only what is missing.
-DEB_PKGS := g++ make pkg-config mpich libmpich-dev libhdf5-mpich-dev hdf5-tools libyaml-cpp-dev \
-            libsentencepiece-dev python3-sentencepiece \
-            libopenblas-dev libopenblas-openmp-dev libgtest-dev python3 python3-torch python3-h5py python3-numpy python3-yaml \
-            python3-matplotlib \
-            munge slurmctld slurmd slurm-client shellcheck
-deps:
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+# Debian packages, installed only where missing (apt-get; as root, or with sudo). `make run` needs
+# DEB_RUN_PKGS: the build (compiler, MPI, parallel HDF5, yaml-cpp, sentencepiece, PCRE2, OpenBLAS)
+# and the Python of data preparation and the plot. `make test` (and bench, asan, fuzz) adds
+# DEB_TEST_PKGS: GoogleTest, PyTorch (the parity references), h5dump, PyYAML, Slurm (the job
+# script tests), shellcheck, npm; and the npm packages of NPM_TEST_PKGS (independent reference
+# implementations, under build/npm).
+DEB_RUN_PKGS  := g++ make pkg-config mpich libmpich-dev libhdf5-mpich-dev libyaml-cpp-dev \
+                 libsentencepiece-dev python3-sentencepiece libpcre2-dev \
+                 libopenblas-dev libopenblas-openmp-dev python3 python3-h5py python3-numpy \
+                 python3-yaml python3-matplotlib
+DEB_TEST_PKGS := libgtest-dev hdf5-tools python3-torch munge slurmctld slurmd slurm-client shellcheck
+NPM_TEST_PKGS := js-tiktoken@1.0.21
+DEB_PKGS      := $(DEB_RUN_PKGS) $(DEB_TEST_PKGS)
+define install_debs
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "deps: installing $$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
-	else echo "deps: all Debian packages present"; fi
+	else echo "deps: the $(2) packages are present"; fi
+endef
+deps-run:
+	$(call install_debs,$(DEB_RUN_PKGS),run)
+# npm comes with Debian's nodejs package where no other Node.js is installed.
+deps-test: deps-run
+	$(call install_debs,$(DEB_TEST_PKGS) $(if $(shell command -v npm 2>/dev/null),,npm),test)
+	@if [ ! -f build/npm/node_modules/js-tiktoken/package.json ]; then \
+	  mkdir -p build/npm && npm install --prefix build/npm --no-audit --no-fund --silent $(NPM_TEST_PKGS) && \
+	  echo "deps: npm installed $(NPM_TEST_PKGS) in build/npm"; fi
+deps: deps-test
 
 # The embedded default corpus: the Python standard library's own .py files, present on every
 # machine that has the project's dependencies. Nothing is downloaded.
 DATA_DIR := data/default
 $(DATA_DIR)/train.h5: tools/prepare_data.py
 	$(PYTHON) tools/prepare_data.py --stdlib --out-dir $(DATA_DIR)
-data: deps $(DATA_DIR)/train.h5
+data: deps-run $(DATA_DIR)/train.h5
 
-run: deps
+run: deps-run
 	$(MAKE) -j$(JOBS) bin/tessera
 	$(MAKE) $(DATA_DIR)/train.h5
 	OMP_NUM_THREADS=$(RUN_THREADS) MPIR_CVAR_POLLS_BEFORE_YIELD=$(RUN_YIELD) \
