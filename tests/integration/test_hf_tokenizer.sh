@@ -64,7 +64,7 @@ lines.insert(300, " " * 5000)
 open("corpus/zz_unicode.txt", "w", encoding="utf-8", newline="").write("\n".join(lines) + "\n")
 EOF
 printf 'ok \xff\xfe bytes \xc3( and \xe2\x82 cut\n' >not_utf8.txt
-ls "$PWD"/corpus/* | LC_ALL=C sort >list.txt
+printf "%s\n" "$PWD"/corpus/* | LC_ALL=C sort >list.txt
 mb=$(du -cb corpus | tail -1 | awk '{printf "%.1f", $1 / 1e6}')
 
 # ids of every document, tessera's against js-tiktoken's: DIR holds train.h5/val.h5 of
