@@ -128,7 +128,7 @@ TEST(Tokenizer, AttributesAreChecked) {
   EXPECT_EQ(problem({"none", 0, -1, {}}), "");  // Megatron and raw data record none
   EXPECT_EQ(problem({"byte", 257, -1, {}}), "");  // no eot recorded
   EXPECT_EQ(problem({"tiktoken", 100, 5, {}}),
-            "f.h5: unknown tokenizer 'tiktoken' (tessera knows byte, sentencepiece, gpt2, llama3 "
+            "f.h5: unknown tokenizer 'tiktoken' (tessera knows byte, sentencepiece, hf-bpe, gpt2, llama3 "
             "and none)");
   EXPECT_EQ(problem({"byte", 257, 300, {}}),
             "f.h5: tokenizer eot 300 is not an id of the vocabulary (0..256)");
