@@ -17,7 +17,7 @@
 CXX      ?= g++
 PYTHON   ?= /usr/bin/python3
 MPIEXEC  ?= mpiexec
-NP       ?= 4
+NP       ?= 2
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 # `make run` puts NP ranks on this machine: one thread each, and MPICH yields the core while it
 # polls (set RUN_YIELD=0 when every rank has a core of its own).
@@ -294,18 +294,23 @@ deps-test: deps-run
 deps: deps-test
 
 # The embedded default corpus: the Python standard library's own .py files, present on every
-# machine that has the project's dependencies. Nothing is downloaded.
+# machine that has the project's dependencies. Nothing is downloaded. data/default: byte-level
+# tokens (the small example decks); data/python-bpe: a 4096-piece sentencepiece BPE trained on it
+# (input/default.yaml, `make run`).
 DATA_DIR := data/default
+BPE_DIR  := data/python-bpe
 $(DATA_DIR)/train.h5: tools/prepare_data.py
 	$(PYTHON) tools/prepare_data.py --stdlib --out-dir $(DATA_DIR)
-data: deps-run $(DATA_DIR)/train.h5
+$(BPE_DIR)/train.h5: tools/prepare_data.py
+	$(PYTHON) tools/prepare_data.py --stdlib --out-dir $(BPE_DIR) --tokenizer bpe --vocab-size 4096
+data: deps-run $(DATA_DIR)/train.h5 $(BPE_DIR)/train.h5
 
 run: deps-run
 	$(MAKE) -j$(JOBS) bin/tessera
-	$(MAKE) $(DATA_DIR)/train.h5
+	$(MAKE) $(BPE_DIR)/train.h5
 	OMP_NUM_THREADS=$(RUN_THREADS) MPIR_CVAR_POLLS_BEFORE_YIELD=$(RUN_YIELD) \
 	  $(MPIEXEC) -n $(NP) bin/tessera train input/default.yaml
-	bin/tessera sample runs/default/checkpoints --prompt "def " --tokens 400 --temperature 0.8
+	bin/tessera sample runs/default/checkpoints --prompt "def " --tokens 200 --temperature 0.8
 	$(PYTHON) tools/plot_run.py runs/default --out runs/default/metrics.png
 	@echo "run: the run's curves are in runs/default/metrics.png"
 

@@ -456,6 +456,7 @@ def encode_hf(tok, tessera, blob_path, paths, sizes, is_val, writers, threads, l
         tokens += len(ids) + 1 + (tok.bos is not None and tok.bos != tok.eot)
         progress.update(i + 1, nbytes, tokens)
     os.remove(blob_path)
+    print(f"prepare_data: tessera {encoder.summary}", file=sys.stderr, flush=True)
     return progress, ""
 
 
