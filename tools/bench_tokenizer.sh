@@ -22,16 +22,19 @@ rm -rf "$OUT" && mkdir -p "$OUT/corpus"
   node "$ROOT/tests/integration/tiktoken_ref.mjs" files cl100k_base "$OUT/llama3") >/dev/null
 # Links to the first SIZE_MB MB of files, in sorted order.
 find /usr/lib/python3* /usr/include -type f \( -name '*.py' -o -name '*.h' -o -name '*.c' -o \
-  -name '*.txt' -o -name '*.rst' \) -size +0 -printf '%s %p\n' 2>/dev/null | sort -k2 |
-  awk -v max="$((SIZE_MB * 1000000))" '{ if (s >= max) exit; s += $1; print $2 }' |
-  { n=0; while read -r f; do
-      n=$((n + 1)); ln -s "$f" "$OUT/corpus/$(printf '%06d' "$n")_$(basename "$f").txt"
-    done; }
+  -name '*.txt' -o -name '*.rst' \) -size +0 -printf '%s %p\n' 2>/dev/null | sort -k2 >"$OUT/files.txt"
+awk -v max="$((SIZE_MB * 1000000))" '{ if (s >= max) exit; s += $1; print $2 }' "$OUT/files.txt" >"$OUT/taken.txt"
+n=0
+while read -r f; do
+  n=$((n + 1))
+  ln -s "$f" "$OUT/corpus/$(printf '%06d' "$n")_$(basename "$f").txt"
+done <"$OUT/taken.txt"
 echo "| tokenizer | text | documents | tokens | prepare_data.py (read, encode, write) | C++ encoder alone |"
 echo "|---|---|---|---|---|---|"
 for kind in gpt2 llama3; do
   "$PYTHON" "$ROOT/tools/prepare_data.py" "$OUT/corpus" --suffixes .txt --tokenizer "$OUT/$kind/tokenizer.json" \
-    --threads "$THREADS" --val-every 100 --log-seconds 1000 --out-dir "$OUT/$kind-out" 2>"$OUT/$kind.log"
+    --threads "$THREADS" --val-every 10 --log-seconds 1000 --out-dir "$OUT/$kind-out" 2>"$OUT/$kind.log" ||
+    { echo "tokenizer bench: prepare_data.py failed: $(tail -1 "$OUT/$kind.log")"; exit 1; }
   "$PYTHON" - "$OUT/$kind.log" "$kind" <<'PY'
 import re, sys
 log = open(sys.argv[1]).read()

@@ -66,6 +66,23 @@ else
   fail "fine-tuning run"; tail -5 train.out | sed 's/^/    /'
 fi
 
+# val_bpb, computed here from the token file: the evaluated windows (eval.batches 1 x batch 4,
+# T = 32) have targets tokens[1 .. 128]; their bytes, each id decoded alone by the Python decoder.
+if "$PYTHON" - <<'EOF'
+import json, math
+import hf_tokenizer, tessera_data as td
+tokens, meta = td.read_token_file("data/val.h5")
+ev = [json.loads(l) for l in open("ft/metrics.jsonl") if '"eval"' in l][-1]
+nbytes = sum(len(hf_tokenizer.decode(meta["tokenizer_model"], [int(t)])) for t in tokens[1:129])
+want = ev["val_loss"] * 128 / (math.log(2) * nbytes)
+assert abs(ev["val_bpb"] - want) <= 1e-6 * want, (ev, want, nbytes)
+EOF
+then
+  pass "val_bpb in metrics.jsonl is the loss per byte of the evaluated text (decoded here)"
+else
+  fail "val_bpb differs from the loss per byte of the evaluated text"
+fi
+
 # 4. sample: the prompt encoded and the output decoded with GPT-2's tokenizer.
 "$TESSERA" sample ft/checkpoints --prompt "def main(" --tokens 24 --temperature 0.8 >sample.out 2>&1
 if [ "$(head -c 9 sample.out)" = "def main(" ] && [ "$(wc -c <sample.out)" -gt 20 ] &&

@@ -171,6 +171,21 @@ TEST(Tokenizer, SentencePieceRoundTripIsExact) {
   EXPECT_EQ(tok.decode(ids), "return");
 }
 
+// val_bpb's denominator: the byte lengths of a sentencepiece text's ids add up to the text's bytes
+// (pieces with U+2581 for spaces, byte-fallback pieces, characters of 2-4 bytes).
+TEST(Tokenizer, SentencePieceByteLengthsSumToTheText) {
+  const Tokenizer tok(bpe_info(), "test");
+  const std::vector<uint32_t> lengths = tok.token_byte_lengths();
+  ASSERT_EQ(lengths.size(), size_t(kVocab));
+  EXPECT_EQ(lengths[1], 0u);  // eot
+  std::string text;
+  for (const std::string& line : corpus_lines()) text += line + "\n";
+  text += " price: 5 \xe2\x82\xac \xf0\x9f\x98\x80 \xe6\xbc\xa2  \t x\n";
+  uint64_t sum = 0;
+  for (int32_t id : tok.encode(text)) sum += lengths[size_t(id)];
+  EXPECT_EQ(sum, text.size());
+}
+
 TEST(Tokenizer, PartialCharacterDecodesToReplacement) {
   const Tokenizer tok(bpe_info(), "test");
   const std::vector<int32_t> ids = tok.encode("\xf0\x9f\x98\x80");  // one emoji, 4 byte pieces
