@@ -208,53 +208,74 @@ ByteLevelBpe::ByteLevelBpe(const std::string& json, const std::string& where) : 
   check_kind(root, where);
   std::vector<std::string> sources;
   read_pre_tokenizer(root.get("pre_tokenizer"), where, &sources, &add_prefix_space_);
-  for (const std::string& source : sources) {
-    auto re = std::make_unique<Regex>();
-    re->source = source;
-    const std::string pattern = white_space_as_property(source);
-    int error = 0;
-    PCRE2_SIZE offset = 0;
-    re->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                             PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset,
-                             nullptr);
-    if (!re->code) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(error, message, sizeof message);
-      throw UserError(where + ": the pre-tokenizer pattern " + source + " does not compile: " +
-                      reinterpret_cast<const char*>(message));
-    }
-    pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE);  // where JIT is missing, the interpreter
-    patterns_.push_back(std::move(re));
-  }
-
+  for (const std::string& source : sources) compile_pattern(source);
   const JsonValue& model = *root.get("model");
   const JsonValue* ignore = model.get("ignore_merges");
   ignore_merges_ = ignore && ignore->boolean;
+  std::unordered_map<std::string, int32_t> spelled;  // the vocabulary as the file spells it
+  read_vocabulary(model, root.get("added_tokens"), &spelled);
+  read_merges(model, spelled);
+  if (const JsonValue* t = root.get("tessera"); t && t->is_object()) {
+    auto id = [&](const char* key) -> int64_t {
+      const JsonValue* v = t->get(key);
+      if (v && v->is_array() && !v->array.empty()) v = &v->array[0];  // eos as a list
+      if (!v || v->is_null()) return -1;
+      const int64_t i = int_of(*v, where, std::string("tessera.") + key);
+      if (i >= vocab_size())
+        throw UserError(where + ": tessera." + key + " " + std::to_string(i) + " is not an id of the " +
+                        std::to_string(vocab_size()) + "-token vocabulary");
+      return i;
+    };
+    bos_ = id("bos_token_id");
+    eos_ = id("eos_token_id");
+    pad_ = id("pad_token_id");
+  }
+}
+
+void ByteLevelBpe::compile_pattern(const std::string& source) {
+  auto re = std::make_unique<Regex>();
+  re->source = source;
+  const std::string pattern = white_space_as_property(source);
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  re->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                           PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset, nullptr);
+  if (!re->code) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof message);
+    throw UserError(where_ + ": the pre-tokenizer pattern " + source + " does not compile: " +
+                    reinterpret_cast<const char*>(message));
+  }
+  pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE);  // where JIT is missing, the interpreter
+  patterns_.push_back(std::move(re));
+}
+
+// model.vocab and added_tokens: every id's bytes, the special ones, and the token of each byte.
+void ByteLevelBpe::read_vocabulary(const JsonValue& model, const JsonValue* added,
+                                   std::unordered_map<std::string, int32_t>* spelled) {
   const JsonValue* vocab = model.get("vocab");
   if (!vocab || !vocab->is_object() || vocab->object.empty())
-    throw UserError(where + ": model.vocab must be a non-empty object of token -> id");
-  std::unordered_map<std::string, int32_t> spelled;  // the vocabulary as the file spells it
+    throw UserError(where_ + ": model.vocab must be a non-empty object of token -> id");
   int64_t size = 0;
   for (const auto& [token, id] : vocab->object) {
-    const int64_t i = int_of(id, where, "model.vocab[\"" + token + "\"]");
-    spelled.emplace(token, int32_t(i));
+    const int64_t i = int_of(id, where_, "model.vocab[\"" + token + "\"]");
+    spelled->emplace(token, int32_t(i));
     size = std::max(size, i + 1);
   }
-  const JsonValue* added = root.get("added_tokens");
   if (added && !added->is_null() && !added->is_array())
-    throw UserError(where + ": added_tokens must be an array");
+    throw UserError(where_ + ": added_tokens must be an array");
   if (added)
     for (const JsonValue& a : added->array) {
       const JsonValue* content = a.get("content");
       const JsonValue* id = a.get("id");
       if (!content || !content->is_string() || !id)
-        throw UserError(where + ": each of added_tokens needs an id and a content string");
-      size = std::max(size, int_of(*id, where, "added token '" + content->string + "'") + 1);
+        throw UserError(where_ + ": each of added_tokens needs an id and a content string");
+      size = std::max(size, int_of(*id, where_, "added token '" + content->string + "'") + 1);
     }
   token_bytes_.assign(size_t(size), std::string());
   special_.assign(size_t(size), 0);
   std::string bytes;
-  for (const auto& [token, id] : spelled) {
+  for (const auto& [token, id] : *spelled) {
     if (!unmap(token, &bytes)) bytes = token;
     token_bytes_[size_t(id)] = bytes;
     vocab_.emplace(bytes, id);
@@ -267,31 +288,35 @@ ByteLevelBpe::ByteLevelBpe(const std::string& json, const std::string& where) : 
       if (special && special->boolean) {
         special_[size_t(id)] = 1;
         token_bytes_[size_t(id)].clear();
-      } else if (!spelled.count(a.get("content")->string)) {
+      } else if (!spelled->count(a.get("content")->string)) {
         token_bytes_[size_t(id)] = a.get("content")->string;
       }
     }
-  const ByteMap& map = byte_map();
   for (int b = 0; b < 256; ++b) {
     auto it = vocab_.find(std::string(1, char(b)));
     if (it == vocab_.end()) {
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02X", b);
-      throw UserError(where + ": byte " + hex + " (spelled U+" + std::to_string(map.to_char[b]) +
+      throw UserError(where_ + ": byte " + hex + " (spelled U+" +
+                      std::to_string(byte_map().to_char[b]) +
                       ") has no token in model.vocab: not a byte-level BPE vocabulary");
     }
     byte_token_[b] = it->second;
   }
+}
 
+// model.merges, "a b" strings or ["a", "b"] pairs, ranked by their order.
+void ByteLevelBpe::read_merges(const JsonValue& model,
+                               const std::unordered_map<std::string, int32_t>& spelled) {
   const JsonValue* merges = model.get("merges");
-  if (!merges || !merges->is_array()) throw UserError(where + ": model.merges must be an array");
+  if (!merges || !merges->is_array()) throw UserError(where_ + ": model.merges must be an array");
   uint32_t rank = 0;
   for (const JsonValue& m : merges->array) {
     std::string left, right;
     if (m.is_string()) {
       const size_t space = m.string.find(' ');
       if (space == std::string::npos || m.string.find(' ', space + 1) != std::string::npos)
-        throw UserError(where + ": merge " + std::to_string(rank) + " '" + m.string +
+        throw UserError(where_ + ": merge " + std::to_string(rank) + " '" + m.string +
                         "' is not two tokens separated by one space");
       left = m.string.substr(0, space);
       right = m.string.substr(space + 1);
@@ -299,33 +324,17 @@ ByteLevelBpe::ByteLevelBpe(const std::string& json, const std::string& where) : 
       left = m.array[0].string;
       right = m.array[1].string;
     } else {
-      throw UserError(where + ": merge " + std::to_string(rank) +
+      throw UserError(where_ + ": merge " + std::to_string(rank) +
                       " must be a string \"a b\" or a pair [\"a\", \"b\"], got " + m.kind_name());
     }
     auto l = spelled.find(left), r = spelled.find(right), lr = spelled.find(left + right);
     if (l == spelled.end() || r == spelled.end() || lr == spelled.end())
-      throw UserError(where + ": merge " + std::to_string(rank) + " '" + left + " " + right +
+      throw UserError(where_ + ": merge " + std::to_string(rank) + " '" + left + " " + right +
                       "': '" + (l == spelled.end() ? left : r == spelled.end() ? right : left + right) +
                       "' is not in model.vocab");
     const uint64_t pair = (uint64_t(uint32_t(l->second)) << 32) | uint32_t(r->second);
     merges_.emplace(pair, (uint64_t(rank) << 32) | uint32_t(lr->second));
     ++rank;
-  }
-
-  if (const JsonValue* t = root.get("tessera"); t && t->is_object()) {
-    auto id = [&](const char* key) -> int64_t {
-      const JsonValue* v = t->get(key);
-      if (v && v->is_array() && !v->array.empty()) v = &v->array[0];  // eos as a list
-      if (!v || v->is_null()) return -1;
-      const int64_t i = int_of(*v, where, std::string("tessera.") + key);
-      if (i >= size)
-        throw UserError(where + ": tessera." + key + " " + std::to_string(i) +
-                        " is not an id of the " + std::to_string(size) + "-token vocabulary");
-      return i;
-    };
-    bos_ = id("bos_token_id");
-    eos_ = id("eos_token_id");
-    pad_ = id("pad_token_id");
   }
 }
 

@@ -25,6 +25,8 @@
 
 namespace tessera {
 
+struct JsonValue;
+
 class ByteLevelBpe {
  public:
   // Reads tokenizer.json text. UserError naming `where` for malformed JSON, a kind tessera does
@@ -63,6 +65,10 @@ class ByteLevelBpe {
 
  private:
   struct Regex;
+  void compile_pattern(const std::string& source);
+  void read_vocabulary(const JsonValue& model, const JsonValue* added,
+                       std::unordered_map<std::string, int32_t>* spelled);
+  void read_merges(const JsonValue& model, const std::unordered_map<std::string, int32_t>& spelled);
   void encode_piece(std::string_view piece, Scratch& scratch, std::vector<int32_t>* out) const;
   void split(size_t level, std::string_view text, Scratch& scratch, std::vector<int32_t>* out) const;
 
