@@ -6,6 +6,7 @@
 # HDF5_HOME  parallel HDF5 prefix; default: pkg-config hdf5-mpich
 # YAML_HOME  yaml-cpp prefix; default: pkg-config yaml-cpp
 # SENTENCEPIECE_HOME  sentencepiece prefix (the BPE tokenizer); default: pkg-config sentencepiece
+# PCRE2_HOME PCRE2 prefix (the pre-tokenizer patterns of byte-level BPE); default: pkg-config libpcre2-8
 # BLAS_LIBS  link line of a CBLAS library; default: pkg-config openblas
 # BLAS_CFLAGS include flags for cblas.h
 # CXX, CXXFLAGS, LDFLAGS as usual; ARCH=native adds -march=native (off by default: a binary
@@ -16,7 +17,7 @@
 CXX      ?= g++
 PYTHON   ?= /usr/bin/python3
 MPIEXEC  ?= mpiexec
-NP       ?= 4
+NP       ?= 2
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 # `make run` puts NP ranks on this machine: one thread each, and MPICH yields the core while it
 # polls (set RUN_YIELD=0 when every rank has a core of its own).
@@ -60,6 +61,13 @@ else
 SPM_CFLAGS := $(shell pkg-config --cflags sentencepiece 2>/dev/null)
 SPM_LIBS   := $(shell pkg-config --libs sentencepiece 2>/dev/null || echo -lsentencepiece -lsentencepiece_train)
 endif
+ifdef PCRE2_HOME
+PCRE2_CFLAGS := -I$(PCRE2_HOME)/include
+PCRE2_LIBS   := -L$(PCRE2_HOME)/lib -Wl,-rpath,$(PCRE2_HOME)/lib -lpcre2-8
+else
+PCRE2_CFLAGS := $(shell pkg-config --cflags libpcre2-8 2>/dev/null)
+PCRE2_LIBS   := $(shell pkg-config --libs libpcre2-8 2>/dev/null || echo -lpcre2-8)
+endif
 # The OpenMP build of OpenBLAS: called from inside our OpenMP loops it runs single-threaded
 # instead of oversubscribing the cores as the pthread build does.
 OPENBLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
@@ -69,8 +77,10 @@ BLAS_LIBS    ?= -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas
 ARCH_FLAGS := $(if $(filter native,$(ARCH)),-march=native,)
 WARN       := -Wall -Wextra -Werror
 BASE_FLAGS := -std=c++20 $(OPT) -g $(ARCH_FLAGS) -fopenmp $(WARN) -MMD -MP -Isrc
-ALL_CFLAGS := $(BASE_FLAGS) $(MPI_CFLAGS) $(HDF5_CFLAGS) $(YAML_CFLAGS) $(SPM_CFLAGS) $(BLAS_CFLAGS) $(CXXFLAGS)
-ALL_LIBS   := $(HDF5_LIBS) $(YAML_LIBS) $(SPM_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -fopenmp -lm $(LDFLAGS)
+ALL_CFLAGS := $(BASE_FLAGS) $(MPI_CFLAGS) $(HDF5_CFLAGS) $(YAML_CFLAGS) $(SPM_CFLAGS) $(PCRE2_CFLAGS) \
+              $(BLAS_CFLAGS) $(CXXFLAGS)
+ALL_LIBS   := $(HDF5_LIBS) $(YAML_LIBS) $(SPM_LIBS) $(PCRE2_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -fopenmp -lm \
+              $(LDFLAGS)
 
 BUILD ?= build
 
@@ -161,7 +171,7 @@ OBJ      := $(SRC:%.cpp=$(BUILD)/%.o) $(CUDA_OBJ)
 UNIT_SRC := $(sort $(wildcard tests/unit/*.cpp))
 UNIT_OBJ := $(UNIT_SRC:%.cpp=$(BUILD)/%.o)
 
-.PHONY: all deps run test unit integration bench asan clean data cuda-report test-gpu bench-gpu gpu-bundle fuzz fuzz-bins \
+.PHONY: all deps deps-run deps-test run test unit integration bench asan clean data cuda-report test-gpu bench-gpu gpu-bundle fuzz fuzz-bins \
         test-cuda-host
 all: bin/tessera$(EXE)
 
@@ -252,33 +262,55 @@ test-cuda-host: deps
 -include $(CUDA_OBJ:.o=.d) $(GPU_TEST_OBJ:.o=.d)
 # ------------------------------------------------------------------------------------------------
 
-# Debian packages tessera builds and tests with. Idempotent: installs only what is missing.
-DEB_PKGS := g++ make pkg-config mpich libmpich-dev libhdf5-mpich-dev hdf5-tools libyaml-cpp-dev \
-            libsentencepiece-dev python3-sentencepiece \
-            libopenblas-dev libopenblas-openmp-dev libgtest-dev python3 python3-torch python3-h5py python3-numpy python3-yaml \
-            python3-matplotlib \
-            munge slurmctld slurmd slurm-client shellcheck
-deps:
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+# Debian packages, installed only where missing (apt-get; as root, or with sudo). `make run` needs
+# DEB_RUN_PKGS: the build (compiler, MPI, parallel HDF5, yaml-cpp, sentencepiece, PCRE2, OpenBLAS)
+# and the Python of data preparation and the plot. `make test` (and bench, asan, fuzz) adds
+# DEB_TEST_PKGS: GoogleTest, PyTorch (the parity references), h5dump, PyYAML, Slurm (the job
+# script tests), shellcheck, npm; and the npm packages of NPM_TEST_PKGS (independent reference
+# implementations, under build/npm).
+DEB_RUN_PKGS  := g++ make pkg-config mpich libmpich-dev libhdf5-mpich-dev libyaml-cpp-dev \
+                 libsentencepiece-dev python3-sentencepiece libpcre2-dev \
+                 libopenblas-dev libopenblas-openmp-dev python3 python3-h5py python3-numpy \
+                 python3-yaml python3-matplotlib
+DEB_TEST_PKGS := libgtest-dev hdf5-tools python3-torch munge slurmctld slurmd slurm-client shellcheck
+NPM_TEST_PKGS := js-tiktoken@1.0.21
+DEB_PKGS      := $(DEB_RUN_PKGS) $(DEB_TEST_PKGS)
+define install_debs
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "deps: installing $$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
-	else echo "deps: all Debian packages present"; fi
+	else echo "deps: the $(2) packages are present"; fi
+endef
+deps-run:
+	$(call install_debs,$(DEB_RUN_PKGS),run)
+# npm comes with Debian's nodejs package where no other Node.js is installed.
+deps-test: deps-run
+	$(call install_debs,$(DEB_TEST_PKGS) $(if $(shell command -v npm 2>/dev/null),,npm),test)
+	@if [ ! -f build/npm/node_modules/js-tiktoken/package.json ]; then \
+	  mkdir -p build/npm && npm install --prefix build/npm --no-audit --no-fund --silent $(NPM_TEST_PKGS) && \
+	  echo "deps: npm installed $(NPM_TEST_PKGS) in build/npm"; fi
+deps: deps-test
 
 # The embedded default corpus: the Python standard library's own .py files, present on every
-# machine that has the project's dependencies. Nothing is downloaded.
+# machine that has the project's dependencies. Nothing is downloaded. data/default: byte-level
+# tokens (the small example decks); data/python-bpe: a 4096-piece sentencepiece BPE trained on it
+# (input/default.yaml, `make run`).
 DATA_DIR := data/default
+BPE_DIR  := data/python-bpe
 $(DATA_DIR)/train.h5: tools/prepare_data.py
 	$(PYTHON) tools/prepare_data.py --stdlib --out-dir $(DATA_DIR)
-data: deps $(DATA_DIR)/train.h5
+$(BPE_DIR)/train.h5: tools/prepare_data.py
+	$(PYTHON) tools/prepare_data.py --stdlib --out-dir $(BPE_DIR) --tokenizer bpe --vocab-size 4096
+data: deps-run $(DATA_DIR)/train.h5 $(BPE_DIR)/train.h5
 
-run: deps
+run: deps-run
 	$(MAKE) -j$(JOBS) bin/tessera
-	$(MAKE) $(DATA_DIR)/train.h5
+	$(MAKE) $(BPE_DIR)/train.h5
 	OMP_NUM_THREADS=$(RUN_THREADS) MPIR_CVAR_POLLS_BEFORE_YIELD=$(RUN_YIELD) \
 	  $(MPIEXEC) -n $(NP) bin/tessera train input/default.yaml
-	bin/tessera sample runs/default/checkpoints --prompt "def " --tokens 400 --temperature 0.8
+	bin/tessera sample runs/default/checkpoints --prompt "def " --tokens 200 --temperature 0.8
 	$(PYTHON) tools/plot_run.py runs/default --out runs/default/metrics.png
 	@echo "run: the run's curves are in runs/default/metrics.png"
 

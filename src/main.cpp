@@ -34,9 +34,10 @@ const char* kUsage = R"(tessera: trains GPT-style language models with MPI (data
 usage:
   tessera train DECK.yaml [section.key=value ...]   train as the input deck says
   tessera eval CKPT --data FILE [--batches N]       mean loss of a checkpoint on a token file
-  tessera sample CKPT [--prompt TEXT] [--tokens N] [--temperature T] [--seed S]
+  tessera sample CKPT [--prompt TEXT] [--tokens N] [--temperature T] [--seed S] [--tokenizer F]
                                                     generate text from a checkpoint
   tessera data info|dump|bench FILE ...             inspect token files (tessera data --help)
+  tessera data encode|decode TOKENIZER ...          text <-> ids (tessera data --help)
   tessera ckpt diff REF OTHER                       compare two checkpoints tensor by tensor
   tessera ckpt info|verify CKPT                     what a checkpoint holds; verify every checksum
   tessera plan DECK.yaml --ranks N [--machine M] [--search]
@@ -73,9 +74,12 @@ evaluates with the same deck, on any layout.
 )";
 
 const char* kSampleUsage = R"(usage: tessera sample CKPT [--prompt TEXT] [--tokens N] [--temperature T] [--seed S]
+                      [--tokenizer FILE]
 
 Writes the prompt and up to N (default 200) generated tokens as text to stdout. Temperature 0 is
-greedy; the default is 1. The same seed gives the same text.
+greedy; the default is 1. The same seed gives the same text. The prompt is encoded, and the ids
+decoded, with the checkpoint's tokenizer, or with that of the token file FILE (for a checkpoint
+imported without one); a FILE whose tokenizer differs from the checkpoint's is refused.
 )";
 
 using tessera::UserError;
@@ -160,7 +164,7 @@ int run(const std::vector<std::string>& argv) {
       std::fputs(kSampleUsage, args.empty() ? stderr : stdout);
       return args.empty() ? tessera::kExitBadInput : 0;
     }
-    Flags flags{command, args, {"--prompt", "--tokens", "--temperature", "--seed"}};
+    Flags flags{command, args, {"--prompt", "--tokens", "--temperature", "--seed", "--tokenizer"}};
     std::string name, value;
     tessera::SampleOptions options;
     while (flags.next(name, value)) {
@@ -168,6 +172,7 @@ int run(const std::vector<std::string>& argv) {
       else if (name == "--tokens")
         options.tokens = int(parse_int(name, value, 0, tessera::limits::kSampleTokens));
       else if (name == "--temperature") options.temperature = parse_double(name, value, 0.0, 1e6);
+      else if (name == "--tokenizer") options.tokenizer = value;
       else options.seed = uint64_t(parse_int(name, value, 0, INT64_MAX));
     }
     tessera::sample_text(args[0], options);

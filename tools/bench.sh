@@ -2,8 +2,9 @@
 # `make bench`: sgemm peak, tessera's training throughput on a GPT-2 124M shape, and the PyTorch
 # reference's on the same shape, threads and batch, measured side by side in one run; then the
 # parallel layouts (tools/bench_parallel.py), the ZeRO stages (tools/bench_zero.sh), the
-# checkpoint stall synchronous and asynchronous
-# (tools/bench_checkpoint.sh), then the data loader (tools/bench_data.sh). Writes the tables to build/bench/results.md and
+# checkpoint stall synchronous and asynchronous (tools/bench_checkpoint.sh), tokenizer encoding
+# (tools/bench_tokenizer.sh), then the data loader (tools/bench_data.sh). Writes the tables to
+# build/bench/results.md and
 # prints them.
 #   THREADS (2)  STEPS (6 timed steps after one warm-up)  PYTHON (/usr/bin/python3)
 set -euo pipefail
@@ -69,6 +70,8 @@ echo "bench: ZeRO stages 0-3 side by side (tools/bench_zero.sh)" >&2
 { echo; OUT=$OUT PYTHON=$PYTHON TOKENS=$OUT/tokens.h5 bash "$ROOT/tools/bench_zero.sh"; } >>"$OUT/results.md"
 echo "bench: checkpoint stall, synchronous and checkpoint.async (tools/bench_checkpoint.sh)" >&2
 { echo; DECK=$OUT/deck.yaml OUT=$OUT PYTHON=$PYTHON bash "$ROOT/tools/bench_checkpoint.sh"; } >>"$OUT/results.md"
+echo "bench: tokenizer encoding, 100 MB (tools/bench_tokenizer.sh)" >&2
+{ echo; echo "## Tokenizer encoding"; echo; OUT=$OUT PYTHON=$PYTHON bash "$ROOT/tools/bench_tokenizer.sh"; } >>"$OUT/results.md"
 echo "bench: data loader (1 GiB per format; tools/bench_data.sh)" >&2
 { echo; echo "## Data loader"; echo; PYTHON=$PYTHON bash "$ROOT/tools/bench_data.sh"; } >>"$OUT/results.md"
 cat "$OUT/results.md"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two tessera binaries train the same model to the bit: the check that a refactoring left the CPU
 # path's behaviour alone. Runs the layouts of tests/integration/test_layouts.sh (and, with --run,
-# `make run`'s deck input/default.yaml on its 4 ranks, 500 steps: minutes) with each binary and
+# `make run`'s deck input/default.yaml on its 2 ranks, 500 steps: minutes) with each binary and
 # compares every metrics.jsonl loss, gradient norm and validation loss, and every tensor of the
 # final checkpoints, for exact equality.
 #
@@ -71,7 +71,7 @@ done
 if [ "$FULL" = --run ]; then
   for which in old new; do
     bin=$OLD; [ "$which" = new ] && bin=$NEW
-    (cd "$ROOT" && $MPIEXEC -n 4 "$bin" train input/default.yaml run.dir="$WORK/$which/default" \
+    (cd "$ROOT" && $MPIEXEC -n 2 "$bin" train input/default.yaml run.dir="$WORK/$which/default" \
        >"$WORK/$which-default.log" 2>&1) || echo "FAIL default: $which binary exited non-zero"
   done
   same default || fails=$((fails + 1))

@@ -20,7 +20,12 @@ llama. DIR receives
   config.json         GPT2Config or LlamaConfig for the model's shape (vocab_size is the real
                       vocabulary: the padding rows of the embedding and head are dropped);
   pytorch_model.bin   with --torch-bin: the same state dict through torch.save, a tied
-                      lm_head.weight included (sharing the embedding's storage).
+                      lm_head.weight included (sharing the embedding's storage);
+  tokenizer.json, tokenizer_config.json   when the checkpoint carries an hf-bpe tokenizer (from
+                      import_weights.py or prepare_data.py --tokenizer): the tokenizer.json it came
+                      as, and its special tokens by name (PreTrainedTokenizerFast).
+config.json's bos_token_id, eos_token_id and pad_token_id are the ones the checkpoint's tokenizer
+records (the original model's, through an import), not the end-of-text id for all of them.
 `GPT2LMHeadModel.from_pretrained(DIR)` / `LlamaForCausalLM.from_pretrained(DIR)` loads it.
 Every tensor's checksum is verified first.
 
@@ -36,6 +41,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_tokenizer  # noqa: E402
 import safetensors_io  # noqa: E402
 from hf_layouts import LAYOUTS, get_layout  # noqa: E402
 from tessera_ckpt import read_checkpoint  # noqa: E402
@@ -61,6 +67,24 @@ def resolve_checkpoint(path):
     if not steps:
         raise ToolError(f"{path}: no checkpoint (step_*.h5) in this directory", EXIT_IO)
     return os.path.join(path, steps[-1])
+
+
+def special_tokens(ck, shape):
+    """config.json's bos/eos/pad_token_id: those the checkpoint's tokenizer records (an hf-bpe
+    tokenizer.json's tessera member; else the bos and pad attributes import_weights.py keeps, and
+    eot as eos), so that import -> export gives back the original ids."""
+    if ck["tokenizer"] == hf_tokenizer.HF_BPE and ck["tokenizer_model"]:
+        sp = hf_tokenizer.blob_specials(ck["tokenizer_model"])
+        return {k: sp[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if sp.get(k) is not None}
+    out = {}
+    if 0 <= ck["eot"] < shape["vocab_size"]:
+        out["eos_token_id"] = ck["eot"]
+        out["bos_token_id"] = ck["eot"]
+    if 0 <= ck["bos"] < shape["vocab_size"]:
+        out["bos_token_id"] = ck["bos"]
+    if 0 <= ck["pad"] < shape["vocab_size"]:
+        out["pad_token_id"] = ck["pad"]
+    return out
 
 
 def hf_state_dict(layout, shape, tensors):
@@ -94,6 +118,7 @@ def main():
     except ToolError as e:
         raise ToolError(f"{path}: {e}") from None
     config = layout.config_json(shape, ck["eot"])
+    config.update(special_tokens(ck, shape))
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ToolError(f"{args.out}: exists and is not a directory", EXIT_IO)
     os.makedirs(args.out, exist_ok=True)
@@ -107,6 +132,8 @@ def main():
         f.write("\n")
     os.replace(cfg_path + ".tmp", cfg_path)
     written.append(cfg_path)
+    if ck["tokenizer"] == hf_tokenizer.HF_BPE and ck["tokenizer_model"]:
+        written += hf_tokenizer.export(ck["tokenizer_model"], args.out)[0]
     if args.torch_bin:
         import torch
         sd = {k: torch.from_numpy(v) for k, v in state.items()}

@@ -5,6 +5,7 @@ Usage:
   import_weights.py SRC --out FILE.h5 [--layout auto|hf-gpt2|hf-llama|meta-llama]
                     [--config config.json|params.json]
                     [--deck DECK.yaml] [--n-head N] [--vocab-multiple 64]
+                    [--tokenizer auto|none|tokenizer.json|vocab.json|DIR]
 
 SRC is a .safetensors file (read by tools/safetensors_io.py, tessera's own reader of the format),
 a PyTorch state dict (pytorch_model.bin, .pt, .pth: torch.load), or a Hugging Face model
@@ -44,6 +45,15 @@ with `tessera eval FILE.h5 --data TOKENS`. The deck stored in it is --deck's tex
 of the model section. stdout gets the deck's `model` section for these weights; stderr one line
 of what was read and written.
 
+The model's tokenizer goes into the checkpoint (/tokenizer), so that `tessera sample` encodes and
+decodes with it and tools/export_weights.py gives it back: with --tokenizer auto (the default)
+the tokenizer.json, or GPT-2's vocab.json + merges.txt, found beside SRC; or the file or directory
+--tokenizer names (tools/hf_tokenizer.py: Hugging Face byte-level BPE, as GPT-2 and LLaMA 3 have;
+its special tokens from config.json and tokenizer_config.json). Without one (none, or nothing
+found) the checkpoint records config.json's eos_token_id as eot, and its bos_token_id and
+pad_token_id as the attributes bos and pad, which the export gives back. Data for fine-tuning is
+made with the same tokenizer: tools/prepare_data.py --tokenizer (see the README's "Fine-tuning").
+
 --deck checks the weights against a deck's model section (every shape key, resolved as tessera
 resolves it, and the vocabulary: model.vocab_size, or the vocab_size of an HDF5 data.train)
 before anything is written, and gives n_head and vocab_multiple when the weights do not (and,
@@ -67,6 +77,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_io  # noqa: E402
 from hf_layouts import LAYOUTS, detect_layout, get_layout  # noqa: E402
 from tessera_ckpt import ARCHES, model_tensors, write_model_checkpoint  # noqa: E402
+import hf_tokenizer  # noqa: E402
 from tessera_data import EXIT_IO, ToolError, run_tool  # noqa: E402
 
 # tessera's ModelConfig defaults (src/config/config.hpp): a deck that leaves a key out gets these.
@@ -333,6 +344,39 @@ def convert(tensors, layout, shape, src):
     return out
 
 
+def special_id(config, key, vocab):
+    """config.json's KEY (an int, or the first of a list) when it is an id of the vocabulary."""
+    v = (config or {}).get(key)
+    v = v[0] if isinstance(v, list) and v else v
+    return v if isinstance(v, int) and 0 <= v < vocab else -1
+
+
+def model_tokenizer(choice, folder, config, shape, src):
+    """The checkpoint's /tokenizer (type, vocab_size, eot, model blob, bos, pad): the model's own
+    byte-level BPE when one is found (--tokenizer, or beside SRC), else what config.json says of
+    the special tokens (GPT-2's vocabulary is named "gpt2")."""
+    vocab = shape["vocab_size"]
+    path = None
+    if choice not in ("auto", "none"):
+        path = choice
+    elif choice == "auto" and any(os.path.isfile(os.path.join(folder, n)) for n in ("tokenizer.json", "vocab.json")):
+        path = folder
+    if path is not None:
+        tok = hf_tokenizer.load(path)
+        if tok.vocab_size > vocab:
+            raise ToolError(f"{path}: the tokenizer has {tok.vocab_size} ids, more than the model's "
+                            f"vocabulary of {vocab} ({src})")
+        print(f"import_weights: tokenizer {path} ({tok.source}, {tok.kind}): {tok.vocab_size} ids, "
+              f"eos {tok.eot}, bos {tok.bos}, pad {tok.pad}", file=sys.stderr)
+        return (hf_tokenizer.HF_BPE, tok.vocab_size, tok.eot, tok.blob,
+                -1 if tok.bos is None else tok.bos, -1 if tok.pad is None else tok.pad)
+    eot = special_id(config, "eos_token_id", vocab)
+    bos, pad = special_id(config, "bos_token_id", vocab), special_id(config, "pad_token_id", vocab)
+    if vocab == 50257 and eot in (-1, 50256):
+        return ("gpt2", 50257, 50256, None, bos, pad)
+    return ("none", vocab, eot, None, bos, pad)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src")
@@ -342,6 +386,10 @@ def main():
                     "one beside SRC, if any)")
     ap.add_argument("--deck", help="a tessera deck the weights must fit")
     ap.add_argument("--n-head", type=int, default=0, help="heads, when no config.json or deck says")
+    ap.add_argument("--tokenizer", default="auto",
+                    help="the model's tokenizer, stored in the checkpoint for sample and export: a "
+                         "tokenizer.json, GPT-2's vocab.json (+ merges.txt), a directory holding one, "
+                         "'auto' (default: the one beside SRC, if any) or 'none'")
     ap.add_argument("--vocab-multiple", type=int, default=0,
                     help="pad wte rows to a multiple of this (default: the deck's, else 64)")
     args = ap.parse_args()
@@ -391,10 +439,7 @@ def main():
                          "data:\n  train: none\n"
                          f"  seq_len: {min(128, shape['block_size'])}\n"
                          "checkpoint:\n  restart: none\n")
-        eot = (config or {}).get("eos_token_id", -1)
-        eot = eot if isinstance(eot, int) and 0 <= eot < shape["vocab_size"] else -1
-        tokenizer = ("gpt2", 50257, 50256) if shape["vocab_size"] == 50257 and eot in (-1, 50256) \
-            else ("none", shape["vocab_size"], eot)
+        tokenizer = model_tokenizer(args.tokenizer, folder, config, shape, args.src)
         out_dir = os.path.dirname(os.path.abspath(args.out))
         if not os.path.isdir(out_dir):
             raise ToolError(f"{args.out}: no such directory {out_dir}", EXIT_IO)

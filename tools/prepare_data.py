@@ -4,8 +4,8 @@
 Usage:
   prepare_data.py [--stdlib] [FILES_OR_DIRS_OR_GLOBS ...] --out-dir DIR [--val-every 20]
                   [--suffixes .py,.txt,.md,.rst] [--log-seconds 2]
-                  [--tokenizer byte|bpe] [--vocab-size 4096] [--bpe-sample-mb 100]
-                  [--character-coverage 0.9995] [--threads N]
+                  [--tokenizer byte|bpe|TOKENIZER] [--vocab-size 4096] [--bpe-sample-mb 100]
+                  [--character-coverage 0.9995] [--threads N] [--tessera BIN]
 
 Each input file is one document. Directories are searched recursively for files whose suffix is
 in --suffixes; files named explicitly (or matched by a glob) are taken whatever their suffix.
@@ -23,12 +23,23 @@ Tokenizers:
         cut after a newline, which no piece contains, so the ids are the same), followed by <eot>.
         Text is read as UTF-8; bytes that are not UTF-8 become U+FFFD (the summary counts such
         documents). Encoding runs on --threads threads (default: every core).
+  TOKENIZER  a Hugging Face byte-level BPE (GPT-2, LLaMA 3): a tokenizer.json, GPT-2's vocab.json
+        (with merges.txt beside it), or a model directory holding either. config.json and
+        tokenizer_config.json beside it name the special tokens (bos, eos, pad), else the tokens
+        named <|endoftext|> / <|end_of_text|> and <|begin_of_text|>. Every document is encoded as
+        bytes (text that is not UTF-8 included: an invalid byte is a token of its own), by
+        tessera's own encoder (`tessera data encode --stream`, the one `tessera sample` encodes
+        prompts with; --tessera BIN, default bin/tessera of this checkout) on --threads threads,
+        preceded by bos when the tokenizer's bos differs from its eos (LLaMA 3) and followed by
+        eos. The tokenizer.json (with the special ids) is stored as /tokenizer_model, tokenizer
+        "hf-bpe" (see tools/hf_tokenizer.py).
 
 Documents are taken in sorted path order. Document i goes to DIR/val.h5 when
 i % val_every == val_every - 1, otherwise to DIR/train.h5. Both files hold one contiguous
 /tokens dataset (uint16; uint32 above 65536 pieces) and the attributes format, format_version,
 tokenizer, vocab_size, eot, num_documents; with --tokenizer bpe also the serialized sentencepiece
-model in the uint8 dataset /tokenizer_model (see tools/tessera_data.py). Each is written as
+model in the uint8 dataset /tokenizer_model (see tools/tessera_data.py), with a tokenizer.json
+its text. Each is written as
 FILE.tmp and renamed when complete.
 
 Progress goes to stderr every --log-seconds (0: after every document): documents, MB read, tokens
@@ -53,6 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tessera_data import (BYTE_EOT, BYTE_VOCAB, EXIT_IO, FORMAT, FORMAT_VERSION,  # noqa: E402
                           SENTENCEPIECE, SENTENCEPIECE_EOT, TOKENIZER_MODEL, ToolError, run_tool,
                           token_dtype)
+import hf_tokenizer  # noqa: E402
 
 FLUSH_BYTES = 32 << 20      # tokens gathered in memory before one write to the dataset
 LOG_SECONDS = 2.0
@@ -231,9 +243,10 @@ class EncodedSplitWriter:
     PATH.tokens.tmp as they come; close() copies them into a contiguous /tokens dataset and adds
     /tokenizer_model."""
 
-    def __init__(self, path, num_documents, vocab_size, eot, model):
+    def __init__(self, path, num_documents, vocab_size, eot, model, tokenizer=SENTENCEPIECE, bos=-1):
         self.path, self.tmp, self.raw = path, path + ".tmp", path + ".tokens.tmp"
         self.num_documents, self.vocab_size, self.eot, self.model = num_documents, vocab_size, eot, model
+        self.tokenizer, self.bos, self.at_start = tokenizer, bos, True
         self.dtype = token_dtype(vocab_size)
         self.num_tokens = 0
         self.f = None
@@ -244,16 +257,20 @@ class EncodedSplitWriter:
             raise ToolError(f"{self.raw}: cannot create ({e.strerror})", EXIT_IO) from None
 
     def add(self, ids, end_of_document):
-        a = np.empty(len(ids) + (1 if end_of_document else 0), dtype=self.dtype)
-        a[:len(ids)] = ids
+        head = 1 if self.bos >= 0 and self.at_start else 0
+        a = np.empty(head + len(ids) + (1 if end_of_document else 0), dtype=self.dtype)
+        if head:
+            a[0] = self.bos
+        a[head:head + len(ids)] = ids
         if end_of_document:
             a[-1] = self.eot
+        self.at_start = end_of_document
         self.fh.write(a.tobytes())
         self.num_tokens += a.size
 
     def close(self):
         self.fh.close()
-        self.f = create_token_file(self.tmp, SENTENCEPIECE, self.vocab_size, self.eot, self.num_documents)
+        self.f = create_token_file(self.tmp, self.tokenizer, self.vocab_size, self.eot, self.num_documents)
         ds = self.f.create_dataset("tokens", shape=(self.num_tokens,), dtype=self.dtype, track_times=False)
         ids = np.memmap(self.raw, dtype=self.dtype, mode="r") if self.num_tokens else np.empty(0, self.dtype)
         assert ids.size == self.num_tokens, (ids.size, self.num_tokens)
@@ -424,6 +441,25 @@ def encode_bpe(sp, paths, sizes, is_val, writers, threads, log_seconds):
                       if bad else "")
 
 
+def encode_hf(tok, tessera, blob_path, paths, sizes, is_val, writers, threads, log_seconds):
+    """Encodes every document with tessera's byte-level BPE encoder into its split's writer, in
+    order. Returns the Progress and what its summary line should add."""
+    progress = Progress("encode", len(paths), sum(sizes), log_seconds)
+    with open(blob_path, "wb") as f:
+        f.write(tok.blob)
+    encoder = hf_tokenizer.Encoder(tessera, blob_path, threads)
+    documents = (read_document(p, size) for p, size in zip(paths, sizes))
+    nbytes = tokens = 0
+    for i, ids in enumerate(encoder.run(documents)):
+        writers[is_val[i]].add(ids, True)
+        nbytes += sizes[i]
+        tokens += len(ids) + 1 + (tok.bos is not None and tok.bos != tok.eot)
+        progress.update(i + 1, nbytes, tokens)
+    os.remove(blob_path)
+    print(f"prepare_data: tessera {encoder.summary}", file=sys.stderr, flush=True)
+    return progress, ""
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="*", metavar="FILES_OR_DIRS_OR_GLOBS")
@@ -433,8 +469,12 @@ def main():
                     help="every N-th document goes to val.h5 (default 20)")
     ap.add_argument("--suffixes", default=".py,.txt,.md,.rst",
                     help="file suffixes taken from directories (default .py,.txt,.md,.rst)")
-    ap.add_argument("--tokenizer", choices=["byte", "bpe"], default="byte",
-                    help="byte (default): a token per byte; bpe: a sentencepiece BPE model trained here")
+    ap.add_argument("--tokenizer", default="byte", metavar="byte|bpe|TOKENIZER",
+                    help="byte (default): a token per byte; bpe: a sentencepiece BPE model trained here; "
+                         "TOKENIZER: a Hugging Face byte-level BPE (tokenizer.json, vocab.json with "
+                         "merges.txt, or a directory holding them)")
+    ap.add_argument("--tessera", default=None,
+                    help="TOKENIZER: the tessera binary that encodes (default: $TESSERA, else bin/tessera)")
     ap.add_argument("--vocab-size", type=int, default=None,
                     help="bpe: pieces in the vocabulary, <unk>, <eot> and 256 byte pieces included "
                          "(default 4096)")
@@ -452,9 +492,17 @@ def main():
 
     if args.val_every < 2:
         raise ToolError(f"--val-every {args.val_every}: must be at least 2 (else train.h5 would be empty)")
-    if args.tokenizer == "byte" and args.vocab_size is not None:
+    if args.tokenizer != "bpe" and args.vocab_size is not None:
         raise ToolError(f"--vocab-size {args.vocab_size}: only for --tokenizer bpe (the byte tokenizer's "
-                        f"vocabulary is {BYTE_VOCAB})")
+                        f"vocabulary is {BYTE_VOCAB}, a tokenizer file's is its own)")
+    hf = None
+    if args.tokenizer not in ("byte", "bpe"):
+        if args.threads < 1:
+            raise ToolError("--threads must be >= 1")
+        hf = hf_tokenizer.load(args.tokenizer)
+        tessera = hf_tokenizer.find_tessera(args.tessera)
+        print(f"prepare_data: tokenizer {args.tokenizer} ({hf.source}, {hf.kind}): {hf.vocab_size} ids, "
+              f"eos {hf.eot}, bos {hf.bos}, pad {hf.pad}", file=sys.stderr, flush=True)
     vocab_size = 4096 if args.vocab_size is None else args.vocab_size
     if args.tokenizer == "bpe":
         if not 258 < vocab_size <= 1 << 31:
@@ -496,7 +544,15 @@ def main():
     out = {v: os.path.join(args.out_dir, "val.h5" if v else "train.h5") for v in (False, True)}
     writers = {}
     try:
-        if args.tokenizer == "bpe":
+        if hf is not None:
+            bos = hf.bos if hf.bos is not None and hf.bos != hf.eot else -1
+            for v, n in ((False, n_train), (True, n_val)):
+                writers[v] = EncodedSplitWriter(out[v], n, hf.vocab_size, hf.eot, hf.blob,
+                                                hf_tokenizer.HF_BPE, bos)
+            blob_path = os.path.join(args.out_dir, ".tokenizer.tmp.json")
+            progress, extra = encode_hf(hf, tessera, blob_path, paths, sizes, is_val, writers,
+                                        args.threads, args.log_seconds)
+        elif args.tokenizer == "bpe":
             train = [i for i, v in enumerate(is_val) if not v]
             model, sp = train_bpe([paths[i] for i in train], [sizes[i] for i in train], vocab_size,
                                   args.bpe_sample_mb, args.character_coverage, args.log_seconds)

@@ -145,7 +145,8 @@ def write_model_checkpoint(path, shape, tensors, deck, tokenizer, saved_layout, 
                            progress=None):
     """Writes a step-0 checkpoint without optimizer state: `tensors` {name: float32 array, or a
     function returning it (called once, when the tensor is written: one tensor in memory at a
-    time)} in model_tensors(shape) names and shapes, `tokenizer` (type, vocab_size, eot).
+    time)} in model_tensors(shape) names and shapes, `tokenizer` (type, vocab_size, eot[, model
+    bytes or None, bos, pad]: the model as /tokenizer/model, bos and pad as attributes when >= 0).
     progress(done, total, bytes) is called after each tensor. Written to path.tmp and renamed,
     so a failure leaves nothing."""
     import h5py
@@ -173,6 +174,12 @@ def write_model_checkpoint(path, shape, tensors, deck, tokenizer, saved_layout, 
             tok.attrs["type"] = tokenizer[0]
             tok.attrs["vocab_size"] = np.int64(tokenizer[1])
             tok.attrs["eot"] = np.int64(tokenizer[2])
+            blob = tokenizer[3] if len(tokenizer) > 3 else None
+            if blob:
+                tok.create_dataset("model", data=np.frombuffer(blob, dtype=np.uint8))
+            for key, value in zip(("bos", "pad"), tokenizer[4:6]):
+                if value is not None and value >= 0:
+                    tok.attrs[key] = np.int64(value)
             names = model_tensors(shape)
             written = 0
             for i, (name, dims) in enumerate(names):
@@ -217,6 +224,8 @@ def read_checkpoint(path, optimizer=False):
       model        {name: float32 array} in model_tensors(shape)
       step, deck   the root attributes (deck: the resolved YAML text, "" if absent)
       tokenizer, eot   /tokenizer's type and end-of-text token ("none", -1 if absent)
+      tokenizer_model  /tokenizer/model's bytes (a sentencepiece model or an hf-bpe tokenizer.json),
+                   None if absent; bos, pad  /tokenizer's attributes of those names, -1 if absent
       next_sample, seed, vocab_size   /train's attributes
       adam_step    /optim's step (0 without /optim)
       exp_avg, exp_avg_sq   with optimizer=True and adam_step > 0: the Adam moments by name."""
@@ -236,6 +245,10 @@ def read_checkpoint(path, optimizer=False):
               "eot": attr_int(f["tokenizer"].attrs, "eot", path) if "tokenizer" in f else -1,
               "tokenizer": (attr_str(f["tokenizer"].attrs, "type", path)
                             if "tokenizer" in f else "none")}
+        tok = f["tokenizer"] if "tokenizer" in f else None
+        ck["tokenizer_model"] = bytes(tok["model"][...].tobytes()) if tok is not None and "model" in tok else None
+        for key in ("bos", "pad"):
+            ck[key] = attr_int(tok.attrs, key, path) if tok is not None and key in tok.attrs else -1
         dims_of = model_tensors(ck["shape"])
         ck["model"] = _read_tensors(f, "model", dims_of, path)
         train = f["train"].attrs

@@ -26,6 +26,8 @@ const char* const kDataUsage = R"(usage:
   tessera data dump FILE --start S --count N [--format F] [--dtype D]
   tessera data bench FILE [--seq-len T] [--batch B] [--seconds S] [--prefetch D] [--readers R]
                     [--gds] [--format F] [--dtype D]
+  tessera data encode TOKENIZER --text TEXT | --stream [--verify] [--threads N]
+  tessera data decode TOKENIZER --ids "ID ID ..."
 
 FILE is anything data.train takes: an HDF5 token file, an llm.c .bin shard or a glob of them
 (quote it), a Megatron dataset (PREFIX, PREFIX.idx or PREFIX.bin), or a raw headerless file with
@@ -38,6 +40,13 @@ bench  reads the whole file sequentially with O_DIRECT and with the page cache d
        D steps ahead (8), R reader threads (4), O_DIRECT) for S seconds (default 5), and prints
        MB/s of each; --gds also reads the windows with cuFile into GPU memory (GPUDirect
        Storage: only in a build that found cufile.h and libcufile)
+encode the ids of TEXT with the tokenizer of TOKENIZER (an HDF5 token file, or a Hugging Face
+       byte-level BPE tokenizer.json), space-separated on one line, no eot or bos; --stream reads
+       documents from standard input (each a little-endian uint64 byte count, then its bytes) and
+       writes their ids (a uint64 count, then uint32 ids) on N threads (default: every core), as
+       tools/prepare_data.py runs it, with a summary line (MB/s, tokens/s) on standard error;
+       --verify also checks that every document decodes back to its bytes
+decode the text of the ids (special tokens decode to nothing)
 )";
 
 namespace {
@@ -243,7 +252,9 @@ int data_command(const std::vector<std::string>& args) {
   if (verb == "info") return info(parse(verb, args));
   if (verb == "dump") return dump(parse(verb, args));
   if (verb == "bench") return bench(parse(verb, args));
-  throw UserError("tessera data: unknown subcommand '" + verb + "' (info, dump or bench)");
+  if (verb == "encode" || verb == "decode") return data_encode(verb, args);
+  throw UserError("tessera data: unknown subcommand '" + verb +
+                  "' (info, dump, bench, encode or decode)");
 }
 
 }  // namespace tessera

@@ -1,6 +1,6 @@
 #pragma once
 // `tessera data info|dump|bench`: inspect token files of any supported format, and measure the
-// loader against a plain sequential read of the same file.
+// loader against a plain sequential read of the same file; `encode|decode`: text <-> ids.
 #include <string>
 #include <vector>
 
@@ -10,5 +10,8 @@ extern const char* const kDataUsage;
 
 // args: what follows `tessera data`. Returns the exit status; throws UserError on bad input.
 int data_command(const std::vector<std::string>& args);
+
+// `tessera data encode|decode` (data_encode.cpp); verb is args[0].
+int data_encode(const std::string& verb, const std::vector<std::string>& args);
 
 }  // namespace tessera

@@ -15,6 +15,7 @@
 #include "engine/engine.hpp"
 #include "io/checkpoint.hpp"
 #include "io/eval_data.hpp"
+#include "io/token_file.hpp"
 #include "io/tokenizer.hpp"
 #include "model/gpt.hpp"
 #include "parallel/comm.hpp"
@@ -60,18 +61,33 @@ size_t stable_length(const std::string& text) {
 void sample_text(const std::string& checkpoint, const SampleOptions& opt) {
   LoadedModel m = load_model(checkpoint);
   const ModelShape& s = m.layout.canonical.shape;
-  // The prompt is encoded, and the ids decoded, with the tokenizer of the training data.
-  const Tokenizer tokenizer(m.info.tokenizer, m.info.path);
-  std::vector<int32_t> context = tokenizer.encode(opt.prompt);
-  for (int32_t id : context)
-    if (id >= s.vocab_size)
-      throw UserError(m.info.path + ": the prompt encodes to id " + std::to_string(id) +
-                      ", not below the model's vocab_size " + std::to_string(s.vocab_size));
+  // The prompt is encoded, and the ids decoded, with the tokenizer of the training data (or of
+  // the token file --tokenizer names, when it agrees with the checkpoint's).
+  TokenizerInfo info = m.info.tokenizer;
+  std::string where = m.info.path;
+  if (!opt.tokenizer.empty()) {
+    const TokenFile file(opt.tokenizer);
+    if (std::string e = tokenizer_mismatch(file.tokenizer(), "--tokenizer " + opt.tokenizer,
+                                           m.info.tokenizer, "the checkpoint " + m.info.path);
+        !e.empty())
+      throw UserError("tessera sample: " + e);
+    info = file.tokenizer();
+    where = opt.tokenizer;
+  }
+  if (info.vocab_size > s.vocab_size)
+    throw UserError("tessera sample: " + where + " has a tokenizer of vocab_size " +
+                    std::to_string(info.vocab_size) + ", more ids than the model of " +
+                    m.info.path + " has (" + std::to_string(s.vocab_size) +
+                    "): not the tokenizer it was trained with");
+  const Tokenizer tokenizer(info, where);
+  std::vector<int32_t> context;
+  if (tokenizer.bos() >= 0) context.push_back(int32_t(tokenizer.bos()));
+  for (int32_t id : tokenizer.encode(opt.prompt)) context.push_back(id);
   if (context.empty()) {
-    if (m.info.tokenizer.eot < 0)
-      throw UserError(m.info.path + ": its tokenizer records no end-of-text token to start from: "
+    if (info.eot < 0)
+      throw UserError(where + ": its tokenizer records no end-of-text token to start from: "
                       "give a --prompt");
-    context.push_back(int32_t(m.info.tokenizer.eot));
+    context.push_back(int32_t(info.eot));
   }
   std::fwrite(opt.prompt.data(), 1, opt.prompt.size(), stdout);
   std::fflush(stdout);
@@ -118,15 +134,15 @@ void sample_text(const std::string& checkpoint, const SampleOptions& opt) {
       for (int v = 0; v < s.vocab_size; ++v)
         if ((u -= p[v]) < 0) { next = v; break; }
     }
-    if (next == m.info.tokenizer.eot) break;
+    if (next == info.eot) break;
     context.push_back(next);
-    if (m.info.tokenizer.type == "byte") {
+    if (info.type == "byte") {
       if (next < 256) std::fputc(next, stdout);
     } else {
       print_new_text(false);
     }
   }
-  if (context.size() > prompt_ids && m.info.tokenizer.type != "byte") print_new_text(true);
+  if (context.size() > prompt_ids && info.type != "byte") print_new_text(true);
   std::fputc('\n', stdout);
   std::fflush(stdout);
 }

@@ -10,6 +10,7 @@ struct SampleOptions {
   int tokens = 200;
   double temperature = 1.0;  // 0 = greedy
   uint64_t seed = 1;
+  std::string tokenizer;     // a token file whose tokenizer to use; "": the checkpoint's
 };
 
 // Writes the prompt and the generated text to stdout.

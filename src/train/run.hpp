@@ -104,6 +104,7 @@ class Run {
   std::optional<int> meet_anomaly(const std::string& anomaly, double loss, double norm);
   void after_step();
   void evaluate();
+  double val_bytes(uint64_t windows);
 
   MPI_Comm world_comm_;
   const Config& cfg_;
@@ -172,6 +173,10 @@ class Run {
   std::unique_ptr<Watchdog> watchdog_;
   long stall_rank_ = -1, stall_step_ = -1;
   bool hang_warned_ = false;
+  // Bytes of text the evaluated validation targets stand for (val_bpb's denominator); -1 when
+  // the tokenizer cannot say (data recording none).
+  double val_bytes_ = 0;
+  uint64_t val_bytes_windows_ = 0;
 };
 
 }  // namespace tessera

@@ -163,7 +163,17 @@ void Run::find_checkpoints() {
     check_checkpoint_shape(info, tile_);
     require_optimizer_state(info);
   }
-  if (!init_from_.empty()) check_checkpoint_shape(read_checkpoint_info(init_from_), tile_);
+  if (!init_from_.empty()) {
+    const CheckpointInfo info = read_checkpoint_info(init_from_);
+    check_checkpoint_shape(info, tile_);
+    // Weights trained on other ids would be fine-tuned on text they cannot read.
+    if (std::string e = tokenizer_mismatch(tokenizer(), "data.train " + cfg_.data.train,
+                                           info.tokenizer, "checkpoint.init_from " + init_from_);
+        !e.empty())
+      throw UserError(cfg_.deck_path + ": " + e +
+                      " (tokenize the data with the weights' tokenizer: tools/prepare_data.py "
+                      "--tokenizer tokenizer.json)");
+  }
 }
 
 // The model, pipeline executor and optimizer of the chosen backend (engine/engine.hpp): every

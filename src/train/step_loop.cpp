@@ -10,6 +10,7 @@
 
 #include "common/error.hpp"
 #include "io/eval_data.hpp"
+#include "io/tokenizer.hpp"
 #include "train/heartbeat.hpp"
 #include "train/run.hpp"
 
@@ -266,11 +267,38 @@ void Run::evaluate() {
   if (!speaks_loss_) sum = 0;
   world_->all_reduce_sum(&sum, 1);
   const double loss = sum / double(total / uint64_t(run_.micro_batch));
-  log_->say("eval: step %lld val_loss %.4f (%.2f s)", (long long)state_.step, loss,
-            seconds_since(t0));
+  // Bits per byte: the windows' summed loss over the bytes of text their targets spell, so runs
+  // with different tokenizers compare.
+  const double bytes = val_bytes(total);
+  const double bpb = bytes > 0 ? loss * double(total) * T_ / (bytes * std::log(2.0)) : -1;
+  const std::string bpb_text = bpb >= 0 ? " val_bpb " + json_number("%.4f", bpb) : "";
+  log_->say("eval: step %lld val_loss %.4f%s (%.2f s)", (long long)state_.step, loss,
+            bpb_text.c_str(), seconds_since(t0));
   log_->json("{\"type\":\"eval\",\"step\":" + std::to_string(state_.step) +
              ",\"tokens\":" + std::to_string(state_.tokens_seen) +
-             ",\"val_loss\":" + json_number("%.9g", loss) + "}");
+             ",\"val_loss\":" + json_number("%.9g", loss) +
+             (bpb >= 0 ? ",\"val_bpb\":" + json_number("%.9g", bpb) : std::string()) + "}");
+}
+
+// The bytes of text of the targets of validation windows 0 .. windows-1 (tokens 1 .. windows*T
+// of data.val: windows of T+1 at stride T), from the byte length of each id under the file's
+// tokenizer; computed once. -1 when the file's tokenizer cannot decode (none, or gpt2 of an
+// llm.c shard).
+double Run::val_bytes(uint64_t windows) {
+  if (val_bytes_windows_ == windows) return val_bytes_;
+  val_bytes_windows_ = windows;
+  const TokenizerInfo& info = val_data_->tokenizer();
+  if (info.type != "byte" && !tokenizer_known(info)) return val_bytes_ = -1;
+  const std::vector<uint32_t> lengths = Tokenizer(info, cfg_.data.val).token_byte_lengths();
+  const uint64_t count = windows * uint64_t(T_);
+  std::vector<uint32_t> ids(size_t(std::min<uint64_t>(count, 1 << 20)));
+  double bytes = 0;
+  for (uint64_t at = 0; at < count; at += ids.size()) {
+    const uint64_t n = std::min<uint64_t>(ids.size(), count - at);
+    val_data_->read(1 + at, n, ids.data());
+    for (uint64_t i = 0; i < n; ++i) bytes += ids[i] < lengths.size() ? lengths[ids[i]] : 0;
+  }
+  return val_bytes_ = bytes;
 }
 
 int Run::finish() {

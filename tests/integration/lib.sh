@@ -27,6 +27,22 @@ test_data() {
   fi
 }
 
+# js-tiktoken, the npm package the byte-level BPE tests compare with (an independent tokenizer
+# implementation shipping GPT-2's and cl100k's real ranks), installed once per checkout under
+# build/npm in the version the Makefile's NPM_TEST_PKGS names (`make deps-test` installs it too).
+# Prints the directory; returns 1 where npm is absent or the install fails (the caller skips).
+npm_reference() {
+  local dir=$ROOT/build/npm pkgs
+  pkgs=$(sed -n 's/^NPM_TEST_PKGS *:= *//p' "$ROOT/Makefile")
+  if [ ! -f "$dir/node_modules/js-tiktoken/package.json" ]; then
+    command -v npm >/dev/null 2>&1 || return 1
+    mkdir -p "$dir"
+    # shellcheck disable=SC2086  # the list of packages
+    npm install --prefix "$dir" --no-audit --no-fund --silent $pkgs >/dev/null 2>&1 || return 1
+  fi
+  echo "$dir"
+}
+
 # A tiny deck in $WORK/NAME.yaml on the test data, run dir $WORK/NAME.
 tiny_deck() {
   local name=$1

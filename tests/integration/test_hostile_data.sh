@@ -76,7 +76,7 @@ expect_error eot_outside 2 "^$W/eot_out\.h5: tokenizer eot 300 is not an id of t
   run2 data.train="$W/eot_out.h5"
 expect_error eot_negative 2 "^$W/eot_neg\.h5: the eot attribute is -5, not an id of the vocabulary$" \
   run2 data.train="$W/eot_neg.h5"
-expect_error unknown_tokenizer 2 "^$W/tok_unknown\.h5: unknown tokenizer 'tiktoken' \(tessera knows byte, sentencepiece, gpt2, llama3 and none\)$" \
+expect_error unknown_tokenizer 2 "^$W/tok_unknown\.h5: unknown tokenizer 'tiktoken' \(tessera knows byte, sentencepiece, hf-bpe, gpt2, llama3 and none\)$" \
   run2 data.train="$W/tok_unknown.h5"
 expect_error vocab_2_32_plus_100 2 "^$W/vocab_huge\.h5: the vocab_size attribute on the root group must be from 1 to 16777216 .*, got 4294967396$" \
   run2 data.train="$W/vocab_huge.h5"

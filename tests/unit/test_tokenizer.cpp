@@ -128,7 +128,7 @@ TEST(Tokenizer, AttributesAreChecked) {
   EXPECT_EQ(problem({"none", 0, -1, {}}), "");  // Megatron and raw data record none
   EXPECT_EQ(problem({"byte", 257, -1, {}}), "");  // no eot recorded
   EXPECT_EQ(problem({"tiktoken", 100, 5, {}}),
-            "f.h5: unknown tokenizer 'tiktoken' (tessera knows byte, sentencepiece, gpt2, llama3 "
+            "f.h5: unknown tokenizer 'tiktoken' (tessera knows byte, sentencepiece, hf-bpe, gpt2, llama3 "
             "and none)");
   EXPECT_EQ(problem({"byte", 257, 300, {}}),
             "f.h5: tokenizer eot 300 is not an id of the vocabulary (0..256)");
@@ -169,6 +169,21 @@ TEST(Tokenizer, SentencePieceRoundTripIsExact) {
   std::vector<int32_t> ids = tok.encode("return");
   ids.push_back(1);
   EXPECT_EQ(tok.decode(ids), "return");
+}
+
+// val_bpb's denominator: the byte lengths of a sentencepiece text's ids add up to the text's bytes
+// (pieces with U+2581 for spaces, byte-fallback pieces, characters of 2-4 bytes).
+TEST(Tokenizer, SentencePieceByteLengthsSumToTheText) {
+  const Tokenizer tok(bpe_info(), "test");
+  const std::vector<uint32_t> lengths = tok.token_byte_lengths();
+  ASSERT_EQ(lengths.size(), size_t(kVocab));
+  EXPECT_EQ(lengths[1], 0u);  // eot
+  std::string text;
+  for (const std::string& line : corpus_lines()) text += line + "\n";
+  text += " price: 5 \xe2\x82\xac \xf0\x9f\x98\x80 \xe6\xbc\xa2  \t x\n";
+  uint64_t sum = 0;
+  for (int32_t id : tok.encode(text)) sum += lengths[size_t(id)];
+  EXPECT_EQ(sum, text.size());
 }
 
 TEST(Tokenizer, PartialCharacterDecodesToReplacement) {
