@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/ops.hpp"
@@ -30,16 +31,32 @@ double fastest(F&& once, int reps) {
   return best;
 }
 
+// Up to five rounds of (probe, direct) timings, the first whose ratio is within a factor of two
+// ending them: other processes' load can set one round's two timings apart by more than that,
+// while a probe that measures something else is off by more in every round. The pair returned is
+// that round's, or the last's.
+template <class Round>
+std::pair<double, double> within_two(Round round) {
+  std::pair<double, double> r;
+  for (int k = 0; k < 5; ++k) {
+    r = round();
+    if (r.first > r.second / 2 && r.first < r.second * 2) break;
+  }
+  return r;
+}
+
 }  // namespace
 
 TEST(Peak, SgemmSecondsAtAShapeMatchesTheProductTimedDirectly) {
   // The attention-projection shape of a GPT-2 124M layer at 256 tokens: C(256,2304) = A B^T.
   const int M = 256, N = 2304, K = 768;
   std::vector<float> a(size_t(M) * K, 0.5f), b(size_t(N) * K, 0.25f), c(size_t(M) * N);
-  const double direct = fastest([&] {
-    cpu::gemm<float>(false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
-  }, 5);
-  const double probe = measure_sgemm_seconds(false, true, M, N, K, false);
+  const auto [probe, direct] = within_two([&] {
+    const double d = fastest([&] {
+      cpu::gemm<float>(false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
+    }, 5);
+    return std::make_pair(measure_sgemm_seconds(false, true, M, N, K, false), d);
+  });
   EXPECT_GT(probe, direct / 2) << "probe " << probe << " s, direct " << direct << " s";
   EXPECT_LT(probe, direct * 2) << "probe " << probe << " s, direct " << direct << " s";
   // Past 1024 a dimension is measured at 1024 and the time scaled by the ratio.
@@ -52,17 +69,25 @@ TEST(Peak, OptimizerRatesMatchThePassesTimedDirectly) {
   std::vector<float> p(n, 0.5f), g(n, 0.25f), m(n, 0.0f), v(n, 0.0f);
   const AdamWHyper hyper;
   long t = 0;
-  const double adamw = fastest([&] {
-    cpu::adamw_update(p.data(), nullptr, g.data(), m.data(), v.data(), n, true, hyper, 1e-4, ++t);
-  }, 5) / double(n);
-  double sum = 0;
-  const double norm = fastest([&] { cpu::sum_of_squares(&sum, g.data(), n); }, 5) / double(n);
   const int threads = omp_get_max_threads();
-  const OptimizerRates rates = measure_optimizer_rates(1);
-  EXPECT_GT(rates.adamw, adamw / 2) << "probe " << rates.adamw << " s/element, direct " << adamw;
-  EXPECT_LT(rates.adamw, adamw * 2) << "probe " << rates.adamw << " s/element, direct " << adamw;
-  EXPECT_GT(rates.norm, norm / 2) << "probe " << rates.norm << " s/element, direct " << norm;
-  EXPECT_LT(rates.norm, norm * 2) << "probe " << rates.norm << " s/element, direct " << norm;
+  OptimizerRates rates;
+  const auto [adamw_probe, adamw] = within_two([&] {
+    const double d = fastest([&] {
+      cpu::adamw_update(p.data(), nullptr, g.data(), m.data(), v.data(), n, true, hyper, 1e-4, ++t);
+    }, 5) / double(n);
+    rates = measure_optimizer_rates(1);
+    return std::make_pair(rates.adamw, d);
+  });
+  double sum = 0;
+  const auto [norm_probe, norm] = within_two([&] {
+    const double d = fastest([&] { cpu::sum_of_squares(&sum, g.data(), n); }, 5) / double(n);
+    rates = measure_optimizer_rates(1);
+    return std::make_pair(rates.norm, d);
+  });
+  EXPECT_GT(adamw_probe, adamw / 2) << "probe " << adamw_probe << " s/element, direct " << adamw;
+  EXPECT_LT(adamw_probe, adamw * 2) << "probe " << adamw_probe << " s/element, direct " << adamw;
+  EXPECT_GT(norm_probe, norm / 2) << "probe " << norm_probe << " s/element, direct " << norm;
+  EXPECT_LT(norm_probe, norm * 2) << "probe " << norm_probe << " s/element, direct " << norm;
   EXPECT_GT(rates.scale, 0.0);
   EXPECT_GT(rates.zero, 0.0);
   // The probe leaves the caller's thread count as it found it, also when it ran more threads for
