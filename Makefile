@@ -95,6 +95,7 @@ BUILD ?= build
 # C++, their kernels run by the emulator of src/device/emu (one fiber per CUDA thread), the CUDA
 # runtime, cuBLAS and NCCL calls answered by it; only the CUDA headers are needed, no GPU, driver
 # or CUDA library.
+comma     := ,
 CUDA      ?= auto
 CUDA_EMU  ?= 0
 CUDA_HOME ?= /usr/local/cuda
@@ -125,17 +126,25 @@ CUDA_OBJ       := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CUDA_HOST_SRC  := $(filter-out src/device/select.cpp,$(wildcard src/device/*.cpp)) \
                   src/parallel/nccl_comm.cpp
 EMU_SRC        := $(wildcard src/device/emu/*.cpp)
+# The CUDA and NCCL headers are system headers (-isystem): a warning a new CUDA or NCCL release
+# brings into its own headers does not stop the build; one in our code does, from g++ and nvcc
+# alike. NCCL_HOME: an NCCL installed apart from the toolkit (include/, lib/). The nvcc rule gets
+# the same include paths and defines as the C++ rule.
+NCCL_HOME      ?=
+NCCL_CFLAGS    := $(if $(NCCL_HOME),-isystem $(NCCL_HOME)/include)
+NCCL_LIBS      := $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Wl$(comma)-rpath$(comma)$(NCCL_HOME)/lib)
 NVCC_OPT       ?= -O3
 NVCC_FLAGS     := -std=c++20 $(NVCC_OPT) -lineinfo $(CUDA_GENCODE) --Werror all-warnings \
                   -Xcompiler -Wall,-Wextra,-Werror \
-                  -Xptxas -v -MMD -MP -Isrc
+                  -Xptxas -v -MMD -MP -Isrc $(MPI_CFLAGS) $(HDF5_CFLAGS) $(YAML_CFLAGS) \
+                  $(BLAS_CFLAGS)
 ifeq ($(CUDA_EMU),1)
-  CUDA_CFLAGS  := -DTESSERA_CUDA -DTESSERA_CUDA_EMU -I$(CUDA_HOME)/include
+  CUDA_CFLAGS  := -DTESSERA_CUDA -DTESSERA_CUDA_EMU -isystem $(CUDA_HOME)/include $(NCCL_CFLAGS)
   CUDA_LIBS    :=
   EXE          := -emu
 else ifeq ($(CUDA_ON),1)
-  CUDA_CFLAGS  := -DTESSERA_CUDA -I$(CUDA_HOME)/include
-  CUDA_LIBS    := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart -ldl
+  CUDA_CFLAGS  := -DTESSERA_CUDA -isystem $(CUDA_HOME)/include $(NCCL_CFLAGS)
+  CUDA_LIBS    := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 $(NCCL_LIBS) -lnccl -lcudart -ldl
   EXE          :=
 else
   CUDA_CFLAGS  :=

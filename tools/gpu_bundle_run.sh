@@ -9,8 +9,9 @@
 #
 # The node's CUDA runtime, cuBLAS and NCCL are found in $CUDA_HOME/lib64, /usr/local/cuda/lib64,
 # $LD_LIBRARY_PATH, or the nvidia/*/lib folders of the python3 on PATH (PyTorch's wheels), in
-# that order. The GPU run: nvidia-smi, bin/gpu_tests (every CUDA op against the CPU, the two
-# backends training side by side; on 2 GPUs over NCCL), tests/gpu/test_trainer.sh and
+# that order. The GPU run: nvidia-smi, compute-sanitizer's four tools over the op tests,
+# bin/gpu_tests (every CUDA op against the CPU, the two backends training side by side; on 2 GPUs
+# over NCCL), tests/gpu/test_trainer.sh and
 # test_device_choice.sh (tessera train on cuda against the CPU), bin/gpu_tests --bench and
 # tools/bench_gpu_torch.py (PyTorch on the same shapes). DIR/summary.md lists each step's result
 # and the bench tables; each step's output is DIR/<step>.log. Exit 0 when every check passed.
@@ -146,6 +147,20 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 note "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1) x $gpus"
 export TESSERA=$HERE/bin/tessera TESSERA_GPUS=$gpus MPIEXEC=mpiexec
+# compute-sanitizer over the CUDA op tests first (what the emulator cannot see: races between
+# blocks, uninitialised device reads, barrier misuse on the real hardware), where the node's CUDA
+# has it; each tool a step of its own, failing on any error it reports.
+sanitizer=$(command -v compute-sanitizer)
+[ -n "$sanitizer" ] || [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ] ||
+  sanitizer=${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer
+if [ -n "$sanitizer" ]; then
+  for tool in memcheck racecheck synccheck initcheck; do
+    step "sanitizer_$tool" timeout 600 "$sanitizer" --tool "$tool" --error-exitcode 1 \
+      "$HERE/bin/gpu_tests" --gtest_filter='CudaOp*'
+  done
+else
+  note "compute-sanitizer: not on PATH or in CUDA_HOME/bin: the sanitizer steps are skipped"
+fi
 step gpu_tests "$HERE/bin/gpu_tests"
 if [ "$gpus" -ge 2 ]; then
   step gpu_tests_2ranks mpiexec -n 2 "$HERE/bin/gpu_tests" --gtest_filter='CudaModelTp.*:CudaModelDp.*'

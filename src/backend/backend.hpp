@@ -24,6 +24,9 @@
 //                   upload(dst, src, bytes), await_uploads()   the step's tokens from the loader
 //                                                              ring, overlapped with compute
 //                   sync()            waits for everything queued (a no-op on the CPU)
+//                   poison(p, bytes)  0xFF (NaN) over a buffer every step overwrites, in the
+//                                     CUDA emulator only (a no-op elsewhere): a kernel reading
+//                                     what this step did not write reads NaN, not last step's
 //                   memory_report(arena, bf16), peak_gflops(bf16)   for the start-up log
 //
 // CpuBackend is in backend/cpu/backend.hpp, CudaBackend<float | bf16> in backend/cuda/backend.hpp.
@@ -74,5 +77,6 @@
   TESSERA_BACKEND_FORWARD(ns, upload)                                                            \
   TESSERA_BACKEND_FORWARD(ns, await_uploads)                                                     \
   TESSERA_BACKEND_FORWARD(ns, sync)                                                              \
+  TESSERA_BACKEND_FORWARD(ns, poison)                                                            \
   TESSERA_BACKEND_FORWARD(ns, memory_report)                                                     \
   TESSERA_BACKEND_FORWARD(ns, peak_gflops)

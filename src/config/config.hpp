@@ -95,6 +95,10 @@ struct DeviceConfig {
   std::string backend = "cpu";  // cpu | cuda | auto
   std::string precision = "fp32";  // fp32 | bf16 (CUDA: bf16 parameters/activations, fp32 master)
   int threads = 0;              // OpenMP threads; 0 = the runtime's default (OMP_NUM_THREADS)
+  // CUDA: the data-parallel sums and ZeRO gathers on NCCL streams of their own, beside the
+  // compute stream's work (false: every collective on the compute stream, for a cluster where two
+  // NCCL communicators in flight at once hang).
+  bool nccl_overlap = true;
 };
 
 struct ParallelConfig {

@@ -140,6 +140,7 @@ std::vector<Field> fields_of(Config& c) {
       {"device", "backend", &c.device.backend},
       {"device", "precision", &c.device.precision},
       {"device", "threads", &c.device.threads},
+      {"device", "nccl_overlap", &c.device.nccl_overlap},
       {"parallel", "dp", IntOrAuto{&c.parallel.dp}},
       {"parallel", "tp", IntOrAuto{&c.parallel.tp}},
       {"parallel", "pp", IntOrAuto{&c.parallel.pp}},

@@ -15,12 +15,12 @@ void set_identity(int world_rank, int device) {
   g_device = device;
 }
 
-void fail(const char* call, const char* reason, const char* file, int line) {
+void fail(const char* call, const char* reason, const char* file, int line, int exit_code) {
   std::string who = g_rank >= 0 ? "rank " + std::to_string(g_rank) : std::string("rank ?");
   who += g_device >= 0 ? ", GPU " + std::to_string(g_device) : std::string(", GPU ?");
   throw UserError(who + ": " + call + " failed: " + reason + " (" + file + ":" +
                       std::to_string(line) + ")",
-                  kExitIO, /*every_rank=*/false);
+                  exit_code, /*every_rank=*/false);
 }
 
 const char* cublas_reason(cublasStatus_t status) { return cublasGetStatusString(status); }

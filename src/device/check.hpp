@@ -13,7 +13,8 @@ namespace tessera::device {
 // Set once by the device selection, read by the messages (-1 = not known yet).
 void set_identity(int world_rank, int device);
 
-[[noreturn]] void fail(const char* call, const char* reason, const char* file, int line);
+[[noreturn]] void fail(const char* call, const char* reason, const char* file, int line,
+                       int exit_code = 1);
 const char* cublas_reason(cublasStatus_t status);
 
 }  // namespace tessera::device

@@ -25,7 +25,7 @@ struct Context {
   // Non-blocking, so the copies do not serialise with the legacy default stream; the compute
   // stream waits on `uploaded`, not the host.
   cudaStream_t copy_stream = nullptr;
-  cudaEvent_t uploaded = nullptr;
+  cudaEvent_t uploaded = nullptr, consumed = nullptr;
 };
 Context g;
 
@@ -41,6 +41,7 @@ void init(cudaStream_t stream) {
   }
   CUDA_CHECK(cudaStreamCreateWithFlags(&g.copy_stream, cudaStreamNonBlocking));
   CUDA_CHECK(cudaEventCreateWithFlags(&g.uploaded, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&g.consumed, cudaEventDisableTiming));
   CUDA_CHECK(cudaMalloc(&g.workspace, kBlasWorkspace));
   CUDA_CHECK(cudaMalloc(&g.scratch, kScratchDoubles * sizeof(double)));
   CUDA_CHECK(cudaMalloc(&g.column_scratch, kColumnScratchFloats * sizeof(float)));
@@ -62,6 +63,7 @@ void shutdown() {
   cudaFree(g.scratch);
   cudaFree(g.workspace);
   cudaEventDestroy(g.uploaded);
+  cudaEventDestroy(g.consumed);
   cudaStreamDestroy(g.copy_stream);
   if (g.own_stream) cudaStreamDestroy(g.stream);
   g = Context{};
@@ -79,5 +81,6 @@ double* scratch() { return g.scratch; }
 float* column_scratch() { return g.column_scratch; }
 cudaStream_t copy_stream() { return g.copy_stream; }
 cudaEvent_t uploaded() { return g.uploaded; }
+cudaEvent_t consumed() { return g.consumed; }
 
 }  // namespace tessera::device

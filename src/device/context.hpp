@@ -27,8 +27,10 @@ size_t bytes_allocated();
 cublasHandle_t blas();
 double* scratch();         // kScratchDoubles
 float* column_scratch();   // kColumnScratchFloats
-// The copy stream of the step's token uploads, and the event the compute stream waits on.
+// The copy stream of the step's token uploads, the event the compute stream waits on, and the
+// event the copy stream waits on before it overwrites tokens the compute stream may still read.
 cudaStream_t copy_stream();
 cudaEvent_t uploaded();
+cudaEvent_t consumed();
 
 }  // namespace tessera::device

@@ -16,6 +16,7 @@
 
 #include "device/check.hpp"
 #include "device/context.hpp"
+#include "device/stream_wait.hpp"
 #endif
 
 namespace tessera::device {
@@ -132,6 +133,7 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
   const std::string& want = cfg.device.backend;
   const bool bf16 = cfg.device.precision == "bf16";
   DeviceChoice choice;
+  choice.wait_limit = cfg.run.hang_timeout;
   if (want == "cpu") return choice;  // bf16 with cpu is refused by the deck check
   const std::string deck = cfg.deck_path.empty() ? "deck" : cfg.deck_path;
   int rank = 0;
@@ -210,6 +212,7 @@ void activate(const DeviceChoice& choice) {
 #ifdef TESSERA_CUDA
   CUDA_CHECK(cudaSetDevice(choice.device));
   init();
+  set_wait_limit(choice.wait_limit);
 #endif
 }
 

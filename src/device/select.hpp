@@ -31,6 +31,7 @@ struct DeviceChoice {
   bool cuda = false;    // false: the CPU backend
   int device = -1;      // the CUDA device ordinal this rank uses (cuda only)
   std::string note;     // one line for rank 0's start-up log ("" = nothing to say)
+  double wait_limit = 0;  // run.hang_timeout: the longest host wait on a stream (device/stream_wait)
 };
 
 // Applies device.backend and device.precision to what this build and this machine have:

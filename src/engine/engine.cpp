@@ -30,9 +30,9 @@ class Engine final : public TrainEngine {
         arena_(Backend::memory()),
         // Built in the fixed order tp, dp, pp, embed, shard, replica (an NCCL communicator's
         // construction is collective over its ranks). The data-parallel sums and the ZeRO
-        // group's gathers overlap the compute that follows them.
-        tp_(s.tp), dp_(s.dp, /*overlap=*/true), pp_(s.pp), embed_(s.embed),
-        own_shard_(s.shard, /*overlap=*/true), replica_(s.replica),
+        // group's gathers overlap the compute that follows them (device.nccl_overlap).
+        tp_(s.tp), dp_(s.dp, s.nccl_overlap), pp_(s.pp), embed_(s.embed),
+        own_shard_(s.shard, s.nccl_overlap), replica_(s.replica),
         shard_(s.shard == MPI_COMM_NULL ? &dp_ : &own_shard_),
         mem_(s, arena_, &tp_, &dp_, &pp_, shard_, &replica_),
         models_(mem_.models), optimizer_(mem_.optimizer), executor_(mem_.executor) {
@@ -149,6 +149,7 @@ class Engine final : public TrainEngine {
 
   StepResult train_step(const std::vector<HostMicroBatch>& batches, float dloss, double grad_clip,
                         double lr, long t, const StepCheck& check) override {
+    for (auto& model : models_) model->poison_transient();
     const std::vector<MicroBatch> inputs = upload(batches);
     if (sharded_) backward_sharded(inputs, dloss);
     else backward_flat(inputs, dloss);

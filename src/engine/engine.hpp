@@ -47,6 +47,7 @@ struct EngineSetup {
   MPI_Comm shard = MPI_COMM_NULL, replica = MPI_COMM_NULL;
   bool reshard_after_forward = true;  // ZeRO-3 (parallel.reshard_after_forward)
   bool zero_prefetch = true;          // ZeRO-3 (parallel.zero_prefetch)
+  bool nccl_overlap = true;           // device.nccl_overlap: dp and ZeRO collectives on own streams
 };
 
 // A micro-batch's tokens and targets (B,T) in host memory (the loader's ring), nullptr where the

@@ -71,7 +71,7 @@ EngineSetup engine_setup(const Config& cfg, const RunLayout& run, const LocalLay
   return {tile, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, /*world=*/nullptr,
           rank_schedule(cfg, run, pp_rank), run.micro_batch, cfg.data.seq_len, run.n_micro,
           cfg.parallel.zero, embed_sum, hyper, model_options(cfg), MPI_COMM_NULL, MPI_COMM_NULL,
-          cfg.parallel.reshard_after_forward, cfg.parallel.zero_prefetch};
+          cfg.parallel.reshard_after_forward, cfg.parallel.zero_prefetch, cfg.device.nccl_overlap};
 }
 
 uint64_t loader_ring_bytes(const Config& cfg, const RunLayout& run) {

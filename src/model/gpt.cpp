@@ -135,6 +135,14 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
 }
 
 template <class Backend>
+void Gpt<Backend>::poison_transient() {
+  Backend::poison(acts_, arena_->bytes(h_acts_));
+  Backend::poison(stats_, arena_->bytes(h_stats_));
+  Backend::poison(scratch_, arena_->bytes(h_scratch_));
+  Backend::poison(row_max_, arena_->bytes(h_row_max_));
+}
+
+template <class Backend>
 void Gpt<Backend>::bind() {
   acts_ = arena_->get<Act>(h_acts_);
   stats_ = arena_->get<float>(h_stats_);

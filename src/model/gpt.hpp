@@ -37,6 +37,11 @@ class Gpt {
   Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots, Arena& arena,
       const ModelOptions& options = {}, int chunk = 0);
   void bind();
+  // The buffers every step overwrites before it reads them (activations, statistics, scratch,
+  // the cross-entropy row maxima) filled with NaN in the CUDA emulator (Backend::poison): a
+  // kernel that reads what the step did not write fails its comparison instead of reusing the
+  // previous step's values.
+  void poison_transient();
 
   // Stages after the first: the stage's input activations (B,T,C) of `slot`, filled by the
   // caller (received from the previous stage) before forward. Under sequence parallelism the

@@ -3,9 +3,11 @@
 #include <exception>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "device/check.hpp"
 #include "device/context.hpp"
+#include "device/stream_wait.hpp"
 #include "parallel/comm.hpp"
 
 namespace tessera {
@@ -30,6 +32,12 @@ std::string name_of(MPI_Comm comm) {
   return name;
 }
 
+// The communicators check_async_errors polls: those with NCCL resources, alive.
+std::vector<NcclComm*>& live() {
+  static std::vector<NcclComm*> comms;
+  return comms;
+}
+
 }  // namespace
 
 NcclComm::NcclComm(MPI_Comm comm, bool overlap)
@@ -42,6 +50,8 @@ NcclComm::NcclComm(MPI_Comm comm, bool overlap)
   if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm);
   NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  live().push_back(this);
+  device::set_wait_check(&NcclComm::check_async_errors);
   if (overlap) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
@@ -54,6 +64,7 @@ NcclComm::~NcclComm() {
   if (computed_) cudaEventDestroy(computed_);
   if (communicated_) cudaEventDestroy(communicated_);
   if (stream_ != compute_) cudaStreamDestroy(stream_);
+  std::erase(live(), this);
   if (!comm_) return;
   // No check: a destructor must not throw. On the way out of an error this rank's peers may be
   // waiting in a collective it will never join: ncclCommDestroy would wait with them (for the
@@ -61,6 +72,20 @@ NcclComm::~NcclComm() {
   // main and its one line and MPI_Abort end the job.
   if (std::uncaught_exceptions() > 0) ncclCommAbort(comm_);
   else ncclCommDestroy(comm_);
+}
+
+void NcclComm::check_async_errors() {
+  for (NcclComm* c : live()) {
+    ncclResult_t error = ncclSuccess;
+    if (!c->comm_ || ncclCommGetAsyncError(c->comm_, &error) != ncclSuccess) continue;
+    if (error == ncclSuccess || error == ncclInProgress) continue;
+    // The peers may be gone: abort (destroy would wait for them), then end this rank.
+    ncclCommAbort(c->comm_);
+    c->comm_ = nullptr;
+    const std::string what = "NCCL communicator " + name_of(c->mpi_) + " (" +
+                             std::to_string(c->size_) + " ranks, last call " + c->last_call_ + ")";
+    device::fail(what.c_str(), ncclGetErrorString(error), __FILE__, __LINE__);
+  }
 }
 
 void NcclComm::enter() {
@@ -80,6 +105,7 @@ void NcclComm::all_reduce_sum(T* x, size_t n) {
   if (!active() || n == 0) return;
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), "nccl all_reduce_sum", n * sizeof(T));
+  last_call_ = "nccl all_reduce_sum";
   NCCL_CHECK(ncclAllReduce(x, x, n, nccl_type<T>(), ncclSum, comm_, stream_));
   leave();
   payload_bytes += n * sizeof(T);
@@ -89,6 +115,7 @@ void NcclComm::start_all_reduce_sum(float* x, size_t n) {
   if (!active() || n == 0) return;
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), "nccl start_all_reduce_sum", n * sizeof(float));
+  last_call_ = "nccl start_all_reduce_sum";
   NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclSum, comm_, stream_));
   payload_bytes += n * sizeof(float);
 }
@@ -101,6 +128,7 @@ void NcclComm::all_reduce_max(float* x, size_t n) {
   if (!active() || n == 0) return;
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), "nccl all_reduce_max", n * sizeof(float));
+  last_call_ = "nccl all_reduce_max";
   NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclMax, comm_, stream_));
   leave();
   payload_bytes += n * sizeof(float);
@@ -116,6 +144,7 @@ void NcclComm::reduce_scatter_sum(const T* send, T* recv, size_t count) {
   }
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), "nccl reduce_scatter_sum", size_t(size_) * count * sizeof(T));
+  last_call_ = "nccl reduce_scatter_sum";
   NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type<T>(), ncclSum, comm_, stream_));
   leave();
   payload_bytes += size_t(size_) * count * sizeof(T);
@@ -131,6 +160,7 @@ void NcclComm::all_gather(const T* send, T* recv, size_t count) {
   }
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), "nccl all_gather", size_t(size_) * count * sizeof(T));
+  last_call_ = "nccl all_gather";
   NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type<T>(), comm_, stream_));
   leave();
   payload_bytes += size_t(size_) * count * sizeof(T);
@@ -159,6 +189,7 @@ int NcclComm::start_all_gather(const T* send, T* recv, size_t count) {
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), "nccl start_all_gather",
                           size_t(size_) * count * sizeof(T));
+  last_call_ = "nccl start_all_gather";
   NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type<T>(), comm_, stream_));
   payload_bytes += size_t(size_) * count * sizeof(T);
   return ticket();
@@ -174,6 +205,7 @@ int NcclComm::start_reduce_scatter_sum(const T* send, T* recv, size_t count) {
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), "nccl start_reduce_scatter_sum",
                           size_t(size_) * count * sizeof(T));
+  last_call_ = "nccl start_reduce_scatter_sum";
   NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type<T>(), ncclSum, comm_, stream_));
   payload_bytes += size_t(size_) * count * sizeof(T);
   return ticket();
@@ -198,6 +230,7 @@ template <typename T>
 void NcclComm::send(const T* x, size_t n, int peer, int) {
   if (n == 0) return;
   const trace::Scope call(name_of(mpi_).c_str(), "nccl send", n * sizeof(T), peer);
+  last_call_ = "nccl send";
   NCCL_CHECK(ncclSend(x, n, nccl_type<T>(), peer, comm_, stream_));
   payload_bytes += n * sizeof(T);
 }
@@ -206,6 +239,7 @@ template <typename T>
 void NcclComm::recv(T* x, size_t n, int peer, int) {
   if (n == 0) return;
   const trace::Scope call(name_of(mpi_).c_str(), "nccl recv", n * sizeof(T), peer);
+  last_call_ = "nccl recv";
   NCCL_CHECK(ncclRecv(x, n, nccl_type<T>(), peer, comm_, stream_));
 }
 

@@ -87,6 +87,11 @@ class NcclComm {
   // Comm's blocked seconds: the host never blocks on NCCL's queued work, so it stays 0.
   double busy_seconds = 0;
 
+  // Every live communicator's asynchronous error (ncclCommGetAsyncError): on one, the
+  // communicator is aborted and the rank ends with one line naming it, its group and the last
+  // call queued on it. device::wait_stream runs this between its polls.
+  static void check_async_errors();
+
  private:
   // With `overlap`: stream_ waits for the compute stream's work so far (enter), the compute
   // stream for stream_'s (leave). Without, both are no-ops: stream_ is the compute stream.
@@ -102,6 +107,7 @@ class NcclComm {
   std::vector<cudaEvent_t> events_;
   std::vector<bool> taken_;
   int size_ = 1, rank_ = 0;
+  const char* last_call_ = "none";
 };
 
 }  // namespace tessera

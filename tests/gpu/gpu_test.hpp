@@ -128,10 +128,16 @@ class DevInts {
 // The error measure of every comparison: max |got - want| / max |want| over the compared
 // elements (relative to the tensor's scale, so near-zero elements do not dominate). Any
 // non-finite `got` fails outright: a surviving poison NaN is an element the op did not write.
+// Where every `got` is a bf16 value (a bf16 output), also its error in units in the last place of
+// the reference rounded to nearest even: the signed mean (positive: away from zero), which a
+// store that truncates instead of rounding moves by about half an ulp while max |got - want|
+// hardly sees it, and the largest.
 struct Compare {
   double rel = 0.0;
   size_t worst = 0;
   std::string problem;  // "" when every element is finite
+  bool bf16_values = false;
+  double bias_ulps = 0.0, max_ulps = 0.0;
 };
 Compare compare(const std::vector<double>& got, const std::vector<double>& want);
 

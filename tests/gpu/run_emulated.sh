@@ -4,7 +4,9 @@
 # is src/device/emu). Runs
 #   - tests/gpu (every CUDA op against its CPU twin in fp32 and bf16, the two backends training
 #     side by side, the emulator's own checks) in forward order and in a seeded random order of
-#     blocks and threads (TESSERA_EMU_SEED, default 1: a missing barrier can pass in one order);
+#     blocks and threads (TESSERA_EMU_SEED, default 1: a missing barrier can pass in one order),
+#     with asynchronous streams drained in two seeded orders (a missing event wait can pass in
+#     one);
 #   - the tensor- and data-parallel tests on 2 ranks, NCCL emulated over MPI, in both orders;
 #   - tests/gpu/test_trainer.sh: `tessera train` on device.backend=cuda against the CPU, 1 rank,
 #     2-rank layouts, tp=4 with a padding-only rank and (2,2,2) on 8 ranks;
@@ -31,15 +33,21 @@ run() {  # NAME COMMAND...: the command's output on failure, its last line on su
   fi
   rm -f "$log"
 }
-for order in forward "random:$seed"; do
-  run "gpu_tests ($order)" env TESSERA_EMU_ORDER="$order" "$ROOT/bin/gpu_tests-emu"
-  run "gpu_tests on 2 ranks ($order)" env TESSERA_EMU_ORDER="$order" \
-    "$MPIEXEC" -n 2 "$ROOT/bin/gpu_tests-emu" --gtest_filter='CudaModelTp.*:CudaModelDp.*'
+# Streams deferred and drained in a seeded order (TESSERA_EMU_STREAMS, device/emu/streams.hpp),
+# two seeds: a missing event wait lets work run before what it reads in some order.
+for run_no in 1 2; do
+  if [ "$run_no" = 1 ]; then order=forward; else order=random:$seed; fi
+  streams=async:$((seed + run_no - 1))
+  run "gpu_tests ($order, $streams)" env TESSERA_EMU_ORDER="$order" TESSERA_EMU_STREAMS="$streams" \
+    "$ROOT/bin/gpu_tests-emu"
+  run "gpu_tests on 2 ranks ($order, $streams)" env TESSERA_EMU_ORDER="$order" \
+    TESSERA_EMU_STREAMS="$streams" "$MPIEXEC" -n 2 "$ROOT/bin/gpu_tests-emu" \
+    --gtest_filter='CudaModelTp.*:CudaModelDp.*'
 done
 for script in test_trainer test_device_choice; do
-  echo "=== $script (forward order)"
-  TESSERA=$ROOT/bin/tessera-emu TESSERA_GPUS=8 TESSERA_EMU=1 bash "$ROOT/tests/gpu/$script.sh" ||
-    fails=$((fails + 1))
+  echo "=== $script (forward order, async:$seed streams)"
+  TESSERA=$ROOT/bin/tessera-emu TESSERA_GPUS=8 TESSERA_EMU=1 TESSERA_EMU_STREAMS=async:$seed \
+    bash "$ROOT/tests/gpu/$script.sh" || fails=$((fails + 1))
 done
 echo "test-cuda-host: $fails failed"
 [ "$fails" -eq 0 ]

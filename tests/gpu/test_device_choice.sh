@@ -6,7 +6,12 @@
 #   - two ranks of a node on one GPU (CUDA_VISIBLE_DEVICES=0 for both) are refused before
 #     anything is allocated: one line naming both ranks and the GPU, exit 2;
 #   - (emulator) one rank out of device memory, while its peer goes on into training: that
-#     rank's one line and a non-zero exit within seconds, not a hang in ncclCommDestroy.
+#     rank's one line and a non-zero exit within seconds, not a hang in ncclCommDestroy;
+#   - (emulator) NCCL reporting a lost peer (ncclRemoteError) to one rank in the middle of the
+#     data-parallel sums on their own stream: that rank's one line naming the communicator, its
+#     size and the call, and the job ended within seconds (30 s allowed, start-up included on a
+#     loaded machine), where cudaStreamSynchronize would wait
+#     until the wall time.
 # TESSERA, TESSERA_GPUS and TESSERA_EMU as in test_trainer.sh. Without a GPU: skipped.
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/../integration/lib.sh"
@@ -60,6 +65,20 @@ if [ -n "${TESSERA_EMU:-}" ]; then
     pass "one rank out of GPU memory ended the job in ${took} s (exit $rc): $(grep 'out of memory' err.txt)"
   else
     fail "one rank out of GPU memory: exit $rc after ${took} s"; sed 's/^/    err: /' err.txt | head -5
+  fi
+
+  # Rank 1's NCCL answers ncclRemoteError once it has queued 3 calls (the step's sums).
+  start=$(date +%s)
+  timeout -k 5 60 "$MPIEXEC" -n 1 "$TESSERA" train "$deck" "${common[@]}" train.steps=3 \
+    run.dir="$WORK/lost" : -n 1 -env TESSERA_EMU_NCCL_ERROR 3 "$TESSERA" train "$deck" \
+    "${common[@]}" train.steps=3 run.dir="$WORK/lost" >out.txt 2>err.txt
+  rc=$?
+  took=$(( $(date +%s) - start ))
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ "$took" -lt 30 ] &&
+     grep -Eq '^rank 1: rank 1, GPU 1: NCCL communicator dp \(2 ranks, last call nccl [a-z_]+\) failed: remote process exited or there was a network error' err.txt; then
+    pass "NCCL's lost peer ended the job in ${took} s (exit $rc): $(grep 'NCCL communicator' err.txt)"
+  else
+    fail "NCCL's lost peer: exit $rc after ${took} s"; sed 's/^/    err: /' err.txt | head -5
   fi
 fi
 finish

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/common.cuh"
@@ -18,7 +20,7 @@ using cuda::launch;
 // Every thread of a 1024-thread block gets the block's sum (common.cuh's block_sum: warp
 // shuffles, shared memory, two barriers) and its warp's sum by __shfl_down_sync.
 __global__ void sums_kernel(float* block_out, float* warp_out, const float* in) {
-  __shared__ float shared[32];
+  TESSERA_SHARED(float, shared, [32]);
   const float x = in[threadIdx.x];
   block_out[threadIdx.x] = cuda::block_sum(x, shared);
   float w = x;
@@ -30,7 +32,7 @@ __global__ void sums_kernel(float* block_out, float* warp_out, const float* in) 
 // `sync` false the barrier between the write and the read is missing.
 template <bool sync>
 __global__ void rotate_kernel(float* out, const float* in) {
-  __shared__ float shared[256];
+  TESSERA_SHARED(float, shared, [256]);
   shared[threadIdx.x] = in[threadIdx.x];
   if (sync) __syncthreads();
   out[threadIdx.x] = shared[(threadIdx.x + 1) % blockDim.x];
@@ -76,14 +78,42 @@ TEST(Emulator, MissingBarrierIsCaught) {
   }
 }
 
+// Block 0 fills its shared row and reads it back; block 1 reads the row without filling it. On a
+// GPU that row holds whatever was there; in the emulator it holds NaN (each block's static shared
+// memory is poisoned), never block 0's values, in either order of the blocks.
+__global__ void unloaded_row_kernel(float* out, const float* in) {
+  TESSERA_SHARED(float, row, [64]);
+  if (blockIdx.x == 0) row[threadIdx.x] = in[threadIdx.x];
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = row[(threadIdx.x + 1) % blockDim.x];
+}
+TEST(Emulator, SharedMemoryARowDidNotLoadIsNaN) {
+  std::vector<double> in(64);
+  for (size_t i = 0; i < in.size(); i++) in[i] = double(i) + 0.5;
+  Dev<float> d_in(in), d_out(128);
+  for (int repeat = 0; repeat < 2; repeat++) {
+    launch<unloaded_row_kernel>(2, 64, 0, nullptr, d_out.get(), d_in.get());
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    const std::vector<double> out = d_out.fetch();
+    for (size_t t = 0; t < 64; t++) {
+      ASSERT_EQ(out[t], in[(t + 1) % 64]) << "block 0, thread " << t;
+      ASSERT_TRUE(std::isnan(out[64 + t])) << "block 1, thread " << t << " read " << out[64 + t];
+    }
+  }
+}
+
 __global__ void exited_lane_kernel(float* out) {
   if (threadIdx.x == 5) return;
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, float(threadIdx.x), 1);
 }
 TEST(EmulatorDeathTest, ShuffleNamingAnExitedLane) {
   Dev<float> out(32);
-  EXPECT_DEATH(launch<exited_lane_kernel>(1, 32, 0, nullptr, out.get()),
-               "exited_lane_kernel.*names lane 5, which has exited");
+  EXPECT_DEATH(
+      {
+        launch<exited_lane_kernel>(1, 32, 0, nullptr, out.get());
+        sync();  // with asynchronous streams the grid runs here
+      },
+      "exited_lane_kernel.*names lane 5, which has exited");
 }
 
 __global__ void divergent_barrier_kernel(float* out) {
@@ -94,8 +124,12 @@ __global__ void divergent_barrier_kernel(float* out) {
 }
 TEST(EmulatorDeathTest, BarrierAndShuffleThatNeverMeet) {
   Dev<float> out(64);
-  EXPECT_DEATH(launch<divergent_barrier_kernel>(1, 64, 0, nullptr, out.get()),
-               "the block can never finish: thread \\(0,0,0\\) waits in __syncthreads");
+  EXPECT_DEATH(
+      {
+        launch<divergent_barrier_kernel>(1, 64, 0, nullptr, out.get());
+        sync();  // with asynchronous streams the grid runs here
+      },
+      "the block can never finish: thread \\(0,0,0\\) waits in __syncthreads");
 }
 
 __global__ void mask_without_caller_kernel(float* out) {
@@ -103,8 +137,12 @@ __global__ void mask_without_caller_kernel(float* out) {
 }
 TEST(EmulatorDeathTest, MaskLeavingOutTheCaller) {
   Dev<float> out(32);
-  EXPECT_DEATH(launch<mask_without_caller_kernel>(1, 32, 0, nullptr, out.get()),
-               "mask 0x0000ffff\\) called by lane [0-9]+, which the mask leaves out");
+  EXPECT_DEATH(
+      {
+        launch<mask_without_caller_kernel>(1, 32, 0, nullptr, out.get());
+        sync();  // with asynchronous streams the grid runs here
+      },
+      "mask 0x0000ffff\\) called by lane [0-9]+, which the mask leaves out");
 }
 
 __global__ void write_kernel(float* out) { out[threadIdx.x] = 1.0f; }
@@ -112,6 +150,70 @@ TEST(EmulatorDeathTest, HostPointerToAKernel) {
   std::vector<float> host(32);
   EXPECT_DEATH(launch<write_kernel>(1, 32, 0, nullptr, host.data()),
                "write_kernel: argument 0 is a host pointer");
+}
+
+// Asynchronous streams (TESSERA_EMU_STREAMS=async, as make test-cuda-host runs this): work queued
+// on two streams runs, when the host waits, in a seeded order that respects event edges only.
+// With the edge, the reader always sees what the writer wrote; without it, some of 40 drains run
+// the reader first and it reads the NaN poison. In sync mode every launch runs at once: both
+// always see the writes, and the missing-edge count is 0.
+__global__ void fill_kernel(float* x, float v) { x[threadIdx.x] = v; }
+__global__ void copy_kernel(float* out, const float* in) { out[threadIdx.x] = in[threadIdx.x]; }
+__global__ void copy_ints_kernel(float* out, const int32_t* in) {
+  out[threadIdx.x] = float(in[threadIdx.x]);
+}
+
+int reads_before_write(bool edge) {
+  cudaStream_t a = nullptr, b = nullptr;
+  cudaEvent_t written = nullptr;
+  ck(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), "stream");
+  ck(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), "stream");
+  ck(cudaEventCreateWithFlags(&written, cudaEventDisableTiming), "event");
+  int early = 0;
+  for (int trial = 0; trial < 40; trial++) {
+    Dev<float> x(32), y(32);  // poisoned: NaN
+    launch<fill_kernel>(1, 32, 0, a, x.get(), float(trial));
+    ck(cudaEventRecord(written, a), "record");
+    if (edge) ck(cudaStreamWaitEvent(b, written, 0), "wait");
+    launch<copy_kernel>(1, 32, 0, b, y.get(), static_cast<const float*>(x.get()));
+    const std::vector<double> got = y.fetch();  // a host wait: both streams run
+    if (std::isnan(got[0])) early++;
+    else EXPECT_EQ(got[0], double(trial));
+  }
+  cudaEventDestroy(written);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+  return early;
+}
+
+TEST(EmulatorStreams, AMissingEventWaitIsSeen) {
+  const char* mode = std::getenv("TESSERA_EMU_STREAMS");
+  const bool async = mode && std::string(mode).rfind("async", 0) == 0;
+  EXPECT_EQ(reads_before_write(true), 0);
+  const int early = reads_before_write(false);
+  if (async) EXPECT_GT(early, 0) << "no drain ran the unordered reader first";
+  else EXPECT_EQ(early, 0);
+}
+
+// The race the copy stream had: a step's token upload overwrites the buffer that kernels queued
+// on the compute stream may still read. upload() makes the copy stream wait for the compute
+// stream's work first, so the reader queued before the upload sees the old tokens in every drain.
+TEST(EmulatorStreams, TokenUploadWaitsForTheComputeStreamsReaders) {
+  int32_t* pinned = nullptr;
+  ck(cudaHostAlloc(reinterpret_cast<void**>(&pinned), 32 * sizeof(int32_t), 0), "cudaHostAlloc");
+  for (int trial = 0; trial < 40; trial++) {
+    std::vector<int32_t> old_tokens(32, trial);
+    DevInts tokens(old_tokens);
+    Dev<float> seen(32);
+    launch<copy_ints_kernel>(1, 32, 0, device::stream(), seen.get(),
+                             static_cast<const int32_t*>(tokens));
+    for (int i = 0; i < 32; i++) pinned[i] = 1000 + trial;
+    cuda::upload(const_cast<int32_t*>(static_cast<const int32_t*>(tokens)), pinned,
+                 32 * sizeof(int32_t));
+    cuda::await_uploads();
+    ASSERT_EQ(seen.fetch()[0], double(trial)) << "trial " << trial << ": the reader saw the upload";
+  }
+  cudaFreeHost(pinned);
 }
 
 TEST(Emulator, InvalidLaunchConfiguration) {

@@ -24,12 +24,28 @@ namespace {
 namespace cpu = tessera::cpu;
 namespace gpu = tessera::cuda;
 
+// A bf16 output is also unbiased: the signed mean of its errors against the reference rounded to
+// nearest even stays within 0.1 ulp (a store that truncates gives about -0.5).
 #define EXPECT_CLOSE(got, want, tol, what)                                                       \
   do {                                                                                           \
     const Compare c_ = compare(got, want);                                                       \
     EXPECT_TRUE(c_.problem.empty()) << (what) << ": " << c_.problem;                             \
     EXPECT_LE(c_.rel, (tol)) << (what) << ": worst element " << c_.worst << " got "            \
                              << (got)[c_.worst] << " want " << (want)[c_.worst];               \
+    EXPECT_LE(c_.bf16_values ? std::fabs(c_.bias_ulps) : 0.0, 0.1)                               \
+        << (what) << ": bf16 results biased by " << c_.bias_ulps                                 \
+        << " ulp against the reference rounded to nearest even";                                 \
+  } while (0)
+// Element-wise ops of type F: a bf16 output is within 1 ulp of the exact result rounded to
+// nearest even, element by element (fp32 outputs: EXPECT_CLOSE's bound).
+#define EXPECT_WITHIN_ULP(F, got, want, what)                                                    \
+  do {                                                                                           \
+    const Compare c_ = compare(got, want);                                                       \
+    const bool bf16_ = std::is_same_v<F, bf16>;                                                  \
+    EXPECT_EQ(c_.bf16_values, bf16_) << (what) << ": bf16 values in the output";                 \
+    EXPECT_LE(bf16_ ? c_.max_ulps : 0.0, 1.0)                                                    \
+        << (what) << ": an element " << c_.max_ulps                                              \
+        << " ulp from the reference rounded to nearest even";                                    \
   } while (0)
 
 // Rows [0, rows) and columns [0, cols) of a row-major matrix with leading dimension ld.
@@ -383,6 +399,7 @@ TYPED_TEST(CudaOp, Elementwise) {
       gpu::gelu_forward<F>(d_out, d_x, n);
       cpu::gelu_forward<double>(out.data(), x.data(), n);
       EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "gelu_forward" + what);
+      EXPECT_WITHIN_ULP(F, d_out.fetch(), out, "gelu_forward" + what);
     }
     {
       auto dinp = random_of<F>(n);
@@ -390,6 +407,7 @@ TYPED_TEST(CudaOp, Elementwise) {
       gpu::gelu_backward<F>(d_dinp, d_x, d_y, n);
       cpu::gelu_backward<double>(dinp.data(), x.data(), y.data(), n);
       EXPECT_CLOSE(d_dinp.fetch(), dinp, tolerance<F>(), "gelu_backward" + what);
+      EXPECT_WITHIN_ULP(F, d_dinp.fetch(), dinp, "gelu_backward" + what);
     }
     {
       Dev<F> d_out(n, offset);
@@ -397,6 +415,7 @@ TYPED_TEST(CudaOp, Elementwise) {
       gpu::residual_forward<F>(d_out, d_x, d_y, n);
       cpu::residual_forward<double>(out.data(), x.data(), y.data(), n);
       EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "residual_forward" + what);
+      EXPECT_WITHIN_ULP(F, d_out.fetch(), out, "residual_forward" + what);
     }
     {
       auto dst = random_of<F>(n);
@@ -404,6 +423,7 @@ TYPED_TEST(CudaOp, Elementwise) {
       gpu::add_inplace<F>(d_dst, d_y, n);
       cpu::add_inplace<double>(dst.data(), y.data(), n);
       EXPECT_CLOSE(d_dst.fetch(), dst, tolerance<F>(), "add_inplace" + what);
+      EXPECT_WITHIN_ULP(F, d_dst.fetch(), dst, "add_inplace" + what);
     }
   }
 }

@@ -23,6 +23,7 @@ void to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, b
 void to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void upload(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void await_uploads() {}
+void poison(void*, size_t) {}
 void sync() {}
 std::string memory_report(const Arena&, bool) { return ""; }
 double peak_gflops(bool) { return 0.0; }

@@ -164,6 +164,7 @@ void to_device(void* dst, const void* src, size_t bytes);
 void upload(void* dst, const void* src, size_t bytes);
 void await_uploads();
 void sync();
+void poison(void* p, size_t bytes);
 // "" (the trainer's own memory line says it all) and 0 (MFU is measured against sgemm).
 std::string memory_report(const Arena& arena, bool bf16);
 double peak_gflops(bool bf16);

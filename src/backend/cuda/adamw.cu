@@ -55,7 +55,7 @@ __global__ void adamw_kernel(float* params, C* params_copy, const float* grads, 
 // then every G*T-th one (T threads), in double; the partial goes to scratch[b]. The grid size
 // depends on n alone, so the order of every addition does too.
 __global__ void sum_squares_partial_kernel(double* partial, const float* x, size_t n) {
-  __shared__ double shared[kWarp];
+  TESSERA_SHARED(double, shared, [kWarp]);
   double s = 0.0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
@@ -66,7 +66,7 @@ __global__ void sum_squares_partial_kernel(double* partial, const float* x, size
 
 // Second pass: one block adds the G partials (same fixed tree every time) into *acc.
 __global__ void sum_partials_kernel(double* acc, const double* partial, int count) {
-  __shared__ double shared[kWarp];
+  TESSERA_SHARED(double, shared, [kWarp]);
   double s = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
   s = block_sum(s, shared);

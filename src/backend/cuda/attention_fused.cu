@@ -67,10 +67,10 @@ template <typename F, int Dmax>
 __global__ void flash_forward_kernel(F* out, float* lse, const F* qkv, int T, Heads heads,
                                      float scale) {
   constexpr int R = kRowsPerWarp<Dmax>, kBr = kWarps * R, kDims = Dmax / kWarp;
-  __shared__ float qs[kBr][Dmax];
-  __shared__ float ks[kBc][Dmax + 1];
-  __shared__ float vs[kBc][Dmax];
-  __shared__ float ps[kBr][kBc];
+  TESSERA_SHARED(float, qs, [kBr][Dmax]);
+  TESSERA_SHARED(float, ks, [kBc][Dmax + 1]);
+  TESSERA_SHARED(float, vs, [kBc][Dmax]);
+  TESSERA_SHARED(float, ps, [kBr][kBc]);
   const int hs = heads.hs, C3 = heads.row();
   const int bh = blockIdx.y, b = bh / heads.NH, h = bh % heads.NH, g = heads.kv_of(h);
   const int q0 = blockIdx.x * kBr;
@@ -154,13 +154,14 @@ __global__ void flash_dkdv_kernel(F* dqkv, const F* dout, const F* qkv, const F*
                                   const float* lse, int T, Heads heads, float scale) {
   constexpr int kBq = kWarps * kRowsPerWarp<Dmax>, kDims = Dmax / kWarp;
   constexpr int kKeysPerWarp = kBc / kWarps;
-  __shared__ float ks[kBc][Dmax + 1];
-  __shared__ float vs[kBc][Dmax + 1];
-  __shared__ float qs[kBq][Dmax];
-  __shared__ float dos[kBq][Dmax];
-  __shared__ float ps[kBq][kBc];
-  __shared__ float dss[kBq][kBc];
-  __shared__ float lses[kBq], Ds[kBq];
+  TESSERA_SHARED(float, ks, [kBc][Dmax + 1]);
+  TESSERA_SHARED(float, vs, [kBc][Dmax + 1]);
+  TESSERA_SHARED(float, qs, [kBq][Dmax]);
+  TESSERA_SHARED(float, dos, [kBq][Dmax]);
+  TESSERA_SHARED(float, ps, [kBq][kBc]);
+  TESSERA_SHARED(float, dss, [kBq][kBc]);
+  TESSERA_SHARED(float, lses, [kBq]);
+  TESSERA_SHARED(float, Ds, [kBq]);
   const int hs = heads.hs, C3 = heads.row(), Cq = heads.NH * hs, G = heads.NH / heads.NKV;
   const int bg = blockIdx.y, b = bg / heads.NKV, g = bg % heads.NKV;
   const int k0 = blockIdx.x * kBc;
@@ -238,12 +239,12 @@ template <typename F, int Dmax>
 __global__ void flash_dq_kernel(F* dqkv, const F* dout, const F* qkv, const F* out,
                                 const float* lse, int T, Heads heads, float scale) {
   constexpr int R = kRowsPerWarp<Dmax>, kBr = kWarps * R, kDims = Dmax / kWarp;
-  __shared__ float qs[kBr][Dmax];
-  __shared__ float dos[kBr][Dmax];
-  __shared__ float ks[kBc][Dmax + 1];
-  __shared__ float vs[kBc][Dmax + 1];
-  __shared__ float dss[kBr][kBc];
-  __shared__ float Ds[kBr];
+  TESSERA_SHARED(float, qs, [kBr][Dmax]);
+  TESSERA_SHARED(float, dos, [kBr][Dmax]);
+  TESSERA_SHARED(float, ks, [kBc][Dmax + 1]);
+  TESSERA_SHARED(float, vs, [kBc][Dmax + 1]);
+  TESSERA_SHARED(float, dss, [kBr][kBc]);
+  TESSERA_SHARED(float, Ds, [kBr]);
   const int hs = heads.hs, C3 = heads.row(), Cq = heads.NH * hs;
   const int bh = blockIdx.y, b = bh / heads.NH, h = bh % heads.NH, g = heads.kv_of(h);
   const int q0 = blockIdx.x * kBr;

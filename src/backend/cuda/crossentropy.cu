@@ -17,7 +17,7 @@ constexpr int kThreads = 256;
 // t + blockDim, ...
 template <typename F, int W>
 __global__ void row_max_kernel(float* row_max, const F* logits, int Vl, int valid) {
-  __shared__ float shared[kWarp];
+  TESSERA_SHARED(float, shared, [kWarp]);
   const F* x = logits + size_t(blockIdx.x) * Vl;
   float mx = -FLT_MAX;  // lowest(), what the CPU twin gives a rank without real columns
   for (int c = threadIdx.x * W; c < valid; c += blockDim.x * W) {
@@ -36,7 +36,7 @@ __global__ void row_max_kernel(float* row_max, const F* logits, int Vl, int vali
 template <typename F, int W>
 __global__ void exp_sums_kernel(double* sums, F* probs, const F* logits, const float* row_max,
                                 const int32_t* targets, int Vl, int valid, int v0) {
-  __shared__ double shared[kWarp];
+  TESSERA_SHARED(double, shared, [kWarp]);
   const int n = blockIdx.x;
   const F* x = logits + size_t(n) * Vl;
   F* p = probs + size_t(n) * Vl;

@@ -2,9 +2,10 @@
 // The one way a kernel starts: launch<kernel>(grid, block, smem, stream, args...).
 //
 // Under nvcc it is kernel<<<grid, block, smem, stream>>>(args...). In the emulated build
-// (TESSERA_CUDA_EMU, `make test-cuda-host`) g++ compiles the kernels as C++ and the launch runs
-// every block and thread of the grid on the CPU before it returns (device/emu/kernel.hpp); the
-// pointer arguments are checked to be device memory first. The caller checks the launch with
+// (TESSERA_CUDA_EMU, `make test-cuda-host`) g++ compiles the kernels as C++ and the launch queues
+// the grid, its arguments copied, on the stream; every block and thread of it runs on the CPU
+// when the stream's work runs (device/emu/kernel.hpp); the pointer arguments are checked to be
+// device memory first. The caller checks the launch with
 // CUDA_CHECK_LAUNCH() in both.
 #include <cuda_runtime_api.h>
 
@@ -13,9 +14,23 @@
 #include <type_traits>
 
 #ifdef TESSERA_CUDA_EMU
+#include <memory>
 #include <string>
 
 #include "device/emu/kernel.hpp"
+#endif
+
+// Static shared memory: TESSERA_SHARED(float, tile, [64][65]) declares `__shared__ float
+// tile[64][65]`. The emulator runs one block after another on a host thread whose statics are
+// the block's storage, so there the declaration also poisons it (0xFF: NaN) the first time a
+// thread of each new block passes it: a block that reads shared memory it did not write sees NaN,
+// not the previous block's values (a bare __shared__ does not compile in the emulated build).
+#ifdef TESSERA_CUDA_EMU
+#define TESSERA_SHARED(type, name, extents) \
+  static thread_local type name extents;    \
+  ::tessera::emu::poison_shared(&name, sizeof(name))
+#else
+#define TESSERA_SHARED(type, name, extents) __shared__ type name extents
 #endif
 
 namespace tessera::cuda {
@@ -49,13 +64,14 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const Args&
     index++;
   };
   (check(args), ...);
-  const std::tuple<const Args&...> bound(args...);
+  // By value, as a launch captures its arguments: the grid may run after the caller's copies die.
+  auto bound = std::make_shared<const std::tuple<Args...>>(args...);
   emu::run_grid(name, grid, block, smem, stream,
                 [](const void* closure) {
                   std::apply([](const Args&... a) { Kernel(a...); },
-                             *static_cast<const std::tuple<const Args&...>*>(closure));
+                             *static_cast<const std::tuple<Args...>*>(closure));
                 },
-                &bound);
+                bound);
 #else
   Kernel<<<grid, block, smem, stream>>>(args...);
 #endif

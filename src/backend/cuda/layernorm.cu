@@ -106,7 +106,8 @@ template <typename F>
 __global__ void layernorm_backward_params_kernel(float* partial, const F* dout, const F* inp,
                                                  const float* mean, const float* rstd, int N,
                                                  int C, int per) {
-  __shared__ float pw[kWarp][kWarp + 1], pb[kWarp][kWarp + 1];
+  TESSERA_SHARED(float, pw, [kWarp][kWarp + 1]);
+  TESSERA_SHARED(float, pb, [kWarp][kWarp + 1]);
   const int col = blockIdx.x * kWarp + threadIdx.x;
   const int begin = blockIdx.y * per, end = begin + per < N ? begin + per : N;
   float sw = 0.0f, sb = 0.0f;

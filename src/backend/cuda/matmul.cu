@@ -46,7 +46,8 @@ void bias_rows(F* out, const F* bias, int N, int OC, bool add) {
 // partials of a column are added in a fixed order.
 template <typename F>
 __global__ void column_sum_kernel(float* partial, const F* dout, int N, int OC, int per) {
-  __shared__ float part[kWarp][kWarp + 1];  // +1: the column-wise read below has no conflicts
+  // +1: the column-wise read below has no conflicts
+  TESSERA_SHARED(float, part, [kWarp][kWarp + 1]);
   const int col = blockIdx.x * kWarp + threadIdx.x;
   const int begin = blockIdx.y * per, end = begin + per < N ? begin + per : N;
   float s = 0.0f;

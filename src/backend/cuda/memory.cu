@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/cuda/common.cuh"
+#include "device/stream_wait.hpp"
 
 namespace tessera::cuda {
 
@@ -54,23 +55,35 @@ void copy(void* dst, const void* src, size_t bytes) {
 
 void to_host(void* dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
-  CUDA_CHECK(cudaStreamSynchronize(stream()));
+  device::wait_stream(stream(), "a copy to the host");
 }
 
 void to_device(void* dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
-  CUDA_CHECK(cudaStreamSynchronize(stream()));  // the host may reuse src on return
+  device::wait_stream(stream(), "a copy to the device");  // the host may reuse src on return
 }
 
 void upload(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
+  // The copy overwrites tokens that kernels queued on the compute stream may still read (the
+  // previous step's, an evaluation's): the copy stream waits for the compute stream first.
+  CUDA_CHECK(cudaEventRecord(device::consumed(), stream()));
+  CUDA_CHECK(cudaStreamWaitEvent(device::copy_stream(), device::consumed(), 0));
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, device::copy_stream()));
   CUDA_CHECK(cudaEventRecord(device::uploaded(), device::copy_stream()));
 }
 
 void await_uploads() { CUDA_CHECK(cudaStreamWaitEvent(stream(), device::uploaded(), 0)); }
 
-void sync() { CUDA_CHECK(cudaStreamSynchronize(stream())); }
+void sync() { device::wait_stream(stream(), "the step's work"); }
+
+void poison(void* p, size_t bytes) {
+#ifdef TESSERA_CUDA_EMU
+  CUDA_CHECK(cudaMemsetAsync(p, 0xFF, bytes, stream()));
+#else
+  (void)p, (void)bytes;
+#endif
+}
 
 std::string memory_report(const Arena& arena, bool bf16) {
   char backend[96];

@@ -173,6 +173,7 @@ void to_device(void* dst, const void* src, size_t bytes);
 void upload(void* dst, const void* src, size_t bytes);
 void await_uploads();
 void sync();
+void poison(void* p, size_t bytes);
 // "device memory (rank 0, bf16):" and the arena's buffers; the datasheet's dense peak of this
 // GPU for the precision (0 for a GPU not in the table: the trainer then measures the CPU's).
 std::string memory_report(const Arena& arena, bool bf16);

@@ -81,7 +81,7 @@ __global__ void rmsnorm_backward_dinp_kernel(F* dinp, const F* dout, const F* in
 template <typename F>
 __global__ void rmsnorm_backward_weight_kernel(float* partial, const F* dout, const F* inp,
                                                const float* rstd, int N, int C, int per) {
-  __shared__ float pw[kWarp][kWarp + 1];
+  TESSERA_SHARED(float, pw, [kWarp][kWarp + 1]);
   const int col = blockIdx.x * kWarp + threadIdx.x;
   const int begin = blockIdx.y * per, end = begin + per < N ? begin + per : N;
   float sw = 0.0f;

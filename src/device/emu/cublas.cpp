@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "device/emu/memory.hpp"
+#include "device/emu/streams.hpp"
 
 struct cublasContext {
   cudaStream_t stream = nullptr;
@@ -78,23 +79,26 @@ cublasStatus_t gemm(const char* call, cublasHandle_t h, cublasOperation_t ta,
           " bytes): " + why);
       return CUBLAS_STATUS_EXECUTION_FAILED;
     }
+  // alpha and beta are read now (host pointer mode); the product when the stream runs it.
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
-  std::vector<float> col(size_t(std::max(k, 1)));
-  for (int e = 0; e < batch; e++) {
-    const long long oa = e * sa, ob = e * sb, oc = e * sc;
-    for (int j = 0; j < n; j++) {
-      // op(B)'s column j, once per column of C.
-      for (int p = 0; p < k; p++) col[size_t(p)] = load(B, bt, ob + (b_t ? j + (long long)p * ldb : p + (long long)j * ldb));
-      for (int i = 0; i < m; i++) {
-        float acc = 0.0f;
-        for (int p = 0; p < k; p++)
-          acc += load(A, at, oa + (a_t ? p + (long long)i * lda : i + (long long)p * lda)) * col[size_t(p)];
-        const long long at_c = oc + i + (long long)j * ldc;
-        // beta == 0 does not read C (it may hold NaN), as cuBLAS.
-        store(C, ct, at_c, b == 0.0f ? a * acc : a * acc + b * load(C, ct, at_c));
+  enqueue(h->stream, [=] {
+    std::vector<float> col(size_t(std::max(k, 1)));
+    for (int e = 0; e < batch; e++) {
+      const long long oa = e * sa, ob = e * sb, oc = e * sc;
+      for (int j = 0; j < n; j++) {
+        // op(B)'s column j, once per column of C.
+        for (int p = 0; p < k; p++) col[size_t(p)] = load(B, bt, ob + (b_t ? j + (long long)p * ldb : p + (long long)j * ldb));
+        for (int i = 0; i < m; i++) {
+          float acc = 0.0f;
+          for (int p = 0; p < k; p++)
+            acc += load(A, at, oa + (a_t ? p + (long long)i * lda : i + (long long)p * lda)) * col[size_t(p)];
+          const long long at_c = oc + i + (long long)j * ldc;
+          // beta == 0 does not read C (it may hold NaN), as cuBLAS.
+          store(C, ct, at_c, b == 0.0f ? a * acc : a * acc + b * load(C, ct, at_c));
+        }
       }
     }
-  }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 

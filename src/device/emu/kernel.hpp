@@ -3,14 +3,16 @@
 // compiles src/backend/cuda/*.cu as C++, and this file gives their kernels what nvcc would:
 //
 //   threadIdx, blockIdx, blockDim, gridDim   the coordinates of the CUDA thread that runs
-//   __shared__                               per-block storage: a static of the host thread,
-//                                            which runs one block at a time
+//   TESSERA_SHARED (backend/cuda/launch.cuh) per-block storage: a static of the host thread,
+//                                            which runs one block at a time, poisoned (0xFF)
+//                                            for each block by poison_shared below
 //   __syncthreads()                          the block barrier
 //   __shfl_xor_sync, __shfl_down_sync,       warp collectives over 32 lanes: each releases when
 //   __shfl_sync, __syncwarp                  every lane its mask names has arrived
 //
-// launch() (backend/cuda/launch.cuh) hands a grid to run_grid (scheduler.cpp), which runs it on
-// the calling host thread before returning: block after block, each CUDA thread a fiber of its own
+// launch() (backend/cuda/launch.cuh) hands a grid to run_grid (scheduler.cpp), which queues it on
+// its stream (device/emu/streams.hpp); it runs on the host thread that runs the stream's work:
+// block after block, each CUDA thread a fiber of its own
 // (ucontext) that runs until it reaches a barrier, a warp collective or its end. Blocks and
 // threads run in the order TESSERA_EMU_ORDER says: `forward` (the default) or `random[:SEED]`, a
 // seeded shuffle drawn anew for every block and every phase between barriers, so a kernel that
@@ -23,7 +25,8 @@
 // emulated in runtime.cpp, cublas.cpp and nccl.cpp beside this file.
 //
 // What it cannot see: races between blocks (they run one after another; a race shows only as an
-// answer that depends on the block order), timing and overlap (streams are synchronous), memory
+// answer that depends on the block order), timing and true overlap (async streams reorder work,
+// they do not run it at the same time), memory
 // coalescing, bank conflicts, occupancy and register spills (make cuda-report), and arithmetic
 // that differs on the device (fused multiply-adds, the accuracy of expf, tensor-core rounding).
 #include <cuda_runtime.h>  // all of it before the macros below (nccl.h includes it too)
@@ -31,11 +34,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 
-// The CUDA headers make these empty for a host compiler; per-block storage must be static.
+// The CUDA headers make __shared__ empty for a host compiler: a bare one would declare storage of
+// each thread, unpoisoned. Static shared memory is declared with TESSERA_SHARED instead.
 #undef __shared__
-#define __shared__ static thread_local
+#define __shared__ __shared___use_TESSERA_SHARED
 
 namespace tessera::emu {
 
@@ -54,12 +59,17 @@ uint64_t warp_collective(unsigned mask, uint64_t value, int src, const char* wha
 int lane_id();
 // The launch's dynamic shared memory (the smem bytes given to launch), per block.
 void* dynamic_shared();
+// Fills `bytes` at p with 0xFF the first time a thread of the running block calls it for p: the
+// static shared storage of TESSERA_SHARED, which the block before left holding its values.
+void poison_shared(void* p, size_t bytes);
 
-// Runs body(closure) as every thread of the grid (see above). An invalid configuration sets the
-// runtime's last error (cudaErrorInvalidConfiguration), as a launch on a GPU does.
+// Runs body(closure) as every thread of the grid (see above), when the stream gets to it
+// (device/emu/streams.hpp: at once, or later in async mode; the closure holds the arguments by
+// value, as a launch captures them). An invalid configuration sets the runtime's last error
+// (cudaErrorInvalidConfiguration) at once, as a launch on a GPU does.
 using Body = void (*)(const void* closure);
 void run_grid(const char* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-              Body body, const void* closure);
+              Body body, std::shared_ptr<const void> closure);
 // Ends the run with "cuda emulator: kernel K: what" when p is neither null nor inside device or
 // pinned memory (a host pointer handed to a kernel: an illegal address on a GPU).
 void check_kernel_pointer(const char* kernel, int argument, const void* p);

@@ -1,5 +1,8 @@
 // The CUDA emulator's NCCL: the calls NcclComm makes (parallel/nccl_comm.cpp), on MPI over the
-// emulator's host buffers, at once.
+// emulator's host buffers. A call communicates when it is made, after the work its stream is
+// ordered after has run (streams.hpp), so every rank meets its collectives in program order; its
+// result lands in the receive buffer when the stream's queue gets there (at once with sync
+// streams), so work that no event orders after it reads the old values in some drains.
 //
 // Bootstrap keeps NCCL's contract: one rank makes an ncclUniqueId, the caller broadcasts it, and
 // every member calls ncclCommInitRank with it. The id carries its maker's world rank and a
@@ -12,16 +15,24 @@
 // (MPI_Ssend), as an NCCL send holds its stream until the peer receives. So an order that would
 // deadlock a GPU's streams deadlocks here too. bf16 sums add in fp32 and round, element by element.
 // ncclCommDestroy waits for the peers (see there); ncclCommAbort does not.
+//
+// TESSERA_EMU_NCCL_ERROR=N (set for one rank) makes ncclCommGetAsyncError answer ncclRemoteError
+// on every communicator once this process has queued N calls: a peer lost to a node or network
+// fault as NCCL reports it, for the test that such a rank ends the job (parallel/nccl_comm.cpp).
 #include <mpi.h>
 #include <nccl.h>
 
 #include <cuda_bf16.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "device/emu/memory.hpp"
+#include "device/emu/streams.hpp"
 
 struct ncclComm {
   MPI_Comm comm = MPI_COMM_NULL;
@@ -48,9 +59,26 @@ struct Pending {
   MPI_Datatype type;
   int peer;
   ncclComm_t comm;
+  cudaStream_t stream;
+  std::shared_ptr<std::vector<unsigned char>> staged;  // a receive's landing copy
 };
 int g_group_depth = 0;
 std::vector<Pending> g_pending;
+long g_calls = 0;  // calls queued by this process (every one passes check)
+
+// TESSERA_EMU_NCCL_ERROR: the call count after which the asynchronous error shows; 0: never.
+long error_after() {
+  static const long after = [] {
+    const char* v = std::getenv("TESSERA_EMU_NCCL_ERROR");
+    if (!v) return 0L;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || n < 1)
+      fault(std::string("TESSERA_EMU_NCCL_ERROR=") + v + ": expected a call count of 1 or more");
+    return n;
+  }();
+  return after;
+}
 
 MPI_Datatype mpi_type(ncclDataType_t t, size_t* bytes) {
   switch (t) {
@@ -94,7 +122,17 @@ ncclResult_t check(const char* call, ncclComm_t comm, ncclDataType_t t,
   for (const auto& [p, n] : buffers)
     if (const std::string why = check_device_range(p, n * bytes); n && !why.empty())
       return say(std::string(call) + ": a buffer of " + std::to_string(n * bytes) + " bytes: " + why), ncclInvalidArgument;
+  g_calls++;
   return ncclSuccess;
+}
+
+// Where a call's result lands: it is computed now, into a staging copy (the ranks meet in their
+// calls in program order), and lands in `dst` when the stream gets there (at once with sync
+// streams): work that no event orders after the call reads the old values in some drains.
+void land(cudaStream_t stream, void* dst, size_t bytes, const std::function<void(void*)>& fill) {
+  auto staged = std::make_shared<std::vector<unsigned char>>(bytes);
+  fill(staged->data());
+  enqueue(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
 }
 
 ncclResult_t collective_in_group(const char* call) {
@@ -179,7 +217,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
-  *async_error = ncclSuccess;
+  *async_error = error_after() > 0 && g_calls >= error_after() ? ncclRemoteError : ncclSuccess;
   return comm ? ncclSuccess : ncclInvalidArgument;
 }
 
@@ -190,6 +228,7 @@ const char* ncclGetErrorString(ncclResult_t result) {
     case ncclInternalError: return "internal error";
     case ncclInvalidArgument: return "invalid argument";
     case ncclInvalidUsage: return "invalid usage";
+    case ncclRemoteError: return "remote process exited or there was a network error";
     default: return "unknown result code";
   }
 }
@@ -197,7 +236,7 @@ const char* ncclGetErrorString(ncclResult_t result) {
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream) {
-  (void)stream;
+  flush(stream);  // what the stream queued before the call, and what that waits for
   if (g_group_depth) return collective_in_group("ncclAllReduce");
   if (ncclResult_t e = check("ncclAllReduce", comm, datatype, {{sendbuff, count}, {recvbuff, count}}); e)
     return e;
@@ -205,15 +244,16 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   const MPI_Datatype t = mpi_type(datatype, &bytes);
   const MPI_Op o = mpi_op(op, datatype);
   if (o == MPI_OP_NULL) return ncclInvalidArgument;
-  MPI_Allreduce(sendbuff == recvbuff ? MPI_IN_PLACE : sendbuff, recvbuff, int(count), t, o,
-                comm->comm);
+  land(stream, recvbuff, count * bytes, [&](void* out) {
+    MPI_Allreduce(sendbuff, out, int(count), t, o, comm->comm);
+  });
   return ncclSuccess;
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream) {
-  (void)stream;
+  flush(stream);  // what the stream queued before the call, and what that waits for
   if (g_group_depth) return collective_in_group("ncclReduceScatter");
   if (ncclResult_t e = check("ncclReduceScatter", comm, datatype,
                              {{sendbuff, recvcount * size_t(comm ? comm->size : 1)}, {recvbuff, recvcount}});
@@ -223,16 +263,16 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   const MPI_Datatype t = mpi_type(datatype, &bytes);
   const MPI_Op o = mpi_op(op, datatype);
   if (o == MPI_OP_NULL) return ncclInvalidArgument;
-  // NCCL's in-place form (recv inside send) is not MPI's: reduce into a copy.
-  std::vector<unsigned char> out(recvcount * bytes);
-  MPI_Reduce_scatter_block(sendbuff, out.data(), int(recvcount), t, o, comm->comm);
-  std::memcpy(recvbuff, out.data(), out.size());
+  // Into the staging copy: NCCL's in-place form (recv inside send) is not MPI's.
+  land(stream, recvbuff, recvcount * bytes, [&](void* out) {
+    MPI_Reduce_scatter_block(sendbuff, out, int(recvcount), t, o, comm->comm);
+  });
   return ncclSuccess;
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
+  flush(stream);  // what the stream queued before the call, and what that waits for
   if (g_group_depth) return collective_in_group("ncclAllGather");
   if (ncclResult_t e = check("ncclAllGather", comm, datatype,
                              {{sendbuff, sendcount}, {recvbuff, sendcount * size_t(comm ? comm->size : 1)}});
@@ -240,22 +280,22 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
     return e;
   size_t bytes;
   const MPI_Datatype t = mpi_type(datatype, &bytes);
-  const bool in_place =
-      static_cast<const char*>(recvbuff) + size_t(comm->rank) * sendcount * bytes == sendbuff;
-  MPI_Allgather(in_place ? MPI_IN_PLACE : sendbuff, int(sendcount), t, recvbuff, int(sendcount), t,
-                comm->comm);
+  land(stream, recvbuff, size_t(comm->size) * sendcount * bytes, [&](void* out) {
+    MPI_Allgather(sendbuff, int(sendcount), t, out, int(sendcount), t, comm->comm);
+  });
   return ncclSuccess;
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
+  flush(stream);  // what the stream queued before the call, and what that waits for
   if (ncclResult_t e = check("ncclSend", comm, datatype, {{sendbuff, count}}); e) return e;
   if (peer < 0 || peer >= comm->size) return ncclInvalidArgument;
   size_t bytes;
   const MPI_Datatype t = mpi_type(datatype, &bytes);
   if (g_group_depth) {
-    g_pending.push_back({true, const_cast<void*>(sendbuff), int(count), t, peer, comm});
+    g_pending.push_back({true, const_cast<void*>(sendbuff), int(count), t, peer, comm, stream,
+                         nullptr});
     return ncclSuccess;
   }
   MPI_Ssend(sendbuff, int(count), t, peer, 0, comm->comm);
@@ -264,16 +304,19 @@ ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatyp
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
+  flush(stream);  // what the stream queued before the call, and what that waits for
   if (ncclResult_t e = check("ncclRecv", comm, datatype, {{recvbuff, count}}); e) return e;
   if (peer < 0 || peer >= comm->size) return ncclInvalidArgument;
   size_t bytes;
   const MPI_Datatype t = mpi_type(datatype, &bytes);
   if (g_group_depth) {
-    g_pending.push_back({false, recvbuff, int(count), t, peer, comm});
+    g_pending.push_back({false, recvbuff, int(count), t, peer, comm, stream,
+                         std::make_shared<std::vector<unsigned char>>(count * bytes)});
     return ncclSuccess;
   }
-  MPI_Recv(recvbuff, int(count), t, peer, 0, comm->comm, MPI_STATUS_IGNORE);
+  land(stream, recvbuff, count * bytes, [&](void* out) {
+    MPI_Recv(out, int(count), t, peer, 0, comm->comm, MPI_STATUS_IGNORE);
+  });
   return ncclSuccess;
 }
 
@@ -291,9 +334,14 @@ ncclResult_t ncclGroupEnd() {
     if (p.send)
       MPI_Isend(p.buffer, p.count, p.type, p.peer, 0, p.comm->comm, &requests[i]);
     else
-      MPI_Irecv(p.buffer, p.count, p.type, p.peer, 0, p.comm->comm, &requests[i]);
+      MPI_Irecv(p.staged->data(), p.count, p.type, p.peer, 0, p.comm->comm, &requests[i]);
   }
   MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+  for (const Pending& p : g_pending)  // each receive lands when its stream gets there
+    if (!p.send)
+      enqueue(p.stream, [dst = p.buffer, staged = p.staged] {
+        std::memcpy(dst, staged->data(), staged->size());
+      });
   g_pending.clear();
   return ncclSuccess;
 }

@@ -1,6 +1,6 @@
 // The CUDA emulator's runtime: the cuda* calls tessera makes, defined against the declarations of
-// the CUDA headers (cuda_runtime_api.h), on host memory and at once (a stream is a name: work
-// runs when it is queued, so every stream is always synchronised).
+// the CUDA headers (cuda_runtime_api.h), on host memory; queued work (copies, memsets) runs when
+// streams.hpp's mode says: at once (sync) or deferred until the host synchronises (async).
 //
 // cudaMalloc gives 256-byte aligned host memory filled with 0xFF bytes (a NaN in fp32, fp64 and
 // bf16), so an output that a kernel should have written and did not shows up. Copies and memsets
@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "device/emu/memory.hpp"
+#include "device/emu/streams.hpp"
 
 namespace tessera::emu {
 
@@ -259,7 +261,10 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  drain();
+  return cudaSuccess;
+}
 
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -287,7 +292,11 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
-cudaError_t cudaFree(void* ptr) { return release(ptr, Space::device, "cudaFree"); }
+// Both wait for the device first, as CUDA's do: queued work may still use the memory.
+cudaError_t cudaFree(void* ptr) {
+  drain();
+  return release(ptr, Space::device, "cudaFree");
+}
 
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
   (void)flags;
@@ -297,19 +306,39 @@ cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
 
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaHostAlloc(ptr, bytes, 0); }
 
-cudaError_t cudaFreeHost(void* ptr) { return release(ptr, Space::pinned, "cudaFreeHost"); }
+cudaError_t cudaFreeHost(void* ptr) {
+  drain();
+  return release(ptr, Space::pinned, "cudaFreeHost");
+}
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle, "cudaMemcpyAsync: no such stream");
   if (const cudaError_t e = check_copy("cudaMemcpyAsync", dst, src, bytes, kind); e != cudaSuccess)
     return e;
-  if (bytes) std::memmove(dst, src, bytes);
+  if (bytes == 0) return cudaSuccess;
+  // As CUDA: from pageable host memory the source is staged when the copy is queued (the caller
+  // may reuse it on return); into pageable host memory the copy completes before the call
+  // returns, after the stream's earlier work; pinned and device memory are read and written when
+  // the copy runs.
+  if (space_of(src, bytes) == Space::none) {
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + bytes);
+    enqueue(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+  } else if (space_of(dst, bytes) == Space::none) {
+    flush(stream);
+    std::memmove(dst, src, bytes);
+  } else {
+    enqueue(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  }
   return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  drain();
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  drain();
+  return e;
 }
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
@@ -317,12 +346,14 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t str
   if (bytes == 0) return cudaSuccess;
   if (const std::string why = check_device_range(ptr, bytes); !why.empty())
     return fail(cudaErrorInvalidValue, "cudaMemsetAsync of " + std::to_string(bytes) + " bytes: " + why);
-  std::memset(ptr, value, bytes);
+  enqueue(stream, [ptr, value, bytes] { std::memset(ptr, value, bytes); });
   return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
-  return cudaMemsetAsync(ptr, value, bytes, nullptr);
+  const cudaError_t e = cudaMemsetAsync(ptr, value, bytes, nullptr);
+  drain();
+  return e;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
@@ -337,14 +368,25 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  drain();  // its queued work still runs, as on a GPU
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_streams.erase(stream)) return cudaErrorInvalidResourceHandle;
   delete reinterpret_cast<Handle*>(stream);
   return cudaSuccess;
 }
 
+// A host wait: every stream's queued work runs (streams.hpp), in the mode's order.
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  return valid_stream(stream) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+  if (!valid_stream(stream)) return cudaErrorInvalidResourceHandle;
+  drain();
+  return cudaSuccess;
+}
+
+// As a wait: what the host reads after a query that says done must be there.
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (!valid_stream(stream)) return cudaErrorInvalidResourceHandle;
+  drain();
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
@@ -361,6 +403,7 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlag
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_events.erase(event)) return cudaErrorInvalidResourceHandle;
+  forget_event(event);
   delete reinterpret_cast<Handle*>(event);
   return cudaSuccess;
 }
@@ -371,16 +414,28 @@ static bool valid_event(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  return valid_event(event) && valid_stream(stream) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+  if (!valid_event(event) || !valid_stream(stream)) return cudaErrorInvalidResourceHandle;
+  record(event, stream);
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return valid_event(event) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+  if (!valid_event(event)) return cudaErrorInvalidResourceHandle;
+  drain();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (!valid_event(event)) return cudaErrorInvalidResourceHandle;
+  drain();
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   (void)flags;
-  return valid_event(event) && valid_stream(stream) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+  if (!valid_event(event) || !valid_stream(stream)) return cudaErrorInvalidResourceHandle;
+  wait_event(stream, event);
+  return cudaSuccess;
 }
 
 }  // extern "C"

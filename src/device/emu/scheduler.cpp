@@ -16,13 +16,16 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device/emu/kernel.hpp"
 #include "device/emu/memory.hpp"
+#include "device/emu/streams.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
 extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom,
@@ -131,6 +134,8 @@ struct Runner {
   const void* sched_bottom = nullptr;
   size_t sched_size = 0;
   void* sched_fake_stack = nullptr;
+  uint64_t block_serial = 0;  // counts the blocks run: poison_shared's "new block"
+  std::vector<std::pair<void*, uint64_t>> poisoned;  // static shared storage, the block it was poisoned for
 };
 thread_local Runner r;
 
@@ -335,6 +340,7 @@ void run_block(uint3 block) {
     sequence[i] = i;
   }
   std::fill(r.launch->smem.begin(), r.launch->smem.end(), 0xFF);  // NaN until written
+  r.block_serial++;
   size_t live = n;
   for (;;) {
     order().arrange(sequence);
@@ -384,8 +390,20 @@ void* dynamic_shared() {
   return r.launch->smem.data();
 }
 
+void poison_shared(void* p, size_t bytes) {
+  if (!r.launch) fault("shared memory declared outside a kernel");
+  for (auto& [q, serial] : r.poisoned)
+    if (q == p) {
+      if (serial != r.block_serial) std::memset(p, 0xFF, bytes);
+      serial = r.block_serial;
+      return;
+    }
+  std::memset(p, 0xFF, bytes);
+  r.poisoned.emplace_back(p, r.block_serial);
+}
+
 void run_grid(const char* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-              Body body, const void* closure) {
+              Body body, std::shared_ptr<const void> closure) {
   if (r.launch) fault(std::string("kernel ") + kernel + " launched from inside a kernel");
   const size_t threads = size_t(block.x) * block.y * block.z;
   // The limits of every GPU since sm_30 (maxThreadsPerBlock, maxThreadsDim, maxGridSize) and
@@ -404,19 +422,22 @@ void run_grid(const char* kernel, dim3 grid, dim3 block, size_t smem, cudaStream
     set_last_error(cudaErrorInvalidResourceHandle);
     return;
   }
-  Launch launch{kernel, grid, block, body, closure, std::vector<unsigned char>(smem)};
-  r.launch = &launch;
-  g_at.grid_dim = grid;
-  g_at.block_dim = block;
-  std::vector<uint3> blocks;
-  blocks.reserve(size_t(grid.x) * grid.y * grid.z);
-  for (unsigned z = 0; z < grid.z; z++)
-    for (unsigned y = 0; y < grid.y; y++)
-      for (unsigned x = 0; x < grid.x; x++) blocks.push_back({x, y, z});
-  order().arrange(blocks);
-  for (const uint3& b : blocks) run_block(b);
-  r.launch = nullptr;
-  g_at = Coords{};
+  // The grid runs when its stream gets to it (streams.hpp), from the arguments as they were now.
+  enqueue(stream, [kernel, grid, block, smem, body, closure] {
+    Launch launch{kernel, grid, block, body, closure.get(), std::vector<unsigned char>(smem)};
+    r.launch = &launch;
+    g_at.grid_dim = grid;
+    g_at.block_dim = block;
+    std::vector<uint3> blocks;
+    blocks.reserve(size_t(grid.x) * grid.y * grid.z);
+    for (unsigned z = 0; z < grid.z; z++)
+      for (unsigned y = 0; y < grid.y; y++)
+        for (unsigned x = 0; x < grid.x; x++) blocks.push_back({x, y, z});
+    order().arrange(blocks);
+    for (const uint3& b : blocks) run_block(b);
+    r.launch = nullptr;
+    g_at = Coords{};
+  });
 }
 
 void check_kernel_pointer(const char* kernel, int argument, const void* p) {

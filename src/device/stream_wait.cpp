@@ -1,0 +1,45 @@
+#include "device/stream_wait.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "common/error.hpp"
+#include "device/check.hpp"
+
+namespace tessera::device {
+
+namespace {
+double g_limit = 0;
+WaitCheck g_check = nullptr;
+}  // namespace
+
+void set_wait_limit(double seconds) { g_limit = seconds; }
+void set_wait_check(WaitCheck check) { g_check = check; }
+
+void wait_stream(cudaStream_t stream, const char* what) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  for (long polls = 0;; polls++) {
+    if (g_check) g_check();  // at every wait, then between polls
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) CUDA_CHECK(e);
+    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+    if (g_limit > 0 && waited > g_limit) {
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "%s: the device did not finish in %.0f s (run.hang_timeout): a collective's "
+                    "peer is lost or hangs",
+                    what, waited);
+      fail("wait_stream", line, __FILE__, __LINE__, kExitHang);
+    }
+    // A step's kernels finish in micro- to milliseconds: yield at first, then sleep a little so a
+    // long wait (a collective behind a slow peer) does not take a core from the others.
+    if (polls < 1000) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace tessera::device
