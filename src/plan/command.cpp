@@ -136,7 +136,8 @@ std::string json_role(const RankMemory& m, const CommBytes& b) {
                 "{\"pp_rank\":%d,\"tp_rank\":%d,\"param_bytes\":%llu,\"grad_bytes\":%llu,"
                 "\"optim_bytes\":%llu,\"activation_bytes\":%llu,\"in_flight\":%d,"
                 "\"param_buffer_bytes\":%llu,\"grad_buffer_bytes\":%llu,\"optimizer_buffer_bytes\":%llu,"
-                "\"transient_bytes\":%llu,\"other_bytes\":%llu,\"arena_bytes\":%llu,"
+                "\"transient_bytes\":%llu,\"pipeline_buffer_bytes\":%llu,\"other_bytes\":%llu,"
+                "\"arena_bytes\":%llu,"
                 "\"engine_host_bytes\":%llu,"
                 "\"loader_bytes\":%llu,\"checkpoint_copy_bytes\":%llu,\"tp_bytes_per_step\":%.0f,"
                 "\"dp_bytes_per_step\":%.0f,\"pp_bytes_per_step\":%.0f,\"embed_bytes_per_step\":%.0f}",
@@ -144,7 +145,7 @@ std::string json_role(const RankMemory& m, const CommBytes& b) {
                 (unsigned long long)m.moments, (unsigned long long)m.activations, m.in_flight,
                 (unsigned long long)m.params, (unsigned long long)m.grads,
                 (unsigned long long)m.optimizer, (unsigned long long)m.transient,
-                (unsigned long long)m.other,
+                (unsigned long long)m.pipeline, (unsigned long long)m.other,
                 (unsigned long long)m.arena, (unsigned long long)m.engine_host,
                 (unsigned long long)m.loader, (unsigned long long)m.checkpoint, b.tp, b.dp, b.pp,
                 b.embed);
