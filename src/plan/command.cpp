@@ -61,6 +61,18 @@ struct Candidate {
 
 std::string gb(double bytes) { return human_bytes(bytes); }
 
+// "activations 42.2 GB the largest": which of a rank's buffers dominates its need.
+std::string largest_term(const RankMemory& m) {
+  const std::pair<const char*, uint64_t> terms[] = {
+      {"parameters", m.params},       {"gradients", m.grads},  {"optimizer", m.optimizer},
+      {"activations", m.activations}, {"ZeRO transient", m.transient},
+      {"pipeline buffers", m.pipeline}, {"other", m.other - m.pipeline}};
+  const auto* top = &terms[0];
+  for (const auto& t : terms)
+    if (t.second > top->second) top = &t;
+  return std::string(top->first) + " " + gb(double(top->second)) + " the largest";
+}
+
 std::string layout_text(const Config& c, const RunLayout& r) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "dp=%d tp=%d pp=%d v=%d mb=%d zero=%d recompute=%s sp=%d",
@@ -118,7 +130,8 @@ Candidate plan(const Config& cfg, const ModelShape& shape, const ParallelLayout&
   const RankMemory& w = c.roles[size_t(c.worst)];
   const std::string who = "stage " + std::to_string(w.pp_rank) + " tp " + std::to_string(w.tp_rank);
   if (machine.gpu && c.refused.empty() && c.need > machine.memory)
-    c.refused = who + " needs " + gb(c.need) + " of " + gb(machine.memory);
+    c.refused = who + " needs " + gb(c.need) + " of " + gb(machine.memory) + " (short by " +
+                gb(c.need - machine.memory) + "; " + largest_term(w) + ")";
   if (!machine.gpu && c.refused.empty()) {
     // The ranks of one node share its host memory, as the trainer's node check counts them.
     const double per_node = c.need * std::min<long>(node, long(layout.dp) * layout.tp * layout.pp);

@@ -58,7 +58,7 @@ fi
 # ZeRO-1 in bf16 keeps the whole bf16 copy (2), fp32 master (4) and gradient (4) on every rank
 # and a 64th of the moments (8/64): 10.125 bytes/parameter, which with the activations is refused.
 ALLOW_STDOUT=1 expect_error "llama-7b-fsdp with ZeRO-1 does not fit" 2 \
-  "does not fit: stage 0 tp 0 needs [0-9.]+ GB of 85.9 GB" \
+  "does not fit: stage 0 tp 0 needs [0-9.]+ GB of 85.9 GB \\(short by [0-9.]+ GB; parameters [0-9.]+ GB the largest\\)" \
   "$TESSERA" plan "$ROOT/input/llama-7b-fsdp.yaml" --ranks 64 --machine h100-sxm parallel.zero=1
 "$TESSERA" plan "$ROOT/input/llama-7b-fsdp.yaml" --ranks 64 --machine h100-sxm parallel.zero=1 \
   --json >zero1.json 2>/dev/null
@@ -105,6 +105,15 @@ expect_error "machine file: an unknown key" 2 "bad2.yaml:6:1: gpus_per_nod: unkn
 grep -v inter_node node.yaml >bad3.yaml
 expect_error "machine file: a missing key" 2 "bad3.yaml:1:1: inter_node_gbs: missing" \
   "$TESSERA" plan "$deck" --ranks 1 --machine-file bad3.yaml
+# The network's tiers: non-positive NICs, bandwidths and efficiencies named by their key.
+for bad in "nics_per_node: 0|nics_per_node: must be >= 1" "nics_per_node: 1.5|nics_per_node: expected a whole number" \
+           "intra_node_gbs: 0|intra_node_gbs: must be >= 0.001" "inter_node_gbs: -25|inter_node_gbs: must be >= 0.001" \
+           "gemm_efficiency: 0|gemm_efficiency: must be >= 0.001" "memory_efficiency: 1.5|memory_efficiency: must be <= 1"; do
+  key=${bad%%:*} line=${bad%%|*} want=${bad#*|}
+  { grep -v "^$key:" node.yaml; echo "$line"; } >bad4.yaml
+  expect_error "machine file: $line" 2 "bad4.yaml:[0-9]*:[0-9]*: $want" \
+    "$TESSERA" plan "$deck" --ranks 1 --machine-file bad4.yaml
+done
 expect_error "unknown machine" 2 "--machine dgx9: no such machine" \
   "$TESSERA" plan "$deck" --ranks 1 --machine dgx9
 expect_error "bad --ranks" 2 "--ranks: expected an integer" "$TESSERA" plan "$deck" --ranks x
