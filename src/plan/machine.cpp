@@ -20,16 +20,20 @@ constexpr double kGB = 1e9, kGiB = 1024.0 * 1024 * 1024, kT = 1e12;
 // figure is per GPU, both directions together, halved here; inter-node: per NIC, one NIC per GPU
 // in every node built in). Latencies: 5 us a step between nodes (an InfiniBand message), 1 us
 // inside a node (NVLink); NCCL's own tuner (src/graph/tuning.cc) charges steps of that order.
-// The compute model's constants (plan/compute.hpp), one set per GPU generation, fitted once
-// against the published runs of tools/plan_published.py (README "Planning a run"), the same for
-// every row: the GEMM efficiency of a large tile-aligned bf16 GEMM, the tile (cuBLAS's and
-// CUTLASS's largest bf16 thread-block tiles are 128 or 256 wide: 128), the fraction of HBM
-// bandwidth elementwise and normalisation kernels reach, and a launch's fixed cost.
+// The compute model's constants (plan/compute.hpp), one set per GPU generation, fitted once by
+// tools/plan_fit.py against the published runs of tools/plan_published.py held to the model
+// (README "Planning a run"), the same for every row: the efficiency of a large tile-aligned bf16
+// GEMM and a kernel launch's fixed cost (the grid's best: A100 0.76 and 10 us over 14 rows of
+// Narayanan et al. 2021, Korthikanti et al. 2022 and torchtitan, 0.92-1.07 of published; H100
+// with the launch cost held at A100's, 0.50 over torchtitan's two H100 rows, eager PyTorch on
+// H100s capped at 500 W). Stated, not fitted: the tile (cuBLAS's and CUTLASS's bf16 thread-block
+// tiles are 128 or 256 wide: 128), and 0.7 of the HBM bandwidth for elementwise and normalisation
+// kernels (unfused PyTorch/Megatron ops; STREAM-like copies reach 0.85-0.9 on both GPUs).
 struct ComputeConstants {
   double gemm_efficiency, gemm_tile, memory_efficiency, kernel_us;
 };
-constexpr ComputeConstants kA100{0.80, 128, 0.70, 5};
-constexpr ComputeConstants kH100{0.70, 128, 0.70, 5};
+constexpr ComputeConstants kA100{0.76, 128, 0.70, 10};
+constexpr ComputeConstants kH100{0.50, 128, 0.70, 10};
 void compute_constants(Machine& m, const ComputeConstants& k) {
   m.gemm_efficiency = k.gemm_efficiency;
   m.gemm_half = 0;
