@@ -73,10 +73,10 @@ ROWS = [
      "parallel.tp=8 parallel.pp=35 parallel.dp=8 train.recompute=selective parallel.sequence_parallel=true",
      1920, 1, 0.542 * 312, "model", "a100-80gb", ""),
     ("BLOOM 176B (70 x 14336), BigScience 2022", 384, GPT.format(T=2048, V=250880, L=70, H=112, C=14336),
-     "parallel.tp=4 parallel.pp=12 parallel.dp=8 parallel.zero=1 train.recompute=full", 2048, 2, 150,
+     "parallel.tp=4 parallel.pp=12 parallel.dp=8 parallel.zero=1 train.recompute=full", 2048, 1, 150,
      "megatron", "a100-80gb",
-     "Megatron-DeepSpeed on Jean Zay's Omni-Path fabric (4 x 100 Gb/s per node, not 8 x 200): the "
-     "node built in here is a DGX A100"),
+     "Megatron-DeepSpeed on Jean Zay, whose nodes are linked by Omni-Path, not the DGX A100's 8 x 200 Gb/s "
+     "InfiniBand built in here"),
     ("Llama 3 8B, torchtitan (FSDP, 64 A100)", 64, LLAMA_8B,
      "parallel.dp=64 parallel.zero=3 train.recompute=selective", 64, 1, 2973, "tokens", "a100-80gb", ""),
     ("Llama 3 70B, torchtitan (FSDP, full recompute, 64 A100)", 64, LLAMA_70B,
