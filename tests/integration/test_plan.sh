@@ -121,4 +121,23 @@ expect_error "deck error" 2 "train.micro_batch=-1: must be >= 0" \
   "$TESSERA" plan "$deck" --ranks 1 train.micro_batch=-1
 expect_error "a layout the deck cannot take" 2 "parallel.tp = 3 does not divide" \
   "$TESSERA" plan "$deck" --ranks 3 parallel.tp=3
+# GPT 1T with interleaved stages (Narayanan et al. 2021's shape and layout, v = 2): the pipeline's
+# send buffers are two per chunk, not one per micro-batch in flight (6.6 GB), so it fits 80 GB.
+t1=(device.backend=cuda device.precision=bf16 train.batch_size=3072 train.micro_batch=1 model.arch=gpt2
+    model.block_size=2048 data.seq_len=2048 model.vocab_size=51200 model.n_layer=128 model.n_head=160
+    model.n_embd=25600 parallel.tp=8 parallel.pp=64 parallel.dp=6 train.recompute=full
+    parallel.virtual_stages=2)
+if "$TESSERA" plan "$ROOT/input/gpt2-124m.yaml" --ranks 3072 --machine a100-80gb --json "${t1[@]}" \
+     >t1.json 2>t1.err &&
+   out=$("$PYTHON" -c '
+import json, sys
+p = json.load(open("t1.json"))
+pool = max(r["pipeline_buffer_bytes"] for r in p["roles"])
+assert p["fits"], "does not fit"
+assert pool == 2 * 2 * 2048 * 25600 * 2, "pool %d" % pool
+print("%.1f GB a rank, send buffers %.0f MB" % (p["max_rank_bytes"] / 1e9, pool / 1e6))' 2>&1); then
+  pass "GPT 1T at v=2 fits an 80 GB A100: $out (2 per chunk of 2)"
+else
+  fail "GPT 1T at v=2: $out $(tail -1 t1.err)"
+fi
 finish
