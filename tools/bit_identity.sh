@@ -5,7 +5,10 @@
 # compares every metrics.jsonl loss, gradient norm and validation loss, and every tensor of the
 # final checkpoints, for exact equality.
 #
-#   tools/bit_identity.sh OLD_BINARY NEW_BINARY [--run]
+#   tools/bit_identity.sh OLD_BINARY NEW_BINARY [--run | --pp]
+#
+# --pp: the pipeline layouts only (pp > 1: both schedules, virtual stages, sequence
+# parallelism, ZeRO-1 and 3, LLaMA), as test_layouts.sh runs them.
 #
 # Build the old binary from the commit before the change first, e.g.
 #   git worktree add /tmp/old HEAD~1 && make -C /tmp/old CUDA=0 bin/tessera
@@ -50,12 +53,20 @@ EOF
 }
 
 fails=0
+# DP TP PP [TAG [key=value ...]]
 layouts=("1 1 1" "2 1 1" "1 2 1" "1 1 2" "2 2 1" "1 2 2" "2 1 2" "2 2 2" "1 1 4 gpipe" "1 1 4 1f1b"
-         "2 1 1 zero" "4 1 1 zero" "2 2 2 zero")
+         "2 1 1 zero" "4 1 1 zero" "2 2 2 zero"
+         "1 1 2 v2 parallel.virtual_stages=2"
+         "2 2 2 v2sp parallel.virtual_stages=2 parallel.zero=1 parallel.sequence_parallel=true model.attention=fused"
+         "2 2 2 spgpipe parallel.zero=1 model.attention=fused train.recompute=selective parallel.schedule=gpipe parallel.sequence_parallel=true"
+         "2 2 2 zero3 parallel.zero=3 parallel.sequence_parallel=true model.attention=fused"
+         "2 1 2 zero3v2 parallel.zero=3 parallel.virtual_stages=2 parallel.reshard_after_forward=false"
+         "2 2 2 llama model.arch=llama model.n_kv_head=2 model.ffn_multiple=32 parallel.zero=1 parallel.sequence_parallel=true train.recompute=selective model.attention=fused parallel.virtual_stages=2")
 for layout in "${layouts[@]}"; do
   set -- $layout
+  [ "$FULL" = --pp ] && [ "$3" = 1 ] && continue
   name="dp$1_tp$2_pp$3${4:+_$4}"
-  extra=()
+  extra=("${@:5}")
   case ${4:-} in zero) extra=(parallel.zero=1) ;; gpipe|1f1b) extra=(parallel.schedule="$4") ;; esac
   for which in old new; do
     bin=$OLD; [ "$which" = new ] && bin=$NEW

@@ -237,6 +237,11 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
             slot += Nr * C + mean + Nr + N * (Vp // tp)
         total += max(slots, 1) * slot + (work if L_chunk > 0 else 0)
     out["activation_bytes"] = 4 * total
+    # The pipeline's backward send buffers: every chunk but the model's first sends its input's
+    # gradient (the boundary, fp32) from a pool of two used in turn, or its slots if fewer.
+    out["pipeline_buffer_bytes"] = 4 * (Nr * C) * sum(
+        min(2, max(slots, 1)) for c, slots in enumerate(chunk_slots) if not (first and c == 0)) \
+        if pp > 1 else 0
     out["korthikanti_bytes_per_layer_mb"] = T * b * C * (10 + 24 / tp + 5 * H * T / (C * tp))
     out["bubble"] = (pp - 1) / (v * micro + pp - 1)
     out["micro_batches"] = micro
@@ -262,7 +267,7 @@ def compare(metrics_path):
         for key in ("param_bytes", "grad_bytes", "optim_bytes", "activation_bytes", "tp_bytes_per_step",
                     "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step",
                     "param_buffer_bytes", "grad_buffer_bytes", "optimizer_buffer_bytes",
-                    "transient_bytes"):
+                    "transient_bytes", "pipeline_buffer_bytes"):
             if abs(r[key] - want[key]) > 1e-6 * max(1.0, want[key]):
                 print(f"rank {r['rank']}: {key} measured {r[key]:.0f}, formula {want[key]:.0f}")
                 bad += 1

@@ -11,7 +11,8 @@ import sys
 
 KEYS = ("param_bytes", "grad_bytes", "optim_bytes", "activation_bytes", "tp_bytes_per_step",
         "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step", "param_buffer_bytes",
-        "grad_buffer_bytes", "optimizer_buffer_bytes", "transient_bytes")
+        "grad_buffer_bytes", "optimizer_buffer_bytes", "transient_bytes", "pipeline_buffer_bytes",
+        "arena_bytes")
 
 
 def main(metrics_path, plan_path):

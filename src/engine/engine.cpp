@@ -92,7 +92,7 @@ class Engine final : public TrainEngine {
   Footprint footprint() const override {
     return {arena_.bytes(mem_.h_master) + (mem_.h_copy ? arena_.bytes(mem_.h_copy) : 0),
             arena_.bytes(mem_.h_grads), optimizer_.declared_bytes(), mem_.transient_bytes(),
-            arena_.total_bytes()};
+            arena_.total_bytes(), executor_.send_buffer_bytes()};
   }
   size_t activation_bytes() const override { return mem_.activation_bytes(); }
   std::string memory_report() const override { return Backend::memory_report(arena_, kBf16); }

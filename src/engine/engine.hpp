@@ -84,6 +84,7 @@ class TrainEngine {
   struct Footprint {
     size_t params = 0, grads = 0, optimizer = 0, transient = 0;
     size_t arena = 0;  // every buffer: the rank's peak (activations included)
+    size_t pipeline = 0;  // the pipeline's backward send buffers
   };
   virtual Footprint footprint() const = 0;
   // Lines for rank 0's start-up log: what the backend allocated ("" = nothing more to say).

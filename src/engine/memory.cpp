@@ -34,6 +34,7 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   m.engine_host = mem.host_bytes(arena, /*host_memory=*/!gpu);
   m.optimizer = mem.optimizer.declared_bytes();
   m.transient = mem.transient_bytes();
+  m.pipeline = mem.executor.send_buffer_bytes();
   m.other = m.arena - m.params - m.grads - m.optimizer - m.activations - m.transient;
   m.loader = (tile.first || tile.last) ? loader_ring_bytes(cfg, run) : 0;
   m.buffer_size = uint64_t(mem.optimizer.buffer_size());

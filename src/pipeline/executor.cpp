@@ -23,6 +23,16 @@ int schedule_slots(const std::vector<Action>& schedule, int chunk) {
   return std::max(1, max_in_flight(schedule, chunk));
 }
 
+int send_pool_size(const std::vector<Action>& schedule, int chunk) {
+  int most = 0;  // SendBackwards of the chunk in one transfer group
+  for (const std::vector<Action>& group : transfer_groups(schedule)) {
+    int n = 0;
+    for (const Action& a : group) n += a.op == Op::SendBackward && a.chunk == chunk;
+    most = std::max(most, n);
+  }
+  return std::min(schedule_slots(schedule, chunk), std::max(2, most));
+}
+
 template <class Backend>
 PipelineExecutor<Backend>::PipelineExecutor(std::vector<Gpt<Backend>*> models, Comm* pp,
                                             std::vector<Action> schedule, int B, int T,
@@ -32,13 +42,15 @@ PipelineExecutor<Backend>::PipelineExecutor(std::vector<Gpt<Backend>*> models, C
   // What crosses stages: B*T rows of C, or under sequence parallelism this rank's share.
   activation_elems_ = models_.front()->boundary_elems();
   size_t slots = 0;
-  for (const Gpt<Backend>* m : models_) {
+  for (int c = 0; c < int(models_.size()); ++c) {
     send_slot_.push_back(slots);
-    if (!m->first()) slots += size_t(m->slots());  // the model's first chunk sends no gradient
+    // the model's first chunk sends no gradient
+    send_pool_.push_back(models_[size_t(c)]->first() ? 0 : send_pool_size(schedule_, c));
+    slots += size_t(send_pool_.back());
   }
   has_send_ = slots > 0;
-  if (has_send_)
-    h_send_ = arena.add("pipeline backward send buffers", slots * activation_elems_ * sizeof(Act));
+  send_bytes_ = slots * activation_elems_ * sizeof(Act);
+  if (has_send_) h_send_ = arena.add("pipeline backward send buffers", send_bytes_);
 }
 
 template <class Backend>
@@ -91,9 +103,10 @@ void PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, Weights
   for (const Action& a : actions)
     if (a.op == Op::Backward) last_backward[size_t(a.chunk)] = &a;
   auto slot_of = [&](const Action& a) { return a.mb % models_[size_t(a.chunk)]->slots(); };
-  auto send_buffer = [&](const Action& a) {
-    return backward_send_ + (send_slot_[size_t(a.chunk)] + size_t(slot_of(a))) * n;
-  };
+  // Each chunk's sends take its pool's buffers in turn; a group's SendBackward is given its
+  // buffer when copied, and sent from the same one.
+  std::vector<int> sends(size_t(chunks), 0);
+  std::vector<Act*> group_buffer;
   // Each group: one compute action, or a run of consecutive transfers issued together.
   size_t at = 0;
   for (const std::vector<Action>& group : transfer_groups(actions)) {
@@ -114,15 +127,20 @@ void PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, Weights
                                                           : std::function<void(int)>{});
       continue;
     }
-    for (const Action& t : group) {
+    group_buffer.assign(group.size(), nullptr);
+    for (size_t i = 0; i < group.size(); ++i) {
+      const Action& t = group[i];
       if (t.op != Op::SendBackward) continue;
-      Act* buffer = send_buffer(t);
+      const size_t c = size_t(t.chunk);
+      Act* buffer = backward_send_ + (send_slot_[c] + size_t(sends[c]++ % send_pool_[c])) * n;
       pp_->wait_send(buffer);
-      Backend::copy(buffer, models_[size_t(t.chunk)]->grad_input(), n * sizeof(Act));
+      Backend::copy(buffer, models_[c]->grad_input(), n * sizeof(Act));
+      group_buffer[i] = buffer;
     }
     const double t0 = now();
     pp_->group_start();
-    for (const Action& t : group) {
+    for (size_t i = 0; i < group.size(); ++i) {
+      const Action& t = group[i];
       Gpt<Backend>& m = *models_[size_t(t.chunk)];
       const int s = slot_of(t);
       const Peer peer = transfer_peer(t.op, stage, t.chunk, pp);
@@ -137,7 +155,7 @@ void PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, Weights
           pp_->recv(m.grad_output(), n, peer.stage, message_tag(true, t.mb, peer.chunk, chunks));
           break;
         case Op::SendBackward:
-          pp_->send(static_cast<const Act*>(send_buffer(t)), n, peer.stage,
+          pp_->send(static_cast<const Act*>(group_buffer[i]), n, peer.stage,
                     message_tag(true, t.mb, t.chunk, chunks));
           break;
         default: throw std::logic_error("transfer group holds a compute action");

@@ -58,6 +58,8 @@ class PipelineExecutor {
   // queued on its stream, so its host is not blocked there).
   double wait_seconds() const { return wait_seconds_; }
   double run_seconds() const { return run_seconds_; }
+  // The bytes of its backward send buffers (in the arena).
+  size_t send_buffer_bytes() const { return send_bytes_; }
 
  private:
   std::vector<Gpt<Backend>*> models_;
@@ -66,13 +68,15 @@ class PipelineExecutor {
   int B_, T_;
   size_t activation_elems_;
   Arena* arena_;
-  // SendBackward's copy of a chunk's grad_input() per slot: a RecvBackward in the same group
-  // writes that scratch, and the next backward pass overwrites it while an MPI send may still
-  // read the copy. Chunk c's slots start at send_slot_[c].
+  // SendBackward's copy of a chunk's grad_input(): a RecvBackward in the same group writes that
+  // scratch, and the next backward pass overwrites it while an MPI send may still read the copy.
+  // A pool per chunk, used in turn (send_pool_size), not one per micro-batch in flight: chunk
+  // c's buffers start at send_slot_[c], send_pool_[c] of them.
   bool has_send_ = false;
-  size_t h_send_ = 0;
+  size_t h_send_ = 0, send_bytes_ = 0;
   Act* backward_send_ = nullptr;
   std::vector<size_t> send_slot_;
+  std::vector<int> send_pool_;
   double wait_seconds_ = 0, run_seconds_ = 0;
 
   void walk(const std::vector<Action>& actions, Weights<Act>& weights,
@@ -82,5 +86,10 @@ class PipelineExecutor {
 
 // Slots chunk `chunk` of a stage needs for its schedule (at least 1).
 int schedule_slots(const std::vector<Action>& schedule, int chunk = 0);
+// Backward send buffers chunk `chunk` keeps: two, used in turn (a send's buffer is reused two
+// sends later, once that send has left: on NCCL at its group's end, on MPI a wait), or as many
+// as one transfer group of the schedule sends, but never more than its slots. Bounded by what
+// the schedule has in flight, not by the micro-batch count.
+int send_pool_size(const std::vector<Action>& schedule, int chunk = 0);
 
 }  // namespace tessera

@@ -16,7 +16,7 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
     return ranks > 1 ? (ranks - 1.0) / ranks * payload : 0;
   };
   if (zero == 0 || (zero == 1 && n == 1)) {
-    out->dp = 4 * P;
+    out->dp = out->dp_all_reduce = 4 * P;
     out->dp_traffic = 2 * ring(4 * P, l.dp);
     return;
   }
@@ -24,6 +24,8 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
     const double slice = P / n;
     out->dp = (n > 1 ? 8 * P : 0) + (r > 1 ? 4 * slice : 0);
     out->dp_traffic = ring(8 * P, n) + 2 * ring(4 * slice, r);
+    out->dp_sharded = n > 1 ? 8 * P : 0;
+    out->dp_all_reduce = r > 1 ? 4 * slice : 0;
     return;
   }
   const LocalLayout tile = rank_tile(run, shape, 0, pp_rank);
@@ -56,6 +58,8 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
   const double payload = m * reduced * 4 + gathers * act_bytes;
   out->dp = (n > 1 ? payload : 0) + (r > 1 ? 4.0 * double(plan.total) : 0);
   out->dp_traffic = ring(payload, n) + 2 * ring(4.0 * double(plan.total), r);
+  out->dp_sharded = n > 1 ? payload : 0;
+  out->dp_all_reduce = r > 1 ? 4.0 * double(plan.total) : 0;
 }
 
 }  // namespace

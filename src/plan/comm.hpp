@@ -14,6 +14,9 @@ struct CommBytes {
   // The data-parallel bytes each rank puts on the wire per step (ring algorithms): an
   // all-reduce 2 (n-1)/n of its payload, a reduce-scatter or all-gather (n-1)/n.
   double dp_traffic = 0;
+  // The dp payload by collective: reduce-scattered or all-gathered over the ZeRO shard group (n
+  // ranks), and all-reduced over the dp group (ZeRO-0, or no sharding) or across replicas (r).
+  double dp_sharded = 0, dp_all_reduce = 0;
 };
 
 // The rank at (tp_rank, pp_rank) of `run` (dp ranks alike); act_bytes: an activation's size (4,

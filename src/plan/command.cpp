@@ -61,6 +61,18 @@ struct Candidate {
 
 std::string gb(double bytes) { return human_bytes(bytes); }
 
+// "activations 42.2 GB the largest": which of a rank's buffers dominates its need.
+std::string largest_term(const RankMemory& m) {
+  const std::pair<const char*, uint64_t> terms[] = {
+      {"parameters", m.params},       {"gradients", m.grads},  {"optimizer", m.optimizer},
+      {"activations", m.activations}, {"ZeRO transient", m.transient},
+      {"pipeline buffers", m.pipeline}, {"other", m.other - m.pipeline}};
+  const auto* top = &terms[0];
+  for (const auto& t : terms)
+    if (t.second > top->second) top = &t;
+  return std::string(top->first) + " " + gb(double(top->second)) + " the largest";
+}
+
 std::string layout_text(const Config& c, const RunLayout& r) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "dp=%d tp=%d pp=%d v=%d mb=%d zero=%d recompute=%s sp=%d",
@@ -118,7 +130,8 @@ Candidate plan(const Config& cfg, const ModelShape& shape, const ParallelLayout&
   const RankMemory& w = c.roles[size_t(c.worst)];
   const std::string who = "stage " + std::to_string(w.pp_rank) + " tp " + std::to_string(w.tp_rank);
   if (machine.gpu && c.refused.empty() && c.need > machine.memory)
-    c.refused = who + " needs " + gb(c.need) + " of " + gb(machine.memory);
+    c.refused = who + " needs " + gb(c.need) + " of " + gb(machine.memory) + " (short by " +
+                gb(c.need - machine.memory) + "; " + largest_term(w) + ")";
   if (!machine.gpu && c.refused.empty()) {
     // The ranks of one node share its host memory, as the trainer's node check counts them.
     const double per_node = c.need * std::min<long>(node, long(layout.dp) * layout.tp * layout.pp);
@@ -136,7 +149,8 @@ std::string json_role(const RankMemory& m, const CommBytes& b) {
                 "{\"pp_rank\":%d,\"tp_rank\":%d,\"param_bytes\":%llu,\"grad_bytes\":%llu,"
                 "\"optim_bytes\":%llu,\"activation_bytes\":%llu,\"in_flight\":%d,"
                 "\"param_buffer_bytes\":%llu,\"grad_buffer_bytes\":%llu,\"optimizer_buffer_bytes\":%llu,"
-                "\"transient_bytes\":%llu,\"other_bytes\":%llu,\"arena_bytes\":%llu,"
+                "\"transient_bytes\":%llu,\"pipeline_buffer_bytes\":%llu,\"other_bytes\":%llu,"
+                "\"arena_bytes\":%llu,"
                 "\"engine_host_bytes\":%llu,"
                 "\"loader_bytes\":%llu,\"checkpoint_copy_bytes\":%llu,\"tp_bytes_per_step\":%.0f,"
                 "\"dp_bytes_per_step\":%.0f,\"pp_bytes_per_step\":%.0f,\"embed_bytes_per_step\":%.0f}",
@@ -144,7 +158,7 @@ std::string json_role(const RankMemory& m, const CommBytes& b) {
                 (unsigned long long)m.moments, (unsigned long long)m.activations, m.in_flight,
                 (unsigned long long)m.params, (unsigned long long)m.grads,
                 (unsigned long long)m.optimizer, (unsigned long long)m.transient,
-                (unsigned long long)m.other,
+                (unsigned long long)m.pipeline, (unsigned long long)m.other,
                 (unsigned long long)m.arena, (unsigned long long)m.engine_host,
                 (unsigned long long)m.loader, (unsigned long long)m.checkpoint, b.tp, b.dp, b.pp,
                 b.embed);

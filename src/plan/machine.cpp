@@ -16,8 +16,32 @@ namespace {
 
 constexpr double kGB = 1e9, kGiB = 1024.0 * 1024 * 1024, kT = 1e12;
 
-// Dense (no sparsity) datasheet peaks per GPU; bandwidths one direction per GPU (NVLink's
-// datasheet figure is both directions together, halved here; inter-node: one NIC per GPU).
+// Dense (no sparsity) datasheet peaks per GPU; bandwidths one direction (NVLink's datasheet
+// figure is per GPU, both directions together, halved here; inter-node: per NIC, one NIC per GPU
+// in every node built in). Latencies: 5 us a step between nodes (an InfiniBand message), 1 us
+// inside a node (NVLink); NCCL's own tuner (src/graph/tuning.cc) charges steps of that order.
+// The compute model's constants (plan/compute.hpp), one set per GPU generation, fitted once by
+// tools/plan_fit.py against the published runs of tools/plan_published.py held to the model
+// (README "Planning a run"), the same for every row: the efficiency of a large tile-aligned bf16
+// GEMM and a kernel launch's fixed cost (the grid's best: A100 0.76 and 10 us over 14 rows of
+// Narayanan et al. 2021, Korthikanti et al. 2022 and torchtitan, 0.92-1.07 of published; H100
+// with the launch cost held at A100's, 0.50 over torchtitan's two H100 rows, eager PyTorch on
+// H100s capped at 500 W). Stated, not fitted: the tile (cuBLAS's and CUTLASS's bf16 thread-block
+// tiles are 128 or 256 wide: 128), and 0.7 of the HBM bandwidth for elementwise and normalisation
+// kernels (unfused PyTorch/Megatron ops; STREAM-like copies reach 0.85-0.9 on both GPUs).
+struct ComputeConstants {
+  double gemm_efficiency, gemm_tile, memory_efficiency, kernel_us;
+};
+constexpr ComputeConstants kA100{0.76, 128, 0.70, 10};
+constexpr ComputeConstants kH100{0.50, 128, 0.70, 10};
+void compute_constants(Machine& m, const ComputeConstants& k) {
+  m.gemm_efficiency = k.gemm_efficiency;
+  m.gemm_half = 0;
+  m.gemm_tile = k.gemm_tile;
+  m.memory_efficiency = k.memory_efficiency;
+  m.kernel_overhead = k.kernel_us * 1e-6;
+}
+
 std::vector<Machine> builtins() {
   std::vector<Machine> m;
   // NVIDIA A100 Tensor Core GPU datasheet (SXM): FP32 19.5, TF32 156, BF16 312 TFLOP/s; 40 GB
@@ -25,6 +49,7 @@ std::vector<Machine> builtins() {
   // 200 Gb/s HDR InfiniBand port per GPU.
   Machine a40{"a100-40gb", true, 19.5 * kT, 156 * kT, 312 * kT, 40 * kGiB, 1555 * kGB, 8,
               300 * kGB, 25 * kGB, 5e-6, 2 * kGiB, 0.85, 64};
+  compute_constants(a40, kA100);
   Machine a80 = a40;
   a80.name = "a100-80gb";
   a80.memory = 80 * kGiB;
@@ -34,6 +59,7 @@ std::vector<Machine> builtins() {
   // one 400 Gb/s NDR port per GPU.
   Machine h100{"h100-sxm", true, 67 * kT, 494.5 * kT, 989.5 * kT, 80 * kGiB, 3350 * kGB, 8,
                450 * kGB, 50 * kGB, 5e-6, 2 * kGiB, 0.75, 64};
+  compute_constants(h100, kH100);
   // NVIDIA H200 datasheet (SXM): the H100's compute; 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s.
   Machine h200 = h100;
   h200.name = "h200";
@@ -80,7 +106,10 @@ Machine measured_cpu(int threads, long ranks) {
   m.optimizer = measure_optimizer_rates(int(sharing));
   m.memory = 0;  // the host's: checked against what the node has (trainer.cpp's node check)
   m.intra_bw = m.inter_bw = m.memory_bw / 4;
-  m.latency = 20e-6;
+  m.latency = m.intra_latency = 20e-6;
+  // Its GEMMs and streams are timed (Machine::measured): no model constants on top.
+  m.memory_efficiency = 1;
+  m.kernel_overhead = 0;
   return m;
 }
 
@@ -129,7 +158,7 @@ Machine load_machine(const std::string& path) {
     bool required;
     double low;
   };
-  double per_node = 0, gpu = 1;
+  double per_node = 0, gpu = 1, nics = 0;
   const Key keys[] = {
       {"peak_tflops_fp32", kT, &m.peak_fp32, true, 1e-6},
       {"peak_tflops_tf32", kT, &m.peak_tf32, false, 0},
@@ -139,10 +168,15 @@ Machine load_machine(const std::string& path) {
       {"gpus_per_node", 1, &per_node, true, 1},
       {"intra_node_gbs", kGB, &m.intra_bw, true, 1e-3},
       {"inter_node_gbs", kGB, &m.inter_bw, true, 1e-3},
+      {"nics_per_node", 1, &nics, false, 1},
       {"latency_us", 1e-6, &m.latency, false, 0},
+      {"intra_latency_us", 1e-6, &m.intra_latency, false, 0},
       {"reserved_gb", kGB, &m.reserved, false, 0},
       {"gemm_efficiency", 1, &m.gemm_efficiency, false, 1e-3},
       {"gemm_half", 1, &m.gemm_half, false, 0},
+      {"gemm_tile", 1, &m.gemm_tile, false, 0},
+      {"memory_efficiency", 1, &m.memory_efficiency, false, 1e-3},
+      {"kernel_us", 1e-6, &m.kernel_overhead, false, 0},
       {"gpu", 1, &gpu, false, 0},
   };
   for (const auto& entry : root) {
@@ -174,15 +208,17 @@ Machine load_machine(const std::string& path) {
     if (!std::isfinite(x)) throw UserError(vat + ": expected a number, got '" +
                                            (v.IsScalar() ? v.Scalar() : "a non-scalar") + "'");
     if (x < k->low) throw UserError(vat + ": must be >= " + std::to_string(k->low));
-    if (key == "gpus_per_node" && x != std::floor(x))
+    if ((key == "gpus_per_node" || key == "nics_per_node") && x != std::floor(x))
       throw UserError(vat + ": expected a whole number");
-    if (key == "gemm_efficiency" && x > 1) throw UserError(vat + ": must be <= 1");
+    if ((key == "gemm_efficiency" || key == "memory_efficiency") && x > 1)
+      throw UserError(vat + ": must be <= 1");
     *k->value = x * k->scale;
   }
   for (const Key& k : keys)
     if (k.required && !root[k.name])
       throw UserError(where(path, root.Mark()) + ": " + k.name + ": missing (required)");
   m.devices_per_node = int(per_node);
+  m.nics_per_node = int(nics);
   m.gpu = gpu != 0;
   return m;
 }

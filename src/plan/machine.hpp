@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "backend/peak.hpp"
+#include "plan/compute.hpp"
+#include "plan/network.hpp"
 
 namespace tessera {
 
@@ -19,17 +21,32 @@ struct Machine {
   double memory_bw = 0;        // bytes/s per device
   int devices_per_node = 1;
   double intra_bw = 0;         // bytes/s per device, one direction, between devices of a node
-  double inter_bw = 0;         // bytes/s per device, one direction, between nodes
-  double latency = 5e-6;       // seconds per collective or message
+  double inter_bw = 0;         // bytes/s per NIC, one direction, between nodes
+  double latency = 5e-6;       // seconds per step of a collective or message between nodes
   double reserved = 0;         // bytes the runtime takes besides the arena (context, NCCL, cuBLAS)
-  double gemm_efficiency = 0.8;  // the fraction of peak the largest GEMMs reach
-  double gemm_half = 64;       // a GEMM dimension of this size halves the efficiency
+  // The compute model's constants (plan/compute.hpp; each built-in one's source in machine.cpp):
+  double gemm_efficiency = 0.8;  // the fraction of peak a large, tile-aligned GEMM reaches
+  double gemm_half = 0;        // optional: a GEMM dimension of this size halves the efficiency
+  double gemm_tile = 128;      // GEMM rows and columns rounded up to this
+  double memory_efficiency = 0.7;  // the fraction of memory_bw streaming ops reach
+  double kernel_overhead = 5e-6;   // seconds per kernel launch (launch gap, framework)
   // `cpu`: every GEMM timed at its own shape (backend/peak.hpp) instead of the curve above, and
   // exp-bearing ops (GELU, softmax, cross-entropy) bound by the measured exp rate too.
   bool measured = false;
   double exp_rate = 0;         // exp evaluations per second per device; 0: not a bound
   OptimizerRates optimizer{};  // `cpu`: the optimizer's passes, timed (elsewhere: bytes at memory_bw)
+  int nics_per_node = 0;       // NICs per node (0: one per device)
+  double intra_latency = 1e-6; // seconds per step of a collective or message inside a node
   double peak(bool bf16) const { return bf16 ? peak_bf16 : peak_fp32; }
+  ComputeModel compute(bool bf16) const {
+    return {peak(bf16), gemm_efficiency, gemm_half, gemm_tile, memory_bw, memory_efficiency,
+            bf16 ? 2.0 : 4.0};
+  }
+  // The two tiers collectives are priced on (plan/network.hpp).
+  Network network() const {
+    return {devices_per_node, nics_per_node > 0 ? nics_per_node : devices_per_node, inter_bw,
+            intra_bw, latency, intra_latency};
+  }
 };
 
 // The built-in names, for messages and --help.

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/peak.hpp"
+#include "plan/compute.hpp"
 
 namespace tessera {
 
@@ -14,19 +15,18 @@ namespace {
 struct Costs {
   const Machine& m;
   double peak;
-  double gemm_eff(double d) const { return d / (d + m.gemm_half); }
+  ComputeModel model;  // plan/compute.hpp
   // One product C(M,N) = op(A)(M,K) op(B)(K,N) on the device: on `cpu` timed at its shape (with
-  // the transposes backend/cpu/matmul.cpp uses), elsewhere the peak times the shape's efficiency.
+  // the transposes backend/cpu/matmul.cpp uses), elsewhere the shape-aware model.
   double gemm(double M, double N, double K, bool ta = false, bool tb = true) const {
     if (m.measured) return measure_sgemm_seconds(ta, tb, int(M), int(N), int(K), false);
-    const double eff = std::min(1.0, m.gemm_efficiency * gemm_eff(M) * gemm_eff(N) * gemm_eff(K));
-    return 2 * M * N * K / (peak * eff);
+    return gemm_seconds(model, M, N, K);
   }
   // A linear layer's forward, its input gradient and its weight gradient.
   double gemm_fwd_bwd(double M, double N, double K) const {
     return gemm(M, N, K, false, true) + gemm(M, K, N, false, false) + gemm(N, K, M, true, false);
   }
-  double bytes(double b) const { return b / m.memory_bw; }
+  double bytes(double b) const { return stream_seconds(model, b); }
   // A streaming op: its bytes at the memory bandwidth, or its exps at the exp rate if slower.
   double stream(double b, double exps) const {
     return std::max(bytes(b), m.exp_rate > 0 ? exps / m.exp_rate : 0.0);
@@ -72,7 +72,7 @@ Attention attention_gemms(const Costs& c, double b, double T, double nh, double 
 StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& run,
                    const Machine& machine, bool bf16, uint64_t param_buffer) {
   const ParallelLayout& l = run.layout;
-  const Costs c{machine, machine.peak(bf16)};
+  const Costs c{machine, machine.peak(bf16), machine.compute(bf16)};
   const double a = bf16 ? 2 : 4;  // activation bytes
   const double b = run.micro_batch, T = cfg.data.seq_len, C = shape.n_embd, n = b * T;
   const double tp = l.tp, hs = shape.head_size(), nh = shape.n_head / tp;
@@ -101,12 +101,18 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
                            : rc == "selective"
                                ? att.fwd + (gemm_attention ? c.stream(soft, soft_exps) : 0)
                                : 0;
-  const double per_layer = layer_gemm + layer_mem + recompute;
-  // Where a rank's peers are: ranks are numbered tp fastest, then dp, then pp.
-  const int node = machine.devices_per_node;
-  const double tp_bw = l.tp <= node ? machine.intra_bw : machine.inter_bw;
-  const double dp_bw = l.tp * l.dp <= node ? machine.intra_bw : machine.inter_bw;
-  const double pp_bw = l.tp * l.dp * l.pp <= node ? machine.intra_bw : machine.inter_bw;
+  // Kernel launches of a layer (a GEMM, norm, bias, activation, residual, softmax each one):
+  // about 12 forward and twice that backward, the full recompute's forward again.
+  constexpr double kForwardKernels = 12;
+  const double launches = kForwardKernels * (3 + (rc == "full" ? 1 : 0));
+  const double per_layer =
+      layer_gemm + layer_mem + recompute + (machine.measured ? 0 : launches * machine.kernel_overhead);
+  // Where a rank's peers are (plan/network.hpp): ranks are numbered tp fastest, then cp (1
+  // here), dp, pp.
+  const Network net = machine.network();
+  const Placement tp_group = place(net, l.tp, 1);
+  const bool sp_on = cfg.parallel.sequence_parallel && l.tp > 1;
+  const double tp_ops = (sp_on ? (rc == "full" ? 14 : 10) : (rc == "full" ? 6 : 4));
 
   StepTime out;
   double slowest = 0, slowest_bwd = 0;
@@ -120,15 +126,15 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
            c.stream(3 * 4.0 * n * shape.padded_vocab / tp, double(n) * shape.padded_vocab / tp);
     if (s == 0) t += c.bytes(2 * a * n * C * 2);  // embedding and its gradient
     const CommBytes bytes = comm_bytes(cfg, shape, run, s, param_buffer, int(a));
-    // tp: blocking collectives inside the layers; each ring all-reduce moves 2 (tp-1)/tp of its
-    // payload, an all-gather or reduce-scatter (sequence parallelism) half that; about 4
-    // collectives per layer and micro-batch, each with its latency.
-    const double sp = cfg.parallel.sequence_parallel ? 0.5 : 1.0;
-    const double tp_time = l.tp > 1 ? sp * ring_traffic(bytes.tp, l.tp) / tp_bw / run.n_micro +
-                                          4 * layers * machine.latency
-                                    : 0;
+    // tp: blocking collectives inside the layers, each with its latency: 4 all-reduces per layer
+    // and micro-batch (6 with a full recompute), or under sequence parallelism 10 (14)
+    // all-gathers and reduce-scatters.
+    const double tp_bytes = bytes.tp / run.n_micro, ops = tp_ops * std::max(1.0, layers);
+    const double tp_time = l.tp <= 1 ? 0
+                           : sp_on   ? ring_half(net, tp_group, tp_bytes, ops)
+                                     : all_reduce(net, tp_group, tp_bytes, ops).seconds;
     // pp: a micro-batch's sends and receives, not overlapped with compute.
-    const double pp_time = l.pp > 1 ? bytes.pp / pp_bw / run.n_micro + 2 * machine.latency : 0;
+    const double pp_time = l.pp > 1 ? send(net, l.tp * l.dp, bytes.pp / run.n_micro, 2) : 0;
     const double mb = t + tp_time + pp_time;
     if (mb > slowest) {
       slowest = mb;
@@ -147,14 +153,23 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   // reduce-scatters and ZeRO-3's gathers run beside every micro-batch's compute on a GPU (the
   // next unit's gather while this one computes); ZeRO-2's gather after the update does not.
   const int zero = cfg.parallel.zero;
-  const double dp_time = l.dp > 1 ? slowest_comm.dp_traffic / dp_bw + 2 * machine.latency : 0;
+  // The shard group's reduce-scatters and all-gathers (n ranks, tp apart), the all-reduce over
+  // dp (no sharding) or across replicas (dp / n ranks, n tp apart).
+  const int n_shard = zero >= 1 ? l.shard_size() : 1;
+  const int n_reduce = n_shard > 1 ? l.dp / n_shard : l.dp;
+  const double dp_time =
+      l.dp <= 1 ? 0
+                : ring_half(net, place(net, n_shard, l.tp), slowest_comm.dp_sharded) +
+                      all_reduce(net, place(net, n_reduce, l.tp * n_shard),
+                                 slowest_comm.dp_all_reduce).seconds;
   if (!machine.gpu || zero == 1)
     out.dp = dp_time;
   else if (zero == 0)
     out.dp = std::max(0.0, dp_time - slowest_bwd);
   else
     out.dp = std::max(0.0, dp_time - out.compute);
-  out.embed = slowest_comm.embed > 0 ? ring_traffic(slowest_comm.embed, 2) / machine.inter_bw : 0;
+  // The tied embedding's sum between the first and the last stage.
+  out.embed = all_reduce(net, place(net, 2, l.tp * l.dp * (l.pp - 1)), slowest_comm.embed).seconds;
   // AdamW: parameter, gradient, two moments read, three written (fp32), over this rank's shard;
   // zeroing the gradients and the norm's read over the whole buffer.
   // On `cpu` each pass at its measured rate: dp rank 0 sums the norm over the shard, clipping

@@ -171,7 +171,7 @@ void Run::log_step(double secs, double loss, double norm) {
 }
 
 // One line per rank in metrics.jsonl: its memory, its bytes per step on each communicator
-// (payload handed to MPI), and its pipeline bubble.
+// (payload handed to MPI), and its pipeline bubble; 15 digits, so byte counts are exact.
 void Run::log_ranks() {
   const double n = double(std::max(1L, measured_steps_));
   const TrainEngine::Footprint f = engine_->footprint();
@@ -181,7 +181,7 @@ void Run::log_ranks() {
                          step_bytes_[1] / n, step_bytes_[2] / n, step_bytes_[3] / n,
                          run_sum_ > 0 ? wait_sum_ / run_sum_ : 0.0, double(run_.n_micro),
                          double(f.params), double(f.grads), double(f.optimizer),
-                         double(f.transient), double(f.arena),
+                         double(f.transient), double(f.arena), double(f.pipeline),
                          dp_wait_sum_ / double(std::max(1L, measured_steps_ - 1))};
   constexpr int kStats = sizeof(mine) / sizeof(mine[0]);
   std::vector<double> all(size_t(kStats) * world_size_);
@@ -191,12 +191,12 @@ void Run::log_ranks() {
                                "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step",
                                "pipeline_bubble", "micro_batches", "param_buffer_bytes",
                                "grad_buffer_bytes", "optimizer_buffer_bytes", "transient_bytes",
-                               "arena_bytes", "dp_wait_s_per_step"};
+                               "arena_bytes", "pipeline_buffer_bytes", "dp_wait_s_per_step"};
   for (int r = 0; r < world_size_; ++r) {
     std::string line = "{\"type\":\"rank\",\"rank\":" + std::to_string(r);
     for (int k = 0; k < kStats; ++k)
       line += std::string(",\"") + names[k] + "\":" +
-              json_number("%.6g", all[size_t(r) * kStats + k]);
+              json_number("%.15g", all[size_t(r) * kStats + k]);
     log_->json(line + "}");
   }
 }

@@ -58,7 +58,7 @@ fi
 # ZeRO-1 in bf16 keeps the whole bf16 copy (2), fp32 master (4) and gradient (4) on every rank
 # and a 64th of the moments (8/64): 10.125 bytes/parameter, which with the activations is refused.
 ALLOW_STDOUT=1 expect_error "llama-7b-fsdp with ZeRO-1 does not fit" 2 \
-  "does not fit: stage 0 tp 0 needs [0-9.]+ GB of 85.9 GB" \
+  "does not fit: stage 0 tp 0 needs [0-9.]+ GB of 85.9 GB \\(short by [0-9.]+ GB; parameters [0-9.]+ GB the largest\\)" \
   "$TESSERA" plan "$ROOT/input/llama-7b-fsdp.yaml" --ranks 64 --machine h100-sxm parallel.zero=1
 "$TESSERA" plan "$ROOT/input/llama-7b-fsdp.yaml" --ranks 64 --machine h100-sxm parallel.zero=1 \
   --json >zero1.json 2>/dev/null
@@ -105,6 +105,15 @@ expect_error "machine file: an unknown key" 2 "bad2.yaml:6:1: gpus_per_nod: unkn
 grep -v inter_node node.yaml >bad3.yaml
 expect_error "machine file: a missing key" 2 "bad3.yaml:1:1: inter_node_gbs: missing" \
   "$TESSERA" plan "$deck" --ranks 1 --machine-file bad3.yaml
+# The network's tiers: non-positive NICs, bandwidths and efficiencies named by their key.
+for bad in "nics_per_node: 0|nics_per_node: must be >= 1" "nics_per_node: 1.5|nics_per_node: expected a whole number" \
+           "intra_node_gbs: 0|intra_node_gbs: must be >= 0.001" "inter_node_gbs: -25|inter_node_gbs: must be >= 0.001" \
+           "gemm_efficiency: 0|gemm_efficiency: must be >= 0.001" "memory_efficiency: 1.5|memory_efficiency: must be <= 1"; do
+  key=${bad%%:*} line=${bad%%|*} want=${bad#*|}
+  { grep -v "^$key:" node.yaml; echo "$line"; } >bad4.yaml
+  expect_error "machine file: $line" 2 "bad4.yaml:[0-9]*:[0-9]*: $want" \
+    "$TESSERA" plan "$deck" --ranks 1 --machine-file bad4.yaml
+done
 expect_error "unknown machine" 2 "--machine dgx9: no such machine" \
   "$TESSERA" plan "$deck" --ranks 1 --machine dgx9
 expect_error "bad --ranks" 2 "--ranks: expected an integer" "$TESSERA" plan "$deck" --ranks x
@@ -112,4 +121,23 @@ expect_error "deck error" 2 "train.micro_batch=-1: must be >= 0" \
   "$TESSERA" plan "$deck" --ranks 1 train.micro_batch=-1
 expect_error "a layout the deck cannot take" 2 "parallel.tp = 3 does not divide" \
   "$TESSERA" plan "$deck" --ranks 3 parallel.tp=3
+# GPT 1T with interleaved stages (Narayanan et al. 2021's shape and layout, v = 2): the pipeline's
+# send buffers are two per chunk, not one per micro-batch in flight (6.6 GB), so it fits 80 GB.
+t1=(device.backend=cuda device.precision=bf16 train.batch_size=3072 train.micro_batch=1 model.arch=gpt2
+    model.block_size=2048 data.seq_len=2048 model.vocab_size=51200 model.n_layer=128 model.n_head=160
+    model.n_embd=25600 parallel.tp=8 parallel.pp=64 parallel.dp=6 train.recompute=full
+    parallel.virtual_stages=2)
+if "$TESSERA" plan "$ROOT/input/gpt2-124m.yaml" --ranks 3072 --machine a100-80gb --json "${t1[@]}" \
+     >t1.json 2>t1.err &&
+   out=$("$PYTHON" -c '
+import json, sys
+p = json.load(open("t1.json"))
+pool = max(r["pipeline_buffer_bytes"] for r in p["roles"])
+assert p["fits"], "does not fit"
+assert pool == 2 * 2 * 2048 * 25600 * 2, "pool %d" % pool
+print("%.1f GB a rank, send buffers %.0f MB" % (p["max_rank_bytes"] / 1e9, pool / 1e6))' 2>&1); then
+  pass "GPT 1T at v=2 fits an 80 GB A100: $out (2 per chunk of 2)"
+else
+  fail "GPT 1T at v=2: $out $(tail -1 t1.err)"
+fi
 finish

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/executor.hpp"
 #include "pipeline/schedule.hpp"
 
 namespace tessera {
@@ -874,6 +875,33 @@ TEST(Schedule, BubbleMatchesTheFormula) {
   for (int v = 2; v <= 4; ++v)
     EXPECT_NEAR(simulate_timing(interleaved_stages({4, v, 8}), 8, v).idle_fraction(0),
                 3.0 / (8 * v + 3), 1e-12);
+}
+
+TEST(Schedule, SendPoolBoundedByTwoPerChunk) {
+  // The executor's backward send buffers (send_pool_size): two per chunk used in turn, fewer
+  // where the chunk keeps fewer slots, never one per micro-batch in flight. pp = 8, m = 32:
+  // stage 1 keeps 7 micro-batches of 1F1B in flight but 2 send buffers; the last stage 1 and 1.
+  const auto s1 = make_schedule(ScheduleKind::OneFOneB, 1, 8, 32, 1);
+  EXPECT_EQ(schedule_slots(s1), 7);
+  EXPECT_EQ(send_pool_size(s1), 2);
+  const auto last = make_schedule(ScheduleKind::OneFOneB, 7, 8, 32, 1);
+  EXPECT_EQ(schedule_slots(last), 1);
+  EXPECT_EQ(send_pool_size(last), 1);
+  // GPipe keeps all 32, still 2 buffers; interleaved (v = 2): 2 per chunk.
+  EXPECT_EQ(send_pool_size(make_schedule(ScheduleKind::GPipe, 3, 8, 32, 1)), 2);
+  const auto v2 = make_schedule(ScheduleKind::OneFOneB, 2, 8, 32, 2);
+  for (int c = 0; c < 2; ++c) {
+    EXPECT_GT(schedule_slots(v2, c), 2);
+    EXPECT_EQ(send_pool_size(v2, c), 2);
+  }
+  // No transfer group sends two gradients of one chunk, so two buffers always suffice.
+  for (const auto& group : transfer_groups(v2)) {
+    int sends[2] = {0, 0};
+    for (const Action& a : group)
+      if (a.op == Op::SendBackward) ++sends[a.chunk];
+    EXPECT_LE(sends[0], 1);
+    EXPECT_LE(sends[1], 1);
+  }
 }
 
 }  // namespace
