@@ -244,7 +244,8 @@ Datasets create_datasets(hid_t root, const LocalLayout& layout, WriteFailure& fa
 // Writes this rank's tiles of every tensor it owns (collective), appending its part of each
 // dataset's checksum to sums. A write that failed on one rank stops every rank after that
 // tensor, before the next collective call. Returns the failure, the same on every rank.
-std::string write_data(MPI_Comm comm, const LocalLayout& layout, bool writer,
+template <class Agree>
+std::string write_data(const Agree& agree, const LocalLayout& layout, bool writer,
                        const ModelBuffers& buffers, const Datasets& sets, long collective_bytes,
                        WriteFailure& local, std::vector<uint64_t>& sums) {
   const std::vector<const LocalTensor*> tiles = ckpt::tiles_by_canonical(layout);
@@ -260,7 +261,7 @@ std::string write_data(MPI_Comm comm, const LocalLayout& layout, bool writer,
       sums.push_back(write_tensor(sets.tensors[d].get(), sets.paths[d], layout, c, t,
                                   parts[k] + off, collective_bytes, local));
     }
-    failure = agree_on_failure(comm, local.what);
+    failure = agree(local.what);
   }
   return failure;
 }
@@ -297,21 +298,30 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
   const uint64_t bytes =
       checkpoint_bytes(layout, tokenizer,
                        deck_yaml.size() + state.data_sources.size() + state.data_position.size());
+  // The one line of a failure, "kept" naming what stays the newest checkpoint.
+  const auto line = [&](const std::string& why, const std::string& keep) {
+    const std::string where = "checkpoint step " + std::to_string(state.step) + ": ";
+    if (!no_space(why)) return where + why + ": " + keep;
+    const long long free = free_bytes(dir);
+    return where + "disk full on " + dir + " (a checkpoint needs about " +
+           human_bytes(double(bytes)) +
+           (free >= 0 ? ", " + human_bytes(double(free)) + " are free" : "") + "): " + keep;
+  };
+  // A rank that failed and finds a peer stuck (inside HDF5's own collectives) past the agreement's
+  // deadline removes the partial file and ends the job with its line (agree_on_failure).
+  const auto agree = [&](const std::string& failure) {
+    return agree_on_failure(comm, failure, [&](const std::string& why) {
+      unlink(tmp_path.c_str());
+      unlink((fs::path(dir) / kRoomFile).c_str());
+      return line(why, kept(dir));
+    }, kExitIO);
+  };
   // Every failure ends here, on every rank at once: the tmp file removed, `latest` untouched.
   auto give_up = [&](const std::string& why) {
     std::string keep = rank == 0 ? kept(dir) : "";
     keep = agree_on_failure(comm, keep);
     if (rank == 0) unlink(tmp_path.c_str());
-    const std::string where = "checkpoint step " + std::to_string(state.step) + ": ";
-    if (no_space(why)) {
-      const long long free = rank == 0 ? free_bytes(dir) : -1;
-      throw UserError(where + "disk full on " + dir + " (a checkpoint needs about " +
-                          human_bytes(double(bytes)) +
-                          (free >= 0 ? ", " + human_bytes(double(free)) + " are free" : "") + "): " +
-                          keep,
-                      kExitIO);
-    }
-    throw UserError(where + why + ": " + keep, kExitIO);
+    throw UserError(line(why, keep), kExitIO);
   };
 
   // HDF5 cannot close a file whose metadata it cannot write (and then fails inside MPI_Finalize),
@@ -326,7 +336,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
     if (free >= 0 && uint64_t(free) < 2 * metadata_bytes)  // the metadata, and room held for it
       failure = "cannot write " + tmp_path + ": " + std::strerror(ENOSPC);
   }
-  if (std::string why = agree_on_failure(comm, failure); !why.empty()) give_up(why);
+  if (std::string why = agree(failure); !why.empty()) give_up(why);
   // Never a checkpoint of weights or moments that are not finite: it would poison every restart.
   if (std::string bad = agree_on_failure(comm, first_bad_tile_value(layout, buffers)); !bad.empty())
     throw UserError("checkpoint step " + std::to_string(state.step) + ": refused: " + bad +
@@ -338,9 +348,9 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
                           parallel_access(comm).get()),
                 H5Fclose);
   local.note(!file.valid(), "cannot create " + tmp_path);
-  if (std::string why = agree_on_failure(comm, local.what); !why.empty()) give_up(why);
+  if (std::string why = agree(local.what); !why.empty()) give_up(why);
   if (rank == 0 && reserve) local.what = reserve_space(tmp_path, bytes);
-  failure = agree_on_failure(comm, local.what);
+  failure = agree(local.what);
   {
     // 1. Every object: attributes, groups, the tensors' and the checksums' datasets; flushed.
     const hid_t root = file.get();
@@ -350,12 +360,12 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
       sets = create_datasets(root, layout, local);
       local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
       if (rank == 0 && local.what.empty()) local.what = hold_room(room_path, metadata_bytes);
-      failure = agree_on_failure(comm, local.what);
+      failure = agree(local.what);
     }
     // 2. The data, tensor by tensor.
     std::vector<uint64_t> sums;
     if (failure.empty())
-      failure = write_data(comm, layout, writer, buffers, sets, collective_bytes, local, sums);
+      failure = write_data(agree, layout, writer, buffers, sets, collective_bytes, local, sums);
     // The metadata's room back to the disk, before HDF5 writes metadata again (the flush below,
     // or the close).
     if (rank == 0) unlink(room_path.c_str());
@@ -363,7 +373,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
     if (failure.empty()) {
       write_checksums(comm, rank, sets, sums, local);
       local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
-      failure = agree_on_failure(comm, local.what);
+      failure = agree(local.what);
     }
     // A failure leaves the metadata written: what the close still writes is small. Give it the
     // space the partial file took (the data written so far) first.
@@ -387,7 +397,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
       failure = write_file_atomically((fs::path(dir) / "latest").string(),
                                       step_name(state.step) + "\n", /*durable=*/true);
   }
-  failure = agree_on_failure(comm, failure);
+  failure = agree(failure);
   if (!failure.empty())
     throw UserError("checkpoint step " + std::to_string(state.step) + ": " + failure, kExitIO);
   return final_path;
