@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -342,6 +344,28 @@ std::string resolve_checkpoint(const std::string& dir_or_file) {
     if (f.size() == 16 && f.rfind("step_", 0) == 0 && f.substr(13) == ".h5" && f > best) best = f;
   }
   return best.empty() ? "" : (dir / best).string();
+}
+
+std::string newest_sound_checkpoint(const std::string& dir, std::vector<std::string>* skipped) {
+  for (std::string path = resolve_checkpoint(dir); !path.empty(); path = resolve_checkpoint(dir)) {
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path;  // not a directory
+    std::string why;
+    try {
+      verify_checkpoint(path);
+      return path;
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    const std::string aside = path + ".damaged";
+    if (std::rename(path.c_str(), aside.c_str()) != 0)
+      throw UserError("checkpoint.restart = auto: " + why + "; and cannot rename it to " + aside +
+                          ": " + std::strerror(errno),
+                      kExitIO);
+    skipped->push_back("restart: skipped " + fs::path(path).filename().string() + " (" + why +
+                       "): renamed to " + fs::path(aside).filename().string());
+  }
+  return "";
 }
 
 }  // namespace tessera
