@@ -71,7 +71,13 @@ H5Handle create_dataset(hid_t file, const std::string& path, hid_t type,
                  H5Sclose);
   H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl.get(), 1);
-  H5Handle dset(H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), H5P_DEFAULT,
+  // No fill values: parallel HDF5 allocates a dataset's storage when it is made and would write
+  // its fill value through it at the flush of the metadata. On a disk that fills up there, a
+  // rank whose part of that write fails leaves the collective flush early and every rank waits
+  // inside HDF5 for ever; the data is written once, by the tiles, where failures are agreed on.
+  H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+  H5Handle dset(H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), dcpl.get(),
                            H5P_DEFAULT),
                 H5Dclose);
   failure.note(!dset.valid(), "cannot create /" + path);

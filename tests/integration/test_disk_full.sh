@@ -94,6 +94,30 @@ else
   fail "cannot build the fallocate shim: $(head -1 "$WORK/cc.err")"
 fi
 
+# The disk fills up while a 4-rank (2,2,1) job runs (another writer on shared scratch), leaving
+# room for a checkpoint's metadata but not its data, without the reservation: this hung for ever
+# inside HDF5's collective flush (the fill values written through the new datasets failed on one
+# rank). One line, exit 1, within 30 s.
+tmpfs shared 4096k || fail "shared: mount"
+( timeout -s KILL 120 $MPIEXEC -n 4 "$TESSERA" train "$deck" run.dir="$WORK/shared.run" \
+    checkpoint.dir="$WORK/shared" checkpoint.every=4 checkpoint.reserve=false train.steps=40 \
+    train.batch_size=8 train.micro_batch=2 parallel.dp=2 parallel.tp=2 >shared.out 2>shared.err
+  echo $? >shared.rc ) &
+wait_for_line shared.out "^step " 60
+"$PYTHON" -c 'import os, sys
+st = os.statvfs(sys.argv[1])
+open(os.path.join(sys.argv[1], "filler"), "wb").write(b"\0" * (st.f_bavail * st.f_frsize - 393 * 1024))' "$WORK/shared"
+start=$SECONDS
+wait
+took=$((SECONDS - start))
+if [ "$(cat shared.rc)" = 1 ] && [ "$took" -le 30 ] && [ "$(wc -l <shared.err)" -eq 1 ] &&
+   grep -Eq "^(rank [0-9]+: )?checkpoint step 4: disk full on $WORK/shared \(a checkpoint needs about [0-9.]+ MB, 0\.[34] MB are free\): no earlier checkpoint to keep$" shared.err &&
+   ! ls "$WORK/shared"/*.tmp >/dev/null 2>&1; then
+  pass "disk filled by another writer, 4 ranks, no reservation: exit 1 in $took s: $(cat shared.err)"
+else
+  fail "disk filled by another writer, 4 ranks: exit $(cat shared.rc) after $took s (137: it hung)"; head -3 shared.err
+fi
+
 # run.dir full before the start: refused at once, nothing trained.
 tmpfs fullrun 64k
 dd if=/dev/zero of="$WORK/fullrun/filler" bs=4k count=100 2>/dev/null
