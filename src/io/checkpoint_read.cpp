@@ -351,11 +351,22 @@ std::string newest_sound_checkpoint(const std::string& dir, std::vector<std::str
     struct stat st;
     if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path;  // not a directory
     std::string why;
+    bool sound = false;
     try {
       verify_checkpoint(path);
-      return path;
+      sound = true;
     } catch (const std::exception& e) {
       why = e.what();
+    }
+    if (sound) {
+      // `latest` named one passed over: it names this one now, so that nothing reads a name gone.
+      if (!skipped->empty())
+        if (std::string failed = write_file_atomically((fs::path(dir) / "latest").string(),
+                                                       fs::path(path).filename().string() + "\n",
+                                                       /*durable=*/true);
+            !failed.empty())
+          throw UserError("checkpoint.restart = auto: " + failed, kExitIO);
+      return path;
     }
     const std::string aside = path + ".damaged";
     if (std::rename(path.c_str(), aside.c_str()) != 0)
@@ -365,6 +376,7 @@ std::string newest_sound_checkpoint(const std::string& dir, std::vector<std::str
     skipped->push_back("restart: skipped " + fs::path(path).filename().string() + " (" + why +
                        "): renamed to " + fs::path(aside).filename().string());
   }
+  if (!skipped->empty()) unlink((fs::path(dir) / "latest").c_str());  // it names nothing now
   return "";
 }
 
