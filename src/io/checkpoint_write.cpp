@@ -8,6 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -120,11 +125,12 @@ bool no_space(const std::string& reason) {
 // that a full disk or quota is found before a byte of data is written and the writes cannot run
 // out of space (HDF5 trims the file to its real size when it closes it). Where the file system
 // cannot reserve, its free space is compared instead. Returns "" or the problem.
-std::string reserve_space(const std::string& tmp, uint64_t bytes) {
+std::string reserve_space(const std::string& tmp, uint64_t bytes, bool* reserved) {
   const int fd = open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) return "cannot write " + tmp + ": " + std::strerror(errno);
   std::string why;
-  if (fallocate(fd, 0, 0, off_t(bytes)) != 0) {
+  *reserved = fallocate(fd, 0, 0, off_t(bytes)) == 0;
+  if (!*reserved) {
     const int err = errno;
     if (err == EOPNOTSUPP || err == ENOSYS) {
       const long long free = free_bytes(tmp);
@@ -157,6 +163,62 @@ std::string hold_room(const std::string& path, uint64_t bytes) {
   unlink(path.c_str());
   return "cannot write " + path + ": " + std::strerror(err);
 }
+
+// Rank 0, while a write that holds no reservation runs: HDF5's collective flushes and writes do
+// not survive a write that fails on one rank (that rank leaves the collective early and every
+// rank waits inside HDF5 for ever), and a disk can fill up at any moment (another writer on shared
+// scratch). When the checkpoint directory's file system stays full (less than 64 KiB free) for
+// kAgreeSeconds while the write has not ended, the write cannot end: this thread removes the
+// partial file, prints `line` and ends the job (MPI_Abort, exit 1).
+class DiskWatch {
+ public:
+  DiskWatch(bool active, std::string dir, std::function<std::string()> line)
+      : dir_(std::move(dir)), line_(std::move(line)) {
+    if (active) thread_ = std::thread([this] { watch(); });
+  }
+  ~DiskWatch() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  DiskWatch(const DiskWatch&) = delete;
+  DiskWatch& operator=(const DiskWatch&) = delete;
+
+ private:
+  void watch() {
+    using Clock = std::chrono::steady_clock;
+    std::unique_lock<std::mutex> lock(mutex_);
+    Clock::time_point full_since{};
+    bool full = false;
+    while (!wake_.wait_for(lock, std::chrono::milliseconds(200), [this] { return done_; })) {
+      const long long free = free_bytes(dir_);
+      if (free < 0 || free >= (64 << 10)) {
+        full = false;
+        continue;
+      }
+      if (!full) full_since = Clock::now();
+      full = true;
+      if (Clock::now() - full_since < std::chrono::duration<double>(kAgreeSeconds)) continue;
+      std::string text = line_();
+      for (char& c : text)
+        if (c == '\n' || c == '\r') c = ' ';
+      std::fprintf(stderr, "%s\n", text.c_str());
+      std::fflush(stderr);
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      MPI_Abort(MPI_COMM_WORLD, kExitIO);
+    }
+  }
+
+  std::string dir_;
+  std::function<std::string()> line_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;
+};
 
 // The root attributes and the /model, /optim, /train and /tokenizer groups. Metadata is made the
 // same way on every rank, so it fails (if ever) on all of them alike.
@@ -355,8 +417,15 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
                 H5Fclose);
   local.note(!file.valid(), "cannot create " + tmp_path);
   if (std::string why = agree(local.what); !why.empty()) give_up(why);
-  if (rank == 0 && reserve) local.what = reserve_space(tmp_path, bytes);
+  bool reserved = false;
+  if (rank == 0 && reserve) local.what = reserve_space(tmp_path, bytes, &reserved);
   failure = agree(local.what);
+  const DiskWatch watch(rank == 0 && !reserved, dir, [&] {
+    unlink(tmp_path.c_str());
+    unlink(room_path.c_str());
+    return line("cannot write " + tmp_path + ": " + std::strerror(ENOSPC) + " (the disk stayed full)",
+                kept(dir));
+  });
   {
     // 1. Every object: attributes, groups, the tensors' and the checksums' datasets; flushed.
     const hid_t root = file.get();
