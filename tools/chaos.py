@@ -82,6 +82,7 @@ class Soak:
         self.failures = []
         self.results = []
         self.changed_layout = False
+        self.flipped = set()
 
     # --- helpers ---
     def say(self, text):
@@ -271,13 +272,18 @@ class Soak:
         return done
 
     def corrupt(self):
-        """Flips one byte in the middle of a tensor of the newest checkpoint."""
+        """Flips one byte of a tensor of the newest checkpoint, at a random place (never twice at
+        the same one: two flips there would undo each other)."""
         step, path = self.latest_step()
         if not path:
             return None
         with h5py.File(path, "r") as f:
             d = f["model/wte"]
-            offset = d.id.get_offset() + d.id.get_storage_size() // 2
+            place = self.rng.randrange(d.id.get_storage_size())
+            while (path, place) in self.flipped:
+                place = (place + 1) % d.id.get_storage_size()
+            self.flipped.add((path, place))
+            offset = d.id.get_offset() + place
         with open(path, "r+b") as f:
             f.seek(offset)
             b = f.read(1)
@@ -312,12 +318,14 @@ class Soak:
         kinds = [f for f in FAULTS if f != "disk_full" or self.mounted]
         i, corrupted = 0, False
         t_soak = time.time()
+        # Every kind once first (a seeded order), then any.
+        order = self.rng.sample(kinds, len(kinds))
         while i < self.a.faults:
-            fault = self.rng.choice(kinds)
+            fault = order[i] if i < len(order) else self.rng.choice(kinds)
+            if fault == "corrupt" and self.latest_step()[1] is None:  # nothing to corrupt yet
+                fault = self.rng.choice([k for k in kinds if k != "corrupt"])
             if fault == "corrupt":
                 step = self.corrupt()
-                if step is None:
-                    continue  # nothing to corrupt yet
                 self.results.append(f"fault {i + 1:2d} corrupt   newest checkpoint step {step} damaged")
                 self.say("ok   " + self.results[-1])
                 corrupted = True
