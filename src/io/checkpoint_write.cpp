@@ -423,7 +423,8 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
   const DiskWatch watch(rank == 0 && !reserved, dir, [&] {
     unlink(tmp_path.c_str());
     unlink(room_path.c_str());
-    return line("cannot write " + tmp_path + ": " + std::strerror(ENOSPC) + " (the disk stayed full)",
+    return line("cannot write " + tmp_path + ": " + std::strerror(ENOSPC) +
+                    " (the disk stayed full)",
                 kept(dir));
   });
   {

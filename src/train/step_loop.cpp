@@ -260,7 +260,9 @@ std::optional<int> Run::meet_anomaly(const std::string& anomaly, double loss, do
   log_->json("{\"type\":\"anomaly\",\"step\":" + std::to_string(attempted) +
              ",\"loss\":" + json_number("%.17g", loss) +
              ",\"grad_norm\":" + json_number("%.9g", norm) + ",\"reason\":\"" + anomaly +
-             "\",\"action\":\"" + (status != 0 ? "stop" : action) + "\"}");
+             "\",\"action\":\"" + (status != 0 ? "stop" : action) +
+             "\",\"rollbacks\":" + std::to_string(rollbacks_) +
+             ",\"skipped_samples\":" + std::to_string(skipped_samples_) + "}");
   if (status == 0) return std::nullopt;
   finish_write();
   return write_exit_status(status);

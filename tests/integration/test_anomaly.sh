@@ -119,7 +119,10 @@ rc=$?
 if [ $rc = 4 ] && [ "$(wc -l <persist.err)" = 1 ] &&
    grep -Eq "^anomaly: step [0-9]+: .* is not finite .*: rollback: 2 rollbacks to step_[0-9]{8}\.h5 already \(train\.anomaly_max_rollbacks = 2\), the cause persists: stop, [1-9][0-9]* samples skipped by rollbacks: no checkpoint written, kept step_[0-9]{8}\.h5, exit 4$" persist.err &&
    [ "$(grep -c "^anomaly: .*: rollback [12] of 2: to " persist.log)" -ge 2 ] &&
-   [ "$(grep -c "^anomaly: " persist.log)" -le 12 ]; then
+   [ "$(grep -c "^anomaly: " persist.log)" -le 12 ] &&
+   [ "$("$PYTHON" -c 'import json, sys
+a = [json.loads(l) for l in open(sys.argv[1]) if "\"anomaly\"" in l]
+print(a[-1]["action"], a[-1]["skipped_samples"])' persist/metrics.jsonl)" = "stop $(sed -n 's/.* stop, \([0-9]*\) samples skipped.*/\1/p' persist.err)" ]; then
   pass "lr 1e6 under rollback: $(grep -c "^anomaly: " persist.log) anomalies, then exit 4: $(cat persist.err)"
 else
   fail "lr 1e6 under rollback: exit $rc"; cat persist.err | head -3; grep -E "^anomaly" persist.log | head -6
