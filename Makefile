@@ -180,7 +180,7 @@ OBJ      := $(SRC:%.cpp=$(BUILD)/%.o) $(CUDA_OBJ)
 UNIT_SRC := $(sort $(wildcard tests/unit/*.cpp))
 UNIT_OBJ := $(UNIT_SRC:%.cpp=$(BUILD)/%.o)
 
-.PHONY: all deps deps-run deps-test run test unit integration bench asan clean data cuda-report test-gpu bench-gpu gpu-bundle fuzz fuzz-bins \
+.PHONY: all deps deps-run deps-test run test unit integration bench chaos asan clean data cuda-report test-gpu bench-gpu gpu-bundle fuzz fuzz-bins \
         test-cuda-host
 all: bin/tessera$(EXE)
 
@@ -357,6 +357,17 @@ fuzz: deps
 	$(MAKE) -j$(JOBS) CXX=$(FUZZ_CXX) CUDA=0 BUILD=build-fuzz WARN="-Wall -Wextra -Wno-pass-failed" \
 	  OPT="-O1 -g -fsanitize=address,fuzzer-no-link -fno-omit-frame-pointer" fuzz-bins
 	@for t in $(FUZZ_TARGETS); do bash tests/fuzz/run.sh $$t $(FUZZ_TIME) || exit 1; done
+
+# The long chaos soak (README, "Chaos soak"): CHAOS_FAULTS seeded faults on 4 ranks (root: it
+# mounts a small tmpfs for the disk-full faults).
+CHAOS_FAULTS ?= 24
+CHAOS_SEED   ?= 27
+chaos: deps
+	$(MAKE) -j$(JOBS) bin/tessera
+	$(MAKE) $(DATA_DIR)/train.h5
+	rm -rf build/chaos
+	OMP_NUM_THREADS=1 MPIR_CVAR_POLLS_BEFORE_YIELD=1 $(PYTHON) tools/chaos.py --tessera bin/tessera \
+	  --mpiexec $(MPIEXEC) --data $(DATA_DIR) --work build/chaos --faults $(CHAOS_FAULTS) --seed $(CHAOS_SEED)
 
 bench: deps
 	$(MAKE) -j$(JOBS) bin/tessera

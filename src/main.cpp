@@ -20,6 +20,7 @@
 #include "common/limits.hpp"
 #include "common/version.hpp"
 #include "config/config.hpp"
+#include "io/hdf5_util.hpp"
 #include "plan/command.hpp"
 #include "train/ckpt_command.hpp"
 #include "train/data_command.hpp"
@@ -219,6 +220,7 @@ int main(int argc, char** argv) {
   // limit (ulimit -f) fails with EFBIG, reported like any failed write, instead of killing.
   const bool training = argc > 1 && std::strcmp(argv[1], "train") == 0;
   std::signal(SIGXFSZ, SIG_IGN);
+  tessera::hdf5_no_atexit();
   if (training) tessera::install_stop_handlers();
   // Funneled: the data loader's thread reads files and never calls MPI. Training asks for
   // MPI_THREAD_MULTIPLE (MPICH provides it): the hang watchdog's thread ends a hung job with

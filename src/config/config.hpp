@@ -49,6 +49,8 @@ struct TrainConfig {
   int anomaly_window = 50;
   double anomaly_sigma = 0;        // 0 = non-finite values only
   std::string anomaly_action = "stop";  // stop | skip | rollback
+  // Rollbacks landing on one checkpoint (and 5 x as many in all) before the run stops, exit 4.
+  int anomaly_max_rollbacks = 3;
 };
 
 struct OptimConfig {

@@ -113,6 +113,7 @@ std::vector<Field> fields_of(Config& c) {
       {"train", "anomaly_window", &c.train.anomaly_window},
       {"train", "anomaly_sigma", &c.train.anomaly_sigma},
       {"train", "anomaly_action", &c.train.anomaly_action},
+      {"train", "anomaly_max_rollbacks", &c.train.anomaly_max_rollbacks},
       {"optim", "lr", &c.optim.lr},
       {"optim", "min_lr", &c.optim.min_lr},
       {"optim", "warmup_steps", &c.optim.warmup_steps},

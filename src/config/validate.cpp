@@ -164,6 +164,9 @@ void validate_train(const Config& c, const Deck& deck) {
   at_least(deck, "train.anomaly_window", t.anomaly_window, 2);
   at_most(deck, "train.anomaly_window", t.anomaly_window, 100000, "a window of steps kept in memory");
   non_negative(deck, "train.anomaly_sigma", t.anomaly_sigma);
+  at_least(deck, "train.anomaly_max_rollbacks", t.anomaly_max_rollbacks, 1);
+  at_most(deck, "train.anomaly_max_rollbacks", t.anomaly_max_rollbacks, 1000,
+          "rollbacks per checkpoint");
   if (t.anomaly_action != "stop" && t.anomaly_action != "skip" && t.anomaly_action != "rollback") {
     deck.fail_key("train.anomaly_action",
                   "must be stop, skip or rollback, got " + shown(t.anomaly_action));

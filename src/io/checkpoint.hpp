@@ -123,6 +123,13 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int keep);
 // one rank (the same checksum walk and value checks as a restart), throwing the first problem.
 CheckpointInfo verify_checkpoint(const std::string& path);
 
+// checkpoint.restart: auto on one rank: the newest checkpoint of dir that verify_checkpoint
+// accepts (`latest`'s first, then the complete step_*.h5 files newest first), "" if none. Each one
+// refused on the way is renamed to NAME.damaged (so that neither a later restart nor
+// checkpoint.keep's pruning takes it for a checkpoint) and named in a line of *skipped; `latest`
+// then names the one returned (or is removed when there is none).
+std::string newest_sound_checkpoint(const std::string& dir, std::vector<std::string>* skipped);
+
 // Order-free checksum of a tensor's elements: the sum over elements of a hash of (canonical
 // index, value bits), so the parts held by different ranks add up to the whole.
 uint64_t element_hash(uint64_t canonical_index, float value);

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -342,6 +344,40 @@ std::string resolve_checkpoint(const std::string& dir_or_file) {
     if (f.size() == 16 && f.rfind("step_", 0) == 0 && f.substr(13) == ".h5" && f > best) best = f;
   }
   return best.empty() ? "" : (dir / best).string();
+}
+
+std::string newest_sound_checkpoint(const std::string& dir, std::vector<std::string>* skipped) {
+  for (std::string path = resolve_checkpoint(dir); !path.empty(); path = resolve_checkpoint(dir)) {
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path;  // not a directory
+    std::string why;
+    bool sound = false;
+    try {
+      verify_checkpoint(path);
+      sound = true;
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    if (sound) {
+      // `latest` named one passed over: it names this one now, so that nothing reads a name gone.
+      if (!skipped->empty())
+        if (std::string failed = write_file_atomically((fs::path(dir) / "latest").string(),
+                                                       fs::path(path).filename().string() + "\n",
+                                                       /*durable=*/true);
+            !failed.empty())
+          throw UserError("checkpoint.restart = auto: " + failed, kExitIO);
+      return path;
+    }
+    const std::string aside = path + ".damaged";
+    if (std::rename(path.c_str(), aside.c_str()) != 0)
+      throw UserError("checkpoint.restart = auto: " + why + "; and cannot rename it to " + aside +
+                          ": " + std::strerror(errno),
+                      kExitIO);
+    skipped->push_back("restart: skipped " + fs::path(path).filename().string() + " (" + why +
+                       "): renamed to " + fs::path(aside).filename().string());
+  }
+  if (!skipped->empty()) unlink((fs::path(dir) / "latest").c_str());  // it names nothing now
+  return "";
 }
 
 }  // namespace tessera

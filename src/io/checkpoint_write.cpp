@@ -8,6 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -71,7 +76,13 @@ H5Handle create_dataset(hid_t file, const std::string& path, hid_t type,
                  H5Sclose);
   H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl.get(), 1);
-  H5Handle dset(H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), H5P_DEFAULT,
+  // No fill values: parallel HDF5 allocates a dataset's storage when it is made and would write
+  // its fill value through it at the flush of the metadata. On a disk that fills up there, a
+  // rank whose part of that write fails leaves the collective flush early and every rank waits
+  // inside HDF5 for ever; the data is written once, by the tiles, where failures are agreed on.
+  H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+  H5Handle dset(H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), dcpl.get(),
                            H5P_DEFAULT),
                 H5Dclose);
   failure.note(!dset.valid(), "cannot create /" + path);
@@ -114,11 +125,12 @@ bool no_space(const std::string& reason) {
 // that a full disk or quota is found before a byte of data is written and the writes cannot run
 // out of space (HDF5 trims the file to its real size when it closes it). Where the file system
 // cannot reserve, its free space is compared instead. Returns "" or the problem.
-std::string reserve_space(const std::string& tmp, uint64_t bytes) {
+std::string reserve_space(const std::string& tmp, uint64_t bytes, bool* reserved) {
   const int fd = open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) return "cannot write " + tmp + ": " + std::strerror(errno);
   std::string why;
-  if (fallocate(fd, 0, 0, off_t(bytes)) != 0) {
+  *reserved = fallocate(fd, 0, 0, off_t(bytes)) == 0;
+  if (!*reserved) {
     const int err = errno;
     if (err == EOPNOTSUPP || err == ENOSYS) {
       const long long free = free_bytes(tmp);
@@ -151,6 +163,62 @@ std::string hold_room(const std::string& path, uint64_t bytes) {
   unlink(path.c_str());
   return "cannot write " + path + ": " + std::strerror(err);
 }
+
+// Rank 0, while a write that holds no reservation runs: HDF5's collective flushes and writes do
+// not survive a write that fails on one rank (that rank leaves the collective early and every
+// rank waits inside HDF5 for ever), and a disk can fill up at any moment (another writer on shared
+// scratch). When the checkpoint directory's file system stays full (less than 64 KiB free) for
+// kAgreeSeconds while the write has not ended, the write cannot end: this thread removes the
+// partial file, prints `line` and ends the job (MPI_Abort, exit 1).
+class DiskWatch {
+ public:
+  DiskWatch(bool active, std::string dir, std::function<std::string()> line)
+      : dir_(std::move(dir)), line_(std::move(line)) {
+    if (active) thread_ = std::thread([this] { watch(); });
+  }
+  ~DiskWatch() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  DiskWatch(const DiskWatch&) = delete;
+  DiskWatch& operator=(const DiskWatch&) = delete;
+
+ private:
+  void watch() {
+    using Clock = std::chrono::steady_clock;
+    std::unique_lock<std::mutex> lock(mutex_);
+    Clock::time_point full_since{};
+    bool full = false;
+    while (!wake_.wait_for(lock, std::chrono::milliseconds(200), [this] { return done_; })) {
+      const long long free = free_bytes(dir_);
+      if (free < 0 || free >= (64 << 10)) {
+        full = false;
+        continue;
+      }
+      if (!full) full_since = Clock::now();
+      full = true;
+      if (Clock::now() - full_since < std::chrono::duration<double>(kAgreeSeconds)) continue;
+      std::string text = line_();
+      for (char& c : text)
+        if (c == '\n' || c == '\r') c = ' ';
+      std::fprintf(stderr, "%s\n", text.c_str());
+      std::fflush(stderr);
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      MPI_Abort(MPI_COMM_WORLD, kExitIO);
+    }
+  }
+
+  std::string dir_;
+  std::function<std::string()> line_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;
+};
 
 // The root attributes and the /model, /optim, /train and /tokenizer groups. Metadata is made the
 // same way on every rank, so it fails (if ever) on all of them alike.
@@ -244,7 +312,8 @@ Datasets create_datasets(hid_t root, const LocalLayout& layout, WriteFailure& fa
 // Writes this rank's tiles of every tensor it owns (collective), appending its part of each
 // dataset's checksum to sums. A write that failed on one rank stops every rank after that
 // tensor, before the next collective call. Returns the failure, the same on every rank.
-std::string write_data(MPI_Comm comm, const LocalLayout& layout, bool writer,
+template <class Agree>
+std::string write_data(const Agree& agree, const LocalLayout& layout, bool writer,
                        const ModelBuffers& buffers, const Datasets& sets, long collective_bytes,
                        WriteFailure& local, std::vector<uint64_t>& sums) {
   const std::vector<const LocalTensor*> tiles = ckpt::tiles_by_canonical(layout);
@@ -260,7 +329,7 @@ std::string write_data(MPI_Comm comm, const LocalLayout& layout, bool writer,
       sums.push_back(write_tensor(sets.tensors[d].get(), sets.paths[d], layout, c, t,
                                   parts[k] + off, collective_bytes, local));
     }
-    failure = agree_on_failure(comm, local.what);
+    failure = agree(local.what);
   }
   return failure;
 }
@@ -297,21 +366,30 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
   const uint64_t bytes =
       checkpoint_bytes(layout, tokenizer,
                        deck_yaml.size() + state.data_sources.size() + state.data_position.size());
+  // The one line of a failure, "kept" naming what stays the newest checkpoint.
+  const auto line = [&](const std::string& why, const std::string& keep) {
+    const std::string where = "checkpoint step " + std::to_string(state.step) + ": ";
+    if (!no_space(why)) return where + why + ": " + keep;
+    const long long free = free_bytes(dir);
+    return where + "disk full on " + dir + " (a checkpoint needs about " +
+           human_bytes(double(bytes)) +
+           (free >= 0 ? ", " + human_bytes(double(free)) + " are free" : "") + "): " + keep;
+  };
+  // A rank that failed and finds a peer stuck (inside HDF5's own collectives) past the agreement's
+  // deadline removes the partial file and ends the job with its line (agree_on_failure).
+  const auto agree = [&](const std::string& failure) {
+    return agree_on_failure(comm, failure, [&](const std::string& why) {
+      unlink(tmp_path.c_str());
+      unlink((fs::path(dir) / kRoomFile).c_str());
+      return line(why, kept(dir));
+    }, kExitIO);
+  };
   // Every failure ends here, on every rank at once: the tmp file removed, `latest` untouched.
   auto give_up = [&](const std::string& why) {
     std::string keep = rank == 0 ? kept(dir) : "";
     keep = agree_on_failure(comm, keep);
     if (rank == 0) unlink(tmp_path.c_str());
-    const std::string where = "checkpoint step " + std::to_string(state.step) + ": ";
-    if (no_space(why)) {
-      const long long free = rank == 0 ? free_bytes(dir) : -1;
-      throw UserError(where + "disk full on " + dir + " (a checkpoint needs about " +
-                          human_bytes(double(bytes)) +
-                          (free >= 0 ? ", " + human_bytes(double(free)) + " are free" : "") + "): " +
-                          keep,
-                      kExitIO);
-    }
-    throw UserError(where + why + ": " + keep, kExitIO);
+    throw UserError(line(why, keep), kExitIO);
   };
 
   // HDF5 cannot close a file whose metadata it cannot write (and then fails inside MPI_Finalize),
@@ -326,7 +404,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
     if (free >= 0 && uint64_t(free) < 2 * metadata_bytes)  // the metadata, and room held for it
       failure = "cannot write " + tmp_path + ": " + std::strerror(ENOSPC);
   }
-  if (std::string why = agree_on_failure(comm, failure); !why.empty()) give_up(why);
+  if (std::string why = agree(failure); !why.empty()) give_up(why);
   // Never a checkpoint of weights or moments that are not finite: it would poison every restart.
   if (std::string bad = agree_on_failure(comm, first_bad_tile_value(layout, buffers)); !bad.empty())
     throw UserError("checkpoint step " + std::to_string(state.step) + ": refused: " + bad +
@@ -338,9 +416,17 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
                           parallel_access(comm).get()),
                 H5Fclose);
   local.note(!file.valid(), "cannot create " + tmp_path);
-  if (std::string why = agree_on_failure(comm, local.what); !why.empty()) give_up(why);
-  if (rank == 0 && reserve) local.what = reserve_space(tmp_path, bytes);
-  failure = agree_on_failure(comm, local.what);
+  if (std::string why = agree(local.what); !why.empty()) give_up(why);
+  bool reserved = false;
+  if (rank == 0 && reserve) local.what = reserve_space(tmp_path, bytes, &reserved);
+  failure = agree(local.what);
+  const DiskWatch watch(rank == 0 && !reserved, dir, [&] {
+    unlink(tmp_path.c_str());
+    unlink(room_path.c_str());
+    return line("cannot write " + tmp_path + ": " + std::strerror(ENOSPC) +
+                    " (the disk stayed full)",
+                kept(dir));
+  });
   {
     // 1. Every object: attributes, groups, the tensors' and the checksums' datasets; flushed.
     const hid_t root = file.get();
@@ -350,12 +436,12 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
       sets = create_datasets(root, layout, local);
       local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
       if (rank == 0 && local.what.empty()) local.what = hold_room(room_path, metadata_bytes);
-      failure = agree_on_failure(comm, local.what);
+      failure = agree(local.what);
     }
     // 2. The data, tensor by tensor.
     std::vector<uint64_t> sums;
     if (failure.empty())
-      failure = write_data(comm, layout, writer, buffers, sets, collective_bytes, local, sums);
+      failure = write_data(agree, layout, writer, buffers, sets, collective_bytes, local, sums);
     // The metadata's room back to the disk, before HDF5 writes metadata again (the flush below,
     // or the close).
     if (rank == 0) unlink(room_path.c_str());
@@ -363,7 +449,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
     if (failure.empty()) {
       write_checksums(comm, rank, sets, sums, local);
       local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
-      failure = agree_on_failure(comm, local.what);
+      failure = agree(local.what);
     }
     // A failure leaves the metadata written: what the close still writes is small. Give it the
     // space the partial file took (the data written so far) first.
@@ -387,7 +473,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
       failure = write_file_atomically((fs::path(dir) / "latest").string(),
                                       step_name(state.step) + "\n", /*durable=*/true);
   }
-  failure = agree_on_failure(comm, failure);
+  failure = agree(failure);
   if (!failure.empty())
     throw UserError("checkpoint step " + std::to_string(state.step) + ": " + failure, kExitIO);
   return final_path;

@@ -14,6 +14,8 @@ std::mutex& hdf5_mutex() {
 
 void hdf5_quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
+void hdf5_no_atexit() { H5dont_atexit(); }
+
 namespace {
 // The innermost error's description, and the system error message any entry quotes.
 struct Reason {

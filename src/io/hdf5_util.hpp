@@ -53,6 +53,10 @@ std::mutex& hdf5_mutex();
 
 // Turns off HDF5's own error-stack printing: tessera reports errors itself, in one line.
 void hdf5_quiet();
+// No HDF5 clean-up at exit (H5dont_atexit; before any other HDF5 call): after a collective write
+// failed on some ranks, the library's atexit close of a file still open would enter collectives
+// the others never join, and the process would hang instead of exiting.
+void hdf5_no_atexit();
 
 // Why the last HDF5 call on this thread failed, in a few words from its error stack (the system's
 // own reason where HDF5 recorded one: "Permission denied", "No space left on device"); then

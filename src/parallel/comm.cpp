@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <thread>
 
 namespace tessera {
 
@@ -303,6 +304,12 @@ void Comm::wait_sends() {
 }
 
 std::string agree_on_failure(MPI_Comm comm, const std::string& failure) {
+  return agree_on_failure(comm, failure, [](const std::string& why) { return why; }, 1);
+}
+
+std::string agree_on_failure(MPI_Comm comm, const std::string& failure,
+                             const std::function<std::string(const std::string&)>& line,
+                             int status, double seconds) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
@@ -311,7 +318,31 @@ std::string agree_on_failure(MPI_Comm comm, const std::string& failure) {
   MPI_Comm_get_name(comm, name, &name_length);
   const trace::Scope call(name, "agree_on_failure", sizeof(int));
   int first = failure.empty() ? size : rank;
-  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
+  // Non-blocking: a rank that failed waits for the others a bounded time. A peer that never
+  // comes is stuck in a collective of its own (HDF5's, on HDF5's communicator) that waits for
+  // this rank: this rank then prints its line and ends the job.
+  MPI_Request request;
+  MPI_Iallreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm, &request);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int done = 0;
+  for (long polls = 0; !done; ++polls) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) break;
+    if (!failure.empty() && std::chrono::steady_clock::now() > deadline) {
+      std::string text = line(failure);
+      for (char& c : text)
+        if (c == '\n' || c == '\r') c = ' ';
+      std::fprintf(stderr, "rank %d: %s\n", rank, text.c_str());
+      std::fflush(stderr);
+      // The launcher forwards output through a pipe: give it a moment before the job dies.
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      MPI_Abort(MPI_COMM_WORLD, status);
+    }
+    // Polled as a blocking call would at first (an agreement at every step boundary), then
+    // without holding a core.
+    if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
   if (first == size) return "";
   int length = rank == first ? int(failure.size()) : 0;
   MPI_Bcast(&length, 1, MPI_INT, first, comm);

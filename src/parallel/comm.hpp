@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -128,6 +129,16 @@ class Comm {
 // that every rank takes the same way out together instead of one leaving a collective the others
 // wait in: each rank passes its own ("" = none) and every rank gets back that of the lowest
 // failing rank, or "". Collective over comm.
+//
+// Bounded: a rank with a failure of its own waits for the others at most `seconds`
+// (kAgreeSeconds). A peer that does not come within that time is stuck in another collective
+// (HDF5's own, waiting for this rank): this rank then prints "rank R: " + line(failure) on stderr
+// and ends the job with MPI_Abort(status), so that no job waits for ever on a rank that gave up.
+// Ranks without a failure wait as long as it takes (they would be waited for in turn).
+constexpr double kAgreeSeconds = 10.0;
 std::string agree_on_failure(MPI_Comm comm, const std::string& failure);
+std::string agree_on_failure(MPI_Comm comm, const std::string& failure,
+                             const std::function<std::string(const std::string&)>& line,
+                             int status, double seconds = kAgreeSeconds);
 
 }  // namespace tessera

@@ -150,12 +150,30 @@ void sample_text(const std::string& checkpoint, const SampleOptions& opt) {
 void eval_checkpoint(const std::string& checkpoint, const std::string& data, int batches) {
   const Heartbeat beat(true, "eval: " + checkpoint + " on " + data);
   LoadedModel m = load_model(checkpoint);
-  const Config deck = parse_deck(m.info.deck_yaml, m.info.path + ":/deck", {});
+  // The deck stored with the weights gives the sequence length, batch and data format. Where its
+  // text is damaged (the tensors being intact), the defaults with the model's block size do, and
+  // the log says so.
+  Config deck;
+  try {
+    deck = parse_deck(m.info.deck_yaml, m.info.path + ":/deck", {});
+  } catch (const UserError& e) {
+    deck = Config{};
+    deck.data.seq_len = std::min(m.info.shape.block_size, 1024);
+    deck.train.micro_batch = 0;
+    std::printf("eval: warning: the deck stored in %s cannot be read (%s): evaluating with the "
+                "default deck, seq_len %d, batch_size %d\n", m.info.path.c_str(), e.what(),
+                deck.data.seq_len, deck.train.batch_size);
+  }
   const int T = deck.data.seq_len;
   const int B = deck.train.batch_size;
   const int mb = deck.train.micro_batch > 0 ? deck.train.micro_batch : B;
   if (batches <= 0) batches = deck.eval.batches;
   TokenSource file(data, deck.data.format, deck.data.dtype);
+  // Ids of another tokenizer would give a loss that means nothing (train refuses the same mix).
+  if (std::string e = tokenizer_mismatch(file.tokenizer(), "--data " + data, m.info.tokenizer,
+                                         "the checkpoint " + m.info.path);
+      !e.empty())
+    throw UserError("tessera eval: " + e);
   const uint64_t windows = eval_windows(file, T, B, batches);
   // The trainer's own evaluation, on one rank of the CPU backend.
   Comm single;

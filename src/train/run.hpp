@@ -12,6 +12,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -162,6 +163,11 @@ class Run {
   long test_nan_step_ = -1, test_spike_step_ = -1;
   int anomalies_in_a_row_ = 0;
   int64_t rolled_from_ = 0;
+  // Rollbacks so far (train.anomaly_max_rollbacks): to each checkpoint, in all, and the global
+  // samples they skipped.
+  std::map<std::string, int> rollbacks_to_;
+  int rollbacks_ = 0;
+  int64_t skipped_samples_ = 0;
   std::vector<HostMicroBatch> views_;
   std::unique_ptr<Prefetcher> loader_;
   AppendFile trace_;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -160,6 +161,16 @@ std::string DirLock::acquire(const std::string& dir, std::string* note, bool* in
       return "";
     }
     if (errno != EEXIST) return "cannot create files in " + dir + ": " + std::strerror(errno);
+    // Not a file (a FIFO, a directory, a socket): nothing tessera wrote; opening a FIFO to read
+    // it would block.
+    struct stat st {};
+    if (lstat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+      return "cannot lock " + dir + ": " + path_ + " is not a regular file (" +
+             (S_ISFIFO(st.st_mode)  ? "a FIFO"
+              : S_ISDIR(st.st_mode) ? "a directory"
+              : S_ISLNK(st.st_mode) ? "a symbolic link"
+                                    : "a special file") +
+             "), not a tessera lock: remove it";
     const int fd = open(path_.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) {
       if (errno == ENOENT) continue;  // its holder just let it go
@@ -175,6 +186,15 @@ std::string DirLock::acquire(const std::string& dir, std::string* note, bool* in
     }
     const std::string holder = read_fd(fd);
     const std::string host = field(holder, "host"), pid = field(holder, "pid");
+    if ((host.empty() || pid.empty()) && !flock_held) {  // garbage, or empty: no tessera lock
+      close(fd);
+      std::string shown = holder.substr(0, 40);
+      for (char& c : shown)
+        if (c < 32 || c > 126) c = '?';
+      return "cannot lock " + dir + ": " + path_ + " is not a tessera lock (it holds " +
+             (holder.empty() ? std::string("nothing") : "'" + shown + "'") +
+             ", no host and pid): remove it if no tessera job uses " + dir;
+    }
     const std::string job = field(holder, "job"), since = field(holder, "since");
     const std::string who = "host " + host + ", pid " + pid + ", job " + job +
                             (since.empty() ? "" : ", since " + since);

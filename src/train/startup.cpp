@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -140,7 +141,22 @@ void Run::find_checkpoints() {
   ckpt_dir_ = cfg_.checkpoint.dir.empty() ? (fs::path(cfg_.run.dir) / "checkpoints").string()
                                           : cfg_.checkpoint.dir;
   if (cfg_.checkpoint.restart == "auto") {
-    restart_from_ = resolve_checkpoint(ckpt_dir_);
+    // Rank 0 verifies the newest checkpoint (every tensor's checksum) and passes a damaged one
+    // over for the one before: a job script that restarts after every failure must not be
+    // stopped by a checkpoint that a failure damaged.
+    std::vector<std::string> skipped;
+    std::string why;
+    if (world_rank_ == 0) try {
+        restart_from_ = newest_sound_checkpoint(ckpt_dir_, &skipped);
+      } catch (const UserError& e) {
+        why = e.what();
+      }
+    if (why = agree_on_failure(world_comm_, why); !why.empty()) throw UserError(why, kExitIO);
+    for (const std::string& line : skipped) std::printf("%s\n", line.c_str());
+    int length = int(restart_from_.size());
+    MPI_Bcast(&length, 1, MPI_INT, 0, world_comm_);
+    restart_from_.resize(size_t(length));
+    MPI_Bcast(restart_from_.data(), length, MPI_CHAR, 0, world_comm_);
   } else if (cfg_.checkpoint.restart != "none") {
     restart_from_ = resolve_checkpoint(cfg_.checkpoint.restart);
     if (restart_from_.empty())

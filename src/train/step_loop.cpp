@@ -35,8 +35,14 @@ long test_step(const char* var) {
 // data trace, the hang watchdog.
 void Run::start_loop() {
   start_background_writer();
+  // A stop signal before the first step still ends the job at once, with no checkpoint: none
+  // before the step-0 evaluation or the initial model's checkpoint, none after it.
+  stop_point("the start-up log");
   if (restart_from_.empty() && cfg_.train.steps == 0) save();  // the initial model, for references
-  if (state_.step == 0 && cfg_.train.steps > 0) evaluate();
+  if (state_.step == 0 && cfg_.train.steps > 0) {
+    evaluate();
+    stop_point("the step-0 evaluation");
+  }
   last_saved_ = restart_from_.empty() ? -1 : state_.step;
   test_nan_step_ = test_step("TESSERA_TEST_NAN_STEP");
   test_spike_step_ = test_step("TESSERA_TEST_SPIKE_STEP");
@@ -212,14 +218,32 @@ std::optional<int> Run::meet_anomaly(const std::string& anomaly, double loss, do
     outcome = "skip: update dropped, global samples [" + std::to_string(from) + ", " +
               std::to_string(state_.next_sample) + ") skipped";
   } else if (action == "rollback") {
-    const std::string path = rollback();
-    if (path.empty()) {
+    // A cause that persists brings the run back to the same checkpoint again and again, each
+    // time skipping more data: train.anomaly_max_rollbacks bounds that.
+    const std::string newest = resolve_checkpoint(ckpt_dir_);
+    const int limit = cfg_.train.anomaly_max_rollbacks;
+    const std::string name = std::filesystem::path(newest).filename().string();
+    if (!newest.empty() && (rollbacks_to_[newest] >= limit || rollbacks_ >= 5 * limit)) {
+      outcome = "rollback: " +
+                (rollbacks_to_[newest] >= limit
+                     ? std::to_string(rollbacks_to_[newest]) + " rollbacks to " + name + " already"
+                     : std::to_string(rollbacks_) + " rollbacks in this job already") +
+                " (train.anomaly_max_rollbacks = " + std::to_string(limit) +
+                "), the cause persists: stop, " + std::to_string(skipped_samples_) +
+                " samples skipped by rollbacks";
+      status = kExitAnomaly;
+    } else if (const std::string path = rollback(); path.empty()) {
       outcome = "rollback: no checkpoint in " + ckpt_dir_ + " to roll back to: stop";
       status = kExitAnomaly;
     } else {
-      outcome = "rollback: to " + path + " (step " + std::to_string(state_.step) +
+      ++rollbacks_to_[path];
+      ++rollbacks_;
+      skipped_samples_ += state_.next_sample - rolled_from_;
+      outcome = "rollback " + std::to_string(rollbacks_to_[path]) + " of " +
+                std::to_string(limit) + ": to " + path + " (step " + std::to_string(state_.step) +
                 "), global samples [" + std::to_string(rolled_from_) + ", " +
-                std::to_string(state_.next_sample) + ") skipped";
+                std::to_string(state_.next_sample) + ") skipped, " +
+                std::to_string(skipped_samples_) + " samples skipped by rollbacks in this job";
     }
   } else {
     outcome = "stop";
@@ -229,10 +253,16 @@ std::optional<int> Run::meet_anomaly(const std::string& anomaly, double loss, do
     outcome += ": no checkpoint written, " + kept_checkpoint() + ", exit " + std::to_string(status);
   log_->say("anomaly: step %lld: %s (loss %.4f, grad_norm %.4g): %s", (long long)attempted,
             anomaly.c_str(), loss, norm, outcome.c_str());
+  // A stop is an error: its line goes to stderr too, as every other error's does.
+  if (status != 0 && world_rank_ == 0)
+    std::fprintf(stderr, "anomaly: step %lld: %s (loss %.4f, grad_norm %.4g): %s\n",
+                 (long long)attempted, anomaly.c_str(), loss, norm, outcome.c_str());
   log_->json("{\"type\":\"anomaly\",\"step\":" + std::to_string(attempted) +
              ",\"loss\":" + json_number("%.17g", loss) +
              ",\"grad_norm\":" + json_number("%.9g", norm) + ",\"reason\":\"" + anomaly +
-             "\",\"action\":\"" + (status != 0 ? "stop" : action) + "\"}");
+             "\",\"action\":\"" + (status != 0 ? "stop" : action) +
+             "\",\"rollbacks\":" + std::to_string(rollbacks_) +
+             ",\"skipped_samples\":" + std::to_string(skipped_samples_) + "}");
   if (status == 0) return std::nullopt;
   finish_write();
   return write_exit_status(status);

@@ -66,6 +66,13 @@ fi
 mkdir -p remote && echo "host=node-417 pid=4242 start=99 job=81234 run=0 since=2020-01-01T00:00:00" >remote/.tessera.lock
 expect_error lock_of_another_host 2 "^$WORK/remote is locked by a tessera job on another host \(host node-417, pid 4242, job 81234, since 2020-01-01T00:00:00; lock file $WORK/remote/\.tessera\.lock\): tessera cannot see whether it still runs; if that job has ended, remove the lock file$" \
   timeout 60 "$TESSERA" train "$deck" run.dir="$WORK/remote"
+# A lock file holding garbage, and a FIFO in its place: named as what they are, not as a job.
+mkdir -p garbage && printf 'x\001\377 not a lock' >garbage/.tessera.lock
+expect_error lock_garbage 1 "^cannot lock $WORK/garbage: $WORK/garbage/\.tessera\.lock is not a tessera lock \(it holds 'x\?\? not a lock', no host and pid\): remove it if no tessera job uses $WORK/garbage$" \
+  timeout 60 "$TESSERA" train "$deck" run.dir="$WORK/garbage"
+mkdir -p fifo && mkfifo fifo/.tessera.lock
+expect_error lock_fifo 1 "^cannot lock $WORK/fifo: $WORK/fifo/\.tessera\.lock is not a regular file \(a FIFO\), not a tessera lock: remove it$" \
+  timeout 60 "$TESSERA" train "$deck" run.dir="$WORK/fifo"
 # The same job requeued (a larger restart count) takes it over wherever it runs now.
 if SLURM_JOB_ID=81234 SLURM_RESTART_COUNT=1 timeout 60 "$TESSERA" train "$deck" run.dir="$WORK/remote" \
      train.steps=1 >requeue.log 2>&1 && grep -q "^lock: took over .* (an earlier run of this job)$" requeue.log; then

@@ -39,4 +39,29 @@ if [ "$("$TESSERA" sample "$ckpt" --prompt "abc" --tokens 0)" = "abc" ]; then
 else
   fail "--tokens 0"
 fi
+# eval compares the tokenizers as train does: a byte-level checkpoint on a GPT-2 llm.c shard
+# (whose ids happen to be below 257) is refused, not given a loss.
+"$PYTHON" - "$WORK/gpt2_shard.bin" <<'EOF'
+import sys
+import numpy as np
+header = np.zeros(256, dtype=np.int32)
+header[:3] = [20240520, 1, 4096]
+with open(sys.argv[1], "wb") as f:
+    f.write(header.tobytes())
+    f.write((np.arange(4096) % 200).astype(np.uint16).tobytes())
+EOF
+expect_error eval_other_tokenizer 2 "^tessera eval: --data $WORK/gpt2_shard\.bin has tokenizer 'gpt2' \(vocab_size 50257.*\), the checkpoint $ckpt/step_00000030\.h5 has 'byte' \(vocab_size 257.*\): their vocabularies differ$" \
+  "$TESSERA" eval "$ckpt" --data "$WORK/gpt2_shard.bin"
+# A checkpoint whose stored deck text is garbage, its tensors intact: evaluated with the default
+# deck, saying so.
+cp "$ckpt/step_00000030.h5" garbage_deck.h5
+"$PYTHON" -c 'import h5py, sys
+with h5py.File(sys.argv[1], "r+") as f: f.attrs["deck"] = "model: [\x01 {{{ garbage"' garbage_deck.h5
+if "$TESSERA" eval garbage_deck.h5 --data "$DATA/val.h5" --batches 2 >gd.out 2>gd.err &&
+   grep -q "^eval: warning: the deck stored in garbage_deck\.h5 cannot be read (.*): evaluating with the default deck, seq_len 32, batch_size [0-9]*$" gd.out &&
+   grep -Eq "^eval: garbage_deck\.h5 \(step 30\) on .*: loss [0-9]+\.[0-9]+$" gd.out && [ ! -s gd.err ]; then
+  pass "eval of a checkpoint with a garbage deck: $(tail -1 gd.out)"
+else
+  fail "eval of a checkpoint with a garbage deck"; cat gd.out gd.err | head -4
+fi
 finish

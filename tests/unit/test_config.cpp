@@ -60,6 +60,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.train.anomaly_window, b.train.anomaly_window);
   EXPECT_EQ(a.train.anomaly_sigma, b.train.anomaly_sigma);
   EXPECT_EQ(a.train.anomaly_action, b.train.anomaly_action);
+  EXPECT_EQ(a.train.anomaly_max_rollbacks, b.train.anomaly_max_rollbacks);
   EXPECT_EQ(a.optim.lr, b.optim.lr);
   EXPECT_EQ(a.optim.min_lr, b.optim.min_lr);
   EXPECT_EQ(a.optim.warmup_steps, b.optim.warmup_steps);
@@ -128,7 +129,7 @@ TEST(Config, EveryKeyReachesItsField) {
       "data:\n  train: a.h5\n  val: b.h5\n  format: raw\n  dtype: uint32\n  seq_len: 48\n"
       "  prefetch: 2\n  readers: 3\n  direct_io: false\n  check_tokens: false\n  trace: true\n"
       "train:\n  steps: 7\n  batch_size: 12\n  micro_batch: 4\n  seed: 42\n"
-      "  anomaly_window: 9\n  anomaly_sigma: 2.5\n  anomaly_action: rollback\n"
+      "  anomaly_window: 9\n  anomaly_sigma: 2.5\n  anomaly_action: rollback\n  anomaly_max_rollbacks: 7\n"
       "optim:\n  lr: 6e-4\n  min_lr: 6e-5\n  warmup_steps: 5\n  decay_steps: 70\n"
       "  weight_decay: 0.05\n  beta1: 0.8\n  beta2: 0.99\n  eps: 1e-6\n  grad_clip: 0.5\n"
       "eval:\n  every: 3\n  batches: 2\n"
@@ -158,6 +159,7 @@ TEST(Config, EveryKeyReachesItsField) {
   e.train.anomaly_window = 9;
   e.train.anomaly_sigma = 2.5;
   e.train.anomaly_action = "rollback";
+  e.train.anomaly_max_rollbacks = 7;
   e.optim = {6e-4, 6e-5, 5, 70, 0.05, 0.8, 0.99, 1e-6, 0.5};
   e.eval = {3, 2};
   e.checkpoint = {"ck", 4, "none", 4096, "gpt2.h5", false, 3, true};
@@ -216,7 +218,7 @@ TEST(Config, UnknownKeysSuggestTheNearestName) {
             "deck.yaml:3:3: model.seq_len: unknown key (did you mean data.seq_len?)");
   EXPECT_EQ(deck_error("data: {train: t.h5}\ntrain:\n  xyzzy: 3\n"),
             "deck.yaml:3:3: train.xyzzy: unknown key (train has: steps, batch_size, micro_batch, "
-            "seed, recompute, anomaly_window, anomaly_sigma, anomaly_action)");
+            "seed, recompute, anomaly_window, anomaly_sigma, anomaly_action, anomaly_max_rollbacks)");
 }
 
 TEST(Config, UnknownSectionsSuggestTheNearestName) {
@@ -353,6 +355,7 @@ TEST(Config, RangeRules) {
        "must be <= 100000 (a window of steps kept in memory), got 100001"},
       {"train", "anomaly_sigma", "-1", "must be >= 0, got -1"},
       {"train", "anomaly_action", "ignore", "must be stop, skip or rollback, got 'ignore'"},
+      {"train", "anomaly_max_rollbacks", "0", "must be >= 1, got 0"},
       {"checkpoint", "keep", "-1", "must be >= 0, got -1"},
       {"run", "hang_timeout", "-1", "must be >= 0, got -1"},
       {"data", "seq_len", "0", "must be >= 1, got 0"},
