@@ -179,7 +179,7 @@ void Run::take_step(double* loss, double* norm, std::string* anomaly) {
   auto check = [&](double stage_loss, double step_norm) {
     *loss = speaks_loss_ ? stage_loss : 0;
     world_->all_reduce_sum(loss, 1);
-    *loss /= double(run_.n_micro) * run_.layout.dp;
+    *loss /= double(run_.n_micro) * run_.layout.dpcp();  // each cp rank: its chunks' mean
     *anomaly = detector_.judge(*loss, step_norm);
     int bad = !anomaly->empty();
     world_->all_reduce_max(&bad, 1);
@@ -266,7 +266,7 @@ void Run::evaluate() {
   double sum = engine_->eval_loss_sum(*val_data_, vocab_, share * uint64_t(me_.dp_rank), share);
   if (!speaks_loss_) sum = 0;
   world_->all_reduce_sum(&sum, 1);
-  const double loss = sum / double(total / uint64_t(run_.micro_batch));
+  const double loss = sum / (double(total / uint64_t(run_.micro_batch)) * run_.layout.cp);
   // Bits per byte: the windows' summed loss over the bytes of text their targets spell, so runs
   // with different tokenizers compare.
   const double bytes = val_bytes(total);
