@@ -2,7 +2,8 @@
 # Context parallelism (parallel.cp; model/context_attention.hpp): each sequence split over cp
 # ranks in 2 x cp chunks, attention's K/V passed round a ring or all-gathered. Every layout
 # trains the 1-rank model: its 10 losses to a relative 1e-5 and its final parameters to 1e-4 of
-# each tensor's largest magnitude (compare_runs.py, as test_layouts.sh).
+# each tensor's largest magnitude (compare_runs.py, as test_layouts.sh). A checkpoint restarts
+# across cp sizes, and bad layouts are refused in one line naming the numbers.
 source "$(dirname "$0")/lib.sh"
 deck=$(tiny_deck cp)
 cd "$WORK" || exit 1
@@ -51,4 +52,44 @@ if run llama_ref 1 1 1 1 "${llama[@]}"; then
 else
   fail "llama (1,1,1) run"; tail -5 llama_ref.log
 fi
+# ZeRO-3 shards over the dp x cp group (4 ranks holding the same parameters); sequence
+# parallelism and full recompute (the ring rerun in the backward) inside a (cp2, tp2) tile.
+layout ref dp2_cp2_zero3 2 2 1 1 parallel.zero=3 train.recompute=selective
+layout ref cp2_tp2_sp 1 2 2 1 parallel.sequence_parallel=true train.recompute=full
+
+# The restart chain: cp=4 to step 3, cp=1 to step 6, (cp=2, dp=2) to step 10; each leg's losses
+# and last checkpoint equal one uninterrupted 1-rank run's (data order, exact resume and
+# layout-free checkpoints across cp sizes).
+leg() {  # leg NAME FROM TO: NAME's losses FROM..TO and checkpoint TO against the straight run
+  local out to
+  to=$(printf "%08d" "$3")
+  if out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/straight/metrics.jsonl" \
+       "$WORK/straight/checkpoints/step_$to.h5" "$WORK/$1/metrics.jsonl" \
+       "$WORK/$1/checkpoints/step_$to.h5" --steps "$2:$3"); then
+    pass "restart $1 (steps $2-$3): $out"
+  else
+    fail "restart $1 (steps $2-$3): $out"
+  fi
+}
+if run straight 1 1 1 1 checkpoint.every=1 &&
+   run r_cp4 1 4 1 1 train.steps=3 && leg r_cp4 1 3 &&
+   run r_cp1 1 1 1 1 train.steps=6 checkpoint.restart="$WORK/r_cp4/checkpoints/step_00000003.h5" &&
+   leg r_cp1 4 6 &&
+   run r_cp2dp2 2 2 1 1 checkpoint.restart="$WORK/r_cp1/checkpoints/step_00000006.h5"; then
+  leg r_cp2dp2 7 10
+  grep -q "restart: .*step_00000003.h5 at step 3, saved on dp=1,cp=4,tp=1,pp=1" r_cp1.log ||
+    fail "r_cp1: restart line missing"
+else
+  fail "restart chain run"; tail -3 r_*.log
+fi
+
+# Bad layouts: one line naming the numbers, exit 2, before anything is allocated.
+expect_error cp_seq_len 2 'data\.seq_len = 16 is not divisible by 2 x parallel\.cp = 6' \
+  "$TESSERA" train "$deck" parallel.cp=3 model.attention=fused
+expect_error cp_gemm 2 'parallel\.cp = 2 needs model\.attention: fused' \
+  "$TESSERA" train "$deck" parallel.cp=2 model.attention=gemm
+expect_error cp_comm 2 'parallel\.cp_comm.*must be ring or allgather, got .tree.' \
+  "$TESSERA" train "$deck" parallel.cp_comm=tree
+expect_error cp_world 2 'parallel: dp=1 x cp=2 x tp=2 x pp=1 = 4 ranks, but the job has 2' \
+  $MPIEXEC -n 2 "$TESSERA" train "$deck" parallel.cp=2 parallel.tp=2 model.attention=fused
 finish
