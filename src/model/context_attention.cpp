@@ -26,9 +26,11 @@ ContextAttention<Backend>::ContextAttention(Comm* cp, bool allgather, int max_ba
     : cp_(cp), allgather_(allgather), arena_(&arena), P_(cp->size()), r_(cp->rank()), Tl_(Tl),
       nh_(nh), nkv_(nkv), hs_(hs), max_batch_(max_batch) {
   block_ = size_t(max_batch) * Tl * 2 * nkv * hs;
-  const size_t blocks = allgather ? size_t(P_) : 2;
-  h_kv_ = arena.add("context-parallel K/V blocks", blocks * block_ * sizeof(Act));
-  h_dkv_ = arena.add("context-parallel dK/dV blocks", blocks * block_ * sizeof(Act));
+  // Ring: the block in hand and the one coming; the dK/dV of this rank's own block, and of the
+  // one in hand and the one coming. Allgather: every rank's.
+  h_kv_ = arena.add("context-parallel K/V blocks", size_t(allgather ? P_ : 2) * block_ * sizeof(Act));
+  h_dkv_ = arena.add("context-parallel dK/dV blocks",
+                     size_t(allgather ? P_ : 3) * block_ * sizeof(Act));
   h_delta_ = arena.add("context-parallel attention delta",
                        size_t(max_batch) * nh * Tl * sizeof(float));
 }
@@ -144,8 +146,8 @@ void ContextAttention<Backend>::forward(Act* out, float* lse, const Act* qkv, in
 }
 
 // The ring's backward: at step s this rank holds source (r - s)'s K/V and the dK/dV sums of the
-// ranks before it; the next K/V block is posted before the computation, the sums after it. After
-// cp steps every block's sums are back with its owner.
+// ranks between it and the source; the next K/V block is posted before the computation, the sums
+// after it. After cp - 1 hops each block's sums are back with its owner: 2 (cp - 1) blocks sent.
 template <class Backend>
 void ContextAttention<Backend>::backward(Act* dqkv, const Act* dout, const Act* qkv,
                                          const Act* out, const float* lse, int B) {
@@ -168,30 +170,35 @@ void ContextAttention<Backend>::backward(Act* dqkv, const Act* dout, const Act* 
     }
     const int next = (r_ + 1) % P_, prev = (r_ - 1 + P_) % P_;
     pack(kv_, qkv, B);
+    // dkv_ block 0: this rank's own contribution to its block; blocks 1 and 2: the sums that
+    // travel with the other ranks' blocks, from the rank after the owner round to the owner.
     Backend::zero(dkv_, n * sizeof(Act));
     for (int step = 0; step < P_; ++step) {
       Act* held = kv_ + size_t(step % 2) * block_;
       Act* coming = kv_ + size_t((step + 1) % 2) * block_;
-      Act* sums = dkv_ + size_t(step % 2) * block_;
-      Act* sums_coming = dkv_ + size_t((step + 1) % 2) * block_;
+      Act* sums = dkv_ + size_t(step == 0 ? 0 : 1 + step % 2) * block_;
+      Act* sums_coming = dkv_ + size_t(1 + (step + 1) % 2) * block_;
       const bool pass = step + 1 < P_;
-      if (pass) {
+      if (pass) {  // the next K/V block, posted before this one's computation
         cp_->group_start();
         cp_->send(held, n, next, kTagKv);
         cp_->recv(coming, n, prev, kTagKv);
       }
+      if (step == 1) Backend::zero(sums, n * sizeof(Act));
       blocks_backward(dqkv, sums, dout, qkv, held, lse, (r_ - step + P_) % P_, B);
       if (pass) {
         cp_->group_end();
         cp_->wait_sends();
       }
+      if (step == 0) continue;
       cp_->group_start();
       cp_->send(sums, n, next, kTagDkv);
       cp_->recv(sums_coming, n, prev, kTagDkv);
       cp_->group_end();
       cp_->wait_sends();
     }
-    unpack_add(dqkv, dkv_ + size_t(P_ % 2) * block_, B);
+    unpack_add(dqkv, dkv_, B);
+    unpack_add(dqkv, dkv_ + size_t(1 + P_ % 2) * block_, B);
   } else {
     (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)B;
     throw std::logic_error("context parallelism runs on the CPU backend only");

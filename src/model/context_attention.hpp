@@ -28,10 +28,11 @@ inline int context_position(int t, int Tl, int cp, int r) {
 
 // The payload bytes one layer's attention sends on the cp communicator per micro-batch of B
 // sequences (README's counting section): the ring's forward passes cp - 1 K/V blocks, its
-// backward cp - 1 K/V blocks and cp dK/dV blocks, a block being B * Tl * 2 * nkv * hs elements.
+// backward cp - 1 K/V blocks and cp - 1 dK/dV blocks, a block being B * Tl * 2 * nkv * hs
+// elements (nkv: this rank's KV heads).
 inline double ring_bytes_per_layer(int B, int Tl, int nkv, int hs, int cp, int elem) {
   const double block = double(B) * Tl * 2.0 * nkv * hs * elem;
-  return cp > 1 ? block * (3.0 * cp - 2.0) : 0.0;
+  return block * 3.0 * (cp - 1);
 }
 
 template <class Backend>

@@ -169,8 +169,8 @@ void Run::read_step() {
 // the engine's backend (engine/engine.hpp). The anomaly policy judges the loss and the norm
 // before the update: every rank the same reduced numbers, and a MAX to be sure.
 void Run::take_step(double* loss, double* norm, std::string* anomaly) {
-  double bytes_before[4];
-  for (int c = 0; c < 4; ++c) bytes_before[c] = engine_->payload_bytes(c);
+  double bytes_before[5];
+  for (int c = 0; c < 5; ++c) bytes_before[c] = engine_->payload_bytes(c);
   const double dp_wait_before = engine_->dp_wait_seconds();
   state_.lr = schedule_lr_.at(state_.step);
   float step_dloss = dloss_;
@@ -189,7 +189,7 @@ void Run::take_step(double* loss, double* norm, std::string* anomaly) {
   const TrainEngine::StepResult result = engine_->train_step(
       views_, step_dloss, cfg_.optim.grad_clip, state_.lr, state_.step + 1, check);
   *norm = result.norm;
-  for (int c = 0; c < 4; ++c) step_bytes_[c] += engine_->payload_bytes(c) - bytes_before[c];
+  for (int c = 0; c < 5; ++c) step_bytes_[c] += engine_->payload_bytes(c) - bytes_before[c];
   if (measured_steps_++ > 0) {  // the first step warms up
     wait_sum_ += engine_->wait_seconds();
     run_sum_ += engine_->run_seconds();

@@ -52,6 +52,35 @@ if run llama_ref 1 1 1 1 "${llama[@]}"; then
 else
   fail "llama (1,1,1) run"; tail -5 llama_ref.log
 fi
+# The counts (README, "Counting"): each rank's bytes handed to MPI on the cp communicator per
+# step equal n_micro x layers x per-layer-per-micro-batch volume, the ring's 3 (cp - 1) blocks of
+# 2 b (T/cp) C_kv elements (C_kv: this rank's KV heads x head size; LLaMA's GQA sends its 2 KV
+# heads, not its 4 query heads), the all-gather's 3 cp blocks as handed to MPI (two gathers and
+# a reduce-scatter); and the activation bytes at cp = 4 are at most 0.3 x those at cp = 1.
+counts() {  # counts NAME CP TP HEADS KV_HEADS MODE
+  "$PYTHON" - "$WORK/$1/metrics.jsonl" "$2" "$3" "$4" "$5" "$6" "$WORK/ref/metrics.jsonl" <<'PY'
+import json, sys
+path, cp, tp, nh, nkv, mode, ref = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6], sys.argv[7]
+ranks = [json.loads(l) for l in open(path) if '"type":"rank"' in l]
+ref_act = max(json.loads(l)["activation_bytes"] for l in open(ref) if '"type":"rank"' in l)
+b, T, C, L, micro = 2, 16, 32, 4, ranks[0]["micro_batches"]
+block = 2 * b * (T // cp) * (nkv // tp) * (C // nh)  # elements of one rank's K/V
+per_layer = 3 * (cp - 1) * block if mode == "ring" else 3 * cp * block
+want = 4 * micro * L * per_layer
+got = [r["cp_bytes_per_step"] for r in ranks]
+act = max(r["activation_bytes"] for r in ranks)
+ok = all(abs(g - want) < 0.5 for g in got) and (cp < 4 or act <= 0.3 * ref_act)
+print(f"cp bytes/step {sorted(set(got))} (formula {want}), activations {act} B"
+      f" = {act / ref_act:.3f} x cp=1's")
+sys.exit(0 if ok else 1)
+PY
+}
+for c in "cp2 2 1 4 4 ring" "cp4 4 1 4 4 ring" "cp2_allgather 2 1 4 4 allgather" \
+         "dp2_cp2_tp2 2 2 4 4 ring" "llama_cp4 4 1 4 2 ring"; do
+  set -- $c
+  if out=$(counts "$@"); then pass "$1 counts: $out"; else fail "$1 counts: $out"; fi
+done
+
 # ZeRO-3 shards over the dp x cp group (4 ranks holding the same parameters); sequence
 # parallelism and full recompute (the ring rerun in the backward) inside a (cp2, tp2) tile.
 layout ref dp2_cp2_zero3 2 2 1 1 parallel.zero=3 train.recompute=selective
