@@ -74,7 +74,9 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const ParallelLayout& l = run.layout;
   const Costs c{machine, machine.peak(bf16)};
   const double a = bf16 ? 2 : 4;  // activation bytes
-  const double b = run.micro_batch, T = cfg.data.seq_len, C = shape.n_embd, n = b * T;
+  // n: this rank's rows of a micro-batch (T / cp tokens of each sequence under context
+  // parallelism, whose causal attention work is 1 / cp of the whole sequence's on every rank).
+  const double b = run.micro_batch, T = cfg.data.seq_len, C = shape.n_embd, n = b * T / l.cp;
   const double tp = l.tp, hs = shape.head_size(), nh = shape.n_head / tp;
   const double Q = nh * hs, QKV = (nh + 2.0 * shape.n_kv_head / tp) * hs;
   const double F = shape.ffn_hidden / tp, FH = shape.arch == Arch::Llama ? 2 * F : F;
@@ -82,7 +84,9 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const std::string& rc = cfg.train.recompute;
   // One layer, one micro-batch: forward and backward GEMMs.
   const double fwd_layer = c.gemm(n, QKV, C) + c.gemm(n, C, Q) + c.gemm(n, FH, C) + c.gemm(n, C, F);
-  const Attention att = attention_gemms(c, b, T, nh, shape.n_kv_head / tp, hs);
+  Attention att = attention_gemms(c, b, T, nh, shape.n_kv_head / tp, hs);
+  att.fwd /= l.cp;
+  att.bwd /= l.cp;
   const double layer_gemm = c.gemm_fwd_bwd(n, QKV, C) + c.gemm_fwd_bwd(n, C, Q) +
                             c.gemm_fwd_bwd(n, FH, C) + c.gemm_fwd_bwd(n, C, F) + att.fwd + att.bwd;
   // Streaming ops of a layer, forward bytes (the backward reads and writes about twice as much):
@@ -93,7 +97,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const double other = a * (2 * 2 * rows * C + 2 * 3 * rows * C + 2 * n * (QKV + C + FH));
   const double act = a * 2 * n * F, act_exps = n * F;
   const double soft = gemm_attention ? 3 * a * b * nh * T * T : 4 * a * n * QKV;
-  const double soft_exps = b * nh * T * (T + 1) / 2;
+  const double soft_exps = b * nh * T * (T + 1) / 2 / l.cp;
   const double layer_mem = c.stream(3 * other, 0) + c.stream(3 * act, 2 * act_exps) +
                            c.stream(3 * soft, (gemm_attention ? 1 : 2) * soft_exps);
   const double fwd_mem = c.stream(other, 0) + c.stream(act, act_exps) + c.stream(soft, soft_exps);
@@ -105,8 +109,9 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   // Where a rank's peers are: ranks are numbered tp fastest, then dp, then pp.
   const int node = machine.devices_per_node;
   const double tp_bw = l.tp <= node ? machine.intra_bw : machine.inter_bw;
-  const double dp_bw = l.tp * l.dp <= node ? machine.intra_bw : machine.inter_bw;
-  const double pp_bw = l.tp * l.dp * l.pp <= node ? machine.intra_bw : machine.inter_bw;
+  const double cp_bw = l.tp * l.cp <= node ? machine.intra_bw : machine.inter_bw;
+  const double dp_bw = l.tp * l.cp * l.dp <= node ? machine.intra_bw : machine.inter_bw;
+  const double pp_bw = l.tp * l.cp * l.dp * l.pp <= node ? machine.intra_bw : machine.inter_bw;
 
   StepTime out;
   double slowest = 0, slowest_bwd = 0;
@@ -129,8 +134,20 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
                                     : 0;
     // pp: a micro-batch's sends and receives, not overlapped with compute.
     const double pp_time = l.pp > 1 ? bytes.pp / pp_bw / run.n_micro + 2 * machine.latency : 0;
-    const double mb = t + tp_time + pp_time;
+    // cp: the ring's K/V transfers overlap the attention of the block in hand; what the
+    // attention (forward, backward, a rerun) does not cover is exposed, with each hop's latency.
+    // The all-gather's collectives wait before the attention: exposed whole.
+    const double att_time = layers * (att.fwd + att.bwd + (rc == "none" ? 0 : att.fwd));
+    const bool ring = cfg.parallel.cp_comm != "allgather";
+    const double hops = layers * (ring ? 3.0 * (l.cp - 1) : 3.0);
+    const double cp_wire = bytes.cp / run.n_micro / cp_bw * (ring ? 1.0 : (l.cp - 1.0) / l.cp);
+    const double cp_time =
+        l.cp > 1 ? (ring ? std::max(0.0, cp_wire - att_time) : cp_wire) + hops * machine.latency
+                 : 0;
+    const double mb = t + tp_time + pp_time + cp_time;
     if (mb > slowest) {
+      out.cp = cp_time * run.n_micro;
+      out.attention = att_time * run.n_micro;
       slowest = mb;
       slowest_bwd = 2.0 / 3.0 * t;
       slowest_comm = bytes;
@@ -147,7 +164,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   // reduce-scatters and ZeRO-3's gathers run beside every micro-batch's compute on a GPU (the
   // next unit's gather while this one computes); ZeRO-2's gather after the update does not.
   const int zero = cfg.parallel.zero;
-  const double dp_time = l.dp > 1 ? slowest_comm.dp_traffic / dp_bw + 2 * machine.latency : 0;
+  const double dp_time = l.dpcp() > 1 ? slowest_comm.dp_traffic / dp_bw + 2 * machine.latency : 0;
   if (!machine.gpu || zero == 1)
     out.dp = dp_time;
   else if (zero == 0)
@@ -165,7 +182,8 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   out.optimizer = machine.measured
                       ? shard * (o.adamw + o.norm + o.scale) + double(param_buffer) * o.zero
                       : c.bytes(28 * shard + (bf16 ? 2 * shard : 0) + 8.0 * double(param_buffer));
-  out.total = out.compute + out.tp + out.pp + out.bubble + out.dp + out.embed + out.optimizer;
+  out.total = out.compute + out.tp + out.pp + out.cp + out.bubble + out.dp + out.embed +
+              out.optimizer;
   // Model FLOPs: FORMULAS.md's 6 N_matmul + 12 L C T per token (attention not halved for causal).
   const double Cq = shape.n_head * hs, Ckv = 2.0 * shape.n_kv_head * hs;
   const double per_layer_params = C * (Cq + Ckv) + Cq * C +
@@ -174,7 +192,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const double tokens = double(cfg.train.batch_size) * T;
   out.model_flops = tokens * (6 * n_matmul + 12.0 * shape.n_layer * C * T);
   out.tokens_per_s = tokens / out.total;
-  out.mfu = out.model_flops / out.total / (double(l.dp) * l.tp * l.pp * c.peak);
+  out.mfu = out.model_flops / out.total / (double(l.dp) * l.cp * l.tp * l.pp * c.peak);
   return out;
 }
 
