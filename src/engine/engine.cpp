@@ -206,6 +206,12 @@ class Engine final : public TrainEngine {
   double dp_wait_seconds() const override {
     return dp_.busy_seconds + own_shard_.busy_seconds + replica_.busy_seconds;
   }
+  double cp_wait_seconds() const override { return cp_.busy_seconds; }
+  double cp_attention_seconds() const override {
+    double s = 0;
+    for (const auto& model : models_) s += model->context_seconds();
+    return s;
+  }
   double payload_bytes(int c) const override {
     const uint64_t bytes[] = {tp_.payload_bytes,
                               dp_.payload_bytes + own_shard_.payload_bytes + replica_.payload_bytes,

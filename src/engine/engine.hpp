@@ -132,6 +132,10 @@ class TrainEngine {
   // Seconds blocked in data-parallel collectives so far (dp, and ZeRO's shard and replica
   // groups): the communication no computation hid. 0 on a GPU, whose host does not wait.
   virtual double dp_wait_seconds() const = 0;
+  // Context parallelism so far: seconds blocked on the cp communicator (the ring's waits, the
+  // all-gather's collectives) and seconds in its attention (those waits included).
+  virtual double cp_wait_seconds() const = 0;
+  virtual double cp_attention_seconds() const = 0;
   // Payload bytes handed to communicator c (0 tp, 1 dp, 2 pp, 3 embed, 4 cp) so far.
   virtual double payload_bytes(int c) const = 0;
 };

@@ -6,6 +6,7 @@
 
 #include "backend/cpu/backend.hpp"
 #include "backend/declare.hpp"
+#include "parallel/comm.hpp"
 #ifdef TESSERA_CUDA
 #include "backend/cuda/backend.hpp"
 #endif
@@ -107,8 +108,24 @@ void ContextAttention<Backend>::blocks_backward(Act* dqkv, Act* dkv, const Act* 
 }
 
 template <class Backend>
+void ContextAttention<Backend>::wait_ring() {
+  if constexpr (kCpu<Backend>) {
+    const double start = trace::now();
+    cp_->group_end();
+    cp_->wait_sends();
+    cp_->busy_seconds += trace::now() - start;
+  }
+}
+
+template <class Backend>
 void ContextAttention<Backend>::forward(Act* out, float* lse, const Act* qkv, int B) {
   if constexpr (kCpu<Backend>) {
+    const double start = trace::now();
+    struct Add {
+      double& total;
+      double start;
+      ~Add() { total += trace::now() - start; }
+    } add{seconds, start};
     const size_t n = size_t(B) * Tl_ * 2 * nkv_ * hs_;
     Backend::zero(out, size_t(B) * Tl_ * nh_ * hs_ * sizeof(Act));
     const float inf = std::numeric_limits<float>::infinity();
@@ -134,10 +151,7 @@ void ContextAttention<Backend>::forward(Act* out, float* lse, const Act* qkv, in
         cp_->recv(coming, n, prev, kTagKv);
       }
       blocks_forward(out, lse, qkv, held, (r_ - step + P_) % P_, B);
-      if (pass) {
-        cp_->group_end();
-        cp_->wait_sends();
-      }
+      if (pass) wait_ring();
     }
   } else {
     (void)out, (void)lse, (void)qkv, (void)B;
@@ -152,6 +166,11 @@ template <class Backend>
 void ContextAttention<Backend>::backward(Act* dqkv, const Act* dout, const Act* qkv,
                                          const Act* out, const float* lse, int B) {
   if constexpr (kCpu<Backend>) {
+    struct Add {
+      double& total;
+      double start;
+      ~Add() { total += trace::now() - start; }
+    } add{seconds, trace::now()};
     const size_t n = size_t(B) * Tl_ * 2 * nkv_ * hs_;
     cpu::attention_delta<float>(delta_, dout, out, B, Tl_, nh_, hs_, nh_ * hs_);
     if (allgather_) {
@@ -186,16 +205,12 @@ void ContextAttention<Backend>::backward(Act* dqkv, const Act* dout, const Act* 
       }
       if (step == 1) Backend::zero(sums, n * sizeof(Act));
       blocks_backward(dqkv, sums, dout, qkv, held, lse, (r_ - step + P_) % P_, B);
-      if (pass) {
-        cp_->group_end();
-        cp_->wait_sends();
-      }
+      if (pass) wait_ring();
       if (step == 0) continue;
       cp_->group_start();
       cp_->send(sums, n, next, kTagDkv);
       cp_->recv(sums_coming, n, prev, kTagDkv);
-      cp_->group_end();
-      cp_->wait_sends();
+      wait_ring();
     }
     unpack_add(dqkv, dkv_, B);
     unpack_add(dqkv, dkv_ + size_t(1 + P_ % 2) * block_, B);

@@ -54,9 +54,15 @@ class ContextAttention {
   void backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out, const float* lse,
                 int B);
 
+  // Seconds spent in forward and backward so far (the attention, its transfers' waits among
+  // them); the waits are added to the cp communicator's busy_seconds (the exposed communication).
+  double seconds = 0;
+
  private:
   // Copies the key/value columns of qkv into kv (B,Tl,2nkv*hs) / adds kv's into dqkv's.
   void pack(Act* kv, const Act* qkv, int B) const;
+  // Waits for the ring's posted transfers (group_end, wait_sends), timed as exposed.
+  void wait_ring();
   void unpack_add(Act* dqkv, const Act* dkv, int B) const;
   // The blocks of this rank's queries against source rank src's keys (held in kv), forward or
   // backward (dkv: the source's gradient accumulator).

@@ -90,6 +90,8 @@ class Gpt {
   // The activations and statistics of every slot, and the recompute workspace.
   size_t activation_bytes() const { return arena_->bytes(h_acts_) + arena_->bytes(h_stats_); }
   const LocalLayout& layout() const { return layout_; }
+  // Seconds in context parallelism's attention so far (0 without it).
+  double context_seconds() const { return context_ ? context_->seconds : 0; }
   // This chunk embeds the tokens (the model's first virtual stage) / ends in the loss (its last).
   bool first() const { return first_; }
   bool last() const { return last_; }

@@ -171,7 +171,7 @@ void Run::log_step(double secs, double loss, double norm) {
 }
 
 // One line per rank in metrics.jsonl: its memory, its bytes per step on each communicator
-// (payload handed to MPI), and its pipeline bubble.
+// (payload handed to MPI), and its pipeline bubble; 10 digits, so byte counts print exactly.
 void Run::log_ranks() {
   const double n = double(std::max(1L, measured_steps_));
   const TrainEngine::Footprint f = engine_->footprint();
@@ -183,7 +183,9 @@ void Run::log_ranks() {
                          double(f.params), double(f.grads), double(f.optimizer),
                          double(f.transient), double(f.arena),
                          dp_wait_sum_ / double(std::max(1L, measured_steps_ - 1)),
-                         double(me_.cp_rank), step_bytes_[4] / n};
+                         double(me_.cp_rank), step_bytes_[4] / n,
+                         cp_wait_sum_ / double(std::max(1L, measured_steps_ - 1)),
+                         cp_attention_sum_ / double(std::max(1L, measured_steps_ - 1))};
   constexpr int kStats = sizeof(mine) / sizeof(mine[0]);
   std::vector<double> all(size_t(kStats) * world_size_);
   MPI_Gather(mine, kStats, MPI_DOUBLE, all.data(), kStats, MPI_DOUBLE, 0, world_comm_);
@@ -193,12 +195,13 @@ void Run::log_ranks() {
                                "pipeline_bubble", "micro_batches", "param_buffer_bytes",
                                "grad_buffer_bytes", "optimizer_buffer_bytes", "transient_bytes",
                                "arena_bytes", "dp_wait_s_per_step", "cp_rank",
-                               "cp_bytes_per_step"};
+                               "cp_bytes_per_step", "cp_wait_s_per_step",
+                               "cp_attention_s_per_step"};
   for (int r = 0; r < world_size_; ++r) {
     std::string line = "{\"type\":\"rank\",\"rank\":" + std::to_string(r);
     for (int k = 0; k < kStats; ++k)
       line += std::string(",\"") + names[k] + "\":" +
-              json_number("%.6g", all[size_t(r) * kStats + k]);
+              json_number("%.10g", all[size_t(r) * kStats + k]);
     log_->json(line + "}");
   }
 }

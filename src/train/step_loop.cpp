@@ -172,6 +172,7 @@ void Run::take_step(double* loss, double* norm, std::string* anomaly) {
   double bytes_before[5];
   for (int c = 0; c < 5; ++c) bytes_before[c] = engine_->payload_bytes(c);
   const double dp_wait_before = engine_->dp_wait_seconds();
+  const double cp_before[2] = {engine_->cp_wait_seconds(), engine_->cp_attention_seconds()};
   state_.lr = schedule_lr_.at(state_.step);
   float step_dloss = dloss_;
   if (state_.step + 1 == test_nan_step_) step_dloss = NAN, test_nan_step_ = -1;
@@ -194,6 +195,8 @@ void Run::take_step(double* loss, double* norm, std::string* anomaly) {
     wait_sum_ += engine_->wait_seconds();
     run_sum_ += engine_->run_seconds();
     dp_wait_sum_ += engine_->dp_wait_seconds() - dp_wait_before;
+    cp_wait_sum_ += engine_->cp_wait_seconds() - cp_before[0];
+    cp_attention_sum_ += engine_->cp_attention_seconds() - cp_before[1];
   }
 }
 

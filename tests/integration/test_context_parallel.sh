@@ -86,6 +86,49 @@ done
 layout ref dp2_cp2_zero3 2 2 1 1 parallel.zero=3 train.recompute=selective
 layout ref cp2_tp2_sp 1 2 2 1 parallel.sequence_parallel=true train.recompute=full
 
+# `tessera plan` of each run's deck counts its memory and its bytes on every communicator, cp's
+# among them (full and selective recompute rerun the forward's transfers), as the run measured.
+cat >host.yaml <<'YAML'
+name: host
+gpu: false
+peak_tflops_fp32: 1
+memory_gb: 1000
+memory_bandwidth_gbs: 10
+gpus_per_node: 64
+intra_node_gbs: 10
+inter_node_gbs: 10
+YAML
+for c in "cp4 4" "cp2_allgather 2" "dp2_cp2_tp2 8" "dp2_cp2_zero3 4" "cp2_tp2_sp 4" "llama_cp4 4"; do
+  set -- $c
+  if "$TESSERA" plan "$WORK/$1/deck.yaml" --ranks "$2" --machine-file host.yaml --json \
+       >"$1.plan.json" 2>>"$1.log" &&
+     out=$("$PYTHON" "$ROOT/tools/plan_check.py" "$WORK/$1/metrics.jsonl" "$1.plan.json"); then
+    pass "$1 plan: $out"
+  else
+    fail "$1 plan: ${out:-plan failed}"
+  fi
+done
+# The planner's 128K answer (input/llama3-8b-128k.yaml: LLaMA 3 8B, T = 131072, tp 8 x cp 16 on
+# 128 H100): it fits, and its cp bytes are the formula's (8 micro-batches x 32 layers x (15 + 30
+# + 15 rerun) bf16 blocks of 8192 tokens x 1 KV head x 128 x 2).
+if "$TESSERA" plan "$ROOT/input/llama3-8b-128k.yaml" --ranks 128 --machine h100-sxm --json \
+     >llama3.plan.json 2>llama3.plan.err &&
+   out=$("$PYTHON" - llama3.plan.json <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+r = p["roles"][0]
+want = 8 * 32 * 60 * 2 * 8192 * 2 * 1 * 128
+ok = p["cp"] == 16 and p["tp"] == 8 and p["fits"] and r["cp_bytes_per_step"] == want
+print(f"{p['max_rank_bytes'] / 1e9:.1f} GB per GPU, step {p['step_seconds']:.2f} s, "
+      f"exposed cp {p['cp_seconds']:.3f} s, cp bytes {r['cp_bytes_per_step']:.4g} (formula {want:.4g})")
+sys.exit(0 if ok else 1)
+PY
+); then
+  pass "llama3-8b-128k plan: $out"
+else
+  fail "llama3-8b-128k plan: ${out:-}"; cat llama3.plan.err
+fi
+
 # The restart chain: cp=4 to step 3, cp=1 to step 6, (cp=2, dp=2) to step 10; each leg's losses
 # and last checkpoint equal one uninterrupted 1-rank run's (data order, exact resume and
 # layout-free checkpoints across cp sizes).
