@@ -155,6 +155,19 @@ else
   fail "restart chain run"; tail -3 r_*.log
 fi
 
+# A rank lost in the ring (cp rank 1 stalled at step 3, TESSERA_TEST_STALL) ends the job within
+# run.hang_timeout, exit 5, naming it and the ring call rank 0 waits in.
+TESSERA_TEST_STALL=1:3 timeout 120 $MPIEXEC -n 2 "$TESSERA" train "$deck" "${common[@]}" \
+  parallel.cp=2 train.steps=6 eval.every=0 run.hang_timeout=4 run.dir="$WORK/stall" \
+  >stall.log 2>stall.err
+rc=$?
+line=$(grep "^hang: " stall.err)
+if [ "$rc" -eq 5 ] && echo "$line" | grep -Eq "rank 1 is behind at step 3 .*rank 0 waits? in cp "; then
+  pass "stalled cp rank 1: exit 5: $line"
+else
+  fail "stalled cp rank: exit $rc: ${line:-$(head -3 stall.err)}"
+fi
+
 # Bad layouts: one line naming the numbers, exit 2, before anything is allocated.
 expect_error cp_seq_len 2 'data\.seq_len = 16 is not divisible by 2 x parallel\.cp = 6' \
   "$TESSERA" train "$deck" parallel.cp=3 model.attention=fused
