@@ -122,6 +122,8 @@ struct ParallelConfig {
   // ZeRO-3: the next unit's gather starts while this one computes (false: each unit is gathered
   // when the model asks for it; for measuring the overlap).
   bool zero_prefetch = true;
+  int cp = 1;                     // context-parallel ranks: each sequence split over them
+  std::string cp_comm = "ring";   // ring | allgather: how attention's K/V reach the cp ranks
 };
 
 struct Config {

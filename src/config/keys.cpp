@@ -145,6 +145,8 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel", "dp", IntOrAuto{&c.parallel.dp}},
       {"parallel", "tp", IntOrAuto{&c.parallel.tp}},
       {"parallel", "pp", IntOrAuto{&c.parallel.pp}},
+      {"parallel", "cp", &c.parallel.cp},
+      {"parallel", "cp_comm", &c.parallel.cp_comm},
       {"parallel", "schedule", &c.parallel.schedule},
       {"parallel", "zero", &c.parallel.zero},
       {"parallel", "zero_group", &c.parallel.zero_group},

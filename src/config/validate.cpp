@@ -213,6 +213,23 @@ void validate_device(const Config& c, const Deck& deck) {
   at_most(deck, "device.threads", c.device.threads, limits::kThreads, limits::kThreadsWhy);
 }
 
+// Context parallelism: each sequence in 2 x cp chunks, K/V passed round a ring or all-gathered.
+void validate_context_parallel(const Config& c, const Deck& deck) {
+  const ParallelConfig& p = c.parallel;
+  at_least(deck, "parallel.cp", p.cp, 1);
+  if (p.cp_comm != "ring" && p.cp_comm != "allgather")
+    deck.fail_key("parallel.cp_comm", "must be ring or allgather, got " + shown(p.cp_comm));
+  if (p.cp <= 1) return;
+  if (c.data.seq_len % (2 * p.cp) != 0)
+    deck.fail_later("data.seq_len", "parallel.cp",
+                    "data.seq_len = " + num(c.data.seq_len) + " is not divisible by 2 x parallel.cp = " +
+                        num(2 * p.cp) + " (each sequence is cut into 2 x cp equal chunks)");
+  if (c.model.attention != "fused")
+    deck.fail_later("model.attention", "parallel.cp",
+                    "parallel.cp = " + num(p.cp) + " needs model.attention: fused (got " +
+                        shown(c.model.attention) + "): the ring merges blocks by their log-sum-exp");
+}
+
 // The layout rules that need no world size; src/parallel/topology.cpp checks the resolved layout
 // again (check_layout) once `auto` is known. 0 in dp, tp, pp is auto.
 void validate_parallel(const Config& c, const Deck& deck) {
@@ -240,11 +257,18 @@ void validate_parallel(const Config& c, const Deck& deck) {
     deck.fail_key("parallel.zero", "must be 0, 1, 2 or 3, got " + num(p.zero));
   }
   at_least(deck, "parallel.zero_group", p.zero_group, 0);
-  if (p.dp > 0 && p.zero_group > 0 && p.dp % p.zero_group != 0) {
+  if (p.dp > 0 && p.cp == 1 && p.zero_group > 0 && p.dp % p.zero_group != 0) {
     deck.fail_later("parallel.dp", "parallel.zero_group",
                     "parallel.zero_group = " + num(p.zero_group) + " does not divide parallel.dp = " +
                         num(p.dp) + " (the dp ranks are sharded in groups of zero_group)");
   }
+  if (p.dp > 0 && p.cp > 1 && p.zero_group > 0 && (p.dp * p.cp) % p.zero_group != 0) {
+    deck.fail_later("parallel.dp", "parallel.zero_group",
+                    "parallel.zero_group = " + num(p.zero_group) +
+                        " does not divide parallel.dp x parallel.cp = " + num(p.dp) + " x " +
+                        num(p.cp) + " (the dp x cp ranks are sharded in groups of zero_group)");
+  }
+  validate_context_parallel(c, deck);
   if (!p.reshard_after_forward && p.zero != 3) {
     deck.fail_later("parallel.zero", "parallel.reshard_after_forward",
                     "parallel.reshard_after_forward = false keeps gathered parameters, which only "

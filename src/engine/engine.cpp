@@ -25,19 +25,21 @@ class Engine final : public TrainEngine {
 
  public:
   Engine(const EngineSetup& s, bool allocate_now)
-      : tile_(s.tile), mb_(s.micro_batch), T_(s.seq_len), embed_sum_(s.embed_sum),
+      : tile_(s.tile), mb_(s.micro_batch), T_(s.seq_len), cp_size_(s.cp_size),
+        cp_rank_(s.cp_rank), embed_sum_(s.embed_sum),
         prefetch_(s.zero_prefetch),
         arena_(Backend::memory()),
-        // Built in the fixed order tp, dp, pp, embed, shard, replica (an NCCL communicator's
+        // Built in the fixed order tp, dp, pp, embed, shard, replica, cp (an NCCL communicator's
         // construction is collective over its ranks). The data-parallel sums and the ZeRO
         // group's gathers overlap the compute that follows them (device.nccl_overlap).
         tp_(s.tp), dp_(s.dp, s.nccl_overlap), pp_(s.pp), embed_(s.embed),
-        own_shard_(s.shard, s.nccl_overlap), replica_(s.replica),
+        own_shard_(s.shard, s.nccl_overlap), replica_(s.replica), cp_(s.cp),
         shard_(s.shard == MPI_COMM_NULL ? &dp_ : &own_shard_),
-        mem_(s, arena_, &tp_, &dp_, &pp_, shard_, &replica_),
+        mem_(s, arena_, &tp_, &dp_, &pp_, shard_, &replica_, &cp_),
         models_(mem_.models), optimizer_(mem_.optimizer), executor_(mem_.executor) {
     if (mem_.sharded) parts_layout_ = shard_layout(tile_, mem_.plan);
     step_tokens_ = mem_.step_tokens;
+    if (cp_size_ > 1) staging_.resize(2 * step_tokens_);
     if (allocate_now) allocate();
   }
 
@@ -185,14 +187,14 @@ class Engine final : public TrainEngine {
                        uint64_t count) override {
     const size_t n = size_t(count / uint64_t(mb_));
     const size_t bytes = size_t(mb_) * T_ * sizeof(int32_t);
-    Batch batch(mb_, T_);
+    Batch batch(mb_, T_ * cp_size_);
     FlatWeights<Act> flat(tile_, model_params(), nullptr);
     Weights<Act>& weights = sharded_ ? static_cast<Weights<Act>&>(*sharded_) : flat;
     double sum = 0;
     for (size_t i = 0; i < n; ++i) {
       read_eval_batch(file, first + i * uint64_t(mb_), vocab, batch);
-      Backend::to_device(tokens_, batch.inputs.data(), bytes);
-      Backend::to_device(targets_, batch.targets.data(), bytes);
+      Backend::to_device(tokens_, own_chunks(batch.inputs.data(), 0), bytes);
+      Backend::to_device(targets_, own_chunks(batch.targets.data(), 1), bytes);
       executor_.forward_only(weights, {MicroBatch{tokens_, targets_, losses_}});
       if (tile_.last) sum += mean_losses(1);
     }
@@ -205,10 +207,16 @@ class Engine final : public TrainEngine {
   double dp_wait_seconds() const override {
     return dp_.busy_seconds + own_shard_.busy_seconds + replica_.busy_seconds;
   }
+  double cp_wait_seconds() const override { return cp_.busy_seconds; }
+  double cp_attention_seconds() const override {
+    double s = 0;
+    for (const auto& model : models_) s += model->context_seconds();
+    return s;
+  }
   double payload_bytes(int c) const override {
     const uint64_t bytes[] = {tp_.payload_bytes,
                               dp_.payload_bytes + own_shard_.payload_bytes + replica_.payload_bytes,
-                              pp_.payload_bytes, embed_.payload_bytes};
+                              pp_.payload_bytes, embed_.payload_bytes, cp_.payload_bytes};
     return double(bytes[c]);
   }
 
@@ -287,6 +295,21 @@ class Engine final : public TrainEngine {
     return loss;
   }
 
+  // Context parallelism: this rank's chunks r and 2 cp - 1 - r of each of the micro-batch's
+  // sequences (mb_, T_ * cp_size_) of `full`, copied into staging area `k` (it stays untouched
+  // until the step's uploads are complete); `full` itself without it.
+  const int32_t* own_chunks(const int32_t* full, size_t k) {
+    if (cp_size_ == 1) return full;
+    const size_t n = size_t(mb_) * T_, Tc = size_t(T_) / 2, Tf = size_t(T_) * cp_size_;
+    int32_t* out = staging_.data() + k * n;
+    const size_t chunks[2] = {size_t(cp_rank_), size_t(2 * cp_size_ - 1 - cp_rank_)};
+    for (size_t b = 0; b < size_t(mb_); ++b)
+      for (size_t h = 0; h < 2; ++h)
+        std::copy(full + b * Tf + chunks[h] * Tc, full + b * Tf + (chunks[h] + 1) * Tc,
+                  out + b * T_ + h * Tc);
+    return out;
+  }
+
   // The step's micro-batches from the loader's ring into the token buffers, overlapped with the
   // compute queued before; stages that read no tokens get nullptr.
   std::vector<MicroBatch> upload(const std::vector<HostMicroBatch>& batches) {
@@ -295,8 +318,10 @@ class Engine final : public TrainEngine {
     for (size_t k = 0; k < batches.size(); ++k) out[k].losses = losses_ + k * n;
     if (batches.empty() || batches[0].tokens == nullptr) return out;
     for (size_t k = 0; k < batches.size(); ++k) {
-      Backend::upload(tokens_ + k * n, batches[k].tokens, n * sizeof(int32_t));
-      Backend::upload(targets_ + k * n, batches[k].targets, n * sizeof(int32_t));
+      const int32_t* tokens = own_chunks(batches[k].tokens, 2 * k);
+      const int32_t* targets = own_chunks(batches[k].targets, 2 * k + 1);
+      Backend::upload(tokens_ + k * n, tokens, n * sizeof(int32_t));
+      Backend::upload(targets_ + k * n, targets, n * sizeof(int32_t));
       out[k].tokens = tokens_ + k * n;
       out[k].targets = targets_ + k * n;
     }
@@ -305,7 +330,9 @@ class Engine final : public TrainEngine {
   }
 
   const LocalLayout& tile_;
-  int mb_, T_;
+  int mb_, T_;  // T_: this rank's tokens of each sequence (T / cp)
+  int cp_size_, cp_rank_;
+  std::vector<int32_t> staging_;  // cp > 1: this rank's chunks of the step's tokens and targets
   size_t step_tokens_ = 0;
   bool embed_sum_, prefetch_;
   // The arena before the communicators, so that on an error the communicators go first (their
@@ -314,6 +341,7 @@ class Engine final : public TrainEngine {
   typename Backend::Comm tp_, dp_, pp_, embed_;
   // Hybrid sharding's ZeRO group (without it dp_ is the group) and replicas (one rank without).
   typename Backend::Comm own_shard_, replica_;
+  typename Backend::Comm cp_;  // context parallelism (one rank without it)
   typename Backend::Comm* shard_;
   EngineMemory<Backend> mem_;  // every buffer's declaration (engine/engine_memory.hpp)
   std::vector<std::unique_ptr<Gpt<Backend>>>& models_;

@@ -37,6 +37,7 @@ struct EngineSetup {
   MPI_Comm tp, dp, pp, embed;
   Comm* world;  // every rank: the gradient norm
   std::vector<Action> schedule;
+  // seq_len: this rank's tokens of each sequence, T / cp (the loader's batches hold all T).
   int micro_batch, seq_len, n_micro;
   int zero;        // parallel.zero: the ZeRO stage (optim/distributed.hpp)
   bool embed_sum;  // pp > 1: stage 0's wte and the last stage's copy sum their gradients
@@ -48,10 +49,14 @@ struct EngineSetup {
   bool reshard_after_forward = true;  // ZeRO-3 (parallel.reshard_after_forward)
   bool zero_prefetch = true;          // ZeRO-3 (parallel.zero_prefetch)
   bool nccl_overlap = true;           // device.nccl_overlap: dp and ZeRO collectives on own streams
+  // Context parallelism (model/context_attention.hpp): the ranks splitting each sequence
+  // (MPI_COMM_NULL with cp = 1), their number and this rank's place among them.
+  MPI_Comm cp = MPI_COMM_NULL;
+  int cp_size = 1, cp_rank = 0;
 };
 
 // A micro-batch's tokens and targets (B,T) in host memory (the loader's ring), nullptr where the
-// stage reads no tokens.
+// stage reads no tokens. Whole sequences: under context parallelism the engine takes its chunks.
 struct HostMicroBatch {
   const int32_t* tokens = nullptr;
   const int32_t* targets = nullptr;
@@ -129,7 +134,11 @@ class TrainEngine {
   // Seconds blocked in data-parallel collectives so far (dp, and ZeRO's shard and replica
   // groups): the communication no computation hid. 0 on a GPU, whose host does not wait.
   virtual double dp_wait_seconds() const = 0;
-  // Payload bytes handed to communicator c (0 tp, 1 dp, 2 pp, 3 embed) so far.
+  // Context parallelism so far: seconds blocked on the cp communicator (the ring's waits, the
+  // all-gather's collectives) and seconds in its attention (those waits included).
+  virtual double cp_wait_seconds() const = 0;
+  virtual double cp_attention_seconds() const = 0;
+  // Payload bytes handed to communicator c (0 tp, 1 dp, 2 pp, 3 embed, 4 cp) so far.
   virtual double payload_bytes(int c) const = 0;
 };
 

@@ -32,9 +32,10 @@ struct EngineMemory {
   // tp, dp, pp, shard, replica: the engine's communicators (only their size and rank are read
   // here; shard and replica are those of the ZeRO group, dp's own and a lone rank's without
   // hybrid sharding).
+  // cp: the context-parallel communicator (one rank without it).
   EngineMemory(const EngineSetup& s, Arena& arena, Comm* tp, Comm* dp, Comm* pp, Comm* shard,
-               Comm* replica)
-      : models(make_models(s, arena, tp)),
+               Comm* replica, Comm* cp)
+      : models(make_models(s, arena, tp, cp)),
         plan(make_shard_plan(s.tile, s.zero >= 2 ? shard->size() : 1,
                              s.zero >= 2 ? shard->rank() : 0)),
         optimizer(s.tile, {dp, shard, replica, s.world}, s.zero, &plan, s.hyper, arena),
@@ -98,12 +99,12 @@ struct EngineMemory {
 
  private:
   std::vector<std::unique_ptr<Gpt<Backend>>> make_models(const EngineSetup& s, Arena& arena,
-                                                        Comm* tp) {
+                                                        Comm* tp, Comm* cp) {
     std::vector<std::unique_ptr<Gpt<Backend>>> out;
     for (int c = 0; c < int(s.tile.chunks.size()); ++c)
       out.push_back(std::make_unique<Gpt<Backend>>(s.tile, tp, s.micro_batch, s.seq_len,
                                                    schedule_slots(s.schedule, c), arena, s.model,
-                                                   c));
+                                                   c, cp));
     return out;
   }
   std::vector<Gpt<Backend>*> model_pointers() {

@@ -15,12 +15,14 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   const ParallelLayout& l = run.layout;
   const LocalLayout tile = rank_tile(run, shape, tp_rank, pp_rank);
   const EngineSetup setup = engine_setup(cfg, run, tile, pp_rank);
+  // dp_rank: the rank in dp x cp (the gradients' group; the dp rank when cp = 1), cp fastest.
   const int group = l.shard_size();
-  Comm tp = Comm::shape(l.tp, tp_rank), dp = Comm::shape(l.dp, dp_rank),
+  Comm tp = Comm::shape(l.tp, tp_rank), dp = Comm::shape(l.dpcp(), dp_rank),
        pp = Comm::shape(l.pp, pp_rank), shard = Comm::shape(group, dp_rank % group),
-       replica = Comm::shape(l.dp / group, dp_rank / group);
+       replica = Comm::shape(l.dpcp() / group, dp_rank / group),
+       cp = Comm::shape(l.cp, dp_rank % l.cp);
   Arena arena(Backend::memory());
-  const EngineMemory<Backend> mem(setup, arena, &tp, &dp, &pp, &shard, &replica);
+  const EngineMemory<Backend> mem(setup, arena, &tp, &dp, &pp, &shard, &replica, &cp);
   RankMemory m;
   m.pp_rank = pp_rank;
   m.tp_rank = tp_rank;

@@ -16,10 +16,14 @@ std::string make_run_layout(const Config& cfg, const ModelShape& shape,
   if (shape.n_kv_head % layout.tp != 0)
     return "parallel.tp = " + std::to_string(layout.tp) + " does not divide model.n_kv_head = " +
            std::to_string(shape.n_kv_head) + " (each rank needs whole key/value heads)";
-  if (cfg.parallel.sequence_parallel && layout.tp > 1 && (mb * T) % layout.tp != 0)
-    return "parallel.sequence_parallel splits the " + std::to_string(mb * T) +
-           " rows of a micro-batch (train.micro_batch x data.seq_len) over parallel.tp = " +
-           std::to_string(layout.tp) + ", which does not divide them";
+  if (layout.cp > 1 && T % (2 * layout.cp) != 0)
+    return "data.seq_len = " + std::to_string(T) + " is not divisible by 2 x parallel.cp = " +
+           std::to_string(2 * layout.cp) + " (each sequence is cut into 2 x cp equal chunks)";
+  const int Tl = T / layout.cp;  // each rank's tokens of a sequence
+  if (cfg.parallel.sequence_parallel && layout.tp > 1 && (mb * Tl) % layout.tp != 0)
+    return "parallel.sequence_parallel splits the " + std::to_string(mb * Tl) +
+           " rows of a micro-batch (train.micro_batch x data.seq_len / parallel.cp) over "
+           "parallel.tp = " + std::to_string(layout.tp) + ", which does not divide them";
   if (shape.ffn_hidden % layout.tp != 0)
     return "parallel.tp = " + std::to_string(layout.tp) + " does not divide model.ffn_hidden = " +
            std::to_string(shape.ffn_hidden);
@@ -69,9 +73,10 @@ EngineSetup engine_setup(const Config& cfg, const RunLayout& run, const LocalLay
   const AdamWHyper hyper{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
   const bool embed_sum = run.layout.pp > 1 && tile.canonical.shape.tied;
   return {tile, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, /*world=*/nullptr,
-          rank_schedule(cfg, run, pp_rank), run.micro_batch, cfg.data.seq_len, run.n_micro,
-          cfg.parallel.zero, embed_sum, hyper, model_options(cfg), MPI_COMM_NULL, MPI_COMM_NULL,
-          cfg.parallel.reshard_after_forward, cfg.parallel.zero_prefetch, cfg.device.nccl_overlap};
+          rank_schedule(cfg, run, pp_rank), run.micro_batch, cfg.data.seq_len / run.layout.cp,
+          run.n_micro, cfg.parallel.zero, embed_sum, hyper, model_options(cfg), MPI_COMM_NULL,
+          MPI_COMM_NULL, cfg.parallel.reshard_after_forward, cfg.parallel.zero_prefetch,
+          cfg.device.nccl_overlap, MPI_COMM_NULL, run.layout.cp, 0};
 }
 
 uint64_t loader_ring_bytes(const Config& cfg, const RunLayout& run) {

@@ -14,6 +14,7 @@ ModelOptions model_options(const Config& c) {
   ModelOptions o;
   o.fused_attention = c.model.attention == "fused";
   o.sequence_parallel = c.parallel.sequence_parallel;
+  o.cp_allgather = c.parallel.cp_comm == "allgather";
   o.recompute = c.train.recompute == "full"        ? Recompute::Full
                 : c.train.recompute == "selective" ? Recompute::Selective
                                                    : Recompute::None;
@@ -42,7 +43,7 @@ bool Gpt<Backend>::kept(Stat s) const {
 
 template <class Backend>
 Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots,
-                  Arena& arena, const ModelOptions& options, int chunk)
+                  Arena& arena, const ModelOptions& options, int chunk, Comm* cp)
     : layout_(layout), tp_(tp), arena_(&arena), max_n_(max_batch * max_seq),
       max_batch_(max_batch), options_(options),
       slots_(slots), begin_(layout.chunks.at(size_t(chunk)).begin),
@@ -129,6 +130,12 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   h_row_max_ = arena.add("cross-entropy row max", N * sizeof(float));
   h_sums_ = arena.add("cross-entropy sums", 2 * N * sizeof(double));
   h_targets_ = arena.add("targets", size_t(slots) * N * sizeof(int32_t));
+  if (cp != nullptr && cp->size() > 1) {
+    cp_size_ = cp->size();
+    cp_rank_ = cp->rank();
+    context_ = std::make_unique<ContextAttention<Backend>>(
+        cp, options.cp_allgather, max_batch, max_seq, width_.nh, width_.nkv, width_.hs, arena);
+  }
   // LLaMA's rotary table: (T, hs/2) cos and sin pairs.
   if (s.arch == Arch::Llama)
     h_rope_ = arena.add("rotary table" + of, size_t(max_seq) * size_t(width_.hs) * sizeof(float));
@@ -150,11 +157,19 @@ void Gpt<Backend>::bind() {
   row_max_ = arena_->get<float>(h_row_max_);
   ce_sums_ = arena_->get<double>(h_sums_);
   targets_ = arena_->get<int32_t>(h_targets_);
+  if (context_) context_->bind();
   if (layout_.canonical.shape.arch == Arch::Llama) {
     rope_ = arena_->get<float>(h_rope_);
     const ModelShape& s = layout_.canonical.shape;
-    std::vector<float> table(size_t(max_n_ / max_batch_) * size_t(width_.hs));
-    cpu::rope_table(table.data(), max_n_ / max_batch_, width_.hs, s.rope_theta);
+    // Row t of the table is local token t's: under context parallelism its true position's.
+    const int Tl = max_n_ / max_batch_, T = Tl * cp_size_, hs = width_.hs;
+    std::vector<float> full(size_t(T) * size_t(hs)), table(size_t(Tl) * size_t(hs));
+    cpu::rope_table(full.data(), T, hs, s.rope_theta);
+    for (int t = 0; t < Tl; ++t) {
+      const int at = cp_size_ > 1 ? context_position(t, Tl, cp_size_, cp_rank_) : t;
+      std::copy(full.begin() + long(at) * hs, full.begin() + long(at + 1) * hs,
+                table.begin() + long(t) * hs);
+    }
     Backend::to_device(rope_, table.data(), table.size() * sizeof(float));
   }
 }
@@ -221,10 +236,54 @@ typename Gpt<Backend>::LayerActs Gpt<Backend>::layer_acts(int slot, int i,
 template <class Backend>
 void Gpt<Backend>::attention_core(const LayerActs& a, int B, int T) {
   const Width& w = width_;
-  if (options_.fused_attention)
+  if (context_)
+    context_->forward(a.atty, a.lse, a.qkv, B);
+  else if (options_.fused_attention)
     Backend::attention_fused_forward(a.atty, a.lse, a.qkv, B, T, w.nh, w.nkv, w.hs);
   else
     Backend::attention_forward(a.atty, a.att, a.qkv, B, T, w.nh, w.nkv, w.hs);
+}
+
+template <class Backend>
+void Gpt<Backend>::encode(Act* out, const int32_t* tokens, const Act* embed, const Act* positions,
+                          int B, int T) {
+  const LocalLayout& lay = layout_;
+  const int C = n_embd();
+  if (!context_) {
+    Backend::encoder_forward(out, tokens, embed, positions, B, T, C, lay.vocab_begin,
+                             lay.vocab_rows);
+    return;
+  }
+  const int Tc = T / 2;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < 2; ++h) {
+      const size_t at = size_t(b) * T + size_t(h) * Tc;
+      const size_t pos = size_t(context_position(h * Tc, T, cp_size_, cp_rank_));
+      Backend::encoder_forward(out + at * C, tokens + at, embed,
+                               positions ? positions + pos * C : positions, 1, Tc, C,
+                               lay.vocab_begin, lay.vocab_rows);
+    }
+}
+
+template <class Backend>
+void Gpt<Backend>::encode_backward(float* dembed, float* dpositions, const Act* dout,
+                                   const int32_t* tokens, int B, int T) {
+  const LocalLayout& lay = layout_;
+  const int C = n_embd();
+  if (!context_) {
+    Backend::encoder_backward(dembed, dpositions, dout, tokens, B, T, C, lay.vocab_begin,
+                              lay.vocab_rows);
+    return;
+  }
+  const int Tc = T / 2;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < 2; ++h) {
+      const size_t at = size_t(b) * T + size_t(h) * Tc;
+      const size_t pos = size_t(context_position(h * Tc, T, cp_size_, cp_rank_));
+      Backend::encoder_backward(dembed, dpositions ? dpositions + pos * C : dpositions,
+                                dout + at * C, tokens + at, 1, Tc, C, lay.vocab_begin,
+                                lay.vocab_rows);
+    }
 }
 
 template <class Backend>
@@ -365,8 +424,7 @@ void Gpt<Backend>::forward(Weights<Act>& weights, int slot, const int32_t* token
     Act* partial = options_.sequence_parallel ? scratch(kPartial) : act(kEncoded, slot);
     const Act* embed = P(lay.embed);
     const Act* positions = P(lay.positions);
-    Backend::encoder_forward(partial, tokens, embed, lay.tp_rank == 0 ? positions : none, B, T, C,
-                             lay.vocab_begin, lay.vocab_rows);
+    encode(partial, tokens, embed, lay.tp_rank == 0 ? positions : none, B, T);
     done(lay.embed);
     done(lay.positions);
     reduce_rows(partial, act(kEncoded, slot), N);
@@ -437,7 +495,9 @@ void Gpt<Backend>::layer_backward(const Act* params, float* grads, int l, const 
   Backend::matmul_backward(scratch(kDAttY), w.g_proj, w.g_proj_b,
                            gather_rows(dres, scratch(kDFull), N), a.atty, w.proj, N, wd.q, C);
   zero(scratch(kDQkv), size_t(N) * wd.qkv);
-  if (options_.fused_attention)
+  if (context_)
+    context_->backward(scratch(kDQkv), scratch(kDAttY), a.qkv, a.atty, a.lse, B);
+  else if (options_.fused_attention)
     Backend::attention_fused_backward(scratch(kDQkv), scratch(kDAttY), a.qkv, a.atty, a.lse, B, T,
                                       wd.nh, wd.nkv, wd.hs);
   else
@@ -508,9 +568,8 @@ void Gpt<Backend>::backward(Weights<Act>& weights, int slot, const int32_t* toke
     if (layer_done) layer_done(l);
   }
   if (first_) {
-    Backend::encoder_backward(G(lay.embed), G(lay.positions),
-                              gather_rows(dres, scratch(kDFull), N), tokens, B, T, C,
-                              lay.vocab_begin, lay.vocab_rows);
+    encode_backward(G(lay.embed), G(lay.positions), gather_rows(dres, scratch(kDFull), N), tokens,
+                    B, T);
     done(lay.embed, false);
     done(lay.positions, false);
   }
@@ -518,8 +577,8 @@ void Gpt<Backend>::backward(Weights<Act>& weights, int slot, const int32_t* toke
 
 template class Gpt<CpuBackend>;
 // Declarations only (`tessera plan`, backend/declare.hpp).
-template Gpt<DeclareBackend<float>>::Gpt(const LocalLayout&, Comm*, int, int, int, Arena&, const ModelOptions&, int);
-template Gpt<DeclareBackend<Bf16Bytes>>::Gpt(const LocalLayout&, Comm*, int, int, int, Arena&, const ModelOptions&, int);
+template Gpt<DeclareBackend<float>>::Gpt(const LocalLayout&, Comm*, int, int, int, Arena&, const ModelOptions&, int, Comm*);
+template Gpt<DeclareBackend<Bf16Bytes>>::Gpt(const LocalLayout&, Comm*, int, int, int, Arena&, const ModelOptions&, int, Comm*);
 #ifdef TESSERA_CUDA
 template class Gpt<CudaBackend<float>>;
 template class Gpt<CudaBackend<cuda::bf16>>;

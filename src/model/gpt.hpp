@@ -16,9 +16,11 @@
 // the same order produce it both times, so recompute changes no bit of the result.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "backend/arena.hpp"
+#include "model/context_attention.hpp"
 #include "model/options.hpp"
 #include "model/shard.hpp"
 #include "model/weights.hpp"
@@ -34,8 +36,11 @@ class Gpt {
   // Declares every activation and scratch buffer in `arena`; once the arena is allocated, bind()
   // takes the pointers (the engine allocates one arena for the model, optimizer and executor).
   // chunk: which of the layout's layer chunks this model runs (virtual stages; 0 without them).
+  // cp: the context-parallel communicator (model/context_attention.hpp), nullptr or one rank
+  // without it; with cp ranks max_seq is this rank's T / cp tokens of each sequence, chunks
+  // r and 2 cp - 1 - r, at their true positions.
   Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots, Arena& arena,
-      const ModelOptions& options = {}, int chunk = 0);
+      const ModelOptions& options = {}, int chunk = 0, Comm* cp = nullptr);
   void bind();
   // The buffers every step overwrites before it reads them (activations, statistics, scratch,
   // the cross-entropy row maxima) filled with NaN in the CUDA emulator (Backend::poison): a
@@ -90,6 +95,8 @@ class Gpt {
   // The activations and statistics of every slot, and the recompute workspace.
   size_t activation_bytes() const { return arena_->bytes(h_acts_) + arena_->bytes(h_stats_); }
   const LocalLayout& layout() const { return layout_; }
+  // Seconds in context parallelism's attention so far (0 without it).
+  double context_seconds() const { return context_ ? context_->seconds : 0; }
   // This chunk embeds the tokens (the model's first virtual stage) / ends in the loss (its last).
   bool first() const { return first_; }
   bool last() const { return last_; }
@@ -142,6 +149,12 @@ class Gpt {
   std::vector<int> pass_units(bool forward) const;
   int unit(int tensor) const { return layout_.unit_of_tensor[size_t(tensor)]; }
   void attention_core(const LayerActs& a, int B, int T);
+  // The token and position embedding of (B,T) tokens into out, and its backward: under context
+  // parallelism chunk by chunk, each at its true positions.
+  void encode(Act* out, const int32_t* tokens, const Act* embed, const Act* positions, int B,
+              int T);
+  void encode_backward(float* dembed, float* dpositions, const Act* dout, const int32_t* tokens,
+                       int B, int T);
   void layer_backward(const Act* params, float* grads, int l, const LayerActs& a, int B, int T);
 
   // Per-layer kinds kept (true) or recomputed (false) under this rank's options.
@@ -188,7 +201,9 @@ class Gpt {
   size_t scratch_offset_[kScratchKinds] = {};
   size_t h_acts_ = 0, h_stats_ = 0, h_scratch_ = 0, h_row_max_ = 0, h_sums_ = 0, h_targets_ = 0;
   size_t h_rope_ = 0;
-  float* rope_ = nullptr;  // LLaMA: the rotary table (T, hs/2, 2)
+  float* rope_ = nullptr;  // LLaMA: the rotary table (T, hs/2, 2), by local token
+  std::unique_ptr<ContextAttention<Backend>> context_;  // cp > 1
+  int cp_size_ = 1, cp_rank_ = 0;
   Act* acts_ = nullptr;
   float* stats_ = nullptr;
   Act* scratch_ = nullptr;

@@ -21,6 +21,9 @@ struct ModelOptions {
   // output hold this rank's 1/tp of the (B*T) rows; an all-gather before each column-parallel
   // GEMM and a reduce-scatter after each row-parallel one replace the all-reduces.
   bool sequence_parallel = false;
+  // parallel.cp_comm == allgather (model/context_attention.hpp): K/V gathered whole per layer
+  // instead of passed round the ring.
+  bool cp_allgather = false;
 };
 
 // The options a deck asks for (its keys are validated by the deck reader).

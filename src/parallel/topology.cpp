@@ -19,11 +19,12 @@ std::string list(const std::vector<int>& v) {
 
 std::string ranks(long long n) { return num(n) + (n == 1 ? " rank" : " ranks"); }
 
-// "parallel: dp=2 x tp=2 x pp=2 = 8 ranks, but the job has 6"
+// "parallel: dp=2 x tp=2 x pp=2 = 8 ranks, but the job has 6" (" x cp=2" after dp with cp > 1)
 std::string size_mismatch(const ParallelLayout& l, int world_size) {
-  long long n = static_cast<long long>(l.dp) * l.tp * l.pp;
-  return "parallel: dp=" + num(l.dp) + " x tp=" + num(l.tp) + " x pp=" + num(l.pp) + " = " +
-         ranks(n) + ", but the job has " + num(world_size);
+  long long n = static_cast<long long>(l.dp) * l.cp * l.tp * l.pp;
+  return "parallel: dp=" + num(l.dp) + (l.cp > 1 ? " x cp=" + num(l.cp) : "") + " x tp=" +
+         num(l.tp) + " x pp=" + num(l.pp) + " = " + ranks(n) + ", but the job has " +
+         num(world_size);
 }
 
 // The ranks that share `color` form one communicator, ordered by `key`; MPI_UNDEFINED: none.
@@ -38,21 +39,24 @@ MPI_Comm split(MPI_Comm world, int color, int key) {
 RankCoord coord_of(int world_rank, const ParallelLayout& layout) {
   RankCoord c;
   c.tp_rank = world_rank % layout.tp;
-  c.dp_rank = world_rank / layout.tp % layout.dp;
-  c.pp_rank = world_rank / (layout.tp * layout.dp);
+  c.cp_rank = world_rank / layout.tp % layout.cp;
+  c.dp_rank = world_rank / (layout.tp * layout.cp) % layout.dp;
+  c.pp_rank = world_rank / (layout.tp * layout.cp * layout.dp);
   return c;
 }
 
 int world_rank_of(const RankCoord& coord, const ParallelLayout& layout) {
-  return (coord.pp_rank * layout.dp + coord.dp_rank) * layout.tp + coord.tp_rank;
+  return ((coord.pp_rank * layout.dp + coord.dp_rank) * layout.cp + coord.cp_rank) * layout.tp +
+         coord.tp_rank;
 }
 
 std::string resolve_layout(const ParallelConfig& cfg, int world_size, ParallelLayout* out) {
   const char* const names[3] = {"dp", "tp", "pp"};
   int value[3] = {cfg.dp, cfg.tp, cfg.pp};
   std::vector<int> autos;
-  long long fixed = 1;
-  std::string fixed_text;  // "tp=4 x pp=1"
+  const int cp = cfg.cp < 1 ? 1 : cfg.cp;
+  long long fixed = cp;
+  std::string fixed_text = cp > 1 ? "cp=" + num(cp) : "";  // "tp=4 x pp=1"
   for (int i = 0; i < 3; i++) {
     if (value[i] < 0) {
       return "parallel." + std::string(names[i]) + " = " + num(value[i]) + " must be >= 1 or auto";
@@ -73,7 +77,7 @@ std::string resolve_layout(const ParallelConfig& cfg, int world_size, ParallelLa
     return "parallel: " + which + " are auto; at most one of dp, tp, pp may be auto";
   }
   if (autos.empty()) {
-    ParallelLayout l{value[0], value[1], value[2]};
+    ParallelLayout l{value[0], value[1], value[2], 0, cp};
     if (fixed != world_size) return size_mismatch(l, world_size);
   } else {
     int a = autos[0];
@@ -83,10 +87,11 @@ std::string resolve_layout(const ParallelConfig& cfg, int world_size, ParallelLa
     }
     value[a] = static_cast<int>(world_size / fixed);
   }
-  *out = ParallelLayout{value[0], value[1], value[2], cfg.zero_group};
-  if (cfg.zero_group > 0 && value[0] % cfg.zero_group != 0)
-    return "parallel.zero_group = " + num(cfg.zero_group) + " does not divide parallel.dp = " +
-           num(value[0]) + " (the dp ranks are sharded in groups of zero_group)";
+  *out = ParallelLayout{value[0], value[1], value[2], cfg.zero_group, cp};
+  if (cfg.zero_group > 0 && out->dpcp() % cfg.zero_group != 0)
+    return "parallel.zero_group = " + num(cfg.zero_group) + " does not divide parallel.dp" +
+           (cp > 1 ? " x cp = " + num(value[0]) + " x " + num(cp) : " = " + num(value[0])) +
+           " (the dp" + (cp > 1 ? " x cp" : "") + " ranks are sharded in groups of zero_group)";
   return "";
 }
 
@@ -158,29 +163,38 @@ Topology::Topology(MPI_Comm world, const ParallelLayout& layout) : layout_(layou
   MPI_Comm_rank(world, &world_rank_);
   MPI_Comm_size(world, &world_size_);
   // Every rank sees the same sizes, so every rank throws, and none is left in a split.
-  if (static_cast<long long>(layout.dp) * layout.tp * layout.pp != world_size_) {
+  if (static_cast<long long>(layout.dp) * layout.cp * layout.tp * layout.pp != world_size_) {
     throw UserError(size_mismatch(layout, world_size_), kExitBadInput);
   }
   coord_ = coord_of(world_rank_, layout);
   const RankCoord& c = coord_;
-  const int dp = layout.dp, tp = layout.tp;
+  const int dp = layout.dp, tp = layout.tp, cp = layout.cp;
+  // dp x cp, cp fastest: with cp = 1 the dp rank.
+  const int dpcp = layout.dpcp(), dpcp_rank = c.dpcp_rank(layout);
   // Colour: the coordinates the group shares; key: the one it is ordered by.
-  comms_[static_cast<int>(CommName::tp)] = split(world, c.pp_rank * dp + c.dp_rank, c.tp_rank);
-  comms_[static_cast<int>(CommName::dp)] = split(world, c.pp_rank * tp + c.tp_rank, c.dp_rank);
-  comms_[static_cast<int>(CommName::pp)] = split(world, c.dp_rank * tp + c.tp_rank, c.pp_rank);
+  comms_[static_cast<int>(CommName::tp)] =
+      split(world, (c.pp_rank * dp + c.dp_rank) * cp + c.cp_rank, c.tp_rank);
+  comms_[static_cast<int>(CommName::dp)] =
+      split(world, (c.pp_rank * cp + c.cp_rank) * tp + c.tp_rank, c.dp_rank);
+  comms_[static_cast<int>(CommName::pp)] =
+      split(world, (c.dp_rank * cp + c.cp_rank) * tp + c.tp_rank, c.pp_rank);
+  comms_[static_cast<int>(CommName::cp)] =
+      split(world, (c.pp_rank * dp + c.dp_rank) * tp + c.tp_rank, c.cp_rank);
   // With one stage the embedding and the head share wte on the same rank: nothing to connect.
   if (layout.pp > 1) {
     bool ends = first_stage() || last_stage();
     comms_[static_cast<int>(CommName::embed)] =
-        split(world, ends ? c.dp_rank * tp + c.tp_rank : MPI_UNDEFINED, c.pp_rank);
+        split(world, ends ? (c.dp_rank * cp + c.cp_rank) * tp + c.tp_rank : MPI_UNDEFINED,
+              c.pp_rank);
   }
   const int group = layout.shard_size(), dp_group = c.pp_rank * tp + c.tp_rank;
+  comms_[static_cast<int>(CommName::dpcp)] = split(world, dp_group, dpcp_rank);
   comms_[static_cast<int>(CommName::shard)] =
-      split(world, dp_group * dp + c.dp_rank / group, c.dp_rank);
+      split(world, dp_group * dpcp + dpcp_rank / group, dpcp_rank);
   comms_[static_cast<int>(CommName::replica)] =
-      split(world, dp_group * group + c.dp_rank % group, c.dp_rank);
+      split(world, dp_group * group + dpcp_rank % group, dpcp_rank);
   // Named, for the hang forensics' record of each call (parallel/comm.hpp).
-  const char* names[] = {"tp", "dp", "pp", "embed", "shard", "replica"};
+  const char* names[] = {"tp", "dp", "pp", "embed", "shard", "replica", "cp", "dpcp"};
   for (int k = 0; k < kCommNames; ++k)
     if (comms_[k] != MPI_COMM_NULL) MPI_Comm_set_name(comms_[k], names[k]);
 }
@@ -203,9 +217,15 @@ std::string Topology::rank_grid(const std::vector<std::vector<std::pair<int, int
     if (r > 0) out += "\n";
     RankCoord c = coord_of(r, layout_);
     char line[200];
-    std::snprintf(line, sizeof line, "rank %*d: dp %*d tp %*d pp %*d  ", width(world_size_), r,
-                  width(layout_.dp), c.dp_rank, width(layout_.tp), c.tp_rank, width(layout_.pp),
-                  c.pp_rank);
+    std::snprintf(line, sizeof line, "rank %*d: dp %*d ", width(world_size_), r,
+                  width(layout_.dp), c.dp_rank);
+    out += line;
+    if (layout_.cp > 1) {
+      std::snprintf(line, sizeof line, "cp %*d ", width(layout_.cp), c.cp_rank);
+      out += line;
+    }
+    std::snprintf(line, sizeof line, "tp %*d pp %*d  ", width(layout_.tp), c.tp_rank,
+                  width(layout_.pp), c.pp_rank);
     out += line;
     const auto& chunks = stage_chunks.at(c.pp_rank);
     const bool one = chunks.size() == 1 && chunks[0].second - chunks[0].first == 1;

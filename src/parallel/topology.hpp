@@ -1,9 +1,10 @@
 #pragma once
-// The rank grid (DESIGN §3): which (dp, tp, pp) coordinate each world rank has, the checks a
-// layout must pass before anything is allocated, and the four communicators, built once.
+// The rank grid (DESIGN §3): which (dp, cp, tp, pp) coordinate each world rank has, the checks a
+// layout must pass before anything is allocated, and the communicators, built once.
 //
-// Rank order puts tp fastest, then dp, then pp (tp stays inside a node, pp crosses nodes):
-//   world_rank = (pp_rank * dp + dp_rank) * tp + tp_rank
+// Rank order puts tp fastest, then cp, then dp, then pp (tp stays inside a node, pp crosses
+// nodes):
+//   world_rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
 #include <mpi.h>
 
 #include <string>
@@ -16,14 +17,19 @@ namespace tessera {
 
 struct ParallelLayout {
   int dp = 1, tp = 1, pp = 1;
-  // ZeRO shards over groups of this many consecutive dp ranks (hybrid sharding), replicated
-  // across the dp / zero_group groups; 0 = dp (one group).
+  // ZeRO shards over groups of this many consecutive dp x cp ranks (hybrid sharding), replicated
+  // across the dpcp / zero_group groups; 0 = dp x cp (one group).
   int zero_group = 0;
-  int shard_size() const { return zero_group > 0 ? zero_group : dp; }
+  int cp = 1;  // context parallelism: each sequence split over cp ranks (DESIGN §3)
+  // The ranks holding the same parameters (same tp, pp): their gradients reduce over them.
+  int dpcp() const { return dp * cp; }
+  int shard_size() const { return zero_group > 0 ? zero_group : dpcp(); }
 };
 
 struct RankCoord {
-  int dp_rank = 0, tp_rank = 0, pp_rank = 0;
+  int dp_rank = 0, tp_rank = 0, pp_rank = 0, cp_rank = 0;
+  // The rank in the dp x cp group (dpcp communicator): cp fastest.
+  int dpcp_rank(const ParallelLayout& l) const { return dp_rank * l.cp + cp_rank; }
 };
 
 RankCoord coord_of(int world_rank, const ParallelLayout& layout);
@@ -47,15 +53,17 @@ std::vector<std::pair<int, int>> stage_layer_ranges(int n_layer, int pp,
 std::string check_layout(const ParallelLayout& layout, int n_head, int padded_vocab, int n_layer,
                          const std::vector<int>& stage_layers, int batch_size, int micro_batch);
 
-// shard: the ZeRO group within dp (ranks dp_rank / zero_group alike, by dp rank); replica: the
-// ranks holding the same shard in the other groups (dp_rank % zero_group alike). With one group
-// shard has dp's ranks and replica is this rank alone.
-enum class CommName { tp, dp, pp, embed, shard, replica };
-inline constexpr int kCommNames = 6;
+// shard: the ZeRO group within dp x cp (ranks dpcp_rank / zero_group alike, by dpcp rank);
+// replica: the ranks holding the same shard in the other groups (dpcp_rank % zero_group alike).
+// With one group shard has dpcp's ranks and replica is this rank alone. cp: the ranks splitting
+// one sequence (same dp, tp, pp), by cp rank; dpcp: the ranks holding the same parameters (same
+// tp, pp), by dpcp rank, which the gradients reduce over: dp's ranks in dp's order when cp = 1.
+enum class CommName { tp, dp, pp, embed, shard, replica, cp, dpcp };
+inline constexpr int kCommNames = 8;
 
 class Topology {
  public:
-  // Collective over world, whose size must be dp * tp * pp: one MPI_Comm_split per communicator.
+  // Collective over world, whose size must be dp * cp * tp * pp: one MPI_Comm_split per communicator.
   Topology(MPI_Comm world, const ParallelLayout& layout);
   ~Topology();
   Topology(const Topology&) = delete;
@@ -76,7 +84,7 @@ class Topology {
   bool last_stage() const { return coord_.pp_rank == layout_.pp - 1; }
 
   // One line per world rank, for rank 0 to print (no newline after the last):
-  //   "rank 5: dp 0 tp 1 pp 1  layers 2-3 (+ wte copy, ln_f)"
+  //   "rank 5: dp 0 tp 1 pp 1  layers 2-3 (+ wte copy, ln_f)" (with cp > 1 "dp 0 cp 1 tp 1 ...")
   // stage_chunks: each stage's [first, last) layer ranges (one, or one per virtual stage:
   // "layers 2-3, 6-7"); the first stage's, the last stage's and a lone stage's other tensors.
   std::string rank_grid(const std::vector<std::vector<std::pair<int, int>>>& stage_chunks,
@@ -88,8 +96,8 @@ class Topology {
   RankCoord coord_;
   int world_rank_ = 0, world_size_ = 0;
   MPI_Comm world_ = MPI_COMM_NULL;
-  MPI_Comm comms_[kCommNames] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL,
-                                 MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
+  MPI_Comm comms_[kCommNames] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL,
+                                 MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
 };
 
 }  // namespace tessera

@@ -10,14 +10,15 @@ namespace {
 void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, int pp_rank,
               uint64_t param_buffer, int act_bytes, CommBytes* out) {
   const ParallelLayout& l = run.layout;
-  const int zero = cfg.parallel.zero, n = l.shard_size(), r = l.dp / n;
+  // The gradients' group is dp x cp (the ranks holding the same parameters).
+  const int zero = cfg.parallel.zero, n = l.shard_size(), r = l.dpcp() / n;
   const double P = double(param_buffer), m = run.n_micro;
   auto ring = [](double payload, int ranks) {
     return ranks > 1 ? (ranks - 1.0) / ranks * payload : 0;
   };
   if (zero == 0 || (zero == 1 && n == 1)) {
     out->dp = out->dp_all_reduce = 4 * P;
-    out->dp_traffic = 2 * ring(4 * P, l.dp);
+    out->dp_traffic = 2 * ring(4 * P, l.dpcp());
     return;
   }
   if (zero == 1) {
@@ -67,7 +68,8 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
 CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, int pp_rank,
                      uint64_t param_buffer, int act_bytes) {
   const ParallelLayout& l = run.layout;
-  const double b = run.micro_batch, T = cfg.data.seq_len, C = shape.n_embd;
+  // T: this rank's tokens of each sequence (T / cp under context parallelism).
+  const double b = run.micro_batch, T = double(cfg.data.seq_len) / l.cp, C = shape.n_embd;
   const double m = run.n_micro;
   double L = 0;
   for (const LayerRange& r : run.stage_chunks[size_t(pp_rank)]) L += r.end - r.begin;
@@ -92,7 +94,18 @@ CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout
     const double per_layer = llama ? 2 * C : 4 * C, final_norm = llama ? C : 2 * C;
     out.tp += 4 * (L * per_layer + (last ? final_norm : 0)) * (cfg.parallel.zero >= 2 ? m : 1);
   }
-  if (l.dp > 1) dp_bytes(cfg, shape, run, pp_rank, param_buffer, act_bytes, &out);
+  if (l.dpcp() > 1) dp_bytes(cfg, shape, run, pp_rank, param_buffer, act_bytes, &out);
+  // cp, per micro-batch and layer (model/context_attention.hpp): blocks of this rank's K/V
+  // heads, b T 2 C_kv: the ring passes cp - 1 forward and 2 (cp - 1) backward, the all-gather
+  // hands MPI cp-block buffers twice (forward, backward's re-gather) and reduce-scatters one;
+  // a recompute reruns the forward's.
+  if (l.cp > 1) {
+    const double block = act_bytes * b * T * 2.0 * (shape.n_kv_head / l.tp) * shape.head_size();
+    const bool ring = cfg.parallel.cp_comm != "allgather";
+    const double fwd = ring ? l.cp - 1.0 : l.cp, bwd = ring ? 2.0 * (l.cp - 1) : 2.0 * l.cp;
+    const double rerun = cfg.train.recompute == "none" ? 0 : fwd;
+    out.cp = m * L * block * (fwd + bwd + rerun);
+  }
   // pp: each (micro-batch, chunk) sends its output forward and its input's gradient back, except
   // at the model's two ends; sequence parallelism sends this rank's rows only.
   if (l.pp > 1) {

@@ -11,6 +11,7 @@ namespace tessera {
 
 struct CommBytes {
   double tp = 0, dp = 0, pp = 0, embed = 0;  // payload bytes per step
+  double cp = 0;  // context parallelism's K/V blocks (ring or all-gather), payload per step
   // The data-parallel bytes each rank puts on the wire per step (ring algorithms): an
   // all-reduce 2 (n-1)/n of its payload, a reduce-scatter or all-gather (n-1)/n.
   double dp_traffic = 0;

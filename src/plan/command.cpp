@@ -75,8 +75,10 @@ std::string largest_term(const RankMemory& m) {
 
 std::string layout_text(const Config& c, const RunLayout& r) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "dp=%d tp=%d pp=%d v=%d mb=%d zero=%d recompute=%s sp=%d",
-                r.layout.dp, r.layout.tp, r.layout.pp, r.virtual_stages, r.micro_batch,
+  std::snprintf(buf, sizeof buf, "dp=%d%s tp=%d pp=%d v=%d mb=%d zero=%d recompute=%s sp=%d",
+                r.layout.dp,
+                r.layout.cp > 1 ? (" cp=" + std::to_string(r.layout.cp)).c_str() : "",
+                r.layout.tp, r.layout.pp, r.virtual_stages, r.micro_batch,
                 c.parallel.zero, c.train.recompute.c_str(),
                 int(c.parallel.sequence_parallel && r.layout.tp > 1));
   return buf;
@@ -134,7 +136,8 @@ Candidate plan(const Config& cfg, const ModelShape& shape, const ParallelLayout&
                 gb(c.need - machine.memory) + "; " + largest_term(w) + ")";
   if (!machine.gpu && c.refused.empty()) {
     // The ranks of one node share its host memory, as the trainer's node check counts them.
-    const double per_node = c.need * std::min<long>(node, long(layout.dp) * layout.tp * layout.pp);
+    const double per_node =
+        c.need * std::min<long>(node, long(layout.dp) * layout.cp * layout.tp * layout.pp);
     const double available = double(available_host_memory());
     if (per_node > available)
       c.refused = "a node's ranks need " + gb(per_node) + " of host memory, " + gb(available) +
@@ -153,7 +156,8 @@ std::string json_role(const RankMemory& m, const CommBytes& b) {
                 "\"arena_bytes\":%llu,"
                 "\"engine_host_bytes\":%llu,"
                 "\"loader_bytes\":%llu,\"checkpoint_copy_bytes\":%llu,\"tp_bytes_per_step\":%.0f,"
-                "\"dp_bytes_per_step\":%.0f,\"pp_bytes_per_step\":%.0f,\"embed_bytes_per_step\":%.0f}",
+                "\"dp_bytes_per_step\":%.0f,\"pp_bytes_per_step\":%.0f,\"embed_bytes_per_step\":%.0f,"
+                "\"cp_bytes_per_step\":%.0f}",
                 m.pp_rank, m.tp_rank, 4ull * m.param_elems, 4ull * m.param_elems,
                 (unsigned long long)m.moments, (unsigned long long)m.activations, m.in_flight,
                 (unsigned long long)m.params, (unsigned long long)m.grads,
@@ -161,7 +165,7 @@ std::string json_role(const RankMemory& m, const CommBytes& b) {
                 (unsigned long long)m.pipeline, (unsigned long long)m.other,
                 (unsigned long long)m.arena, (unsigned long long)m.engine_host,
                 (unsigned long long)m.loader, (unsigned long long)m.checkpoint, b.tp, b.dp, b.pp,
-                b.embed);
+                b.embed, b.cp);
   return buf;
 }
 
@@ -172,9 +176,10 @@ std::string json_time(const Candidate& c) {
                 "\"bubble\":%.6g,\"step_seconds\":%.6g,\"compute_seconds\":%.6g,\"tp_seconds\":%.6g,"
                 "\"pp_seconds\":%.6g,\"bubble_seconds\":%.6g,\"dp_seconds\":%.6g,"
                 "\"embed_seconds\":%.6g,\"optimizer_seconds\":%.6g,\"tokens_per_s\":%.6g,"
-                "\"mfu\":%.6g,\"model_flops_per_step\":%.6g,\"max_rank_bytes\":%.0f",
+                "\"mfu\":%.6g,\"model_flops_per_step\":%.6g,\"max_rank_bytes\":%.0f,"
+                "\"cp_seconds\":%.6g,\"attention_seconds\":%.6g",
                 pipeline_bubble(c.run), t.total, t.compute, t.tp, t.pp, t.bubble, t.dp, t.embed,
-                t.optimizer, t.tokens_per_s, t.mfu, t.model_flops, c.need);
+                t.optimizer, t.tokens_per_s, t.mfu, t.model_flops, c.need, t.cp, t.attention);
   return buf;
 }
 
@@ -198,8 +203,9 @@ void print_plan(const Candidate& c, const Machine& machine, long ranks) {
                             std::to_string(m.tp_rank) + "-" + std::to_string(c.roles[j].tp_rank));
     std::printf("  %s\n", line.c_str());
     const CommBytes& b = c.comm[i];
-    std::printf("    bytes per step: tp %s, dp %s, pp %s, embed %s\n", gb(b.tp).c_str(),
-                gb(b.dp).c_str(), gb(b.pp).c_str(), gb(b.embed).c_str());
+    std::printf("    bytes per step: tp %s, dp %s, pp %s, embed %s%s\n", gb(b.tp).c_str(),
+                gb(b.dp).c_str(), gb(b.pp).c_str(), gb(b.embed).c_str(),
+                b.cp > 0 ? (", cp " + gb(b.cp)).c_str() : "");
     i = j;
   }
   const StepTime& t = c.time;
@@ -207,6 +213,10 @@ void print_plan(const Candidate& c, const Machine& machine, long ranks) {
               "dp %.3g + embed %.3g + optimizer %.3g; %.4g tokens/s, MFU %.1f%%\n",
               pipeline_bubble(c.run), t.total, t.compute, t.tp, t.pp, t.bubble, t.dp, t.embed,
               t.optimizer, t.tokens_per_s, 100 * t.mfu);
+  if (c.run.layout.cp > 1)
+    std::printf("  context parallelism: cp %d, K/V by %s; attention %.4g s, exposed cp "
+                "communication %.3g s (in the step above)\n",
+                c.run.layout.cp, c.cfg.parallel.cp_comm.c_str(), t.attention, t.cp);
   if (!c.refused.empty()) std::printf("  does not fit: %s\n", c.refused.c_str());
 }
 
@@ -216,15 +226,16 @@ void print_plan(const Candidate& c, const Machine& machine, long ranks) {
 std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long ranks,
                               const Machine& machine) {
   std::vector<Candidate> out;
+  const int cp = std::max(1, deck.parallel.cp);  // the deck's context parallelism, kept
   for (int tp = 1; tp <= ranks; ++tp) {
-    if (ranks % tp) continue;
-    for (int pp = 1; pp <= ranks / tp; ++pp) {
-      if ((ranks / tp) % pp) continue;
-      const int dp = int(ranks / tp / pp);
+    if (ranks % (tp * cp)) continue;
+    for (int pp = 1; pp <= ranks / tp / cp; ++pp) {
+      if ((ranks / tp / cp) % pp) continue;
+      const int dp = int(ranks / tp / cp / pp);
       const int group = deck.parallel.zero_group > 0 && dp % deck.parallel.zero_group == 0
                             ? deck.parallel.zero_group
                             : 0;
-      const ParallelLayout layout{dp, tp, pp, group};
+      const ParallelLayout layout{dp, tp, pp, group, cp};
       Config base = deck;
       base.parallel.dp = dp;
       base.parallel.tp = tp;
@@ -341,9 +352,10 @@ int plan_command(const std::vector<std::string>& args) {
       std::string roles;
       for (size_t i = 0; i < c.roles.size(); ++i)
         roles += (i ? "," : "") + json_role(c.roles[i], c.comm[i]);
-      std::printf("{\"ranks\":%ld,\"machine\":\"%s\",\"dp\":%d,\"tp\":%d,\"pp\":%d,"
+      std::printf("{\"ranks\":%ld,\"machine\":\"%s\",\"dp\":%d,\"tp\":%d,\"pp\":%d,\"cp\":%d,"
                   "\"micro_batches\":%d,\"fits\":%s,%s,\"roles\":[%s]}\n",
-                  o.ranks, machine.name.c_str(), layout.dp, layout.tp, layout.pp, c.run.n_micro,
+                  o.ranks, machine.name.c_str(), layout.dp, layout.tp, layout.pp, layout.cp,
+                  c.run.n_micro,
                   c.refused.empty() ? "true" : "false", json_time(c).c_str(), roles.c_str());
     } else {
       if (!note.empty()) std::printf("note: %s\n", note.c_str());

@@ -74,7 +74,9 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const ParallelLayout& l = run.layout;
   const Costs c{machine, machine.peak(bf16), machine.compute(bf16)};
   const double a = bf16 ? 2 : 4;  // activation bytes
-  const double b = run.micro_batch, T = cfg.data.seq_len, C = shape.n_embd, n = b * T;
+  // n: this rank's rows of a micro-batch (T / cp tokens of each sequence under context
+  // parallelism, whose causal attention work is 1 / cp of the whole sequence's on every rank).
+  const double b = run.micro_batch, T = cfg.data.seq_len, C = shape.n_embd, n = b * T / l.cp;
   const double tp = l.tp, hs = shape.head_size(), nh = shape.n_head / tp;
   const double Q = nh * hs, QKV = (nh + 2.0 * shape.n_kv_head / tp) * hs;
   const double F = shape.ffn_hidden / tp, FH = shape.arch == Arch::Llama ? 2 * F : F;
@@ -82,7 +84,9 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const std::string& rc = cfg.train.recompute;
   // One layer, one micro-batch: forward and backward GEMMs.
   const double fwd_layer = c.gemm(n, QKV, C) + c.gemm(n, C, Q) + c.gemm(n, FH, C) + c.gemm(n, C, F);
-  const Attention att = attention_gemms(c, b, T, nh, shape.n_kv_head / tp, hs);
+  Attention att = attention_gemms(c, b, T, nh, shape.n_kv_head / tp, hs);
+  att.fwd /= l.cp;
+  att.bwd /= l.cp;
   const double layer_gemm = c.gemm_fwd_bwd(n, QKV, C) + c.gemm_fwd_bwd(n, C, Q) +
                             c.gemm_fwd_bwd(n, FH, C) + c.gemm_fwd_bwd(n, C, F) + att.fwd + att.bwd;
   // Streaming ops of a layer, forward bytes (the backward reads and writes about twice as much):
@@ -93,7 +97,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const double other = a * (2 * 2 * rows * C + 2 * 3 * rows * C + 2 * n * (QKV + C + FH));
   const double act = a * 2 * n * F, act_exps = n * F;
   const double soft = gemm_attention ? 3 * a * b * nh * T * T : 4 * a * n * QKV;
-  const double soft_exps = b * nh * T * (T + 1) / 2;
+  const double soft_exps = b * nh * T * (T + 1) / 2 / l.cp;
   const double layer_mem = c.stream(3 * other, 0) + c.stream(3 * act, 2 * act_exps) +
                            c.stream(3 * soft, (gemm_attention ? 1 : 2) * soft_exps);
   const double fwd_mem = c.stream(other, 0) + c.stream(act, act_exps) + c.stream(soft, soft_exps);
@@ -107,8 +111,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const double launches = kForwardKernels * (3 + (rc == "full" ? 1 : 0));
   const double per_layer =
       layer_gemm + layer_mem + recompute + (machine.measured ? 0 : launches * machine.kernel_overhead);
-  // Where a rank's peers are (plan/network.hpp): ranks are numbered tp fastest, then cp (1
-  // here), dp, pp.
+  // Where a rank's peers are (plan/network.hpp): ranks are numbered tp fastest, then cp, dp, pp.
   const Network net = machine.network();
   const Placement tp_group = place(net, l.tp, 1);
   const bool sp_on = cfg.parallel.sequence_parallel && l.tp > 1;
@@ -134,9 +137,24 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
                            : sp_on   ? ring_half(net, tp_group, tp_bytes, ops)
                                      : all_reduce(net, tp_group, tp_bytes, ops).seconds;
     // pp: a micro-batch's sends and receives, not overlapped with compute.
-    const double pp_time = l.pp > 1 ? send(net, l.tp * l.dp, bytes.pp / run.n_micro, 2) : 0;
-    const double mb = t + tp_time + pp_time;
+    const double pp_time =
+        l.pp > 1 ? send(net, l.tp * l.cp * l.dp, bytes.pp / run.n_micro, 2) : 0;
+    // cp: the ring's K/V transfers (to the next cp rank, tp apart) overlap the attention of the
+    // block in hand; what the attention (forward, backward, a rerun) does not cover is exposed,
+    // with each hop's latency. The all-gather's collectives wait before the attention: exposed
+    // whole.
+    const double att_time = layers * (att.fwd + att.bwd + (rc == "none" ? 0 : att.fwd));
+    const bool ring = cfg.parallel.cp_comm != "allgather";
+    const double hops = layers * (ring ? 3.0 * (l.cp - 1) : 3.0);
+    const double cp_payload = bytes.cp / run.n_micro * (ring ? 1.0 : (l.cp - 1.0) / l.cp);
+    const double cp_wire = send(net, l.tp, cp_payload, hops);
+    const double cp_latency = send(net, l.tp, 0, hops);
+    const double cp_time =
+        l.cp > 1 ? (ring ? std::max(cp_latency, cp_wire - att_time) : cp_wire) : 0;
+    const double mb = t + tp_time + pp_time + cp_time;
     if (mb > slowest) {
+      out.cp = cp_time * run.n_micro;
+      out.attention = att_time * run.n_micro;
       slowest = mb;
       slowest_bwd = 2.0 / 3.0 * t;
       slowest_comm = bytes;
@@ -154,14 +172,15 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   // next unit's gather while this one computes); ZeRO-2's gather after the update does not.
   const int zero = cfg.parallel.zero;
   // The shard group's reduce-scatters and all-gathers (n ranks, tp apart), the all-reduce over
-  // dp (no sharding) or across replicas (dp / n ranks, n tp apart).
+  // dp x cp (no sharding) or across replicas (dp x cp / n ranks, n tp apart): the gradients'
+  // group is dp x cp, cp ranks nearest.
   const int n_shard = zero >= 1 ? l.shard_size() : 1;
-  const int n_reduce = n_shard > 1 ? l.dp / n_shard : l.dp;
+  const int n_reduce = n_shard > 1 ? l.dpcp() / n_shard : l.dpcp();
   const double dp_time =
-      l.dp <= 1 ? 0
-                : ring_half(net, place(net, n_shard, l.tp), slowest_comm.dp_sharded) +
-                      all_reduce(net, place(net, n_reduce, l.tp * n_shard),
-                                 slowest_comm.dp_all_reduce).seconds;
+      l.dpcp() <= 1 ? 0
+                    : ring_half(net, place(net, n_shard, l.tp), slowest_comm.dp_sharded) +
+                          all_reduce(net, place(net, n_reduce, l.tp * n_shard),
+                                     slowest_comm.dp_all_reduce).seconds;
   if (!machine.gpu || zero == 1)
     out.dp = dp_time;
   else if (zero == 0)
@@ -169,7 +188,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   else
     out.dp = std::max(0.0, dp_time - out.compute);
   // The tied embedding's sum between the first and the last stage.
-  out.embed = all_reduce(net, place(net, 2, l.tp * l.dp * (l.pp - 1)), slowest_comm.embed).seconds;
+  out.embed = all_reduce(net, place(net, 2, l.tp * l.cp * l.dp * (l.pp - 1)), slowest_comm.embed).seconds;
   // AdamW: parameter, gradient, two moments read, three written (fp32), over this rank's shard;
   // zeroing the gradients and the norm's read over the whole buffer.
   // On `cpu` each pass at its measured rate: dp rank 0 sums the norm over the shard, clipping
@@ -180,7 +199,8 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   out.optimizer = machine.measured
                       ? shard * (o.adamw + o.norm + o.scale) + double(param_buffer) * o.zero
                       : c.bytes(28 * shard + (bf16 ? 2 * shard : 0) + 8.0 * double(param_buffer));
-  out.total = out.compute + out.tp + out.pp + out.bubble + out.dp + out.embed + out.optimizer;
+  out.total = out.compute + out.tp + out.pp + out.cp + out.bubble + out.dp + out.embed +
+              out.optimizer;
   // Model FLOPs: FORMULAS.md's 6 N_matmul + 12 L C T per token (attention not halved for causal).
   const double Cq = shape.n_head * hs, Ckv = 2.0 * shape.n_kv_head * hs;
   const double per_layer_params = C * (Cq + Ckv) + Cq * C +
@@ -189,7 +209,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const double tokens = double(cfg.train.batch_size) * T;
   out.model_flops = tokens * (6 * n_matmul + 12.0 * shape.n_layer * C * T);
   out.tokens_per_s = tokens / out.total;
-  out.mfu = out.model_flops / out.total / (double(l.dp) * l.tp * l.pp * c.peak);
+  out.mfu = out.model_flops / out.total / (double(l.dp) * l.cp * l.tp * l.pp * c.peak);
   return out;
 }
 

@@ -18,11 +18,13 @@ struct StepTime {
   double bubble = 0;    // the pipeline's fill and drain
   double dp = 0;        // the exposed data-parallel reduction (and ZeRO-1's all-gather)
   double embed = 0;     // the tied embedding's gradient sum
+  double cp = 0;        // context parallelism's K/V transfers the attention does not hide
   double optimizer = 0; // AdamW over the largest tile
   double total = 0;
   double tokens_per_s = 0;
   double model_flops = 0;  // per step, FORMULAS.md: 6 N_matmul + 12 L C T per token
   double mfu = 0;          // model FLOP/s over (ranks x peak)
+  double attention = 0;    // the slowest stage's attention (cp: this rank's blocks), all micro-batches
 };
 
 // param_buffer: the gradient buffer's elements on the largest tile (DistributedOptimizer).

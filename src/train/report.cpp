@@ -182,7 +182,10 @@ void Run::log_ranks() {
                          run_sum_ > 0 ? wait_sum_ / run_sum_ : 0.0, double(run_.n_micro),
                          double(f.params), double(f.grads), double(f.optimizer),
                          double(f.transient), double(f.arena), double(f.pipeline),
-                         dp_wait_sum_ / double(std::max(1L, measured_steps_ - 1))};
+                         dp_wait_sum_ / double(std::max(1L, measured_steps_ - 1)),
+                         double(me_.cp_rank), step_bytes_[4] / n,
+                         cp_wait_sum_ / double(std::max(1L, measured_steps_ - 1)),
+                         cp_attention_sum_ / double(std::max(1L, measured_steps_ - 1))};
   constexpr int kStats = sizeof(mine) / sizeof(mine[0]);
   std::vector<double> all(size_t(kStats) * world_size_);
   MPI_Gather(mine, kStats, MPI_DOUBLE, all.data(), kStats, MPI_DOUBLE, 0, world_comm_);
@@ -191,7 +194,9 @@ void Run::log_ranks() {
                                "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step",
                                "pipeline_bubble", "micro_batches", "param_buffer_bytes",
                                "grad_buffer_bytes", "optimizer_buffer_bytes", "transient_bytes",
-                               "arena_bytes", "pipeline_buffer_bytes", "dp_wait_s_per_step"};
+                               "arena_bytes", "pipeline_buffer_bytes", "dp_wait_s_per_step",
+                               "cp_rank", "cp_bytes_per_step", "cp_wait_s_per_step",
+                               "cp_attention_s_per_step"};
   for (int r = 0; r < world_size_; ++r) {
     std::string line = "{\"type\":\"rank\",\"rank\":" + std::to_string(r);
     for (int k = 0; k < kStats; ++k)

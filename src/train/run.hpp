@@ -154,7 +154,8 @@ class Run {
   double last_write_seconds_ = 0;
 
   // The step loop's own.
-  double step_bytes_[4] = {}, wait_sum_ = 0, run_sum_ = 0, dp_wait_sum_ = 0;
+  double step_bytes_[5] = {}, wait_sum_ = 0, run_sum_ = 0, dp_wait_sum_ = 0;
+  double cp_wait_sum_ = 0, cp_attention_sum_ = 0;  // context parallelism, measured steps
   long measured_steps_ = 0;
   double last_step_seconds_ = 0, last_save_seconds_ = 0;
   std::string trace_failure_;

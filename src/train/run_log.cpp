@@ -38,8 +38,8 @@ std::string clock_time(double seconds) {
 std::string json_number(const char* f, double v) { return std::isfinite(v) ? fmt(f, v) : "null"; }
 
 std::string layout_name(const ParallelLayout& l) {
-  return "dp=" + std::to_string(l.dp) + ",tp=" + std::to_string(l.tp) +
-         ",pp=" + std::to_string(l.pp);
+  return "dp=" + std::to_string(l.dp) + (l.cp > 1 ? ",cp=" + std::to_string(l.cp) : "") +
+         ",tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp);
 }
 
 }  // namespace tessera

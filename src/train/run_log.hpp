@@ -38,7 +38,8 @@ std::string fmt(const char* f, double v);
 std::string clock_time(double seconds);
 // A number in metrics.jsonl: JSON has no NaN or infinity, so a loss that blew up is null.
 std::string json_number(const char* f, double v);
-// "dp=2,tp=2,pp=2": the layout as the log and a checkpoint's saved_layout name it.
+// "dp=2,tp=2,pp=2" ("dp=2,cp=2,tp=2,pp=2" with cp > 1): the layout as the log and a
+// checkpoint's saved_layout name it.
 std::string layout_name(const ParallelLayout& l);
 
 }  // namespace tessera

@@ -124,6 +124,9 @@ void Run::lay_out() {
     throw UserError(cfg_.deck_path + ": " + e);
   if (std::string e = make_run_layout(cfg_, shape_, layout, &run_); !e.empty())
     throw UserError(cfg_.deck_path + ": " + e);
+  if (layout.cp > 1 && backend_.cuda)
+    throw UserError(cfg_.deck_path + ": parallel.cp = " + std::to_string(layout.cp) +
+                    " runs on device.backend: cpu for now (the CUDA ring attention is not built)");
   topo_ = std::make_unique<Topology>(world_comm_, layout);
   me_ = topo_->coord();
   world_ = std::make_unique<Comm>(world_comm_);
@@ -200,18 +203,23 @@ void Run::find_checkpoints() {
 void Run::declare_engine() {
   EngineSetup setup = engine_setup(cfg_, run_, tile_, me_.pp_rank);
   setup.tp = topo_->comm(CommName::tp);
-  setup.dp = topo_->comm(CommName::dp);
+  // The gradients reduce (and ZeRO shards) over the ranks holding the same parameters: dp x cp.
+  setup.dp = topo_->comm(CommName::dpcp);
   setup.pp = topo_->comm(CommName::pp);
   setup.embed = topo_->comm(CommName::embed);
-  if (run_.layout.shard_size() < run_.layout.dp) {  // hybrid sharding: groups within dp
+  if (run_.layout.cp > 1) {
+    setup.cp = topo_->comm(CommName::cp);
+    setup.cp_rank = me_.cp_rank;
+  }
+  if (run_.layout.shard_size() < run_.layout.dpcp()) {  // hybrid sharding: groups within dp x cp
     setup.shard = topo_->comm(CommName::shard);
     setup.replica = topo_->comm(CommName::replica);
   }
   setup.world = world_.get();
   const bool bf16 = cfg_.device.precision == "bf16";
   engine_ = make_engine(setup, backend_.cuda, bf16, /*allocate=*/false);
-  planned_ = rank_memory(cfg_, shape_, run_, me_.dp_rank, me_.tp_rank, me_.pp_rank, backend_.cuda,
-                         bf16);
+  planned_ = rank_memory(cfg_, shape_, run_, me_.dpcp_rank(run_.layout), me_.tp_rank, me_.pp_rank,
+                         backend_.cuda, bf16);
   if (planned_.engine_host != engine_->host_bytes() ||
       planned_.activations != engine_->activation_bytes())
     throw std::logic_error("tessera plan's count of this rank differs from its engine's");

@@ -175,9 +175,10 @@ void Run::read_step() {
 // the engine's backend (engine/engine.hpp). The anomaly policy judges the loss and the norm
 // before the update: every rank the same reduced numbers, and a MAX to be sure.
 void Run::take_step(double* loss, double* norm, std::string* anomaly) {
-  double bytes_before[4];
-  for (int c = 0; c < 4; ++c) bytes_before[c] = engine_->payload_bytes(c);
+  double bytes_before[5];
+  for (int c = 0; c < 5; ++c) bytes_before[c] = engine_->payload_bytes(c);
   const double dp_wait_before = engine_->dp_wait_seconds();
+  const double cp_before[2] = {engine_->cp_wait_seconds(), engine_->cp_attention_seconds()};
   state_.lr = schedule_lr_.at(state_.step);
   float step_dloss = dloss_;
   if (state_.step + 1 == test_nan_step_) step_dloss = NAN, test_nan_step_ = -1;
@@ -185,7 +186,7 @@ void Run::take_step(double* loss, double* norm, std::string* anomaly) {
   auto check = [&](double stage_loss, double step_norm) {
     *loss = speaks_loss_ ? stage_loss : 0;
     world_->all_reduce_sum(loss, 1);
-    *loss /= double(run_.n_micro) * run_.layout.dp;
+    *loss /= double(run_.n_micro) * run_.layout.dpcp();  // each cp rank: its chunks' mean
     *anomaly = detector_.judge(*loss, step_norm);
     int bad = !anomaly->empty();
     world_->all_reduce_max(&bad, 1);
@@ -195,11 +196,13 @@ void Run::take_step(double* loss, double* norm, std::string* anomaly) {
   const TrainEngine::StepResult result = engine_->train_step(
       views_, step_dloss, cfg_.optim.grad_clip, state_.lr, state_.step + 1, check);
   *norm = result.norm;
-  for (int c = 0; c < 4; ++c) step_bytes_[c] += engine_->payload_bytes(c) - bytes_before[c];
+  for (int c = 0; c < 5; ++c) step_bytes_[c] += engine_->payload_bytes(c) - bytes_before[c];
   if (measured_steps_++ > 0) {  // the first step warms up
     wait_sum_ += engine_->wait_seconds();
     run_sum_ += engine_->run_seconds();
     dp_wait_sum_ += engine_->dp_wait_seconds() - dp_wait_before;
+    cp_wait_sum_ += engine_->cp_wait_seconds() - cp_before[0];
+    cp_attention_sum_ += engine_->cp_attention_seconds() - cp_before[1];
   }
 }
 
@@ -296,7 +299,7 @@ void Run::evaluate() {
   double sum = engine_->eval_loss_sum(*val_data_, vocab_, share * uint64_t(me_.dp_rank), share);
   if (!speaks_loss_) sum = 0;
   world_->all_reduce_sum(&sum, 1);
-  const double loss = sum / double(total / uint64_t(run_.micro_batch));
+  const double loss = sum / (double(total / uint64_t(run_.micro_batch)) * run_.layout.cp);
   // Bits per byte: the windows' summed loss over the bytes of text their targets spell, so runs
   // with different tokenizers compare.
   const double bytes = val_bytes(total);

@@ -84,6 +84,30 @@ template <typename F>
 void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
                               int B, int T, int NH, int NKV, int hs);
 
+// Context parallelism (model/context_attention.hpp): one block of causal attention, the queries
+// of a chunk of `rows` positions against the keys and values of another chunk of as many, for
+// every (b, head). q and dq are in qkv's layout (row stride ldq, batch stride bq), out and dout
+// (ldo, bo), the block's keys and values rows of [k heads | v heads] (ldkv, bkv); lse and delta
+// are (B, NH, t_lse), pointed at the query chunk's first row. diagonal: the chunks are the same
+// positions (key j visible to query i iff j <= i); otherwise every key is visible (the caller
+// skips blocks wholly above the diagonal).
+struct AttentionBlock {
+  int B, rows, NH, NKV, hs, ldq, ldo, ldkv, t_lse;
+  size_t bq, bo, bkv;
+  bool diagonal;
+};
+// Merges the block into out and lse by log-sum-exp (start them at 0 and -inf).
+template <typename F>
+void attention_block_forward(F* out, F* lse, const F* q, const F* kv, const AttentionBlock& s);
+// delta (B,NH,T) = Σ_c dout ∘ out per query head, rows of stride ldo (the backward's D).
+template <typename F>
+void attention_delta(F* delta, const F* dout, const F* out, int B, int T, int NH, int hs, int ldo);
+// Accumulates dq and the block's dk, dv (in dkv, kv's layout) from dout, with the final lse and
+// delta: P = exp(s - lse), dS = P ∘ (dout·vᵀ - delta).
+template <typename F>
+void attention_block_backward(F* dq, F* dkv, const F* dout, const F* delta, const F* q,
+                              const F* kv, const F* lse, const AttentionBlock& s);
+
 // Rotary position embeddings, the HF LLaMA convention (rotate_half): the table cs (T, hs/2, 2)
 // holds cs[t][i] = (cos, sin)(t * theta^(-2i/hs)), computed in double and stored as float, on the
 // host (hs even).
