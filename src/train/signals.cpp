@@ -14,8 +14,8 @@ volatile std::sig_atomic_t g_speaker = 0;
 // Said at once (write(2) is async-signal-safe): a second Ctrl-C makes MPICH's mpiexec kill the
 // ranks before the stop's own line, and the user must still learn what the first one did.
 constexpr char kSigintLine[] =
-    "stop: SIGINT received: the job stops at the next step boundary with a checkpoint, exit 130 "
-    "(a second Ctrl-C makes mpiexec kill it without one)\n";
+    "stop: SIGINT received: stopping, exit 130 (once training has started, at the next step "
+    "boundary with a checkpoint; a second Ctrl-C makes mpiexec kill the job without one)\n";
 
 extern "C" void record_signal(int signal) {
   if (g_signal != 0) return;  // a second signal changes nothing: one stop is enough

@@ -133,7 +133,7 @@ signal INT twice mpiexec
 sleep 0.05
 signal INT twice mpiexec
 if timeout 60 bash -c "while [ ! -f '$WORK/twice.rc' ]; do sleep 0.1; done" &&
-   grep -q "^stop: SIGINT received: the job stops at the next step boundary with a checkpoint, exit 130 (a second Ctrl-C makes mpiexec kill it without one)$" twice.log; then
+   grep -q "^stop: SIGINT received: stopping, exit 130 (once training has started, at the next step boundary with a checkpoint; a second Ctrl-C makes mpiexec kill the job without one)$" twice.log; then
   pass "SIGINT twice to mpiexec: ended (exit $(cat twice.rc)), the stop line said: $(grep '^stop: SIGINT' twice.log | head -1)"
 else
   fail "SIGINT twice to mpiexec: no stop line"; head -5 twice.log
