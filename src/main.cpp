@@ -231,6 +231,7 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (training) tessera::speak_on_sigint(rank == 0);
   int status = 0;
   std::string message;
   bool failed = false, every_rank = false;

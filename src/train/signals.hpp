@@ -11,4 +11,7 @@ void install_stop_handlers();
 // The signal number received so far, or 0.
 int stop_signal();
 
+// Whether this rank (world rank 0) says on stderr, the moment a SIGINT comes, what it will do.
+void speak_on_sigint(bool speaker);
+
 }  // namespace tessera

@@ -125,6 +125,20 @@ if wait_for "$WORK/kill/checkpoints/step_00000002.h5" 60 &&
 else
   fail "never saw a checkpoint being written"; kill "$job"
 fi
+# 5. Ctrl-C twice to mpiexec: the second makes MPICH's launcher kill the ranks before the stop's
+# own line; rank 0 said what the first one does the moment it came, first on stderr.
+launch twice 100000
+wait_for_line "$WORK/twice.log" '^step ' 60
+signal INT twice mpiexec
+sleep 0.05
+signal INT twice mpiexec
+if timeout 60 bash -c "while [ ! -f '$WORK/twice.rc' ]; do sleep 0.1; done" &&
+   grep -q "^stop: SIGINT received: stopping, exit 130 (once training has started, at the next step boundary with a checkpoint; a second Ctrl-C makes mpiexec kill the job without one)$" twice.log; then
+  pass "SIGINT twice to mpiexec: ended (exit $(cat twice.rc)), the stop line said: $(grep '^stop: SIGINT' twice.log | head -1)"
+else
+  fail "SIGINT twice to mpiexec: no stop line"; head -5 twice.log
+fi
+
 pkill -KILL -f "$TESSERA train .*run.dir=$WORK/" 2>/dev/null
 wait
 finish
