@@ -35,7 +35,9 @@ void Run::announce_model() {
   std::string sharding;
   if (zero > 0)
     sharding = ", ZeRO-" + std::to_string(zero) +
-               (group < layout.dp ? " in groups of " + std::to_string(group) + " dp ranks" : "");
+               (group < layout.dpcp() ? " in groups of " + std::to_string(group) +
+                                            (layout.cp > 1 ? " dp x cp ranks" : " dp ranks")
+                                      : "");
   log_->say("layout: %s on %d ranks, %s schedule%s, %d micro-batches of %d per dp rank%s",
             layout_name(layout).c_str(), world_size_, cfg_.parallel.schedule.c_str(),
             v > 1 ? (" interleaved over " + std::to_string(v) + " virtual stages").c_str() : "",

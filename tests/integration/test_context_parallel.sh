@@ -84,6 +84,8 @@ done
 # ZeRO-3 shards over the dp x cp group (4 ranks holding the same parameters); sequence
 # parallelism and full recompute (the ring rerun in the backward) inside a (cp2, tp2) tile.
 layout ref dp2_cp2_zero3 2 2 1 1 parallel.zero=3 train.recompute=selective
+# Hybrid sharding: ZeRO-2 in groups of 2 of the dp x cp ranks (the two cp ranks of a dp rank).
+layout ref dp2_cp2_hsdp 2 2 1 1 parallel.zero=2 parallel.zero_group=2
 layout ref cp2_tp2_sp 1 2 2 1 parallel.sequence_parallel=true train.recompute=full
 
 # `tessera plan` of each run's deck counts its memory and its bytes on every communicator, cp's
@@ -98,7 +100,8 @@ gpus_per_node: 64
 intra_node_gbs: 10
 inter_node_gbs: 10
 YAML
-for c in "cp4 4" "cp2_allgather 2" "dp2_cp2_tp2 8" "dp2_cp2_zero3 4" "cp2_tp2_sp 4" "llama_cp4 4"; do
+for c in "cp4 4" "cp2_allgather 2" "dp2_cp2_tp2 8" "dp2_cp2_zero3 4" "dp2_cp2_hsdp 4" "cp2_tp2_sp 4" \
+         "llama_cp4 4"; do
   set -- $c
   if "$TESSERA" plan "$WORK/$1/deck.yaml" --ranks "$2" --machine-file host.yaml --json \
        >"$1.plan.json" 2>>"$1.log" &&
