@@ -202,13 +202,7 @@ class DiskWatch {
       if (!full) full_since = Clock::now();
       full = true;
       if (Clock::now() - full_since < std::chrono::duration<double>(kAgreeSeconds)) continue;
-      std::string text = line_();
-      for (char& c : text)
-        if (c == '\n' || c == '\r') c = ' ';
-      std::fprintf(stderr, "%s\n", text.c_str());
-      std::fflush(stderr);
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-      MPI_Abort(MPI_COMM_WORLD, kExitIO);
+      abort_with_line(line_(), kExitIO);
     }
   }
 

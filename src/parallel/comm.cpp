@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -307,6 +308,23 @@ std::string agree_on_failure(MPI_Comm comm, const std::string& failure) {
   return agree_on_failure(comm, failure, [](const std::string& why) { return why; }, 1);
 }
 
+void abort_with_line(std::string text, int status) {
+  static std::atomic<bool> said{false};
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::this_thread::sleep_for(std::chrono::duration<double>(1.5 * std::min(world_rank, 4)));
+  if (!said.exchange(true)) {
+    for (char& c : text)
+      if (c == '\n' || c == '\r') c = ' ';
+    std::fprintf(stderr, "%s\n", text.c_str());
+    std::fflush(stderr);
+  }
+  // The launcher forwards output through a pipe: give it a moment before the job dies.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  MPI_Abort(MPI_COMM_WORLD, status);
+  std::abort();  // not reached: MPI_Abort does not return
+}
+
 std::string agree_on_failure(MPI_Comm comm, const std::string& failure,
                              const std::function<std::string(const std::string&)>& line,
                              int status, double seconds) {
@@ -329,16 +347,8 @@ std::string agree_on_failure(MPI_Comm comm, const std::string& failure,
   for (long polls = 0; !done; ++polls) {
     MPI_Test(&request, &done, MPI_STATUS_IGNORE);
     if (done) break;
-    if (!failure.empty() && std::chrono::steady_clock::now() > deadline) {
-      std::string text = line(failure);
-      for (char& c : text)
-        if (c == '\n' || c == '\r') c = ' ';
-      std::fprintf(stderr, "rank %d: %s\n", rank, text.c_str());
-      std::fflush(stderr);
-      // The launcher forwards output through a pipe: give it a moment before the job dies.
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-      MPI_Abort(MPI_COMM_WORLD, status);
-    }
+    if (!failure.empty() && std::chrono::steady_clock::now() > deadline)
+      abort_with_line("rank " + std::to_string(rank) + ": " + line(failure), status);
     // Polled as a blocking call would at first (an agreement at every step boundary), then
     // without holding a core.
     if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));

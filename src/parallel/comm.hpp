@@ -136,6 +136,11 @@ class Comm {
 // and ends the job with MPI_Abort(status), so that no job waits for ever on a rank that gave up.
 // Ranks without a failure wait as long as it takes (they would be waited for in turn).
 constexpr double kAgreeSeconds = 10.0;
+// Ends the job from this rank with one line on stderr (MPI_Abort(status)). Of the ranks that give
+// up at the same moment (a full disk fails them all) one line is printed: world rank w first
+// waits min(w, 4) x 1.5 s, so the lowest one's abort ends the others before they print; of two
+// threads of a rank, the first prints.
+[[noreturn]] void abort_with_line(std::string text, int status);
 std::string agree_on_failure(MPI_Comm comm, const std::string& failure);
 std::string agree_on_failure(MPI_Comm comm, const std::string& failure,
                              const std::function<std::string(const std::string&)>& line,

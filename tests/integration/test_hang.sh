@@ -43,7 +43,7 @@ else
   fail "hang reports"; ls stall/hang; head -8 stall/hang/rank_*.txt
 fi
 # ZeRO-3 on dp = 4: rank 2 stalls at step 3 while the others wait for its part of a layer's
-# parameters (a gather of the shard group, named dp); the job ends within the timeout naming it,
+# parameters (a gather of the shard group, named dpcp: the gradients' group dp x cp); the job ends within the timeout naming it,
 # and the last checkpoint (step 2, written as every rank's parts) is whole.
 TESSERA_TEST_STALL=2:3 timeout 120 $MPIEXEC -n 4 "$TESSERA" train "$deck" train.steps=6 eval.every=0 \
   eval.batches=1 log.every=1 parallel.dp=4 parallel.zero=3 train.micro_batch=1 checkpoint.every=2 \
@@ -51,7 +51,7 @@ TESSERA_TEST_STALL=2:3 timeout 120 $MPIEXEC -n 4 "$TESSERA" train "$deck" train.
 rc=$?
 line=$(grep "^hang: " zero3.err)
 if [ "$rc" -eq 5 ] &&
-   echo "$line" | grep -Eq "^hang: no progress for [0-9]+ s \(run\.hang_timeout\): rank 2 is behind at step 3 .*; ranks 0, 1, 3 wait in dp [a-z_]+" &&
+   echo "$line" | grep -Eq "^hang: no progress for [0-9]+ s \(run\.hang_timeout\): rank 2 is behind at step 3 .*; ranks 0, 1, 3 wait in dpcp [a-z_]+" &&
    verify=$("$TESSERA" ckpt verify "$WORK/zero3/checkpoints/step_00000002.h5" 2>&1); then
   pass "ZeRO-3, stalled rank 2: exit 5: $line; the step-2 checkpoint: $(echo "$verify" | tail -1)"
 else
