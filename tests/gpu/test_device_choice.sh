@@ -75,7 +75,7 @@ if [ -n "${TESSERA_EMU:-}" ]; then
   rc=$?
   took=$(( $(date +%s) - start ))
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ "$took" -lt 30 ] &&
-     grep -Eq '^rank 1: rank 1, GPU 1: NCCL communicator dp \(2 ranks, last call nccl [a-z_]+\) failed: remote process exited or there was a network error' err.txt; then
+     grep -Eq '^rank 1: rank 1, GPU 1: NCCL communicator dpcp \(2 ranks, last call nccl [a-z_]+\) failed: remote process exited or there was a network error' err.txt; then
     pass "NCCL's lost peer ended the job in ${took} s (exit $rc): $(grep 'NCCL communicator' err.txt)"
   else
     fail "NCCL's lost peer: exit $rc after ${took} s"; sed 's/^/    err: /' err.txt | head -5
