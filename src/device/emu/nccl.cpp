@@ -129,10 +129,14 @@ ncclResult_t check(const char* call, ncclComm_t comm, ncclDataType_t t,
 // Where a call's result lands: it is computed now, into a staging copy (the ranks meet in their
 // calls in program order), and lands in `dst` when the stream gets there (at once with sync
 // streams): work that no event orders after the call reads the old values in some drains.
+using Staged = std::shared_ptr<std::vector<unsigned char>>;
+void land_later(cudaStream_t stream, void* dst, Staged staged) {
+  enqueue(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+}
 void land(cudaStream_t stream, void* dst, size_t bytes, const std::function<void(void*)>& fill) {
   auto staged = std::make_shared<std::vector<unsigned char>>(bytes);
   fill(staged->data());
-  enqueue(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+  land_later(stream, dst, staged);
 }
 
 ncclResult_t collective_in_group(const char* call) {
@@ -338,10 +342,7 @@ ncclResult_t ncclGroupEnd() {
   }
   MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
   for (const Pending& p : g_pending)  // each receive lands when its stream gets there
-    if (!p.send)
-      enqueue(p.stream, [dst = p.buffer, staged = p.staged] {
-        std::memcpy(dst, staged->data(), staged->size());
-      });
+    if (!p.send) land_later(p.stream, p.buffer, p.staged);
   g_pending.clear();
   return ncclSuccess;
 }

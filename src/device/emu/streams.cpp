@@ -35,7 +35,7 @@ struct Mark {
 
 struct Mode {
   bool async = false;
-  std::mt19937_64 rng;
+  uint64_t seed = 1;
 };
 const Mode& mode() {
   static const Mode m = [] {
@@ -43,16 +43,14 @@ const Mode& mode() {
     const char* s = std::getenv("TESSERA_EMU_STREAMS");
     const std::string v = s ? s : "sync";
     if (v == "sync") return m;
-    uint64_t seed = 1;
     bool ok = v == "async";
     if (v.rfind("async:", 0) == 0 && v.size() > 6) {
       char* end = nullptr;
-      seed = std::strtoull(v.c_str() + 6, &end, 10);
+      m.seed = std::strtoull(v.c_str() + 6, &end, 10);
       ok = *end == '\0';
     }
     if (!ok) fault("TESSERA_EMU_STREAMS=" + v + ": expected sync, async or async:SEED");
     m.async = true;
-    m.rng.seed(seed);
     return m;
   }();
   return m;
@@ -66,8 +64,12 @@ const void* key(cudaStream_t s) {
 std::recursive_mutex g_mutex;  // work may queue more work (a kernel never does; a flush may)
 std::map<const void*, Queue> g_queues;
 std::map<const void*, Mark> g_marks;
-std::mt19937_64 g_rng;
-bool g_seeded = false;
+
+// The drains' draws, one sequence for the process.
+std::mt19937_64& rng() {
+  static std::mt19937_64 r(mode().seed);
+  return r;
+}
 
 bool ready(const Item& item) {
   if (!item.after) return true;
@@ -96,8 +98,6 @@ void run_until(const void* s, uint64_t upto) {
 
 }  // namespace
 
-bool async_streams() { return mode().async; }
-
 void enqueue(cudaStream_t stream, std::function<void()> work) {
   if (!mode().async) {
     work();
@@ -112,7 +112,6 @@ void enqueue(cudaStream_t stream, std::function<void()> work) {
 void drain() {
   if (!mode().async) return;
   std::lock_guard<std::recursive_mutex> lock(g_mutex);
-  if (!g_seeded) g_rng = mode().rng, g_seeded = true;
   std::vector<const void*> runnable;
   for (;;) {
     runnable.clear();
@@ -125,7 +124,7 @@ void drain() {
     if (!pending) return;
     // Edges point at work queued before them, so some stream can always go on.
     if (runnable.empty()) fault("streams wait for each other in a cycle");
-    run_head(runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(g_rng)]);
+    run_head(runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(rng())]);
   }
 }
 

@@ -19,7 +19,6 @@
 
 namespace tessera::emu {
 
-bool async_streams();
 // Queues `work` on the stream (async), or runs it now (sync).
 void enqueue(cudaStream_t stream, std::function<void()> work);
 // Every stream's queued work, run in the mode's order.
