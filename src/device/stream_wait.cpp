@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <string>
 #include <thread>
 
 #include "common/error.hpp"

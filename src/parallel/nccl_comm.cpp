@@ -104,8 +104,7 @@ template <typename T>
 void NcclComm::all_reduce_sum(T* x, size_t n) {
   if (!active() || n == 0) return;
   enter();
-  const trace::Scope call(name_of(mpi_).c_str(), "nccl all_reduce_sum", n * sizeof(T));
-  last_call_ = "nccl all_reduce_sum";
+  const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl all_reduce_sum", n * sizeof(T));
   NCCL_CHECK(ncclAllReduce(x, x, n, nccl_type<T>(), ncclSum, comm_, stream_));
   leave();
   payload_bytes += n * sizeof(T);
@@ -114,8 +113,8 @@ void NcclComm::all_reduce_sum(T* x, size_t n) {
 void NcclComm::start_all_reduce_sum(float* x, size_t n) {
   if (!active() || n == 0) return;
   enter();
-  const trace::Scope call(name_of(mpi_).c_str(), "nccl start_all_reduce_sum", n * sizeof(float));
-  last_call_ = "nccl start_all_reduce_sum";
+  const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl start_all_reduce_sum",
+                          n * sizeof(float));
   NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclSum, comm_, stream_));
   payload_bytes += n * sizeof(float);
 }
@@ -127,8 +126,8 @@ void NcclComm::wait_reductions() {
 void NcclComm::all_reduce_max(float* x, size_t n) {
   if (!active() || n == 0) return;
   enter();
-  const trace::Scope call(name_of(mpi_).c_str(), "nccl all_reduce_max", n * sizeof(float));
-  last_call_ = "nccl all_reduce_max";
+  const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl all_reduce_max",
+                          n * sizeof(float));
   NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclMax, comm_, stream_));
   leave();
   payload_bytes += n * sizeof(float);
@@ -143,8 +142,8 @@ void NcclComm::reduce_scatter_sum(const T* send, T* recv, size_t count) {
     return;
   }
   enter();
-  const trace::Scope call(name_of(mpi_).c_str(), "nccl reduce_scatter_sum", size_t(size_) * count * sizeof(T));
-  last_call_ = "nccl reduce_scatter_sum";
+  const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl reduce_scatter_sum",
+                          size_t(size_) * count * sizeof(T));
   NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type<T>(), ncclSum, comm_, stream_));
   leave();
   payload_bytes += size_t(size_) * count * sizeof(T);
@@ -159,8 +158,8 @@ void NcclComm::all_gather(const T* send, T* recv, size_t count) {
     return;
   }
   enter();
-  const trace::Scope call(name_of(mpi_).c_str(), "nccl all_gather", size_t(size_) * count * sizeof(T));
-  last_call_ = "nccl all_gather";
+  const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl all_gather",
+                          size_t(size_) * count * sizeof(T));
   NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type<T>(), comm_, stream_));
   leave();
   payload_bytes += size_t(size_) * count * sizeof(T);
@@ -187,9 +186,8 @@ int NcclComm::start_all_gather(const T* send, T* recv, size_t count) {
     return -1;
   }
   enter();
-  const trace::Scope call(name_of(mpi_).c_str(), "nccl start_all_gather",
+  const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl start_all_gather",
                           size_t(size_) * count * sizeof(T));
-  last_call_ = "nccl start_all_gather";
   NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type<T>(), comm_, stream_));
   payload_bytes += size_t(size_) * count * sizeof(T);
   return ticket();
@@ -203,9 +201,8 @@ int NcclComm::start_reduce_scatter_sum(const T* send, T* recv, size_t count) {
     return -1;
   }
   enter();
-  const trace::Scope call(name_of(mpi_).c_str(), "nccl start_reduce_scatter_sum",
+  const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl start_reduce_scatter_sum",
                           size_t(size_) * count * sizeof(T));
-  last_call_ = "nccl start_reduce_scatter_sum";
   NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type<T>(), ncclSum, comm_, stream_));
   payload_bytes += size_t(size_) * count * sizeof(T);
   return ticket();
@@ -229,8 +226,7 @@ void NcclComm::group_end() {
 template <typename T>
 void NcclComm::send(const T* x, size_t n, int peer, int) {
   if (n == 0) return;
-  const trace::Scope call(name_of(mpi_).c_str(), "nccl send", n * sizeof(T), peer);
-  last_call_ = "nccl send";
+  const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl send", n * sizeof(T), peer);
   NCCL_CHECK(ncclSend(x, n, nccl_type<T>(), peer, comm_, stream_));
   payload_bytes += n * sizeof(T);
 }
@@ -238,8 +234,7 @@ void NcclComm::send(const T* x, size_t n, int peer, int) {
 template <typename T>
 void NcclComm::recv(T* x, size_t n, int peer, int) {
   if (n == 0) return;
-  const trace::Scope call(name_of(mpi_).c_str(), "nccl recv", n * sizeof(T), peer);
-  last_call_ = "nccl recv";
+  const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl recv", n * sizeof(T), peer);
   NCCL_CHECK(ncclRecv(x, n, nccl_type<T>(), peer, comm_, stream_));
 }
 
