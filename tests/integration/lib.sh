@@ -84,6 +84,34 @@ DECK
 # expect_error NAME CODE PATTERN CMD...: CMD exits CODE, prints exactly one line on stderr that
 # matches the extended regex PATTERN, and nothing on stdout (unless ALLOW_STDOUT=1: errors found
 # once training has started follow the start-up log).
+# NAME against the run REF, both in $WORK with their step-10 checkpoints and NAME.log, within the
+# suite's tolerances (compare_runs.py).
+compare_to() {  # compare_to REF NAME
+  local out
+  if out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/$1/metrics.jsonl" \
+       "$WORK/$1/checkpoints/step_00000010.h5" "$WORK/$2/metrics.jsonl" \
+       "$WORK/$2/checkpoints/step_00000010.h5"); then
+    pass "$2: $out"
+  else
+    fail "$2: $out"; tail -3 "$WORK/$2.log" | sed 's/^/    /'
+  fi
+}
+
+# A machine file of host memory for `tessera plan` where only its counts matter (not the measured
+# `cpu` machine, whose probes take seconds a plan).
+host_machine() {  # host_machine FILE
+  cat >"$1" <<'MACHINE'
+name: host
+gpu: false
+peak_tflops_fp32: 1
+memory_gb: 1000
+memory_bandwidth_gbs: 10
+gpus_per_node: 64
+intra_node_gbs: 10
+inter_node_gbs: 10
+MACHINE
+}
+
 expect_error() {
   local name=$1 code=$2 pattern=$3
   shift 3

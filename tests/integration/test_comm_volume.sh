@@ -14,16 +14,7 @@ cd "$WORK" || exit 1
 export OMP_NUM_THREADS=1
 # The counts do not depend on the machine's speed: a host-memory machine file, not the measured
 # `cpu` (whose probes take seconds a plan).
-cat >host.yaml <<'EOF'
-name: host
-gpu: false
-peak_tflops_fp32: 1
-memory_gb: 1000
-memory_bandwidth_gbs: 10
-gpus_per_node: 64
-intra_node_gbs: 10
-inter_node_gbs: 10
-EOF
+host_machine host.yaml
 common=(model.n_layer=4 model.n_head=4 model.n_embd=32 train.batch_size=8 train.micro_batch=2
         train.steps=2 eval.batches=1)
 # DP TP PP ZERO ATTENTION SCHEDULE RECOMPUTE SP [V [ARCH [key=value ...]]]; ZeRO-2 and 3 with

@@ -20,16 +20,6 @@ run() {  # run NAME DP CP TP PP [extra overrides...]
     parallel.dp="$dp" parallel.cp="$cp" parallel.tp="$tp" parallel.pp="$pp" \
     run.dir="$WORK/$name" "$@" >"$WORK/$name.log" 2>&1
 }
-compare_to() {  # compare_to REF NAME: NAME against the run REF
-  local out
-  if out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/$1/metrics.jsonl" \
-       "$WORK/$1/checkpoints/step_00000010.h5" "$WORK/$2/metrics.jsonl" \
-       "$WORK/$2/checkpoints/step_00000010.h5"); then
-    pass "$2: $out"
-  else
-    fail "$2: $out"; tail -3 "$WORK/$2.log" | sed 's/^/    /'
-  fi
-}
 layout() {  # layout REF NAME DP CP TP PP [extra...]: run NAME and compare it with REF
   local ref=$1 name=$2
   shift 2
@@ -90,16 +80,7 @@ layout ref cp2_tp2_sp 1 2 2 1 parallel.sequence_parallel=true train.recompute=fu
 
 # `tessera plan` of each run's deck counts its memory and its bytes on every communicator, cp's
 # among them (full and selective recompute rerun the forward's transfers), as the run measured.
-cat >host.yaml <<'YAML'
-name: host
-gpu: false
-peak_tflops_fp32: 1
-memory_gb: 1000
-memory_bandwidth_gbs: 10
-gpus_per_node: 64
-intra_node_gbs: 10
-inter_node_gbs: 10
-YAML
+host_machine host.yaml
 for c in "cp4 4" "cp2_allgather 2" "dp2_cp2_tp2 8" "dp2_cp2_zero3 4" "dp2_cp2_hsdp 4" "cp2_tp2_sp 4" \
          "llama_cp4 4"; do
   set -- $c

@@ -18,16 +18,6 @@ run() {  # run NAME DP TP PP [extra overrides...]
     parallel.dp="$dp" parallel.tp="$tp" parallel.pp="$pp" run.dir="$WORK/$name" "$@" \
     >"$WORK/$name.log" 2>&1
 }
-compare_to() {  # compare_to REF NAME: NAME against the run REF
-  local out
-  if out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/$1/metrics.jsonl" \
-       "$WORK/$1/checkpoints/step_00000010.h5" "$WORK/$2/metrics.jsonl" \
-       "$WORK/$2/checkpoints/step_00000010.h5"); then
-    pass "$2: $out"
-  else
-    fail "$2: $out"; tail -3 "$WORK/$2.log" | sed 's/^/    /'
-  fi
-}
 compare() { compare_to ref "$1"; }  # against the (1,1,1) run
 
 run ref 1 1 1 || { fail "(1,1,1) run"; tail -5 ref.log; finish; }
