@@ -59,24 +59,33 @@ void ContextAttention<Backend>::unpack_add(Act* dqkv, const Act* dkv, int B) con
     Backend::add_inplace(dqkv + row * C3 + q, dkv + row * W, W);
 }
 
-// Query half qh holds chunk r (qh 0) or 2P-1-r (qh 1); key half kh of source src likewise.
+// Query half qh holds chunk r (qh 0) or 2P-1-r (qh 1); key half kh of source src likewise. f(q, k,
+// s) for each block at or below the causal diagonal: q and k the first rows of its query and key
+// halves (of Tl), s its shape (leading dimensions s.ldq, s.ldo, s.ldkv).
+template <class Backend>
+template <class F>
+void ContextAttention<Backend>::each_block(int src, int B, F f) const {
+  const int Tc = Tl_ / 2, C3 = (nh_ + 2 * nkv_) * hs_, Cq = nh_ * hs_, W = 2 * nkv_ * hs_;
+  for (int qh = 0; qh < 2; ++qh) {
+    const int cq = qh == 0 ? r_ : 2 * P_ - 1 - r_;
+    for (int kh = 0; kh < 2; ++kh) {
+      const int ck = kh == 0 ? src : 2 * P_ - 1 - src;
+      if (ck > cq) continue;  // wholly above the causal diagonal
+      const cpu::AttentionBlock s{B, Tc, nh_, nkv_, hs_, C3, Cq, W, Tl_,
+                                  size_t(Tl_) * C3, size_t(Tl_) * Cq, size_t(Tl_) * W, ck == cq};
+      f(size_t(qh) * Tc, size_t(kh) * Tc, s);
+    }
+  }
+}
+
 template <class Backend>
 void ContextAttention<Backend>::blocks_forward(Act* out, float* lse, const Act* qkv, const Act* kv,
                                                int src, int B) const {
   if constexpr (kCpu<Backend>) {
-    const int Tc = Tl_ / 2, C3 = (nh_ + 2 * nkv_) * hs_, Cq = nh_ * hs_, W = 2 * nkv_ * hs_;
-    for (int qh = 0; qh < 2; ++qh) {
-      const int cq = qh == 0 ? r_ : 2 * P_ - 1 - r_;
-      for (int kh = 0; kh < 2; ++kh) {
-        const int ck = kh == 0 ? src : 2 * P_ - 1 - src;
-        if (ck > cq) continue;  // wholly above the causal diagonal
-        const cpu::AttentionBlock s{B, Tc, nh_, nkv_, hs_, C3, Cq, W, Tl_,
-                                    size_t(Tl_) * C3, size_t(Tl_) * Cq, size_t(Tl_) * W, ck == cq};
-        cpu::attention_block_forward<float>(out + size_t(qh) * Tc * Cq, lse + size_t(qh) * Tc,
-                                            qkv + size_t(qh) * Tc * C3, kv + size_t(kh) * Tc * W,
-                                            s);
-      }
-    }
+    each_block(src, B, [&](size_t q, size_t k, const cpu::AttentionBlock& s) {
+      cpu::attention_block_forward<float>(out + q * s.ldo, lse + q, qkv + q * s.ldq,
+                                          kv + k * s.ldkv, s);
+    });
   } else {
     (void)out, (void)lse, (void)qkv, (void)kv, (void)src, (void)B;
     throw std::logic_error("context parallelism runs on the CPU backend only");
@@ -88,19 +97,11 @@ void ContextAttention<Backend>::blocks_backward(Act* dqkv, Act* dkv, const Act* 
                                                 const Act* qkv, const Act* kv, const float* lse,
                                                 int src, int B) const {
   if constexpr (kCpu<Backend>) {
-    const int Tc = Tl_ / 2, C3 = (nh_ + 2 * nkv_) * hs_, Cq = nh_ * hs_, W = 2 * nkv_ * hs_;
-    for (int qh = 0; qh < 2; ++qh) {
-      const int cq = qh == 0 ? r_ : 2 * P_ - 1 - r_;
-      for (int kh = 0; kh < 2; ++kh) {
-        const int ck = kh == 0 ? src : 2 * P_ - 1 - src;
-        if (ck > cq) continue;
-        const cpu::AttentionBlock s{B, Tc, nh_, nkv_, hs_, C3, Cq, W, Tl_,
-                                    size_t(Tl_) * C3, size_t(Tl_) * Cq, size_t(Tl_) * W, ck == cq};
-        const size_t q = size_t(qh) * Tc, k = size_t(kh) * Tc * W;
-        cpu::attention_block_backward<float>(dqkv + q * C3, dkv + k, dout + q * Cq, delta_ + q,
-                                             qkv + q * C3, kv + k, lse + q, s);
-      }
-    }
+    each_block(src, B, [&](size_t q, size_t k, const cpu::AttentionBlock& s) {
+      cpu::attention_block_backward<float>(dqkv + q * s.ldq, dkv + k * s.ldkv, dout + q * s.ldo,
+                                           delta_ + q, qkv + q * s.ldq, kv + k * s.ldkv, lse + q,
+                                           s);
+    });
   } else {
     (void)dqkv, (void)dkv, (void)dout, (void)qkv, (void)kv, (void)lse, (void)src, (void)B;
     throw std::logic_error("context parallelism runs on the CPU backend only");

@@ -66,6 +66,9 @@ class ContextAttention {
   void unpack_add(Act* dqkv, const Act* dkv, int B) const;
   // The blocks of this rank's queries against source rank src's keys (held in kv), forward or
   // backward (dkv: the source's gradient accumulator).
+  // f(q, k, s) for each block of this rank's queries against src's keys (context_attention.cpp).
+  template <class F>
+  void each_block(int src, int B, F f) const;
   void blocks_forward(Act* out, float* lse, const Act* qkv, const Act* kv, int src, int B) const;
   void blocks_backward(Act* dqkv, Act* dkv, const Act* dout, const Act* qkv, const Act* kv,
                        const float* lse, int src, int B) const;

@@ -244,6 +244,18 @@ void Gpt<Backend>::attention_core(const LayerActs& a, int B, int T) {
     Backend::attention_forward(a.atty, a.att, a.qkv, B, T, w.nh, w.nkv, w.hs);
 }
 
+// Under context parallelism each of a sequence's two chunks (T / 2 rows each) sits at its own
+// true positions: f(at, pos, Tc) for each, at its first row in (B,T), pos its first position.
+template <class Backend>
+template <class F>
+void Gpt<Backend>::each_chunk(int B, int T, F f) const {
+  const int Tc = T / 2;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < 2; ++h)
+      f(size_t(b) * T + size_t(h) * Tc, size_t(context_position(h * Tc, T, cp_size_, cp_rank_)),
+        Tc);
+}
+
 template <class Backend>
 void Gpt<Backend>::encode(Act* out, const int32_t* tokens, const Act* embed, const Act* positions,
                           int B, int T) {
@@ -254,15 +266,11 @@ void Gpt<Backend>::encode(Act* out, const int32_t* tokens, const Act* embed, con
                              lay.vocab_rows);
     return;
   }
-  const int Tc = T / 2;
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < 2; ++h) {
-      const size_t at = size_t(b) * T + size_t(h) * Tc;
-      const size_t pos = size_t(context_position(h * Tc, T, cp_size_, cp_rank_));
-      Backend::encoder_forward(out + at * C, tokens + at, embed,
-                               positions ? positions + pos * C : positions, 1, Tc, C,
-                               lay.vocab_begin, lay.vocab_rows);
-    }
+  each_chunk(B, T, [&](size_t at, size_t pos, int Tc) {
+    Backend::encoder_forward(out + at * C, tokens + at, embed,
+                             positions ? positions + pos * C : positions, 1, Tc, C,
+                             lay.vocab_begin, lay.vocab_rows);
+  });
 }
 
 template <class Backend>
@@ -275,15 +283,11 @@ void Gpt<Backend>::encode_backward(float* dembed, float* dpositions, const Act* 
                               lay.vocab_rows);
     return;
   }
-  const int Tc = T / 2;
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < 2; ++h) {
-      const size_t at = size_t(b) * T + size_t(h) * Tc;
-      const size_t pos = size_t(context_position(h * Tc, T, cp_size_, cp_rank_));
-      Backend::encoder_backward(dembed, dpositions ? dpositions + pos * C : dpositions,
-                                dout + at * C, tokens + at, 1, Tc, C, lay.vocab_begin,
-                                lay.vocab_rows);
-    }
+  each_chunk(B, T, [&](size_t at, size_t pos, int Tc) {
+    Backend::encoder_backward(dembed, dpositions ? dpositions + pos * C : dpositions,
+                              dout + at * C, tokens + at, 1, Tc, C, lay.vocab_begin,
+                              lay.vocab_rows);
+  });
 }
 
 template <class Backend>

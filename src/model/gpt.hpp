@@ -155,6 +155,8 @@ class Gpt {
               int T);
   void encode_backward(float* dembed, float* dpositions, const Act* dout, const int32_t* tokens,
                        int B, int T);
+  template <class F>
+  void each_chunk(int B, int T, F f) const;
   void layer_backward(const Act* params, float* grads, int l, const LayerActs& a, int B, int T);
 
   // Per-layer kinds kept (true) or recomputed (false) under this rank's options.
