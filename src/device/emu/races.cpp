@@ -83,8 +83,8 @@ std::string where(uintptr_t a) {
   auto it = g_regions.upper_bound(a);
   if (it != g_regions.begin() && a < std::prev(it)->second.end) {
     --it;
-    std::snprintf(text, sizeof text, "buffer \"%s\" (+%zu of %.3g MB)", it->second.name.c_str(),
-                  size_t(a - it->first), double(it->second.end - it->first) / 1e6);
+    std::snprintf(text, sizeof text, "buffer \"%s\" (byte %zu of %zu)", it->second.name.c_str(),
+                  size_t(a - it->first), size_t(it->second.end - it->first));
   } else {
     std::snprintf(text, sizeof text, "memory at %p", reinterpret_cast<void*>(a));
   }

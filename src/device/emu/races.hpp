@@ -15,8 +15,9 @@
 // read of it by each stream. Work that writes a range read or written by another stream's work,
 // or reads a range written by it, with no chain between the two ends the run with one line:
 //
-//   cuda emulator: race on buffer "grads" (+4096 of 1.2 MB): ncclAllReduce on stream "dp" reads
-//   what kernel matmul_backward_kernel<float> on stream "compute" wrote, with no event between them
+//   cuda emulator: race on buffer "gradients (fp32)" (byte 290048 of 490496): ncclAllReduce on
+//   stream "overlapped collectives" reads what add_column_partials_kernel on stream "compute"
+//   wrote, with no event between them
 //
 // The check follows the order the host queued the work in, not the order a drain ran it in, so
 // it does not depend on TESSERA_EMU_STREAMS's seed: a missing edge is found in sync mode too.
