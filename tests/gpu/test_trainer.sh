@@ -10,7 +10,8 @@
 # layouts over NCCL against the 1-rank CPU run, tp=2 with sequence
 # parallelism too; with 4, tp=4 over a vocabulary padded so that the last
 # rank holds only padding rows; with 8, (2,2,2) with gemm attention, and with ZeRO-1 and fused
-# attention. Without a GPU: skipped, exit 0.
+# attention. Context parallelism at cp=2 (ring in fp32 and bf16, all-gather, LLaMA) against the
+# 1-rank CPU run too. Without a GPU: skipped, exit 0.
 #
 # TESSERA names the binary (bin/tessera-emu for the emulated build) and TESSERA_GPUS the number
 # of GPUs (the emulator has 8); otherwise nvidia-smi counts them.
@@ -81,6 +82,10 @@ if train cpu_llama 1 device.backend=cpu "${llama[@]}"; then
   if [ "$gpus" -ge 2 ]; then
     train cuda_llama_tp2_sp 2 device.backend=cuda parallel.tp=2 parallel.sequence_parallel=true \
       "${llama[@]}" && cmp cuda_llama_tp2_sp cpu_llama cuda_llama_tp2_sp --loss-rtol 1e-5 --param-tol 1e-4
+    # Context parallelism with grouped-query heads (only the 2 KV heads travel) and RoPE at the
+    # tokens' true positions.
+    train cuda_llama_cp2 2 device.backend=cuda parallel.cp=2 model.attention=fused "${llama[@]}" &&
+      cmp cuda_llama_cp2 cpu_llama cuda_llama_cp2 --loss-rtol 1e-5 --param-tol 1e-4
   fi
 fi
 # Sequences of 104 tokens: three whole key tiles of the fused attention (32 keys each) and a
@@ -137,6 +142,16 @@ for layout in "${layouts[@]}"; do
   train "$name" "$np" device.backend=cuda $layout && cmp "$name" cpu "$name" --loss-rtol 1e-5 --param-tol 1e-4
 done
 if [ "$gpus" -ge 2 ]; then
+  # Context parallelism over NCCL (model/context_attention.hpp): each sequence in 4 chunks on 2
+  # ranks, the attention blocks merged by their log-sum-exp; K/V round the ring (fp32 and bf16)
+  # or all-gathered (fp32), against the 1-rank CPU run.
+  cp=(parallel.cp=2 model.attention=fused)
+  train cuda_cp2 2 device.backend=cuda "${cp[@]}" &&
+    cmp cuda_cp2 cpu cuda_cp2 --loss-rtol 1e-5 --param-tol 1e-4
+  train bf16_cp2 2 device.backend=cuda device.precision=bf16 "${cp[@]}" &&
+    cmp bf16_cp2_near_cpu cpu bf16_cp2 --loss-rtol 2e-2 --param-norm-tol 2e-2
+  train cuda_cp2_allgather 2 device.backend=cuda parallel.cp_comm=allgather "${cp[@]}" &&
+    cmp cuda_cp2_allgather cpu cuda_cp2_allgather --loss-rtol 1e-5 --param-tol 1e-4
   # ZeRO-3 in bf16: the owners' fp32 masters, bf16 weights gathered over NCCL's own stream.
   train bf16_dp2_zero3 2 device.backend=cuda device.precision=bf16 parallel.dp=2 parallel.zero=3 &&
     cmp bf16_dp2_zero3_near_cpu cpu bf16_dp2_zero3 --loss-rtol 2e-2 --param-norm-tol 2e-2
