@@ -1,0 +1,172 @@
+// The FP8 codecs (common/fp8.hpp) against a reference written differently: each code's value
+// from its sign, exponent and mantissa fields by the textbook formula in double, and rounding as
+// an exhaustive search for the nearest finite code, a tie going to the code whose last bit is 0,
+// anything beyond the largest finite value saturating to it. Every one of the 256 codes of each
+// format, the midpoints between neighbours (and a hair either side), values past the largest,
+// the subnormals and the values below half the smallest, and random values over the whole range.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common/fp8.hpp"
+
+using namespace tessera;
+
+namespace {
+
+struct Reference {
+  int E, M, bias;
+  bool ieee;  // E5M2: the all-ones exponent is infinity and NaN; E4M3: only S.1111.111 is NaN
+
+  bool is_nan(int code) const {
+    const int e = (code >> M) & ((1 << E) - 1), m = code & ((1 << M) - 1);
+    if (ieee) return e == (1 << E) - 1 && m != 0;
+    return e == (1 << E) - 1 && m == (1 << M) - 1;
+  }
+  bool is_inf(int code) const {
+    const int e = (code >> M) & ((1 << E) - 1), m = code & ((1 << M) - 1);
+    return ieee && e == (1 << E) - 1 && m == 0;
+  }
+  double value(int code) const {
+    const int s = code >> 7, e = (code >> M) & ((1 << E) - 1), m = code & ((1 << M) - 1);
+    const double frac = double(m) / double(1 << M);
+    const double mag = e == 0 ? std::pow(2.0, 1 - bias) * frac : std::pow(2.0, e - bias) * (1 + frac);
+    return s ? -mag : mag;
+  }
+  // The finite non-negative codes, ascending.
+  std::vector<int> positive() const {
+    std::vector<int> out;
+    for (int c = 0; c < 128; ++c)
+      if (!is_nan(c) && !is_inf(c)) out.push_back(c);
+    return out;
+  }
+  double max() const { return value(positive().back()); }
+  // The code x rounds to (x finite).
+  int round(double x) const {
+    const double a = std::fabs(x);
+    const int sign = std::signbit(x) ? 0x80 : 0;
+    const std::vector<int> codes = positive();
+    if (a >= max()) return sign | codes.back();
+    int best = codes[0];
+    for (int c : codes) {
+      const double d = std::fabs(a - value(c)), db = std::fabs(a - value(best));
+      if (d < db || (d == db && (c & 1) == 0 && (best & 1) == 1)) best = c;
+    }
+    return sign | best;
+  }
+};
+
+const Reference kE4M3{4, 3, 7, false};
+const Reference kE5M2{5, 2, 15, true};
+
+struct Case {
+  Fp8Format format;
+  const Reference& ref;
+  const char* name;
+};
+const Case kCases[] = {{Fp8Format::E4M3, kE4M3, "e4m3"}, {Fp8Format::E5M2, kE5M2, "e5m2"}};
+
+// x rounded by the codec equals the reference's nearest code, as a code and as a value.
+void expect_rounds(const Case& c, float x) {
+  const int want = c.ref.round(double(x));
+  EXPECT_EQ(int(fp8_encode(x, c.format)), want) << c.name << " x = " << x;
+  EXPECT_EQ(double(fp8_round(x, c.format)), c.ref.value(want)) << c.name << " x = " << x;
+}
+
+}  // namespace
+
+TEST(Fp8, LimitsMatchThePaper) {
+  EXPECT_EQ(kE4M3.max(), 448.0);
+  EXPECT_EQ(kE5M2.max(), 57344.0);
+  EXPECT_EQ(fp8_max(Fp8Format::E4M3), 448.0f);
+  EXPECT_EQ(fp8_max(Fp8Format::E5M2), 57344.0f);
+  EXPECT_EQ(kE4M3.value(1), std::ldexp(1.0, -9));   // smallest subnormal
+  EXPECT_EQ(kE5M2.value(1), std::ldexp(1.0, -16));
+  EXPECT_EQ(kE4M3.positive().size(), 127u);  // 0x00..0x7E
+  EXPECT_EQ(kE5M2.positive().size(), 124u);  // 0x00..0x7B
+}
+
+TEST(Fp8, EveryCodeDecodesAndRoundTrips) {
+  for (const Case& c : kCases) {
+    for (int code = 0; code < 256; ++code) {
+      const float v = fp8_decode(uint8_t(code), c.format);
+      if (c.ref.is_nan(code)) {
+        EXPECT_TRUE(std::isnan(v)) << c.name << " code " << code;
+        EXPECT_TRUE(std::isnan(fp8_round(v, c.format)));
+        continue;
+      }
+      if (c.ref.is_inf(code)) {
+        EXPECT_EQ(v, code & 0x80 ? -INFINITY : INFINITY) << c.name << " code " << code;
+        // Saturating: an infinity encodes as the largest finite value of its sign.
+        EXPECT_EQ(double(fp8_round(v, c.format)), code & 0x80 ? -c.ref.max() : c.ref.max());
+        continue;
+      }
+      EXPECT_EQ(double(v), c.ref.value(code)) << c.name << " code " << code;
+      EXPECT_EQ(fp8_decode(fp8_encode(v, c.format), c.format), v) << c.name << " code " << code;
+      EXPECT_EQ(fp8_round(v, c.format), v);
+      // Codes encode to themselves (the two zeros included).
+      EXPECT_EQ(int(fp8_encode(v, c.format)), code) << c.name << " code " << code;
+    }
+    EXPECT_EQ(int(fp8_encode(NAN, c.format)), 0x7F);
+    EXPECT_TRUE(std::isnan(fp8_decode(0x7F, c.format)));
+  }
+}
+
+TEST(Fp8, MidpointsTieToEven) {
+  for (const Case& c : kCases) {
+    const std::vector<int> codes = c.ref.positive();
+    int ties = 0;
+    for (size_t i = 0; i + 1 < codes.size(); ++i) {
+      const double lo = c.ref.value(codes[i]), hi = c.ref.value(codes[i + 1]);
+      const float mid = float((lo + hi) / 2);
+      ASSERT_EQ(double(mid), (lo + hi) / 2);  // exact in float
+      for (float x : {mid, -mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f),
+                      -std::nextafter(mid, 1e9f)})
+        expect_rounds(c, x);
+      // The tie itself goes to the even neighbour.
+      const int even = (codes[i] & 1) == 0 ? codes[i] : codes[i + 1];
+      EXPECT_EQ(int(fp8_encode(mid, c.format)), even) << c.name << " mid " << mid;
+      ++ties;
+    }
+    EXPECT_GT(ties, 100);
+  }
+}
+
+TEST(Fp8, SaturatesBeyondTheLargest) {
+  for (const Case& c : kCases) {
+    const float max = float(c.ref.max());
+    const float ulp = float(max - c.ref.value(c.ref.positive().end()[-2]));
+    for (float x : {max, std::nextafter(max, 1e30f), max + ulp / 2, max + ulp, 2 * max, 1e30f,
+                    INFINITY}) {
+      EXPECT_EQ(fp8_round(x, c.format), max) << c.name << " x = " << x;
+      EXPECT_EQ(fp8_round(-x, c.format), -max) << c.name << " x = " << -x;
+      EXPECT_EQ(fp8_decode(fp8_encode(x, c.format), c.format), max);
+    }
+  }
+}
+
+TEST(Fp8, SubnormalsAndTheSmallest) {
+  for (const Case& c : kCases) {
+    const float tiny = float(c.ref.value(1));  // smallest subnormal
+    EXPECT_EQ(fp8_round(tiny / 2, c.format), 0.0f);            // tie to 0 (even)
+    EXPECT_EQ(fp8_round(std::nextafter(tiny / 2, 1.0f), c.format), tiny);
+    EXPECT_EQ(fp8_round(tiny / 3, c.format), 0.0f);
+    EXPECT_EQ(fp8_round(1e-30f, c.format), 0.0f);
+    EXPECT_TRUE(std::signbit(fp8_round(-1e-30f, c.format)));   // -0 keeps its sign
+    EXPECT_EQ(int(fp8_encode(-1e-30f, c.format)), 0x80);
+    EXPECT_EQ(fp8_round(1.5f * tiny, c.format), 2 * tiny);     // tie 1 | 2: to 2 (even)
+    EXPECT_EQ(fp8_round(2.5f * tiny, c.format), 2 * tiny);     // tie 2 | 3: to 2
+    for (int k = 0; k < 4000; ++k) expect_rounds(c, tiny * float(k) / 37.0f);
+  }
+}
+
+TEST(Fp8, RandomValuesOverTheWholeRange) {
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> exponent(-20.0f, 18.0f), sign(-1.0f, 1.0f);
+  for (const Case& c : kCases)
+    for (int i = 0; i < 20000; ++i)
+      expect_rounds(c, std::copysign(std::exp2(exponent(rng)), sign(rng)));
+}
