@@ -135,6 +135,12 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
   DeviceChoice choice;
   choice.wait_limit = cfg.run.hang_timeout;
   if (want == "cpu") return choice;  // bf16 with cpu is refused by the deck check
+  // fp8 with cuda is refused by the deck check too: no CUDA FP8 path yet.
+  if (cfg.device.precision == "fp8") {
+    choice.note = "device: auto: device.precision = fp8 is simulated on the CPU (no CUDA FP8 "
+                  "path yet): training on the CPU";
+    return choice;
+  }
   const std::string deck = cfg.deck_path.empty() ? "deck" : cfg.deck_path;
   int rank = 0;
   MPI_Comm_rank(world, &rank);
