@@ -42,7 +42,7 @@ struct Fixture {
   }
   ~Fixture() { fs::remove_all(dir); }
   std::string save(int64_t step) {
-    TrainState s{step, step * 64, step * 4, 5, 1e-3, "1 data.h5 (hdf5, 100 tokens)", "epoch 0.5"};
+    TrainState s{step, step * 64, step * 4, 5, 1e-3, "1 data.h5 (hdf5, 100 tokens)", "epoch 0.5", 0, {}};
     return write_checkpoint(MPI_COMM_WORLD, dir.string(), layout, true,
                             {p.data(), m.data(), v.data()}, s, "model:\n  n_layer: 2\n", tok,
                             "dp=1,tp=1,pp=1");
