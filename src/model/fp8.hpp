@@ -52,7 +52,7 @@ class Fp8State {
   // The step's amax of tensor i, kept as the largest seen (NaN sticks).
   void observe(int i, float amax) {
     float& p = pending_[size_t(i)];
-    if (!(amax <= p)) p = amax;
+    if (p == p && !(amax <= p)) p = amax;  // p == p: not NaN
   }
   // The step's amaxes, in tensor order (the engine reduces them over its communicators).
   std::vector<float>& pending() { return pending_; }

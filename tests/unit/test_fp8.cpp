@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/fp8.hpp"
+#include "model/fp8.hpp"
 
 using namespace tessera;
 
@@ -169,4 +170,74 @@ TEST(Fp8, RandomValuesOverTheWholeRange) {
   for (const Case& c : kCases)
     for (int i = 0; i < 20000; ++i)
       expect_rounds(c, std::copysign(std::exp2(exponent(rng)), sign(rng)));
+}
+
+// Delayed scaling (model/fp8.hpp): a scale from the history of the steps before (max or most
+// recent), the current amax only while there is none, the margin, the step's amaxes committed at
+// its end or dropped, the histories as a checkpoint holds them.
+TEST(Fp8Scaling, DelayedFromTheHistory) {
+  Fp8Options o;
+  o.on = true;
+  o.history = 3;
+  Fp8State s(o, 2, 4, true);  // layers 2 and 3, and the head
+  const int x = s.tensor(3, Fp8State::kFc, Fp8State::kInput);
+  const int g = s.tensor(2, Fp8State::kDown, Fp8State::kGrad);
+  const int h = s.tensor(Fp8State::kHead, 0, Fp8State::kWeight);
+  EXPECT_EQ(h, 2 * Fp8State::kPerLayer + 1);
+  EXPECT_EQ(s.format(Fp8State::kInput), Fp8Format::E4M3);
+  EXPECT_EQ(s.format(Fp8State::kGrad), Fp8Format::E5M2);
+  // The first step: no history, the current amax.
+  EXPECT_FALSE(s.has_history(x));
+  EXPECT_EQ(s.scale(x, 2.0f), 448.0f / 2.0f);
+  EXPECT_EQ(s.scale(g, 4.0f), 57344.0f / 4.0f);
+  EXPECT_EQ(s.scale(x, 0.0f), 1.0f);  // an all-zero tensor: any scale, 1
+  // The step's largest amax is pending until the step ends; a skipped step drops it.
+  s.observe(x, 2.0f);
+  s.observe(x, 7.0f);
+  s.observe(x, 3.0f);
+  EXPECT_EQ(s.pending()[size_t(x)], 7.0f);
+  s.discard();
+  EXPECT_FALSE(s.has_history(x));
+  EXPECT_EQ(s.pending()[size_t(x)], 0.0f);
+  s.observe(x, 7.0f);
+  s.commit();
+  EXPECT_TRUE(s.has_history(x));
+  EXPECT_EQ(s.scale(x, 1000.0f), 64.0f);  // 448 / 7: the history's, not the current
+  for (float a : {1.0f, 0.5f}) {
+    s.observe(x, a);
+    s.commit();
+  }
+  EXPECT_EQ(s.scale(x, 1.0f), 64.0f);  // max of [0.5, 1, 7]
+  s.observe(x, 0.25f);
+  s.commit();  // the 7 falls out of a history of 3
+  EXPECT_EQ(s.scale(x, 1.0f), 448.0f);
+  const std::vector<float> layer3 = s.history(3);
+  ASSERT_EQ(layer3.size(), size_t(Fp8State::kPerLayer) * 3);
+  const size_t row = size_t(Fp8State::kFc) * Fp8State::kRoles + Fp8State::kInput;
+  EXPECT_EQ(std::vector<float>(layer3.begin() + long(row) * 3, layer3.begin() + long(row + 1) * 3),
+            (std::vector<float>{0.25f, 0.5f, 1.0f}));  // newest first
+  // A state no step has reached holds -1 everywhere; a checkpoint's rows restore it.
+  Fp8State fresh(o, 2, 4, true);
+  EXPECT_EQ(fresh.history(Fp8State::kHead), std::vector<float>(9, -1.0f));
+  fresh.set_history(3, layer3);
+  EXPECT_EQ(fresh.scale(x, 1.0f), 448.0f);
+  EXPECT_THROW(fresh.set_history(2, {1.0f}), std::exception);
+
+  // most_recent and the margin: (448 / 0.25) / 2^2.
+  o.most_recent = true;
+  o.margin = 2;
+  Fp8State r(o, 0, 1, false);
+  const int w = r.tensor(0, Fp8State::kQkv, Fp8State::kWeight);
+  for (float a : {8.0f, 0.25f}) {
+    r.observe(w, a);
+    r.commit();
+  }
+  EXPECT_EQ(r.scale(w, 1.0f), 448.0f);
+  // A non-finite amax never makes a scale that is not finite.
+  r.observe(w, NAN);
+  EXPECT_TRUE(std::isnan(r.pending()[size_t(w)]));
+  r.observe(w, 1.0f);  // NaN sticks
+  EXPECT_TRUE(std::isnan(r.pending()[size_t(w)]));
+  r.commit();
+  EXPECT_EQ(r.scale(w, 1.0f), 1.0f);
 }
