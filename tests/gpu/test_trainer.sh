@@ -57,6 +57,37 @@ if train cuda 1 device.backend=cuda; then
   cmp cuda_matches_cpu cpu cuda --loss-rtol 1e-5 --param-tol 1e-4
 fi
 train bf16 1 device.backend=cuda device.precision=bf16 && cmp bf16_near_cpu cpu bf16 --loss-rtol 2e-2 --param-norm-tol 2e-2
+# The fp32 bound derived rather than guessed (tests/gpu/fp32_floor.py): the CUDA run and the CPU
+# run, each against a float64 run of the same training from the same step-0 checkpoint
+# (tools/reference_gpt.py --dtype float64); the CUDA run's errors must stay within 8x the CPU's,
+# i.e. within what fp32 arithmetic costs. Where the Python has no torch or h5py (a GPU node's),
+# only the fixed bounds above apply.
+floor_check() {  # NAME CPU_RUN RUN STEP OVERRIDES...: the step-0 run and the float64 run first
+  local name=$1 cpu_run=$2 run=$3 step=$4
+  shift 4
+  if ! "$PYTHON" -c "import torch, h5py" 2>/dev/null; then
+    echo "test_trainer: $name: no torch/h5py in $PYTHON: the float64 floor is skipped"
+    return 0
+  fi
+  # optim.decay_steps: the schedule of the compared runs (their train.steps), which the stored
+  # deck of a 0-step run would not say.
+  train "${name}_init" 1 device.backend=cpu "$@" train.steps=0 optim.decay_steps="$step" ||
+    return 0
+  if ! "$PYTHON" "$ROOT/tools/reference_gpt.py" --dtype float64 --threads 1 --steps "$step" \
+       --checkpoint "$WORK/${name}_init/checkpoints/step_00000000.h5" --out "$WORK/$name.h5" \
+       --losses-out "$WORK/$name.json" >"$WORK/$name.log" 2>&1; then
+    fail "$name: the float64 reference failed"; tail -3 "$WORK/$name.log" | sed 's/^/    /'
+    return 0
+  fi
+  if out=$("$PYTHON" "$ROOT/tests/gpu/fp32_floor.py" --reference "$WORK/$name.h5" \
+             --losses "$WORK/$name.json" --floor "$WORK/$cpu_run" --run "$WORK/$run" \
+             --step "$step" 2>&1); then
+    pass "$name: $out"
+  else
+    fail "$name: $out"
+  fi
+}
+[ -d "$WORK/cuda" ] && floor_check cuda_fp32_floor cpu cuda 10
 # The fused attention kernels (model.attention: fused) against the CPU's gemm attention.
 train cuda_fused 1 device.backend=cuda model.attention=fused &&
   cmp cuda_fused_matches_cpu cpu cuda_fused --loss-rtol 1e-5 --param-tol 1e-4
@@ -97,6 +128,8 @@ if train cpu_long 1 device.backend=cpu "${long[@]}"; then
   train bf16_long_fused 1 device.backend=cuda device.precision=bf16 model.attention=fused \
     "${long[@]}" && cmp5 bf16_long_fused_near_cpu cpu_long bf16_long_fused --loss-rtol 2e-2 \
     --param-norm-tol 2e-2
+  [ -d "$WORK/cuda_long_fused" ] &&
+    floor_check cuda_long_fused_fp32_floor cpu_long cuda_long_fused 5 "${long[@]}"
 fi
 if train cpu_llama_long 1 device.backend=cpu "${llama[@]}" "${long[@]}"; then
   train cuda_llama_long_fused 1 device.backend=cuda model.attention=fused "${llama[@]}" \
