@@ -35,7 +35,7 @@ struct ModelOptions {
   // parallel.cp_comm == allgather (model/context_attention.hpp): K/V gathered whole per layer
   // instead of passed round the ring.
   bool cp_allgather = false;
-  Fp8Options fp8;
+  Fp8Options fp8 = {};
 };
 
 // The options a deck asks for (its keys are validated by the deck reader).
