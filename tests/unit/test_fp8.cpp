@@ -278,8 +278,8 @@ TEST(Fp8Linear, GemmsOnRoundedOperands) {
   o.on = true;
   Comm tp(MPI_COMM_SELF);
   Arena arena(CpuBackend::memory());
-  Fp8Linear<CpuBackend> fp8(o, 0, 1, false, &tp, size_t(N) * IC, size_t(OC) * IC, size_t(N) * OC,
-                            arena);
+  Fp8Linear<CpuBackend> fp8(o, 0, 1, false, &tp, nullptr, size_t(N) * IC, size_t(OC) * IC,
+                            size_t(N) * OC, arena);
   arena.allocate();
   fp8.bind();
   std::vector<float> out(size_t(N) * OC), want(size_t(N) * OC);
