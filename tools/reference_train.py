@@ -12,7 +12,8 @@ What is the same for every model family lives here, once:
     (gradient accumulation), the global gradient norm before clipping, clipping to grad_clip,
     torch's AdamW with weight decay on the 2-D tensors only (embeddings, heads, linear weights;
     none on biases and norm weights), its moments and step count taken from the checkpoint;
-  - the output: one line per step, the final parameters (HDF5 /model/<name>, float32) and the
+  - the output: one line per step, the final parameters (HDF5 /model/<name>, float32, or float64
+    with --dtype float64: the whole run in double, the truth fp32 runs are measured against) and the
     per-step losses (a JSON list).
 
 The model is any torch.nn.Module whose state_dict names and shapes are exactly the checkpoint's
@@ -135,7 +136,8 @@ def load_checkpoint(path):
     ck["deck"] = parse_deck(ck["deck"], path)
     for kind in ("model", "exp_avg", "exp_avg_sq"):
         if kind in ck:
-            ck[kind] = {k: torch.from_numpy(v) for k, v in ck[kind].items()}
+            ck[kind] = {k: torch.from_numpy(v).to(torch.get_default_dtype())
+                        for k, v in ck[kind].items()}
     return ck
 
 
@@ -152,8 +154,8 @@ def load_weights(model, tensors, where):
     model.load_state_dict(tensors, strict=True)
 
 
-def write_params(path, model, step):
-    """/model/<name> float32, written as path.tmp and renamed."""
+def write_params(path, model, step, dtype=np.float32):
+    """/model/<name> in `dtype`, written as path.tmp and renamed."""
     import h5py
 
     tmp = path + ".tmp"
@@ -163,7 +165,7 @@ def write_params(path, model, step):
             f.attrs["step"] = np.int64(step)
             g = f.create_group("model")
             for name, t in model.state_dict().items():
-                g.create_dataset(name, data=t.detach().numpy().astype(np.float32))
+                g.create_dataset(name, data=t.detach().numpy().astype(dtype))
         os.replace(tmp, path)
     except OSError as e:
         try:
@@ -184,6 +186,9 @@ def training_arguments(ap):
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     ap.add_argument("--out", help="write the final parameters here (HDF5, /model/<name>)")
     ap.add_argument("--losses-out", help="write the per-step losses here (JSON list)")
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                    help="the arithmetic of the run: float64 is the truth fp32 runs are measured "
+                         "against (the parameters are written in it too)")
 
 
 def set_threads(args):
@@ -201,6 +206,7 @@ def run_training(args, build_model):
     if args.steps < 0:
         raise ToolError("--steps must be >= 0")
     torch.use_deterministic_algorithms(True)
+    torch.set_default_dtype(getattr(torch, args.dtype))
     ck = load_checkpoint(args.checkpoint)
     deck = ck["deck"]
     model = build_model(ck, args.checkpoint)
@@ -234,7 +240,7 @@ def run_training(args, build_model):
         print(f"step {s + 1} loss {loss:.6f} lr {lr:.6e} norm {norm:.6f}", flush=True)
 
     if args.out:
-        write_params(args.out, model, ck["step"] + args.steps)
+        write_params(args.out, model, ck["step"] + args.steps, np.dtype(args.dtype))
     if args.losses_out:
         try:
             with open(args.losses_out, "w") as fh:

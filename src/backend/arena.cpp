@@ -34,6 +34,8 @@ void Arena::allocate() {
                         " MB in one allocation",
                     kExitIO, /*every_rank=*/false);
   base_ = static_cast<char*>(p);
+  if (allocator_.describe)
+    for (const Buffer& b : buffers_) allocator_.describe(base_ + b.offset, b.bytes, b.name.c_str());
 }
 
 void* Arena::pointer(size_t handle) const {

@@ -12,9 +12,12 @@ namespace tessera {
 
 // Where memory comes from: a backend's buffers, or the data loader's ring (pinned on a GPU).
 // A default Allocator means plain aligned host memory.
+// `describe`, when set, is told each buffer's place and name once allocated (the CUDA emulator
+// names buffers in its race reports by it).
 struct Allocator {
   void* (*allocate)(size_t bytes) = nullptr;
   void (*release)(void* p) = nullptr;
+  void (*describe)(const void* p, size_t bytes, const char* name) = nullptr;
 };
 
 class Arena {

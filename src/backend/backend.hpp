@@ -55,6 +55,9 @@
   TESSERA_BACKEND_FORWARD(ns, attention_backward)                                                \
   TESSERA_BACKEND_FORWARD(ns, attention_fused_forward)                                           \
   TESSERA_BACKEND_FORWARD(ns, attention_fused_backward)                                          \
+  TESSERA_BACKEND_FORWARD(ns, attention_block_forward)                                           \
+  TESSERA_BACKEND_FORWARD(ns, attention_delta)                                                   \
+  TESSERA_BACKEND_FORWARD(ns, attention_block_backward)                                          \
   TESSERA_BACKEND_FORWARD(ns, rope_forward)                                                      \
   TESSERA_BACKEND_FORWARD(ns, rope_backward)                                                     \
   TESSERA_BACKEND_FORWARD(ns, gelu_forward)                                                      \
@@ -63,6 +66,9 @@
   TESSERA_BACKEND_FORWARD(ns, swiglu_backward)                                                   \
   TESSERA_BACKEND_FORWARD(ns, residual_forward)                                                  \
   TESSERA_BACKEND_FORWARD(ns, add_inplace)                                                       \
+  TESSERA_BACKEND_FORWARD(ns, copy_columns)                                                      \
+  TESSERA_BACKEND_FORWARD(ns, add_columns)                                                       \
+  TESSERA_BACKEND_FORWARD(ns, fill)                                                              \
   TESSERA_BACKEND_FORWARD(ns, crossentropy_row_max)                                              \
   TESSERA_BACKEND_FORWARD(ns, crossentropy_exp_sums)                                             \
   TESSERA_BACKEND_FORWARD(ns, crossentropy_finish)                                               \

@@ -5,6 +5,9 @@
 #include <cublas_v2.h>
 
 #include "device/check.hpp"
+#ifdef TESSERA_CUDA_EMU
+#include "device/emu/races.hpp"
+#endif
 
 namespace tessera::device {
 
@@ -40,6 +43,10 @@ void init(cudaStream_t stream) {
     g.own_stream = true;
   }
   CUDA_CHECK(cudaStreamCreateWithFlags(&g.copy_stream, cudaStreamNonBlocking));
+#ifdef TESSERA_CUDA_EMU
+  emu::name_stream(g.stream, "compute");
+  emu::name_stream(g.copy_stream, "copy");
+#endif
   CUDA_CHECK(cudaEventCreateWithFlags(&g.uploaded, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&g.consumed, cudaEventDisableTiming));
   CUDA_CHECK(cudaMalloc(&g.workspace, kBlasWorkspace));

@@ -8,6 +8,9 @@
 #include "device/check.hpp"
 #include "device/context.hpp"
 #include "device/stream_wait.hpp"
+#ifdef TESSERA_CUDA_EMU
+#include "device/emu/races.hpp"
+#endif
 #include "parallel/comm.hpp"
 
 namespace tessera {
@@ -54,6 +57,9 @@ NcclComm::NcclComm(MPI_Comm comm, bool overlap)
   device::set_wait_check(&NcclComm::check_async_errors);
   if (overlap) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+#ifdef TESSERA_CUDA_EMU
+    emu::name_stream(stream_, "overlapped collectives");
+#endif
     CUDA_CHECK(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&communicated_, cudaEventDisableTiming));
   }

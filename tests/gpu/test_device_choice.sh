@@ -80,5 +80,20 @@ if [ -n "${TESSERA_EMU:-}" ]; then
   else
     fail "NCCL's lost peer: exit $rc after ${took} s"; sed 's/^/    err: /' err.txt | head -5
   fi
+
+  # Rank 1's streams never finish once it has queued 3 NCCL calls, and no error says why (a
+  # collective whose peer hangs): with run.hang_timeout = 3 its bounded stream wait or the
+  # watchdog ends the job, exit 5, naming the timeout, instead of spinning until the wall time.
+  start=$(date +%s)
+  timeout -k 5 60 "$MPIEXEC" -n 1 "$TESSERA" train "$deck" "${common[@]}" train.steps=3 \
+    run.hang_timeout=3 run.dir="$WORK/hung" : -n 1 -env TESSERA_EMU_NCCL_HANG 3 "$TESSERA" train \
+    "$deck" "${common[@]}" train.steps=3 run.hang_timeout=3 run.dir="$WORK/hung" >out.txt 2>err.txt
+  rc=$?
+  took=$(( $(date +%s) - start ))
+  if [ "$rc" -eq 5 ] && [ "$took" -lt 15 ] && grep -q 'run.hang_timeout' err.txt; then
+    pass "a hung collective ended the job in ${took} s (exit 5): $(grep -m1 'run.hang_timeout' err.txt)"
+  else
+    fail "a hung collective: exit $rc after ${took} s"; sed 's/^/    err: /' err.txt | head -5
+  fi
 fi
 finish

@@ -40,8 +40,8 @@ __global__ void rotate_kernel(float* out, const float* in) {
 
 std::vector<float> rotate(bool sync, const std::vector<float>& in) {
   Dev<float> d_in(std::vector<double>(in.begin(), in.end())), d_out(in.size());
-  if (sync) launch<rotate_kernel<true>>(1, unsigned(in.size()), 0, nullptr, d_out.get(), d_in.get());
-  else launch<rotate_kernel<false>>(1, unsigned(in.size()), 0, nullptr, d_out.get(), d_in.get());
+  if (sync) launch<rotate_kernel<true>>(1, unsigned(in.size()), 0, device::stream(), d_out.get(), d_in.get());
+  else launch<rotate_kernel<false>>(1, unsigned(in.size()), 0, device::stream(), d_out.get(), d_in.get());
   const std::vector<double> out = d_out.fetch();
   return std::vector<float>(out.begin(), out.end());
 }
@@ -92,7 +92,7 @@ TEST(Emulator, SharedMemoryARowDidNotLoadIsNaN) {
   for (size_t i = 0; i < in.size(); i++) in[i] = double(i) + 0.5;
   Dev<float> d_in(in), d_out(128);
   for (int repeat = 0; repeat < 2; repeat++) {
-    launch<unloaded_row_kernel>(2, 64, 0, nullptr, d_out.get(), d_in.get());
+    launch<unloaded_row_kernel>(2, 64, 0, device::stream(), d_out.get(), d_in.get());
     ASSERT_EQ(cudaGetLastError(), cudaSuccess);
     const std::vector<double> out = d_out.fetch();
     for (size_t t = 0; t < 64; t++) {
@@ -110,7 +110,7 @@ TEST(EmulatorDeathTest, ShuffleNamingAnExitedLane) {
   Dev<float> out(32);
   EXPECT_DEATH(
       {
-        launch<exited_lane_kernel>(1, 32, 0, nullptr, out.get());
+        launch<exited_lane_kernel>(1, 32, 0, device::stream(), out.get());
         sync();  // with asynchronous streams the grid runs here
       },
       "exited_lane_kernel.*names lane 5, which has exited");
@@ -126,7 +126,7 @@ TEST(EmulatorDeathTest, BarrierAndShuffleThatNeverMeet) {
   Dev<float> out(64);
   EXPECT_DEATH(
       {
-        launch<divergent_barrier_kernel>(1, 64, 0, nullptr, out.get());
+        launch<divergent_barrier_kernel>(1, 64, 0, device::stream(), out.get());
         sync();  // with asynchronous streams the grid runs here
       },
       "the block can never finish: thread \\(0,0,0\\) waits in __syncthreads");
@@ -139,7 +139,7 @@ TEST(EmulatorDeathTest, MaskLeavingOutTheCaller) {
   Dev<float> out(32);
   EXPECT_DEATH(
       {
-        launch<mask_without_caller_kernel>(1, 32, 0, nullptr, out.get());
+        launch<mask_without_caller_kernel>(1, 32, 0, device::stream(), out.get());
         sync();  // with asynchronous streams the grid runs here
       },
       "mask 0x0000ffff\\) called by lane [0-9]+, which the mask leaves out");
@@ -148,7 +148,7 @@ TEST(EmulatorDeathTest, MaskLeavingOutTheCaller) {
 __global__ void write_kernel(float* out) { out[threadIdx.x] = 1.0f; }
 TEST(EmulatorDeathTest, HostPointerToAKernel) {
   std::vector<float> host(32);
-  EXPECT_DEATH(launch<write_kernel>(1, 32, 0, nullptr, host.data()),
+  EXPECT_DEATH(launch<write_kernel>(1, 32, 0, device::stream(), host.data()),
                "write_kernel: argument 0 is a host pointer");
 }
 
@@ -176,7 +176,8 @@ int reads_before_write(bool edge) {
     ck(cudaEventRecord(written, a), "record");
     if (edge) ck(cudaStreamWaitEvent(b, written, 0), "wait");
     launch<copy_kernel>(1, 32, 0, b, y.get(), static_cast<const float*>(x.get()));
-    const std::vector<double> got = y.fetch();  // a host wait: both streams run
+    ck(cudaStreamSynchronize(b), "sync");  // a host wait: both streams run
+    const std::vector<double> got = y.fetch();
     if (std::isnan(got[0])) early++;
     else EXPECT_EQ(got[0], double(trial));
   }
@@ -186,13 +187,66 @@ int reads_before_write(bool edge) {
   return early;
 }
 
+bool env_is(const char* name, const char* prefix, bool unset) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v).rfind(prefix, 0) == 0 : unset;
+}
+
+// With the race detector on (TESSERA_EMU_RACES, the default) the reader without an edge ends the
+// run at its launch, in any stream mode, naming both kernels, both streams and the buffer.
+// Without the detector it shows (async) as the poison read in some drains.
 TEST(EmulatorStreams, AMissingEventWaitIsSeen) {
-  const char* mode = std::getenv("TESSERA_EMU_STREAMS");
-  const bool async = mode && std::string(mode).rfind("async", 0) == 0;
+  const bool async = env_is("TESSERA_EMU_STREAMS", "async", false);
   EXPECT_EQ(reads_before_write(true), 0);
+  if (env_is("TESSERA_EMU_RACES", "on", true)) {
+    EXPECT_DEATH(reads_before_write(false),
+                 "cuda emulator: race on memory at 0x[0-9a-f]+: copy_kernel on stream \"stream "
+                 "[0-9]+\" reads what fill_kernel on stream \"stream [0-9]+\" wrote, with no "
+                 "event between them");
+    return;
+  }
   const int early = reads_before_write(false);
   if (async) EXPECT_GT(early, 0) << "no drain ran the unordered reader first";
   else EXPECT_EQ(early, 0);
+}
+
+// The detector follows the order the work was queued in: a copy on another stream that reads
+// what a kernel wrote, and a kernel that overwrites what a GEMM on another stream read, each
+// without an event, end the run; with the event (or after a host wait) they do not.
+TEST(EmulatorStreams, RacesAreFoundWithoutRunningThem) {
+  if (!env_is("TESSERA_EMU_RACES", "on", true)) GTEST_SKIP() << "TESSERA_EMU_RACES=off";
+  cudaStream_t other = nullptr;
+  cudaEvent_t done = nullptr;
+  ck(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), "stream");
+  ck(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
+  Dev<float> x(32), y(32);
+  std::vector<float> host(32);
+  const cudaStream_t compute = device::stream();
+  auto copy_back = [&] {
+    ck(cudaMemcpyAsync(y.get(), x.get(), 32 * sizeof(float), cudaMemcpyDeviceToDevice, other),
+       "copy");
+  };
+  launch<fill_kernel>(1, 32, 0, compute, x.get(), 1.0f);
+  EXPECT_DEATH(copy_back(), "race on memory at 0x[0-9a-f]+: cudaMemcpyAsync on stream \"stream "
+                            "[0-9]+\" reads what fill_kernel on stream \"compute\" wrote");
+  ck(cudaEventRecord(done, compute), "record");
+  ck(cudaStreamWaitEvent(other, done, 0), "wait");
+  copy_back();  // ordered by the event
+  const float one = 1.0f, zero = 0.0f;
+  cublasSetStream(cuda::blas(), other);
+  EXPECT_EQ(cublasGemmEx(cuda::blas(), CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, x.get(),
+                         CUDA_R_32F, 4, x.get() + 16, CUDA_R_32F, 4, &zero, y.get(), CUDA_R_32F,
+                         4, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  cublasSetStream(cuda::blas(), compute);
+  EXPECT_DEATH(launch<fill_kernel>(1, 32, 0, compute, x.get(), 2.0f),
+               "fill_kernel on stream \"compute\" writes what cublasGemmEx on stream \"stream "
+               "[0-9]+\" read");
+  ck(cudaStreamSynchronize(other), "sync");  // the host has seen the GEMM done
+  launch<fill_kernel>(1, 32, 0, compute, x.get(), 2.0f);
+  sync();
+  cudaEventDestroy(done);
+  cudaStreamDestroy(other);
 }
 
 // The race the copy stream had: a step's token upload overwrites the buffer that kernels queued
@@ -218,7 +272,7 @@ TEST(EmulatorStreams, TokenUploadWaitsForTheComputeStreamsReaders) {
 
 TEST(Emulator, InvalidLaunchConfiguration) {
   Dev<float> out(32);
-  launch<write_kernel>(1, 2048, 0, nullptr, out.get());
+  launch<write_kernel>(1, 2048, 0, device::stream(), out.get());
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read and cleared, as the runtime's
 }

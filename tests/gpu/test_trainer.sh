@@ -10,7 +10,10 @@
 # layouts over NCCL against the 1-rank CPU run, tp=2 with sequence
 # parallelism too; with 4, tp=4 over a vocabulary padded so that the last
 # rank holds only padding rows; with 8, (2,2,2) with gemm attention, and with ZeRO-1 and fused
-# attention. Without a GPU: skipped, exit 0.
+# attention. Context parallelism at cp=2 (ring in fp32 and bf16, all-gather in fp32 and bf16,
+# LLaMA) and with 4 GPUs (cp2, tp2) with sequence parallelism and full recompute and (dp2, cp2)
+# with ZeRO-3 and selective recompute, against the 1-rank CPU run too. Without a GPU: skipped,
+# exit 0.
 #
 # TESSERA names the binary (bin/tessera-emu for the emulated build) and TESSERA_GPUS the number
 # of GPUs (the emulator has 8); otherwise nvidia-smi counts them.
@@ -57,6 +60,37 @@ if train cuda 1 device.backend=cuda; then
   cmp cuda_matches_cpu cpu cuda --loss-rtol 1e-5 --param-tol 1e-4
 fi
 train bf16 1 device.backend=cuda device.precision=bf16 && cmp bf16_near_cpu cpu bf16 --loss-rtol 2e-2 --param-norm-tol 2e-2
+# The fp32 bound derived rather than guessed (tests/gpu/fp32_floor.py): the CUDA run and the CPU
+# run, each against a float64 run of the same training from the same step-0 checkpoint
+# (tools/reference_gpt.py --dtype float64); the CUDA run's errors must stay within 8x the CPU's,
+# i.e. within what fp32 arithmetic costs. Where the Python has no torch or h5py (a GPU node's),
+# only the fixed bounds above apply.
+floor_check() {  # NAME CPU_RUN RUN STEP OVERRIDES...: the step-0 run and the float64 run first
+  local name=$1 cpu_run=$2 run=$3 step=$4
+  shift 4
+  if ! "$PYTHON" -c "import torch, h5py" 2>/dev/null; then
+    echo "test_trainer: $name: no torch/h5py in $PYTHON: the float64 floor is skipped"
+    return 0
+  fi
+  # optim.decay_steps: the schedule of the compared runs (their train.steps), which the stored
+  # deck of a 0-step run would not say.
+  train "${name}_init" 1 device.backend=cpu "$@" train.steps=0 optim.decay_steps="$step" ||
+    return 0
+  if ! "$PYTHON" "$ROOT/tools/reference_gpt.py" --dtype float64 --threads 1 --steps "$step" \
+       --checkpoint "$WORK/${name}_init/checkpoints/step_00000000.h5" --out "$WORK/$name.h5" \
+       --losses-out "$WORK/$name.json" >"$WORK/$name.log" 2>&1; then
+    fail "$name: the float64 reference failed"; tail -3 "$WORK/$name.log" | sed 's/^/    /'
+    return 0
+  fi
+  if out=$("$PYTHON" "$ROOT/tests/gpu/fp32_floor.py" --reference "$WORK/$name.h5" \
+             --losses "$WORK/$name.json" --floor "$WORK/$cpu_run" --run "$WORK/$run" \
+             --step "$step" 2>&1); then
+    pass "$name: $out"
+  else
+    fail "$name: $out"
+  fi
+}
+[ -d "$WORK/cuda" ] && floor_check cuda_fp32_floor cpu cuda 10
 # The fused attention kernels (model.attention: fused) against the CPU's gemm attention.
 train cuda_fused 1 device.backend=cuda model.attention=fused &&
   cmp cuda_fused_matches_cpu cpu cuda_fused --loss-rtol 1e-5 --param-tol 1e-4
@@ -81,6 +115,10 @@ if train cpu_llama 1 device.backend=cpu "${llama[@]}"; then
   if [ "$gpus" -ge 2 ]; then
     train cuda_llama_tp2_sp 2 device.backend=cuda parallel.tp=2 parallel.sequence_parallel=true \
       "${llama[@]}" && cmp cuda_llama_tp2_sp cpu_llama cuda_llama_tp2_sp --loss-rtol 1e-5 --param-tol 1e-4
+    # Context parallelism with grouped-query heads (only the 2 KV heads travel) and RoPE at the
+    # tokens' true positions.
+    train cuda_llama_cp2 2 device.backend=cuda parallel.cp=2 model.attention=fused "${llama[@]}" &&
+      cmp cuda_llama_cp2 cpu_llama cuda_llama_cp2 --loss-rtol 1e-5 --param-tol 1e-4
   fi
 fi
 # Sequences of 104 tokens: three whole key tiles of the fused attention (32 keys each) and a
@@ -97,6 +135,8 @@ if train cpu_long 1 device.backend=cpu "${long[@]}"; then
   train bf16_long_fused 1 device.backend=cuda device.precision=bf16 model.attention=fused \
     "${long[@]}" && cmp5 bf16_long_fused_near_cpu cpu_long bf16_long_fused --loss-rtol 2e-2 \
     --param-norm-tol 2e-2
+  [ -d "$WORK/cuda_long_fused" ] &&
+    floor_check cuda_long_fused_fp32_floor cpu_long cuda_long_fused 5 "${long[@]}"
 fi
 if train cpu_llama_long 1 device.backend=cpu "${llama[@]}" "${long[@]}"; then
   train cuda_llama_long_fused 1 device.backend=cuda model.attention=fused "${llama[@]}" \
@@ -137,6 +177,20 @@ for layout in "${layouts[@]}"; do
   train "$name" "$np" device.backend=cuda $layout && cmp "$name" cpu "$name" --loss-rtol 1e-5 --param-tol 1e-4
 done
 if [ "$gpus" -ge 2 ]; then
+  # Context parallelism over NCCL (model/context_attention.hpp): each sequence in 4 chunks on 2
+  # ranks, the attention blocks merged by their log-sum-exp; K/V round the ring (fp32 and bf16)
+  # or all-gathered (fp32), against the 1-rank CPU run.
+  cp=(parallel.cp=2 model.attention=fused)
+  train cuda_cp2 2 device.backend=cuda "${cp[@]}" &&
+    cmp cuda_cp2 cpu cuda_cp2 --loss-rtol 1e-5 --param-tol 1e-4
+  train bf16_cp2 2 device.backend=cuda device.precision=bf16 "${cp[@]}" &&
+    cmp bf16_cp2_near_cpu cpu bf16_cp2 --loss-rtol 2e-2 --param-norm-tol 2e-2
+  train cuda_cp2_allgather 2 device.backend=cuda parallel.cp_comm=allgather "${cp[@]}" &&
+    cmp cuda_cp2_allgather cpu cuda_cp2_allgather --loss-rtol 1e-5 --param-tol 1e-4
+  # bf16 dK/dV reduce-scattered over NCCL.
+  train bf16_cp2_allgather 2 device.backend=cuda device.precision=bf16 parallel.cp_comm=allgather \
+    "${cp[@]}" && cmp bf16_cp2_allgather_near_cpu cpu bf16_cp2_allgather --loss-rtol 2e-2 \
+    --param-norm-tol 2e-2
   # ZeRO-3 in bf16: the owners' fp32 masters, bf16 weights gathered over NCCL's own stream.
   train bf16_dp2_zero3 2 device.backend=cuda device.precision=bf16 parallel.dp=2 parallel.zero=3 &&
     cmp bf16_dp2_zero3_near_cpu cpu bf16_dp2_zero3 --loss-rtol 2e-2 --param-norm-tol 2e-2
@@ -152,6 +206,15 @@ if [ "$gpus" -ge 4 ]; then
   train cpu_v512 1 device.backend=cpu "${vocab[@]}" &&
     train cuda_tp4_padding 4 device.backend=cuda parallel.tp=4 "${vocab[@]}" &&
     cmp cuda_tp4_padding cpu_v512 cuda_tp4_padding --loss-rtol 1e-5 --param-tol 1e-4
+  # Context parallelism inside a tensor-parallel tile with sequence parallelism and full recompute
+  # (the ring rerun in the backward), and with ZeRO-3 over the dp x cp ranks and selective
+  # recompute.
+  train cuda_cp2_tp2_sp_full 4 device.backend=cuda parallel.tp=2 parallel.sequence_parallel=true \
+    train.recompute=full "${cp[@]}" &&
+    cmp cuda_cp2_tp2_sp_full cpu cuda_cp2_tp2_sp_full --loss-rtol 1e-5 --param-tol 1e-4
+  train cuda_dp2_cp2_zero3 4 device.backend=cuda parallel.dp=2 parallel.zero=3 \
+    train.recompute=selective "${cp[@]}" &&
+    cmp cuda_dp2_cp2_zero3 cpu cuda_dp2_cp2_zero3 --loss-rtol 1e-5 --param-tol 1e-4
 else
   echo "test_trainer: fewer than 4 GPUs: tp=4 with a padding-only rank is skipped"
 fi

@@ -5,7 +5,8 @@
 // (TESSERA_CUDA_EMU, `make test-cuda-host`) g++ compiles the kernels as C++ and the launch queues
 // the grid, its arguments copied, on the stream; every block and thread of it runs on the CPU
 // when the stream's work runs (device/emu/kernel.hpp); the pointer arguments are checked to be
-// device memory first. The caller checks the launch with
+// device memory first, and what it reads and writes is told to the race detector. The caller
+// checks the launch with
 // CUDA_CHECK_LAUNCH() in both.
 #include <cuda_runtime_api.h>
 
@@ -16,6 +17,8 @@
 #ifdef TESSERA_CUDA_EMU
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "device/emu/kernel.hpp"
 #endif
@@ -50,6 +53,30 @@ const char* kernel_name() {
   }(__PRETTY_FUNCTION__);
   return name.c_str();
 }
+
+// The kernel's parameter types, which say what it may write: a `T*` parameter is written, a
+// `const T*` one only read (the emulator's race detector, device/emu/races.hpp).
+template <typename F>
+struct parameters;
+template <typename... P>
+struct parameters<void (*)(P...)> {
+  using type = std::tuple<P...>;
+};
+
+// The element each pointer argument points at, read or written as its parameter's type says.
+template <auto Kernel, typename... Args, size_t... I>
+std::vector<emu::Touch> touches(std::index_sequence<I...>, const Args&... args) {
+  using P = typename parameters<decltype(Kernel)>::type;
+  static_assert(std::tuple_size_v<P> == sizeof...(Args), "one argument per kernel parameter");
+  std::vector<emu::Touch> t;
+  auto one = [&](auto i, const auto& a) {
+    using Param = std::tuple_element_t<decltype(i)::value, P>;
+    if constexpr (std::is_pointer_v<Param>)
+      t.push_back({static_cast<const void*>(a), 1, !std::is_const_v<std::remove_pointer_t<Param>>});
+  };
+  (one(std::integral_constant<size_t, I>{}, args), ...);
+  return t;
+}
 }  // namespace detail
 #endif
 
@@ -67,6 +94,7 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const Args&
   // By value, as a launch captures its arguments: the grid may run after the caller's copies die.
   auto bound = std::make_shared<const std::tuple<Args...>>(args...);
   emu::run_grid(name, grid, block, smem, stream,
+                detail::touches<Kernel>(std::index_sequence_for<Args...>{}, args...),
                 [](const void* closure) {
                   std::apply([](const Args&... a) { Kernel(a...); },
                              *static_cast<const std::tuple<Args...>*>(closure));

@@ -6,6 +6,9 @@
 
 #include "backend/cuda/common.cuh"
 #include "device/stream_wait.hpp"
+#ifdef TESSERA_CUDA_EMU
+#include "device/emu/races.hpp"
+#endif
 
 namespace tessera::cuda {
 
@@ -42,8 +45,13 @@ void pinned_release(void* p) { cudaFreeHost(p); }
 
 }  // namespace
 
+#ifdef TESSERA_CUDA_EMU
+Allocator memory() { return {device_allocate, device_release, emu::name_region}; }
+Allocator loader_memory() { return {pinned_allocate, pinned_release, emu::name_region}; }
+#else
 Allocator memory() { return {device_allocate, device_release}; }
 Allocator loader_memory() { return {pinned_allocate, pinned_release}; }
+#endif
 
 void zero(void* p, size_t bytes) {
   CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream()));  // 0 bits are +0 in fp32 and bf16

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "device/emu/memory.hpp"
+#include "device/emu/races.hpp"
 #include "device/emu/streams.hpp"
 
 struct cublasContext {
@@ -81,6 +82,9 @@ cublasStatus_t gemm(const char* call, cublasHandle_t h, cublasOperation_t ta,
     }
   // alpha and beta are read now (host pointer mode); the product when the stream runs it.
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
+  // C as written: a write is checked against both the last write and the reads.
+  touch(h->stream, call, {{A, operands[0].bytes, false}, {B, operands[1].bytes, false},
+                          {C, operands[2].bytes, true}});
   enqueue(h->stream, [=] {
     std::vector<float> col(size_t(std::max(k, 1)));
     for (int e = 0; e < batch; e++) {

@@ -36,6 +36,9 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
+#include <vector>
+
+#include "device/emu/races.hpp"
 
 // The CUDA headers make __shared__ empty for a host compiler: a bare one would declare storage of
 // each thread, unpoisoned. Static shared memory is declared with TESSERA_SHARED instead.
@@ -67,9 +70,10 @@ void poison_shared(void* p, size_t bytes);
 // (device/emu/streams.hpp: at once, or later in async mode; the closure holds the arguments by
 // value, as a launch captures them). An invalid configuration sets the runtime's last error
 // (cudaErrorInvalidConfiguration) at once, as a launch on a GPU does.
+// `touches`: what its pointer arguments read and write, for the race detector (races.hpp).
 using Body = void (*)(const void* closure);
 void run_grid(const char* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-              Body body, std::shared_ptr<const void> closure);
+              const std::vector<Touch>& touches, Body body, std::shared_ptr<const void> closure);
 // Ends the run with "cuda emulator: kernel K: what" when p is neither null nor inside device or
 // pinned memory (a host pointer handed to a kernel: an illegal address on a GPU).
 void check_kernel_pointer(const char* kernel, int argument, const void* p);

@@ -19,6 +19,9 @@
 // TESSERA_EMU_NCCL_ERROR=N (set for one rank) makes ncclCommGetAsyncError answer ncclRemoteError
 // on every communicator once this process has queued N calls: a peer lost to a node or network
 // fault as NCCL reports it, for the test that such a rank ends the job (parallel/nccl_comm.cpp).
+// TESSERA_EMU_NCCL_HANG=N makes every stream of this process never finish once it has queued N
+// calls (0: at once), with no error reported: a collective whose peer hangs, which only a bounded
+// wait ends (device/stream_wait.hpp). Read at every query, so a test can set it for a while.
 #include <mpi.h>
 #include <nccl.h>
 
@@ -32,6 +35,7 @@
 #include <vector>
 
 #include "device/emu/memory.hpp"
+#include "device/emu/races.hpp"
 #include "device/emu/streams.hpp"
 
 struct ncclComm {
@@ -79,6 +83,20 @@ long error_after() {
   }();
   return after;
 }
+
+}  // namespace
+
+bool collective_hung() {
+  const char* v = std::getenv("TESSERA_EMU_NCCL_HANG");
+  if (!v) return false;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (*v == '\0' || *end != '\0' || n < 0)
+    fault(std::string("TESSERA_EMU_NCCL_HANG=") + v + ": expected a call count of 0 or more");
+  return g_calls >= n;
+}
+
+namespace {
 
 MPI_Datatype mpi_type(ncclDataType_t t, size_t* bytes) {
   switch (t) {
@@ -248,6 +266,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   const MPI_Datatype t = mpi_type(datatype, &bytes);
   const MPI_Op o = mpi_op(op, datatype);
   if (o == MPI_OP_NULL) return ncclInvalidArgument;
+  touch(stream, "ncclAllReduce", {{sendbuff, count * bytes, false}, {recvbuff, count * bytes, true}});
   land(stream, recvbuff, count * bytes, [&](void* out) {
     MPI_Allreduce(sendbuff, out, int(count), t, o, comm->comm);
   });
@@ -267,6 +286,8 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   const MPI_Datatype t = mpi_type(datatype, &bytes);
   const MPI_Op o = mpi_op(op, datatype);
   if (o == MPI_OP_NULL) return ncclInvalidArgument;
+  touch(stream, "ncclReduceScatter", {{sendbuff, recvcount * bytes * size_t(comm->size), false},
+                                      {recvbuff, recvcount * bytes, true}});
   // Into the staging copy: NCCL's in-place form (recv inside send) is not MPI's.
   land(stream, recvbuff, recvcount * bytes, [&](void* out) {
     MPI_Reduce_scatter_block(sendbuff, out, int(recvcount), t, o, comm->comm);
@@ -284,6 +305,8 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
     return e;
   size_t bytes;
   const MPI_Datatype t = mpi_type(datatype, &bytes);
+  touch(stream, "ncclAllGather", {{sendbuff, sendcount * bytes, false},
+                                  {recvbuff, size_t(comm->size) * sendcount * bytes, true}});
   land(stream, recvbuff, size_t(comm->size) * sendcount * bytes, [&](void* out) {
     MPI_Allgather(sendbuff, int(sendcount), t, out, int(sendcount), t, comm->comm);
   });
@@ -297,6 +320,7 @@ ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatyp
   if (peer < 0 || peer >= comm->size) return ncclInvalidArgument;
   size_t bytes;
   const MPI_Datatype t = mpi_type(datatype, &bytes);
+  touch(stream, "ncclSend", {{sendbuff, count * bytes, false}});
   if (g_group_depth) {
     g_pending.push_back({true, const_cast<void*>(sendbuff), int(count), t, peer, comm, stream,
                          nullptr});
@@ -313,6 +337,7 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
   if (peer < 0 || peer >= comm->size) return ncclInvalidArgument;
   size_t bytes;
   const MPI_Datatype t = mpi_type(datatype, &bytes);
+  touch(stream, "ncclRecv", {{recvbuff, count * bytes, true}});
   if (g_group_depth) {
     g_pending.push_back({false, recvbuff, int(count), t, peer, comm, stream,
                          std::make_shared<std::vector<unsigned char>>(count * bytes)});

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "device/emu/memory.hpp"
+#include "device/emu/races.hpp"
 #include "device/emu/streams.hpp"
 
 namespace tessera::emu {
@@ -64,6 +65,7 @@ const ErrorText& error_text(cudaError_t e) {
       {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
       {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
       {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+      {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
       {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
   };
   for (const ErrorText& t : table)
@@ -195,6 +197,12 @@ std::string check_device_range(const void* p, size_t bytes) {
   return "it is host memory";
 }
 
+size_t allocation_bytes(const void* p) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const auto it = g_allocations.find(reinterpret_cast<uintptr_t>(p));
+  return it == g_allocations.end() ? 0 : it->second.bytes;
+}
+
 void set_last_error(cudaError_t e) { g_last_error = e; }
 
 bool valid_stream(cudaStream_t s) {
@@ -263,6 +271,7 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
 
 cudaError_t cudaDeviceSynchronize(void) {
   drain();
+  host_waited_all();
   return cudaSuccess;
 }
 
@@ -295,6 +304,8 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 // Both wait for the device first, as CUDA's do: queued work may still use the memory.
 cudaError_t cudaFree(void* ptr) {
   drain();
+  host_waited_all();
+  if (ptr && space_of(ptr, 0) == Space::device) forget_range(ptr, allocation_bytes(ptr));
   return release(ptr, Space::device, "cudaFree");
 }
 
@@ -308,6 +319,8 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaHostAlloc(ptr,
 
 cudaError_t cudaFreeHost(void* ptr) {
   drain();
+  host_waited_all();
+  if (ptr && space_of(ptr, 0) == Space::pinned) forget_range(ptr, allocation_bytes(ptr));
   return release(ptr, Space::pinned, "cudaFreeHost");
 }
 
@@ -321,12 +334,14 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   // may reuse it on return); into pageable host memory the copy completes before the call
   // returns, after the stream's earlier work; pinned and device memory are read and written when
   // the copy runs.
+  touch(stream, "cudaMemcpyAsync", {{src, bytes, false}, {dst, bytes, true}});
   if (space_of(src, bytes) == Space::none) {
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                       static_cast<const char*>(src) + bytes);
     enqueue(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
   } else if (space_of(dst, bytes) == Space::none) {
     flush(stream);
+    host_waited(stream);
     std::memmove(dst, src, bytes);
   } else {
     enqueue(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
@@ -338,6 +353,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   drain();
   const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
   drain();
+  host_waited(nullptr);  // the legacy stream's: the streams tessera makes do not block on it
   return e;
 }
 
@@ -346,6 +362,7 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t str
   if (bytes == 0) return cudaSuccess;
   if (const std::string why = check_device_range(ptr, bytes); !why.empty())
     return fail(cudaErrorInvalidValue, "cudaMemsetAsync of " + std::to_string(bytes) + " bytes: " + why);
+  touch(stream, "cudaMemsetAsync", {{ptr, bytes, true}});
   enqueue(stream, [ptr, value, bytes] { std::memset(ptr, value, bytes); });
   return cudaSuccess;
 }
@@ -378,14 +395,20 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 // A host wait: every stream's queued work runs (streams.hpp), in the mode's order.
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!valid_stream(stream)) return cudaErrorInvalidResourceHandle;
+  if (collective_hung())
+    fault("cudaStreamSynchronize on a stream behind a hung collective: it waits for ever on a GPU "
+          "(a bounded wait is device::wait_stream)");
   drain();
+  host_waited(stream);
   return cudaSuccess;
 }
 
 // As a wait: what the host reads after a query that says done must be there.
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (!valid_stream(stream)) return cudaErrorInvalidResourceHandle;
+  if (collective_hung()) return cudaErrorNotReady;
   drain();
+  host_waited(stream);
   return cudaSuccess;
 }
 
@@ -404,6 +427,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_events.erase(event)) return cudaErrorInvalidResourceHandle;
   forget_event(event);
+  races_forget_event(event);
   delete reinterpret_cast<Handle*>(event);
   return cudaSuccess;
 }
@@ -416,18 +440,21 @@ static bool valid_event(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!valid_event(event) || !valid_stream(stream)) return cudaErrorInvalidResourceHandle;
   record(event, stream);
+  races_record(event, stream);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!valid_event(event)) return cudaErrorInvalidResourceHandle;
   drain();
+  host_waited_event(event);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!valid_event(event)) return cudaErrorInvalidResourceHandle;
   drain();
+  host_waited_event(event);
   return cudaSuccess;
 }
 
@@ -435,6 +462,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   (void)flags;
   if (!valid_event(event) || !valid_stream(stream)) return cudaErrorInvalidResourceHandle;
   wait_event(stream, event);
+  races_wait(stream, event);
   return cudaSuccess;
 }
 

@@ -403,7 +403,7 @@ void poison_shared(void* p, size_t bytes) {
 }
 
 void run_grid(const char* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-              Body body, std::shared_ptr<const void> closure) {
+              const std::vector<Touch>& touches, Body body, std::shared_ptr<const void> closure) {
   if (r.launch) fault(std::string("kernel ") + kernel + " launched from inside a kernel");
   const size_t threads = size_t(block.x) * block.y * block.z;
   // The limits of every GPU since sm_30 (maxThreadsPerBlock, maxThreadsDim, maxGridSize) and
@@ -422,6 +422,7 @@ void run_grid(const char* kernel, dim3 grid, dim3 block, size_t smem, cudaStream
     set_last_error(cudaErrorInvalidResourceHandle);
     return;
   }
+  touch(stream, kernel, touches);
   // The grid runs when its stream gets to it (streams.hpp), from the arguments as they were now.
   enqueue(stream, [kernel, grid, block, smem, body, closure] {
     Launch launch{kernel, grid, block, body, closure.get(), std::vector<unsigned char>(smem)};
