@@ -4,14 +4,14 @@
 # E4M3/E5M2, delayed scaling), same data, seed and schedule. Prints a markdown table of the final
 # validation losses (fp32, fp8, their ratio) and writes both runs' curves to
 # $OUT/fp8_curves.png (matplotlib), or $OUT/fp8_curves.csv where matplotlib is missing.
-#   OUT (build/bench)  DATA (data/default)  STEPS (400)  THREADS (2)  PYTHON (/usr/bin/python3)
+#   OUT (build/bench)  DATA (data/default)  STEPS (400)  THREADS (1)  PYTHON (/usr/bin/python3)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-/usr/bin/python3}
 OUT=${OUT:-$ROOT/build/bench}
 DATA=${DATA:-$ROOT/data/default}
 STEPS=${STEPS:-400}
-THREADS=${THREADS:-2}
+THREADS=${THREADS:-1}
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=$THREADS
 
@@ -27,9 +27,9 @@ for name in gpt2 llama; do
     cat >"$run.yaml" <<DECK
 ${models[$name]}
 data: {train: "$DATA/train.h5", val: "$DATA/val.h5", seq_len: 64}
-train: {steps: $STEPS, batch_size: 16, micro_batch: 16, seed: 29}
+train: {steps: $STEPS, batch_size: 8, micro_batch: 8, seed: 29}
 optim: {lr: 2.0e-3, min_lr: 2.0e-4, warmup_steps: 20, decay_steps: $STEPS}
-eval: {every: 25, batches: 16}
+eval: {every: 25, batches: 8}
 checkpoint: {every: 0, restart: none, dir: "$run/ckpt"}
 log: {every: 25, peak_gflops: 50}
 run: {dir: "$run"}

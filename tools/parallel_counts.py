@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Analytic per-rank counts for a (dp, tp, pp) layout of tessera's GPT-2 (../shared/FORMULAS.md):
+"""Analytic per-rank counts for a (dp, cp, tp, pp) layout of tessera's GPT-2 and LLaMA
+(../shared/FORMULAS.md):
 parameter, gradient, optimizer and activation bytes, bytes handed to MPI per step on each
 communicator, and the pipeline bubble. Written from the formulas, not from tessera's code, so
 `make bench` and tests/integration/test_comm_volume.sh can hold tessera's own per-rank report
@@ -52,12 +53,16 @@ def interleaved_in_flight(stage, pp, v, m):
     return most
 
 
-def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
+def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank, cp=1):
     """Expected figures for one rank, from the deck (a dict) and the layout."""
     m, d, t, p = deck["model"], deck["data"], deck["train"], deck["parallel"]
     L, H, C, Tmax = m["n_layer"], m["n_head"], m["n_embd"], m["block_size"]
     Vp = -(-vocab // m["vocab_multiple"]) * m["vocab_multiple"]
-    T, B = d["seq_len"], t["batch_size"]
+    # Context parallelism: each rank holds T / cp tokens of every sequence, so every per-token
+    # figure below counts T / cp; the parameters' gradients reduce (and ZeRO shards) over the
+    # dp x cp ranks holding the same parameters.
+    T, B = d["seq_len"] // cp, t["batch_size"]
+    dpcp = dp * cp
     b = t["micro_batch"] or B // dp
     micro = B // (dp * b)
     v = p.get("virtual_stages", 1)
@@ -93,8 +98,8 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     # split every unit (a layer, or one tensor outside the layers) into g equal parts, the last
     # padded: S = sum over units of ceil(unit / g) elements per rank.
     stage = p.get("zero", 0)
-    g = p.get("zero_group", 0) or dp
-    r = dp // g
+    g = p.get("zero_group", 0) or dpcp
+    r = dpcp // g
     if stage == 1 and g == 1:
         stage = 0
     if llama:
@@ -166,11 +171,11 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     # embedding), or without resharding every unit gathered once a step; 2 and 3 then all-reduce
     # their parts' sums over the replicas.
     dp_bytes = 0
-    if dp > 1 and stage == 0:
+    if dpcp > 1 and stage == 0:
         dp_bytes = 4 * n_local
-    elif dp > 1 and stage == 1:
+    elif dpcp > 1 and stage == 1:
         dp_bytes = 8 * padded + (4 * padded // g if r > 1 else 0)
-    elif dp > 1:
+    elif dpcp > 1:
         def whole(u):  # a unit as gathered: g parts
             return g * -(-u // g)
         ins = sum(whole(u) for u in outer_first) if first else 0
@@ -190,8 +195,18 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank):
     embed_bytes = 0
     if pp > 1 and tied and (first or last):
         embed_bytes = 4 * (-(-(Vp * C // tp) // g) if stage >= 2 else Vp * C // tp)
+    # cp (README, "Context parallelism"), per layer and micro-batch, a block being one rank's K/V:
+    # 2 b (T/cp) KV/tp elements (only the KV heads travel). The ring sends cp - 1 blocks forward,
+    # cp - 1 blocks and cp - 1 dK/dV sums backward; the all-gather hands MPI cp blocks for each of
+    # its two gathers and its reduce-scatter. Recompute (selective or full) reruns the forward's.
+    cp_bytes = 0
+    if cp > 1:
+        block = 4 * 2 * b * T * (KV // tp)
+        hops = cp - 1 if p.get("cp_comm", "ring") == "ring" else cp
+        again = 1 if t.get("recompute", "none") != "none" else 0
+        cp_bytes = micro * L_here * (3 + again) * hops * block
     out.update(tp_bytes_per_step=tp_bytes, dp_bytes_per_step=dp_bytes, pp_bytes_per_step=pp_bytes,
-               embed_bytes_per_step=embed_bytes)
+               embed_bytes_per_step=embed_bytes, cp_bytes_per_step=cp_bytes)
     # Activations as tessera keeps them (fp32, no dropout), per micro-batch and layer, in floats:
     # C-wide ln_1, c_proj out, residual, ln_2, MLP c_proj out and layer output; tp-split qkv (3C),
     # attention output (C), MLP hidden before and after GELU (4C each); LayerNorm means and
@@ -254,24 +269,27 @@ def compare(metrics_path):
     ranks = [r for r in rows if r["type"] == "rank"]
     size = len(ranks)
     p = deck["parallel"]
+    cp = p.get("cp", 1)
     tp = p["tp"] if p["tp"] != "auto" else None
     pp = p["pp"] if p["pp"] != "auto" else None
     dp = p["dp"] if p["dp"] != "auto" else None
-    dp = dp or size // (tp * pp)
-    tp = tp or size // (dp * pp)
-    pp = pp or size // (dp * tp)
+    dp = dp or size // (cp * tp * pp)
+    tp = tp or size // (dp * cp * pp)
+    pp = pp or size // (dp * cp * tp)
     vocab = deck["model"]["vocab_size"] or 257
     bad = 0
     for r in ranks:
-        want = counts(deck, dp, tp, pp, vocab, int(r["dp_rank"]), int(r["tp_rank"]), int(r["pp_rank"]))
+        want = counts(deck, dp, tp, pp, vocab, int(r["dp_rank"]), int(r["tp_rank"]), int(r["pp_rank"]),
+                      cp)
         for key in ("param_bytes", "grad_bytes", "optim_bytes", "activation_bytes", "tp_bytes_per_step",
                     "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step",
+                    "cp_bytes_per_step",
                     "param_buffer_bytes", "grad_buffer_bytes", "optimizer_buffer_bytes",
                     "transient_bytes", "pipeline_buffer_bytes"):
             if abs(r[key] - want[key]) > 1e-6 * max(1.0, want[key]):
                 print(f"rank {r['rank']}: {key} measured {r[key]:.0f}, formula {want[key]:.0f}")
                 bad += 1
-    print(f"{size} ranks of dp={dp} tp={tp} pp={pp}: {'all' if not bad else 'not all'} "
+    print(f"{size} ranks of dp={dp}{f' cp={cp}' if cp > 1 else ''} tp={tp} pp={pp}: {'all' if not bad else 'not all'} "
           f"memory and communication figures equal the formulas")
     return 1 if bad else 0
 

@@ -28,8 +28,8 @@
 //                                     CUDA emulator only (a no-op elsewhere): a kernel reading
 //                                     what this step did not write reads NaN, not last step's
 //                   memory_report(arena, bf16), peak_gflops(bf16)   for the start-up log
-//                   fp8_amax, fp8_quantize, bias_backward   FP8 GEMM inputs (device.precision
-//                                     fp8; the CPU's only so far: the CUDA FP8 path is to come)
+// and, on CpuBackend only so far (the CUDA FP8 path is to come), the FP8 simulation's
+// fp8_amax, fp8_quantize and bias_backward (device.precision fp8, model/fp8.hpp).
 //
 // CpuBackend is in backend/cpu/backend.hpp, CudaBackend<float | bf16> in backend/cuda/backend.hpp.
 
@@ -50,14 +50,14 @@
   TESSERA_BACKEND_FORWARD(ns, rmsnorm_backward)                                                  \
   TESSERA_BACKEND_FORWARD(ns, matmul_forward)                                                    \
   TESSERA_BACKEND_FORWARD(ns, bias_add)                                                          \
-  TESSERA_BACKEND_FORWARD(ns, bias_backward)                                                     \
-  TESSERA_BACKEND_FORWARD(ns, fp8_amax)                                                          \
-  TESSERA_BACKEND_FORWARD(ns, fp8_quantize)                                                      \
   TESSERA_BACKEND_FORWARD(ns, matmul_backward)                                                   \
   TESSERA_BACKEND_FORWARD(ns, attention_forward)                                                 \
   TESSERA_BACKEND_FORWARD(ns, attention_backward)                                                \
   TESSERA_BACKEND_FORWARD(ns, attention_fused_forward)                                           \
   TESSERA_BACKEND_FORWARD(ns, attention_fused_backward)                                          \
+  TESSERA_BACKEND_FORWARD(ns, attention_block_forward)                                           \
+  TESSERA_BACKEND_FORWARD(ns, attention_delta)                                                   \
+  TESSERA_BACKEND_FORWARD(ns, attention_block_backward)                                          \
   TESSERA_BACKEND_FORWARD(ns, rope_forward)                                                      \
   TESSERA_BACKEND_FORWARD(ns, rope_backward)                                                     \
   TESSERA_BACKEND_FORWARD(ns, gelu_forward)                                                      \
@@ -66,6 +66,9 @@
   TESSERA_BACKEND_FORWARD(ns, swiglu_backward)                                                   \
   TESSERA_BACKEND_FORWARD(ns, residual_forward)                                                  \
   TESSERA_BACKEND_FORWARD(ns, add_inplace)                                                       \
+  TESSERA_BACKEND_FORWARD(ns, copy_columns)                                                      \
+  TESSERA_BACKEND_FORWARD(ns, add_columns)                                                       \
+  TESSERA_BACKEND_FORWARD(ns, fill)                                                              \
   TESSERA_BACKEND_FORWARD(ns, crossentropy_row_max)                                              \
   TESSERA_BACKEND_FORWARD(ns, crossentropy_exp_sums)                                             \
   TESSERA_BACKEND_FORWARD(ns, crossentropy_finish)                                               \

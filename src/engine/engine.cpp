@@ -32,10 +32,11 @@ class Engine final : public TrainEngine {
         prefetch_(s.zero_prefetch),
         arena_(Backend::memory()),
         // Built in the fixed order tp, dp, pp, embed, shard, replica, cp (an NCCL communicator's
-        // construction is collective over its ranks). The data-parallel sums and the ZeRO
-        // group's gathers overlap the compute that follows them (device.nccl_overlap).
+        // construction is collective over its ranks). The data-parallel sums, the ZeRO group's
+        // gathers and the cp ring's transfers (each posted before the attention block in hand)
+        // overlap the compute that follows them (device.nccl_overlap).
         tp_(s.tp), dp_(s.dp, s.nccl_overlap), pp_(s.pp), embed_(s.embed),
-        own_shard_(s.shard, s.nccl_overlap), replica_(s.replica), cp_(s.cp),
+        own_shard_(s.shard, s.nccl_overlap), replica_(s.replica), cp_(s.cp, s.nccl_overlap),
         shard_(s.shard == MPI_COMM_NULL ? &dp_ : &own_shard_),
         mem_(s, arena_, &tp_, &dp_, &pp_, shard_, &replica_, &cp_),
         models_(mem_.models), optimizer_(mem_.optimizer), executor_(mem_.executor) {

@@ -34,7 +34,8 @@ H5FD_mpio_xfer_t transfer_mode(const ParamTensor& c, long collective_bytes);
 // (nothing where the checkpoint has none), its checksum and values checked, UserError naming
 // `path` otherwise.
 void write_fp8_history(hid_t train, const TrainState& state, bool write_data);
-void read_fp8_history(hid_t train, const std::string& path, TrainState& state);
+// n_layer: the checkpoint's, whose rows the dataset must have (Fp8State's per layer, the head's).
+void read_fp8_history(hid_t train, const std::string& path, int n_layer, TrainState& state);
 
 // The local tensor holding canonical tensor i on this rank, or null.
 std::vector<const LocalTensor*> tiles_by_canonical(const LocalLayout& layout);

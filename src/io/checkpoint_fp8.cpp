@@ -7,6 +7,7 @@
 #include "io/checkpoint.hpp"
 #include "io/checkpoint_format.hpp"
 #include "io/hdf5_util.hpp"
+#include "model/fp8.hpp"
 
 namespace tessera::ckpt {
 
@@ -38,7 +39,7 @@ void write_fp8_history(hid_t train, const TrainState& state, bool write_data) {
     throw UserError("HDF5: cannot write /train/" + std::string(kFp8Dataset), kExitIO);
 }
 
-void read_fp8_history(hid_t train, const std::string& path, TrainState& state) {
+void read_fp8_history(hid_t train, const std::string& path, int n_layer, TrainState& state) {
   state.fp8_history = 0;
   state.fp8_amax.clear();
   if (H5Lexists(train, kFp8Dataset, H5P_DEFAULT) <= 0) return;
@@ -47,10 +48,14 @@ void read_fp8_history(hid_t train, const std::string& path, TrainState& state) {
   if (!dset.valid()) throw UserError(name + ": cannot open the dataset");
   H5Handle space(H5Dget_space(dset.get()), H5Sclose);
   hsize_t dims[2] = {0, 0};
+  const hsize_t rows = hsize_t(n_layer) * Fp8State::kPerLayer + Fp8State::kRoles;
   if (H5Sget_simple_extent_ndims(space.get()) != 2 ||
-      H5Sget_simple_extent_dims(space.get(), dims, nullptr) < 0 || dims[1] < 1 ||
-      dims[1] > 1024 || dims[0] > hsize_t(1) << 24)
-    throw UserError(name + ": must be a 2-D dataset of at most 2^24 rows of 1 to 1024 amaxes");
+      H5Sget_simple_extent_dims(space.get(), dims, nullptr) < 0 || dims[0] != rows ||
+      dims[1] < 1 || dims[1] > 1024)
+    throw UserError(name + ": must be a 2-D dataset of " + std::to_string(rows) + " rows (" +
+                    std::to_string(Fp8State::kPerLayer) + " per layer of " +
+                    std::to_string(n_layer) + ", the head's " +
+                    std::to_string(Fp8State::kRoles) + ") of 1 to 1024 amaxes");
   std::vector<float> values(size_t(dims[0] * dims[1]));
   if (!values.empty() && H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
                                  values.data()) < 0)

@@ -1,8 +1,6 @@
 #include "model/context_attention.hpp"
 
 #include <limits>
-#include <stdexcept>
-#include <type_traits>
 
 #include "backend/cpu/backend.hpp"
 #include "backend/declare.hpp"
@@ -14,11 +12,8 @@
 namespace tessera {
 
 namespace {
-// Tags of the ring's transfers on the cp communicator.
+// Tags of the ring's transfers on the cp communicator (MPI's; NCCL matches by order).
 constexpr int kTagKv = 1, kTagDkv = 2;
-// The block kernels are the CPU's (fp32, host memory).
-template <class Backend>
-constexpr bool kCpu = std::is_same_v<Backend, CpuBackend>;
 }  // namespace
 
 template <class Backend>
@@ -43,20 +38,18 @@ void ContextAttention<Backend>::bind() {
   delta_ = arena_->get<float>(h_delta_);
 }
 
+// The K/V columns of qkv's rows, packed into a block / its gradient added back: one op each, so
+// on a GPU the rows are not copied one by one.
 template <class Backend>
 void ContextAttention<Backend>::pack(Act* kv, const Act* qkv, int B) const {
   const size_t C3 = size_t(nh_ + 2 * nkv_) * hs_, W = size_t(2 * nkv_) * hs_;
-  const size_t q = size_t(nh_) * hs_;
-  for (size_t row = 0; row < size_t(B) * Tl_; ++row)
-    Backend::copy(kv + row * W, qkv + row * C3 + q, W * sizeof(Act));
+  Backend::copy_columns(kv, W, qkv + size_t(nh_) * hs_, C3, size_t(B) * Tl_, W);
 }
 
 template <class Backend>
 void ContextAttention<Backend>::unpack_add(Act* dqkv, const Act* dkv, int B) const {
   const size_t C3 = size_t(nh_ + 2 * nkv_) * hs_, W = size_t(2 * nkv_) * hs_;
-  const size_t q = size_t(nh_) * hs_;
-  for (size_t row = 0; row < size_t(B) * Tl_; ++row)
-    Backend::add_inplace(dqkv + row * C3 + q, dkv + row * W, W);
+  Backend::add_columns(dqkv + size_t(nh_) * hs_, C3, dkv, W, size_t(B) * Tl_, W);
 }
 
 // Query half qh holds chunk r (qh 0) or 2P-1-r (qh 1); key half kh of source src likewise. f(q, k,
@@ -71,8 +64,8 @@ void ContextAttention<Backend>::each_block(int src, int B, F f) const {
     for (int kh = 0; kh < 2; ++kh) {
       const int ck = kh == 0 ? src : 2 * P_ - 1 - src;
       if (ck > cq) continue;  // wholly above the causal diagonal
-      const cpu::AttentionBlock s{B, Tc, nh_, nkv_, hs_, C3, Cq, W, Tl_,
-                                  size_t(Tl_) * C3, size_t(Tl_) * Cq, size_t(Tl_) * W, ck == cq};
+      const AttentionBlock s{B, Tc, nh_, nkv_, hs_, C3, Cq, W, Tl_,
+                             size_t(Tl_) * C3, size_t(Tl_) * Cq, size_t(Tl_) * W, ck == cq};
       f(size_t(qh) * Tc, size_t(kh) * Tc, s);
     }
   }
@@ -81,82 +74,62 @@ void ContextAttention<Backend>::each_block(int src, int B, F f) const {
 template <class Backend>
 void ContextAttention<Backend>::blocks_forward(Act* out, float* lse, const Act* qkv, const Act* kv,
                                                int src, int B) const {
-  if constexpr (kCpu<Backend>) {
-    each_block(src, B, [&](size_t q, size_t k, const cpu::AttentionBlock& s) {
-      cpu::attention_block_forward<float>(out + q * s.ldo, lse + q, qkv + q * s.ldq,
-                                          kv + k * s.ldkv, s);
-    });
-  } else {
-    (void)out, (void)lse, (void)qkv, (void)kv, (void)src, (void)B;
-    throw std::logic_error("context parallelism runs on the CPU backend only");
-  }
+  each_block(src, B, [&](size_t q, size_t k, const AttentionBlock& s) {
+    Backend::attention_block_forward(out + q * s.ldo, lse + q, qkv + q * s.ldq, kv + k * s.ldkv, s);
+  });
 }
 
 template <class Backend>
 void ContextAttention<Backend>::blocks_backward(Act* dqkv, Act* dkv, const Act* dout,
                                                 const Act* qkv, const Act* kv, const float* lse,
                                                 int src, int B) const {
-  if constexpr (kCpu<Backend>) {
-    each_block(src, B, [&](size_t q, size_t k, const cpu::AttentionBlock& s) {
-      cpu::attention_block_backward<float>(dqkv + q * s.ldq, dkv + k * s.ldkv, dout + q * s.ldo,
-                                           delta_ + q, qkv + q * s.ldq, kv + k * s.ldkv, lse + q,
-                                           s);
-    });
-  } else {
-    (void)dqkv, (void)dkv, (void)dout, (void)qkv, (void)kv, (void)lse, (void)src, (void)B;
-    throw std::logic_error("context parallelism runs on the CPU backend only");
-  }
+  each_block(src, B, [&](size_t q, size_t k, const AttentionBlock& s) {
+    Backend::attention_block_backward(dqkv + q * s.ldq, dkv + k * s.ldkv, dout + q * s.ldo,
+                                      delta_ + q, qkv + q * s.ldq, kv + k * s.ldkv, lse + q, s);
+  });
 }
 
 template <class Backend>
 void ContextAttention<Backend>::wait_ring() {
-  if constexpr (kCpu<Backend>) {
-    const double start = trace::now();
-    cp_->group_end();
-    cp_->wait_sends();
-    cp_->busy_seconds += trace::now() - start;
-  }
+  const double start = trace::now();
+  cp_->group_end();
+  cp_->wait_sends();
+  cp_->busy_seconds += trace::now() - start;
 }
 
 template <class Backend>
 void ContextAttention<Backend>::forward(Act* out, float* lse, const Act* qkv, int B) {
-  if constexpr (kCpu<Backend>) {
-    const double start = trace::now();
-    struct Add {
-      double& total;
-      double start;
-      ~Add() { total += trace::now() - start; }
-    } add{seconds, start};
-    const size_t n = size_t(B) * Tl_ * 2 * nkv_ * hs_;
-    Backend::zero(out, size_t(B) * Tl_ * nh_ * hs_ * sizeof(Act));
-    const float inf = std::numeric_limits<float>::infinity();
-    for (size_t i = 0; i < size_t(B) * nh_ * Tl_; ++i) lse[i] = -inf;
-    if (allgather_) {
-      pack(kv_ + size_t(r_) * n, qkv, B);
-      cp_->all_gather(kv_ + size_t(r_) * n, kv_, n);
-      for (int step = 0; step < P_; ++step) {
-        const int src = (r_ - step + P_) % P_;
-        blocks_forward(out, lse, qkv, kv_ + size_t(src) * n, src, B);
-      }
-      return;
-    }
-    const int next = (r_ + 1) % P_, prev = (r_ - 1 + P_) % P_;
-    pack(kv_, qkv, B);
+  const double start = trace::now();
+  struct Add {
+    double& total;
+    double start;
+    ~Add() { total += trace::now() - start; }
+  } add{seconds, start};
+  const size_t n = size_t(B) * Tl_ * 2 * nkv_ * hs_;
+  Backend::zero(out, size_t(B) * Tl_ * nh_ * hs_ * sizeof(Act));
+  Backend::fill(lse, size_t(B) * nh_ * Tl_, -std::numeric_limits<float>::infinity());
+  if (allgather_) {
+    pack(kv_ + size_t(r_) * n, qkv, B);
+    cp_->all_gather(kv_ + size_t(r_) * n, kv_, n);
     for (int step = 0; step < P_; ++step) {
-      Act* held = kv_ + size_t(step % 2) * block_;
-      Act* coming = kv_ + size_t((step + 1) % 2) * block_;
-      const bool pass = step + 1 < P_;
-      if (pass) {  // posted before the block in hand is computed
-        cp_->group_start();
-        cp_->send(held, n, next, kTagKv);
-        cp_->recv(coming, n, prev, kTagKv);
-      }
-      blocks_forward(out, lse, qkv, held, (r_ - step + P_) % P_, B);
-      if (pass) wait_ring();
+      const int src = (r_ - step + P_) % P_;
+      blocks_forward(out, lse, qkv, kv_ + size_t(src) * n, src, B);
     }
-  } else {
-    (void)out, (void)lse, (void)qkv, (void)B;
-    throw std::logic_error("context parallelism runs on the CPU backend only");
+    return;
+  }
+  const int next = (r_ + 1) % P_, prev = (r_ - 1 + P_) % P_;
+  pack(kv_, qkv, B);
+  for (int step = 0; step < P_; ++step) {
+    Act* held = kv_ + size_t(step % 2) * block_;
+    Act* coming = kv_ + size_t((step + 1) % 2) * block_;
+    const bool pass = step + 1 < P_;
+    if (pass) {  // posted before the block in hand is computed
+      cp_->group_start();
+      cp_->send(held, n, next, kTagKv);
+      cp_->recv(coming, n, prev, kTagKv);
+    }
+    blocks_forward(out, lse, qkv, held, (r_ - step + P_) % P_, B);
+    if (pass) wait_ring();
   }
 }
 
@@ -166,59 +139,54 @@ void ContextAttention<Backend>::forward(Act* out, float* lse, const Act* qkv, in
 template <class Backend>
 void ContextAttention<Backend>::backward(Act* dqkv, const Act* dout, const Act* qkv,
                                          const Act* out, const float* lse, int B) {
-  if constexpr (kCpu<Backend>) {
-    struct Add {
-      double& total;
-      double start;
-      ~Add() { total += trace::now() - start; }
-    } add{seconds, trace::now()};
-    const size_t n = size_t(B) * Tl_ * 2 * nkv_ * hs_;
-    cpu::attention_delta<float>(delta_, dout, out, B, Tl_, nh_, hs_, nh_ * hs_);
-    if (allgather_) {
-      // The K/V of the forward's gather are still in kv_ unless recompute reran another layer:
-      // gathered again.
-      pack(kv_ + size_t(r_) * n, qkv, B);
-      cp_->all_gather(kv_ + size_t(r_) * n, kv_, n);
-      Backend::zero(dkv_, size_t(P_) * n * sizeof(Act));
-      for (int step = 0; step < P_; ++step) {
-        const int src = (r_ - step + P_) % P_;
-        blocks_backward(dqkv, dkv_ + size_t(src) * n, dout, qkv, kv_ + size_t(src) * n, lse, src,
-                        B);
-      }
-      unpack_add(dqkv, cp_->reduce_scatter_sum_in_place(dkv_, n), B);
-      return;
-    }
-    const int next = (r_ + 1) % P_, prev = (r_ - 1 + P_) % P_;
-    pack(kv_, qkv, B);
-    // dkv_ block 0: this rank's own contribution to its block; blocks 1 and 2: the sums that
-    // travel with the other ranks' blocks, from the rank after the owner round to the owner.
-    Backend::zero(dkv_, n * sizeof(Act));
+  struct Add {
+    double& total;
+    double start;
+    ~Add() { total += trace::now() - start; }
+  } add{seconds, trace::now()};
+  const size_t n = size_t(B) * Tl_ * 2 * nkv_ * hs_;
+  Backend::attention_delta(delta_, dout, out, B, Tl_, nh_, hs_, nh_ * hs_);
+  if (allgather_) {
+    // The K/V of the forward's gather are still in kv_ unless recompute reran another layer:
+    // gathered again.
+    pack(kv_ + size_t(r_) * n, qkv, B);
+    cp_->all_gather(kv_ + size_t(r_) * n, kv_, n);
+    Backend::zero(dkv_, size_t(P_) * n * sizeof(Act));
     for (int step = 0; step < P_; ++step) {
-      Act* held = kv_ + size_t(step % 2) * block_;
-      Act* coming = kv_ + size_t((step + 1) % 2) * block_;
-      Act* sums = dkv_ + size_t(step == 0 ? 0 : 1 + step % 2) * block_;
-      Act* sums_coming = dkv_ + size_t(1 + (step + 1) % 2) * block_;
-      const bool pass = step + 1 < P_;
-      if (pass) {  // the next K/V block, posted before this one's computation
-        cp_->group_start();
-        cp_->send(held, n, next, kTagKv);
-        cp_->recv(coming, n, prev, kTagKv);
-      }
-      if (step == 1) Backend::zero(sums, n * sizeof(Act));
-      blocks_backward(dqkv, sums, dout, qkv, held, lse, (r_ - step + P_) % P_, B);
-      if (pass) wait_ring();
-      if (step == 0) continue;
-      cp_->group_start();
-      cp_->send(sums, n, next, kTagDkv);
-      cp_->recv(sums_coming, n, prev, kTagDkv);
-      wait_ring();
+      const int src = (r_ - step + P_) % P_;
+      blocks_backward(dqkv, dkv_ + size_t(src) * n, dout, qkv, kv_ + size_t(src) * n, lse, src,
+                      B);
     }
-    unpack_add(dqkv, dkv_, B);
-    unpack_add(dqkv, dkv_ + size_t(1 + P_ % 2) * block_, B);
-  } else {
-    (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)B;
-    throw std::logic_error("context parallelism runs on the CPU backend only");
+    unpack_add(dqkv, cp_->reduce_scatter_sum_in_place(dkv_, n), B);
+    return;
   }
+  const int next = (r_ + 1) % P_, prev = (r_ - 1 + P_) % P_;
+  pack(kv_, qkv, B);
+  // dkv_ block 0: this rank's own contribution to its block; blocks 1 and 2: the sums that
+  // travel with the other ranks' blocks, from the rank after the owner round to the owner.
+  Backend::zero(dkv_, n * sizeof(Act));
+  for (int step = 0; step < P_; ++step) {
+    Act* held = kv_ + size_t(step % 2) * block_;
+    Act* coming = kv_ + size_t((step + 1) % 2) * block_;
+    Act* sums = dkv_ + size_t(step == 0 ? 0 : 1 + step % 2) * block_;
+    Act* sums_coming = dkv_ + size_t(1 + (step + 1) % 2) * block_;
+    const bool pass = step + 1 < P_;
+    if (pass) {  // the next K/V block, posted before this one's computation
+      cp_->group_start();
+      cp_->send(held, n, next, kTagKv);
+      cp_->recv(coming, n, prev, kTagKv);
+    }
+    if (step == 1) Backend::zero(sums, n * sizeof(Act));
+    blocks_backward(dqkv, sums, dout, qkv, held, lse, (r_ - step + P_) % P_, B);
+    if (pass) wait_ring();
+    if (step == 0) continue;
+    cp_->group_start();
+    cp_->send(sums, n, next, kTagDkv);
+    cp_->recv(sums_coming, n, prev, kTagDkv);
+    wait_ring();
+  }
+  unpack_add(dqkv, dkv_, B);
+  unpack_add(dqkv, dkv_ + size_t(1 + P_ % 2) * block_, B);
 }
 
 template class ContextAttention<CpuBackend>;

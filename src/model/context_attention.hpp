@@ -13,7 +13,10 @@
 //
 // Blocks are taken in the same order on both paths (the ring's), so their forward outputs agree
 // to the bit; the dK/dV sums differ in order (ring: rank by rank; allgather: the reduction's).
-// The CPU backend only (fp32).
+// Every backend: the blocks are Backend::attention_block_forward / _backward (the CPU's, or the
+// CUDA kernels of backend/cuda/attention_block.cu in fp32 or bf16, the log-sum-exps and the
+// backward's delta in fp32), the transfers the cp communicator's (MPI, or NCCL queued on the
+// stream).
 #include <vector>
 
 #include "backend/arena.hpp"
@@ -56,6 +59,8 @@ class ContextAttention {
 
   // Seconds spent in forward and backward so far (the attention, its transfers' waits among
   // them); the waits are added to the cp communicator's busy_seconds (the exposed communication).
+  // On a GPU both are the host's time queueing the work (NCCL's waits are the stream's, not the
+  // host's: NcclComm::busy_seconds stays 0).
   double seconds = 0;
 
  private:

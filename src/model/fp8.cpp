@@ -64,8 +64,9 @@ void Fp8State::set_history(int layer, const std::vector<float>& h) {
 
 template <class Backend>
 Fp8Linear<Backend>::Fp8Linear(const Fp8Options& options, int begin, int end, bool head, Comm* tp,
-                              size_t max_input, size_t max_weight, size_t max_grad, Arena& arena)
-    : state_(options, begin, end, head), tp_(tp), arena_(&arena) {
+                              Comm* cp, size_t max_input, size_t max_weight, size_t max_grad,
+                              Arena& arena)
+    : state_(options, begin, end, head), tp_(tp), cp_(cp), arena_(&arena) {
   h_input_ = arena.add("fp8: quantized GEMM input", max_input * sizeof(Act));
   h_weight_ = arena.add("fp8: quantized GEMM weight", max_weight * sizeof(Act));
   h_grad_ = arena.add("fp8: quantized GEMM output gradient", max_grad * sizeof(Act));
@@ -94,6 +95,7 @@ const typename Backend::Act* Fp8Linear<Backend>::quantize(Act* buffer, const Act
       // a NaN is unspecified: infinity stands in, and the step is judged at its end).
       if (std::isnan(current)) current = INFINITY;
       tp_->all_reduce_max(&current, 1);
+      if (cp_ != nullptr && cp_->size() > 1) cp_->all_reduce_max(&current, 1);
     }
     Backend::fp8_quantize(buffer, x, n, state_.scale(tensor, current), state_.format(role));
     return buffer;
@@ -131,9 +133,9 @@ void Fp8Linear<Backend>::backward(int layer, int gemm, Act* dinp, float* dweight
 
 template class Fp8Linear<CpuBackend>;
 template Fp8Linear<DeclareBackend<float>>::Fp8Linear(const Fp8Options&, int, int, bool, Comm*,
-                                                     size_t, size_t, size_t, Arena&);
+                                                     Comm*, size_t, size_t, size_t, Arena&);
 template Fp8Linear<DeclareBackend<Bf16Bytes>>::Fp8Linear(const Fp8Options&, int, int, bool, Comm*,
-                                                         size_t, size_t, size_t, Arena&);
+                                                         Comm*, size_t, size_t, size_t, Arena&);
 #ifdef TESSERA_CUDA
 template class Fp8Linear<CudaBackend<float>>;
 template class Fp8Linear<CudaBackend<cuda::bf16>>;

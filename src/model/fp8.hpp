@@ -20,7 +20,8 @@
 // a skipped step (the anomaly policy) drops them: its history stays untouched.
 //
 // The first step has no history: each tensor then uses its current amax, reduced over the
-// tensor-parallel ranks at the GEMM, so every rank of a tile uses one scale. The amaxes a step
+// tensor-parallel ranks at the GEMM, so every rank of a tile uses one scale (and over the
+// context-parallel ones, which hold the same tile and split the same sequences). The amaxes a step
 // commits are reduced over tp, cp and dp (by the engine), so from the second step on every
 // layout computes the same scales from the same numbers.
 #include <cstddef>
@@ -89,8 +90,9 @@ class Fp8Linear {
  public:
   // max_input, max_weight, max_grad: the most elements of any one GEMM's input, weight and
   // output gradient.
-  Fp8Linear(const Fp8Options& options, int begin, int end, bool head, Comm* tp, size_t max_input,
-            size_t max_weight, size_t max_grad, Arena& arena);
+  // cp: the context-parallel communicator, or nullptr without it.
+  Fp8Linear(const Fp8Options& options, int begin, int end, bool head, Comm* tp, Comm* cp,
+            size_t max_input, size_t max_weight, size_t max_grad, Arena& arena);
   void bind();
   Fp8State& state() { return state_; }
   bool covers(int layer) const { return state_.covers(layer); }
@@ -105,7 +107,7 @@ class Fp8Linear {
  private:
   const Act* quantize(Act* buffer, const Act* x, size_t n, int tensor, Fp8State::Role role);
   Fp8State state_;
-  Comm* tp_;
+  Comm *tp_, *cp_;
   Arena* arena_;
   size_t h_input_ = 0, h_weight_ = 0, h_grad_ = 0;
   Act *input_ = nullptr, *weight_ = nullptr, *grad_ = nullptr;

@@ -132,7 +132,7 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     const bool head = last_ && options.fp8.head;
     const size_t V = head ? size_t(layout.vocab_rows) : 0, widest = std::max({C, Q, F, V});
     fp8_ = std::make_unique<Fp8Linear<Backend>>(
-        options.fp8, begin_, end_, head, tp, N * std::max({C, Q, F}),
+        options.fp8, begin_, end_, head, tp, cp, N * std::max({C, Q, F}),
         std::max({QKV * C, Q * C, FH * C, F * C, V * C}), N * std::max({QKV, widest, FH}), arena);
   }
   // LLaMA's rotary table: (T, hs/2) cos and sin pairs.

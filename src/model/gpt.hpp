@@ -98,9 +98,9 @@ class Gpt {
   const LocalLayout& layout() const { return layout_; }
   // Seconds in context parallelism's attention so far (0 without it).
   double context_seconds() const { return context_ ? context_->seconds : 0; }
-  // This chunk embeds the tokens (the model's first virtual stage) / ends in the loss (its last).
   // device.precision fp8: the delayed-scaling state of this chunk's FP8 GEMMs, else nullptr.
   Fp8State* fp8_state() { return fp8_ ? &fp8_->state() : nullptr; }
+  // This chunk embeds the tokens (the model's first virtual stage) / ends in the loss (its last).
   bool first() const { return first_; }
   bool last() const { return last_; }
   int slots() const { return slots_; }

@@ -52,8 +52,9 @@ class NcclComm {
   void reduce_scatter_sum(const T* send, T* recv, size_t count);
   // In place: x (size * count) summed, this rank's block left at x + rank * count (NCCL's
   // in-place placement) and returned.
-  float* reduce_scatter_sum_in_place(float* x, size_t count) {
-    reduce_scatter_sum(static_cast<const float*>(x), x + size_t(rank_) * count, count);
+  template <typename T>
+  T* reduce_scatter_sum_in_place(T* x, size_t count) {
+    reduce_scatter_sum(static_cast<const T*>(x), x + size_t(rank_) * count, count);
     return x + size_t(rank_) * count;
   }
   // recv (size * count) = every rank's send (count), in rank order (in place when send is

@@ -124,9 +124,6 @@ void Run::lay_out() {
     throw UserError(cfg_.deck_path + ": " + e);
   if (std::string e = make_run_layout(cfg_, shape_, layout, &run_); !e.empty())
     throw UserError(cfg_.deck_path + ": " + e);
-  if (layout.cp > 1 && backend_.cuda)
-    throw UserError(cfg_.deck_path + ": parallel.cp = " + std::to_string(layout.cp) +
-                    " runs on device.backend: cpu for now (the CUDA ring attention is not built)");
   topo_ = std::make_unique<Topology>(world_comm_, layout);
   me_ = topo_->coord();
   world_ = std::make_unique<Comm>(world_comm_);

@@ -141,9 +141,32 @@ struct Compare {
 };
 Compare compare(const std::vector<double>& got, const std::vector<double>& want);
 
+// v with every element rounded to what an F holds (a reference's output handed to the next op).
+template <typename F>
+std::vector<double> rounded(std::vector<double> v) {
+  for (double& x : v) x = round_to<F>(x);
+  return v;
+}
+
 template <typename F>
 constexpr double tolerance() {
   return std::is_same_v<F, float> ? 1e-5 : 2e-2;
 }
 
 }  // namespace tessera::gpu_test
+
+// In a gtest file (names of tessera::gpu_test in scope): got within tol of want by compare()'s
+// measure, every element finite, and a bf16 output unbiased: the signed mean of its errors
+// against the reference rounded to nearest even stays within 0.1 ulp (a store that truncates
+// gives about -0.5).
+#define EXPECT_CLOSE(got, want, tol, what)                                                       \
+  do {                                                                                           \
+    const Compare c_ = compare(got, want);                                                       \
+    EXPECT_TRUE(c_.problem.empty()) << (what) << ": " << c_.problem;                             \
+    EXPECT_LE(c_.rel, (tol)) << (what) << ": worst element " << c_.worst << " got "            \
+                             << (got)[c_.worst] << " want " << (want)[c_.worst];               \
+    EXPECT_LE(c_.bf16_values ? std::fabs(c_.bias_ulps) : 0.0, 0.1)                               \
+        << (what) << ": bf16 results biased by " << c_.bias_ulps                                 \
+        << " ulp against the reference rounded to nearest even";                                 \
+  } while (0)
+

@@ -24,18 +24,6 @@ namespace {
 namespace cpu = tessera::cpu;
 namespace gpu = tessera::cuda;
 
-// A bf16 output is also unbiased: the signed mean of its errors against the reference rounded to
-// nearest even stays within 0.1 ulp (a store that truncates gives about -0.5).
-#define EXPECT_CLOSE(got, want, tol, what)                                                       \
-  do {                                                                                           \
-    const Compare c_ = compare(got, want);                                                       \
-    EXPECT_TRUE(c_.problem.empty()) << (what) << ": " << c_.problem;                             \
-    EXPECT_LE(c_.rel, (tol)) << (what) << ": worst element " << c_.worst << " got "            \
-                             << (got)[c_.worst] << " want " << (want)[c_.worst];               \
-    EXPECT_LE(c_.bf16_values ? std::fabs(c_.bias_ulps) : 0.0, 0.1)                               \
-        << (what) << ": bf16 results biased by " << c_.bias_ulps                                 \
-        << " ulp against the reference rounded to nearest even";                                 \
-  } while (0)
 // Element-wise ops of type F: a bf16 output is within 1 ulp of the exact result rounded to
 // nearest even, element by element (fp32 outputs: EXPECT_CLOSE's bound).
 #define EXPECT_WITHIN_ULP(F, got, want, what)                                                    \
@@ -55,12 +43,6 @@ std::vector<double> block(const std::vector<double>& m, int rows, int cols, int 
   for (int r = 0; r < rows; r++)
     for (int c = 0; c < cols; c++) out.push_back(m[size_t(r) * ld + c]);
   return out;
-}
-
-template <typename F>
-std::vector<double> rounded(std::vector<double> v) {
-  for (double& x : v) x = round_to<F>(x);
-  return v;
 }
 
 template <typename F>

@@ -10,7 +10,10 @@
 # layouts over NCCL against the 1-rank CPU run, tp=2 with sequence
 # parallelism too; with 4, tp=4 over a vocabulary padded so that the last
 # rank holds only padding rows; with 8, (2,2,2) with gemm attention, and with ZeRO-1 and fused
-# attention. Without a GPU: skipped, exit 0.
+# attention. Context parallelism at cp=2 (ring in fp32 and bf16, all-gather in fp32 and bf16,
+# LLaMA) and with 4 GPUs (cp2, tp2) with sequence parallelism and full recompute and (dp2, cp2)
+# with ZeRO-3 and selective recompute, against the 1-rank CPU run too. Without a GPU: skipped,
+# exit 0.
 #
 # TESSERA names the binary (bin/tessera-emu for the emulated build) and TESSERA_GPUS the number
 # of GPUs (the emulator has 8); otherwise nvidia-smi counts them.
@@ -112,6 +115,10 @@ if train cpu_llama 1 device.backend=cpu "${llama[@]}"; then
   if [ "$gpus" -ge 2 ]; then
     train cuda_llama_tp2_sp 2 device.backend=cuda parallel.tp=2 parallel.sequence_parallel=true \
       "${llama[@]}" && cmp cuda_llama_tp2_sp cpu_llama cuda_llama_tp2_sp --loss-rtol 1e-5 --param-tol 1e-4
+    # Context parallelism with grouped-query heads (only the 2 KV heads travel) and RoPE at the
+    # tokens' true positions.
+    train cuda_llama_cp2 2 device.backend=cuda parallel.cp=2 model.attention=fused "${llama[@]}" &&
+      cmp cuda_llama_cp2 cpu_llama cuda_llama_cp2 --loss-rtol 1e-5 --param-tol 1e-4
   fi
 fi
 # Sequences of 104 tokens: three whole key tiles of the fused attention (32 keys each) and a
@@ -170,6 +177,20 @@ for layout in "${layouts[@]}"; do
   train "$name" "$np" device.backend=cuda $layout && cmp "$name" cpu "$name" --loss-rtol 1e-5 --param-tol 1e-4
 done
 if [ "$gpus" -ge 2 ]; then
+  # Context parallelism over NCCL (model/context_attention.hpp): each sequence in 4 chunks on 2
+  # ranks, the attention blocks merged by their log-sum-exp; K/V round the ring (fp32 and bf16)
+  # or all-gathered (fp32), against the 1-rank CPU run.
+  cp=(parallel.cp=2 model.attention=fused)
+  train cuda_cp2 2 device.backend=cuda "${cp[@]}" &&
+    cmp cuda_cp2 cpu cuda_cp2 --loss-rtol 1e-5 --param-tol 1e-4
+  train bf16_cp2 2 device.backend=cuda device.precision=bf16 "${cp[@]}" &&
+    cmp bf16_cp2_near_cpu cpu bf16_cp2 --loss-rtol 2e-2 --param-norm-tol 2e-2
+  train cuda_cp2_allgather 2 device.backend=cuda parallel.cp_comm=allgather "${cp[@]}" &&
+    cmp cuda_cp2_allgather cpu cuda_cp2_allgather --loss-rtol 1e-5 --param-tol 1e-4
+  # bf16 dK/dV reduce-scattered over NCCL.
+  train bf16_cp2_allgather 2 device.backend=cuda device.precision=bf16 parallel.cp_comm=allgather \
+    "${cp[@]}" && cmp bf16_cp2_allgather_near_cpu cpu bf16_cp2_allgather --loss-rtol 2e-2 \
+    --param-norm-tol 2e-2
   # ZeRO-3 in bf16: the owners' fp32 masters, bf16 weights gathered over NCCL's own stream.
   train bf16_dp2_zero3 2 device.backend=cuda device.precision=bf16 parallel.dp=2 parallel.zero=3 &&
     cmp bf16_dp2_zero3_near_cpu cpu bf16_dp2_zero3 --loss-rtol 2e-2 --param-norm-tol 2e-2
@@ -185,6 +206,15 @@ if [ "$gpus" -ge 4 ]; then
   train cpu_v512 1 device.backend=cpu "${vocab[@]}" &&
     train cuda_tp4_padding 4 device.backend=cuda parallel.tp=4 "${vocab[@]}" &&
     cmp cuda_tp4_padding cpu_v512 cuda_tp4_padding --loss-rtol 1e-5 --param-tol 1e-4
+  # Context parallelism inside a tensor-parallel tile with sequence parallelism and full recompute
+  # (the ring rerun in the backward), and with ZeRO-3 over the dp x cp ranks and selective
+  # recompute.
+  train cuda_cp2_tp2_sp_full 4 device.backend=cuda parallel.tp=2 parallel.sequence_parallel=true \
+    train.recompute=full "${cp[@]}" &&
+    cmp cuda_cp2_tp2_sp_full cpu cuda_cp2_tp2_sp_full --loss-rtol 1e-5 --param-tol 1e-4
+  train cuda_dp2_cp2_zero3 4 device.backend=cuda parallel.dp=2 parallel.zero=3 \
+    train.recompute=selective "${cp[@]}" &&
+    cmp cuda_dp2_cp2_zero3 cpu cuda_dp2_cp2_zero3 --loss-rtol 1e-5 --param-tol 1e-4
 else
   echo "test_trainer: fewer than 4 GPUs: tp=4 with a padding-only rank is skipped"
 fi

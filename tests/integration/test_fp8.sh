@@ -64,16 +64,26 @@ else
   fail "moved: did not restart from step 5"; head -5 moved.log
 fi
 
-# Layouts against the 1-rank fp8 run.
-for layout in "1 2 1" "1 1 2" "2 2 1"; do
+# Layouts against the 1-rank fp8 run; and (2,2,2) with ZeRO-3, sequence parallelism, the fused
+# attention and full recompute (the backward's rerun of the forward rounds the same values), and
+# context parallelism.
+for layout in "1 2 1" "1 1 2" "2 2 1" \
+              "2 2 2 parallel.zero=3 parallel.sequence_parallel=true model.attention=fused train.recompute=full" \
+              "1 1 1 parallel.cp=2 model.attention=fused"; do
   set -- $layout
-  name="dp$1_tp$2_pp$3"
-  if run "$name" $(($1 * $2 * $3)) parallel.dp="$1" parallel.tp="$2" parallel.pp="$3" checkpoint.every=5; then
+  name="dp$1_tp$2_pp$3$(echo "${*:4}" | sed 's/[a-z_]*\.//g; s/=//g; s/ /_/g; s/^./_&/')"
+  ranks=$(($1 * $2 * $3 * $(echo "${*:4}" | grep -q 'cp=2' && echo 2 || echo 1)))
+  if run "$name" "$ranks" parallel.dp="$1" parallel.tp="$2" parallel.pp="$3" "${@:4}" checkpoint.every=5; then
     compare ref "$name" --loss-rtol 2e-2 --param-norm-tol 2e-2
   else
     fail "$name run"; tail -5 "$name.log"
   fi
 done
+# LLaMA (SwiGLU's gate and up in one FP8 GEMM, no biases): tp = 2 against 1 rank.
+llama=(model.arch=llama model.n_kv_head=2)
+run llama_ref 1 "${llama[@]}" checkpoint.every=5 || { fail "llama fp8 run"; tail -3 llama_ref.log; }
+run llama_tp2 2 "${llama[@]}" parallel.tp=2 checkpoint.every=5 || { fail "llama tp=2 run"; tail -3 llama_tp2.log; }
+compare llama_ref llama_tp2 --loss-rtol 2e-2 --param-norm-tol 2e-2
 
 # A NaN gradient at step 3: skipped, and the histories of the next checkpoint (step 3, the good
 # retry) are step 2's shifted by one entry: the NaN step's amaxes never went in.

@@ -15,6 +15,7 @@
 namespace {
 
 using namespace tessera::cpu;
+using tessera::AttentionBlock;
 using Vec = std::vector<double>;
 
 void check_cp(int P, int B, int T, int NH, int NKV, int hs) {

@@ -12,6 +12,7 @@
 
 #include "backend/adamw.hpp"
 #include "backend/arena.hpp"
+#include "backend/attention_block.hpp"
 #include "common/fp8.hpp"
 
 namespace tessera::cpu {
@@ -85,18 +86,8 @@ template <typename F>
 void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
                               int B, int T, int NH, int NKV, int hs);
 
-// Context parallelism (model/context_attention.hpp): one block of causal attention, the queries
-// of a chunk of `rows` positions against the keys and values of another chunk of as many, for
-// every (b, head). q and dq are in qkv's layout (row stride ldq, batch stride bq), out and dout
-// (ldo, bo), the block's keys and values rows of [k heads | v heads] (ldkv, bkv); lse and delta
-// are (B, NH, t_lse), pointed at the query chunk's first row. diagonal: the chunks are the same
-// positions (key j visible to query i iff j <= i); otherwise every key is visible (the caller
-// skips blocks wholly above the diagonal).
-struct AttentionBlock {
-  int B, rows, NH, NKV, hs, ldq, ldo, ldkv, t_lse;
-  size_t bq, bo, bkv;
-  bool diagonal;
-};
+// Context parallelism (model/context_attention.hpp): one block of causal attention, its shape
+// in backend/attention_block.hpp.
 // Merges the block into out and lse by log-sum-exp (start them at 0 and -inf).
 template <typename F>
 void attention_block_forward(F* out, F* lse, const F* q, const F* kv, const AttentionBlock& s);
@@ -145,6 +136,14 @@ void residual_forward(F* out, const F* a, const F* b, size_t n);
 // dst (n) += src (n).
 template <typename F>
 void add_inplace(F* dst, const F* src, size_t n);
+// The columns [0, cols) of `rows` rows: dst rows ld_dst apart = (copy) or += (add) src rows
+// ld_src apart (context parallelism's K/V columns of qkv, packed and unpacked).
+template <typename F>
+void copy_columns(F* dst, size_t ld_dst, const F* src, size_t ld_src, size_t rows, size_t cols);
+template <typename F>
+void add_columns(F* dst, size_t ld_dst, const F* src, size_t ld_src, size_t rows, size_t cols);
+// x (n) = value (an fp32 buffer: the log-sum-exps' start at -inf).
+void fill(float* x, size_t n, float value);
 
 // Cross-entropy over a vocabulary split between tensor-parallel ranks (one rank: the whole).
 // logits, probs (N,Vl) hold vocabulary ids [v0, v0 + Vl), of which the first `valid` columns are

@@ -14,42 +14,17 @@
 // summing dK and dV; flash_dq takes a tile of query rows and walks the key tiles, summing dQ.
 // Both recompute P = exp(scores - lse) and dS = P (dP - D), D_i = dout_i · out_i.
 //
-// Shared memory holds fp32 tiles whatever F is; key rows are padded by one float so that lanes
-// reading 32 different keys at the same dimension hit 32 different banks. Head sizes up to
-// limits::kFusedHeadSize: a lane owns dimensions lane, lane + 32, ... of its rows (Dmax / 32 of
-// them), Dmax the head size rounded up to 32, 64 or 128.
+// The tiles (shared memory in fp32, key rows padded against bank conflicts, head sizes up to
+// limits::kFusedHeadSize) are flash_tiles.cuh's, shared with attention_block.cu.
 #include <cmath>
 
-#include "backend/cuda/common.cuh"
-#include "common/limits.hpp"
+#include "backend/cuda/flash_tiles.cuh"
 
 namespace tessera::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * kWarp;
-constexpr int kBc = kWarp;  // keys per tile: lane j scores key j
-
-// Query rows per warp: fewer for the widest heads, so the tiles fit 48 KB of static shared memory.
-template <int Dmax>
-constexpr int kRowsPerWarp = Dmax > 64 ? 2 : 4;
-
-// tile[r][d] = x[row0 + r][d] in fp32 for rows < T and d < hs, 0 elsewhere; x rows ld apart.
-template <typename F, int Rows, int Cols>
-__device__ void load_tile(float (*tile)[Cols], const F* x, int row0, int T, int hs, size_t ld) {
-  constexpr int kWidth = Cols & ~(kWarp - 1);  // the padding column is never read
-  for (int e = threadIdx.x; e < Rows * kWidth; e += kThreads) {
-    const int r = e / kWidth, d = e % kWidth, row = row0 + r;
-    tile[r][d] = row < T && d < hs ? to_float(x[size_t(row) * ld + d]) : 0.0f;
-  }
-}
-
-__device__ float dot_rows(const float* a, const float* b, int hs) {
-  float s = 0.0f;
-  for (int d = 0; d < hs; d++) s += a[d] * b[d];
-  return s;
-}
+using namespace flash;
 
 // The heads of one batch row of the packed qkv: row length, and where query head h and kv head g
 // start in it.
@@ -303,19 +278,6 @@ __global__ void flash_dq_kernel(F* dqkv, const F* dout, const F* qkv, const F* o
   }
 }
 
-// Runs body.template operator()<Dmax>() with Dmax the head size rounded up to 32, 64 or 128.
-template <typename Body>
-void with_head_tile(int hs, const Body& body) {
-  if (hs <= 32) body.template operator()<32>();
-  else if (hs <= 64) body.template operator()<64>();
-  else body.template operator()<128>();
-}
-
-template <int Dmax>
-unsigned row_tiles(int T) {
-  return blocks_for(size_t(T), kWarps * kRowsPerWarp<Dmax>);
-}
-
 }  // namespace
 
 template <typename F>
@@ -349,8 +311,6 @@ void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out
   });
   CUDA_CHECK_LAUNCH();
 }
-
-static_assert(limits::kFusedHeadSize == 128, "with_head_tile covers head sizes up to 128");
 
 #define TESSERA_INSTANTIATE(F)                                                                     \
   template void attention_fused_forward<F>(F*, float*, const F*, int, int, int, int, int);        \

@@ -24,6 +24,7 @@
 
 #include "backend/adamw.hpp"
 #include "backend/arena.hpp"
+#include "backend/attention_block.hpp"
 #include "common/fp8.hpp"
 
 namespace tessera::cuda {
@@ -114,6 +115,21 @@ template <typename F>
 void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const float* lse,
                               int B, int T, int NH, int NKV, int hs);
 
+// Context parallelism (model/context_attention.hpp): one block of causal attention, its shape
+// in backend/attention_block.hpp, the fused kernels' tiles on the block's strides. The forward
+// merges the block into out and lse (fp32) by log-sum-exp (start them at 0 and -inf);
+// attention_delta gives delta (B,NH,T, fp32) = Σ_c dout ∘ out per query head, rows ldo apart; the
+// backward accumulates dq and the block's dk, dv (in dkv, kv's layout) from dout with the final
+// lse and delta. Deterministic (no atomics).
+template <typename F>
+void attention_block_forward(F* out, float* lse, const F* q, const F* kv, const AttentionBlock& s);
+template <typename F>
+void attention_delta(float* delta, const F* dout, const F* out, int B, int T, int NH, int hs,
+                     int ldo);
+template <typename F>
+void attention_block_backward(F* dq, F* dkv, const F* dout, const float* delta, const F* q,
+                              const F* kv, const float* lse, const AttentionBlock& s);
+
 // Rotary position embeddings in place on the q and k heads of qkv, by the fp32 table cs
 // (T, hs/2, 2) in device memory (cpu::rope_table fills it on the host); the v heads untouched.
 // The backward applies the transposed rotation to dqkv in place.
@@ -143,6 +159,14 @@ template <typename F>
 void add_inplace(F* dst, const F* src, size_t n);
 // dst (n) += src (n) with an fp32 destination: a bf16 micro-batch gradient summed in fp32.
 void add_inplace(float* dst, const bf16* src, size_t n);
+// The columns [0, cols) of `rows` rows: dst rows ld_dst apart = (copy) or += (add) src rows
+// ld_src apart (context parallelism's K/V columns of qkv, packed and unpacked).
+template <typename F>
+void copy_columns(F* dst, size_t ld_dst, const F* src, size_t ld_src, size_t rows, size_t cols);
+template <typename F>
+void add_columns(F* dst, size_t ld_dst, const F* src, size_t ld_src, size_t rows, size_t cols);
+// x (n) = value (an fp32 buffer: the log-sum-exps' start at -inf).
+void fill(float* x, size_t n, float value);
 
 // Cross-entropy over a vocabulary split between tensor-parallel ranks, the same three passes as
 // the CPU's (see backend/cpu/ops.hpp), so the tensor-parallel code between them is unchanged:

@@ -1,4 +1,5 @@
-// Elementwise sums of the residual stream; twin of residual.cpp.
+// Elementwise sums of the residual stream, and the column copies of context parallelism; twin of
+// residual.cpp.
 #include "backend/cuda/common.cuh"
 
 namespace tessera::cuda {
@@ -37,6 +38,33 @@ void add(D* out, const D* a, const S* b, size_t n) {
   CUDA_CHECK_LAUNCH();
 }
 
+// dst rows ld_dst apart = (Add: +=) columns [0, cols) of src rows ld_src apart; a thread an
+// element, adjacent threads adjacent columns of a row.
+template <typename F, bool Add>
+__global__ void columns_kernel(F* dst, size_t ld_dst, const F* src, size_t ld_src, size_t rows,
+                               size_t cols) {
+  const size_t e = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (e >= rows * cols) return;
+  const size_t r = e / cols, c = e % cols;
+  F* y = dst + r * ld_dst + c;
+  const F x = src[r * ld_src + c];
+  if constexpr (Add) *y = from_float<F>(to_float(*y) + to_float(x));
+  else *y = x;
+}
+
+__global__ void fill_kernel(float* x, size_t n, float value) {
+  const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (i < n) x[i] = value;
+}
+
+template <typename F, bool Add>
+void columns(F* dst, size_t ld_dst, const F* src, size_t ld_src, size_t rows, size_t cols) {
+  if (rows == 0 || cols == 0) return;
+  launch<columns_kernel<F, Add>>(blocks_for(rows * cols, kThreads), kThreads, 0, stream(), dst,
+                                 ld_dst, src, ld_src, rows, cols);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 // out = a + b, all (n).
@@ -56,9 +84,27 @@ void add_inplace(float* dst, const bf16* src, size_t n) {
   add(dst, static_cast<const float*>(dst), src, n);
 }
 
+template <typename F>
+void copy_columns(F* dst, size_t ld_dst, const F* src, size_t ld_src, size_t rows, size_t cols) {
+  columns<F, false>(dst, ld_dst, src, ld_src, rows, cols);
+}
+
+template <typename F>
+void add_columns(F* dst, size_t ld_dst, const F* src, size_t ld_src, size_t rows, size_t cols) {
+  columns<F, true>(dst, ld_dst, src, ld_src, rows, cols);
+}
+
+void fill(float* x, size_t n, float value) {
+  if (n == 0) return;
+  launch<fill_kernel>(blocks_for(n, kThreads), kThreads, 0, stream(), x, n, value);
+  CUDA_CHECK_LAUNCH();
+}
+
 #define TESSERA_INSTANTIATE(F)                                                                     \
   template void residual_forward<F>(F*, const F*, const F*, size_t);                              \
-  template void add_inplace<F>(F*, const F*, size_t);
+  template void add_inplace<F>(F*, const F*, size_t);                                            \
+  template void copy_columns<F>(F*, size_t, const F*, size_t, size_t, size_t);                    \
+  template void add_columns<F>(F*, size_t, const F*, size_t, size_t, size_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(bf16)
 #undef TESSERA_INSTANTIATE
