@@ -232,11 +232,6 @@ void validate_device(const Config& c, const Deck& deck) {
                     "device.precision = bf16 needs device.backend: cuda or auto (the CPU backend "
                     "is fp32)");
   }
-  if (precision == "fp8" && backend == "cuda") {
-    deck.fail_later("device.backend", "device.precision",
-                    "device.precision = fp8 is not built for device.backend: cuda yet (the "
-                    "cuBLASLt FP8 path); device.backend: cpu simulates it");
-  }
   validate_fp8(c, deck);
   at_least(deck, "device.threads", c.device.threads, 0);
   at_most(deck, "device.threads", c.device.threads, limits::kThreads, limits::kThreadsWhy);

@@ -135,12 +135,6 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
   DeviceChoice choice;
   choice.wait_limit = cfg.run.hang_timeout;
   if (want == "cpu") return choice;  // bf16 with cpu is refused by the deck check
-  // fp8 with cuda is refused by the deck check too: no CUDA FP8 path yet.
-  if (cfg.device.precision == "fp8") {
-    choice.note = "device: auto: device.precision = fp8 is simulated on the CPU (no CUDA FP8 "
-                  "path yet): training on the CPU";
-    return choice;
-  }
   const std::string deck = cfg.deck_path.empty() ? "deck" : cfg.deck_path;
   int rank = 0;
   MPI_Comm_rank(world, &rank);
@@ -190,7 +184,9 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
     set_identity(rank, dev);
     choice.cuda = true;
     choice.device = dev;
-    choice.note = "device: " + want + ": CUDA, " + (bf16 ? "bf16" : "fp32") +
+    const std::string& precision = cfg.device.precision;
+    choice.note = "device: " + want + ": CUDA, " +
+                  (precision == "fp8" ? std::string("fp8 GEMM inputs, bf16 activations") : precision) +
                   ", GPU by rank: " + devices_by_rank(dev, world) + " (node-local rank from " +
                   source + "; rank 0 sees " + std::to_string(visible) + " GPU" +
                   (visible == 1 ? "" : "s") + ")";

@@ -265,9 +265,9 @@ class Engine final : public TrainEngine {
     for (Fp8State* s : states) all.insert(all.end(), s->pending().begin(), s->pending().end());
     for (float& x : all)
       if (std::isnan(x)) x = INFINITY;
-    tp_.all_reduce_max(all.data(), all.size());
-    if (cp_size_ > 1) cp_.all_reduce_max(all.data(), all.size());
-    dp_.all_reduce_max(all.data(), all.size());
+    host_all_reduce_max(tp_.mpi(), all.data(), all.size());
+    if (cp_size_ > 1) host_all_reduce_max(cp_.mpi(), all.data(), all.size());
+    host_all_reduce_max(dp_.mpi(), all.data(), all.size());
     size_t at = 0;
     for (Fp8State* s : states)
       for (float& x : s->pending()) x = all[at++];

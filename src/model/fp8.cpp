@@ -2,12 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <stdexcept>
-#include <type_traits>
 
 #include "backend/cpu/backend.hpp"
 #include "backend/declare.hpp"
 #include "common/error.hpp"
+#include "parallel/comm.hpp"
 #ifdef TESSERA_CUDA
 #include "backend/cuda/backend.hpp"
 #endif
@@ -79,30 +78,21 @@ void Fp8Linear<Backend>::bind() {
   grad_ = arena_->get<Act>(h_grad_);
 }
 
-// Only the CPU simulates FP8 so far (the deck refuses fp8 on cuda).
-template <class Backend>
-constexpr bool kSimulated = Backend::kHostMemory && std::is_same_v<typename Backend::Act, float>;
-
 template <class Backend>
 const typename Backend::Act* Fp8Linear<Backend>::quantize(Act* buffer, const Act* x, size_t n,
                                                           int tensor, Fp8State::Role role) {
-  if constexpr (kSimulated<Backend>) {
-    const float amax = Backend::fp8_amax(x, n);
-    state_.observe(tensor, amax);
-    float current = amax;
-    if (!state_.has_history(tensor)) {
-      // The first step: this GEMM's own amax, the same on every rank of the tile (MPI's max of
-      // a NaN is unspecified: infinity stands in, and the step is judged at its end).
-      if (std::isnan(current)) current = INFINITY;
-      tp_->all_reduce_max(&current, 1);
-      if (cp_ != nullptr && cp_->size() > 1) cp_->all_reduce_max(&current, 1);
-    }
-    Backend::fp8_quantize(buffer, x, n, state_.scale(tensor, current), state_.format(role));
-    return buffer;
-  } else {
-    (void)buffer, (void)x, (void)n, (void)tensor, (void)role;
-    throw std::logic_error("fp8: no FP8 path on this backend");
+  const float amax = Backend::fp8_amax(x, n);
+  state_.observe(tensor, amax);
+  float current = amax;
+  if (!state_.has_history(tensor)) {
+    // The first step: this GEMM's own amax, the same on every rank of the tile (MPI's max of
+    // a NaN is unspecified: infinity stands in, and the step is judged at its end).
+    if (std::isnan(current)) current = INFINITY;
+    host_all_reduce_max(tp_->mpi(), &current, 1);
+    if (cp_ != nullptr) host_all_reduce_max(cp_->mpi(), &current, 1);
   }
+  Backend::fp8_quantize(buffer, x, n, state_.scale(tensor, current), state_.format(role));
+  return buffer;
 }
 
 template <class Backend>
@@ -127,8 +117,7 @@ void Fp8Linear<Backend>::backward(int layer, int gemm, Act* dinp, float* dweight
   const Act* qg = quantize(grad_, dout, size_t(N) * OC, id(Fp8State::kGrad), Fp8State::kGrad);
   float* const no_bias = nullptr;
   Backend::matmul_backward(dinp, dweight, no_bias, qg, qx, qw, N, IC, OC);
-  if constexpr (kSimulated<Backend>)
-    if (dbias) Backend::bias_backward(dbias, dout, N, OC);
+  if (dbias) Backend::bias_backward(dbias, dout, N, OC);
 }
 
 template class Fp8Linear<CpuBackend>;

@@ -9,7 +9,10 @@
 //
 // q(t, s) rounds t·s to the FP8 grid (saturating, common/fp8.hpp), dq divides by s again; the
 // GEMM itself accumulates in fp32. On the CPU that is the whole simulation: the rounded values
-// are fp32 and the GEMM is sgemm (the CUDA path, cuBLASLt on FP8 operands, is to come).
+// are fp32 and the GEMM is sgemm. On CUDA the same, in bf16 activations: the rounding is CUDA's
+// own conversion (backend/cuda/fp8.cu), the dequantized values are stored in bf16 and the GEMM
+// is cuBLAS's bf16 one, so a GPU trains the FP8 recipe's numbers but at bf16's speed; the
+// cuBLASLt GEMM on one-byte operands, which gives FP8's speed, is still to come.
 //
 // Each FP8 tensor (per layer: the inputs, the weights and the output gradients of its four GEMMs,
 // qkv, proj, fc (LLaMA: gate and up together), down; the LM head's three with fp8_head) has an

@@ -13,10 +13,6 @@ struct CpuBackend {
   static constexpr bool kHostMemory = true;
   static constexpr bool kAlignedHead = false;
   TESSERA_BACKEND_FUNCTIONS(cpu)
-  // FP8 simulated (backend/cpu/fp8.cpp): no CUDA twins yet.
-  TESSERA_BACKEND_FORWARD(cpu, fp8_amax)
-  TESSERA_BACKEND_FORWARD(cpu, fp8_quantize)
-  TESSERA_BACKEND_FORWARD(cpu, bias_backward)
 };
 
 }  // namespace tessera
