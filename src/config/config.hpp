@@ -95,12 +95,23 @@ struct RunConfig {
 
 struct DeviceConfig {
   std::string backend = "cpu";  // cpu | cuda | auto
-  std::string precision = "fp32";  // fp32 | bf16 (CUDA: bf16 parameters/activations, fp32 master)
+  // fp32 | bf16 (CUDA: bf16 parameters/activations, fp32 master) | fp8 (the linear layers'
+  // GEMMs on FP8 inputs with delayed scaling; simulated on the CPU, model/fp8.hpp)
+  std::string precision = "fp32";
   int threads = 0;              // OpenMP threads; 0 = the runtime's default (OMP_NUM_THREADS)
   // CUDA: the data-parallel sums and ZeRO gathers on NCCL streams of their own, beside the
   // compute stream's work (false: every collective on the compute stream, for a cluster where two
   // NCCL communicators in flight at once hang).
   bool nccl_overlap = true;
+  // precision fp8 only (a deck error otherwise): the recipe of Transformer Engine's delayed
+  // scaling. hybrid: E4M3 forward (weights, activations), E5M2 output gradients; e4m3: E4M3 for
+  // all three. Each tensor's scale is (max of the format / amax) / 2^margin, amax the largest of
+  // the last fp8_amax_history steps' (max) or the last one's (most_recent).
+  std::string fp8_format = "hybrid";
+  int fp8_amax_history = 16;
+  std::string fp8_amax_algo = "max";  // max | most_recent
+  int fp8_margin = 0;
+  bool fp8_head = false;  // the LM head's GEMM in FP8 too
 };
 
 struct ParallelConfig {

@@ -195,20 +195,44 @@ void validate_optim(const Config& c, const Deck& deck) {
   non_negative(deck, "optim.grad_clip", o.grad_clip);
 }
 
+// FP8's keys: only with device.precision fp8 (a key that would do nothing is a mistake).
+void validate_fp8(const Config& c, const Deck& deck) {
+  const DeviceConfig& d = c.device;
+  if (d.precision != "fp8") {
+    for (const char* key : {"device.fp8_format", "device.fp8_amax_history", "device.fp8_amax_algo",
+                            "device.fp8_margin", "device.fp8_head"})
+      if (deck.sources[deck.index(key)].present)
+        deck.fail_key(key, std::string(key) + " needs device.precision: fp8 (got " +
+                               shown(d.precision) + ")");
+    return;
+  }
+  if (d.fp8_format != "hybrid" && d.fp8_format != "e4m3")
+    deck.fail_key("device.fp8_format", "must be hybrid or e4m3, got " + shown(d.fp8_format));
+  if (d.fp8_amax_algo != "max" && d.fp8_amax_algo != "most_recent")
+    deck.fail_key("device.fp8_amax_algo",
+                  "must be max or most_recent, got " + shown(d.fp8_amax_algo));
+  at_least(deck, "device.fp8_amax_history", d.fp8_amax_history, 1);
+  at_most(deck, "device.fp8_amax_history", d.fp8_amax_history, 1024,
+          "Transformer Engine's recipes keep 16 to 1024 steps");
+  at_least(deck, "device.fp8_margin", d.fp8_margin, 0);
+  at_most(deck, "device.fp8_margin", d.fp8_margin, 64, "a scale of 2^-64 leaves no FP8 value");
+}
+
 void validate_device(const Config& c, const Deck& deck) {
   const std::string& backend = c.device.backend;
   if (backend != "cpu" && backend != "cuda" && backend != "auto") {
     deck.fail_key("device.backend", "must be cpu, cuda or auto, got " + shown(backend));
   }
   const std::string& precision = c.device.precision;
-  if (precision != "fp32" && precision != "bf16") {
-    deck.fail_key("device.precision", "must be fp32 or bf16, got " + shown(precision));
+  if (precision != "fp32" && precision != "bf16" && precision != "fp8") {
+    deck.fail_key("device.precision", "must be fp32, bf16 or fp8, got " + shown(precision));
   }
   if (precision == "bf16" && backend == "cpu") {
     deck.fail_later("device.backend", "device.precision",
                     "device.precision = bf16 needs device.backend: cuda or auto (the CPU backend "
                     "is fp32)");
   }
+  validate_fp8(c, deck);
   at_least(deck, "device.threads", c.device.threads, 0);
   at_most(deck, "device.threads", c.device.threads, limits::kThreads, limits::kThreadsWhy);
 }

@@ -78,6 +78,19 @@ std::string uuid_text(const cudaUUID_t& u) {
   return b;
 }
 
+// "" when this rank's GPU has FP8 tensor cores (compute capability 8.9 or later; 0.0 is the CUDA
+// emulator's, which runs every path), else what the user reads: "rank 3's GPU 1 is NVIDIA A100,
+// compute capability 8.0".
+std::string fp8_unsupported(int device, int world_rank) {
+  cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return "";
+  const int cc = p.major * 10 + p.minor;
+  if (cc == 0 || cc >= 89) return "";
+  return "rank " + std::to_string(world_rank) + "'s GPU " + std::to_string(device) + " is " +
+         p.name + ", compute capability " + std::to_string(p.major) + "." +
+         std::to_string(p.minor);
+}
+
 // "" when no two ranks of this node share a GPU, else (on the rank with the higher node-local
 // index of the first such pair) what the user reads: the two world ranks, the node, the GPU.
 // Collective over `node`.
@@ -179,12 +192,22 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
     if (sharing) why = broadcast(shared, bad, world);
   }
   MPI_Comm_free(&node);
+  if (bad < 0 && cfg.device.precision == "fp8") {
+    const std::string old = fp8_unsupported(dev, rank);
+    bad = first_failing_rank(old.empty(), rank, world);
+    if (bad >= 0)
+      throw UserError(deck + ": device.precision = fp8 needs FP8 tensor cores (compute capability "
+                      "8.9 or later: Ada, Hopper, Blackwell), but " + broadcast(old, bad, world) +
+                      "; use device.precision: bf16");
+  }
   if (bad < 0) {
     // Every rank has a GPU of its own: the trainer runs Engine<CudaBackend>.
     set_identity(rank, dev);
     choice.cuda = true;
     choice.device = dev;
-    choice.note = "device: " + want + ": CUDA, " + (bf16 ? "bf16" : "fp32") +
+    const std::string& precision = cfg.device.precision;
+    choice.note = "device: " + want + ": CUDA, " +
+                  (precision == "fp8" ? std::string("fp8 GEMM inputs, bf16 activations") : precision) +
                   ", GPU by rank: " + devices_by_rank(dev, world) + " (node-local rank from " +
                   source + "; rank 0 sees " + std::to_string(visible) + " GPU" +
                   (visible == 1 ? "" : "s") + ")";

@@ -1,5 +1,7 @@
 #include "engine/engine.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "backend/cpu/backend.hpp"
@@ -172,11 +174,16 @@ class Engine final : public TrainEngine {
     const double loss = tile_.last ? mean_losses(batches.size()) : 0.0;
     // A dropped update leaves nothing behind: the gradients are zeroed at the next step's start,
     // and under ZeRO no rank has a shard to all-gather.
-    if (!check || check(loss, norm)) {
+    // FP8: the step's amaxes, the same on every rank of the tile's data-parallel copies; into
+    // the histories only when the update is applied.
+    const double amax = fp8_reduce();
+    const bool apply = !check || check(loss, norm, amax);
+    if (apply) {
       optimizer_.step(master_, copy_, grads_, grad_clip > 0 ? clip_factor(norm, grad_clip) : 1.0,
                       lr, t);
       if (stage() == 2) sharded_->gather_full(full_params());
     }
+    for (Fp8State* s : fp8_states()) apply ? s->commit() : s->discard();
     if (sharded_) sharded_->end_step();
     Backend::sync();  // the step's time is the device's
     return {loss, norm};
@@ -200,7 +207,15 @@ class Engine final : public TrainEngine {
       if (tile_.last) sum += mean_losses(1);
     }
     if (sharded_) sharded_->end_step();
+    for (Fp8State* s : fp8_states()) s->discard();  // an evaluation leaves the histories alone
     return sum;
+  }
+
+  std::vector<Fp8State*> fp8_states() override {
+    std::vector<Fp8State*> out;
+    for (auto& model : models_)
+      if (Fp8State* s = model->fp8_state()) out.push_back(s);
+    return out;
   }
 
   double wait_seconds() const override { return executor_.wait_seconds(); }
@@ -239,6 +254,24 @@ class Engine final : public TrainEngine {
       const auto [lo, hi] = mem_.plan.range(tile_, int(u));
       if (lo < hi) f(lo, mem_.plan.offset[u], hi - lo);
     }
+  }
+  // FP8: every chunk's pending amaxes reduced (max) over tp, cp and dp, so that every rank
+  // holding the same layers keeps the same histories; returns the largest (NaN and infinity
+  // become infinity: MPI's max of a NaN is unspecified), 0 without FP8.
+  double fp8_reduce() {
+    const std::vector<Fp8State*> states = fp8_states();
+    if (states.empty()) return 0;
+    std::vector<float> all;
+    for (Fp8State* s : states) all.insert(all.end(), s->pending().begin(), s->pending().end());
+    for (float& x : all)
+      if (std::isnan(x)) x = INFINITY;
+    host_all_reduce_max(tp_.mpi(), all.data(), all.size());
+    if (cp_size_ > 1) host_all_reduce_max(cp_.mpi(), all.data(), all.size());
+    host_all_reduce_max(dp_.mpi(), all.data(), all.size());
+    size_t at = 0;
+    for (Fp8State* s : states)
+      for (float& x : s->pending()) x = all[at++];
+    return all.empty() ? 0.0 : double(*std::max_element(all.begin(), all.end()));
   }
   // Sequence parallelism leaves the norms' gradients partial over tp (layer l's, or with l = -1
   // the final norm's): summed over tp.

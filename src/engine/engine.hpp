@@ -23,6 +23,7 @@
 #include "backend/adamw.hpp"
 #include "backend/arena.hpp"
 #include "io/token_source.hpp"
+#include "model/fp8.hpp"
 #include "model/options.hpp"
 #include "model/shard.hpp"
 #include "parallel/comm.hpp"
@@ -117,7 +118,9 @@ class TrainEngine {
   // Called on every rank once a step's gradients, norm and loss are known, before the optimizer
   // touches anything: false drops the update (the anomaly policy), leaving parameters and Adam
   // moments as they were. Gets StepResult's values.
-  using StepCheck = std::function<bool(double loss, double norm)>;
+  // fp8_amax: the largest of the step's FP8 amaxes (infinity where one is not finite), 0
+  // without FP8 (model/fp8.hpp); a dropped update leaves the amax histories untouched too.
+  using StepCheck = std::function<bool(double loss, double norm, double fp8_amax)>;
   // One optimizer step on this rank's micro-batches: gradients, the tied embedding's sum over
   // embed, the dp reduction, the norm, clipping (grad_clip > 0) and AdamW at learning rate lr,
   // step t, unless check (when given) says no.
@@ -128,6 +131,9 @@ class TrainEngine {
   // (file order), micro-batch by micro-batch: non-zero on the last stage.
   virtual double eval_loss_sum(const TokenSource& file, int vocab, uint64_t first,
                                uint64_t count) = 0;
+  // device.precision fp8: the delayed-scaling state of each of this rank's model chunks
+  // (model/fp8.hpp), which checkpoints save and restore; empty otherwise.
+  virtual std::vector<Fp8State*> fp8_states() = 0;
   // The pipeline's blocked and total seconds of the last train_step (PipelineExecutor).
   virtual double wait_seconds() const = 0;
   virtual double run_seconds() const = 0;

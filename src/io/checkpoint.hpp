@@ -29,6 +29,12 @@ struct TrainState {
   // index alone. These say what it indexes, for the log and for a restart on changed data.
   std::string data_sources;  // "WEIGHT SPEC (FORMAT, N tokens)" per source
   std::string data_position; // the epoch of each source at next_sample
+  // device.precision fp8 (model/fp8.hpp): every layer's amax histories, layout-free, as
+  // /train/fp8_amax_history [rows, fp8_history]: per layer in order its 12 rows (the input,
+  // weight and output gradient of its qkv, proj, fc and down GEMMs), then the LM head's 3; each
+  // row newest first, -1 where no step has been. Empty without FP8.
+  int fp8_history = 0;
+  std::vector<float> fp8_amax;
 };
 
 // What a checkpoint holds besides the tensors.

@@ -29,6 +29,14 @@ H5Handle memory_space(const LocalTensor* t);
 // collective round per tensor costs more than the data. Either way each rank moves only its tile.
 H5FD_mpio_xfer_t transfer_mode(const ParamTensor& c, long collective_bytes);
 
+// TrainState::fp8_amax as /train/fp8_amax_history under `train` (io/checkpoint_fp8.cpp):
+// created by every rank (collective metadata), its data written where write_data; read back
+// (nothing where the checkpoint has none), its checksum and values checked, UserError naming
+// `path` otherwise.
+void write_fp8_history(hid_t train, const TrainState& state, bool write_data);
+// n_layer: the checkpoint's, whose rows the dataset must have (Fp8State's per layer, the head's).
+void read_fp8_history(hid_t train, const std::string& path, int n_layer, TrainState& state);
+
 // The local tensor holding canonical tensor i on this rank, or null.
 std::vector<const LocalTensor*> tiles_by_canonical(const LocalLayout& layout);
 

@@ -1,5 +1,7 @@
 #include "model/gpt.hpp"
 
+#include <algorithm>
+
 #include "common/error.hpp"
 
 #include "backend/cpu/backend.hpp"
@@ -9,17 +11,6 @@
 #endif
 
 namespace tessera {
-
-ModelOptions model_options(const Config& c) {
-  ModelOptions o;
-  o.fused_attention = c.model.attention == "fused";
-  o.sequence_parallel = c.parallel.sequence_parallel;
-  o.cp_allgather = c.parallel.cp_comm == "allgather";
-  o.recompute = c.train.recompute == "full"        ? Recompute::Full
-                : c.train.recompute == "selective" ? Recompute::Selective
-                                                   : Recompute::None;
-  return o;
-}
 
 template <class Backend>
 bool Gpt<Backend>::kept(Slot s) const {
@@ -136,6 +127,14 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     context_ = std::make_unique<ContextAttention<Backend>>(
         cp, options.cp_allgather, max_batch, max_seq, width_.nh, width_.nkv, width_.hs, arena);
   }
+  // FP8 GEMMs: the largest input, weight and output gradient of this chunk's linear layers.
+  if (options.fp8.on) {
+    const bool head = last_ && options.fp8.head;
+    const size_t V = head ? size_t(layout.vocab_rows) : 0, widest = std::max({C, Q, F, V});
+    fp8_ = std::make_unique<Fp8Linear<Backend>>(
+        options.fp8, begin_, end_, head, tp, cp, N * std::max({C, Q, F}),
+        std::max({QKV * C, Q * C, FH * C, F * C, V * C}), N * std::max({QKV, widest, FH}), arena);
+  }
   // LLaMA's rotary table: (T, hs/2) cos and sin pairs.
   if (s.arch == Arch::Llama)
     h_rope_ = arena.add("rotary table" + of, size_t(max_seq) * size_t(width_.hs) * sizeof(float));
@@ -158,6 +157,7 @@ void Gpt<Backend>::bind() {
   ce_sums_ = arena_->get<double>(h_sums_);
   targets_ = arena_->get<int32_t>(h_targets_);
   if (context_) context_->bind();
+  if (fp8_) fp8_->bind();
   if (layout_.canonical.shape.arch == Arch::Llama) {
     rope_ = arena_->get<float>(h_rope_);
     const ModelShape& s = layout_.canonical.shape;
@@ -357,25 +357,25 @@ void Gpt<Backend>::layer_forward(const Act* params, int l, const LayerActs& a, i
   const LayerWeights w = layer_weights(params, nullptr, l);
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, w.norm1, w.norm1_b, Nr);
   // Column-parallel q, k, v: this rank's heads of each.
-  Backend::matmul_forward(a.qkv, gather_rows(a.ln1, scratch(kGather), N), w.qkv, w.qkv_b, N, C,
-                          wd.qkv);
+  linear_forward(l, Fp8State::kQkv, a.qkv, gather_rows(a.ln1, scratch(kGather), N), w.qkv, w.qkv_b,
+                 N, C, wd.qkv);
   if (llama) Backend::rope_forward(a.qkv, rope_, B, T, wd.nh, wd.nkv, wd.hs);
   attention_core(a, B, T);
   // Row-parallel projection: partial products summed over tp, then the replicated bias once.
   Act* partial = sp ? scratch(kPartial) : a.attproj;
-  Backend::matmul_forward(partial, a.atty, w.proj, none, N, wd.q, C);
+  linear_forward(l, Fp8State::kProj, partial, a.atty, w.proj, none, N, wd.q, C);
   reduce_rows(partial, a.attproj, N);
   if (w.proj_b) Backend::bias_add(a.attproj, w.proj_b, Nr, C);
   Backend::residual_forward(a.res2, a.in, a.attproj, NrC);
   norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.norm2, w.norm2_b, Nr);
-  Backend::matmul_forward(a.fch, gather_rows(a.ln2, scratch(kGather), N), w.fc, w.fc_b, N, C,
-                          wd.fh);
+  linear_forward(l, Fp8State::kFc, a.fch, gather_rows(a.ln2, scratch(kGather), N), w.fc, w.fc_b, N,
+                 C, wd.fh);
   if (llama)
     Backend::swiglu_forward(a.fcgelu, a.fch, N, wd.f);
   else
     Backend::gelu_forward(a.fcgelu, a.fch, size_t(N) * wd.f);
   partial = sp ? scratch(kPartial) : a.fcproj;
-  Backend::matmul_forward(partial, a.fcgelu, w.down, none, N, wd.f, C);
+  linear_forward(l, Fp8State::kDown, partial, a.fcgelu, w.down, none, N, wd.f, C);
   reduce_rows(partial, a.fcproj, N);
   if (w.down_b) Backend::bias_add(a.fcproj, w.down_b, Nr, C);
   Backend::residual_forward(a.out, a.res2, a.fcproj, NrC);
@@ -450,8 +450,8 @@ void Gpt<Backend>::forward(Weights<Act>& weights, int slot, const int32_t* token
   // padding where the backend wants aligned GEMMs; the cross-entropy reads the real ones).
   const int Vh = head_columns(), Vl = lay.vocab_valid();
   Act* logits = act(kLogits, slot);
-  Backend::matmul_forward(logits, gather_rows(act(kLnF, slot), scratch(kGather), N), P(lay.head),
-                          none, N, C, Vh);
+  linear_forward(Fp8State::kHead, 0, logits, gather_rows(act(kLnF, slot), scratch(kGather), N),
+                 P(lay.head), none, N, C, Vh);
   done(lay.head);
   if (targets == nullptr) return;
 
@@ -482,22 +482,22 @@ void Gpt<Backend>::layer_backward(const Act* params, float* grads, int l, const 
   // gradients are partial sums over tp, reduced back into this rank's rows.
   Act* dres = scratch(kDRes);
   zero(scratch(kDFcGelu), size_t(N) * wd.f);
-  Backend::matmul_backward(scratch(kDFcGelu), w.g_down, w.g_down_b,
-                           gather_rows(dres, scratch(kDFull), N), a.fcgelu, w.down, N, wd.f, C);
+  linear_backward(l, Fp8State::kDown, scratch(kDFcGelu), w.g_down, w.g_down_b,
+                  gather_rows(dres, scratch(kDFull), N), a.fcgelu, w.down, N, wd.f, C);
   zero(scratch(kDFcH), size_t(N) * wd.fh);
   if (llama)
     Backend::swiglu_backward(scratch(kDFcH), a.fch, scratch(kDFcGelu), N, wd.f);
   else
     Backend::gelu_backward(scratch(kDFcH), a.fch, scratch(kDFcGelu), size_t(N) * wd.f);
   zero(scratch(kDLn), NC);
-  Backend::matmul_backward(scratch(kDLn), w.g_fc, w.g_fc_b, scratch(kDFcH),
-                           gather_rows(a.ln2, scratch(kGather), N), w.fc, N, C, wd.fh);
+  linear_backward(l, Fp8State::kFc, scratch(kDLn), w.g_fc, w.g_fc_b, scratch(kDFcH),
+                  gather_rows(a.ln2, scratch(kGather), N), w.fc, N, C, wd.fh);
   const Act* dln2 = reduce_rows(scratch(kDLn), scratch(kDLnRows), N);
   norm_backward(dres, w.g_norm2, w.g_norm2_b, dln2, a.res2, w.norm2, a.ln2_mean, a.ln2_rstd, Nr);
 
   zero(scratch(kDAttY), size_t(N) * wd.q);
-  Backend::matmul_backward(scratch(kDAttY), w.g_proj, w.g_proj_b,
-                           gather_rows(dres, scratch(kDFull), N), a.atty, w.proj, N, wd.q, C);
+  linear_backward(l, Fp8State::kProj, scratch(kDAttY), w.g_proj, w.g_proj_b,
+                  gather_rows(dres, scratch(kDFull), N), a.atty, w.proj, N, wd.q, C);
   zero(scratch(kDQkv), size_t(N) * wd.qkv);
   if (context_)
     context_->backward(scratch(kDQkv), scratch(kDAttY), a.qkv, a.atty, a.lse, B);
@@ -509,8 +509,8 @@ void Gpt<Backend>::layer_backward(const Act* params, float* grads, int l, const 
                                 T, wd.nh, wd.nkv, wd.hs);
   if (llama) Backend::rope_backward(scratch(kDQkv), rope_, B, T, wd.nh, wd.nkv, wd.hs);
   zero(scratch(kDLn), NC);
-  Backend::matmul_backward(scratch(kDLn), w.g_qkv, w.g_qkv_b, scratch(kDQkv),
-                           gather_rows(a.ln1, scratch(kGather), N), w.qkv, N, C, wd.qkv);
+  linear_backward(l, Fp8State::kQkv, scratch(kDLn), w.g_qkv, w.g_qkv_b, scratch(kDQkv),
+                  gather_rows(a.ln1, scratch(kGather), N), w.qkv, N, C, wd.qkv);
   const Act* dln1 = reduce_rows(scratch(kDLn), scratch(kDLnRows), N);
   norm_backward(dres, w.g_norm1, w.g_norm1_b, dln1, a.in, w.norm1, a.ln1_mean, a.ln1_rstd, Nr);
 }
@@ -542,8 +542,8 @@ void Gpt<Backend>::backward(Weights<Act>& weights, int slot, const int32_t* toke
                                    Vh, Vl, lay.vocab_begin);
     zero(scratch(kDLn), size_t(N) * C);
     const Act* head = P(lay.head);
-    Backend::matmul_backward(scratch(kDLn), G(lay.head), no_grad, dlogits,
-                             gather_rows(act(kLnF, slot), scratch(kGather), N), head, N, C, Vh);
+    linear_backward(Fp8State::kHead, 0, scratch(kDLn), G(lay.head), no_grad, dlogits,
+                    gather_rows(act(kLnF, slot), scratch(kGather), N), head, N, C, Vh);
     done(lay.head, true);
     const Act* dlnf = reduce_rows(scratch(kDLn), scratch(kDLnRows), N);
     zero(dres, size_t(Nr) * C);

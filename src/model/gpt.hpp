@@ -21,6 +21,7 @@
 
 #include "backend/arena.hpp"
 #include "model/context_attention.hpp"
+#include "model/fp8.hpp"
 #include "model/options.hpp"
 #include "model/shard.hpp"
 #include "model/weights.hpp"
@@ -97,6 +98,8 @@ class Gpt {
   const LocalLayout& layout() const { return layout_; }
   // Seconds in context parallelism's attention so far (0 without it).
   double context_seconds() const { return context_ ? context_->seconds : 0; }
+  // device.precision fp8: the delayed-scaling state of this chunk's FP8 GEMMs, else nullptr.
+  Fp8State* fp8_state() { return fp8_ ? &fp8_->state() : nullptr; }
   // This chunk embeds the tokens (the model's first virtual stage) / ends in the loss (its last).
   bool first() const { return first_; }
   bool last() const { return last_; }
@@ -159,6 +162,23 @@ class Gpt {
   void each_chunk(int B, int T, F f) const;
   void layer_backward(const Act* params, float* grads, int l, const LayerActs& a, int B, int T);
 
+  // Backend::matmul_forward / matmul_backward, or their FP8 form (model/fp8.hpp) where this
+  // chunk's GEMM `gemm` (Fp8State::Gemm) of `layer` (Fp8State::kHead: the LM head) is in FP8.
+  void linear_forward(int layer, int gemm, Act* out, const Act* in, const Act* weight,
+                      const Act* bias, int N, int IC, int OC) {
+    if (fp8_ && fp8_->covers(layer))
+      fp8_->forward(layer, gemm, out, in, weight, bias, N, IC, OC);
+    else
+      Backend::matmul_forward(out, in, weight, bias, N, IC, OC);
+  }
+  void linear_backward(int layer, int gemm, Act* din, float* dweight, float* dbias,
+                       const Act* dout, const Act* in, const Act* weight, int N, int IC, int OC) {
+    if (fp8_ && fp8_->covers(layer))
+      fp8_->backward(layer, gemm, din, dweight, dbias, dout, in, weight, N, IC, OC);
+    else
+      Backend::matmul_backward(din, dweight, dbias, dout, in, weight, N, IC, OC);
+  }
+
   // Per-layer kinds kept (true) or recomputed (false) under this rank's options.
   bool kept(Slot s) const;
   bool kept(Stat s) const;
@@ -205,6 +225,7 @@ class Gpt {
   size_t h_rope_ = 0;
   float* rope_ = nullptr;  // LLaMA: the rotary table (T, hs/2, 2), by local token
   std::unique_ptr<ContextAttention<Backend>> context_;  // cp > 1
+  std::unique_ptr<Fp8Linear<Backend>> fp8_;              // device.precision fp8
   int cp_size_ = 1, cp_rank_ = 0;
   Act* acts_ = nullptr;
   float* stats_ = nullptr;

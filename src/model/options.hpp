@@ -3,6 +3,7 @@
 // speed but not the trained model, so a restart may change them.
 #include <string>
 
+#include "common/fp8.hpp"
 #include "config/config.hpp"
 
 namespace tessera {
@@ -14,6 +15,16 @@ namespace tessera {
 //   Full       only each layer's input is kept; the backward reruns the layer's forward first
 enum class Recompute { None, Selective, Full };
 
+// device.precision: fp8 (model/fp8.hpp): the linear layers' GEMMs on FP8 inputs, delayed scaling.
+struct Fp8Options {
+  bool on = false;
+  Fp8Format grad = Fp8Format::E5M2;  // the output gradients' (fp8_format hybrid; e4m3: E4M3)
+  int history = 16;                  // device.fp8_amax_history
+  bool most_recent = false;          // device.fp8_amax_algo == most_recent
+  int margin = 0;                    // device.fp8_margin
+  bool head = false;                 // device.fp8_head
+};
+
 struct ModelOptions {
   bool fused_attention = false;    // model.attention == fused
   Recompute recompute = Recompute::None;
@@ -24,6 +35,7 @@ struct ModelOptions {
   // parallel.cp_comm == allgather (model/context_attention.hpp): K/V gathered whole per layer
   // instead of passed round the ring.
   bool cp_allgather = false;
+  Fp8Options fp8 = {};
 };
 
 // The options a deck asks for (its keys are validated by the deck reader).

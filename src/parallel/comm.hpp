@@ -146,4 +146,12 @@ std::string agree_on_failure(MPI_Comm comm, const std::string& failure,
                              const std::function<std::string(const std::string&)>& line,
                              int status, double seconds = kAgreeSeconds);
 
+// x (n), values the host holds, = their largest over the ranks of `mpi` (MPI_COMM_NULL: left as
+// they are): for host values on a communicator of either backend, whose mpi() is Comm's
+// communicator or NcclComm's MPI twin (the FP8 amaxes; NCCL moves device memory only).
+inline void host_all_reduce_max(MPI_Comm mpi, float* x, size_t n) {
+  if (mpi != MPI_COMM_NULL && n > 0)
+    MPI_Allreduce(MPI_IN_PLACE, x, int(n), MPI_FLOAT, MPI_MAX, mpi);
+}
+
 }  // namespace tessera

@@ -92,7 +92,8 @@ Candidate plan(const Config& cfg, const ModelShape& shape, const ParallelLayout&
                const Machine& machine, bool all_roles) {
   Candidate c;
   c.cfg = cfg;
-  const bool bf16 = cfg.device.precision == "bf16";
+  // fp8 on a GPU: bf16 activations and parameters beside the FP8 GEMMs (plan/step_time.cpp).
+  const bool bf16 = cfg.device.precision == "bf16" || (cfg.device.precision == "fp8" && machine.gpu);
   if (std::string e = make_run_layout(cfg, shape, layout, &c.run); !e.empty()) {
     c.refused = e;
     c.run.layout = layout;
@@ -337,6 +338,10 @@ int plan_command(const std::vector<std::string>& args) {
   if (cfg.device.precision == "bf16" && machine.peak_bf16 <= 0)
     throw UserError(o.deck + ": device.precision = bf16: machine " + machine.name +
                     " has no bf16 (a GPU machine, or device.precision=fp32)");
+  if (cfg.device.precision == "fp8" && machine.gpu && machine.peak_fp8 <= 0)
+    throw UserError(o.deck + ": device.precision = fp8: machine " + machine.name +
+                    " has no FP8 (it needs compute capability 8.9 or later: H100, H200, GH200; "
+                    "or device.precision=bf16)");
   std::string note;
   const ModelShape shape = make_model_shape(cfg.model, vocab_of(cfg, &note));
   const auto t0 = std::chrono::steady_clock::now();

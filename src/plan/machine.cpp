@@ -60,6 +60,9 @@ std::vector<Machine> builtins() {
   Machine h100{"h100-sxm", true, 67 * kT, 494.5 * kT, 989.5 * kT, 80 * kGiB, 3350 * kGB, 8,
                450 * kGB, 50 * kGB, 5e-6, 2 * kGiB, 0.75, 64};
   compute_constants(h100, kH100);
+  // FP8 (E4M3/E5M2) Tensor Core: 3,958 TFLOP/s "with sparsity", 1,979 dense; the H200 and GH200
+  // below have the H100's. The A100 has none (FP8 needs sm_89 or later).
+  h100.peak_fp8 = 1979 * kT;
   // NVIDIA H200 datasheet (SXM): the H100's compute; 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s.
   Machine h200 = h100;
   h200.name = "h200";
@@ -163,6 +166,7 @@ Machine load_machine(const std::string& path) {
       {"peak_tflops_fp32", kT, &m.peak_fp32, true, 1e-6},
       {"peak_tflops_tf32", kT, &m.peak_tf32, false, 0},
       {"peak_tflops_bf16", kT, &m.peak_bf16, false, 0},
+      {"peak_tflops_fp8", kT, &m.peak_fp8, false, 0},
       {"memory_gb", kGB, &m.memory, true, 1e-3},
       {"memory_bandwidth_gbs", kGB, &m.memory_bw, true, 1e-3},
       {"gpus_per_node", 1, &per_node, true, 1},

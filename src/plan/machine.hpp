@@ -37,10 +37,18 @@ struct Machine {
   OptimizerRates optimizer{};  // `cpu`: the optimizer's passes, timed (elsewhere: bytes at memory_bw)
   int nics_per_node = 0;       // NICs per node (0: one per device)
   double intra_latency = 1e-6; // seconds per step of a collective or message inside a node
+  double peak_fp8 = 0;         // dense FP8 FLOP/s per device; 0: no FP8 (before sm_89: A100)
   double peak(bool bf16) const { return bf16 ? peak_bf16 : peak_fp32; }
   ComputeModel compute(bool bf16) const {
     return {peak(bf16), gemm_efficiency, gemm_half, gemm_tile, memory_bw, memory_efficiency,
             bf16 ? 2.0 : 4.0};
+  }
+  // device.precision fp8's GEMMs: one-byte operands at the FP8 peak.
+  ComputeModel compute_fp8() const {
+    ComputeModel m = compute(true);
+    m.peak = peak_fp8;
+    m.element_bytes = 1;
+    return m;
   }
   // The two tiers collectives are priced on (plan/network.hpp).
   Network network() const {

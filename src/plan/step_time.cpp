@@ -74,6 +74,10 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const ParallelLayout& l = run.layout;
   const Costs c{machine, machine.peak(bf16), machine.compute(bf16)};
   const double a = bf16 ? 2 : 4;  // activation bytes
+  // fp8 on a GPU: the linear layers' GEMMs (the head's with fp8_head) on one-byte operands at
+  // the FP8 peak, the rest as bf16; on the CPU, where it is simulated, fp32's.
+  const bool fp8 = cfg.device.precision == "fp8" && machine.gpu && machine.peak_fp8 > 0;
+  const Costs lin = fp8 ? Costs{machine, machine.peak_fp8, machine.compute_fp8()} : c;
   // n: this rank's rows of a micro-batch (T / cp tokens of each sequence under context
   // parallelism, whose causal attention work is 1 / cp of the whole sequence's on every rank).
   const double b = run.micro_batch, T = cfg.data.seq_len, C = shape.n_embd, n = b * T / l.cp;
@@ -83,12 +87,14 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const bool gemm_attention = cfg.model.attention != "fused";
   const std::string& rc = cfg.train.recompute;
   // One layer, one micro-batch: forward and backward GEMMs.
-  const double fwd_layer = c.gemm(n, QKV, C) + c.gemm(n, C, Q) + c.gemm(n, FH, C) + c.gemm(n, C, F);
+  const double fwd_layer =
+      lin.gemm(n, QKV, C) + lin.gemm(n, C, Q) + lin.gemm(n, FH, C) + lin.gemm(n, C, F);
   Attention att = attention_gemms(c, b, T, nh, shape.n_kv_head / tp, hs);
   att.fwd /= l.cp;
   att.bwd /= l.cp;
-  const double layer_gemm = c.gemm_fwd_bwd(n, QKV, C) + c.gemm_fwd_bwd(n, C, Q) +
-                            c.gemm_fwd_bwd(n, FH, C) + c.gemm_fwd_bwd(n, C, F) + att.fwd + att.bwd;
+  const double layer_gemm = lin.gemm_fwd_bwd(n, QKV, C) + lin.gemm_fwd_bwd(n, C, Q) +
+                            lin.gemm_fwd_bwd(n, FH, C) + lin.gemm_fwd_bwd(n, C, F) + att.fwd +
+                            att.bwd;
   // Streaming ops of a layer, forward bytes (the backward reads and writes about twice as much):
   // norms, residual adds, biases; the MLP's activation (an exp per element each way: GELU's
   // sigmoid, SwiGLU's SiLU); the attention's T x T softmax (an exp per causal score), or, fused,
@@ -125,7 +131,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
     for (const LayerRange& r : run.stage_chunks[size_t(s)]) layers += r.end - r.begin;
     double t = layers * per_layer;
     if (s == l.pp - 1)  // the LM head and the loss
-      t += c.gemm_fwd_bwd(n, double(shape.padded_vocab) / tp, C) +
+      t += (cfg.device.fp8_head ? lin : c).gemm_fwd_bwd(n, double(shape.padded_vocab) / tp, C) +
            c.stream(3 * 4.0 * n * shape.padded_vocab / tp, double(n) * shape.padded_vocab / tp);
     if (s == 0) t += c.bytes(2 * a * n * C * 2);  // embedding and its gradient
     const CommBytes bytes = comm_bytes(cfg, shape, run, s, param_buffer, int(a));
@@ -209,7 +215,8 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const double tokens = double(cfg.train.batch_size) * T;
   out.model_flops = tokens * (6 * n_matmul + 12.0 * shape.n_layer * C * T);
   out.tokens_per_s = tokens / out.total;
-  out.mfu = out.model_flops / out.total / (double(l.dp) * l.cp * l.tp * l.pp * c.peak);
+  // MFU against the peak of the precision the linear layers run at (FP8's under fp8).
+  out.mfu = out.model_flops / out.total / (double(l.dp) * l.cp * l.tp * l.pp * lin.peak);
   return out;
 }
 

@@ -30,9 +30,10 @@ std::string AnomalyDetector::spike(const char* name, double value,
   return buf;
 }
 
-std::string AnomalyDetector::judge(double loss, double norm) const {
+std::string AnomalyDetector::judge(double loss, double norm, double fp8_amax) const {
   if (!std::isfinite(loss)) return not_finite("loss", loss);
   if (!std::isfinite(norm)) return not_finite("grad_norm", norm);
+  if (!std::isfinite(fp8_amax)) return not_finite("fp8 amax", fp8_amax);
   if (std::string why = spike("loss", loss, losses_); !why.empty()) return why;
   return spike("grad_norm", norm, norms_);
 }

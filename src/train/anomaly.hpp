@@ -13,7 +13,9 @@ class AnomalyDetector {
   AnomalyDetector(int window, double sigma) : window_(window), sigma_(sigma) {}
   // "" for a normal step, else what is wrong: "grad_norm nan is not finite", "loss 9.1 is above
   // the mean 4.2 + 3 x std 0.5 of the last 20 steps".
-  std::string judge(double loss, double norm) const;
+  // fp8_amax (device.precision fp8): the largest amax of the step's FP8 tensors, anomalous when
+  // not finite ("fp8 amax inf is not finite"); 0 without FP8.
+  std::string judge(double loss, double norm, double fp8_amax = 0) const;
   // A step whose update was applied joins the windows.
   void accept(double loss, double norm);
 

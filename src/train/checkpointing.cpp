@@ -2,6 +2,7 @@
 // checkpoint.init_from) or from the seed; writing one, synchronously or from a host snapshot by
 // the background writer (checkpoint.async); checkpoint.keep's pruning; and the anomaly policy's
 // rollback to the newest complete one.
+#include <algorithm>
 #include <filesystem>
 
 #include "common/error.hpp"
@@ -12,6 +13,52 @@
 namespace tessera {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// device.precision fp8: the amax histories of this rank's model chunks (model/fp8.hpp) into the
+// layout-free table of TrainState::fp8_amax, every layer's rows in canonical order; gathered
+// over the world as a max (a rank holds -1 in the rows it has no part of, and the ranks that hold
+// a row hold the same values). Collective; nothing without FP8.
+void gather_fp8(TrainEngine& engine, MPI_Comm world, const Config& cfg, TrainState& state) {
+  state.fp8_amax.clear();
+  state.fp8_history = 0;
+  if (cfg.device.precision != "fp8") return;
+  const int H = cfg.device.fp8_amax_history, L = cfg.model.n_layer;
+  std::vector<float> table(size_t(L * Fp8State::kPerLayer + Fp8State::kRoles) * H, -1.0f);
+  for (Fp8State* s : engine.fp8_states()) {
+    auto put = [&](int layer, size_t row) {
+      const std::vector<float> h = s->history(layer);
+      std::copy(h.begin(), h.end(), table.begin() + long(row) * H);
+    };
+    for (int l = s->begin(); l < s->end(); ++l) put(l, size_t(l) * Fp8State::kPerLayer);
+    if (s->head()) put(Fp8State::kHead, size_t(L) * Fp8State::kPerLayer);
+  }
+  MPI_Allreduce(MPI_IN_PLACE, table.data(), int(table.size()), MPI_FLOAT, MPI_MAX, world);
+  state.fp8_history = H;
+  state.fp8_amax = std::move(table);
+}
+
+// The table back into this rank's chunks: the newest min(saved, fp8_amax_history) entries of each
+// row (the deck may change the history's length). A checkpoint without FP8 state (an fp32 run
+// going on in fp8) leaves the histories empty: the next step starts them as a first step does.
+void restore_fp8(TrainEngine& engine, const Config& cfg, const TrainState& state) {
+  const int Hs = state.fp8_history, L = cfg.model.n_layer;
+  for (Fp8State* s : engine.fp8_states()) {
+    auto get = [&](int layer, size_t row) {
+      std::vector<float> h(size_t(s->rows(layer)) * s->H(), -1.0f);
+      if (!state.fp8_amax.empty())
+        for (int r = 0; r < s->rows(layer); ++r)
+          for (int k = 0; k < std::min(Hs, s->H()); ++k)
+            h[size_t(r) * s->H() + k] = state.fp8_amax[(row + r) * Hs + k];
+      s->set_history(layer, h);
+    };
+    for (int l = s->begin(); l < s->end(); ++l) get(l, size_t(l) * Fp8State::kPerLayer);
+    if (s->head()) get(Fp8State::kHead, size_t(L) * Fp8State::kPerLayer);
+  }
+}
+
+}  // namespace
 
 // A bad checkpoint is refused before anything is printed.
 void Run::restore() {
@@ -31,6 +78,7 @@ void Run::restore() {
                         {params, m.data(), v.data()}, cfg_.checkpoint.collective_bytes);
     engine_->set_moments(m, v);
     state_ = info.state;
+    restore_fp8(*engine_, cfg_, state_);
     restored_layout_ = info.saved_layout;
     train_data_->reseed(state_.seed);
     stop_point("reading the checkpoint");
@@ -90,6 +138,7 @@ void Run::save() {
   const auto t0 = Clock::now();
   state_.data_sources = train_data_->describe();
   state_.data_position = train_data_->position(uint64_t(state_.next_sample));
+  gather_fp8(*engine_, world_comm_, cfg_, state_);
   if (background_) {
     // A second checkpoint waits for the first; then the snapshot, and training goes on.
     finish_write();
@@ -155,6 +204,7 @@ std::string Run::rollback() {
                       cfg_.checkpoint.collective_bytes);
   engine_->set_moments(m, v);
   engine_->params_to_device();
+  restore_fp8(*engine_, cfg_, info.state);
   const int64_t next = state_.next_sample;
   rolled_from_ = info.state.next_sample;
   state_ = info.state;

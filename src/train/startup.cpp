@@ -213,7 +213,9 @@ void Run::declare_engine() {
     setup.replica = topo_->comm(CommName::replica);
   }
   setup.world = world_.get();
-  const bool bf16 = cfg_.device.precision == "bf16";
+  // FP8 on a GPU: bf16 activations around the FP8 GEMM inputs (model/fp8.hpp); on the CPU, fp32.
+  const bool bf16 = cfg_.device.precision == "bf16" ||
+                    (cfg_.device.precision == "fp8" && backend_.cuda);
   engine_ = make_engine(setup, backend_.cuda, bf16, /*allocate=*/false);
   planned_ = rank_memory(cfg_, shape_, run_, me_.dpcp_rank(run_.layout), me_.tp_rank, me_.pp_rank,
                          backend_.cuda, bf16);

@@ -183,11 +183,11 @@ void Run::take_step(double* loss, double* norm, std::string* anomaly) {
   float step_dloss = dloss_;
   if (state_.step + 1 == test_nan_step_) step_dloss = NAN, test_nan_step_ = -1;
   if (state_.step + 1 == test_spike_step_) step_dloss *= 1e4f, test_spike_step_ = -1;
-  auto check = [&](double stage_loss, double step_norm) {
+  auto check = [&](double stage_loss, double step_norm, double fp8_amax) {
     *loss = speaks_loss_ ? stage_loss : 0;
     world_->all_reduce_sum(loss, 1);
     *loss /= double(run_.n_micro) * run_.layout.dpcp();  // each cp rank: its chunks' mean
-    *anomaly = detector_.judge(*loss, step_norm);
+    *anomaly = detector_.judge(*loss, step_norm, fp8_amax);
     int bad = !anomaly->empty();
     world_->all_reduce_max(&bad, 1);
     if (bad && anomaly->empty()) *anomaly = "another rank judged it anomalous";

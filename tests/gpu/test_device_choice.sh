@@ -11,7 +11,8 @@
 #     data-parallel sums on their own stream: that rank's one line naming the communicator, its
 #     size and the call, and the job ended within seconds (30 s allowed, start-up included on a
 #     loaded machine), where cudaStreamSynchronize would wait
-#     until the wall time.
+#     until the wall time; (emulator) a hung collective with run.hang_timeout ended, exit 5;
+#   - (emulator) device.precision fp8 on a GPU of compute capability 8.0: refused in one line.
 # TESSERA, TESSERA_GPUS and TESSERA_EMU as in test_trainer.sh. Without a GPU: skipped.
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/../integration/lib.sh"
@@ -47,6 +48,12 @@ else
 fi
 
 if [ -n "${TESSERA_EMU:-}" ]; then
+  # device.precision fp8 on a GPU without FP8 tensor cores (the emulator reporting an A100's
+  # compute capability): refused in one line naming the rank, the GPU and its capability.
+  expect_error "fp8 on compute capability 8.0" 2 \
+    "device\.precision = fp8 needs FP8 tensor cores \(compute capability 8\.9 or later: Ada, Hopper, Blackwell\), but rank 0's GPU 0 is tessera CUDA emulator, compute capability 8\.0; use device\.precision: bf16$" \
+    env TESSERA_EMU_COMPUTE=8.0 "$TESSERA" train "$deck" device.backend=cuda device.precision=fp8 \
+    train.steps=1 run.dir="$WORK/fp8_old"
   # Room for what device::init takes but not for the run's buffers, from a 1-rank run's log.
   "$TESSERA" train "$deck" device.backend=cuda train.steps=1 eval.batches=1 run.dir="$WORK/one" \
     >one.log 2>&1

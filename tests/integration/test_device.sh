@@ -28,7 +28,7 @@ expect_error bf16_without_gpu 2 \
 
 expect_error bf16_on_cpu 2 'device\.precision = bf16 needs device\.backend: cuda or auto' \
   "$TESSERA" train "$deck" device.precision=bf16
-expect_error bad_precision 2 "device\.precision=fp16: must be fp32 or bf16, got 'fp16'" \
+expect_error bad_precision 2 "device\.precision=fp16: must be fp32, bf16 or fp8, got 'fp16'" \
   "$TESSERA" train "$deck" device.precision=fp16
 
 # auto: trains on the CPU, and the log says so and why.

@@ -140,4 +140,28 @@ print("%.1f GB a rank, send buffers %.0f MB" % (p["max_rank_bytes"] / 1e9, pool 
 else
   fail "GPT 1T at v=2: $out $(tail -1 t1.err)"
 fi
+# FP8 (device.precision fp8, README "FP8 training"): on an H100 the linear layers' GEMMs run at
+# the FP8 peak (1979 TFLOP/s dense), so the step is shorter than bf16's and the MFU is stated
+# against that peak; each GEMM weight has a one-byte copy more (GPT-2 124M: 85M of them); an A100
+# has no FP8 and refuses, with its name.
+fp8_plan() {  # fp8_plan PRECISION: "step_seconds mfu param_buffer_bytes"
+  "$TESSERA" plan "$ROOT/input/gpt2-124m.yaml" --ranks 8 --machine h100-sxm parallel.dp=8 \
+    device.backend=auto device.precision="$1" --json |
+    "$PYTHON" -c 'import json,sys; d=json.load(sys.stdin); print(d["step_seconds"], d["mfu"], d["roles"][0]["param_buffer_bytes"])'
+}
+if b=$(fp8_plan bf16) && f=$(fp8_plan fp8) && s=$("$PYTHON" - "$b" "$f" <<'EOF'
+import sys
+(tb, mb, pb), (tf, mf, pf) = ([float(x) for x in a.split()] for a in sys.argv[1:])
+extra = pf - pb
+assert tf < tb, (tf, tb)
+assert 84e6 < extra < 86e6, extra  # 12 layers x 12 C^2, C = 768: 84.9M one-byte copies
+# The same model FLOPs over a shorter step, against a peak twice bf16's.
+assert abs(mf * 1979 - mb * 989.5 * tb / tf) < 0.01 * mf * 1979, (mf, mb)
+print(f"step {tb:.3f} s -> {tf:.3f} s, MFU {100*mb:.1f}% of the bf16 peak -> {100*mf:.1f}% "
+      f"of the FP8 peak, +{extra/1e6:.1f} MB of FP8 weights")
+EOF
+); then pass "plan fp8 on h100-sxm: $s"
+else fail "plan fp8: bf16 '$b' fp8 '$f' $s"; fi
+expect_error "plan fp8 on an A100" 2 "device.precision = fp8: machine a100-40gb has no FP8 \(it needs compute capability 8.9" \
+  "$TESSERA" plan "$ROOT/input/gpt2-124m.yaml" --ranks 8 --machine a100-40gb device.backend=auto device.precision=fp8
 finish

@@ -95,8 +95,8 @@ TEST(Anomaly, DroppedUpdateLeavesNothingBehind) {
     };
     const float dloss = 1.0f / 16;
     int checked = 0;
-    const TrainEngine::StepCheck yes = [&](double, double) { return ++checked > 0; };
-    const TrainEngine::StepCheck no = [&](double loss, double norm) {
+    const TrainEngine::StepCheck yes = [&](double, double, double) { return ++checked > 0; };
+    const TrainEngine::StepCheck no = [&](double loss, double norm, double) {
       EXPECT_TRUE(std::isfinite(loss));
       EXPECT_TRUE(std::isnan(norm));
       return false;

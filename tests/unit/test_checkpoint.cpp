@@ -41,8 +41,10 @@ struct Fixture {
     }
   }
   ~Fixture() { fs::remove_all(dir); }
-  std::string save(int64_t step) {
-    TrainState s{step, step * 64, step * 4, 5, 1e-3, "1 data.h5 (hdf5, 100 tokens)", "epoch 0.5"};
+  // fp8: device.precision fp8's amax histories (2 layers x 12 rows + the head's 3, 4 entries).
+  std::string save(int64_t step, const std::vector<float>& fp8 = {}) {
+    TrainState s{step, step * 64, step * 4, 5, 1e-3, "1 data.h5 (hdf5, 100 tokens)", "epoch 0.5",
+                 fp8.empty() ? 0 : 4, fp8};
     return write_checkpoint(MPI_COMM_WORLD, dir.string(), layout, true,
                             {p.data(), m.data(), v.data()}, s, "model:\n  n_layer: 2\n", tok,
                             "dp=1,tp=1,pp=1");
@@ -71,6 +73,51 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   EXPECT_EQ(info.deck_yaml, "model:\n  n_layer: 2\n");
   EXPECT_EQ(info.tokenizer.eot, 256);
   EXPECT_EQ(info.shape.padded_vocab, 24);
+}
+
+// FP8's amax histories: written whole, read back to the bit, checked by their checksum; none
+// where the run had none.
+TEST(Checkpoint, Fp8HistoriesRoundTrip) {
+  Fixture f;
+  std::vector<float> h(27 * 4, -1.0f);
+  for (size_t i = 0; i < h.size(); i += 3) h[i] = 0.1f * float(i) + 1e-3f;
+  const std::string path = f.save(3, h);
+  std::vector<float> p(f.layout.total);
+  CheckpointInfo info = read_checkpoint(MPI_COMM_WORLD, path, f.layout, true, {p.data(), nullptr, nullptr});
+  EXPECT_EQ(info.state.fp8_history, 4);
+  EXPECT_EQ(info.state.fp8_amax, h);
+  info = read_checkpoint(MPI_COMM_WORLD, f.save(4), f.layout, true, {p.data(), nullptr, nullptr});
+  EXPECT_EQ(info.state.fp8_history, 0);
+  EXPECT_TRUE(info.state.fp8_amax.empty());
+  {  // one amax changed behind the writer's back
+    hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t dset = H5Dopen2(file, "train/fp8_amax_history", H5P_DEFAULT);
+    h[0] = 5.0f;
+    H5Dwrite(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, h.data());
+    H5Dclose(dset);
+    H5Fclose(file);
+  }
+  try {
+    read_checkpoint_info(path);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("/train/fp8_amax_history: the checksum attribute is "
+                                         "missing or does not match"),
+              std::string::npos)
+        << e.what();
+  }
+  // A table of the wrong number of rows is refused by its shape.
+  h.resize(26 * 4);
+  const std::string short_path = f.save(5, h);
+  try {
+    read_checkpoint_info(short_path);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("must be a 2-D dataset of 27 rows (12 per layer of 2, "
+                                         "the head's 3)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Checkpoint, LatestPointsAtNewestAndSurvivesAMissingLatest) {

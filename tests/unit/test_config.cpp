@@ -654,7 +654,11 @@ Config unusual_config() {
 
 TEST(Config, ToYamlRoundTrips) {
   Config pp_auto = parse_deck(kMinimal, "deck.yaml", {"parallel.pp=auto", "parallel.tp=2"});
-  for (const Config& c : {unusual_config(), parse_deck(kMinimal, "deck.yaml", {}), pp_auto}) {
+  Config fp8 = parse_deck(kMinimal, "deck.yaml",
+                          {"device.precision=fp8", "device.fp8_format=e4m3",
+                           "device.fp8_amax_history=4", "device.fp8_amax_algo=most_recent",
+                           "device.fp8_margin=1", "device.fp8_head=true"});
+  for (const Config& c : {unusual_config(), parse_deck(kMinimal, "deck.yaml", {}), pp_auto, fp8}) {
     std::string text = to_yaml(c);
     Config back = parse_deck(text, "resolved.yaml", {});
     expect_same(back, c);
@@ -687,7 +691,8 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 75);  // with device.nccl_overlap, anomaly_max_rollbacks, parallel.cp, cp_comm
+  EXPECT_EQ(keys, 75);  // with device.nccl_overlap, anomaly_max_rollbacks, parallel.cp, cp_comm;
+                       // the five device.fp8_* keys only with precision fp8 (Config.Fp8Keys)
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",
@@ -800,6 +805,49 @@ TEST(Config, ParallelErrors) {
             "deck.yaml:7:7: parallel.stage_layers: expected an integer, got '1.5'");
   EXPECT_EQ(deck_error(in_parallel("  pp: 2\n  stage_layers: [2, [2]]\n")),
             "deck.yaml:5:21: parallel.stage_layers: expected an integer, got a sequence");
+}
+
+// FP8's keys: read with device.precision fp8, a deck error without it or with a bad value;
+// written by to_yaml only with it (every one of the 80 keys then).
+TEST(Config, Fp8Keys) {
+  const std::string deck = kMinimal;
+  const std::string fp8 = deck + "device:\n  precision: fp8\n";
+  const Config c = parse_deck(fp8 + "  fp8_format: e4m3\n  fp8_amax_history: 1024\n"
+                              "  fp8_amax_algo: most_recent\n  fp8_margin: 2\n  fp8_head: true\n",
+                              "deck.yaml", {});
+  EXPECT_EQ(c.device.precision, "fp8");
+  EXPECT_EQ(c.device.fp8_format, "e4m3");
+  EXPECT_EQ(c.device.fp8_amax_history, 1024);
+  EXPECT_EQ(c.device.fp8_amax_algo, "most_recent");
+  EXPECT_EQ(c.device.fp8_margin, 2);
+  EXPECT_TRUE(c.device.fp8_head);
+  const Config d = parse_deck(fp8, "deck.yaml", {});
+  EXPECT_EQ(d.device.fp8_format, "hybrid");
+  EXPECT_EQ(d.device.fp8_amax_history, 16);
+  EXPECT_EQ(d.device.fp8_amax_algo, "max");
+  EXPECT_EQ(d.device.fp8_margin, 0);
+  EXPECT_FALSE(d.device.fp8_head);
+  EXPECT_EQ(deck_error(deck + "device:\n  fp8_margin: 1\n"),
+            "deck.yaml:4:15: device.fp8_margin: device.fp8_margin needs device.precision: fp8 "
+            "(got 'fp32')");
+  EXPECT_EQ(deck_error(deck, {"device.precision=bf16", "device.backend=cuda", "device.fp8_head=true"}),
+            "command line: device.fp8_head=true: device.fp8_head needs device.precision: fp8 "
+            "(got 'bf16')");
+  EXPECT_EQ(deck_error(fp8 + "  fp8_format: e5m2\n"),
+            "deck.yaml:5:15: device.fp8_format: must be hybrid or e4m3, got 'e5m2'");
+  EXPECT_EQ(deck_error(fp8 + "  fp8_amax_algo: mean\n"),
+            "deck.yaml:5:18: device.fp8_amax_algo: must be max or most_recent, got 'mean'");
+  EXPECT_NE(deck_error(fp8 + "  fp8_amax_history: 0\n").find("device.fp8_amax_history"),
+            std::string::npos);
+  EXPECT_NE(deck_error(fp8 + "  fp8_amax_history: 1025\n").find("1024"), std::string::npos);
+  EXPECT_NE(deck_error(fp8 + "  fp8_margin: -1\n").find("device.fp8_margin"), std::string::npos);
+  EXPECT_EQ(deck_error(deck + "device:\n  precision: fp4\n"),
+            "deck.yaml:4:14: device.precision: must be fp32, bf16 or fp8, got 'fp4'");
+  // On both backends (the CPU in fp32, CUDA in bf16 around the FP8 GEMM inputs).
+  EXPECT_EQ(parse_deck(fp8 + "  backend: cuda\n", "deck.yaml", {}).device.backend, "cuda");
+  const std::string text = to_yaml(c);
+  EXPECT_NE(text.find("  fp8_margin: 2\n"), std::string::npos);
+  EXPECT_EQ(to_yaml(parse_deck(deck, "deck.yaml", {})).find("fp8_"), std::string::npos);
 }
 
 // The LLaMA family's keys and their rules against the others, each at the later of its keys.

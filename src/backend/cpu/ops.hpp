@@ -13,6 +13,7 @@
 #include "backend/adamw.hpp"
 #include "backend/arena.hpp"
 #include "backend/attention_block.hpp"
+#include "common/fp8.hpp"
 
 namespace tessera::cpu {
 
@@ -174,6 +175,14 @@ void adamw_update(float* params, float* params_copy, const float* grads, float* 
 // on n alone (not the thread count), so a run restarted with another OMP_NUM_THREADS still agrees
 // to the bit.
 void sum_of_squares(double* acc, const float* x, size_t n);
+
+// FP8 simulated (backend/cpu/fp8.cpp; common/fp8.hpp is the format). fp8_amax: max |x| over n,
+// NaN if any is. fp8_quantize: out = fp8_round(in * scale) / scale, in place allowed.
+// bias_backward: dbias (OC) += colsum(dout (N,OC)), the bias gradient a GEMM on a quantized
+// output gradient leaves to the unquantized one.
+float fp8_amax(const float* x, size_t n);
+void fp8_quantize(float* out, const float* in, size_t n, float scale, Fp8Format format);
+void bias_backward(float* dbias, const float* dout, int N, int OC);
 void scale(float* x, size_t n, float factor);
 
 // Memory and synchronisation (memory.cpp; backend/backend.hpp says what each is for). The CPU's

@@ -90,7 +90,13 @@ void matmul_backward(F* dinp, float* dweight, float* dbias, const F* dout, const
   if (dinp) gemm<F>(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 1.0f, dinp, IC);
   gemm_ex(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, data_type<F>(), 1.0f, dweight, IC,
           CUDA_R_32F);
-  if (!dbias || OC <= 0 || N <= 0) return;
+  if (dbias) bias_backward(dbias, dout, N, OC);
+}
+
+// dbias (OC) += column sums of dout (N,OC), in a fixed order (common.cuh's ColumnSplit).
+template <typename F>
+void bias_backward(float* dbias, const F* dout, int N, int OC) {
+  if (OC <= 0 || N <= 0) return;
   const ColumnSplit split = column_split(N, OC, 1);
   launch<column_sum_kernel<F>>(dim3(blocks_for(size_t(OC), kWarp), unsigned(split.chunks)),
                                dim3(kWarp, kWarp), 0, stream(), column_scratch(), dout, N, OC,
@@ -102,7 +108,8 @@ void matmul_backward(F* dinp, float* dweight, float* dbias, const F* dout, const
 #define TESSERA_INSTANTIATE(F)                                                                     \
   template void bias_add<F>(F*, const F*, int, int);                                             \
   template void matmul_forward<F>(F*, const F*, const F*, const F*, int, int, int);               \
-  template void matmul_backward<F>(F*, float*, float*, const F*, const F*, const F*, int, int, int);
+  template void matmul_backward<F>(F*, float*, float*, const F*, const F*, const F*, int, int, int); \
+  template void bias_backward<F>(float*, const F*, int, int);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(bf16)
 #undef TESSERA_INSTANTIATE

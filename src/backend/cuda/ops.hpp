@@ -25,6 +25,7 @@
 #include "backend/adamw.hpp"
 #include "backend/arena.hpp"
 #include "backend/attention_block.hpp"
+#include "common/fp8.hpp"
 
 namespace tessera::cuda {
 
@@ -76,6 +77,19 @@ void bias_add(F* out, const F* bias, int N, int OC);
 template <typename F>
 void matmul_backward(F* dinp, float* dweight, float* dbias, const F* dout, const F* inp,
                      const F* weight, int N, int IC, int OC);
+// dbias (OC) += colsum(dout (N,OC)): matmul_backward's bias gradient alone (the FP8 GEMMs take
+// the bias gradient from the unquantized output gradient).
+template <typename F>
+void bias_backward(float* dbias, const F* dout, int N, int OC);
+
+// FP8 GEMM inputs (fp8.cu; twins of backend/cpu/fp8.cpp, common/fp8.hpp is the format).
+// fp8_amax: max |x| over n, NaN if any is, returned to the host (a wait on the stream).
+// fp8_quantize: out = fp8(in * scale) / scale, rounded to nearest even and saturating by CUDA's
+// own conversions (cuda_fp8.h), then to F; in place allowed.
+template <typename F>
+float fp8_amax(const F* x, size_t n);
+template <typename F>
+void fp8_quantize(F* out, const F* in, size_t n, float scale, Fp8Format format);
 
 // Grouped-query attention on the qkv activation (B,T,(NH+2*NKV)*hs) of backend/cpu/ops.hpp (q
 // heads, k heads, v heads; query head h reads kv head h / (NH/NKV)).

@@ -256,6 +256,11 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
   prop->multiProcessorCount = 1;
   prop->pciDeviceID = visible_devices()[size_t(device)];
+  // TESSERA_EMU_COMPUTE=MAJOR.MINOR: the compute capability reported (default 0.0, no GPU's),
+  // for the tests of what a GPU of that generation is refused.
+  if (const char* cc = std::getenv("TESSERA_EMU_COMPUTE"))
+    if (std::sscanf(cc, "%d.%d", &prop->major, &prop->minor) != 2)
+      fault(std::string("TESSERA_EMU_COMPUTE=") + cc + ": expected MAJOR.MINOR, e.g. 8.0");
   return cudaSuccess;
 }
 

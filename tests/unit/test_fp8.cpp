@@ -1,0 +1,308 @@
+// The FP8 codecs (common/fp8.hpp) against a reference written differently: each code's value
+// from its sign, exponent and mantissa fields by the textbook formula in double, and rounding as
+// an exhaustive search for the nearest finite code, a tie going to the code whose last bit is 0,
+// anything beyond the largest finite value saturating to it. Every one of the 256 codes of each
+// format, the midpoints between neighbours (and a hair either side), values past the largest,
+// the subnormals and the values below half the smallest, and random values over the whole range.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common/fp8.hpp"
+#include "backend/cpu/backend.hpp"
+#include "model/fp8.hpp"
+
+using namespace tessera;
+
+namespace {
+
+struct Reference {
+  int E, M, bias;
+  bool ieee;  // E5M2: the all-ones exponent is infinity and NaN; E4M3: only S.1111.111 is NaN
+
+  bool is_nan(int code) const {
+    const int e = (code >> M) & ((1 << E) - 1), m = code & ((1 << M) - 1);
+    if (ieee) return e == (1 << E) - 1 && m != 0;
+    return e == (1 << E) - 1 && m == (1 << M) - 1;
+  }
+  bool is_inf(int code) const {
+    const int e = (code >> M) & ((1 << E) - 1), m = code & ((1 << M) - 1);
+    return ieee && e == (1 << E) - 1 && m == 0;
+  }
+  double value(int code) const {
+    const int s = code >> 7, e = (code >> M) & ((1 << E) - 1), m = code & ((1 << M) - 1);
+    const double frac = double(m) / double(1 << M);
+    const double mag = e == 0 ? std::pow(2.0, 1 - bias) * frac : std::pow(2.0, e - bias) * (1 + frac);
+    return s ? -mag : mag;
+  }
+  // The finite non-negative codes, ascending.
+  std::vector<int> positive() const {
+    std::vector<int> out;
+    for (int c = 0; c < 128; ++c)
+      if (!is_nan(c) && !is_inf(c)) out.push_back(c);
+    return out;
+  }
+  double max() const { return value(positive().back()); }
+  // The code x rounds to (x finite).
+  int round(double x) const {
+    const double a = std::fabs(x);
+    const int sign = std::signbit(x) ? 0x80 : 0;
+    const std::vector<int> codes = positive();
+    if (a >= max()) return sign | codes.back();
+    int best = codes[0];
+    for (int c : codes) {
+      const double d = std::fabs(a - value(c)), db = std::fabs(a - value(best));
+      if (d < db || (d == db && (c & 1) == 0 && (best & 1) == 1)) best = c;
+    }
+    return sign | best;
+  }
+};
+
+const Reference kE4M3{4, 3, 7, false};
+const Reference kE5M2{5, 2, 15, true};
+
+struct Case {
+  Fp8Format format;
+  const Reference& ref;
+  const char* name;
+};
+const Case kCases[] = {{Fp8Format::E4M3, kE4M3, "e4m3"}, {Fp8Format::E5M2, kE5M2, "e5m2"}};
+
+// x rounded by the codec equals the reference's nearest code, as a code and as a value.
+void expect_rounds(const Case& c, float x) {
+  const int want = c.ref.round(double(x));
+  EXPECT_EQ(int(fp8_encode(x, c.format)), want) << c.name << " x = " << x;
+  EXPECT_EQ(double(fp8_round(x, c.format)), c.ref.value(want)) << c.name << " x = " << x;
+}
+
+}  // namespace
+
+TEST(Fp8, LimitsMatchThePaper) {
+  EXPECT_EQ(kE4M3.max(), 448.0);
+  EXPECT_EQ(kE5M2.max(), 57344.0);
+  EXPECT_EQ(fp8_max(Fp8Format::E4M3), 448.0f);
+  EXPECT_EQ(fp8_max(Fp8Format::E5M2), 57344.0f);
+  EXPECT_EQ(kE4M3.value(1), std::ldexp(1.0, -9));   // smallest subnormal
+  EXPECT_EQ(kE5M2.value(1), std::ldexp(1.0, -16));
+  EXPECT_EQ(kE4M3.positive().size(), 127u);  // 0x00..0x7E
+  EXPECT_EQ(kE5M2.positive().size(), 124u);  // 0x00..0x7B
+}
+
+TEST(Fp8, EveryCodeDecodesAndRoundTrips) {
+  for (const Case& c : kCases) {
+    for (int code = 0; code < 256; ++code) {
+      const float v = fp8_decode(uint8_t(code), c.format);
+      if (c.ref.is_nan(code)) {
+        EXPECT_TRUE(std::isnan(v)) << c.name << " code " << code;
+        EXPECT_TRUE(std::isnan(fp8_round(v, c.format)));
+        continue;
+      }
+      if (c.ref.is_inf(code)) {
+        EXPECT_EQ(v, code & 0x80 ? -INFINITY : INFINITY) << c.name << " code " << code;
+        // Saturating: an infinity encodes as the largest finite value of its sign.
+        EXPECT_EQ(double(fp8_round(v, c.format)), code & 0x80 ? -c.ref.max() : c.ref.max());
+        continue;
+      }
+      EXPECT_EQ(double(v), c.ref.value(code)) << c.name << " code " << code;
+      EXPECT_EQ(fp8_decode(fp8_encode(v, c.format), c.format), v) << c.name << " code " << code;
+      EXPECT_EQ(fp8_round(v, c.format), v);
+      // Codes encode to themselves (the two zeros included).
+      EXPECT_EQ(int(fp8_encode(v, c.format)), code) << c.name << " code " << code;
+    }
+    EXPECT_EQ(int(fp8_encode(NAN, c.format)), 0x7F);
+    EXPECT_TRUE(std::isnan(fp8_decode(0x7F, c.format)));
+  }
+}
+
+TEST(Fp8, MidpointsTieToEven) {
+  for (const Case& c : kCases) {
+    const std::vector<int> codes = c.ref.positive();
+    int ties = 0;
+    for (size_t i = 0; i + 1 < codes.size(); ++i) {
+      const double lo = c.ref.value(codes[i]), hi = c.ref.value(codes[i + 1]);
+      const float mid = float((lo + hi) / 2);
+      ASSERT_EQ(double(mid), (lo + hi) / 2);  // exact in float
+      for (float x : {mid, -mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f),
+                      -std::nextafter(mid, 1e9f)})
+        expect_rounds(c, x);
+      // The tie itself goes to the even neighbour.
+      const int even = (codes[i] & 1) == 0 ? codes[i] : codes[i + 1];
+      EXPECT_EQ(int(fp8_encode(mid, c.format)), even) << c.name << " mid " << mid;
+      ++ties;
+    }
+    EXPECT_GT(ties, 100);
+  }
+}
+
+TEST(Fp8, SaturatesBeyondTheLargest) {
+  for (const Case& c : kCases) {
+    const float max = float(c.ref.max());
+    const float ulp = float(max - c.ref.value(c.ref.positive().end()[-2]));
+    for (float x : {max, std::nextafter(max, 1e30f), max + ulp / 2, max + ulp, 2 * max, 1e30f,
+                    INFINITY}) {
+      EXPECT_EQ(fp8_round(x, c.format), max) << c.name << " x = " << x;
+      EXPECT_EQ(fp8_round(-x, c.format), -max) << c.name << " x = " << -x;
+      EXPECT_EQ(fp8_decode(fp8_encode(x, c.format), c.format), max);
+    }
+  }
+}
+
+TEST(Fp8, SubnormalsAndTheSmallest) {
+  for (const Case& c : kCases) {
+    const float tiny = float(c.ref.value(1));  // smallest subnormal
+    EXPECT_EQ(fp8_round(tiny / 2, c.format), 0.0f);            // tie to 0 (even)
+    EXPECT_EQ(fp8_round(std::nextafter(tiny / 2, 1.0f), c.format), tiny);
+    EXPECT_EQ(fp8_round(tiny / 3, c.format), 0.0f);
+    EXPECT_EQ(fp8_round(1e-30f, c.format), 0.0f);
+    EXPECT_TRUE(std::signbit(fp8_round(-1e-30f, c.format)));   // -0 keeps its sign
+    EXPECT_EQ(int(fp8_encode(-1e-30f, c.format)), 0x80);
+    EXPECT_EQ(fp8_round(1.5f * tiny, c.format), 2 * tiny);     // tie 1 | 2: to 2 (even)
+    EXPECT_EQ(fp8_round(2.5f * tiny, c.format), 2 * tiny);     // tie 2 | 3: to 2
+    for (int k = 0; k < 4000; ++k) expect_rounds(c, tiny * float(k) / 37.0f);
+  }
+}
+
+TEST(Fp8, RandomValuesOverTheWholeRange) {
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> exponent(-20.0f, 18.0f), sign(-1.0f, 1.0f);
+  for (const Case& c : kCases)
+    for (int i = 0; i < 20000; ++i)
+      expect_rounds(c, std::copysign(std::exp2(exponent(rng)), sign(rng)));
+}
+
+// Delayed scaling (model/fp8.hpp): a scale from the history of the steps before (max or most
+// recent), the current amax only while there is none, the margin, the step's amaxes committed at
+// its end or dropped, the histories as a checkpoint holds them.
+TEST(Fp8Scaling, DelayedFromTheHistory) {
+  Fp8Options o;
+  o.on = true;
+  o.history = 3;
+  Fp8State s(o, 2, 4, true);  // layers 2 and 3, and the head
+  const int x = s.tensor(3, Fp8State::kFc, Fp8State::kInput);
+  const int g = s.tensor(2, Fp8State::kDown, Fp8State::kGrad);
+  const int h = s.tensor(Fp8State::kHead, 0, Fp8State::kWeight);
+  EXPECT_EQ(h, 2 * Fp8State::kPerLayer + 1);
+  EXPECT_EQ(s.format(Fp8State::kInput), Fp8Format::E4M3);
+  EXPECT_EQ(s.format(Fp8State::kGrad), Fp8Format::E5M2);
+  // The first step: no history, the current amax.
+  EXPECT_FALSE(s.has_history(x));
+  EXPECT_EQ(s.scale(x, 2.0f), 448.0f / 2.0f);
+  EXPECT_EQ(s.scale(g, 4.0f), 57344.0f / 4.0f);
+  EXPECT_EQ(s.scale(x, 0.0f), 1.0f);  // an all-zero tensor: any scale, 1
+  // The step's largest amax is pending until the step ends; a skipped step drops it.
+  s.observe(x, 2.0f);
+  s.observe(x, 7.0f);
+  s.observe(x, 3.0f);
+  EXPECT_EQ(s.pending()[size_t(x)], 7.0f);
+  s.discard();
+  EXPECT_FALSE(s.has_history(x));
+  EXPECT_EQ(s.pending()[size_t(x)], 0.0f);
+  s.observe(x, 7.0f);
+  s.commit();
+  EXPECT_TRUE(s.has_history(x));
+  EXPECT_EQ(s.scale(x, 1000.0f), 64.0f);  // 448 / 7: the history's, not the current
+  for (float a : {1.0f, 0.5f}) {
+    s.observe(x, a);
+    s.commit();
+  }
+  EXPECT_EQ(s.scale(x, 1.0f), 64.0f);  // max of [0.5, 1, 7]
+  s.observe(x, 0.25f);
+  s.commit();  // the 7 falls out of a history of 3
+  EXPECT_EQ(s.scale(x, 1.0f), 448.0f);
+  const std::vector<float> layer3 = s.history(3);
+  ASSERT_EQ(layer3.size(), size_t(Fp8State::kPerLayer) * 3);
+  const size_t row = size_t(Fp8State::kFc) * Fp8State::kRoles + Fp8State::kInput;
+  EXPECT_EQ(std::vector<float>(layer3.begin() + long(row) * 3, layer3.begin() + long(row + 1) * 3),
+            (std::vector<float>{0.25f, 0.5f, 1.0f}));  // newest first
+  // A state no step has reached holds -1 everywhere; a checkpoint's rows restore it.
+  Fp8State fresh(o, 2, 4, true);
+  EXPECT_EQ(fresh.history(Fp8State::kHead), std::vector<float>(9, -1.0f));
+  fresh.set_history(3, layer3);
+  EXPECT_EQ(fresh.scale(x, 1.0f), 448.0f);
+  EXPECT_THROW(fresh.set_history(2, {1.0f}), std::exception);
+
+  // most_recent and the margin: (448 / 0.25) / 2^2.
+  o.most_recent = true;
+  o.margin = 2;
+  Fp8State r(o, 0, 1, false);
+  const int w = r.tensor(0, Fp8State::kQkv, Fp8State::kWeight);
+  for (float a : {8.0f, 0.25f}) {
+    r.observe(w, a);
+    r.commit();
+  }
+  EXPECT_EQ(r.scale(w, 1.0f), 448.0f);
+  // A non-finite amax never makes a scale that is not finite.
+  r.observe(w, NAN);
+  EXPECT_TRUE(std::isnan(r.pending()[size_t(w)]));
+  r.observe(w, 1.0f);  // NaN sticks
+  EXPECT_TRUE(std::isnan(r.pending()[size_t(w)]));
+  r.commit();
+  EXPECT_EQ(r.scale(w, 1.0f), 1.0f);
+}
+
+// The simulated FP8 GEMMs (Fp8Linear<CpuBackend>) against fp32 GEMMs of operands rounded here
+// with fp8_round at the scales worked out by hand: the forward on E4M3 input and weight, the
+// backward on the E5M2 output gradient, the bias gradient from the unrounded one; the amaxes
+// pending for the step.
+TEST(Fp8Linear, GemmsOnRoundedOperands) {
+  const int N = 6, IC = 5, OC = 4;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto random = [&](size_t n, float scale) {
+    std::vector<float> v(n);
+    for (float& x : v) x = scale * normal(rng);
+    return v;
+  };
+  const std::vector<float> x = random(size_t(N) * IC, 3.0f), w = random(size_t(OC) * IC, 0.05f),
+                           b = random(OC, 0.1f), g = random(size_t(N) * OC, 1e-4f);
+  auto amax = [](const std::vector<float>& v) {
+    float m = 0;
+    for (float a : v) m = std::max(m, std::fabs(a));
+    return m;
+  };
+  auto rounded = [](const std::vector<float>& v, float scale, Fp8Format f) {
+    std::vector<float> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = fp8_round(v[i] * scale, f) * (1.0f / scale);
+    return out;
+  };
+  const float sx = 448.0f / amax(x), sw = 448.0f / amax(w), sg = 57344.0f / amax(g);
+  const std::vector<float> qx = rounded(x, sx, Fp8Format::E4M3),
+                           qw = rounded(w, sw, Fp8Format::E4M3),
+                           qg = rounded(g, sg, Fp8Format::E5M2);
+  EXPECT_NE(qx, x);  // the rounding is there to see
+
+  Fp8Options o;
+  o.on = true;
+  Comm tp(MPI_COMM_SELF);
+  Arena arena(CpuBackend::memory());
+  Fp8Linear<CpuBackend> fp8(o, 0, 1, false, &tp, nullptr, size_t(N) * IC, size_t(OC) * IC,
+                            size_t(N) * OC, arena);
+  arena.allocate();
+  fp8.bind();
+  std::vector<float> out(size_t(N) * OC), want(size_t(N) * OC);
+  fp8.forward(0, Fp8State::kFc, out.data(), x.data(), w.data(), b.data(), N, IC, OC);
+  cpu::matmul_forward(want.data(), qx.data(), qw.data(), b.data(), N, IC, OC);
+  EXPECT_EQ(out, want);
+
+  std::vector<float> dx(size_t(N) * IC), dw(size_t(OC) * IC), db(OC);
+  std::vector<float> want_dx(dx.size()), want_dw(dw.size()), want_db(OC);
+  fp8.backward(0, Fp8State::kFc, dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), N,
+               IC, OC);
+  cpu::matmul_backward(want_dx.data(), want_dw.data(), want_db.data(), qg.data(), qx.data(),
+                       qw.data(), N, IC, OC);
+  EXPECT_EQ(dx, want_dx);
+  EXPECT_EQ(dw, want_dw);
+  std::vector<float> unrounded_db(OC), scratch_dx(dx.size()), scratch_dw(dw.size());
+  cpu::matmul_backward(scratch_dx.data(), scratch_dw.data(), unrounded_db.data(), g.data(),
+                       x.data(), w.data(), N, IC, OC);
+  EXPECT_EQ(db, unrounded_db);
+
+  Fp8State& s = fp8.state();
+  EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc, Fp8State::kInput))], amax(x));
+  EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc, Fp8State::kWeight))], amax(w));
+  EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc, Fp8State::kGrad))], amax(g));
+  EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kQkv, Fp8State::kInput))], 0.0f);
+}
