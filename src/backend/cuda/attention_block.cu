@@ -72,24 +72,8 @@ __global__ void block_forward_kernel(F* out, float* lse, const F* q, const F* kv
     for (int r = 0; r < R; r++) {
       const int row = warp * R + r, i = q0 + row;
       if (i >= T) break;  // the same for every lane of the warp
-      const int key = k0 + lane;
-      const bool seen = visible(s, i, key);
-      const float x = seen ? scale * dot_rows(qs[row], ks[lane], hs) : -INFINITY;
-      // Key 0 is visible to every row, so m is finite from the first tile on.
-      const float m_new = fmaxf(m[r], warp_max(x));
-      const float p = seen ? expf(x - m_new) : 0.0f;
-      const float rescale = expf(m[r] - m_new);
-      l[r] = l[r] * rescale + warp_sum(p);
-      m[r] = m_new;
-      ps[row][lane] = p;
-      __syncwarp();
-#pragma unroll
-      for (int c = 0; c < kDims; c++) {
-        const int d = lane + c * kWarp;
-        float acc = o[r][c] * rescale;
-        for (int j = 0; j < kBc; j++) acc += ps[row][j] * vs[j][d];
-        o[r][c] = acc;
-      }
+      online_softmax_tile<Dmax>(m[r], l[r], o[r], ps[row], qs[row], ks, vs,
+                                visible(s, i, k0 + lane), scale, hs);
     }
   }
 #pragma unroll
@@ -173,31 +157,15 @@ __global__ void block_dkdv_kernel(F* dkv, const F* dout, const float* delta, con
       __syncthreads();
       // P and dS of the (kBq x 32) block: lane j takes key j, warps take rows in turn.
       for (int r = warp; r < kBq; r += kWarps) {
-        const int i = i0 + r, key = k0 + lane;
+        const int i = i0 + r;
         float p = 0.0f, ds = 0.0f;
-        if (i < T && visible(s, i, key)) {
-          p = expf(scale * dot_rows(qs[r], ks[lane], hs) - lses[r]);
-          ds = p * (dot_rows(dos[r], vs[lane], hs) - Ds[r]);
-        }
+        if (i < T && visible(s, i, k0 + lane))
+          ds = score_gradient<Dmax>(qs[r], dos[r], ks, vs, lses[r], Ds[r], scale, hs, &p);
         ps[r][lane] = p;
         dss[r][lane] = ds;
       }
       __syncthreads();
-#pragma unroll
-      for (int j = 0; j < kKeysPerWarp; j++) {
-        const int key = warp * kKeysPerWarp + j;
-#pragma unroll
-        for (int c = 0; c < kDims; c++) {
-          const int d = lane + c * kWarp;
-          float a = dv[j][c], gk = dk[j][c];
-          for (int r = 0; r < kBq; r++) {
-            a += ps[r][key] * dos[r][d];
-            gk += dss[r][key] * qs[r][d];
-          }
-          dv[j][c] = a;
-          dk[j][c] = gk;
-        }
-      }
+      accumulate_dkdv<kBq, Dmax, kKeysPerWarp>(dk, dv, ps, dss, qs, dos);
     }
   }
 #pragma unroll
@@ -256,21 +224,10 @@ __global__ void block_dq_kernel(F* dq, const F* dout, const float* delta, const 
     for (int r = 0; r < R; r++) {
       const int row = warp * R + r, i = q0 + row;
       if (i >= T) break;  // the same for every lane of the warp
-      const int key = k0 + lane;
-      float ds = 0.0f;
-      if (visible(s, i, key)) {
-        const float p = expf(scale * dot_rows(qs[row], ks[lane], hs) - lse_r[r]);
-        ds = p * (dot_rows(dos[row], vs[lane], hs) - D_r[r]);
-      }
-      dss[row][lane] = ds;
-      __syncwarp();
-#pragma unroll
-      for (int c = 0; c < kDims; c++) {
-        const int d = lane + c * kWarp;
-        float acc = acc_q[r][c];
-        for (int j = 0; j < kBc; j++) acc += dss[row][j] * ks[j][d];
-        acc_q[r][c] = acc;
-      }
+      float p, ds = 0.0f;
+      if (visible(s, i, k0 + lane))
+        ds = score_gradient<Dmax>(qs[row], dos[row], ks, vs, lse_r[r], D_r[r], scale, hs, &p);
+      accumulate_dq<Dmax>(acc_q[r], dss[row], ds, ks);
     }
   }
 #pragma unroll

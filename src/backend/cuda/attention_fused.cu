@@ -71,23 +71,8 @@ __global__ void flash_forward_kernel(F* out, float* lse, const F* qkv, int T, He
     for (int r = 0; r < R; r++) {
       const int row = warp * R + r, i = q0 + row;
       if (i >= T) break;  // the same for every lane of the warp
-      const int key = k0 + lane;
-      const float s = key <= i ? scale * dot_rows(qs[row], ks[lane], hs) : -INFINITY;
-      // Key 0 is in the first tile, so m is finite from the first tile on.
-      const float m_new = fmaxf(m[r], warp_max(s));
-      const float p = key <= i ? expf(s - m_new) : 0.0f;
-      const float rescale = expf(m[r] - m_new);
-      l[r] = l[r] * rescale + warp_sum(p);
-      m[r] = m_new;
-      ps[row][lane] = p;
-      __syncwarp();
-#pragma unroll
-      for (int k = 0; k < kDims; k++) {
-        const int d = lane + k * kWarp;
-        float acc = o[r][k] * rescale;
-        for (int j = 0; j < kBc; j++) acc += ps[row][j] * vs[j][d];
-        o[r][k] = acc;
-      }
+      online_softmax_tile<Dmax>(m[r], l[r], o[r], ps[row], qs[row], ks, vs, k0 + lane <= i,
+                                scale, hs);
     }
   }
 #pragma unroll
@@ -165,31 +150,15 @@ __global__ void flash_dkdv_kernel(F* dqkv, const F* dout, const F* qkv, const F*
       __syncthreads();
       // P and dS of the (kBq x 32) block: lane j takes key j, warps take rows in turn.
       for (int r = warp; r < kBq; r += kWarps) {
-        const int i = i0 + r, key = k0 + lane;
+        const int i = i0 + r;
         float p = 0.0f, ds = 0.0f;
-        if (i < T && key <= i) {
-          p = expf(scale * dot_rows(qs[r], ks[lane], hs) - lses[r]);
-          ds = p * (dot_rows(dos[r], vs[lane], hs) - Ds[r]);
-        }
+        if (i < T && k0 + lane <= i)
+          ds = score_gradient<Dmax>(qs[r], dos[r], ks, vs, lses[r], Ds[r], scale, hs, &p);
         ps[r][lane] = p;
         dss[r][lane] = ds;
       }
       __syncthreads();
-  #pragma unroll
-      for (int j = 0; j < kKeysPerWarp; j++) {
-        const int key = warp * kKeysPerWarp + j;
-  #pragma unroll
-        for (int k = 0; k < kDims; k++) {
-          const int d = lane + k * kWarp;
-          float a = dv[j][k], gk = dk[j][k];
-          for (int r = 0; r < kBq; r++) {
-            a += ps[r][key] * dos[r][d];
-            gk += dss[r][key] * qs[r][d];
-          }
-          dv[j][k] = a;
-          dk[j][k] = gk;
-        }
-      }
+      accumulate_dkdv<kBq, Dmax, kKeysPerWarp>(dk, dv, ps, dss, qs, dos);
     }
   }
 #pragma unroll
@@ -248,21 +217,10 @@ __global__ void flash_dq_kernel(F* dqkv, const F* dout, const F* qkv, const F* o
     for (int r = 0; r < R; r++) {
       const int row = warp * R + r, i = q0 + row;
       if (i >= T) break;  // the same for every lane of the warp
-      const int key = k0 + lane;
-      float ds = 0.0f;
-      if (key <= i) {
-        const float p = expf(scale * dot_rows(qs[row], ks[lane], hs) - lse_r[r]);
-        ds = p * (dot_rows(dos[row], vs[lane], hs) - Ds[row]);
-      }
-      dss[row][lane] = ds;
-      __syncwarp();
-#pragma unroll
-      for (int k = 0; k < kDims; k++) {
-        const int d = lane + k * kWarp;
-        float acc = dq[r][k];
-        for (int j = 0; j < kBc; j++) acc += dss[row][j] * ks[j][d];
-        dq[r][k] = acc;
-      }
+      float p, ds = 0.0f;
+      if (k0 + lane <= i)
+        ds = score_gradient<Dmax>(qs[row], dos[row], ks, vs, lse_r[r], Ds[row], scale, hs, &p);
+      accumulate_dq<Dmax>(dq[r], dss[row], ds, ks);
     }
   }
 #pragma unroll

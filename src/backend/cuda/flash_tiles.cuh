@@ -35,6 +35,90 @@ __device__ inline float dot_rows(const float* a, const float* b, int hs) {
   return s;
 }
 
+// The steps both attentions take on a tile of 32 keys, `seen` saying whether lane j's key j is
+// visible to the query row (causal on the diagonal; the fused attention's key <= i, a block's
+// own rule in attention_block.cu).
+
+// Forward, one query row of a warp: its online softmax (running max m, running sum l, the lane's
+// output dimensions o) takes the tile's keys; p_row is the row's kBc probabilities' scratch.
+template <int Dmax>
+__device__ __forceinline__ void online_softmax_tile(float& m, float& l, float (&o)[Dmax / kWarp],
+                                                    float* p_row, const float* q_row,
+                                                    const float (*ks)[Dmax + 1],
+                                                    const float (*vs)[Dmax], bool seen,
+                                                    float scale, int hs) {
+  const int lane = threadIdx.x % kWarp;
+  const float x = seen ? scale * dot_rows(q_row, ks[lane], hs) : -INFINITY;
+  // Key 0 is visible to every row, so m is finite from the first tile on.
+  const float m_new = fmaxf(m, warp_max(x));
+  const float p = seen ? expf(x - m_new) : 0.0f;
+  const float rescale = expf(m - m_new);
+  l = l * rescale + warp_sum(p);
+  m = m_new;
+  p_row[lane] = p;
+  __syncwarp();
+#pragma unroll
+  for (int c = 0; c < Dmax / kWarp; c++) {
+    const int d = lane + c * kWarp;
+    float acc = o[c] * rescale;
+    for (int j = 0; j < kBc; j++) acc += p_row[j] * vs[j][d];
+    o[c] = acc;
+  }
+}
+
+// Backward: dS of one query row and this lane's key, P (dP - D) with P = exp(score - lse).
+template <int Dmax>
+__device__ __forceinline__ float score_gradient(const float* q_row, const float* dout_row,
+                                                const float (*ks)[Dmax + 1],
+                                                const float (*vs)[Dmax + 1], float lse, float D,
+                                                float scale, int hs, float* p) {
+  const int lane = threadIdx.x % kWarp;
+  *p = expf(scale * dot_rows(q_row, ks[lane], hs) - lse);
+  return *p * (dot_rows(dout_row, vs[lane], hs) - D);
+}
+
+// dK and dV of a warp's kKeysPerWarp keys (its kDims dimensions each) += the (Rows x kBc) block's
+// Pᵀ dO and dSᵀ Q.
+template <int Rows, int Dmax, int kKeysPerWarp>
+__device__ __forceinline__ void accumulate_dkdv(float (&dk)[kKeysPerWarp][Dmax / kWarp],
+                                                float (&dv)[kKeysPerWarp][Dmax / kWarp],
+                                                const float (*ps)[kBc], const float (*dss)[kBc],
+                                                const float (*qs)[Dmax], const float (*dos)[Dmax]) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int j = 0; j < kKeysPerWarp; j++) {
+    const int key = warp * kKeysPerWarp + j;
+#pragma unroll
+    for (int c = 0; c < Dmax / kWarp; c++) {
+      const int d = lane + c * kWarp;
+      float a = dv[j][c], gk = dk[j][c];
+      for (int r = 0; r < Rows; r++) {
+        a += ps[r][key] * dos[r][d];
+        gk += dss[r][key] * qs[r][d];
+      }
+      dv[j][c] = a;
+      dk[j][c] = gk;
+    }
+  }
+}
+
+// dQ of one query row of a warp (the lane's dimensions) += its dS row of the tile (ds_row, this
+// lane's entry given) times the tile's keys.
+template <int Dmax>
+__device__ __forceinline__ void accumulate_dq(float (&dq)[Dmax / kWarp], float* ds_row, float ds,
+                                              const float (*ks)[Dmax + 1]) {
+  const int lane = threadIdx.x % kWarp;
+  ds_row[lane] = ds;
+  __syncwarp();
+#pragma unroll
+  for (int c = 0; c < Dmax / kWarp; c++) {
+    const int d = lane + c * kWarp;
+    float acc = dq[c];
+    for (int j = 0; j < kBc; j++) acc += ds_row[j] * ks[j][d];
+    dq[c] = acc;
+  }
+}
+
 // Runs body.template operator()<Dmax>() with Dmax the head size rounded up to 32, 64 or 128.
 template <typename Body>
 void with_head_tile(int hs, const Body& body) {
