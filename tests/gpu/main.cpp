@@ -28,7 +28,8 @@ std::mt19937_64& rng() {
   return r;
 }
 
-Compare compare(const std::vector<double>& got, const std::vector<double>& want) {
+Compare compare(const std::vector<double>& got, const std::vector<double>& want,
+                const std::vector<double>* terms) {
   Compare c;
   if (got.size() != want.size()) {
     c.problem = "size " + std::to_string(got.size()) + " != " + std::to_string(want.size());
@@ -62,6 +63,7 @@ Compare compare(const std::vector<double>& got, const std::vector<double>& want)
   for (size_t i = 0; i < got.size(); i++) {
     const double w = round_to<bf16>(want[i]);
     if (w == 0.0 || !std::isfinite(w)) continue;
+    if (terms && std::fabs(want[i]) < std::ldexp((*terms)[i], -12)) continue;
     int e = 0;
     std::frexp(w, &e);                            // |w| = m 2^e, m in [0.5, 1)
     const double ulp = std::ldexp(1.0, e - 8);    // bf16: 8 significant bits

@@ -26,9 +26,10 @@ namespace gpu = tessera::cuda;
 
 // Element-wise ops of type F: a bf16 output is within 1 ulp of the exact result rounded to
 // nearest even, element by element (fp32 outputs: EXPECT_CLOSE's bound).
-#define EXPECT_WITHIN_ULP(F, got, want, what)                                                    \
+// `terms`: compare()'s, for ops that add (nullptr for the others).
+#define EXPECT_WITHIN_ULP(F, got, want, terms, what)                                             \
   do {                                                                                           \
-    const Compare c_ = compare(got, want);                                                       \
+    const Compare c_ = compare(got, want, terms);                                                \
     const bool bf16_ = std::is_same_v<F, bf16>;                                                  \
     EXPECT_EQ(c_.bf16_values, bf16_) << (what) << ": bf16 values in the output";                 \
     EXPECT_LE(bf16_ ? c_.max_ulps : 0.0, 1.0)                                                    \
@@ -387,31 +388,38 @@ TYPED_TEST(CudaOp, Elementwise) {
       gpu::gelu_forward<F>(d_out, d_x, n);
       cpu::gelu_forward<double>(out.data(), x.data(), n);
       EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "gelu_forward" + what);
-      EXPECT_WITHIN_ULP(F, d_out.fetch(), out, "gelu_forward" + what);
+      EXPECT_WITHIN_ULP(F, d_out.fetch(), out, nullptr, "gelu_forward" + what);
     }
     {
       auto dinp = random_of<F>(n);
+      std::vector<double> terms(n, 0.0);  // |dinp| + |gelu'(x) dout|
+      cpu::gelu_backward<double>(terms.data(), x.data(), y.data(), n);
+      for (size_t i = 0; i < n; i++) terms[i] = std::fabs(terms[i]) + std::fabs(dinp[i]);
       Dev<F> d_dinp(dinp, offset);
       gpu::gelu_backward<F>(d_dinp, d_x, d_y, n);
       cpu::gelu_backward<double>(dinp.data(), x.data(), y.data(), n);
       EXPECT_CLOSE(d_dinp.fetch(), dinp, tolerance<F>(), "gelu_backward" + what);
-      EXPECT_WITHIN_ULP(F, d_dinp.fetch(), dinp, "gelu_backward" + what);
+      EXPECT_WITHIN_ULP(F, d_dinp.fetch(), dinp, &terms, "gelu_backward" + what);
     }
     {
       Dev<F> d_out(n, offset);
       std::vector<double> out(n);
       gpu::residual_forward<F>(d_out, d_x, d_y, n);
       cpu::residual_forward<double>(out.data(), x.data(), y.data(), n);
+      std::vector<double> terms(n);
+      for (size_t i = 0; i < n; i++) terms[i] = std::fabs(x[i]) + std::fabs(y[i]);
       EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "residual_forward" + what);
-      EXPECT_WITHIN_ULP(F, d_out.fetch(), out, "residual_forward" + what);
+      EXPECT_WITHIN_ULP(F, d_out.fetch(), out, &terms, "residual_forward" + what);
     }
     {
       auto dst = random_of<F>(n);
+      std::vector<double> terms(n);
+      for (size_t i = 0; i < n; i++) terms[i] = std::fabs(dst[i]) + std::fabs(y[i]);
       Dev<F> d_dst(dst, offset);
       gpu::add_inplace<F>(d_dst, d_y, n);
       cpu::add_inplace<double>(dst.data(), y.data(), n);
       EXPECT_CLOSE(d_dst.fetch(), dst, tolerance<F>(), "add_inplace" + what);
-      EXPECT_WITHIN_ULP(F, d_dst.fetch(), dst, "add_inplace" + what);
+      EXPECT_WITHIN_ULP(F, d_dst.fetch(), dst, &terms, "add_inplace" + what);
     }
   }
 }
