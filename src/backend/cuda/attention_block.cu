@@ -130,7 +130,6 @@ __global__ void block_dkdv_kernel(F* dkv, const F* dout, const float* delta, con
   const int hs = s.hs, T = s.rows, G = s.NH / s.NKV;
   const int bg = blockIdx.y, b = bg / s.NKV, g = bg % s.NKV;
   const int k0 = blockIdx.x * kBc;
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const size_t kat = b * s.bkv + size_t(g) * hs, vat = kat + size_t(s.NKV) * hs;
   load_tile<F, kBc, Dmax + 1>(ks, kv + kat, k0, T, hs, s.ldkv);
   load_tile<F, kBc, Dmax + 1>(vs, kv + vat, k0, T, hs, s.ldkv);
@@ -155,34 +154,14 @@ __global__ void block_dkdv_kernel(F* dkv, const F* dout, const float* delta, con
         Ds[r] = i0 + r < T ? delta[at + i0 + r] : 0.0f;
       }
       __syncthreads();
-      // P and dS of the (kBq x 32) block: lane j takes key j, warps take rows in turn.
-      for (int r = warp; r < kBq; r += kWarps) {
-        const int i = i0 + r;
-        float p = 0.0f, ds = 0.0f;
-        if (i < T && visible(s, i, k0 + lane))
-          ds = score_gradient<Dmax>(qs[r], dos[r], ks, vs, lses[r], Ds[r], scale, hs, &p);
-        ps[r][lane] = p;
-        dss[r][lane] = ds;
-      }
+      score_gradients_block<kBq, Dmax>(ps, dss, qs, dos, ks, vs, lses, Ds, i0, k0, T, scale, hs,
+                                       [&](int i, int key) { return visible(s, i, key); });
       __syncthreads();
       accumulate_dkdv<kBq, Dmax, kKeysPerWarp>(dk, dv, ps, dss, qs, dos);
     }
   }
-#pragma unroll
-  for (int j = 0; j < kKeysPerWarp; j++) {
-    const int key = k0 + warp * kKeysPerWarp + j;
-    if (key >= T) break;
-    F* dkey = dkv + kat + size_t(key) * s.ldkv;
-    F* dval = dkv + vat + size_t(key) * s.ldkv;
-#pragma unroll
-    for (int c = 0; c < kDims; c++) {
-      const int d = lane + c * kWarp;
-      if (d < hs) {
-        dkey[d] = from_float<F>(to_float(dkey[d]) + scale * dk[j][c]);
-        dval[d] = from_float<F>(to_float(dval[d]) + dv[j][c]);
-      }
-    }
-  }
+  add_key_gradients<F, Dmax, kKeysPerWarp>(dkv + kat, dkv + vat, s.ldkv, k0, T, hs, scale, dk,
+                                           dv);
 }
 
 // grid (ceil(rows / kBr), B * NH), kThreads threads: dQ of one tile of query rows.
@@ -230,17 +209,7 @@ __global__ void block_dq_kernel(F* dq, const F* dout, const float* delta, const 
       accumulate_dq<Dmax>(acc_q[r], dss[row], ds, ks);
     }
   }
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    const int i = q0 + warp * R + r;
-    if (i >= T) break;
-    F* dqrow = dq + b * s.bq + size_t(i) * s.ldq + size_t(h) * hs;
-#pragma unroll
-    for (int c = 0; c < kDims; c++) {
-      const int d = lane + c * kWarp;
-      if (d < hs) dqrow[d] = from_float<F>(to_float(dqrow[d]) + scale * acc_q[r][c]);
-    }
-  }
+  add_query_gradients<F, Dmax, R>(dq + b * s.bq + size_t(h) * hs, s.ldq, q0, T, hs, scale, acc_q);
 }
 
 }  // namespace

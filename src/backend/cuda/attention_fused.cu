@@ -125,7 +125,6 @@ __global__ void flash_dkdv_kernel(F* dqkv, const F* dout, const F* qkv, const F*
   const int hs = heads.hs, C3 = heads.row(), Cq = heads.NH * hs, G = heads.NH / heads.NKV;
   const int bg = blockIdx.y, b = bg / heads.NKV, g = bg % heads.NKV;
   const int k0 = blockIdx.x * kBc;
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const F* base = qkv + size_t(b) * T * C3;
   load_tile<F, kBc, Dmax + 1>(ks, base + heads.k(g), k0, T, hs, C3);
   load_tile<F, kBc, Dmax + 1>(vs, base + heads.v(g), k0, T, hs, C3);
@@ -148,34 +147,15 @@ __global__ void flash_dkdv_kernel(F* dqkv, const F* dout, const F* qkv, const F*
       for (int r = threadIdx.x; r < kBq; r += kThreads)
         lses[r] = i0 + r < T ? row_lse[i0 + r] : 0.0f;
       __syncthreads();
-      // P and dS of the (kBq x 32) block: lane j takes key j, warps take rows in turn.
-      for (int r = warp; r < kBq; r += kWarps) {
-        const int i = i0 + r;
-        float p = 0.0f, ds = 0.0f;
-        if (i < T && k0 + lane <= i)
-          ds = score_gradient<Dmax>(qs[r], dos[r], ks, vs, lses[r], Ds[r], scale, hs, &p);
-        ps[r][lane] = p;
-        dss[r][lane] = ds;
-      }
+      score_gradients_block<kBq, Dmax>(ps, dss, qs, dos, ks, vs, lses, Ds, i0, k0, T, scale, hs,
+                                       [](int i, int key) { return key <= i; });
       __syncthreads();
       accumulate_dkdv<kBq, Dmax, kKeysPerWarp>(dk, dv, ps, dss, qs, dos);
     }
   }
-#pragma unroll
-  for (int j = 0; j < kKeysPerWarp; j++) {
-    const int key = k0 + warp * kKeysPerWarp + j;
-    if (key >= T) break;
-    F* dkey = dqkv + (size_t(b) * T + key) * C3 + heads.k(g);
-    F* dval = dqkv + (size_t(b) * T + key) * C3 + heads.v(g);
-#pragma unroll
-    for (int k = 0; k < kDims; k++) {
-      const int d = lane + k * kWarp;
-      if (d < hs) {
-        dkey[d] = from_float<F>(to_float(dkey[d]) + scale * dk[j][k]);
-        dval[d] = from_float<F>(to_float(dval[d]) + dv[j][k]);
-      }
-    }
-  }
+  F* rows = dqkv + size_t(b) * T * C3;
+  add_key_gradients<F, Dmax, kKeysPerWarp>(rows + heads.k(g), rows + heads.v(g), C3, k0, T, hs,
+                                           scale, dk, dv);
 }
 
 // grid (ceil(T / kBr), B * NH), kThreads threads: dQ of one tile of query rows.
@@ -223,17 +203,8 @@ __global__ void flash_dq_kernel(F* dqkv, const F* dout, const F* qkv, const F* o
       accumulate_dq<Dmax>(dq[r], dss[row], ds, ks);
     }
   }
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    const int i = q0 + warp * R + r;
-    if (i >= T) break;
-    F* dqrow = dqkv + (size_t(b) * T + i) * C3 + heads.q(h);
-#pragma unroll
-    for (int k = 0; k < kDims; k++) {
-      const int d = lane + k * kWarp;
-      if (d < hs) dqrow[d] = from_float<F>(to_float(dqrow[d]) + scale * dq[r][k]);
-    }
-  }
+  add_query_gradients<F, Dmax, R>(dqkv + size_t(b) * T * C3 + heads.q(h), C3, q0, T, hs, scale,
+                                  dq);
 }
 
 }  // namespace

@@ -119,6 +119,70 @@ __device__ __forceinline__ void accumulate_dq(float (&dq)[Dmax / kWarp], float* 
   }
 }
 
+// The dkdv kernels' P and dS of a (Rows x kBc) block of query rows i0.. against keys k0..: lane j
+// takes key j, warps take rows in turn; see(i, key) is the kernel's visibility rule.
+template <int Rows, int Dmax, typename See>
+__device__ __forceinline__ void score_gradients_block(float (*ps)[kBc], float (*dss)[kBc],
+                                                      const float (*qs)[Dmax],
+                                                      const float (*dos)[Dmax],
+                                                      const float (*ks)[Dmax + 1],
+                                                      const float (*vs)[Dmax + 1],
+                                                      const float* lses, const float* Ds, int i0,
+                                                      int k0, int T, float scale, int hs,
+                                                      const See& see) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  for (int r = warp; r < Rows; r += kWarps) {
+    const int i = i0 + r;
+    float p = 0.0f, ds = 0.0f;
+    if (i < T && see(i, k0 + lane))
+      ds = score_gradient<Dmax>(qs[r], dos[r], ks, vs, lses[r], Ds[r], scale, hs, &p);
+    ps[r][lane] = p;
+    dss[r][lane] = ds;
+  }
+}
+
+// The epilogues: a warp's keys' dK (scaled) and dV, and its query rows' dQ (scaled), added into
+// the F rows of key / query `n` at k + n ld, v + n ld, q + n ld.
+template <typename F, int Dmax, int kKeysPerWarp>
+__device__ __forceinline__ void add_key_gradients(F* k, F* v, size_t ld, int k0, int T, int hs,
+                                                  float scale,
+                                                  const float (&dk)[kKeysPerWarp][Dmax / kWarp],
+                                                  const float (&dv)[kKeysPerWarp][Dmax / kWarp]) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int j = 0; j < kKeysPerWarp; j++) {
+    const int key = k0 + warp * kKeysPerWarp + j;
+    if (key >= T) break;
+    F* dkey = k + size_t(key) * ld;
+    F* dval = v + size_t(key) * ld;
+#pragma unroll
+    for (int c = 0; c < Dmax / kWarp; c++) {
+      const int d = lane + c * kWarp;
+      if (d < hs) {
+        dkey[d] = from_float<F>(to_float(dkey[d]) + scale * dk[j][c]);
+        dval[d] = from_float<F>(to_float(dval[d]) + dv[j][c]);
+      }
+    }
+  }
+}
+template <typename F, int Dmax, int R>
+__device__ __forceinline__ void add_query_gradients(F* q, size_t ld, int q0, int T, int hs,
+                                                    float scale,
+                                                    const float (&dq)[R][Dmax / kWarp]) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const int i = q0 + warp * R + r;
+    if (i >= T) break;
+    F* dqrow = q + size_t(i) * ld;
+#pragma unroll
+    for (int c = 0; c < Dmax / kWarp; c++) {
+      const int d = lane + c * kWarp;
+      if (d < hs) dqrow[d] = from_float<F>(to_float(dqrow[d]) + scale * dq[r][c]);
+    }
+  }
+}
+
 // Runs body.template operator()<Dmax>() with Dmax the head size rounded up to 32, 64 or 128.
 template <typename Body>
 void with_head_tile(int hs, const Body& body) {
