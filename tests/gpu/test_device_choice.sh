@@ -47,6 +47,15 @@ else
   fail "two ranks on one GPU: exit $rc"; sed 's/^/    err: /' err.txt | head -5; sed 's/^/    out: /' out.txt | head -3
 fi
 
+# COMMAND...: run under a 60 s limit, its output in out.txt and err.txt; sets rc and took (s).
+timed() {
+  local start
+  start=$(date +%s)
+  timeout -k 5 60 "$@" >out.txt 2>err.txt
+  rc=$?
+  took=$(( $(date +%s) - start ))
+}
+
 if [ -n "${TESSERA_EMU:-}" ]; then
   # device.precision fp8 on a GPU without FP8 tensor cores (the emulator reporting an A100's
   # compute capability): refused in one line naming the rank, the GPU and its capability.
@@ -60,12 +69,9 @@ if [ -n "${TESSERA_EMU:-}" ]; then
   limit=$(awk '/cuBLAS workspace and reduction scratch:/ { init = $(NF - 1) }
                /total: .* MB in one allocation/ { arena = $2 }
                END { if (init && arena) printf "%d", (init + arena / 2) * 1e6 }' one.log)
-  start=$(date +%s)
-  timeout -k 5 60 "$MPIEXEC" -n 1 -env TESSERA_EMU_DEVICE_MEMORY "${limit:-1}" "$TESSERA" train "$deck" \
+  timed "$MPIEXEC" -n 1 -env TESSERA_EMU_DEVICE_MEMORY "${limit:-1}" "$TESSERA" train "$deck" \
     "${common[@]}" run.dir="$WORK/oom" : -n 1 "$TESSERA" train "$deck" "${common[@]}" \
-    run.dir="$WORK/oom" >out.txt 2>err.txt
-  rc=$?
-  took=$(( $(date +%s) - start ))
+    run.dir="$WORK/oom"
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ "$took" -lt 60 ] &&
      [ "$(grep -c 'out of memory' err.txt)" -eq 1 ] &&
      grep -Eq '^rank 0: rank 0, GPU 0: cudaMalloc of [0-9.]+ MB .*failed: out of memory: [0-9.]+ MB free of [0-9.]+ MB' err.txt; then
@@ -75,12 +81,9 @@ if [ -n "${TESSERA_EMU:-}" ]; then
   fi
 
   # Rank 1's NCCL answers ncclRemoteError once it has queued 3 calls (the step's sums).
-  start=$(date +%s)
-  timeout -k 5 60 "$MPIEXEC" -n 1 "$TESSERA" train "$deck" "${common[@]}" train.steps=3 \
+  timed "$MPIEXEC" -n 1 "$TESSERA" train "$deck" "${common[@]}" train.steps=3 \
     run.dir="$WORK/lost" : -n 1 -env TESSERA_EMU_NCCL_ERROR 3 "$TESSERA" train "$deck" \
-    "${common[@]}" train.steps=3 run.dir="$WORK/lost" >out.txt 2>err.txt
-  rc=$?
-  took=$(( $(date +%s) - start ))
+    "${common[@]}" train.steps=3 run.dir="$WORK/lost"
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ "$took" -lt 30 ] &&
      grep -Eq '^rank 1: rank 1, GPU 1: NCCL communicator dpcp \(2 ranks, last call nccl [a-z_]+\) failed: remote process exited or there was a network error' err.txt; then
     pass "NCCL's lost peer ended the job in ${took} s (exit $rc): $(grep 'NCCL communicator' err.txt)"
@@ -91,12 +94,9 @@ if [ -n "${TESSERA_EMU:-}" ]; then
   # Rank 1's streams never finish once it has queued 3 NCCL calls, and no error says why (a
   # collective whose peer hangs): with run.hang_timeout = 3 its bounded stream wait or the
   # watchdog ends the job, exit 5, naming the timeout, instead of spinning until the wall time.
-  start=$(date +%s)
-  timeout -k 5 60 "$MPIEXEC" -n 1 "$TESSERA" train "$deck" "${common[@]}" train.steps=3 \
+  timed "$MPIEXEC" -n 1 "$TESSERA" train "$deck" "${common[@]}" train.steps=3 \
     run.hang_timeout=3 run.dir="$WORK/hung" : -n 1 -env TESSERA_EMU_NCCL_HANG 3 "$TESSERA" train \
-    "$deck" "${common[@]}" train.steps=3 run.hang_timeout=3 run.dir="$WORK/hung" >out.txt 2>err.txt
-  rc=$?
-  took=$(( $(date +%s) - start ))
+    "$deck" "${common[@]}" train.steps=3 run.hang_timeout=3 run.dir="$WORK/hung"
   if [ "$rc" -eq 5 ] && [ "$took" -lt 15 ] && grep -q 'run.hang_timeout' err.txt; then
     pass "a hung collective ended the job in ${took} s (exit 5): $(grep -m1 'run.hang_timeout' err.txt)"
   else
