@@ -28,7 +28,7 @@
 //                                     CUDA emulator only (a no-op elsewhere): a kernel reading
 //                                     what this step did not write reads NaN, not last step's
 //                   memory_report(arena, bf16), peak_gflops(bf16)   for the start-up log
-//                   fp8_amax, fp8_quantize, bias_backward   the FP8 GEMM inputs
+//                   fp8_amax, fp8_cast, fp8_gemm, fp8_report, bias_backward   the FP8 GEMMs
 //                                     (device.precision fp8, model/fp8.hpp)
 //
 // CpuBackend is in backend/cpu/backend.hpp, CudaBackend<float | bf16> in backend/cuda/backend.hpp.
@@ -52,7 +52,9 @@
   TESSERA_BACKEND_FORWARD(ns, bias_add)                                                          \
   TESSERA_BACKEND_FORWARD(ns, bias_backward)                                                     \
   TESSERA_BACKEND_FORWARD(ns, fp8_amax)                                                          \
-  TESSERA_BACKEND_FORWARD(ns, fp8_quantize)                                                      \
+  TESSERA_BACKEND_FORWARD(ns, fp8_cast)                                                          \
+  TESSERA_BACKEND_FORWARD(ns, fp8_gemm)                                                          \
+  TESSERA_BACKEND_FORWARD(ns, fp8_report)                                                        \
   TESSERA_BACKEND_FORWARD(ns, matmul_backward)                                                   \
   TESSERA_BACKEND_FORWARD(ns, attention_forward)                                                 \
   TESSERA_BACKEND_FORWARD(ns, attention_backward)                                                \

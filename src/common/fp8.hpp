@@ -12,8 +12,8 @@
 // mantissa (0 is even, so a value up to half the smallest subnormal flushes to zero),
 // saturating: a finite value or an infinity beyond the largest finite value becomes ±max (the
 // recipe of Transformer Engine, and of cuBLASLt's FP8 output with saturation); NaN stays NaN.
-// fp8_encode gives that value's code, fp8_decode a code's value. The CPU simulation of FP8 GEMMs
-// (model/fp8.hpp) rounds with fp8_round; the codes are for tests and checkpoints' readers.
+// fp8_encode gives that value's code, fp8_decode a code's value: the CPU's FP8 GEMM inputs are
+// these codes, as the GPU's (model/fp8.hpp).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -86,5 +86,15 @@ inline float fp8_decode(uint8_t code, Fp8Format f) {
   if (exp == 0) return sign * std::ldexp(float(mant), t.min_exp - M);
   return sign * std::ldexp(float((1 << M) + mant), exp - t.bias - M);
 }
+
+// One operand of an FP8 GEMM (Backend::fp8_gemm): rows of K codes each (K-contiguous, what
+// cuBLASLt's FP8 kernels take), their format, and where the backend keeps the factor that turns
+// codes back into the tensor's values (1 / the quantizing scale; device memory on a GPU, where
+// cuBLASLt reads it as the operand's scale pointer).
+struct Fp8Operand {
+  const uint8_t* codes;
+  Fp8Format format;
+  const float* scale_inv;
+};
 
 }  // namespace tessera

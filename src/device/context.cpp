@@ -22,6 +22,7 @@ struct Context {
   bool own_stream = false;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
+  cublasLtHandle_t blas_lt = nullptr;
   void* workspace = nullptr;
   double* scratch = nullptr;
   float* column_scratch = nullptr;
@@ -66,6 +67,7 @@ void shutdown() {
   // Teardown errors are not worth a second error message: the run is over either way.
   cudaStreamSynchronize(g.stream);
   cublasDestroy(g.blas);
+  if (g.blas_lt) cublasLtDestroy(g.blas_lt);
   cudaFree(g.column_scratch);
   cudaFree(g.scratch);
   cudaFree(g.workspace);
@@ -84,6 +86,13 @@ size_t bytes_allocated() {
                  : 0;
 }
 cublasHandle_t blas() { return g.blas; }
+cublasLtHandle_t blas_lt() {
+  // Not at init: a run without FP8 never loads cuBLASLt (device/cublas_loader.cpp).
+  if (!g.blas_lt) CUBLAS_CHECK(cublasLtCreate(&g.blas_lt));
+  return g.blas_lt;
+}
+void* blas_workspace() { return g.workspace; }
+size_t blas_workspace_bytes() { return kBlasWorkspace; }
 double* scratch() { return g.scratch; }
 float* column_scratch() { return g.column_scratch; }
 cudaStream_t copy_stream() { return g.copy_stream; }

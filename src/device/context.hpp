@@ -4,7 +4,7 @@
 // step's tokens over while the compute stream works. Created once at start (after cudaSetDevice,
 // device::activate), so no op and no communicator allocates; the CUDA backend's kernels
 // (backend/cuda) and the NCCL communicators (parallel/nccl_comm) run on it.
-#include <cublas_api.h>
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -25,6 +25,11 @@ cudaStream_t stream();
 size_t bytes_allocated();
 // The cuBLAS handle bound to stream(), with its workspace set.
 cublasHandle_t blas();
+// The cuBLASLt handle (the FP8 GEMMs), created on first use; its matmuls run on stream() and
+// share cuBLAS's workspace (one stream: never both at once).
+cublasLtHandle_t blas_lt();
+void* blas_workspace();
+size_t blas_workspace_bytes();
 double* scratch();         // kScratchDoubles
 float* column_scratch();   // kColumnScratchFloats
 // The copy stream of the step's token uploads, the event the compute stream waits on, and the

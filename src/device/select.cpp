@@ -207,7 +207,7 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
     choice.device = dev;
     const std::string& precision = cfg.device.precision;
     choice.note = "device: " + want + ": CUDA, " +
-                  (precision == "fp8" ? std::string("fp8 GEMM inputs, bf16 activations") : precision) +
+                  (precision == "fp8" ? std::string("fp8 GEMMs, bf16 activations") : precision) +
                   ", GPU by rank: " + devices_by_rank(dev, world) + " (node-local rank from " +
                   source + "; rank 0 sees " + std::to_string(visible) + " GPU" +
                   (visible == 1 ? "" : "s") + ")";

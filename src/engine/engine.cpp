@@ -101,6 +101,7 @@ class Engine final : public TrainEngine {
   }
   size_t activation_bytes() const override { return mem_.activation_bytes(); }
   std::string memory_report() const override { return Backend::memory_report(arena_, kBf16); }
+  std::string fp8_report() const override { return Backend::fp8_report(); }
   double peak_gflops() const override { return Backend::peak_gflops(kBf16); }
   Allocator loader_memory() const override { return Backend::loader_memory(); }
 
@@ -207,7 +208,9 @@ class Engine final : public TrainEngine {
       if (tile_.last) sum += mean_losses(1);
     }
     if (sharded_) sharded_->end_step();
-    for (Fp8State* s : fp8_states()) s->discard();  // an evaluation leaves the histories alone
+    // An evaluation leaves the histories alone.
+    for (auto& model : models_) model->fp8_collect();
+    for (Fp8State* s : fp8_states()) s->discard();
     return sum;
   }
 
@@ -261,6 +264,7 @@ class Engine final : public TrainEngine {
   double fp8_reduce() {
     const std::vector<Fp8State*> states = fp8_states();
     if (states.empty()) return 0;
+    for (auto& model : models_) model->fp8_collect();
     std::vector<float> all;
     for (Fp8State* s : states) all.insert(all.end(), s->pending().begin(), s->pending().end());
     for (float& x : all)

@@ -134,6 +134,8 @@ class TrainEngine {
   // device.precision fp8: the delayed-scaling state of each of this rank's model chunks
   // (model/fp8.hpp), which checkpoints save and restore; empty otherwise.
   virtual std::vector<Fp8State*> fp8_states() = 0;
+  // Where the FP8 GEMMs ran so far (cuBLASLt or tessera's kernel), "" where that is not a choice.
+  virtual std::string fp8_report() const = 0;
   // The pipeline's blocked and total seconds of the last train_step (PipelineExecutor).
   virtual double wait_seconds() const = 0;
   virtual double run_seconds() const = 0;

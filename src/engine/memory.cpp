@@ -37,19 +37,11 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   m.optimizer = mem.optimizer.declared_bytes();
   m.transient = mem.transient_bytes();
   m.pipeline = mem.executor.send_buffer_bytes();
+  // FP8: each GEMM weight's one-byte codes and their transpose (model/fp8.hpp), counted with the
+  // parameters.
+  for (const auto& model : mem.models) m.fp8 += model->fp8_weight_bytes();
+  m.params += m.fp8;
   m.other = m.arena - m.params - m.grads - m.optimizer - m.activations - m.transient;
-  // FP8 on a GPU: a one-byte copy of every GEMM weight beside the bf16 one (FORMULAS.md,
-  // "Memory"): the layers' 2-D tensors, and the LM head's with fp8_head.
-  if (cfg.device.precision == "fp8" && gpu) {
-    for (const LocalTensor& t : tile.tensors) {
-      const int i = int(&t - tile.tensors.data());
-      const bool head = i == tile.head && cfg.device.fp8_head;
-      const bool outside = i == tile.embed || i == tile.positions || i == tile.head;
-      if (t.shape.size() == 2 && (head || !outside)) m.fp8 += t.numel;
-    }
-    m.params += m.fp8;
-    m.arena += m.fp8;
-  }
   m.loader = (tile.first || tile.last) ? loader_ring_bytes(cfg, run) : 0;
   m.buffer_size = uint64_t(mem.optimizer.buffer_size());
   m.state_size = uint64_t(mem.optimizer.state_size());

@@ -21,7 +21,7 @@ struct RankMemory {
   uint64_t moments = 0;      // the Adam moments alone (DistributedOptimizer::moment_bytes)
   uint64_t activations = 0;  // every chunk's kept activations and statistics (Gpt::activation_bytes)
   uint64_t transient = 0;    // ZeRO-2/3: gathered parameters and unit gradient buffers
-  uint64_t fp8 = 0;          // device.precision fp8 on a GPU: the GEMM weights' one-byte copies
+  uint64_t fp8 = 0;          // device.precision fp8: the GEMM weights' codes and transposes
                              // (in params too)
   uint64_t pipeline = 0;     // the pipeline's backward send buffers (PipelineExecutor's pool)
   uint64_t other = 0;        // scratch, cross-entropy, pipeline send buffers, step token buffers

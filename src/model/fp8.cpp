@@ -46,7 +46,10 @@ void Fp8State::commit() {
   discard();
 }
 
-void Fp8State::discard() { std::fill(pending_.begin(), pending_.end(), 0.0f); }
+void Fp8State::discard() {
+  std::fill(pending_.begin(), pending_.end(), 0.0f);
+  ++generation_;
+}
 
 std::vector<float> Fp8State::history(int layer) const {
   const auto at = history_.begin() + long(first(layer)) * H();
@@ -63,68 +66,122 @@ void Fp8State::set_history(int layer, const std::vector<float>& h) {
 
 template <class Backend>
 Fp8Linear<Backend>::Fp8Linear(const Fp8Options& options, int begin, int end, bool head, Comm* tp,
-                              Comm* cp, size_t max_input, size_t max_weight, size_t max_grad,
-                              Arena& arena)
+                              Comm* cp, const Fp8Sizes& sizes, Arena& arena)
     : state_(options, begin, end, head), tp_(tp), cp_(cp), arena_(&arena) {
-  h_input_ = arena.add("fp8: quantized GEMM input", max_input * sizeof(Act));
-  h_weight_ = arena.add("fp8: quantized GEMM weight", max_weight * sizeof(Act));
-  h_grad_ = arena.add("fp8: quantized GEMM output gradient", max_grad * sizeof(Act));
+  const int weights = state_.tensors() / Fp8State::kRoles;
+  weight_at_.assign(size_t(weights), 0);
+  cast_.assign(size_t(weights), Cast{});
+  // Each weight's codes, then their transpose: 2 bytes per element. Starts 16-byte aligned
+  // (cuBLASLt's FP8 operands).
+  size_t total = 0;
+  for (int w = 0; w < weights; ++w) {
+    const bool is_head = head && w == weights - 1;
+    weight_at_[size_t(w)] = total;
+    const size_t n = is_head ? sizes.head : sizes.weight[w % Fp8State::kGemms];
+    total += (2 * n + 15) / 16 * 16;
+  }
+  h_slots_ = arena.add("fp8: amaxes and scales", 2 * size_t(state_.tensors()) * sizeof(float));
+  h_weights_ = arena.add("fp8: weights (E4M3 codes and their transposes)", total);
+  h_input_ = arena.add("fp8: GEMM input codes", sizes.input);
+  h_grad_ = arena.add("fp8: output gradient codes", sizes.grad);
+  h_grad_t_ = arena.add("fp8: output gradient codes, transposed", sizes.grad);
 }
 
 template <class Backend>
 void Fp8Linear<Backend>::bind() {
-  input_ = arena_->get<Act>(h_input_);
-  weight_ = arena_->get<Act>(h_weight_);
-  grad_ = arena_->get<Act>(h_grad_);
+  amax_ = arena_->get<float>(h_slots_);
+  scale_inv_ = amax_ + state_.tensors();
+  weights_ = arena_->get<uint8_t>(h_weights_);
+  input_ = arena_->get<uint8_t>(h_input_);
+  grad_ = arena_->get<uint8_t>(h_grad_);
+  grad_t_ = arena_->get<uint8_t>(h_grad_t_);
+  Backend::zero(amax_, size_t(state_.tensors()) * sizeof(float));
+  cast_.assign(cast_.size(), Cast{});
 }
 
 template <class Backend>
-const typename Backend::Act* Fp8Linear<Backend>::quantize(Act* buffer, const Act* x, size_t n,
-                                                          int tensor, Fp8State::Role role) {
-  const float amax = Backend::fp8_amax(x, n);
-  state_.observe(tensor, amax);
-  float current = amax;
+float Fp8Linear<Backend>::scale(const Act* x, size_t n, int tensor) {
+  float current = 0;
   if (!state_.has_history(tensor)) {
-    // The first step: this GEMM's own amax, the same on every rank of the tile (MPI's max of
-    // a NaN is unspecified: infinity stands in, and the step is judged at its end).
+    // The first step: this tensor's own amax, the same on every rank of the tile (MPI's max of
+    // a NaN is unspecified: infinity stands in, and the step is judged at its end). A host read
+    // per cast, in this step only.
+    current = Backend::fp8_amax(x, n);
     if (std::isnan(current)) current = INFINITY;
     host_all_reduce_max(tp_->mpi(), &current, 1);
     if (cp_ != nullptr) host_all_reduce_max(cp_->mpi(), &current, 1);
   }
-  Backend::fp8_quantize(buffer, x, n, state_.scale(tensor, current), state_.format(role));
-  return buffer;
+  return state_.scale(tensor, current);
+}
+
+template <class Backend>
+void Fp8Linear<Backend>::cast(uint8_t* out, uint8_t* out_t, const Act* x, int rows, int cols,
+                              int tensor, Fp8State::Role role) {
+  Backend::fp8_cast(out, out_t, x, rows, cols, scale(x, size_t(rows) * size_t(cols), tensor),
+                    state_.format(role), amax_ + tensor, scale_inv_ + tensor);
+}
+
+template <class Backend>
+const uint8_t* Fp8Linear<Backend>::weight_codes(int layer, int gemm, const Act* weight, int OC,
+                                                int IC) {
+  const int tensor = state_.tensor(layer, gemm, Fp8State::kWeight);
+  const size_t w = size_t(tensor / Fp8State::kRoles);
+  uint8_t* codes = weights_ + weight_at_[w];
+  Cast& c = cast_[w];
+  if (c.generation != state_.generation() || c.rows != OC || c.cols != IC) {
+    cast(codes, codes + size_t(OC) * IC, weight, OC, IC, tensor, Fp8State::kWeight);
+    c = {state_.generation(), OC, IC};
+  }
+  return codes;
 }
 
 template <class Backend>
 void Fp8Linear<Backend>::forward(int layer, int gemm, Act* out, const Act* inp, const Act* weight,
                                  const Act* bias, int N, int IC, int OC) {
-  auto id = [&](Fp8State::Role r) { return state_.tensor(layer, gemm, r); };
-  const Act* qx = quantize(input_, inp, size_t(N) * IC, id(Fp8State::kInput), Fp8State::kInput);
-  const Act* qw =
-      quantize(weight_, weight, size_t(OC) * IC, id(Fp8State::kWeight), Fp8State::kWeight);
-  Backend::matmul_forward(out, qx, qw, bias, N, IC, OC);
+  const int x = state_.tensor(layer, gemm, Fp8State::kInput);
+  const int w = state_.tensor(layer, gemm, Fp8State::kWeight);
+  const uint8_t* qw = weight_codes(layer, gemm, weight, OC, IC);
+  cast(input_, nullptr, inp, N, IC, x, Fp8State::kInput);
+  Backend::fp8_gemm(out, operand(input_, x, Fp8State::kInput),
+                    operand(qw, w, Fp8State::kWeight), N, OC, IC, bias, false);
 }
 
 template <class Backend>
 void Fp8Linear<Backend>::backward(int layer, int gemm, Act* dinp, float* dweight, float* dbias,
                                   const Act* dout, const Act* inp, const Act* weight, int N,
                                   int IC, int OC) {
-  auto id = [&](Fp8State::Role r) { return state_.tensor(layer, gemm, r); };
-  // The forward's quantized input and weight again: the same tensors at the same scales.
-  const Act* qx = quantize(input_, inp, size_t(N) * IC, id(Fp8State::kInput), Fp8State::kInput);
-  const Act* qw =
-      quantize(weight_, weight, size_t(OC) * IC, id(Fp8State::kWeight), Fp8State::kWeight);
-  const Act* qg = quantize(grad_, dout, size_t(N) * OC, id(Fp8State::kGrad), Fp8State::kGrad);
-  float* const no_bias = nullptr;
-  Backend::matmul_backward(dinp, dweight, no_bias, qg, qx, qw, N, IC, OC);
+  const int x = state_.tensor(layer, gemm, Fp8State::kInput);
+  const int w = state_.tensor(layer, gemm, Fp8State::kWeight);
+  const int g = state_.tensor(layer, gemm, Fp8State::kGrad);
+  const Act* no_bias = nullptr;
+  cast(grad_, grad_t_, dout, N, OC, g, Fp8State::kGrad);
+  // dinp (N,IC) += g (N,OC) · wᵀᵀ: the weight's transpose (IC,OC) is K-contiguous in OC.
+  const uint8_t* qw = weight_codes(layer, gemm, weight, OC, IC);
+  if (dinp)
+    Backend::fp8_gemm(dinp, operand(grad_, g, Fp8State::kGrad),
+                      operand(qw + size_t(OC) * IC, w, Fp8State::kWeight), N, IC, OC, no_bias,
+                      true);
+  // dweight (OC,IC) += gᵀ (OC,N) · xᵀ (IC,N)ᵀ, both K-contiguous in N; the forward's input at
+  // its scale again, transposed.
+  cast(nullptr, input_, inp, N, IC, x, Fp8State::kInput);
+  Backend::fp8_gemm(dweight, operand(grad_t_, g, Fp8State::kGrad),
+                    operand(input_, x, Fp8State::kInput), OC, IC, N, no_bias, true);
   if (dbias) Backend::bias_backward(dbias, dout, N, OC);
+}
+
+template <class Backend>
+void Fp8Linear<Backend>::collect() {
+  std::vector<float> amax(size_t(state_.tensors()));
+  Backend::to_host(amax.data(), amax_, amax.size() * sizeof(float));
+  for (size_t i = 0; i < amax.size(); ++i) state_.observe(int(i), amax[i]);
+  Backend::zero(amax_, amax.size() * sizeof(float));
 }
 
 template class Fp8Linear<CpuBackend>;
 template Fp8Linear<DeclareBackend<float>>::Fp8Linear(const Fp8Options&, int, int, bool, Comm*,
-                                                     Comm*, size_t, size_t, size_t, Arena&);
+                                                     Comm*, const Fp8Sizes&, Arena&);
 template Fp8Linear<DeclareBackend<Bf16Bytes>>::Fp8Linear(const Fp8Options&, int, int, bool, Comm*,
-                                                         Comm*, size_t, size_t, size_t, Arena&);
+                                                         Comm*, const Fp8Sizes&, Arena&);
 #ifdef TESSERA_CUDA
 template class Fp8Linear<CudaBackend<float>>;
 template class Fp8Linear<CudaBackend<cuda::bf16>>;

@@ -7,12 +7,18 @@
 //   backward  dx = dq(q(g, s_g)) · dq(q(w, s_w))           g in E5M2 (fp8_format hybrid) or E4M3
 //             dw = dq(q(g, s_g))ᵀ · dq(q(x, s_x))          db from the unquantized g
 //
-// q(t, s) rounds t·s to the FP8 grid (saturating, common/fp8.hpp), dq divides by s again; the
-// GEMM itself accumulates in fp32. On the CPU that is the whole simulation: the rounded values
-// are fp32 and the GEMM is sgemm. On CUDA the same, in bf16 activations: the rounding is CUDA's
-// own conversion (backend/cuda/fp8.cu), the dequantized values are stored in bf16 and the GEMM
-// is cuBLAS's bf16 one, so a GPU trains the FP8 recipe's numbers but at bf16's speed; the
-// cuBLASLt GEMM on one-byte operands, which gives FP8's speed, is still to come.
+// q(t, s) is t·s in FP8 codes (rounded to nearest even, saturating, common/fp8.hpp), dq(c) the
+// codes' values / s. A GEMM multiplies the codes' values (products exact in fp32), sums in fp32
+// and multiplies the sum by 1/s of each operand: cuBLASLt's FP8 GEMM on a GPU (one-byte operands
+// on the FP8 tensor cores, scales as device pointers), the same definition simulated on the CPU
+// (backend/cpu/fp8.cpp). cuBLASLt takes its FP8 operands K-contiguous only ("TN"), so the
+// backward's GEMMs read transposed copies: the output gradient is cast once into both layouts,
+// the weight's transpose is cast beside it, the input is cast again transposed.
+//
+// Weights change only at the optimizer's step: each weight is cast (both layouts) at its first
+// use in a step and read from those codes by every micro-batch and by the backward. The codes of
+// inputs and output gradients live in scratch buffers, cast per GEMM. Each cast also folds the
+// tensor's amax into a device slot, read once per step (Fp8Linear::collect): no host read per GEMM.
 //
 // Each FP8 tensor (per layer: the inputs, the weights and the output gradients of its four GEMMs,
 // qkv, proj, fc (LLaMA: gate and up together), down; the LM head's three with fp8_head) has an
@@ -28,9 +34,11 @@
 // commits are reduced over tp, cp and dp (by the engine), so from the second step on every
 // layout computes the same scales from the same numbers.
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "backend/arena.hpp"
+#include "common/fp8.hpp"
 #include "model/options.hpp"
 
 namespace tessera {
@@ -61,9 +69,11 @@ class Fp8State {
   // The step's amaxes, in tensor order (the engine reduces them over its communicators).
   std::vector<float>& pending() { return pending_; }
   // Pushes the pending amaxes into the histories (newest first), or drops them; pending is 0
-  // afterwards.
+  // afterwards. Either ends a step: the generation counts them (the weights may have changed).
   void commit();
   void discard();
+  long generation() const { return generation_; }
+  int tensors() const { return int(pending_.size()); }
 
   // The histories of layer l (kHead: the head), kRoles x kGemms rows of fp8_amax_history
   // entries, newest first, -1 where no step has been; what a checkpoint holds.
@@ -81,39 +91,67 @@ class Fp8State {
   int begin_, end_;
   bool head_;
   std::vector<float> history_, pending_;
+  long generation_ = 0;
 };
 
-// The linear layers' GEMMs of one model chunk in FP8: its Fp8State, and scratch buffers in the
-// arena for the quantized copies of a GEMM's input, weight and output gradient.
+// The elements of the largest input and output gradient of a chunk's FP8 GEMMs, and of each
+// GEMM's weight (Fp8State::Gemm order; `head`: the LM head's, 0 without it).
+struct Fp8Sizes {
+  size_t input = 0, grad = 0;
+  size_t weight[Fp8State::kGemms] = {};
+  size_t head = 0;
+};
+
+// The linear layers' GEMMs of one model chunk in FP8: its Fp8State; in the arena, the codes of
+// every weight (and transpose), scratch codes for a GEMM's input and output gradient, and the
+// device slots of every tensor's amax and scale.
 template <class Backend>
 class Fp8Linear {
   using Act = typename Backend::Act;
   using Comm = typename Backend::Comm;
 
  public:
-  // max_input, max_weight, max_grad: the most elements of any one GEMM's input, weight and
-  // output gradient.
   // cp: the context-parallel communicator, or nullptr without it.
   Fp8Linear(const Fp8Options& options, int begin, int end, bool head, Comm* tp, Comm* cp,
-            size_t max_input, size_t max_weight, size_t max_grad, Arena& arena);
+            const Fp8Sizes& sizes, Arena& arena);
   void bind();
   Fp8State& state() { return state_; }
   bool covers(int layer) const { return state_.covers(layer); }
+  // The bytes of the weights' codes (both layouts), for the memory report.
+  size_t weight_bytes() const { return arena_->bytes(h_weights_); }
 
-  // Backend::matmul_forward and matmul_backward (backend/cpu/ops.hpp) on quantized inputs:
-  // gemm is Fp8State::Gemm (0 for the head, layer Fp8State::kHead).
+  // Backend::matmul_forward and matmul_backward (backend/cpu/ops.hpp) on FP8 codes: gemm is
+  // Fp8State::Gemm (0 for the head, layer Fp8State::kHead).
   void forward(int layer, int gemm, Act* out, const Act* inp, const Act* weight, const Act* bias,
                int N, int IC, int OC);
   void backward(int layer, int gemm, Act* dinp, float* dweight, float* dbias, const Act* dout,
                 const Act* inp, const Act* weight, int N, int IC, int OC);
+  // The step's amaxes from the device slots into the state's pending ones; the slots restart at 0.
+  void collect();
 
  private:
-  const Act* quantize(Act* buffer, const Act* x, size_t n, int tensor, Fp8State::Role role);
+  float scale(const Act* x, size_t n, int tensor);
+  void cast(uint8_t* out, uint8_t* out_t, const Act* x, int rows, int cols, int tensor,
+            Fp8State::Role role);
+  Fp8Operand operand(const uint8_t* codes, int tensor, Fp8State::Role role) const {
+    return {codes, state_.format(role), scale_inv_ + tensor};
+  }
+  const uint8_t* weight_codes(int layer, int gemm, const Act* weight, int OC, int IC);
+
   Fp8State state_;
   Comm *tp_, *cp_;
   Arena* arena_;
-  size_t h_input_ = 0, h_weight_ = 0, h_grad_ = 0;
-  Act *input_ = nullptr, *weight_ = nullptr, *grad_ = nullptr;
+  size_t h_slots_ = 0, h_weights_ = 0, h_input_ = 0, h_grad_ = 0, h_grad_t_ = 0;
+  float *amax_ = nullptr, *scale_inv_ = nullptr;
+  uint8_t *weights_ = nullptr, *input_ = nullptr, *grad_ = nullptr, *grad_t_ = nullptr;
+  // Per weight (tensor / kRoles): where its codes start, the generation and shape they were cast
+  // at (-1: never).
+  std::vector<size_t> weight_at_;
+  struct Cast {
+    long generation = -1;
+    int rows = 0, cols = 0;
+  };
+  std::vector<Cast> cast_;
 };
 
 }  // namespace tessera

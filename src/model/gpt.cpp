@@ -127,13 +127,20 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     context_ = std::make_unique<ContextAttention<Backend>>(
         cp, options.cp_allgather, max_batch, max_seq, width_.nh, width_.nkv, width_.hs, arena);
   }
-  // FP8 GEMMs: the largest input, weight and output gradient of this chunk's linear layers.
+  // FP8 GEMMs: the largest input and output gradient of this chunk's linear layers, each weight.
   if (options.fp8.on) {
     const bool head = last_ && options.fp8.head;
-    const size_t V = head ? size_t(layout.vocab_rows) : 0, widest = std::max({C, Q, F, V});
-    fp8_ = std::make_unique<Fp8Linear<Backend>>(
-        options.fp8, begin_, end_, head, tp, cp, N * std::max({C, Q, F}),
-        std::max({QKV * C, Q * C, FH * C, F * C, V * C}), N * std::max({QKV, widest, FH}), arena);
+    const size_t V = head ? size_t(layout.vocab_rows) : 0;
+    Fp8Sizes sizes;
+    sizes.input = N * std::max({C, Q, F});
+    sizes.grad = N * std::max({QKV, C, FH, V});
+    sizes.weight[Fp8State::kQkv] = QKV * C;
+    sizes.weight[Fp8State::kProj] = C * Q;
+    sizes.weight[Fp8State::kFc] = FH * C;
+    sizes.weight[Fp8State::kDown] = C * F;
+    sizes.head = V * C;
+    fp8_ = std::make_unique<Fp8Linear<Backend>>(options.fp8, begin_, end_, head, tp, cp, sizes,
+                                                arena);
   }
   // LLaMA's rotary table: (T, hs/2) cos and sin pairs.
   if (s.arch == Arch::Llama)

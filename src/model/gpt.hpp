@@ -100,6 +100,12 @@ class Gpt {
   double context_seconds() const { return context_ ? context_->seconds : 0; }
   // device.precision fp8: the delayed-scaling state of this chunk's FP8 GEMMs, else nullptr.
   Fp8State* fp8_state() { return fp8_ ? &fp8_->state() : nullptr; }
+  // The step's FP8 amaxes from the device into fp8_state()'s pending ones (Fp8Linear::collect).
+  void fp8_collect() {
+    if (fp8_) fp8_->collect();
+  }
+  // The bytes of the FP8 weights' codes (0 without FP8).
+  size_t fp8_weight_bytes() const { return fp8_ ? fp8_->weight_bytes() : 0; }
   // This chunk embeds the tokens (the model's first virtual stage) / ends in the loss (its last).
   bool first() const { return first_; }
   bool last() const { return last_; }

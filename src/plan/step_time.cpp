@@ -115,8 +115,16 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   // about 12 forward and twice that backward, the full recompute's forward again.
   constexpr double kForwardKernels = 12;
   const double launches = kForwardKernels * (3 + (rc == "full" ? 1 : 0));
-  const double per_layer =
-      layer_gemm + layer_mem + recompute + (machine.measured ? 0 : launches * machine.kernel_overhead);
+  // FP8's casts to one-byte codes (model/fp8.hpp), streaming: each GEMM's input in the forward
+  // and again transposed in the backward, its output gradient into both layouts; the weights
+  // (codes and transposes) once per step, shared by the micro-batches.
+  const double fp8_casts =
+      fp8 ? c.stream(2 * n * (2 * C + Q + F) * (a + 1) + n * (QKV + 2 * C + FH) * (a + 2) +
+                         (QKV + Q + FH + F) * C * (a + 2) / std::max(run.n_micro, 1),
+                     0)
+          : 0;
+  const double per_layer = layer_gemm + layer_mem + fp8_casts + recompute +
+                           (machine.measured ? 0 : launches * machine.kernel_overhead);
   // Where a rank's peers are (plan/network.hpp): ranks are numbered tp fastest, then cp, dp, pp.
   const Network net = machine.network();
   const Placement tp_group = place(net, l.tp, 1);

@@ -197,6 +197,8 @@ void Run::take_step(double* loss, double* norm, std::string* anomaly) {
       views_, step_dloss, cfg_.optim.grad_clip, state_.lr, state_.step + 1, check);
   *norm = result.norm;
   for (int c = 0; c < 5; ++c) step_bytes_[c] += engine_->payload_bytes(c) - bytes_before[c];
+  if (measured_steps_ == 0)
+    if (const std::string report = engine_->fp8_report(); !report.empty()) log_->say("%s", report.c_str());
   if (measured_steps_++ > 0) {  // the first step warms up
     wait_sum_ += engine_->wait_seconds();
     run_sum_ += engine_->run_seconds();

@@ -60,14 +60,18 @@ if train cuda 1 device.backend=cuda; then
   cmp cuda_matches_cpu cpu cuda --loss-rtol 1e-5 --param-tol 1e-4
 fi
 train bf16 1 device.backend=cuda device.precision=bf16 && cmp bf16_near_cpu cpu bf16 --loss-rtol 2e-2 --param-norm-tol 2e-2
-# FP8 (device.precision: fp8, model/fp8.hpp): on CUDA the linear layers' GEMM inputs rounded by
-# CUDA's own FP8 conversions around bf16 activations, against the CPU's simulation (tessera's
-# codec around fp32) and against the bf16 run, each within bf16's bounds; tp=2 and pp=2 in fp8
-# against the 1-rank CUDA fp8 run, the same.
+# FP8 (device.precision: fp8, model/fp8.hpp): on CUDA the linear layers' GEMMs on one-byte codes
+# (CUDA's own FP8 conversions; cuBLASLt's FP8 GEMM, every shape of this model a multiple of 16, so
+# none on tessera's kernel) around bf16 activations, against the CPU's simulation (tessera's codec,
+# sgemm) and against the bf16 run, each within bf16's bounds; tp=2 and pp=2 in fp8 against the
+# 1-rank CUDA fp8 run, the same.
 if train cpu_fp8 1 device.backend=cpu device.precision=fp8 &&
    train cuda_fp8 1 device.backend=cuda device.precision=fp8; then
-  grep -q '^device: cuda: CUDA, fp8 GEMM inputs, bf16 activations' cuda_fp8.log &&
+  grep -q '^device: cuda: CUDA, fp8 GEMMs, bf16 activations' cuda_fp8.log &&
     pass "cuda_fp8: the device line names fp8" || fail "cuda_fp8: no fp8 device line"
+  line=$(grep -m1 '^fp8: ' cuda_fp8.log)
+  [[ $line =~ ^fp8:\ [1-9][0-9]*\ GEMMs\ so\ far\ on\ cuBLASLt.s\ FP8\ kernels,\ 0\ on\ tessera.s$ ]] &&
+    pass "cuda_fp8: $line" || fail "cuda_fp8: GEMMs off cuBLASLt: '$line'"
   cmp cuda_fp8_near_cpu_fp8 cpu_fp8 cuda_fp8 --loss-rtol 2e-2 --param-norm-tol 2e-2
   [ -d "$WORK/bf16" ] && cmp cuda_fp8_near_bf16 bf16 cuda_fp8 --loss-rtol 2e-2 --param-norm-tol 2e-2
   if [ "$gpus" -ge 2 ]; then

@@ -142,8 +142,8 @@ else
 fi
 # FP8 (device.precision fp8, README "FP8 training"): on an H100 the linear layers' GEMMs run at
 # the FP8 peak (1979 TFLOP/s dense), so the step is shorter than bf16's and the MFU is stated
-# against that peak; each GEMM weight has a one-byte copy more (GPT-2 124M: 85M of them); an A100
-# has no FP8 and refuses, with its name.
+# against that peak; each GEMM weight has two one-byte copies more, its codes and their transpose
+# (GPT-2 124M: 2 x 85M); an A100 has no FP8 and refuses, with its name.
 fp8_plan() {  # fp8_plan PRECISION: "step_seconds mfu param_buffer_bytes"
   "$TESSERA" plan "$ROOT/input/gpt2-124m.yaml" --ranks 8 --machine h100-sxm parallel.dp=8 \
     device.backend=auto device.precision="$1" --json |
@@ -154,7 +154,7 @@ import sys
 (tb, mb, pb), (tf, mf, pf) = ([float(x) for x in a.split()] for a in sys.argv[1:])
 extra = pf - pb
 assert tf < tb, (tf, tb)
-assert 84e6 < extra < 86e6, extra  # 12 layers x 12 C^2, C = 768: 84.9M one-byte copies
+assert 169e6 < extra < 171e6, extra  # 2 x 12 layers x 12 C^2, C = 768: 2 x 84.9M one-byte codes
 # The same model FLOPs over a shorter step, against a peak twice bf16's.
 assert abs(mf * 1979 - mb * 989.5 * tb / tf) < 0.01 * mf * 1979, (mf, mb)
 print(f"step {tb:.3f} s -> {tf:.3f} s, MFU {100*mb:.1f}% of the bf16 peak -> {100*mf:.1f}% "

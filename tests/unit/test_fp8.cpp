@@ -243,11 +243,11 @@ TEST(Fp8Scaling, DelayedFromTheHistory) {
   EXPECT_EQ(r.scale(w, 1.0f), 1.0f);
 }
 
-// The simulated FP8 GEMMs (Fp8Linear<CpuBackend>) against fp32 GEMMs of operands rounded here
-// with fp8_round at the scales worked out by hand: the forward on E4M3 input and weight, the
-// backward on the E5M2 output gradient, the bias gradient from the unrounded one; the amaxes
-// pending for the step.
-TEST(Fp8Linear, GemmsOnRoundedOperands) {
+// The simulated FP8 GEMMs (Fp8Linear<CpuBackend>) against products worked out here in double
+// from the codes of fp8_encode at the scales worked out by hand: the forward on E4M3 input and
+// weight, the backward on the E5M2 output gradient, the bias gradient from the unrounded one; the
+// amaxes collected for the step; the weight's codes reused until the step ends.
+TEST(Fp8Linear, GemmsOnTheCodesOfEachOperand) {
   const int N = 6, IC = 5, OC = 4;
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -263,46 +263,79 @@ TEST(Fp8Linear, GemmsOnRoundedOperands) {
     for (float a : v) m = std::max(m, std::fabs(a));
     return m;
   };
-  auto rounded = [](const std::vector<float>& v, float scale, Fp8Format f) {
-    std::vector<float> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = fp8_round(v[i] * scale, f) * (1.0f / scale);
+  // The values of v's codes at `scale`, unscaled again (in double: the exact products' sums).
+  auto coded = [](const std::vector<float>& v, float scale, Fp8Format f) {
+    std::vector<double> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      out[i] = double(fp8_decode(fp8_encode(v[i] * scale, f), f)) * double(1.0f / scale);
     return out;
   };
   const float sx = 448.0f / amax(x), sw = 448.0f / amax(w), sg = 57344.0f / amax(g);
-  const std::vector<float> qx = rounded(x, sx, Fp8Format::E4M3),
-                           qw = rounded(w, sw, Fp8Format::E4M3),
-                           qg = rounded(g, sg, Fp8Format::E5M2);
-  EXPECT_NE(qx, x);  // the rounding is there to see
+  const std::vector<double> qx = coded(x, sx, Fp8Format::E4M3), qw = coded(w, sw, Fp8Format::E4M3),
+                            qg = coded(g, sg, Fp8Format::E5M2);
+  EXPECT_NE(qx[0], double(x[0]));  // the rounding is there to see
+  auto expect_close = [](const std::vector<float>& got, const std::vector<double>& want,
+                         const char* what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-6 * (1.0 + std::fabs(want[i]))) << what << " " << i;
+  };
 
   Fp8Options o;
   o.on = true;
   Comm tp(MPI_COMM_SELF);
   Arena arena(CpuBackend::memory());
-  Fp8Linear<CpuBackend> fp8(o, 0, 1, false, &tp, nullptr, size_t(N) * IC, size_t(OC) * IC,
-                            size_t(N) * OC, arena);
+  Fp8Sizes sizes;
+  sizes.input = size_t(N) * IC;
+  sizes.grad = size_t(N) * OC;
+  sizes.weight[Fp8State::kFc] = size_t(OC) * IC;
+  Fp8Linear<CpuBackend> fp8(o, 0, 1, false, &tp, nullptr, sizes, arena);
   arena.allocate();
   fp8.bind();
-  std::vector<float> out(size_t(N) * OC), want(size_t(N) * OC);
+  std::vector<float> out(size_t(N) * OC);
+  std::vector<double> want(out.size());
   fp8.forward(0, Fp8State::kFc, out.data(), x.data(), w.data(), b.data(), N, IC, OC);
-  cpu::matmul_forward(want.data(), qx.data(), qw.data(), b.data(), N, IC, OC);
-  EXPECT_EQ(out, want);
+  for (int n = 0; n < N; ++n)
+    for (int oc = 0; oc < OC; ++oc) {
+      double s = b[size_t(oc)];
+      for (int i = 0; i < IC; ++i) s += qx[size_t(n) * IC + i] * qw[size_t(oc) * IC + i];
+      want[size_t(n) * OC + oc] = s;
+    }
+  expect_close(out, want, "out");
 
-  std::vector<float> dx(size_t(N) * IC), dw(size_t(OC) * IC), db(OC);
-  std::vector<float> want_dx(dx.size()), want_dw(dw.size()), want_db(OC);
+  std::vector<float> dx(size_t(N) * IC, 0.5f), dw(size_t(OC) * IC, -0.25f), db(OC);
+  std::vector<double> want_dx(dx.size(), 0.5), want_dw(dw.size(), -0.25);  // accumulated onto
   fp8.backward(0, Fp8State::kFc, dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), N,
                IC, OC);
-  cpu::matmul_backward(want_dx.data(), want_dw.data(), want_db.data(), qg.data(), qx.data(),
-                       qw.data(), N, IC, OC);
-  EXPECT_EQ(dx, want_dx);
-  EXPECT_EQ(dw, want_dw);
+  for (int n = 0; n < N; ++n)
+    for (int i = 0; i < IC; ++i)
+      for (int oc = 0; oc < OC; ++oc) {
+        want_dx[size_t(n) * IC + i] += qg[size_t(n) * OC + oc] * qw[size_t(oc) * IC + i];
+        want_dw[size_t(oc) * IC + i] += qg[size_t(n) * OC + oc] * qx[size_t(n) * IC + i];
+      }
+  expect_close(dx, want_dx, "dx");
+  expect_close(dw, want_dw, "dw");
   std::vector<float> unrounded_db(OC), scratch_dx(dx.size()), scratch_dw(dw.size());
   cpu::matmul_backward(scratch_dx.data(), scratch_dw.data(), unrounded_db.data(), g.data(),
                        x.data(), w.data(), N, IC, OC);
   EXPECT_EQ(db, unrounded_db);
 
   Fp8State& s = fp8.state();
+  EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc, Fp8State::kInput))], 0.0f);
+  fp8.collect();
   EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc, Fp8State::kInput))], amax(x));
   EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc, Fp8State::kWeight))], amax(w));
   EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc, Fp8State::kGrad))], amax(g));
   EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kQkv, Fp8State::kInput))], 0.0f);
+
+  // Within the step the weight's codes stand: a changed weight is not read again. After the step
+  // (commit), it is.
+  std::vector<float> w2 = w, again(out.size());
+  for (float& v : w2) v *= -1.0f;
+  fp8.forward(0, Fp8State::kFc, again.data(), x.data(), w2.data(), b.data(), N, IC, OC);
+  EXPECT_EQ(again, out);
+  s.commit();
+  fp8.forward(0, Fp8State::kFc, again.data(), x.data(), w2.data(), b.data(), N, IC, OC);
+  for (size_t i = 0; i < out.size(); ++i)
+    EXPECT_NEAR(again[i] - b[i % OC], -(out[i] - b[i % OC]), 1e-6) << i;
 }

@@ -176,12 +176,24 @@ void adamw_update(float* params, float* params_copy, const float* grads, float* 
 // to the bit.
 void sum_of_squares(double* acc, const float* x, size_t n);
 
-// FP8 simulated (backend/cpu/fp8.cpp; common/fp8.hpp is the format). fp8_amax: max |x| over n,
-// NaN if any is. fp8_quantize: out = fp8_round(in * scale) / scale, in place allowed.
+// FP8 simulated (backend/cpu/fp8.cpp; common/fp8.hpp is the format), the same operations as the
+// GPU's (backend/cuda/ops.hpp) on the same one-byte codes.
+// fp8_amax: max |x| over n, NaN if any is.
+// fp8_cast: the codes of in (rows, cols) * scale, rounded to nearest even and saturating, into
+// out (rows, cols) and out_t (cols, rows), either may be nullptr; *amax = max(*amax, max |in|)
+// (NaN sticks), *scale_inv = 1 / scale.
+// fp8_gemm: d (M,N) = x.scale_inv y.scale_inv · X (M,K) · Y (N,K)ᵀ [+ d where accumulate]
+// [+ bias (N) per row]: cuBLASLt's FP8 GEMM, the codes' values multiplied exactly in fp32 and
+// summed, the two factors applied to the sum.
 // bias_backward: dbias (OC) += colsum(dout (N,OC)), the bias gradient a GEMM on a quantized
 // output gradient leaves to the unquantized one.
 float fp8_amax(const float* x, size_t n);
-void fp8_quantize(float* out, const float* in, size_t n, float scale, Fp8Format format);
+void fp8_cast(uint8_t* out, uint8_t* out_t, const float* in, int rows, int cols, float scale,
+              Fp8Format format, float* amax, float* scale_inv);
+void fp8_gemm(float* d, const Fp8Operand& x, const Fp8Operand& y, int M, int N, int K,
+              const float* bias, bool accumulate);
+// The GPU's line of where its FP8 GEMMs ran; the CPU has one way: "".
+inline std::string fp8_report() { return ""; }
 void bias_backward(float* dbias, const float* dout, int N, int OC);
 void scale(float* x, size_t n, float factor);
 

@@ -82,14 +82,27 @@ void matmul_backward(F* dinp, float* dweight, float* dbias, const F* dout, const
 template <typename F>
 void bias_backward(float* dbias, const F* dout, int N, int OC);
 
-// FP8 GEMM inputs (fp8.cu; twins of backend/cpu/fp8.cpp, common/fp8.hpp is the format).
+// FP8 GEMMs (fp8.cu; twins of backend/cpu/fp8.cpp, common/fp8.hpp is the format).
 // fp8_amax: max |x| over n, NaN if any is, returned to the host (a wait on the stream).
-// fp8_quantize: out = fp8(in * scale) / scale, rounded to nearest even and saturating by CUDA's
-// own conversions (cuda_fp8.h), then to F; in place allowed.
+// fp8_cast: the codes of in (rows, cols) * scale by CUDA's own conversion (cuda_fp8.h: round to
+// nearest even, saturating) into out (rows, cols) and out_t (cols, rows), either may be
+// nullptr, in one pass that also folds max |in| into *amax (device; NaN sticks) and writes
+// *scale_inv = 1 / scale (device), the operand's scale for the GEMM.
+// fp8_gemm: d (M,N) = x.scale_inv y.scale_inv · X (M,K) · Y (N,K)ᵀ [+ d where accumulate]
+// [+ bias (N) per row], fp32 sums, d in D (F or fp32). cuBLASLt's FP8 GEMM where it takes the
+// shape (bf16 bias, M, N, K multiples of 16, 16-byte aligned), else tessera's tiled kernel.
+// fp8_lt_gemms: how many of them cuBLASLt ran since the process started; fp8_report: a log line
+// of how many ran where ("" before the first).
 template <typename F>
 float fp8_amax(const F* x, size_t n);
 template <typename F>
-void fp8_quantize(F* out, const F* in, size_t n, float scale, Fp8Format format);
+void fp8_cast(uint8_t* out, uint8_t* out_t, const F* in, int rows, int cols, float scale,
+              Fp8Format format, float* amax, float* scale_inv);
+template <typename D, typename F>
+void fp8_gemm(D* d, const Fp8Operand& x, const Fp8Operand& y, int M, int N, int K, const F* bias,
+              bool accumulate);
+long fp8_lt_gemms();
+std::string fp8_report();
 
 // Grouped-query attention on the qkv activation (B,T,(NH+2*NKV)*hs) of backend/cpu/ops.hpp (q
 // heads, k heads, v heads; query head h reads kv head h / (NH/NKV)).
