@@ -7,12 +7,12 @@
 // runs outside its device allocation is CUBLAS_STATUS_EXECUTION_FAILED (an illegal address on a
 // GPU), with the reason on stderr.
 #include <cublas_api.h>
-#include <cuda_bf16.h>
 
 #include <algorithm>
 #include <string>
 #include <vector>
 
+#include "device/emu/blas.hpp"
 #include "device/emu/memory.hpp"
 #include "device/emu/races.hpp"
 #include "device/emu/streams.hpp"
@@ -25,25 +25,6 @@ struct cublasContext {
 
 namespace tessera::emu {
 namespace {
-
-float load(const void* p, cudaDataType t, long long i) {
-  if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-}
-void store(void* p, cudaDataType t, long long i, float x) {
-  if (t == CUDA_R_32F) static_cast<float*>(p)[i] = x;
-  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
-}
-size_t element_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
-
-// The bytes a column-major operand of rows x cols with leading dimension ld touches, batch
-// entries `stride` apart.
-size_t extent(long long rows, long long cols, long long ld, long long stride, int batch,
-              cudaDataType t) {
-  if (rows == 0 || cols == 0) return 0;
-  const long long last = (cols - 1) * ld + rows + (long long)(batch - 1) * stride;
-  return size_t(last) * element_bytes(t);
-}
 
 cublasStatus_t gemm(const char* call, cublasHandle_t h, cublasOperation_t ta,
                     cublasOperation_t tb, int m, int n, int k, const void* alpha, const void* A,
