@@ -67,6 +67,18 @@ Attention attention_gemms(const Costs& c, double b, double T, double nh, double 
   return a;
 }
 
+// FP8's casts to one-byte codes in one layer and micro-batch (model/fp8.hpp), streaming: each
+// GEMM's input (n rows of C, Q, C, F) in the forward and again transposed in the backward, its
+// output gradient (QKV, C, FH, C) into both layouts; the weights (codes and transposes) once per
+// step, shared by the micro-batches. a: bytes of an activation.
+double fp8_cast_seconds(const Costs& c, double n, double C, double Q, double QKV, double F,
+                        double FH, double a, int n_micro) {
+  const double inputs = 2 * n * (2 * C + Q + F) * (a + 1);
+  const double grads = n * (QKV + 2 * C + FH) * (a + 2);
+  const double weights = (QKV + Q + FH + F) * C * (a + 2) / std::max(n_micro, 1);
+  return c.stream(inputs + grads + weights, 0);
+}
+
 }  // namespace
 
 StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& run,
@@ -74,8 +86,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const ParallelLayout& l = run.layout;
   const Costs c{machine, machine.peak(bf16), machine.compute(bf16)};
   const double a = bf16 ? 2 : 4;  // activation bytes
-  // fp8 on a GPU: the linear layers' GEMMs (the head's with fp8_head) on one-byte operands at
-  // the FP8 peak, the rest as bf16; on the CPU, where it is simulated, fp32's.
+  // fp8 on a GPU: linear layers' GEMMs at the FP8 peak, the rest bf16; on a CPU fp32's.
   const bool fp8 = cfg.device.precision == "fp8" && machine.gpu && machine.peak_fp8 > 0;
   const Costs lin = fp8 ? Costs{machine, machine.peak_fp8, machine.compute_fp8()} : c;
   // n: this rank's rows of a micro-batch (T / cp tokens of each sequence under context
@@ -115,15 +126,8 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   // about 12 forward and twice that backward, the full recompute's forward again.
   constexpr double kForwardKernels = 12;
   const double launches = kForwardKernels * (3 + (rc == "full" ? 1 : 0));
-  // FP8's casts to one-byte codes (model/fp8.hpp), streaming: each GEMM's input in the forward
-  // and again transposed in the backward, its output gradient into both layouts; the weights
-  // (codes and transposes) once per step, shared by the micro-batches.
-  const double fp8_casts =
-      fp8 ? c.stream(2 * n * (2 * C + Q + F) * (a + 1) + n * (QKV + 2 * C + FH) * (a + 2) +
-                         (QKV + Q + FH + F) * C * (a + 2) / std::max(run.n_micro, 1),
-                     0)
-          : 0;
-  const double per_layer = layer_gemm + layer_mem + fp8_casts + recompute +
+  const double per_layer = layer_gemm + layer_mem + recompute +
+                           (fp8 ? fp8_cast_seconds(c, n, C, Q, QKV, F, FH, a, run.n_micro) : 0) +
                            (machine.measured ? 0 : launches * machine.kernel_overhead);
   // Where a rank's peers are (plan/network.hpp): ranks are numbered tp fastest, then cp, dp, pp.
   const Network net = machine.network();

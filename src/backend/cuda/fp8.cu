@@ -41,22 +41,32 @@ __global__ void amax_partial_kernel(double* partial, const F* x, size_t n) {
   }
 }
 
-// Pass 2: one block folds the partials into partial[0] (max) and partial[1] (NaNs).
-__global__ void amax_finish_kernel(double* partial, int count) {
-  TESSERA_SHARED(float, shared_max, [kWarp]);
-  TESSERA_SHARED(double, shared_nan, [kWarp]);
+// Pass 2 of an amax, in one block: the largest of `count` partials (max, NaN count) of pass 1 and
+// their NaNs, in every thread.
+struct Amax {
+  float max;
+  double nans;
+};
+__device__ Amax fold_partials(const double* partial, int count, float* shared_max,
+                              double* shared_nan) {
   float m = 0.0f;
   double nan = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
     m = fmaxf(m, float(partial[2 * i]));
     nan += partial[2 * i + 1];
   }
-  m = block_max(m, shared_max);
-  nan = block_sum(nan, shared_nan);
+  return {block_max(m, shared_max), block_sum(nan, shared_nan)};
+}
+
+// fp8_amax's pass 2: the result into partial[0] (max) and partial[1] (NaNs).
+__global__ void amax_finish_kernel(double* partial, int count) {
+  TESSERA_SHARED(float, shared_max, [kWarp]);
+  TESSERA_SHARED(double, shared_nan, [kWarp]);
+  const Amax a = fold_partials(partial, count, shared_max, shared_nan);
   __syncthreads();  // every thread has read its partials before thread 0 overwrites the first
   if (threadIdx.x == 0) {
-    partial[0] = m;
-    partial[1] = nan;
+    partial[0] = a.max;
+    partial[1] = a.nans;
   }
 }
 
@@ -121,17 +131,10 @@ __global__ void cast_finish_kernel(float* amax, float* scale_inv, const double* 
                                    float inv) {
   TESSERA_SHARED(float, shared_max, [kWarp]);
   TESSERA_SHARED(double, shared_nan, [kWarp]);
-  float m = 0.0f;
-  double nan = 0.0;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) {
-    m = fmaxf(m, float(partial[2 * i]));
-    nan += partial[2 * i + 1];
-  }
-  m = block_max(m, shared_max);
-  nan = block_sum(nan, shared_nan);
+  const Amax a = fold_partials(partial, count, shared_max, shared_nan);
   if (threadIdx.x != 0) return;
   const float old = *amax;
-  *amax = nan > 0 || old != old ? NAN : fmaxf(old, m);
+  *amax = a.nans > 0 || old != old ? NAN : fmaxf(old, a.max);
   *scale_inv = inv;
 }
 
