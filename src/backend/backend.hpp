@@ -27,7 +27,7 @@
 //                   poison(p, bytes)  0xFF (NaN) over a buffer every step overwrites, in the
 //                                     CUDA emulator only (a no-op elsewhere): a kernel reading
 //                                     what this step did not write reads NaN, not last step's
-//                   memory_report(arena, bf16), peak_gflops(bf16)   for the start-up log
+//                   memory_report(arena, bf16), peak_gflops(bf16, fp8)   for the start-up log
 //                   fp8_amax, fp8_cast, fp8_gemm, fp8_report, bias_backward   the FP8 GEMMs
 //                                     (device.precision fp8, model/fp8.hpp)
 //

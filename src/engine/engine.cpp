@@ -102,7 +102,7 @@ class Engine final : public TrainEngine {
   size_t activation_bytes() const override { return mem_.activation_bytes(); }
   std::string memory_report() const override { return Backend::memory_report(arena_, kBf16); }
   std::string fp8_report() const override { return Backend::fp8_report(); }
-  double peak_gflops() const override { return Backend::peak_gflops(kBf16); }
+  double peak_gflops(bool fp8) const override { return Backend::peak_gflops(kBf16, fp8); }
   Allocator loader_memory() const override { return Backend::loader_memory(); }
 
   // Where the master weights are host memory laid out as the state, they are the host

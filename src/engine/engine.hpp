@@ -95,9 +95,9 @@ class TrainEngine {
   virtual Footprint footprint() const = 0;
   // Lines for rank 0's start-up log: what the backend allocated ("" = nothing more to say).
   virtual std::string memory_report() const = 0;
-  // The device's peak GFLOP/s that MFU is measured against, 0 when the trainer should measure
-  // the CPU's sgemm (the CPU, or a GPU it has no figure for).
-  virtual double peak_gflops() const = 0;
+  // The device's peak GFLOP/s that MFU is measured against (fp8: the FP8 tensor cores'), 0 when
+  // the trainer should measure the CPU's sgemm (the CPU, or a GPU it has no figure for).
+  virtual double peak_gflops(bool fp8) const = 0;
   // The memory the data loader's ring is allocated from (pinned on a GPU).
   virtual Allocator loader_memory() const = 0;
 

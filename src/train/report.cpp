@@ -132,8 +132,9 @@ void Run::measure_peak() {
   peak_gflops_ = cfg_.log.peak_gflops;
   const char* peak_from = "log.peak_gflops";
   if (peak_gflops_ <= 0) {
-    peak_gflops_ = engine_->peak_gflops();
-    peak_from = "GPU datasheet";
+    const bool fp8 = cfg_.device.precision == "fp8";
+    peak_gflops_ = engine_->peak_gflops(fp8);
+    peak_from = fp8 ? "GPU datasheet, FP8" : "GPU datasheet";
     if (peak_gflops_ <= 0) {
       peak_gflops_ = measure_sgemm_gflops(0.5);
       peak_from = "sgemm measured now";

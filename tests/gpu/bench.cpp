@@ -79,7 +79,7 @@ void bench_shape(const Shape& s, bool bf16, bool fused, double bf16_peak) {
 int run_bench() {
   cudaDeviceProp prop;
   ck(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  double peak = cuda::peak_gflops(/*bf16=*/true) * 1e9;
+  double peak = cuda::peak_gflops(/*bf16=*/true, /*fp8=*/false) * 1e9;
   if (const char* p = std::getenv("TESSERA_BF16_PEAK_TFLOPS")) peak = std::atof(p) * 1e12;
   std::printf("bench-gpu: the trainer's training step on one %s; MFU against the bf16 dense peak "
               "%.0f TFLOP/s (TESSERA_BF16_PEAK_TFLOPS overrides it)\n",

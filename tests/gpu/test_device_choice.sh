@@ -12,7 +12,8 @@
 #     size and the call, and the job ended within seconds (30 s allowed, start-up included on a
 #     loaded machine), where cudaStreamSynchronize would wait
 #     until the wall time; (emulator) a hung collective with run.hang_timeout ended, exit 5;
-#   - (emulator) device.precision fp8 on a GPU of compute capability 8.0: refused in one line.
+#   - (emulator) device.precision fp8 on a GPU of compute capability 8.0: refused in one line; on
+#     9.0 its MFU measured against the FP8 peak.
 # TESSERA, TESSERA_GPUS and TESSERA_EMU as in test_trainer.sh. Without a GPU: skipped.
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/../integration/lib.sh"
@@ -63,6 +64,15 @@ if [ -n "${TESSERA_EMU:-}" ]; then
     "device\.precision = fp8 needs FP8 tensor cores \(compute capability 8\.9 or later: Ada, Hopper, Blackwell\), but rank 0's GPU 0 is tessera CUDA emulator, compute capability 8\.0; use device\.precision: bf16$" \
     env TESSERA_EMU_COMPUTE=8.0 "$TESSERA" train "$deck" device.backend=cuda device.precision=fp8 \
     train.steps=1 run.dir="$WORK/fp8_old"
+  # On a Hopper (the emulator reporting 9.0) an fp8 run's MFU is measured against the FP8 dense
+  # peak, as the planner's.
+  if env TESSERA_EMU_COMPUTE=9.0 "$TESSERA" train "$deck" device.backend=cuda device.precision=fp8 \
+       train.steps=1 eval.batches=1 log.peak_gflops=0 run.dir="$WORK/fp8_hopper" >fp8_hopper.log 2>&1 &&
+     grep -q '^peak: 1979000.0 GFLOP/s per rank (GPU datasheet, FP8)' fp8_hopper.log; then
+    pass "fp8 on compute capability 9.0: $(grep '^peak:' fp8_hopper.log)"
+  else
+    fail "fp8 on compute capability 9.0:"; grep -E '^peak:|rror' fp8_hopper.log | sed 's/^/    /'
+  fi
   # Room for what device::init takes but not for the run's buffers, from a 1-rank run's log.
   "$TESSERA" train "$deck" device.backend=cuda train.steps=1 eval.batches=1 run.dir="$WORK/one" \
     >one.log 2>&1

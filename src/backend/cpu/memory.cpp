@@ -26,6 +26,6 @@ void await_uploads() {}
 void poison(void*, size_t) {}
 void sync() {}
 std::string memory_report(const Arena&, bool) { return ""; }
-double peak_gflops(bool) { return 0.0; }
+double peak_gflops(bool, bool) { return 0.0; }
 
 }  // namespace tessera::cpu

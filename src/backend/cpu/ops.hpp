@@ -211,6 +211,6 @@ void sync();
 void poison(void* p, size_t bytes);
 // "" (the trainer's own memory line says it all) and 0 (MFU is measured against sgemm).
 std::string memory_report(const Arena& arena, bool bf16);
-double peak_gflops(bool bf16);
+double peak_gflops(bool bf16, bool fp8);
 
 }  // namespace tessera::cpu

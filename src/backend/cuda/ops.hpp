@@ -228,6 +228,6 @@ void poison(void* p, size_t bytes);
 // "device memory (rank 0, bf16):" and the arena's buffers; the datasheet's dense peak of this
 // GPU for the precision (0 for a GPU not in the table: the trainer then measures the CPU's).
 std::string memory_report(const Arena& arena, bool bf16);
-double peak_gflops(bool bf16);
+double peak_gflops(bool bf16, bool fp8);
 
 }  // namespace tessera::cuda
