@@ -6,15 +6,19 @@
 # compares the means over the seeds: final validation losses (fp32, fp8, their ratio, and the
 # per-seed ratios' range); the curves (means over the seeds) go to $OUT/fp8_curves.png
 # (matplotlib), or $OUT/fp8_curves.csv where matplotlib is missing.
-#   OUT (build/bench)  DATA (data/default)  STEPS (400)  SEEDS (29 31 37)  THREADS (1)
-#   PYTHON (/usr/bin/python3)
+#   TESSERA (bin/tessera)  OUT (build/bench)  DATA (data/default)  STEPS (400)
+#   SEEDS (29 31 37)  THREADS (1)  PYTHON (/usr/bin/python3)  BACKEND (cpu; cuda on a GPU, where PRECISIONS="bf16 fp8" compares
+#   cuBLASLt's FP8 GEMMs with bf16's)  PRECISIONS (fp32 fp8: the reference, then the one compared)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-/usr/bin/python3}
 OUT=${OUT:-$ROOT/build/bench}
 DATA=${DATA:-$ROOT/data/default}
 STEPS=${STEPS:-400}
+TESSERA=${TESSERA:-$ROOT/bin/tessera}
 SEEDS=${SEEDS:-29 31 37}
+BACKEND=${BACKEND:-cpu}
+read -r REF CMP <<<"${PRECISIONS:-fp32 fp8}"
 THREADS=${THREADS:-1}
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=$THREADS
@@ -26,7 +30,7 @@ declare -A models=(
 )
 for name in gpt2 llama; do
   for seed in $SEEDS; do
-    for precision in fp32 fp8; do
+    for precision in $REF $CMP; do
       run=$OUT/fp8_${name}_${precision}_s$seed
       rm -rf "$run"
       cat >"$run.yaml" <<DECK
@@ -38,17 +42,17 @@ eval: {every: 25, batches: 8}
 checkpoint: {every: 0, restart: none, dir: "$run/ckpt"}
 log: {every: 25, peak_gflops: 50}
 run: {dir: "$run"}
-device: {precision: $precision, threads: $THREADS}
+device: {backend: $BACKEND, precision: $precision, threads: $THREADS}
 DECK
       echo "bench_fp8: $name $precision seed $seed, $STEPS steps" >&2
-      "$ROOT/bin/tessera" train "$run.yaml" >"$run.log" 2>&1 || { tail -5 "$run.log" >&2; exit 1; }
+      "$TESSERA" train "$run.yaml" >"$run.log" 2>&1 || { tail -5 "$run.log" >&2; exit 1; }
     done
   done
 done
 
-"$PYTHON" - "$OUT" $SEEDS <<'PY'
+"$PYTHON" - "$OUT" "$BACKEND" "$REF" "$CMP" $SEEDS <<'PY'
 import json, sys
-out, seeds = sys.argv[1], sys.argv[2:]
+out, backend, ref, cmp, seeds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 def curve(name, precision, kind, seed):
     key = "val_loss" if kind == "eval" else "loss"
     rows = [json.loads(l) for l in open(f"{out}/fp8_{name}_{precision}_s{seed}/metrics.jsonl")]
@@ -56,13 +60,14 @@ def curve(name, precision, kind, seed):
 def mean_curve(name, precision, kind):
     curves = [curve(name, precision, kind, s) for s in seeds]
     return [(c[0][0], sum(v for _, v in c) / len(c)) for c in zip(*curves)]
-print("## FP8 convergence (simulated on the CPU)\n")
+where = "simulated on the CPU" if backend == "cpu" else f"on {backend}"
+print(f"## FP8 convergence ({where})\n")
 print(f"Final validation loss, mean over seeds {', '.join(seeds)}:\n")
-print("| model | steps | fp32 | fp8 | fp8 / fp32 | per seed |")
+print(f"| model | steps | {ref} | {cmp} | {cmp} / {ref} | per seed |")
 print("|---|---|---|---|---|---|")
 for name, title in (("gpt2", "GPT-2, 4 x 128"), ("llama", "LLaMA, 4 x 128, GQA 4/2")):
-    a = [curve(name, "fp32", "eval", s)[-1] for s in seeds]
-    b = [curve(name, "fp8", "eval", s)[-1] for s in seeds]
+    a = [curve(name, ref, "eval", s)[-1] for s in seeds]
+    b = [curve(name, cmp, "eval", s)[-1] for s in seeds]
     ma, mb = sum(v for _, v in a) / len(a), sum(v for _, v in b) / len(b)
     ratios = [y[1] / x[1] for x, y in zip(a, b)]
     print(f"| {title} | {a[0][0]} | {ma:.4f} | {mb:.4f} | {mb / ma:.4f} | "
@@ -75,7 +80,7 @@ except ImportError:
     with open(f"{out}/fp8_curves.csv", "w") as f:
         f.write("model,precision,kind,step,mean_loss\n")
         for name in ("gpt2", "llama"):
-            for p in ("fp32", "fp8"):
+            for p in (ref, cmp):
                 for kind in ("train", "eval"):
                     for s, v in mean_curve(name, p, kind):
                         f.write(f"{name},{p},{kind},{s},{v}\n")
@@ -83,12 +88,12 @@ except ImportError:
     sys.exit(0)
 fig, axes = plt.subplots(1, 2, figsize=(11, 4))
 for ax, (name, title) in zip(axes, (("gpt2", "GPT-2 4x128"), ("llama", "LLaMA 4x128"))):
-    for p, colour in (("fp32", "tab:blue"), ("fp8", "tab:red")):
+    for p, colour in ((ref, "tab:blue"), (cmp, "tab:red")):
         s, v = zip(*mean_curve(name, p, "eval"))
         ax.plot(s, v, color=colour, label=f"{p} validation")
         s, v = zip(*mean_curve(name, p, "train"))
         ax.plot(s, v, color=colour, alpha=0.3, linestyle="--", label=f"{p} train")
-    ax.set_title(f"{title}: fp32 vs simulated fp8 ({len(seeds)} seeds' mean)")
+    ax.set_title(f"{title}: {ref} vs {cmp} {where} ({len(seeds)} seeds' mean)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend()

@@ -52,7 +52,7 @@ for m in "$ucx"/*.so.?; do
 done
 
 cp "$ROOT/tools/gpu_bundle_run.sh" "$B/run.sh"
-cp "$ROOT/tools/bench_gpu_torch.py" "$B/tools/"
+cp "$ROOT/tools/bench_gpu_torch.py" "$ROOT/tools/bench_fp8.sh" "$B/tools/"
 cp "$ROOT/tests/gpu/test_trainer.sh" "$ROOT/tests/gpu/test_device_choice.sh" "$B/tests/gpu/"
 cp "$ROOT/tests/integration/lib.sh" "$ROOT/tests/integration/compare_runs.py" "$B/tests/integration/"
 # The token files the test decks read (lib.sh makes them with h5py, which the node may lack).

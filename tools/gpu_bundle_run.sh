@@ -12,8 +12,9 @@
 # that order. The GPU run: nvidia-smi, compute-sanitizer's four tools over the op tests,
 # bin/gpu_tests (every CUDA op against the CPU, the two backends training side by side; on 2 GPUs
 # over NCCL), tests/gpu/test_trainer.sh and
-# test_device_choice.sh (tessera train on cuda against the CPU), bin/gpu_tests --bench and
-# tools/bench_gpu_torch.py (PyTorch on the same shapes). DIR/summary.md lists each step's result
+# test_device_choice.sh (tessera train on cuda against the CPU), bin/gpu_tests --bench,
+# tools/bench_gpu_torch.py (PyTorch on the same shapes) and tools/bench_fp8.sh on cuda (bf16
+# against fp8 in training). DIR/summary.md lists each step's result
 # and the bench tables; each step's output is DIR/<step>.log. Exit 0 when every check passed.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -171,11 +172,18 @@ step bench_tessera "$HERE/bin/gpu_tests" --bench
 # PyTorch's rows against the same bf16 peak as tessera's.
 peak=$(grep -o 'bf16 dense peak [0-9.]*' "$OUT/bench_tessera.log" | awk '{print $4}')
 step bench_torch "$PYTHON" "$HERE/tools/bench_gpu_torch.py" --peak-tflops "${peak:-989}"
+# FP8 against bf16 in training: the small GPT-2 and LLaMA of tools/bench_fp8.sh on cuda, one seed
+# (the loss curves; the speed is bench_tessera's fp8 rows).
+step bench_fp8 env BACKEND=cuda PRECISIONS="bf16 fp8" SEEDS=29 DATA="$HERE/build/testdata" \
+  OUT="$OUT/fp8" PYTHON="$PYTHON" bash "$HERE/tools/bench_fp8.sh"
 {
   echo
   echo "## bench (tessera, then PyTorch, one GPU)"
   grep '^|' "$OUT/bench_tessera.log"
   grep '^| ' "$OUT/bench_torch.log" | grep -v '^| shape'
+  grep '^fp8: ' "$OUT/bench_tessera.log"
+  echo
+  grep -v '^bench_fp8: ' "$OUT/bench_fp8.log"
 } >>"$SUMMARY"
 note "gpu checks: $fails failed; results in $OUT"
 [ $fails -eq 0 ]

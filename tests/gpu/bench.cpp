@@ -1,7 +1,8 @@
 // `make bench-gpu`, tessera's half: tokens/s, MFU and device memory of the trainer's own training
 // step (engine/engine.hpp: the model, pipeline executor and distributed optimizer over the CUDA
 // backend) on one GPU, for the GPT-2 124M shape and a 1.3B shape, bf16 and fp32, fused and gemm
-// attention. The step is the trainer's: the token upload, the forward and backward, the gradient
+// attention, and fp8 (the linear layers on cuBLASLt's FP8 GEMM, bf16 elsewhere) with fused
+// attention beside bf16's; and LLaMA 3.2 1B's shape in bf16 and fp8. The step is the trainer's: the token upload, the forward and backward, the gradient
 // norm, clipping and AdamW, ending in a stream synchronisation, timed on the host over 5 steps
 // after one to warm up. Tokens are synthetic. tools/bench_gpu_torch.py prints PyTorch's rows of
 // the same table.
@@ -27,15 +28,38 @@ namespace {
 
 struct Shape {
   const char* name;
-  int L, C, NH, T, B;
+  ModelConfig model;
+  int vocab, T, B;
 };
+
+ModelConfig config(const char* arch, int L, int NH, int NKV, int C, int F, int T) {
+  ModelConfig m;
+  m.arch = arch;
+  m.n_layer = L;
+  m.n_head = NH;
+  m.n_kv_head = NKV;
+  m.n_embd = C;
+  m.ffn_hidden = F;
+  m.block_size = T;
+  m.tie_embeddings = "true";
+  return m;
+}
+
+ModelOptions bench_options(bool fused, bool fp8) {
+  ModelOptions o{fused, Recompute::None};
+  o.fp8.on = fp8;
+  return o;
+}
+
+enum class Precision { Fp32, Bf16, Fp8 };
+const char* name(Precision p) { return p == Precision::Fp32 ? "fp32" : p == Precision::Bf16 ? "bf16" : "fp8"; }
 
 // One row: `| shape | tessera | precision | attention | ms/step | tokens/s | MFU | memory |`, MFU
 // against the bf16 peak whatever the precision (the figure PyTorch's rows use too), memory the
 // device memory the run took (cudaMemGetInfo before and after building the engine and stepping).
-void bench_shape(const Shape& s, bool bf16, bool fused, double bf16_peak) {
-  const ModelShape shape = make_model_shape(s.L, s.NH, s.C, s.T, 50257, 64);
-  const LocalLayout tile = make_local_layout(shape, 1, 0, 0, s.L, true, true);
+void bench_shape(const Shape& s, Precision precision, bool fused, double bf16_peak) {
+  const ModelShape shape = make_model_shape(s.model, s.vocab);
+  const LocalLayout tile = make_local_layout(shape, 1, 0, 0, shape.n_layer, true, true);
   Comm world(MPI_COMM_SELF);
   size_t free_before = 0, free_after = 0, total = 0;
   ck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -43,15 +67,16 @@ void bench_shape(const Shape& s, bool bf16, bool fused, double bf16_peak) {
   const EngineSetup setup{tile, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, &world,
                           make_schedule(ScheduleKind::OneFOneB, 0, 1, 1), s.B, s.T, 1,
                           false, false, AdamWHyper{},
-                          ModelOptions{fused, Recompute::None}};
-  const std::unique_ptr<TrainEngine> engine = make_engine(setup, /*cuda=*/true, bf16);
+                          bench_options(fused, precision == Precision::Fp8)};
+  const std::unique_ptr<TrainEngine> engine =
+      make_engine(setup, /*cuda=*/true, precision != Precision::Fp32);
   init_local_parameters(engine->host_params(), tile, 1337, 0.02);
   engine->params_to_device();
   const size_t n = size_t(s.B) * s.T;
   std::vector<int32_t> tokens(n), targets(n);
   for (size_t i = 0; i < n; i++) {
-    tokens[i] = int32_t((i * 7919) % 50257);
-    targets[i] = int32_t((i * 104729 + 1) % 50257);
+    tokens[i] = int32_t((i * 7919) % size_t(s.vocab));
+    targets[i] = int32_t((i * 104729 + 1) % size_t(s.vocab));
   }
   const std::vector<HostMicroBatch> batch = {{tokens.data(), targets.data()}};
   const float dloss = 1.0f / float(n);
@@ -67,7 +92,8 @@ void bench_shape(const Shape& s, bool bf16, bool fused, double bf16_peak) {
   const double mfu = bf16_peak > 0 ? tokens_per_s * flops_per_token(shape, s.T) / bf16_peak : 0.0;
   std::printf("| %s (L=%d C=%d NH=%d T=%d B=%d, %.2fB params) | tessera | %s | %s | %.1f | %.0f | "
               "%.1f%% | %.2f GB (activations %.2f GB) |\n",
-              s.name, s.L, s.C, s.NH, s.T, s.B, tile.total / 1e9, bf16 ? "bf16" : "fp32",
+              s.name, shape.n_layer, shape.n_embd, shape.n_head, s.T, s.B, tile.total / 1e9,
+              name(precision),
               fused ? "fused" : "gemm", sec * 1e3, tokens_per_s, mfu * 100,
               double(free_before - free_after) / 1e9, double(engine->activation_bytes()) / 1e9);
   std::fflush(stdout);
@@ -90,10 +116,19 @@ int run_bench() {
   }
   std::printf("| shape | trainer | precision | attention | ms/step | tokens/s | MFU | memory |\n"
               "|---|---|---|---|---|---|---|---|\n");
-  const Shape shapes[] = {{"GPT-2 124M", 12, 768, 12, 1024, 8}, {"1.3B", 24, 2048, 16, 1024, 4}};
-  for (const Shape& s : shapes)
-    for (bool bf16 : {true, false})
-      for (bool fused : {true, false}) bench_shape(s, bf16, fused, peak);
+  // GPT-2's two in every precision and attention (PyTorch's rows have the same shapes); LLaMA
+  // 3.2 1B's shape (16 layers of 2048, 32 query and 8 key/value heads, SwiGLU 8192, tied 128K
+  // vocabulary) in bf16 and fp8 only.
+  const Shape gpt[] = {{"GPT-2 124M", config("gpt2", 12, 12, 0, 768, 0, 1024), 50257, 1024, 8},
+                       {"1.3B", config("gpt2", 24, 16, 0, 2048, 0, 1024), 50257, 1024, 4}};
+  const Shape llama{"LLaMA 1B", config("llama", 16, 32, 8, 2048, 8192, 1024), 128256, 1024, 4};
+  for (const Shape& s : gpt) {
+    for (Precision p : {Precision::Bf16, Precision::Fp32})
+      for (bool fused : {true, false}) bench_shape(s, p, fused, peak);
+    bench_shape(s, Precision::Fp8, true, peak);
+  }
+  for (Precision p : {Precision::Bf16, Precision::Fp8}) bench_shape(llama, p, true, peak);
+  std::printf("\n%s\n", cuda::fp8_report().c_str());
   return 0;
 }
 
