@@ -222,18 +222,6 @@ struct LtPlan {
 
 using LtKey = std::tuple<int, int, int, Fp8Format, Fp8Format, cudaDataType_t, bool, bool>;
 
-struct LtPlans {
-  std::map<LtKey, LtPlan> plans;
-  ~LtPlans() {
-    for (auto& [key, p] : plans) {
-      cublasLtMatrixLayoutDestroy(p.a);
-      cublasLtMatrixLayoutDestroy(p.b);
-      cublasLtMatrixLayoutDestroy(p.c);
-      cublasLtMatmulDescDestroy(p.desc);
-    }
-  }
-};
-
 cudaDataType_t lt_type(Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
 
 template <typename T>
@@ -245,8 +233,9 @@ void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t what, const T
 // (K,N), transposed, and B = X stored (K,M); the row-major d (M,N) is that D. The bias is added
 // per row of D, so per column of d.
 const LtPlan& lt_plan(const LtKey& key) {
-  static LtPlans cache;
-  auto [it, fresh] = cache.plans.try_emplace(key);
+  // Never destroyed: at exit cuBLASLt's own state may be gone before static destructors run.
+  static auto* const plans = new std::map<LtKey, LtPlan>;
+  auto [it, fresh] = plans->try_emplace(key);
   LtPlan& p = it->second;
   if (!fresh) return p;
   const auto [M, N, K, fx, fy, d_type, bias, accumulate] = key;
