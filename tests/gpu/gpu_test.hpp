@@ -47,6 +47,14 @@ double round_to(double x) {
 std::mt19937_64& rng();
 uint64_t seed();
 
+// The names gtest gives the typed suites over float and bf16 (TYPED_TEST_SUITE's third argument).
+struct TypeNames {
+  template <typename T>
+  static std::string GetName(int) {
+    return std::is_same_v<T, float> ? "fp32" : "bf16";
+  }
+};
+
 // n values uniform in [lo, hi), each representable in T.
 template <typename T>
 std::vector<double> random_of(size_t n, double lo = -1.0, double hi = 1.0) {

@@ -29,12 +29,6 @@ namespace gpu = tessera::cuda;
 template <typename F>
 class CudaBlock : public ::testing::Test {};
 using Types = ::testing::Types<float, bf16>;
-struct TypeNames {
-  template <typename T>
-  static std::string GetName(int) {
-    return std::is_same_v<T, float> ? "fp32" : "bf16";
-  }
-};
 TYPED_TEST_SUITE(CudaBlock, Types, TypeNames);
 
 struct BlockShape {

@@ -25,12 +25,6 @@ namespace gpu = tessera::cuda;
 template <typename F>
 class CudaFp8 : public ::testing::Test {};
 using Types = ::testing::Types<float, bf16>;
-struct TypeNames {
-  template <typename T>
-  static std::string GetName(int) {
-    return std::is_same_v<T, float> ? "fp32" : "bf16";
-  }
-};
 TYPED_TEST_SUITE(CudaFp8, Types, TypeNames);
 
 // Every finite value of the format, the midpoint between each pair of neighbours (a tie), values

@@ -49,12 +49,6 @@ std::vector<double> block(const std::vector<double>& m, int rows, int cols, int 
 template <typename F>
 class CudaOp : public ::testing::Test {};
 using Types = ::testing::Types<float, bf16>;
-struct TypeNames {
-  template <typename T>
-  static std::string GetName(int) {
-    return std::is_same_v<T, float> ? "fp32" : "bf16";
-  }
-};
 TYPED_TEST_SUITE(CudaOp, Types, TypeNames);
 
 TYPED_TEST(CudaOp, Gemm) {
