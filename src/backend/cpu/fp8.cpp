@@ -47,16 +47,21 @@ float fp8_amax(const float* x, size_t n) {
 
 void fp8_cast(uint8_t* out, uint8_t* out_t, const float* in, int rows, int cols, float scale,
               Fp8Format format, float* amax, float* scale_inv) {
-  const float m = fp8_amax(in, size_t(rows) * size_t(cols));
-  *amax = std::isnan(m) || std::isnan(*amax) ? NAN : std::fmax(*amax, m);
-  *scale_inv = 1.0f / scale;
-#pragma omp parallel for schedule(static)
+  // One pass, as the GPU's: the amax folded while the codes are written.
+  float m = 0;
+  int nan = 0;
+#pragma omp parallel for schedule(static) reduction(max : m) reduction(| : nan)
   for (int r = 0; r < rows; r++)
     for (int c = 0; c < cols; c++) {
-      const uint8_t code = fp8_encode(in[size_t(r) * cols + c] * scale, format);
+      const float x = in[size_t(r) * cols + c], a = std::fabs(x);
+      nan |= std::isnan(a);
+      m = a > m ? a : m;
+      const uint8_t code = fp8_encode(x * scale, format);
       if (out) out[size_t(r) * cols + c] = code;
       if (out_t) out_t[size_t(c) * rows + r] = code;
     }
+  *amax = nan || std::isnan(*amax) ? NAN : std::fmax(*amax, m);
+  *scale_inv = 1.0f / scale;
 }
 
 void fp8_gemm(float* d, const Fp8Operand& x, const Fp8Operand& y, int M, int N, int K,

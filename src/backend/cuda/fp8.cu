@@ -220,7 +220,8 @@ struct LtPlan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-using LtKey = std::tuple<int, int, int, Fp8Format, Fp8Format, cudaDataType_t, bool, bool>;
+// M, N, K, the operands' formats, D's type, a bias or not (beta is the matmul's own argument).
+using LtKey = std::tuple<int, int, int, Fp8Format, Fp8Format, cudaDataType_t, bool>;
 
 cudaDataType_t lt_type(Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
 
@@ -238,8 +239,7 @@ const LtPlan& lt_plan(const LtKey& key) {
   auto [it, fresh] = plans->try_emplace(key);
   LtPlan& p = it->second;
   if (!fresh) return p;
-  const auto [M, N, K, fx, fy, d_type, bias, accumulate] = key;
-  (void)accumulate;
+  const auto [M, N, K, fx, fy, d_type, bias] = key;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
   set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
@@ -276,7 +276,7 @@ bool lt_gemm(D* d, const Fp8Operand& x, const Fp8Operand& y, int M, int N, int K
       !aligned16(y.codes) || (bias && !aligned16(bias)))
     return false;
   if (x.format == Fp8Format::E5M2 && y.format == Fp8Format::E5M2) return false;
-  const LtPlan& p = lt_plan({M, N, K, x.format, y.format, data_type<D>(), bias != nullptr, accumulate});
+  const LtPlan& p = lt_plan({M, N, K, x.format, y.format, data_type<D>(), bias != nullptr});
   if (!p.supported) return false;
   set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, y.scale_inv);
   set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x.scale_inv);
