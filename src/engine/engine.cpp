@@ -208,7 +208,8 @@ class Engine final : public TrainEngine {
       if (tile_.last) sum += mean_losses(1);
     }
     if (sharded_) sharded_->end_step();
-    // An evaluation leaves the histories alone.
+    // An evaluation leaves the histories alone: its amaxes are collected only to empty the
+    // device slots for the next step, then dropped.
     for (auto& model : models_) model->fp8_collect();
     for (Fp8State* s : fp8_states()) s->discard();
     return sum;
