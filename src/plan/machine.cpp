@@ -9,6 +9,7 @@
 
 #include "backend/peak.hpp"
 #include "common/error.hpp"
+#include "common/gpu_datasheet.hpp"
 
 namespace tessera {
 
@@ -16,9 +17,9 @@ namespace {
 
 constexpr double kGB = 1e9, kGiB = 1024.0 * 1024 * 1024, kT = 1e12;
 
-// Dense (no sparsity) datasheet peaks per GPU; bandwidths one direction (NVLink's datasheet
-// figure is per GPU, both directions together, halved here; inter-node: per NIC, one NIC per GPU
-// in every node built in). Latencies: 5 us a step between nodes (an InfiniBand message), 1 us
+// Peaks: the dense datasheet table of common/gpu_datasheet.hpp; bandwidths one direction (NVLink's
+// datasheet figure is per GPU, both directions together, halved here; inter-node: per NIC, one NIC
+// per GPU in every node built in). Latencies: 5 us a step between nodes (an InfiniBand message), 1 us
 // inside a node (NVLink); NCCL's own tuner (src/graph/tuning.cc) charges steps of that order.
 // The compute model's constants (plan/compute.hpp), one set per GPU generation, fitted once by
 // tools/plan_fit.py against the published runs of tools/plan_published.py held to the model
@@ -47,7 +48,8 @@ std::vector<Machine> builtins() {
   // NVIDIA A100 Tensor Core GPU datasheet (SXM): FP32 19.5, TF32 156, BF16 312 TFLOP/s; 40 GB
   // HBM2 at 1,555 GB/s, 80 GB HBM2e at 2,039 GB/s; NVLink 600 GB/s. DGX A100: 8 GPUs, one
   // 200 Gb/s HDR InfiniBand port per GPU.
-  Machine a40{"a100-40gb", true, 19.5 * kT, 156 * kT, 312 * kT, 40 * kGiB, 1555 * kGB, 8,
+  const GpuPeaks a100 = datasheet_peaks(8, 0, false), hopper = datasheet_peaks(9, 0, false);
+  Machine a40{"a100-40gb", true, a100.fp32, a100.tf32, a100.bf16, 40 * kGiB, 1555 * kGB, 8,
               300 * kGB, 25 * kGB, 5e-6, 2 * kGiB, 0.85, 64};
   compute_constants(a40, kA100);
   Machine a80 = a40;
@@ -57,12 +59,12 @@ std::vector<Machine> builtins() {
   // NVIDIA H100 Tensor Core GPU datasheet (SXM): FP32 67, TF32 494.5, BF16 989.5 TFLOP/s
   // (989 "with sparsity" halved); 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s. DGX H100: 8 GPUs,
   // one 400 Gb/s NDR port per GPU.
-  Machine h100{"h100-sxm", true, 67 * kT, 494.5 * kT, 989.5 * kT, 80 * kGiB, 3350 * kGB, 8,
+  Machine h100{"h100-sxm", true, hopper.fp32, hopper.tf32, hopper.bf16, 80 * kGiB, 3350 * kGB, 8,
                450 * kGB, 50 * kGB, 5e-6, 2 * kGiB, 0.75, 64};
   compute_constants(h100, kH100);
   // FP8 (E4M3/E5M2) Tensor Core: 3,958 TFLOP/s "with sparsity", 1,979 dense; the H200 and GH200
   // below have the H100's. The A100 has none (FP8 needs sm_89 or later).
-  h100.peak_fp8 = 1979 * kT;
+  h100.peak_fp8 = hopper.fp8;
   // NVIDIA H200 datasheet (SXM): the H100's compute; 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s.
   Machine h200 = h100;
   h200.name = "h200";

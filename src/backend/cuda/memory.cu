@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/cuda/common.cuh"
+#include "common/gpu_datasheet.hpp"
 #include "device/stream_wait.hpp"
 #ifdef TESSERA_CUDA_EMU
 #include "device/emu/races.hpp"
@@ -101,20 +102,17 @@ std::string memory_report(const Arena& arena, bool bf16) {
          arena.report() + backend;
 }
 
-// Dense datasheet peaks (no sparsity), as tests/gpu/bench.cpp: bf16 tensor cores; fp32 without
-// TF32 (the fp32 path's GEMMs) the CUDA cores. A100: 312 / 19.5 TFLOP/s; H100 SXM and H200:
-// 989 / 67; H100 PCIe: 756 / 51. fp8 (the linear layers' GEMMs on FP8 tensor cores, as the
-// planner's machines): H100 SXM and H200 1979, H100 PCIe 1513; none on an A100.
+// The datasheet's dense peak (common/gpu_datasheet.hpp, the planner's table too) of this GPU for
+// the run's GEMMs: fp8 on the FP8 tensor cores, bf16 on the bf16 ones, fp32 without TF32 (the
+// fp32 path's GEMMs) on the CUDA cores.
 double peak_gflops(bool bf16, bool fp8) {
   int dev = 0;
   cudaDeviceProp p;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
   const bool pcie = std::string(p.name).find("PCIe") != std::string::npos;
-  if (p.major == 9 && fp8) return pcie ? 1513e3 : 1979e3;
-  if (p.major == 9) return pcie ? (bf16 ? 756e3 : 51e3) : (bf16 ? 989e3 : 67e3);
-  if (p.major == 8 && p.minor == 0) return bf16 ? 312e3 : 19.5e3;
-  return 0.0;
+  const GpuPeaks peaks = datasheet_peaks(p.major, p.minor, pcie);
+  return (fp8 ? peaks.fp8 : bf16 ? peaks.bf16 : peaks.fp32) / 1e9;
 }
 
 }  // namespace tessera::cuda
