@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Two tessera binaries train the same model to the bit: the check that a refactoring left the CPU
-# path's behaviour alone. Runs the layouts of tests/integration/test_layouts.sh (and, with --run,
+# path's behaviour alone. Runs the layouts of tests/integration/test_layouts.sh, hybrid ZeRO
+# groups, context parallelism (ring and all-gather) and FP8 (and, with --run,
 # `make run`'s deck input/default.yaml on its 2 ranks, 500 steps: minutes) with each binary and
 # compares every metrics.jsonl loss, gradient norm and validation loss, and every tensor of the
 # final checkpoints, for exact equality.
@@ -61,16 +62,24 @@ layouts=("1 1 1" "2 1 1" "1 2 1" "1 1 2" "2 2 1" "1 2 2" "2 1 2" "2 2 2" "1 1 4 
          "2 2 2 spgpipe parallel.zero=1 model.attention=fused train.recompute=selective parallel.schedule=gpipe parallel.sequence_parallel=true"
          "2 2 2 zero3 parallel.zero=3 parallel.sequence_parallel=true model.attention=fused"
          "2 1 2 zero3v2 parallel.zero=3 parallel.virtual_stages=2 parallel.reshard_after_forward=false"
-         "2 2 2 llama model.arch=llama model.n_kv_head=2 model.ffn_multiple=32 parallel.zero=1 parallel.sequence_parallel=true train.recompute=selective model.attention=fused parallel.virtual_stages=2")
+         "2 2 2 llama model.arch=llama model.n_kv_head=2 model.ffn_multiple=32 parallel.zero=1 parallel.sequence_parallel=true train.recompute=selective model.attention=fused parallel.virtual_stages=2"
+         "4 1 1 hybrid parallel.zero=2 parallel.zero_group=2"
+         "2 1 2 hybrid3 parallel.zero=3 parallel.zero_group=2 parallel.cp=2 model.attention=fused"
+         "2 1 1 cp2 parallel.cp=2 model.attention=fused"
+         "1 2 1 cp2ag parallel.cp=2 parallel.cp_comm=allgather model.attention=fused train.recompute=full"
+         "2 2 1 fp8 device.precision=fp8"
+         "1 2 2 fp8llama device.precision=fp8 model.arch=llama model.n_kv_head=2 model.ffn_multiple=32 parallel.zero=3")
 for layout in "${layouts[@]}"; do
   set -- $layout
   [ "$FULL" = --pp ] && [ "$3" = 1 ] && continue
   name="dp$1_tp$2_pp$3${4:+_$4}"
   extra=("${@:5}")
   case ${4:-} in zero) extra=(parallel.zero=1) ;; gpipe|1f1b) extra=(parallel.schedule="$4") ;; esac
+  cp=1  # context parallelism multiplies the ranks
+  for kv in "${extra[@]}"; do case $kv in parallel.cp=*) cp=${kv#parallel.cp=} ;; esac; done
   for which in old new; do
     bin=$OLD; [ "$which" = new ] && bin=$NEW
-    $MPIEXEC -n $(($1 * $2 * $3)) "$bin" train "$ROOT/input/tiny.yaml" data.train="$DATA/train.h5" \
+    $MPIEXEC -n $(($1 * $2 * $3 * cp)) "$bin" train "$ROOT/input/tiny.yaml" data.train="$DATA/train.h5" \
       data.val="$DATA/val.h5" model.n_layer=4 model.n_head=4 model.n_embd=32 train.batch_size=8 \
       train.micro_batch=2 train.steps=10 optim.decay_steps=10 optim.eps=1e-6 eval.batches=1 \
       eval.every=5 log.every=1 checkpoint.restart=none parallel.dp="$1" parallel.tp="$2" \

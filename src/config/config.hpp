@@ -7,8 +7,43 @@
 
 namespace tessera {
 
+// The deck's words, typed where the deck is read: config/keys.cpp spells each (deck_word), and no
+// code outside config/ compares a deck value with a string (tests/layering/check.py).
+enum class Arch { Gpt2, Llama };       // model.arch (model/param_layout.hpp: the two families)
+enum class Tie { Auto, True, False };  // model.tie_embeddings
+enum class Attention { Gemm, Fused };  // model.attention
+// train.recompute: which activations the backward recomputes instead of keeping.
+//   None       every layer's activations are kept from the forward
+//   Selective  the attention core (probabilities or log-sum-exp, and its output) is recomputed
+//              from the kept q, k, v, as Megatron-LM's selective recompute
+//   Full       only each layer's input is kept; the backward reruns the layer's forward first
+enum class Recompute { None, Selective, Full };
+enum class AnomalyAction { Stop, Skip, Rollback };  // train.anomaly_action
+enum class DeviceBackend { Cpu, Cuda, Auto };       // device.backend
+enum class Precision { Fp32, Bf16, Fp8 };           // device.precision
+enum class Fp8Recipe { Hybrid, E4M3 };              // device.fp8_format
+enum class AmaxAlgo { Max, MostRecent };            // device.fp8_amax_algo
+// parallel.schedule. GPipe: all forwards 0..m-1, then all backwards in reverse order m-1..0.
+// OneFOneB: PipeDream-Flush / Megatron 1F1B; with virtual_stages > 1 Megatron's interleaved 1F1B
+// (there is no "interleaved" word: one key, parallel.virtual_stages, turns it on).
+enum class ScheduleKind { GPipe, OneFOneB };
+enum class CpComm { Ring, AllGather };  // parallel.cp_comm
+
+// The deck's spelling of each word ("fused", "1f1b"), for logs and messages.
+const char* deck_word(Arch v);
+const char* deck_word(Tie v);
+const char* deck_word(Attention v);
+const char* deck_word(Recompute v);
+const char* deck_word(AnomalyAction v);
+const char* deck_word(DeviceBackend v);
+const char* deck_word(Precision v);
+const char* deck_word(Fp8Recipe v);
+const char* deck_word(AmaxAlgo v);
+const char* deck_word(ScheduleKind v);
+const char* deck_word(CpComm v);
+
 struct ModelConfig {
-  std::string arch = "gpt2";  // gpt2 | llama (model/param_layout.hpp)
+  Arch arch = Arch::Gpt2;    // gpt2 | llama (model/param_layout.hpp)
   int n_layer = 4;
   int n_head = 4;
   int n_kv_head = 0;         // key/value heads (grouped-query attention); 0 = n_head
@@ -19,8 +54,8 @@ struct ModelConfig {
   int vocab_size = 0;        // 0: the training data's vocab_size attribute
   int vocab_multiple = 64;   // wte rows are padded to a multiple of this (Vp)
   double init_std = 0.02;
-  std::string attention = "gemm";  // gemm (T x T probabilities kept) | fused (flash-style)
-  std::string tie_embeddings = "auto";  // auto (gpt2: true, llama: false) | true | false
+  Attention attention = Attention::Gemm;  // gemm (T x T probabilities kept) | fused (flash-style)
+  Tie tie_embeddings = Tie::Auto;  // auto (gpt2: true, llama: false) | true | false
   double norm_eps = 1e-5;    // llama's RMSNorm epsilon (GPT-2's LayerNorm: 1e-5)
   double rope_theta = 10000.0;  // llama's rotary base
 };
@@ -43,12 +78,12 @@ struct TrainConfig {
   int batch_size = 16;       // global sequences per optimizer step
   int micro_batch = 0;       // sequences per forward/backward per dp rank; 0 = batch_size / dp
   uint64_t seed = 1337;
-  std::string recompute = "none";  // none | selective | full (model/options.hpp)
+  Recompute recompute = Recompute::None;  // none | selective | full
   // The anomaly policy (train/anomaly.hpp): a non-finite loss or gradient norm, or with sigma > 0
   // one above the running mean + sigma x std of the last `window` steps, is met by `action`.
   int anomaly_window = 50;
   double anomaly_sigma = 0;        // 0 = non-finite values only
-  std::string anomaly_action = "stop";  // stop | skip | rollback
+  AnomalyAction anomaly_action = AnomalyAction::Stop;  // stop | skip | rollback
   // Rollbacks landing on one checkpoint (and 5 x as many in all) before the run stops, exit 4.
   int anomaly_max_rollbacks = 3;
 };
@@ -73,7 +108,7 @@ struct EvalConfig {
 struct CheckpointConfig {
   std::string dir;           // "" = <run.dir>/checkpoints
   int every = 0;             // 0 = only after the last step
-  std::string restart = "auto";  // auto | none | PATH
+  std::string restart = "auto";  // auto | none | PATH (restart_from says which)
   int collective_bytes = 1 << 20;  // tensors this large or larger use collective MPI-IO transfers
   std::string init_from;     // "" = none; else a checkpoint whose weights start a fresh run
   bool reserve = true;       // fallocate a checkpoint's size before writing it: a full disk is found
@@ -81,6 +116,11 @@ struct CheckpointConfig {
   int keep = 0;              // complete checkpoints kept (older ones removed); 0 = all
   bool async = false;        // written by a background thread from a host snapshot
 };
+
+// checkpoint.restart: the newest checkpoint of the run (auto), none, or the file or directory
+// it names.
+enum class RestartFrom { Auto, None, Path };
+RestartFrom restart_from(const CheckpointConfig& c);
 
 struct LogConfig {
   int every = 10;
@@ -94,10 +134,10 @@ struct RunConfig {
 };
 
 struct DeviceConfig {
-  std::string backend = "cpu";  // cpu | cuda | auto
+  DeviceBackend backend = DeviceBackend::Cpu;  // cpu | cuda | auto
   // fp32 | bf16 (CUDA: bf16 parameters/activations, fp32 master) | fp8 (the linear layers'
   // GEMMs on FP8 inputs with delayed scaling; simulated on the CPU, model/fp8.hpp)
-  std::string precision = "fp32";
+  Precision precision = Precision::Fp32;
   int threads = 0;              // OpenMP threads; 0 = the runtime's default (OMP_NUM_THREADS)
   // CUDA: the data-parallel sums and ZeRO gathers on NCCL streams of their own, beside the
   // compute stream's work (false: every collective on the compute stream, for a cluster where two
@@ -107,9 +147,9 @@ struct DeviceConfig {
   // scaling. hybrid: E4M3 forward (weights, activations), E5M2 output gradients; e4m3: E4M3 for
   // all three. Each tensor's scale is (max of the format / amax) / 2^margin, amax the largest of
   // the last fp8_amax_history steps' (max) or the last one's (most_recent).
-  std::string fp8_format = "hybrid";
+  Fp8Recipe fp8_format = Fp8Recipe::Hybrid;
   int fp8_amax_history = 16;
-  std::string fp8_amax_algo = "max";  // max | most_recent
+  AmaxAlgo fp8_amax_algo = AmaxAlgo::Max;  // max | most_recent
   int fp8_margin = 0;
   bool fp8_head = false;  // the LM head's GEMM in FP8 too
 };
@@ -118,7 +158,7 @@ struct ParallelConfig {
   int dp = 1;                     // data-parallel ranks; 0 = auto (world size / (tp * pp))
   int tp = 1;                     // tensor-parallel ranks; 0 = auto
   int pp = 1;                     // pipeline stages; 0 = auto
-  std::string schedule = "1f1b";  // gpipe | 1f1b
+  ScheduleKind schedule = ScheduleKind::OneFOneB;  // gpipe | 1f1b
   // ZeRO stage (optim/distributed.hpp): 0 none, 1 optimizer state, 2 and gradients, 3 and
   // parameters sharded over the data-parallel group, or over groups of zero_group consecutive dp
   // ranks (zero_group below).
@@ -134,7 +174,7 @@ struct ParallelConfig {
   // when the model asks for it; for measuring the overlap).
   bool zero_prefetch = true;
   int cp = 1;                     // context-parallel ranks: each sequence split over them
-  std::string cp_comm = "ring";   // ring | allgather: how attention's K/V reach the cp ranks
+  CpComm cp_comm = CpComm::Ring;  // ring | allgather: how attention's K/V reach the cp ranks
 };
 
 struct Config {

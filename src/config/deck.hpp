@@ -7,6 +7,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -21,8 +22,16 @@ struct IntOrAuto {
   int* value;
 };
 
-using FieldRef =
-    std::variant<int*, uint64_t*, double*, bool*, std::string*, IntOrAuto, std::vector<int>*>;
+// A word of a fixed list, stored as its enum (config.hpp's deck words): words[i] spells E(i).
+struct Choice {
+  const char* const* words;
+  int count;
+  std::function<int()> get;
+  std::function<void(int)> set;
+};
+
+using FieldRef = std::variant<int*, uint64_t*, double*, bool*, std::string*, IntOrAuto,
+                              std::vector<int>*, Choice>;
 
 struct Field {
   const char* section;
@@ -37,6 +46,9 @@ struct Field {
 std::vector<Field> fields_of(Config& c);
 
 std::string dotted(const Field& f);
+
+// "gemm or fused", "none, selective or full": a choice's words as messages list them.
+std::string word_list(const Choice& c);
 
 bool is_section(std::string_view name);
 

@@ -76,11 +76,46 @@ std::string quote(std::string_view s) {
   return out + "\"";
 }
 
+// Each deck word's spellings, in its enum's order.
+template <class E>
+struct Words;
+#define TESSERA_WORDS(E, ...)                                   \
+  template <>                                                   \
+  struct Words<E> {                                             \
+    static constexpr const char* const words[] = {__VA_ARGS__}; \
+  };
+TESSERA_WORDS(Arch, "gpt2", "llama")
+TESSERA_WORDS(Tie, "auto", "true", "false")
+TESSERA_WORDS(Attention, "gemm", "fused")
+TESSERA_WORDS(Recompute, "none", "selective", "full")
+TESSERA_WORDS(AnomalyAction, "stop", "skip", "rollback")
+TESSERA_WORDS(DeviceBackend, "cpu", "cuda", "auto")
+TESSERA_WORDS(Precision, "fp32", "bf16", "fp8")
+TESSERA_WORDS(Fp8Recipe, "hybrid", "e4m3")
+TESSERA_WORDS(AmaxAlgo, "max", "most_recent")
+TESSERA_WORDS(ScheduleKind, "gpipe", "1f1b")
+TESSERA_WORDS(CpComm, "ring", "allgather")
+#undef TESSERA_WORDS
+
+template <class E>
+Choice choice(E* field) {
+  constexpr int n = int(std::size(Words<E>::words));
+  return {Words<E>::words, n, [field] { return int(*field); },
+          [field](int v) { *field = E(v); }};
+}
+
 }  // namespace
+
+std::string word_list(const Choice& c) {
+  std::string out;
+  for (int i = 0; i < c.count; ++i)
+    out += std::string(i == 0 ? "" : i + 1 == c.count ? " or " : ", ") + c.words[i];
+  return out;
+}
 
 std::vector<Field> fields_of(Config& c) {
   return {
-      {"model", "arch", &c.model.arch},
+      {"model", "arch", choice(&c.model.arch)},
       {"model", "n_layer", &c.model.n_layer},
       {"model", "n_head", &c.model.n_head},
       {"model", "n_kv_head", &c.model.n_kv_head},
@@ -91,8 +126,8 @@ std::vector<Field> fields_of(Config& c) {
       {"model", "vocab_size", &c.model.vocab_size},
       {"model", "vocab_multiple", &c.model.vocab_multiple},
       {"model", "init_std", &c.model.init_std},
-      {"model", "attention", &c.model.attention},
-      {"model", "tie_embeddings", &c.model.tie_embeddings},
+      {"model", "attention", choice(&c.model.attention)},
+      {"model", "tie_embeddings", choice(&c.model.tie_embeddings)},
       {"model", "norm_eps", &c.model.norm_eps},
       {"model", "rope_theta", &c.model.rope_theta},
       {"data", "train", &c.data.train},
@@ -109,10 +144,10 @@ std::vector<Field> fields_of(Config& c) {
       {"train", "batch_size", &c.train.batch_size},
       {"train", "micro_batch", &c.train.micro_batch},
       {"train", "seed", &c.train.seed},
-      {"train", "recompute", &c.train.recompute},
+      {"train", "recompute", choice(&c.train.recompute)},
       {"train", "anomaly_window", &c.train.anomaly_window},
       {"train", "anomaly_sigma", &c.train.anomaly_sigma},
-      {"train", "anomaly_action", &c.train.anomaly_action},
+      {"train", "anomaly_action", choice(&c.train.anomaly_action)},
       {"train", "anomaly_max_rollbacks", &c.train.anomaly_max_rollbacks},
       {"optim", "lr", &c.optim.lr},
       {"optim", "min_lr", &c.optim.min_lr},
@@ -138,11 +173,11 @@ std::vector<Field> fields_of(Config& c) {
       {"run", "dir", &c.run.dir},
       {"run", "max_minutes", &c.run.max_minutes},
       {"run", "hang_timeout", &c.run.hang_timeout},
-      {"device", "backend", &c.device.backend},
-      {"device", "precision", &c.device.precision},
-      {"device", "fp8_format", &c.device.fp8_format},
+      {"device", "backend", choice(&c.device.backend)},
+      {"device", "precision", choice(&c.device.precision)},
+      {"device", "fp8_format", choice(&c.device.fp8_format)},
       {"device", "fp8_amax_history", &c.device.fp8_amax_history},
-      {"device", "fp8_amax_algo", &c.device.fp8_amax_algo},
+      {"device", "fp8_amax_algo", choice(&c.device.fp8_amax_algo)},
       {"device", "fp8_margin", &c.device.fp8_margin},
       {"device", "fp8_head", &c.device.fp8_head},
       {"device", "threads", &c.device.threads},
@@ -151,8 +186,8 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel", "tp", IntOrAuto{&c.parallel.tp}},
       {"parallel", "pp", IntOrAuto{&c.parallel.pp}},
       {"parallel", "cp", &c.parallel.cp},
-      {"parallel", "cp_comm", &c.parallel.cp_comm},
-      {"parallel", "schedule", &c.parallel.schedule},
+      {"parallel", "cp_comm", choice(&c.parallel.cp_comm)},
+      {"parallel", "schedule", choice(&c.parallel.schedule)},
       {"parallel", "zero", &c.parallel.zero},
       {"parallel", "zero_group", &c.parallel.zero_group},
       {"parallel", "reshard_after_forward", &c.parallel.reshard_after_forward},
@@ -237,13 +272,35 @@ std::string flow(const std::vector<int>& v) {
 
 using namespace deck_internal;
 
+#define TESSERA_DECK_WORD(E) \
+  const char* deck_word(E v) { return Words<E>::words[int(v)]; }
+TESSERA_DECK_WORD(Arch)
+TESSERA_DECK_WORD(Tie)
+TESSERA_DECK_WORD(Attention)
+TESSERA_DECK_WORD(Recompute)
+TESSERA_DECK_WORD(AnomalyAction)
+TESSERA_DECK_WORD(DeviceBackend)
+TESSERA_DECK_WORD(Precision)
+TESSERA_DECK_WORD(Fp8Recipe)
+TESSERA_DECK_WORD(AmaxAlgo)
+TESSERA_DECK_WORD(ScheduleKind)
+TESSERA_DECK_WORD(CpComm)
+#undef TESSERA_DECK_WORD
+
+RestartFrom restart_from(const CheckpointConfig& c) {
+  return c.restart == "auto" ? RestartFrom::Auto
+         : c.restart == "none" ? RestartFrom::None
+                               : RestartFrom::Path;
+}
+
 std::string to_yaml(const Config& config) {
   Config copy = config;  // fields_of points into a Config it may write through
   std::string out;
   const char* section = "";
   for (const Field& f : fields_of(copy)) {
     // The FP8 keys are a deck error without device.precision fp8: written only with it.
-    if (std::string_view(f.key).rfind("fp8_", 0) == 0 && config.device.precision != "fp8") continue;
+    if (std::string_view(f.key).rfind("fp8_", 0) == 0 && config.device.precision != Precision::Fp8)
+      continue;
     if (std::string_view(section) != f.section) {
       section = f.section;
       out += std::string(section) + ":\n";
@@ -262,6 +319,8 @@ std::string to_yaml(const Config& config) {
             out += *field.value == 0 ? "auto" : std::to_string(*field.value);
           } else if constexpr (std::is_same_v<T, std::vector<int>*>) {
             out += flow(*field);
+          } else if constexpr (std::is_same_v<T, Choice>) {
+            out += quote(field.words[field.get()]);
           } else {
             out += std::to_string(*field);
           }

@@ -387,6 +387,14 @@ void apply_override(const std::string& text, size_t position, Deck& deck) {
   source.order = std::numeric_limits<int>::max() + static_cast<long long>(position);
 }
 
+// One of a choice's words: its index.
+int to_word(const Source& s, const Choice& c) {
+  const std::string text = scalar_text(s, "a string");
+  for (int i = 0; i < c.count; ++i)
+    if (text == c.words[i]) return i;
+  fail(s.where, "must be " + word_list(c) + ", got " + shown(text));
+}
+
 void convert_values(Deck& deck) {
   std::vector<size_t> given;
   for (size_t i = 0; i < deck.fields.size(); i++) {
@@ -408,6 +416,7 @@ void convert_values(Deck& deck) {
           if constexpr (std::is_same_v<T, std::vector<int>*>) {
             *field = to_int_list(s, deck.origin, dotted(deck.fields[i]));
           }
+          if constexpr (std::is_same_v<T, Choice>) field.set(to_word(s, field));
         },
         deck.fields[i].ref);
   }

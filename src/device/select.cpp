@@ -143,18 +143,18 @@ std::string devices_by_rank(int device, MPI_Comm world) {
 #endif
 
 DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
-  const std::string& want = cfg.device.backend;
-  const bool bf16 = cfg.device.precision == "bf16";
+  const DeviceBackend want = cfg.device.backend;
+  const bool bf16 = cfg.device.precision == Precision::Bf16;
   DeviceChoice choice;
   choice.wait_limit = cfg.run.hang_timeout;
-  if (want == "cpu") return choice;  // bf16 with cpu is refused by the deck check
+  if (want == DeviceBackend::Cpu) return choice;  // bf16 with cpu is refused by the deck check
   const std::string deck = cfg.deck_path.empty() ? "deck" : cfg.deck_path;
   int rank = 0;
   MPI_Comm_rank(world, &rank);
 
 #ifndef TESSERA_CUDA
   (void)rank;
-  if (want == "cuda")
+  if (want == DeviceBackend::Cuda)
     throw UserError(deck + ": device.backend = cuda, but this tessera was built without "
                     "the CUDA backend (no nvcc at build time); use device.backend: cpu");
   if (bf16)
@@ -192,7 +192,7 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
     if (sharing) why = broadcast(shared, bad, world);
   }
   MPI_Comm_free(&node);
-  if (bad < 0 && cfg.device.precision == "fp8") {
+  if (bad < 0 && cfg.device.precision == Precision::Fp8) {
     const std::string old = fp8_unsupported(dev, rank);
     bad = first_failing_rank(old.empty(), rank, world);
     if (bad >= 0)
@@ -205,9 +205,10 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
     set_identity(rank, dev);
     choice.cuda = true;
     choice.device = dev;
-    const std::string& precision = cfg.device.precision;
-    choice.note = "device: " + want + ": CUDA, " +
-                  (precision == "fp8" ? std::string("fp8 GEMMs, bf16 activations") : precision) +
+    const Precision precision = cfg.device.precision;
+    choice.note = std::string("device: ") + deck_word(want) + ": CUDA, " +
+                  (precision == Precision::Fp8 ? std::string("fp8 GEMMs, bf16 activations")
+                                               : deck_word(precision)) +
                   ", GPU by rank: " + devices_by_rank(dev, world) + " (node-local rank from " +
                   source + "; rank 0 sees " + std::to_string(visible) + " GPU" +
                   (visible == 1 ? "" : "s") + ")";
@@ -219,7 +220,7 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
       sharing ? why
               : "rank " + std::to_string(bad) + " has no GPU: " +
                     (bad == rank ? why : "it found none it could use");
-  if (want == "cuda")
+  if (want == DeviceBackend::Cuda)
     throw UserError(deck + ": device.backend = cuda, but " + problem +
                     "; use device.backend: cpu or auto");
   if (bf16)

@@ -27,18 +27,21 @@ class Engine final : public TrainEngine {
 
  public:
   Engine(const EngineSetup& s, bool allocate_now)
-      : tile_(s.tile), mb_(s.micro_batch), T_(s.seq_len), cp_size_(s.cp_size),
-        cp_rank_(s.cp_rank), embed_sum_(s.embed_sum),
-        prefetch_(s.zero_prefetch),
+      : tile_(s.tile), mb_(s.micro_batch), T_(s.seq_len),
+        cp_size_(s.mesh ? s.mesh->size("cp") : 1), cp_rank_(s.mesh ? s.mesh->coord("cp") : 0),
+        embed_sum_(s.embed_sum), prefetch_(s.zero_prefetch),
         arena_(Backend::memory()),
-        // Built in the fixed order tp, dp, pp, embed, shard, replica, cp (an NCCL communicator's
-        // construction is collective over its ranks). The data-parallel sums, the ZeRO group's
-        // gathers and the cp ring's transfers (each posted before the attention block in hand)
-        // overlap the compute that follows them (device.nccl_overlap).
-        tp_(s.tp), dp_(s.dp, s.nccl_overlap), pp_(s.pp), embed_(s.embed),
-        own_shard_(s.shard, s.nccl_overlap), replica_(s.replica), cp_(s.cp, s.nccl_overlap),
-        shard_(s.shard == MPI_COMM_NULL ? &dp_ : &own_shard_),
-        mem_(s, arena_, &tp_, &dp_, &pp_, shard_, &replica_, &cp_),
+        // The groups, made in a fixed order (an NCCL communicator's construction is collective
+        // over its ranks). The data-parallel sums, the ZeRO group's gathers and the cp ring's
+        // transfers (each posted before the attention block in hand) overlap the compute that
+        // follows them (device.nccl_overlap).
+        tp_(group(s, {"tp"})), dp_(group(s, {"dp", "cp"}), s.nccl_overlap),
+        pp_(group(s, {"pp"})), embed_(s.mesh ? s.mesh->embed() : MPI_COMM_NULL),
+        own_shard_(hybrid(s) ? group(s, {"shard"}) : MPI_COMM_NULL, s.nccl_overlap),
+        replica_(hybrid(s) ? group(s, {"replica"}) : MPI_COMM_NULL),
+        cp_(group(s, {"cp"}), s.nccl_overlap), world_(s.mesh ? s.mesh->world() : MPI_COMM_NULL),
+        shard_(hybrid(s) ? &own_shard_ : &dp_),
+        mem_(s, arena_, {&tp_, &dp_, &pp_, shard_, &replica_, &cp_}, &world_),
         models_(mem_.models), optimizer_(mem_.optimizer), executor_(mem_.executor) {
     if (mem_.sharded) parts_layout_ = shard_layout(tile_, mem_.plan);
     step_tokens_ = mem_.step_tokens;
@@ -222,22 +225,20 @@ class Engine final : public TrainEngine {
     return out;
   }
 
-  double wait_seconds() const override { return executor_.wait_seconds(); }
-  double run_seconds() const override { return executor_.run_seconds(); }
-  double dp_wait_seconds() const override {
-    return dp_.busy_seconds + own_shard_.busy_seconds + replica_.busy_seconds;
-  }
-  double cp_wait_seconds() const override { return cp_.busy_seconds; }
-  double cp_attention_seconds() const override {
-    double s = 0;
-    for (const auto& model : models_) s += model->context_seconds();
-    return s;
-  }
-  double payload_bytes(int c) const override {
-    const uint64_t bytes[] = {tp_.payload_bytes,
-                              dp_.payload_bytes + own_shard_.payload_bytes + replica_.payload_bytes,
-                              pp_.payload_bytes, embed_.payload_bytes, cp_.payload_bytes};
-    return double(bytes[c]);
+  Counters counters() const override {
+    Counters c;
+    c.payload[Traffic::tp] = double(tp_.payload_bytes);
+    c.payload[Traffic::dp] =
+        double(dp_.payload_bytes + own_shard_.payload_bytes + replica_.payload_bytes);
+    c.payload[Traffic::pp] = double(pp_.payload_bytes);
+    c.payload[Traffic::embed] = double(embed_.payload_bytes);
+    c.payload[Traffic::cp] = double(cp_.payload_bytes);
+    c.dp_wait = dp_.busy_seconds + own_shard_.busy_seconds + replica_.busy_seconds;
+    c.cp_wait = cp_.busy_seconds;
+    for (const auto& model : models_) c.cp_attention += model->context_seconds();
+    c.pipeline_wait = executor_.wait_seconds();
+    c.pipeline_run = executor_.run_seconds();
+    return c;
   }
 
  private:
@@ -368,6 +369,15 @@ class Engine final : public TrainEngine {
     return out;
   }
 
+  // The mesh's group of `dims` (none without a mesh), and whether ZeRO's groups are smaller than
+  // dp x cp (hybrid sharding: a shard communicator of their own).
+  static MPI_Comm group(const EngineSetup& s, const DimNames& dims) {
+    return s.mesh ? s.mesh->group(dims) : MPI_COMM_NULL;
+  }
+  static bool hybrid(const EngineSetup& s) {
+    return s.mesh && s.mesh->size("shard") < s.mesh->shape().group_size({"dp", "cp"});
+  }
+
   const LocalLayout& tile_;
   int mb_, T_;  // T_: this rank's tokens of each sequence (T / cp)
   int cp_size_, cp_rank_;
@@ -381,6 +391,7 @@ class Engine final : public TrainEngine {
   // Hybrid sharding's ZeRO group (without it dp_ is the group) and replicas (one rank without).
   typename Backend::Comm own_shard_, replica_;
   typename Backend::Comm cp_;  // context parallelism (one rank without it)
+  Comm world_;                 // every rank, over MPI: the gradient norm's one double
   typename Backend::Comm* shard_;
   EngineMemory<Backend> mem_;  // every buffer's declaration (engine/engine_memory.hpp)
   std::vector<std::unique_ptr<Gpt<Backend>>>& models_;
@@ -401,16 +412,24 @@ class Engine final : public TrainEngine {
 
 }  // namespace
 
-std::unique_ptr<TrainEngine> make_engine(const EngineSetup& setup, bool cuda, bool bf16,
-                                         bool allocate) {
+EngineKind engine_kind(const Config& cfg, bool gpu) {
+  if (!gpu) return EngineKind::cpu;
+  const Precision p = cfg.device.precision;
+  return p == Precision::Bf16 || p == Precision::Fp8 ? EngineKind::cuda_bf16
+                                                     : EngineKind::cuda_fp32;
+}
+
+std::unique_ptr<TrainEngine> make_engine(const EngineSetup& setup, EngineKind kind,
+                                         Allocation allocation) {
+  const bool now = allocation == Allocation::now;
 #ifdef TESSERA_CUDA
-  if (cuda && bf16) return std::make_unique<Engine<CudaBackend<cuda::bf16>>>(setup, allocate);
-  if (cuda) return std::make_unique<Engine<CudaBackend<float>>>(setup, allocate);
+  if (kind == EngineKind::cuda_bf16)
+    return std::make_unique<Engine<CudaBackend<cuda::bf16>>>(setup, now);
+  if (kind == EngineKind::cuda_fp32) return std::make_unique<Engine<CudaBackend<float>>>(setup, now);
 #else
-  (void)bf16;
-  if (cuda) throw UserError("this tessera was built without the CUDA backend");
+  if (kind != EngineKind::cpu) throw UserError("this tessera was built without the CUDA backend");
 #endif
-  return std::make_unique<Engine<CpuBackend>>(setup, allocate);
+  return std::make_unique<Engine<CpuBackend>>(setup, now);
 }
 
 }  // namespace tessera

@@ -5,14 +5,12 @@
 // data loader, logging, evaluation and checkpoint cadence, metrics) does not depend on it.
 //
 // One implementation, Engine<B> (engine.cpp), over a backend B (backend/backend.hpp): the model,
-// the pipeline executor and the distributed optimizer of that backend, its communicators built
-// from the run's MPI ones in the fixed order tp, dp, pp, embed, and every buffer in one Arena.
+// the pipeline executor and the distributed optimizer of that backend, its communicators made
+// from the mesh's groups in a fixed order, and every buffer in one Arena.
 // make_engine picks CpuBackend or CudaBackend<float | bf16>.
 //
 // Checkpoints stay fp32 and host-side on every backend: host_params() and get_moments() are full
 // local fp32 buffers in the layout's offsets, so a run restarts on any backend.
-#include <mpi.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -22,38 +20,47 @@
 
 #include "backend/adamw.hpp"
 #include "backend/arena.hpp"
+#include "config/config.hpp"
 #include "io/token_source.hpp"
 #include "model/fp8.hpp"
 #include "model/options.hpp"
 #include "model/shard.hpp"
 #include "parallel/comm.hpp"
+#include "parallel/mesh.hpp"
+#include "parallel/traffic.hpp"
 #include "pipeline/schedule.hpp"
 
 namespace tessera {
 
-// What an engine is built from: the rank's tile, its communicators (MPI), the stage's schedule
-// and the step's shape.
+// What an engine is built from: the rank's tile, the mesh its communicators come from, the
+// stage's schedule and the step's shape. Built with designated initializers (engine_setup).
 struct EngineSetup {
   const LocalLayout& tile;
-  MPI_Comm tp, dp, pp, embed;
-  Comm* world;  // every rank: the gradient norm
-  std::vector<Action> schedule;
+  // The trainer's mesh (parallel/mesh.hpp): the engine makes every communicator of its own from
+  // one of its groups (engine.cpp, "the groups"). nullptr where nothing communicates: `tessera
+  // plan` counting an engine, `tessera sample` on one rank.
+  const Mesh* mesh = nullptr;
+  std::vector<Action> schedule = {};
   // seq_len: this rank's tokens of each sequence, T / cp (the loader's batches hold all T).
-  int micro_batch, seq_len, n_micro;
-  int zero;        // parallel.zero: the ZeRO stage (optim/distributed.hpp)
-  bool embed_sum;  // pp > 1: stage 0's wte and the last stage's copy sum their gradients
-  AdamWHyper hyper;
-  ModelOptions model;  // attention, recompute (model/options.hpp)
-  // Hybrid sharding (parallel.zero_group < dp): the ZeRO group and the groups holding the same
-  // shard (parallel/topology.hpp); MPI_COMM_NULL: one group, dp's communicator.
-  MPI_Comm shard = MPI_COMM_NULL, replica = MPI_COMM_NULL;
+  int micro_batch = 1, seq_len = 1, n_micro = 1;
+  int zero = 0;            // parallel.zero: the ZeRO stage (optim/distributed.hpp)
+  bool embed_sum = false;  // pp > 1: stage 0's wte and the last stage's copy sum their gradients
+  AdamWHyper hyper = {};
+  ModelOptions model = {};  // attention, recompute (model/options.hpp)
   bool reshard_after_forward = true;  // ZeRO-3 (parallel.reshard_after_forward)
   bool zero_prefetch = true;          // ZeRO-3 (parallel.zero_prefetch)
   bool nccl_overlap = true;           // device.nccl_overlap: dp and ZeRO collectives on own streams
-  // Context parallelism (model/context_attention.hpp): the ranks splitting each sequence
-  // (MPI_COMM_NULL with cp = 1), their number and this rank's place among them.
-  MPI_Comm cp = MPI_COMM_NULL;
-  int cp_size = 1, cp_rank = 0;
+};
+
+// The communicators an engine's parts use (its model chunks, optimizer, executor), each the
+// backend's twin of one mesh group: tp {tp}, grads {dp, cp} (the ranks holding the same
+// parameters: the gradients reduce, and ZeRO shards, over them), pp {pp}, shard and replica
+// (ZeRO's view of dp x cp: the group that splits the state, and the groups holding the same
+// part; without hybrid sharding shard is grads and replica one rank), cp {cp}. `tessera plan`
+// gives communicators of the right size and rank, without MPI.
+template <class C>
+struct EngineComms {
+  C *tp, *grads, *pp, *shard, *replica, *cp;
 };
 
 // A micro-batch's tokens and targets (B,T) in host memory (the loader's ring), nullptr where the
@@ -136,25 +143,36 @@ class TrainEngine {
   virtual std::vector<Fp8State*> fp8_states() = 0;
   // Where the FP8 GEMMs ran so far (cuBLASLt or tessera's kernel), "" where that is not a choice.
   virtual std::string fp8_report() const = 0;
-  // The pipeline's blocked and total seconds of the last train_step (PipelineExecutor).
-  virtual double wait_seconds() const = 0;
-  virtual double run_seconds() const = 0;
-  // Seconds blocked in data-parallel collectives so far (dp, and ZeRO's shard and replica
-  // groups): the communication no computation hid. 0 on a GPU, whose host does not wait.
-  virtual double dp_wait_seconds() const = 0;
-  // Context parallelism so far: seconds blocked on the cp communicator (the ring's waits, the
-  // all-gather's collectives) and seconds in its attention (those waits included).
-  virtual double cp_wait_seconds() const = 0;
-  virtual double cp_attention_seconds() const = 0;
-  // Payload bytes handed to communicator c (0 tp, 1 dp, 2 pp, 3 embed, 4 cp) so far.
-  virtual double payload_bytes(int c) const = 0;
+  // What the engine has measured: train/telemetry.hpp takes differences around each step.
+  struct Counters {
+    TrafficBytes payload;  // handed to each group's communicators so far (parallel/traffic.hpp)
+    // Seconds blocked in data-parallel collectives so far (dp, and ZeRO's shard and replica
+    // groups): the communication no computation hid. 0 on a GPU, whose host does not wait.
+    double dp_wait = 0;
+    // Context parallelism so far: seconds blocked on the cp communicator (the ring's waits, the
+    // all-gather's collectives) and seconds in its attention (those waits included).
+    double cp_wait = 0, cp_attention = 0;
+    // The pipeline's blocked and total seconds of the last train_step (PipelineExecutor).
+    double pipeline_wait = 0, pipeline_run = 0;
+  };
+  virtual Counters counters() const = 0;
 };
 
-// The engine of the chosen backend: "cpu", or "cuda" with bf16 (bf16 parameters and activations,
-// fp32 master) or fp32. CUDA needs a CUDA build and device::activate to have run. With
-// allocate = false every buffer is declared but none allocated until allocate(): the trainer
+// The backend an engine runs on and what its model reads: the CPU (fp32), or CUDA with fp32 or
+// bf16 (bf16 parameters and activations, fp32 master weights).
+enum class EngineKind { cpu, cuda_fp32, cuda_bf16 };
+inline bool on_gpu(EngineKind k) { return k != EngineKind::cpu; }
+inline bool bf16_activations(EngineKind k) { return k == EngineKind::cuda_bf16; }
+// The deck's engine on a GPU (gpu) or the CPU: bf16 activations for device.precision bf16, and
+// for fp8 on a GPU (bf16 around the FP8 GEMMs' inputs, model/fp8.hpp); the CPU simulates fp8 in
+// fp32. The one place this is decided: the trainer and `tessera plan` both ask it.
+EngineKind engine_kind(const Config& cfg, bool gpu);
+
+// The engine of `kind` (CUDA needs a CUDA build and device::activate to have run). With
+// Allocation::later every buffer is declared but none allocated until allocate(): the trainer
 // checks host_bytes() against the machine first.
-std::unique_ptr<TrainEngine> make_engine(const EngineSetup& setup, bool cuda, bool bf16,
-                                         bool allocate = true);
+enum class Allocation { now, later };
+std::unique_ptr<TrainEngine> make_engine(const EngineSetup& setup, EngineKind kind,
+                                         Allocation allocation = Allocation::now);
 
 }  // namespace tessera

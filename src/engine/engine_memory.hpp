@@ -29,21 +29,20 @@ struct EngineMemory {
   using Act = typename Backend::Act;
   using Comm = typename Backend::Comm;
 
-  // tp, dp, pp, shard, replica: the engine's communicators (only their size and rank are read
-  // here; shard and replica are those of the ZeRO group, dp's own and a lone rank's without
-  // hybrid sharding).
-  // cp: the context-parallel communicator (one rank without it).
-  EngineMemory(const EngineSetup& s, Arena& arena, Comm* tp, Comm* dp, Comm* pp, Comm* shard,
-               Comm* replica, Comm* cp)
-      : models(make_models(s, arena, tp, cp)),
-        plan(make_shard_plan(s.tile, s.zero >= 2 ? shard->size() : 1,
-                             s.zero >= 2 ? shard->rank() : 0)),
-        optimizer(s.tile, {dp, shard, replica, s.world}, s.zero, &plan, s.hyper, arena),
+  // comms: the engine's communicators (only their size and rank are read here); world: every
+  // rank (the gradient norm).
+  EngineMemory(const EngineSetup& s, Arena& arena, const EngineComms<Comm>& comms,
+               ::tessera::Comm* world)
+      : models(make_models(s, arena, comms.tp, comms.cp)),
+        plan(make_shard_plan(s.tile, s.zero >= 2 ? comms.shard->size() : 1,
+                             s.zero >= 2 ? comms.shard->rank() : 0)),
+        optimizer(s.tile, {comms.grads, comms.shard, comms.replica, world}, s.zero, &plan,
+                  s.hyper, arena),
         sharded(s.zero >= 2 ? std::make_unique<ShardedBuffers>(plan, s.zero,
                                                                s.reshard_after_forward,
                                                                sizeof(Act), arena)
                             : nullptr),
-        executor(model_pointers(), pp, s.schedule, s.micro_batch, s.seq_len, arena) {
+        executor(model_pointers(), comms.pp, s.schedule, s.micro_batch, s.seq_len, arena) {
     constexpr bool kFp32 = std::is_same_v<Act, float>;
     const int stage = optimizer.stage();
     const size_t full = optimizer.buffer_size(), parts = plan.total;

@@ -9,24 +9,26 @@ namespace tessera {
 namespace {
 
 template <class Act>
-RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& run, int dp_rank,
-                 int tp_rank, int pp_rank, bool gpu) {
+RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& run,
+                 long long world_rank, bool gpu) {
   using Backend = DeclareBackend<Act>;
-  const ParallelLayout& l = run.layout;
+  const MeshShape mesh = mesh_shape(run.layout);
+  const int tp_rank = mesh.coord(world_rank, "tp"), pp_rank = mesh.coord(world_rank, "pp");
   const LocalLayout tile = rank_tile(run, shape, tp_rank, pp_rank);
   const EngineSetup setup = engine_setup(cfg, run, tile, pp_rank);
-  // dp_rank: the rank in dp x cp (the gradients' group; the dp rank when cp = 1), cp fastest.
-  const int group = l.shard_size();
-  Comm tp = Comm::shape(l.tp, tp_rank), dp = Comm::shape(l.dpcp(), dp_rank),
-       pp = Comm::shape(l.pp, pp_rank), shard = Comm::shape(group, dp_rank % group),
-       replica = Comm::shape(l.dpcp() / group, dp_rank / group),
-       cp = Comm::shape(l.cp, dp_rank % l.cp);
+  // The engine's communicators (EngineComms) as the mesh's arithmetic sizes and places them.
+  auto group = [&](const DimNames& dims) {
+    return Comm::shape(mesh.group_size(dims), mesh.group_rank(world_rank, dims));
+  };
+  Comm tp = group({"tp"}), grads = group({"dp", "cp"}), pp = group({"pp"}),
+       shard = group({"shard"}), replica = group({"replica"}), cp = group({"cp"});
   Arena arena(Backend::memory());
-  const EngineMemory<Backend> mem(setup, arena, &tp, &dp, &pp, &shard, &replica, &cp);
+  const EngineMemory<Backend> mem(setup, arena, {&tp, &grads, &pp, &shard, &replica, &cp},
+                                  nullptr);
   RankMemory m;
   m.pp_rank = pp_rank;
   m.tp_rank = tp_rank;
-  m.dp_rank = dp_rank;
+  m.dp_rank = grads.rank();
   m.param_elems = tile.total;
   m.params = arena.bytes(mem.h_master) + (mem.h_copy ? arena.bytes(mem.h_copy) : 0);
   m.grads = arena.bytes(mem.h_grads);
@@ -54,9 +56,9 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
 }  // namespace
 
 RankMemory rank_memory(const Config& cfg, const ModelShape& shape, const RunLayout& run,
-                       int dp_rank, int tp_rank, int pp_rank, bool gpu, bool bf16) {
-  return bf16 ? count<Bf16Bytes>(cfg, shape, run, dp_rank, tp_rank, pp_rank, gpu)
-              : count<float>(cfg, shape, run, dp_rank, tp_rank, pp_rank, gpu);
+                       long long world_rank, EngineKind kind) {
+  return bf16_activations(kind) ? count<Bf16Bytes>(cfg, shape, run, world_rank, on_gpu(kind))
+                                : count<float>(cfg, shape, run, world_rank, on_gpu(kind));
 }
 
 std::string memory_line(const RankMemory& m, const std::string& total_of) {

@@ -11,7 +11,7 @@
 namespace tessera {
 
 struct RankMemory {
-  int pp_rank = 0, tp_rank = 0, dp_rank = 0;
+  int pp_rank = 0, tp_rank = 0, dp_rank = 0;  // dp_rank: the place in dp x cp
   uint64_t param_elems = 0;  // the tile's parameters (LocalLayout::total)
   // The engine's arena, by what its buffers hold.
   uint64_t params = 0;       // fp32 master (padded to dp shards under ZeRO-1; this rank's parts
@@ -37,10 +37,10 @@ struct RankMemory {
   uint64_t host() const { return engine_host + loader + checkpoint; }
 };
 
-// The rank at (dp_rank, tp_rank, pp_rank) of `run`, on a GPU (the arena in device memory) or the
-// CPU; bf16: CUDA's bf16 activations and parameter copy.
+// The rank world_rank of `run`'s mesh (parallel/layout.hpp), with an engine of `kind`: on a GPU
+// the arena is device memory; bf16: CUDA's bf16 activations and parameter copy.
 RankMemory rank_memory(const Config& cfg, const ModelShape& shape, const RunLayout& run,
-                       int dp_rank, int tp_rank, int pp_rank, bool gpu, bool bf16);
+                       long long world_rank, EngineKind kind);
 
 // "rank 0 (stage 0, tp 0): parameters 497.8 MB, gradients ..., total 2.1 GB" for logs.
 std::string memory_line(const RankMemory& m, const std::string& total_of = "");

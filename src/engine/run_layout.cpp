@@ -64,19 +64,26 @@ LocalLayout rank_tile(const RunLayout& run, const ModelShape& shape, int tp_rank
 }
 
 std::vector<Action> rank_schedule(const Config& cfg, const RunLayout& run, int pp_rank) {
-  return make_schedule(parse_schedule(cfg.parallel.schedule), pp_rank, run.layout.pp,
+  return make_schedule(cfg.parallel.schedule, pp_rank, run.layout.pp,
                        run.n_micro, run.virtual_stages);
 }
 
 EngineSetup engine_setup(const Config& cfg, const RunLayout& run, const LocalLayout& tile,
                          int pp_rank) {
   const AdamWHyper hyper{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
-  const bool embed_sum = run.layout.pp > 1 && tile.canonical.shape.tied;
-  return {tile, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, /*world=*/nullptr,
-          rank_schedule(cfg, run, pp_rank), run.micro_batch, cfg.data.seq_len / run.layout.cp,
-          run.n_micro, cfg.parallel.zero, embed_sum, hyper, model_options(cfg), MPI_COMM_NULL,
-          MPI_COMM_NULL, cfg.parallel.reshard_after_forward, cfg.parallel.zero_prefetch,
-          cfg.device.nccl_overlap, MPI_COMM_NULL, run.layout.cp, 0};
+  return {.tile = tile,
+          .mesh = nullptr,
+          .schedule = rank_schedule(cfg, run, pp_rank),
+          .micro_batch = run.micro_batch,
+          .seq_len = cfg.data.seq_len / run.layout.cp,
+          .n_micro = run.n_micro,
+          .zero = cfg.parallel.zero,
+          .embed_sum = run.layout.pp > 1 && tile.canonical.shape.tied,
+          .hyper = hyper,
+          .model = model_options(cfg),
+          .reshard_after_forward = cfg.parallel.reshard_after_forward,
+          .zero_prefetch = cfg.parallel.zero_prefetch,
+          .nccl_overlap = cfg.device.nccl_overlap};
 }
 
 uint64_t loader_ring_bytes(const Config& cfg, const RunLayout& run) {

@@ -10,7 +10,7 @@
 #include "engine/engine.hpp"
 #include "model/param_layout.hpp"
 #include "model/shard.hpp"
-#include "parallel/topology.hpp"
+#include "parallel/layout.hpp"
 #include "pipeline/schedule.hpp"
 
 namespace tessera {
@@ -33,8 +33,8 @@ std::string make_run_layout(const Config& cfg, const ModelShape& shape,
 LocalLayout rank_tile(const RunLayout& run, const ModelShape& shape, int tp_rank, int pp_rank);
 std::vector<Action> rank_schedule(const Config& cfg, const RunLayout& run, int pp_rank);
 
-// What the engine of the rank at pp_rank holding `tile` is built from, its communicators null:
-// the plan counts the engine so, the trainer sets the run's own.
+// What the engine of the rank at pp_rank holding `tile` is built from, without a mesh: the plan
+// counts the engine so, the trainer gives it the run's.
 EngineSetup engine_setup(const Config& cfg, const RunLayout& run, const LocalLayout& tile,
                          int pp_rank);
 

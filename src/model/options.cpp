@@ -4,17 +4,15 @@ namespace tessera {
 
 ModelOptions model_options(const Config& c) {
   ModelOptions o;
-  o.fused_attention = c.model.attention == "fused";
+  o.fused_attention = c.model.attention == Attention::Fused;
   o.sequence_parallel = c.parallel.sequence_parallel;
-  o.cp_allgather = c.parallel.cp_comm == "allgather";
-  o.recompute = c.train.recompute == "full"        ? Recompute::Full
-                : c.train.recompute == "selective" ? Recompute::Selective
-                                                   : Recompute::None;
+  o.cp_allgather = c.parallel.cp_comm == CpComm::AllGather;
+  o.recompute = c.train.recompute;
   const DeviceConfig& d = c.device;
-  o.fp8.on = d.precision == "fp8";
-  o.fp8.grad = d.fp8_format == "e4m3" ? Fp8Format::E4M3 : Fp8Format::E5M2;
+  o.fp8.on = d.precision == Precision::Fp8;
+  o.fp8.grad = d.fp8_format == Fp8Recipe::E4M3 ? Fp8Format::E4M3 : Fp8Format::E5M2;
   o.fp8.history = d.fp8_amax_history;
-  o.fp8.most_recent = d.fp8_amax_algo == "most_recent";
+  o.fp8.most_recent = d.fp8_amax_algo == AmaxAlgo::MostRecent;
   o.fp8.margin = d.fp8_margin;
   o.fp8.head = d.fp8_head;
   return o;

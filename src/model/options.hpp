@@ -8,12 +8,7 @@
 
 namespace tessera {
 
-// train.recompute: which activations the backward recomputes instead of keeping.
-//   None       every layer's activations are kept from the forward
-//   Selective  the attention core (probabilities or log-sum-exp, and its output) is recomputed
-//              from the kept q, k, v, as Megatron-LM's selective recompute
-//   Full       only each layer's input is kept; the backward reruns the layer's forward first
-enum class Recompute { None, Selective, Full };
+// train.recompute's Recompute (config/config.hpp): which activations the backward recomputes.
 
 // device.precision: fp8 (model/fp8.hpp): the linear layers' GEMMs on FP8 inputs, delayed scaling.
 struct Fp8Options {

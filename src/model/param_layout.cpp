@@ -24,7 +24,7 @@ ModelShape make_model_shape(int n_layer, int n_head, int n_embd, int block_size,
 ModelShape make_model_shape(const ModelConfig& m, int vocab) {
   ModelShape s = make_model_shape(m.n_layer, m.n_head, m.n_embd, m.block_size, vocab,
                                   m.vocab_multiple);
-  s.arch = m.arch == "llama" ? Arch::Llama : Arch::Gpt2;
+  s.arch = m.arch;
   s.n_kv_head = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
   if (m.ffn_hidden > 0) {
     s.ffn_hidden = m.ffn_hidden;
@@ -34,7 +34,7 @@ ModelShape make_model_shape(const ModelConfig& m, int vocab) {
     const long f = (8L * m.n_embd + 2) / 3;
     s.ffn_hidden = int((f + m.ffn_multiple - 1) / m.ffn_multiple * m.ffn_multiple);
   }
-  s.tied = m.tie_embeddings == "auto" ? s.arch == Arch::Gpt2 : m.tie_embeddings == "true";
+  s.tied = m.tie_embeddings == Tie::Auto ? s.arch == Arch::Gpt2 : m.tie_embeddings == Tie::True;
   s.norm_eps = m.norm_eps;
   s.rope_theta = m.rope_theta;
   return s;

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "config/config.hpp"
+
 namespace tessera {
 
-struct ModelConfig;
-
-enum class Arch { Gpt2, Llama };
+// Arch (config/config.hpp): model.arch, the block family.
 
 struct ModelShape {
   Arch arch = Arch::Gpt2;

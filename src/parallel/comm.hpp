@@ -110,7 +110,7 @@ class Comm {
   void reduce(void* x, size_t n, MPI_Datatype type, MPI_Op op, size_t elem);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
-  char name_[MPI_MAX_OBJECT_NAME] = "none";  // MPI_Comm_set_name's (Topology: tp, dp, pp, embed)
+  char name_[MPI_MAX_OBJECT_NAME] = "none";  // MPI_Comm_set_name's (the mesh's group names: tp, dpcp, pp, embed...)
   int size_ = 1, rank_ = 0;
   bool in_group_ = false;
   int ticket(MPI_Request request);

@@ -1,9 +1,8 @@
-// The rank grid: coordinates, layout checks and communicators (DESIGN §3).
-#include "parallel/topology.hpp"
+// The layout of the world: its resolution, its checks, its mesh (DESIGN §3).
+#include "parallel/layout.hpp"
 
 #include <cstdio>
-
-#include "common/error.hpp"
+#include <stdexcept>
 
 namespace tessera {
 namespace {
@@ -27,28 +26,7 @@ std::string size_mismatch(const ParallelLayout& l, int world_size) {
          num(world_size);
 }
 
-// The ranks that share `color` form one communicator, ordered by `key`; MPI_UNDEFINED: none.
-MPI_Comm split(MPI_Comm world, int color, int key) {
-  MPI_Comm comm = MPI_COMM_NULL;
-  MPI_Comm_split(world, color, key, &comm);
-  return comm;
-}
-
 }  // namespace
-
-RankCoord coord_of(int world_rank, const ParallelLayout& layout) {
-  RankCoord c;
-  c.tp_rank = world_rank % layout.tp;
-  c.cp_rank = world_rank / layout.tp % layout.cp;
-  c.dp_rank = world_rank / (layout.tp * layout.cp) % layout.dp;
-  c.pp_rank = world_rank / (layout.tp * layout.cp * layout.dp);
-  return c;
-}
-
-int world_rank_of(const RankCoord& coord, const ParallelLayout& layout) {
-  return ((coord.pp_rank * layout.dp + coord.dp_rank) * layout.cp + coord.cp_rank) * layout.tp +
-         coord.tp_rank;
-}
 
 std::string resolve_layout(const ParallelConfig& cfg, int world_size, ParallelLayout* out) {
   const char* const names[3] = {"dp", "tp", "pp"};
@@ -159,75 +137,41 @@ std::string check_layout(const ParallelLayout& layout, int n_head, int padded_vo
   return "";
 }
 
-Topology::Topology(MPI_Comm world, const ParallelLayout& layout) : layout_(layout), world_(world) {
-  MPI_Comm_rank(world, &world_rank_);
-  MPI_Comm_size(world, &world_size_);
-  // Every rank sees the same sizes, so every rank throws, and none is left in a split.
-  if (static_cast<long long>(layout.dp) * layout.cp * layout.tp * layout.pp != world_size_) {
-    throw UserError(size_mismatch(layout, world_size_), kExitBadInput);
-  }
-  coord_ = coord_of(world_rank_, layout);
-  const RankCoord& c = coord_;
-  const int dp = layout.dp, tp = layout.tp, cp = layout.cp;
-  // dp x cp, cp fastest: with cp = 1 the dp rank.
-  const int dpcp = layout.dpcp(), dpcp_rank = c.dpcp_rank(layout);
-  // Colour: the coordinates the group shares; key: the one it is ordered by.
-  comms_[static_cast<int>(CommName::tp)] =
-      split(world, (c.pp_rank * dp + c.dp_rank) * cp + c.cp_rank, c.tp_rank);
-  comms_[static_cast<int>(CommName::dp)] =
-      split(world, (c.pp_rank * cp + c.cp_rank) * tp + c.tp_rank, c.dp_rank);
-  comms_[static_cast<int>(CommName::pp)] =
-      split(world, (c.dp_rank * cp + c.cp_rank) * tp + c.tp_rank, c.pp_rank);
-  comms_[static_cast<int>(CommName::cp)] =
-      split(world, (c.pp_rank * dp + c.dp_rank) * tp + c.tp_rank, c.cp_rank);
-  // With one stage the embedding and the head share wte on the same rank: nothing to connect.
-  if (layout.pp > 1) {
-    bool ends = first_stage() || last_stage();
-    comms_[static_cast<int>(CommName::embed)] =
-        split(world, ends ? (c.dp_rank * cp + c.cp_rank) * tp + c.tp_rank : MPI_UNDEFINED,
-              c.pp_rank);
-  }
-  const int group = layout.shard_size(), dp_group = c.pp_rank * tp + c.tp_rank;
-  comms_[static_cast<int>(CommName::dpcp)] = split(world, dp_group, dpcp_rank);
-  comms_[static_cast<int>(CommName::shard)] =
-      split(world, dp_group * dpcp + dpcp_rank / group, dpcp_rank);
-  comms_[static_cast<int>(CommName::replica)] =
-      split(world, dp_group * group + dpcp_rank % group, dpcp_rank);
-  // Named, for the hang forensics' record of each call (parallel/comm.hpp).
-  const char* names[] = {"tp", "dp", "pp", "embed", "shard", "replica", "cp", "dpcp"};
-  for (int k = 0; k < kCommNames; ++k)
-    if (comms_[k] != MPI_COMM_NULL) MPI_Comm_set_name(comms_[k], names[k]);
+MeshShape mesh_shape(const ParallelLayout& l) {
+  MeshShape mesh({{"tp", l.tp}, {"cp", l.cp}, {"dp", l.dp}, {"pp", l.pp}});
+  const int group = l.shard_size();
+  // resolve_layout checked that zero_group divides dp x cp.
+  if (std::string e = mesh.add_view({"cp", "dp"}, {{"shard", group}, {"replica", l.dpcp() / group}});
+      !e.empty())
+    throw std::logic_error(e);
+  return mesh;
 }
 
-Topology::~Topology() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;  // MPI_Finalize already released every communicator
-  for (MPI_Comm& comm : comms_) {
-    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
-  }
-}
-
-std::string Topology::rank_grid(const std::vector<std::vector<std::pair<int, int>>>& stage_chunks,
-                                const std::string& first_extra, const std::string& last_extra,
-                                const std::string& both_extra) const {
-  auto width = [](int n) { return static_cast<int>(num(n - 1).size()); };
+std::string rank_grid(const MeshShape& mesh,
+                      const std::vector<std::vector<std::pair<int, int>>>& stage_chunks,
+                      const std::string& first_extra, const std::string& last_extra,
+                      const std::string& both_extra) {
+  auto width = [](long long n) { return static_cast<int>(num(n - 1).size()); };
+  // The coordinates shown, slowest first, the stage last.
+  std::vector<MeshDim> shown;
+  for (auto d = mesh.dims().rbegin(); d != mesh.dims().rend(); ++d)
+    if (d->name != "pp" && (d->size > 1 || d->name == "dp" || d->name == "tp")) shown.push_back(*d);
+  shown.push_back({"pp", mesh.size("pp")});
+  const long long world = mesh.world_size();
   std::string out;
-  for (int r = 0; r < world_size_; r++) {
+  for (long long r = 0; r < world; r++) {
     if (r > 0) out += "\n";
-    RankCoord c = coord_of(r, layout_);
     char line[200];
-    std::snprintf(line, sizeof line, "rank %*d: dp %*d ", width(world_size_), r,
-                  width(layout_.dp), c.dp_rank);
+    std::snprintf(line, sizeof line, "rank %*lld: ", width(world), r);
     out += line;
-    if (layout_.cp > 1) {
-      std::snprintf(line, sizeof line, "cp %*d ", width(layout_.cp), c.cp_rank);
+    for (const MeshDim& d : shown) {
+      std::snprintf(line, sizeof line, "%s %*d ", d.name.c_str(), width(d.size),
+                    mesh.coord(r, d.name));
       out += line;
     }
-    std::snprintf(line, sizeof line, "tp %*d pp %*d  ", width(layout_.tp), c.tp_rank,
-                  width(layout_.pp), c.pp_rank);
-    out += line;
-    const auto& chunks = stage_chunks.at(c.pp_rank);
+    out += ' ';
+    const int stage = mesh.coord(r, "pp");
+    const auto& chunks = stage_chunks.at(size_t(stage));
     const bool one = chunks.size() == 1 && chunks[0].second - chunks[0].first == 1;
     out += one ? "layer " : "layers ";
     for (size_t k = 0; k < chunks.size(); ++k) {
@@ -239,7 +183,7 @@ std::string Topology::rank_grid(const std::vector<std::vector<std::pair<int, int
         out += num(last - 1);
       }
     }
-    const bool is_first = c.pp_rank == 0, is_last = c.pp_rank == layout_.pp - 1;
+    const bool is_first = stage == 0, is_last = stage == mesh.size("pp") - 1;
     if (is_first && is_last) {
       out += " (+ " + both_extra + ")";
     } else if (is_first) {

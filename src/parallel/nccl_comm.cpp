@@ -26,7 +26,7 @@ ncclDataType_t nccl_type() {
   else static_assert(sizeof(T) == 0, "no NCCL type for T");
 }
 
-// The communicator's MPI name (Topology names tp, dp, pp, embed), for the hang forensics' ring
+// The communicator's MPI name (the mesh's group names: tp, dpcp, pp, embed...), for the hang forensics' ring
 // (parallel/comm.hpp). On a GPU the ring holds the calls as they were queued on the stream.
 std::string name_of(MPI_Comm comm) {
   char name[MPI_MAX_OBJECT_NAME] = "none";

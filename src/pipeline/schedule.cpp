@@ -7,13 +7,6 @@
 
 namespace tessera {
 
-ScheduleKind parse_schedule(const std::string& name) {
-  if (name == "gpipe") return ScheduleKind::GPipe;
-  if (name == "1f1b") return ScheduleKind::OneFOneB;
-  throw std::invalid_argument("unknown pipeline schedule \"" + name +
-                              "\" (expected \"gpipe\" or \"1f1b\")");
-}
-
 namespace {
 
 const char* op_code(Op op) {

@@ -22,17 +22,11 @@
 #include <string>
 #include <vector>
 
+#include "config/config.hpp"
+
 namespace tessera {
 
-enum class ScheduleKind {
-  GPipe,     // all forwards 0..m-1, then all backwards in reverse order m-1..0
-  OneFOneB,  // PipeDream-Flush / Megatron 1F1B; with virtual_stages > 1 Megatron's interleaved 1F1B
-};
-
-// Parses "gpipe" / "1f1b"; throws std::invalid_argument otherwise. There is no "interleaved":
-// 1f1b with virtual_stages > 1 is the interleaved schedule (as in Megatron-LM), so one deck key
-// (parallel.virtual_stages) turns it on.
-ScheduleKind parse_schedule(const std::string& name);
+// ScheduleKind (config/config.hpp): GPipe or 1F1B, interleaved with virtual_stages > 1.
 
 enum class Op {
   RecvForward,   // receive (mb, chunk)'s input activations from the previous virtual stage

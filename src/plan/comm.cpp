@@ -17,13 +17,13 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
     return ranks > 1 ? (ranks - 1.0) / ranks * payload : 0;
   };
   if (zero == 0 || (zero == 1 && n == 1)) {
-    out->dp = out->dp_all_reduce = 4 * P;
+    out->payload[Traffic::dp] = out->dp_all_reduce = 4 * P;
     out->dp_traffic = 2 * ring(4 * P, l.dpcp());
     return;
   }
   if (zero == 1) {
     const double slice = P / n;
-    out->dp = (n > 1 ? 8 * P : 0) + (r > 1 ? 4 * slice : 0);
+    out->payload[Traffic::dp] = (n > 1 ? 8 * P : 0) + (r > 1 ? 4 * slice : 0);
     out->dp_traffic = ring(8 * P, n) + 2 * ring(4 * slice, r);
     out->dp_sharded = n > 1 ? 8 * P : 0;
     out->dp_all_reduce = r > 1 ? 4 * slice : 0;
@@ -57,7 +57,7 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
   const bool keep = zero == 3 && !cfg.parallel.reshard_after_forward;
   const double gathers = zero == 2 ? every : keep ? every : m * gathered;
   const double payload = m * reduced * 4 + gathers * act_bytes;
-  out->dp = (n > 1 ? payload : 0) + (r > 1 ? 4.0 * double(plan.total) : 0);
+  out->payload[Traffic::dp] = (n > 1 ? payload : 0) + (r > 1 ? 4.0 * double(plan.total) : 0);
   out->dp_traffic = ring(payload, n) + 2 * ring(4.0 * double(plan.total), r);
   out->dp_sharded = n > 1 ? payload : 0;
   out->dp_all_reduce = r > 1 ? 4.0 * double(plan.total) : 0;
@@ -75,7 +75,7 @@ CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout
   for (const LayerRange& r : run.stage_chunks[size_t(pp_rank)]) L += r.end - r.begin;
   const bool first = pp_rank == 0, last = pp_rank == l.pp - 1;
   const bool llama = shape.arch == Arch::Llama;
-  const bool full = cfg.train.recompute == "full";
+  const bool full = cfg.train.recompute == Recompute::Full;
   const bool sp = cfg.parallel.sequence_parallel && l.tp > 1;
   const double act = act_bytes * b * T * C;
   // The vocab-parallel cross-entropy: each row's max (fp32), its sum-exp and target logit (fp64).
@@ -87,12 +87,15 @@ CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout
   // backward (2 of them re-gathering norm outputs for the weight gradients), 4 more for a rerun;
   // once per step the norms' partial weight gradients, fp32.
   if (l.tp > 1 && !sp) {
-    out.tp = m * (L * (full ? 6 : 4) * act + (first ? act : 0) + (last ? act + ce : 0));
+    out.payload[Traffic::tp] =
+        m * (L * (full ? 6 : 4) * act + (first ? act : 0) + (last ? act + ce : 0));
   } else if (sp) {
-    out.tp = m * (L * (full ? 14 : 10) * act + (first ? 2 * act : 0) + (last ? 3 * act + ce : 0));
+    out.payload[Traffic::tp] =
+        m * (L * (full ? 14 : 10) * act + (first ? 2 * act : 0) + (last ? 3 * act + ce : 0));
     // (ZeRO-2/3 sum them in each micro-batch's unit buffers, before the reduce-scatter.)
     const double per_layer = llama ? 2 * C : 4 * C, final_norm = llama ? C : 2 * C;
-    out.tp += 4 * (L * per_layer + (last ? final_norm : 0)) * (cfg.parallel.zero >= 2 ? m : 1);
+    out.payload[Traffic::tp] +=
+        4 * (L * per_layer + (last ? final_norm : 0)) * (cfg.parallel.zero >= 2 ? m : 1);
   }
   if (l.dpcp() > 1) dp_bytes(cfg, shape, run, pp_rank, param_buffer, act_bytes, &out);
   // cp, per micro-batch and layer (model/context_attention.hpp): blocks of this rank's K/V
@@ -101,22 +104,23 @@ CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout
   // a recompute reruns the forward's.
   if (l.cp > 1) {
     const double block = act_bytes * b * T * 2.0 * (shape.n_kv_head / l.tp) * shape.head_size();
-    const bool ring = cfg.parallel.cp_comm != "allgather";
+    const bool ring = cfg.parallel.cp_comm != CpComm::AllGather;
     const double fwd = ring ? l.cp - 1.0 : l.cp, bwd = ring ? 2.0 * (l.cp - 1) : 2.0 * l.cp;
-    const double rerun = cfg.train.recompute == "none" ? 0 : fwd;
-    out.cp = m * L * block * (fwd + bwd + rerun);
+    const double rerun = cfg.train.recompute == Recompute::None ? 0 : fwd;
+    out.payload[Traffic::cp] = m * L * block * (fwd + bwd + rerun);
   }
   // pp: each (micro-batch, chunk) sends its output forward and its input's gradient back, except
   // at the model's two ends; sequence parallelism sends this rank's rows only.
   if (l.pp > 1) {
     const double v = run.virtual_stages;
-    out.pp = m * (sp ? act / l.tp : act) * ((v - (last ? 1 : 0)) + (v - (first ? 1 : 0)));
+    out.payload[Traffic::pp] =
+        m * (sp ? act / l.tp : act) * ((v - (last ? 1 : 0)) + (v - (first ? 1 : 0)));
   }
   // embed: the tied embedding's fp32 gradient, summed between the first and last stage (under
   // ZeRO-2/3 this rank's part of it).
   if (l.pp > 1 && shape.tied && (first || last)) {
     const double rows = double(shape.padded_vocab) * C / l.tp, g = l.shard_size();
-    out.embed = 4.0 * (cfg.parallel.zero >= 2 ? std::ceil(rows / g) : rows);
+    out.payload[Traffic::embed] = 4.0 * (cfg.parallel.zero >= 2 ? std::ceil(rows / g) : rows);
   }
   return out;
 }

@@ -6,12 +6,14 @@
 
 #include "config/config.hpp"
 #include "engine/run_layout.hpp"
+#include "parallel/traffic.hpp"
 
 namespace tessera {
 
 struct CommBytes {
-  double tp = 0, dp = 0, pp = 0, embed = 0;  // payload bytes per step
-  double cp = 0;  // context parallelism's K/V blocks (ring or all-gather), payload per step
+  // Payload bytes per step by group, named as the trainer's counters (parallel/traffic.hpp); cp:
+  // context parallelism's K/V blocks (ring or all-gather).
+  TrafficBytes payload;
   // The data-parallel bytes each rank puts on the wire per step (ring algorithms): an
   // all-reduce 2 (n-1)/n of its payload, a reduce-scatter or all-gather (n-1)/n.
   double dp_traffic = 0;

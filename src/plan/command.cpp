@@ -79,7 +79,7 @@ std::string layout_text(const Config& c, const RunLayout& r) {
                 r.layout.dp,
                 r.layout.cp > 1 ? (" cp=" + std::to_string(r.layout.cp)).c_str() : "",
                 r.layout.tp, r.layout.pp, r.virtual_stages, r.micro_batch,
-                c.parallel.zero, c.train.recompute.c_str(),
+                c.parallel.zero, deck_word(c.train.recompute),
                 int(c.parallel.sequence_parallel && r.layout.tp > 1));
   return buf;
 }
@@ -92,8 +92,9 @@ Candidate plan(const Config& cfg, const ModelShape& shape, const ParallelLayout&
                const Machine& machine, bool all_roles) {
   Candidate c;
   c.cfg = cfg;
-  // fp8 on a GPU: bf16 activations and parameters beside the FP8 GEMMs (plan/step_time.cpp).
-  const bool bf16 = cfg.device.precision == "bf16" || (cfg.device.precision == "fp8" && machine.gpu);
+  // The trainer's engine on this machine (fp8 on a GPU: bf16 beside the FP8 GEMMs).
+  const EngineKind kind = engine_kind(cfg, machine.gpu);
+  const bool bf16 = bf16_activations(kind);
   if (std::string e = make_run_layout(cfg, shape, layout, &c.run); !e.empty()) {
     c.refused = e;
     c.run.layout = layout;
@@ -111,7 +112,8 @@ Candidate plan(const Config& cfg, const ModelShape& shape, const ParallelLayout&
     if (!all_roles && s == 0 && layout.pp == 1 && !c.roles.empty()) continue;
     for (int t = 0; t < (all_roles ? layout.tp : 1); ++t) {
       if (!all_roles && !c.roles.empty() && c.roles.back().pp_rank == s) continue;
-      c.roles.push_back(rank_memory(cfg, shape, c.run, 0, t, s, machine.gpu, bf16));
+      const long long rank = mesh_shape(layout).rank_at({{"tp", t}, {"pp", s}});
+      c.roles.push_back(rank_memory(cfg, shape, c.run, rank, kind));
       c.comm.push_back(comm_bytes(cfg, shape, c.run, s, c.roles.back().buffer_size,
                                   bf16 ? 2 : 4));
     }
@@ -156,18 +158,22 @@ std::string json_role(const RankMemory& m, const CommBytes& b) {
                 "\"transient_bytes\":%llu,\"pipeline_buffer_bytes\":%llu,\"other_bytes\":%llu,"
                 "\"arena_bytes\":%llu,"
                 "\"engine_host_bytes\":%llu,"
-                "\"loader_bytes\":%llu,\"checkpoint_copy_bytes\":%llu,\"tp_bytes_per_step\":%.0f,"
-                "\"dp_bytes_per_step\":%.0f,\"pp_bytes_per_step\":%.0f,\"embed_bytes_per_step\":%.0f,"
-                "\"cp_bytes_per_step\":%.0f}",
+                "\"loader_bytes\":%llu,\"checkpoint_copy_bytes\":%llu",
                 m.pp_rank, m.tp_rank, 4ull * m.param_elems, 4ull * m.param_elems,
                 (unsigned long long)m.moments, (unsigned long long)m.activations, m.in_flight,
                 (unsigned long long)m.params, (unsigned long long)m.grads,
                 (unsigned long long)m.optimizer, (unsigned long long)m.transient,
                 (unsigned long long)m.pipeline, (unsigned long long)m.other,
                 (unsigned long long)m.arena, (unsigned long long)m.engine_host,
-                (unsigned long long)m.loader, (unsigned long long)m.checkpoint, b.tp, b.dp, b.pp,
-                b.embed, b.cp);
-  return buf;
+                (unsigned long long)m.loader, (unsigned long long)m.checkpoint);
+  std::string out = buf;
+  // Each group's payload, by the names the trainer's per-rank lines use (parallel/traffic.hpp).
+  for (int k = 0; k < kTraffic; ++k) {
+    std::snprintf(buf, sizeof buf, ",\"%s_bytes_per_step\":%.0f", kTrafficNames[k],
+                  b.payload.bytes[k]);
+    out += buf;
+  }
+  return out + "}";
 }
 
 std::string json_time(const Candidate& c) {
@@ -187,7 +193,7 @@ std::string json_time(const Candidate& c) {
 void print_plan(const Candidate& c, const Machine& machine, long ranks) {
   std::printf("plan: %ld ranks on %s: %s, schedule %s, %d micro-batch%s per step\n", ranks,
               machine.name.c_str(), layout_text(c.cfg, c.run).c_str(),
-              c.cfg.parallel.schedule.c_str(), c.run.n_micro, c.run.n_micro > 1 ? "es" : "");
+              deck_word(c.cfg.parallel.schedule), c.run.n_micro, c.run.n_micro > 1 ? "es" : "");
   // Roles with identical counts (tp ranks usually are) share a line.
   for (size_t i = 0; i < c.roles.size(); ++i) {
     size_t j = i;
@@ -203,10 +209,14 @@ void print_plan(const Candidate& c, const Machine& machine, long ranks) {
     if (j > i) line.replace(line.find(" tp ") + 4, std::to_string(m.tp_rank).size(),
                             std::to_string(m.tp_rank) + "-" + std::to_string(c.roles[j].tp_rank));
     std::printf("  %s\n", line.c_str());
-    const CommBytes& b = c.comm[i];
-    std::printf("    bytes per step: tp %s, dp %s, pp %s, embed %s%s\n", gb(b.tp).c_str(),
-                gb(b.dp).c_str(), gb(b.pp).c_str(), gb(b.embed).c_str(),
-                b.cp > 0 ? (", cp " + gb(b.cp)).c_str() : "");
+    // Each group's payload (cp only where there is context parallelism).
+    std::string bytes;
+    for (int k = 0; k < kTraffic; ++k) {
+      const double b = c.comm[i].payload.bytes[k];
+      if (Traffic(k) != Traffic::cp || b > 0)
+        bytes += std::string(bytes.empty() ? "" : ", ") + kTrafficNames[k] + " " + gb(b);
+    }
+    std::printf("    bytes per step: %s\n", bytes.c_str());
     i = j;
   }
   const StepTime& t = c.time;
@@ -217,7 +227,7 @@ void print_plan(const Candidate& c, const Machine& machine, long ranks) {
   if (c.run.layout.cp > 1)
     std::printf("  context parallelism: cp %d, K/V by %s; attention %.4g s, exposed cp "
                 "communication %.3g s (in the step above)\n",
-                c.run.layout.cp, c.cfg.parallel.cp_comm.c_str(), t.attention, t.cp);
+                c.run.layout.cp, deck_word(c.cfg.parallel.cp_comm), t.attention, t.cp);
   if (!c.refused.empty()) std::printf("  does not fit: %s\n", c.refused.c_str());
 }
 
@@ -248,7 +258,7 @@ std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long 
       for (int mb = 1; mb <= std::max(1, per_dp); mb *= 2)
         for (int v = 1; v <= (pp > 1 ? 4 : 1); v *= 2)
           for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
-            for (const char* rc : {"none", "selective", "full"})
+            for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full})
               for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
                 if (deck.train.batch_size % dp || per_dp % mb) continue;
                 Config cfg = base;
@@ -285,7 +295,7 @@ int vocab_of(const Config& cfg, std::string* note) {
   } catch (const UserError&) {
   }
   // No data here (a login node before the data is staged): the family's usual tokenizer.
-  const bool llama = cfg.model.arch == "llama";
+  const bool llama = cfg.model.arch == Arch::Llama;
   *note = std::string("model.vocab_size = 0 and data.train unreadable here: ") +
           (llama ? "LLaMA 3's 128256" : "GPT-2's 50257") + " tokens assumed";
   return llama ? 128256 : 50257;
@@ -332,13 +342,13 @@ int plan_command(const std::vector<std::string>& args) {
   const Machine machine =
       !o.machine_file.empty() ? load_machine(o.machine_file)
                               : builtin_machine(!o.machine.empty() ? o.machine
-                                                : cfg.device.backend == "cpu" ? "cpu"
+                                                : cfg.device.backend == DeviceBackend::Cpu ? "cpu"
                                                                               : "h100-sxm",
                                                 cfg.device.threads, o.ranks);
-  if (cfg.device.precision == "bf16" && machine.peak_bf16 <= 0)
+  if (cfg.device.precision == Precision::Bf16 && machine.peak_bf16 <= 0)
     throw UserError(o.deck + ": device.precision = bf16: machine " + machine.name +
                     " has no bf16 (a GPU machine, or device.precision=fp32)");
-  if (cfg.device.precision == "fp8" && machine.gpu && machine.peak_fp8 <= 0)
+  if (cfg.device.precision == Precision::Fp8 && machine.gpu && machine.peak_fp8 <= 0)
     throw UserError(o.deck + ": device.precision = fp8: machine " + machine.name +
                     " has no FP8 (it needs compute capability 8.9 or later: H100, H200, GH200; "
                     "or device.precision=bf16)");

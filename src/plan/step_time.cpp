@@ -37,11 +37,11 @@ struct Costs {
 // forward and backward. On `cpu` as backend/cpu/attention.cpp runs them: one single-threaded
 // product per (sequence, head) and thread, query rows in blocks of 64 that skip the masked keys;
 // elsewhere the full T x T products at the device's efficiency for their shape.
-struct Attention {
+struct AttentionCost {
   double fwd = 0, bwd = 0;
 };
-Attention attention_gemms(const Costs& c, double b, double T, double nh, double nkv, double hs) {
-  Attention a;
+AttentionCost attention_gemms(const Costs& c, double b, double T, double nh, double nkv, double hs) {
+  AttentionCost a;
   if (!c.m.measured) {
     a.fwd = b * nh * (c.gemm(T, T, hs) + c.gemm(T, hs, T));
     a.bwd = 2 * a.fwd;
@@ -87,7 +87,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const Costs c{machine, machine.peak(bf16), machine.compute(bf16)};
   const double a = bf16 ? 2 : 4;  // activation bytes
   // fp8 on a GPU: linear layers' GEMMs at the FP8 peak, the rest bf16; on a CPU fp32's.
-  const bool fp8 = cfg.device.precision == "fp8" && machine.gpu && machine.peak_fp8 > 0;
+  const bool fp8 = cfg.device.precision == Precision::Fp8 && machine.gpu && machine.peak_fp8 > 0;
   const Costs lin = fp8 ? Costs{machine, machine.peak_fp8, machine.compute_fp8()} : c;
   // n: this rank's rows of a micro-batch (T / cp tokens of each sequence under context
   // parallelism, whose causal attention work is 1 / cp of the whole sequence's on every rank).
@@ -95,12 +95,12 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const double tp = l.tp, hs = shape.head_size(), nh = shape.n_head / tp;
   const double Q = nh * hs, QKV = (nh + 2.0 * shape.n_kv_head / tp) * hs;
   const double F = shape.ffn_hidden / tp, FH = shape.arch == Arch::Llama ? 2 * F : F;
-  const bool gemm_attention = cfg.model.attention != "fused";
-  const std::string& rc = cfg.train.recompute;
+  const bool gemm_attention = cfg.model.attention != Attention::Fused;
+  const Recompute rc = cfg.train.recompute;
   // One layer, one micro-batch: forward and backward GEMMs.
   const double fwd_layer =
       lin.gemm(n, QKV, C) + lin.gemm(n, C, Q) + lin.gemm(n, FH, C) + lin.gemm(n, C, F);
-  Attention att = attention_gemms(c, b, T, nh, shape.n_kv_head / tp, hs);
+  AttentionCost att = attention_gemms(c, b, T, nh, shape.n_kv_head / tp, hs);
   att.fwd /= l.cp;
   att.bwd /= l.cp;
   const double layer_gemm = lin.gemm_fwd_bwd(n, QKV, C) + lin.gemm_fwd_bwd(n, C, Q) +
@@ -118,14 +118,14 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const double layer_mem = c.stream(3 * other, 0) + c.stream(3 * act, 2 * act_exps) +
                            c.stream(3 * soft, (gemm_attention ? 1 : 2) * soft_exps);
   const double fwd_mem = c.stream(other, 0) + c.stream(act, act_exps) + c.stream(soft, soft_exps);
-  const double recompute = rc == "full" ? fwd_layer + att.fwd + fwd_mem
-                           : rc == "selective"
+  const double recompute = rc == Recompute::Full ? fwd_layer + att.fwd + fwd_mem
+                           : rc == Recompute::Selective
                                ? att.fwd + (gemm_attention ? c.stream(soft, soft_exps) : 0)
                                : 0;
   // Kernel launches of a layer (a GEMM, norm, bias, activation, residual, softmax each one):
   // about 12 forward and twice that backward, the full recompute's forward again.
   constexpr double kForwardKernels = 12;
-  const double launches = kForwardKernels * (3 + (rc == "full" ? 1 : 0));
+  const double launches = kForwardKernels * (3 + (rc == Recompute::Full ? 1 : 0));
   const double per_layer = layer_gemm + layer_mem + recompute +
                            (fp8 ? fp8_cast_seconds(c, n, C, Q, QKV, F, FH, a, run.n_micro) : 0) +
                            (machine.measured ? 0 : launches * machine.kernel_overhead);
@@ -133,7 +133,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const Network net = machine.network();
   const Placement tp_group = place(net, l.tp, 1);
   const bool sp_on = cfg.parallel.sequence_parallel && l.tp > 1;
-  const double tp_ops = (sp_on ? (rc == "full" ? 14 : 10) : (rc == "full" ? 6 : 4));
+  const double tp_ops = (sp_on ? (rc == Recompute::Full ? 14 : 10) : (rc == Recompute::Full ? 6 : 4));
 
   StepTime out;
   double slowest = 0, slowest_bwd = 0;
@@ -150,21 +150,21 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
     // tp: blocking collectives inside the layers, each with its latency: 4 all-reduces per layer
     // and micro-batch (6 with a full recompute), or under sequence parallelism 10 (14)
     // all-gathers and reduce-scatters.
-    const double tp_bytes = bytes.tp / run.n_micro, ops = tp_ops * std::max(1.0, layers);
+    const double tp_bytes = bytes.payload[Traffic::tp] / run.n_micro, ops = tp_ops * std::max(1.0, layers);
     const double tp_time = l.tp <= 1 ? 0
                            : sp_on   ? ring_half(net, tp_group, tp_bytes, ops)
                                      : all_reduce(net, tp_group, tp_bytes, ops).seconds;
     // pp: a micro-batch's sends and receives, not overlapped with compute.
     const double pp_time =
-        l.pp > 1 ? send(net, l.tp * l.cp * l.dp, bytes.pp / run.n_micro, 2) : 0;
+        l.pp > 1 ? send(net, l.tp * l.cp * l.dp, bytes.payload[Traffic::pp] / run.n_micro, 2) : 0;
     // cp: the ring's K/V transfers (to the next cp rank, tp apart) overlap the attention of the
     // block in hand; what the attention (forward, backward, a rerun) does not cover is exposed,
     // with each hop's latency. The all-gather's collectives wait before the attention: exposed
     // whole.
-    const double att_time = layers * (att.fwd + att.bwd + (rc == "none" ? 0 : att.fwd));
-    const bool ring = cfg.parallel.cp_comm != "allgather";
+    const double att_time = layers * (att.fwd + att.bwd + (rc == Recompute::None ? 0 : att.fwd));
+    const bool ring = cfg.parallel.cp_comm != CpComm::AllGather;
     const double hops = layers * (ring ? 3.0 * (l.cp - 1) : 3.0);
-    const double cp_payload = bytes.cp / run.n_micro * (ring ? 1.0 : (l.cp - 1.0) / l.cp);
+    const double cp_payload = bytes.payload[Traffic::cp] / run.n_micro * (ring ? 1.0 : (l.cp - 1.0) / l.cp);
     const double cp_wire = send(net, l.tp, cp_payload, hops);
     const double cp_latency = send(net, l.tp, 0, hops);
     const double cp_time =
@@ -206,7 +206,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   else
     out.dp = std::max(0.0, dp_time - out.compute);
   // The tied embedding's sum between the first and the last stage.
-  out.embed = all_reduce(net, place(net, 2, l.tp * l.cp * l.dp * (l.pp - 1)), slowest_comm.embed).seconds;
+  out.embed = all_reduce(net, place(net, 2, l.tp * l.cp * l.dp * (l.pp - 1)), slowest_comm.payload[Traffic::embed]).seconds;
   // AdamW: parameter, gradient, two moments read, three written (fp32), over this rank's shard;
   // zeroing the gradients and the norm's read over the whole buffer.
   // On `cpu` each pass at its measured rate: dp rank 0 sums the norm over the shard, clipping

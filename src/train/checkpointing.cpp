@@ -23,7 +23,7 @@ namespace {
 void gather_fp8(TrainEngine& engine, MPI_Comm world, const Config& cfg, TrainState& state) {
   state.fp8_amax.clear();
   state.fp8_history = 0;
-  if (cfg.device.precision != "fp8") return;
+  if (cfg.device.precision != Precision::Fp8) return;
   const int H = cfg.device.fp8_amax_history, L = cfg.model.n_layer;
   std::vector<float> table(size_t(L * Fp8State::kPerLayer + Fp8State::kRoles) * H, -1.0f);
   for (Fp8State* s : engine.fp8_states()) {
@@ -191,11 +191,11 @@ std::string Run::kept_checkpoint() const {
 
 // Rollback: the weights, moments and step of the newest complete checkpoint; the data goes on
 // after the anomalous batch, so that the batches between (PaLM's remedy for a spike) are skipped.
-// Returns the checkpoint's path, "" when there is none.
-std::string Run::rollback() {
+// Returns the checkpoint's path ("" when there is none), step and data position.
+AnomalyPolicy::Rolled Run::rollback() {
   finish_write();
   const std::string path = resolve_checkpoint(ckpt_dir_);
-  if (path.empty()) return path;
+  if (path.empty()) return {};
   const Heartbeat beat(world_rank_ == 0, "rollback: reading " + path);
   std::vector<float> m(engine_->state_size()), v(engine_->state_size());
   const CheckpointInfo info =
@@ -206,11 +206,10 @@ std::string Run::rollback() {
   engine_->params_to_device();
   restore_fp8(*engine_, cfg_, info.state);
   const int64_t next = state_.next_sample;
-  rolled_from_ = info.state.next_sample;
   state_ = info.state;
   state_.next_sample = next;
   last_saved_ = -1;  // the data position differs from the checkpoint's: a stop writes anew
-  return path;
+  return {path, info.state.step, info.state.next_sample};
 }
 
 }  // namespace tessera

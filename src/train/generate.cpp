@@ -176,12 +176,13 @@ void eval_checkpoint(const std::string& checkpoint, const std::string& data, int
     throw UserError("tessera eval: " + e);
   const uint64_t windows = eval_windows(file, T, B, batches);
   // The trainer's own evaluation, on one rank of the CPU backend.
-  Comm single;
-  const EngineSetup setup{m.layout, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL,
-                          &single, {}, mb, T, 1, false, false, AdamWHyper{},
-                          model_options(deck)};
+  const EngineSetup setup{.tile = m.layout,
+                          .micro_batch = mb,
+                          .seq_len = T,
+                          .n_micro = 1,
+                          .model = model_options(deck)};
   const std::unique_ptr<TrainEngine> engine =
-      make_engine(setup, /*cuda=*/false, false, /*allocate=*/false);
+      make_engine(setup, EngineKind::cpu, Allocation::later);
   require_host_memory(engine->host_bytes() + m.params.size() * sizeof(float),
                       "evaluating " + m.info.path);
   engine->allocate();

@@ -39,7 +39,7 @@ void Run::announce_model() {
                                             (layout.cp > 1 ? " dp x cp ranks" : " dp ranks")
                                       : "");
   log_->say("layout: %s on %d ranks, %s schedule%s, %d micro-batches of %d per dp rank%s",
-            layout_name(layout).c_str(), world_size_, cfg_.parallel.schedule.c_str(),
+            layout_name(layout).c_str(), world_size_, deck_word(cfg_.parallel.schedule),
             v > 1 ? (" interleaved over " + std::to_string(v) + " virtual stages").c_str() : "",
             run_.n_micro, run_.micro_batch, sharding.c_str());
   if (zero >= 2 && group == 1)
@@ -57,7 +57,7 @@ void Run::announce_model() {
     const std::string last_only = shape_.tied ? (llama ? "embed_tokens copy, " : "wte copy, ") + norm
                                               : norm + ", lm_head";
     const std::string both = embed + ", " + (shape_.tied ? norm : norm + ", lm_head");
-    log_->say("%s", topo_->rank_grid(chunks, embed, last_only, both).c_str());
+    log_->say("%s", rank_grid(mesh_->shape(), chunks, embed, last_only, both).c_str());
   }
   if (!backend_.note.empty()) log_->say("%s", backend_.note.c_str());
   const int rows = run_.micro_batch * T_;
@@ -69,8 +69,8 @@ void Run::announce_model() {
   log_->say("memory (rank 0): parameters %.1f MB, gradients %.1f MB, Adam moments %.1f MB, "
             "activations %.1f MB (%s attention, recompute %s)",
             4.0 * tile_.total / 1e6, 4.0 * tile_.total / 1e6, engine_->moment_bytes() / 1e6,
-            engine_->activation_bytes() / 1e6, cfg_.model.attention.c_str(),
-            cfg_.train.recompute.c_str());
+            engine_->activation_bytes() / 1e6, deck_word(cfg_.model.attention),
+            deck_word(cfg_.train.recompute));
   log_->say("plan (rank 0): %s", memory_line(planned_).c_str());
   if (const std::string report = engine_->memory_report(); !report.empty())
     log_->say("%s", report.c_str());
@@ -132,7 +132,7 @@ void Run::measure_peak() {
   peak_gflops_ = cfg_.log.peak_gflops;
   const char* peak_from = "log.peak_gflops";
   if (peak_gflops_ <= 0) {
-    const bool fp8 = cfg_.device.precision == "fp8";
+    const bool fp8 = cfg_.device.precision == Precision::Fp8;
     peak_gflops_ = engine_->peak_gflops(fp8);
     peak_from = fp8 ? "GPU datasheet, FP8" : "GPU datasheet";
     if (peak_gflops_ <= 0) {
@@ -152,7 +152,7 @@ void Run::log_step(double secs, double loss, double norm) {
   if (state_.step % cfg_.log.every != 0 && state_.step != 1 && state_.step != cfg_.train.steps)
     return;
   // The loader's wait is rank 0's (a first-stage rank: it reads tokens) over the interval.
-  const double wait_fraction = interval_seconds_ > 0 ? data_wait_ / interval_seconds_ : 0;
+  const double wait_fraction = telemetry_.take_data_wait_fraction();
   const double per_step = seconds_since(t_loop_) / double(state_.step - first_step_);
   log_->say("step %6lld/%d | loss %.4f | lr %.3e | norm %.3f | %.1f ms | %.0f tok/s | MFU %.1f%% "
             "| data wait %.2f%% | %s elapsed, ETA %s",
@@ -168,42 +168,41 @@ void Run::log_step(double secs, double loss, double norm) {
              ",\"ms\":" + json_number("%.3f", secs * 1e3) +
              ",\"tokens_per_s\":" + json_number("%.1f", tok_s) +
              ",\"mfu\":" + json_number("%.5f", mfu) +
-             ",\"pipeline_wait\":" + json_number("%.5f", engine_->wait_seconds() / secs) +
+             ",\"pipeline_wait\":" + json_number("%.5f", engine_->counters().pipeline_wait / secs) +
              ",\"data_wait\":" + json_number("%.6f", wait_fraction) + "}");
-  data_wait_ = interval_seconds_ = 0;
 }
 
 // One line per rank in metrics.jsonl: its memory, its bytes per step on each communicator
 // (payload handed to MPI), and its pipeline bubble; 15 digits, so byte counts are exact.
 void Run::log_ranks() {
-  const double n = double(std::max(1L, measured_steps_));
   const TrainEngine::Footprint f = engine_->footprint();
-  const double mine[] = {double(me_.dp_rank), double(me_.tp_rank), double(me_.pp_rank),
-                         4.0 * tile_.total, 4.0 * tile_.total, double(engine_->moment_bytes()),
-                         double(engine_->activation_bytes()), step_bytes_[0] / n,
-                         step_bytes_[1] / n, step_bytes_[2] / n, step_bytes_[3] / n,
-                         run_sum_ > 0 ? wait_sum_ / run_sum_ : 0.0, double(run_.n_micro),
-                         double(f.params), double(f.grads), double(f.optimizer),
-                         double(f.transient), double(f.arena), double(f.pipeline),
-                         dp_wait_sum_ / double(std::max(1L, measured_steps_ - 1)),
-                         double(me_.cp_rank), step_bytes_[4] / n,
-                         cp_wait_sum_ / double(std::max(1L, measured_steps_ - 1)),
-                         cp_attention_sum_ / double(std::max(1L, measured_steps_ - 1))};
-  constexpr int kStats = sizeof(mine) / sizeof(mine[0]);
-  std::vector<double> all(size_t(kStats) * world_size_);
-  MPI_Gather(mine, kStats, MPI_DOUBLE, all.data(), kStats, MPI_DOUBLE, 0, world_comm_);
-  const char* names[kStats] = {"dp_rank", "tp_rank", "pp_rank", "param_bytes", "grad_bytes",
-                               "optim_bytes", "activation_bytes", "tp_bytes_per_step",
-                               "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step",
-                               "pipeline_bubble", "micro_batches", "param_buffer_bytes",
-                               "grad_buffer_bytes", "optimizer_buffer_bytes", "transient_bytes",
-                               "arena_bytes", "pipeline_buffer_bytes", "dp_wait_s_per_step",
-                               "cp_rank", "cp_bytes_per_step", "cp_wait_s_per_step",
-                               "cp_attention_s_per_step"};
+  std::vector<std::pair<std::string, double>> stats = {
+      {"dp_rank", mesh_->coord("dp")},
+      {"tp_rank", mesh_->coord("tp")},
+      {"pp_rank", mesh_->coord("pp")},
+      {"cp_rank", mesh_->coord("cp")},
+      {"param_bytes", 4.0 * tile_.total},
+      {"grad_bytes", 4.0 * tile_.total},
+      {"optim_bytes", double(engine_->moment_bytes())},
+      {"activation_bytes", double(engine_->activation_bytes())},
+      {"micro_batches", double(run_.n_micro)},
+      {"param_buffer_bytes", double(f.params)},
+      {"grad_buffer_bytes", double(f.grads)},
+      {"optimizer_buffer_bytes", double(f.optimizer)},
+      {"transient_bytes", double(f.transient)},
+      {"arena_bytes", double(f.arena)},
+      {"pipeline_buffer_bytes", double(f.pipeline)}};
+  // Each group's payload per step, by the names the planner's table uses (parallel/traffic.hpp),
+  // the bubble and the waits.
+  for (const auto& stat : telemetry_.per_step()) stats.push_back(stat);
+  const int kStats = int(stats.size());
+  std::vector<double> mine, all(size_t(kStats) * world_size_);
+  for (const auto& [name, value] : stats) mine.push_back(value);
+  MPI_Gather(mine.data(), kStats, MPI_DOUBLE, all.data(), kStats, MPI_DOUBLE, 0, world_comm_);
   for (int r = 0; r < world_size_; ++r) {
     std::string line = "{\"type\":\"rank\",\"rank\":" + std::to_string(r);
     for (int k = 0; k < kStats; ++k)
-      line += std::string(",\"") + names[k] + "\":" +
+      line += ",\"" + stats[size_t(k)].first + "\":" +
               json_number("%.15g", all[size_t(r) * kStats + k]);
     log_->json(line + "}");
   }

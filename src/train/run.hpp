@@ -12,7 +12,6 @@
 #include <mpi.h>
 
 #include <chrono>
-#include <map>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -29,11 +28,15 @@
 #include "io/prefetch.hpp"
 #include "optim/lr_schedule.hpp"
 #include "parallel/comm.hpp"
-#include "parallel/topology.hpp"
-#include "train/anomaly.hpp"
+#include "parallel/layout.hpp"
+#include "parallel/mesh.hpp"
+#include "parallel/traffic.hpp"
+#include "train/anomaly_policy.hpp"
 #include "train/async_writer.hpp"
+#include "train/faults.hpp"
 #include "train/run_dir.hpp"
 #include "train/run_log.hpp"
+#include "train/telemetry.hpp"
 #include "train/watchdog.hpp"
 
 namespace tessera {
@@ -86,7 +89,7 @@ class Run {
   void save();
   void finish_write();
   std::vector<std::string> prune(MPI_Comm comm);
-  std::string rollback();
+  AnomalyPolicy::Rolled rollback();
   std::string kept_checkpoint() const;
 
   // --- the log (report.cpp) ---
@@ -120,8 +123,7 @@ class Run {
   int vocab_ = 0;
   ModelShape shape_;
   RunLayout run_;
-  std::unique_ptr<Topology> topo_;
-  RankCoord me_;
+  std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<Comm> world_;
   LocalLayout tile_;
   std::vector<Action> schedule_;
@@ -153,32 +155,22 @@ class Run {
   std::unique_ptr<AsyncWriter> background_;
   double last_write_seconds_ = 0;
 
-  // The step loop's own.
-  double step_bytes_[5] = {}, wait_sum_ = 0, run_sum_ = 0, dp_wait_sum_ = 0;
-  double cp_wait_sum_ = 0, cp_attention_sum_ = 0;  // context parallelism, measured steps
-  long measured_steps_ = 0;
+  // The step loop's own: what it measures (train/telemetry.hpp), how it meets an anomalous step
+  // (train/anomaly_policy.hpp), the faults a test planted (train/faults.hpp).
+  StepTelemetry telemetry_;
+  AnomalyPolicy anomaly_;
+  FaultInjection faults_;
   double last_step_seconds_ = 0, last_save_seconds_ = 0;
   std::string trace_failure_;
   long last_saved_ = -1;
-  AnomalyDetector detector_;
-  long test_nan_step_ = -1, test_spike_step_ = -1;
-  int anomalies_in_a_row_ = 0;
-  int64_t rolled_from_ = 0;
-  // Rollbacks so far (train.anomaly_max_rollbacks): to each checkpoint, in all, and the global
-  // samples they skipped.
-  std::map<std::string, int> rollbacks_to_;
-  int rollbacks_ = 0;
-  int64_t skipped_samples_ = 0;
   std::vector<HostMicroBatch> views_;
   std::unique_ptr<Prefetcher> loader_;
   AppendFile trace_;
-  double data_wait_ = 0, interval_seconds_ = 0;
   Clock::time_point t_loop_;
   int64_t first_step_ = 0;
   bool loader_logged_ = false;
   float dloss_ = 0;
   std::unique_ptr<Watchdog> watchdog_;
-  long stall_rank_ = -1, stall_step_ = -1;
   bool hang_warned_ = false;
   // Bytes of text the evaluated validation targets stand for (val_bpb's denominator); -1 when
   // the tokenizer cannot say (data recording none).

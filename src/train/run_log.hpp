@@ -6,7 +6,7 @@
 #include <string>
 
 #include "common/files.hpp"
-#include "parallel/topology.hpp"
+#include "parallel/layout.hpp"
 
 namespace tessera {
 

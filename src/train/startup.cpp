@@ -73,7 +73,7 @@ int stop_status(int stop) { return stop == kSigint ? kExitInterrupted : kExitReq
 
 Run::Run(MPI_Comm world, const Config& cfg)
     : world_comm_(world), cfg_(cfg), T_(cfg.data.seq_len), B_(cfg.train.batch_size),
-      detector_(cfg.train.anomaly_window, cfg.train.anomaly_sigma) {
+      anomaly_(cfg.train), faults_(FaultInjection::from_environment()) {
   MPI_Comm_rank(world, &world_rank_);
   MPI_Comm_size(world, &world_size_);
   backend_ = device::choose_backend(cfg, world);  // may refuse
@@ -124,13 +124,12 @@ void Run::lay_out() {
     throw UserError(cfg_.deck_path + ": " + e);
   if (std::string e = make_run_layout(cfg_, shape_, layout, &run_); !e.empty())
     throw UserError(cfg_.deck_path + ": " + e);
-  topo_ = std::make_unique<Topology>(world_comm_, layout);
-  me_ = topo_->coord();
+  mesh_ = std::make_unique<Mesh>(world_comm_, mesh_shape(layout));
   world_ = std::make_unique<Comm>(world_comm_);
-  tile_ = rank_tile(run_, shape_, me_.tp_rank, me_.pp_rank);
-  schedule_ = rank_schedule(cfg_, run_, me_.pp_rank);
+  tile_ = rank_tile(run_, shape_, mesh_->coord("tp"), mesh_->coord("pp"));
+  schedule_ = rank_schedule(cfg_, run_, mesh_->coord("pp"));
   reads_tokens_ = tile_.first || tile_.last;
-  speaks_loss_ = tile_.last && me_.tp_rank == 0;
+  speaks_loss_ = tile_.last && mesh_->coord("tp") == 0;
   schedule_lr_ = {cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps,
                   cfg_.optim.decay_steps > 0 ? cfg_.optim.decay_steps : cfg_.train.steps};
 }
@@ -140,7 +139,7 @@ void Run::lay_out() {
 void Run::find_checkpoints() {
   ckpt_dir_ = cfg_.checkpoint.dir.empty() ? (fs::path(cfg_.run.dir) / "checkpoints").string()
                                           : cfg_.checkpoint.dir;
-  if (cfg_.checkpoint.restart == "auto") {
+  if (restart_from(cfg_.checkpoint) == RestartFrom::Auto) {
     // Rank 0 verifies the newest checkpoint (every tensor's checksum) and passes a damaged one
     // over for the one before: a job script that restarts after every failure must not be
     // stopped by a checkpoint that a failure damaged.
@@ -157,7 +156,7 @@ void Run::find_checkpoints() {
     MPI_Bcast(&length, 1, MPI_INT, 0, world_comm_);
     restart_from_.resize(size_t(length));
     MPI_Bcast(restart_from_.data(), length, MPI_CHAR, 0, world_comm_);
-  } else if (cfg_.checkpoint.restart != "none") {
+  } else if (restart_from(cfg_.checkpoint) == RestartFrom::Path) {
     restart_from_ = resolve_checkpoint(cfg_.checkpoint.restart);
     if (restart_from_.empty())
       throw UserError(cfg_.deck_path + ": checkpoint.restart = " + cfg_.checkpoint.restart +
@@ -198,27 +197,11 @@ void Run::find_checkpoints() {
 // is checked: the engine's buffers, the loader's ring, and the Adam moments copied out for a
 // checkpoint (or in from one).
 void Run::declare_engine() {
-  EngineSetup setup = engine_setup(cfg_, run_, tile_, me_.pp_rank);
-  setup.tp = topo_->comm(CommName::tp);
-  // The gradients reduce (and ZeRO shards) over the ranks holding the same parameters: dp x cp.
-  setup.dp = topo_->comm(CommName::dpcp);
-  setup.pp = topo_->comm(CommName::pp);
-  setup.embed = topo_->comm(CommName::embed);
-  if (run_.layout.cp > 1) {
-    setup.cp = topo_->comm(CommName::cp);
-    setup.cp_rank = me_.cp_rank;
-  }
-  if (run_.layout.shard_size() < run_.layout.dpcp()) {  // hybrid sharding: groups within dp x cp
-    setup.shard = topo_->comm(CommName::shard);
-    setup.replica = topo_->comm(CommName::replica);
-  }
-  setup.world = world_.get();
-  // FP8 on a GPU: bf16 activations around the FP8 GEMM inputs (model/fp8.hpp); on the CPU, fp32.
-  const bool bf16 = cfg_.device.precision == "bf16" ||
-                    (cfg_.device.precision == "fp8" && backend_.cuda);
-  engine_ = make_engine(setup, backend_.cuda, bf16, /*allocate=*/false);
-  planned_ = rank_memory(cfg_, shape_, run_, me_.dpcp_rank(run_.layout), me_.tp_rank, me_.pp_rank,
-                         backend_.cuda, bf16);
+  EngineSetup setup = engine_setup(cfg_, run_, tile_, mesh_->coord("pp"));
+  setup.mesh = mesh_.get();
+  const EngineKind kind = engine_kind(cfg_, backend_.cuda);
+  engine_ = make_engine(setup, kind, Allocation::later);
+  planned_ = rank_memory(cfg_, shape_, run_, mesh_->rank(), kind);
   if (planned_.engine_host != engine_->host_bytes() ||
       planned_.activations != engine_->activation_bytes())
     throw std::logic_error("tessera plan's count of this rank differs from its engine's");

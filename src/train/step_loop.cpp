@@ -16,21 +16,6 @@
 
 namespace tessera {
 
-namespace {
-
-// More anomalous steps in a row than this is not a passing spike: the run stops.
-constexpr int kAnomaliesInARow = 10;
-
-// The test triggers (the test suites only): TESSERA_TEST_NAN_STEP=N makes step N's gradients NaN,
-// TESSERA_TEST_SPIKE_STEP=N multiplies them by 10^4, each once per job (a rollback replays step
-// numbers); TESSERA_TEST_STALL=RANK:STEP stalls that rank at the start of that step.
-long test_step(const char* var) {
-  const char* v = std::getenv(var);
-  return v ? std::atol(v) : -1L;
-}
-
-}  // namespace
-
 // The step 0 checkpoint or evaluation, then what the loop needs: the loader reading ahead, the
 // data trace, the hang watchdog.
 void Run::start_loop() {
@@ -44,19 +29,17 @@ void Run::start_loop() {
     stop_point("the step-0 evaluation");
   }
   last_saved_ = restart_from_.empty() ? -1 : state_.step;
-  test_nan_step_ = test_step("TESSERA_TEST_NAN_STEP");
-  test_spike_step_ = test_step("TESSERA_TEST_SPIKE_STEP");
   const int n_micro = run_.n_micro, mb = run_.micro_batch;
   views_.resize(size_t(n_micro));
   // This dp rank's share of each global batch: samples [first, first + n_micro * mb) of the
   // step, read ahead by the loader thread.
+  const uint64_t first = uint64_t(state_.next_sample) + uint64_t(mesh_->coord("dp")) * n_micro * mb;
   if (reads_tokens_)
     loader_ = std::make_unique<Prefetcher>(
-        *train_data_, vocab_,
-        uint64_t(state_.next_sample) + uint64_t(me_.dp_rank) * n_micro * mb, uint64_t(B_),
+        *train_data_, vocab_, first, uint64_t(B_),
         n_micro * mb, cfg_.data.prefetch, cfg_.data.readers, cfg_.data.direct_io,
         engine_->loader_memory());
-  if (cfg_.data.trace && reads_tokens_ && tile_.first && me_.tp_rank == 0)
+  if (cfg_.data.trace && reads_tokens_ && tile_.first && mesh_->coord("tp") == 0)
     trace_failure_ = trace_.open((std::filesystem::path(cfg_.run.dir) /
                                   ("data_trace.rank" + std::to_string(world_rank_) + ".txt"))
                                      .string());
@@ -76,8 +59,6 @@ void Run::start_loop() {
     watchdog_ = std::make_unique<Watchdog>(cfg_.run.dir, world_rank_, world_size_,
                                            cfg_.run.hang_timeout);
   }
-  if (const char* v = std::getenv("TESSERA_TEST_STALL"))
-    if (std::sscanf(v, "%ld:%ld", &stall_rank_, &stall_step_) != 2) stall_rank_ = -1;
 }
 
 std::optional<int> Run::loop() {
@@ -95,7 +76,7 @@ std::optional<int> Run::loop() {
     }
     trace::set_step(state_.step + 1);
     trace::set_phase("training step");
-    if (world_rank_ == stall_rank_ && state_.step + 1 == stall_step_) {
+    if (faults_.stalls(world_rank_, state_.step + 1)) {
       trace::set_phase("stalled on purpose (TESSERA_TEST_STALL)");
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
@@ -108,8 +89,7 @@ std::optional<int> Run::loop() {
       if (std::optional<int> status = meet_anomaly(anomaly, loss, norm)) return status;
       continue;
     }
-    anomalies_in_a_row_ = 0;
-    detector_.accept(loss, norm);
+    anomaly_.accept(loss, norm);
     state_.step += 1;
     state_.next_sample += B_;
     state_.tokens_seen += int64_t(B_) * T_;
@@ -122,7 +102,7 @@ std::optional<int> Run::loop() {
                 cfg_.run.hang_timeout);
       hang_warned_ = true;
     }
-    interval_seconds_ += secs;
+    telemetry_.add_step_seconds(secs);
     log_step(secs, loss, norm);
     after_step();
   }
@@ -152,7 +132,7 @@ int Run::step_boundary() {
 void Run::read_step() {
   if (!loader_) return;
   const StepSamples& samples = loader_->next();
-  data_wait_ += loader_->take_wait_seconds();
+  telemetry_.add_data_wait(loader_->take_wait_seconds());
   if (!loader_logged_) log_->say("loader: %s", loader_->mode().c_str());
   loader_logged_ = true;
   const size_t rows = size_t(run_.micro_batch) * T_;
@@ -175,19 +155,14 @@ void Run::read_step() {
 // the engine's backend (engine/engine.hpp). The anomaly policy judges the loss and the norm
 // before the update: every rank the same reduced numbers, and a MAX to be sure.
 void Run::take_step(double* loss, double* norm, std::string* anomaly) {
-  double bytes_before[5];
-  for (int c = 0; c < 5; ++c) bytes_before[c] = engine_->payload_bytes(c);
-  const double dp_wait_before = engine_->dp_wait_seconds();
-  const double cp_before[2] = {engine_->cp_wait_seconds(), engine_->cp_attention_seconds()};
+  telemetry_.before_step(*engine_);
   state_.lr = schedule_lr_.at(state_.step);
-  float step_dloss = dloss_;
-  if (state_.step + 1 == test_nan_step_) step_dloss = NAN, test_nan_step_ = -1;
-  if (state_.step + 1 == test_spike_step_) step_dloss *= 1e4f, test_spike_step_ = -1;
+  const float step_dloss = faults_.step_dloss(state_.step + 1, dloss_);
   auto check = [&](double stage_loss, double step_norm, double fp8_amax) {
     *loss = speaks_loss_ ? stage_loss : 0;
     world_->all_reduce_sum(loss, 1);
     *loss /= double(run_.n_micro) * run_.layout.dpcp();  // each cp rank: its chunks' mean
-    *anomaly = detector_.judge(*loss, step_norm, fp8_amax);
+    *anomaly = anomaly_.judge(*loss, step_norm, fp8_amax);
     int bad = !anomaly->empty();
     world_->all_reduce_max(&bad, 1);
     if (bad && anomaly->empty()) *anomaly = "another rank judged it anomalous";
@@ -196,16 +171,10 @@ void Run::take_step(double* loss, double* norm, std::string* anomaly) {
   const TrainEngine::StepResult result = engine_->train_step(
       views_, step_dloss, cfg_.optim.grad_clip, state_.lr, state_.step + 1, check);
   *norm = result.norm;
-  for (int c = 0; c < 5; ++c) step_bytes_[c] += engine_->payload_bytes(c) - bytes_before[c];
-  if (measured_steps_ == 0)
-    if (const std::string report = engine_->fp8_report(); !report.empty()) log_->say("%s", report.c_str());
-  if (measured_steps_++ > 0) {  // the first step warms up
-    wait_sum_ += engine_->wait_seconds();
-    run_sum_ += engine_->run_seconds();
-    dp_wait_sum_ += engine_->dp_wait_seconds() - dp_wait_before;
-    cp_wait_sum_ += engine_->cp_wait_seconds() - cp_before[0];
-    cp_attention_sum_ += engine_->cp_attention_seconds() - cp_before[1];
-  }
+  if (telemetry_.measured_steps() == 0)
+    if (const std::string report = engine_->fp8_report(); !report.empty())
+      log_->say("%s", report.c_str());
+  telemetry_.after_step(*engine_);
 }
 
 // The update was dropped on every rank; the batch is consumed whatever the action. Returns the
@@ -213,61 +182,24 @@ void Run::take_step(double* loss, double* norm, std::string* anomaly) {
 std::optional<int> Run::meet_anomaly(const std::string& anomaly, double loss, double norm) {
   const int64_t attempted = state_.step + 1, from = state_.next_sample;
   state_.next_sample += B_;
-  const std::string action = cfg_.train.anomaly_action;
-  std::string outcome;
-  int status = 0;
-  if (++anomalies_in_a_row_ > kAnomaliesInARow) {
-    outcome = "stop: " + std::to_string(anomalies_in_a_row_) + " anomalous steps in a row";
-    status = kExitAnomaly;
-  } else if (action == "skip") {
-    outcome = "skip: update dropped, global samples [" + std::to_string(from) + ", " +
-              std::to_string(state_.next_sample) + ") skipped";
-  } else if (action == "rollback") {
-    // A cause that persists brings the run back to the same checkpoint again and again, each
-    // time skipping more data: train.anomaly_max_rollbacks bounds that.
-    const std::string newest = resolve_checkpoint(ckpt_dir_);
-    const int limit = cfg_.train.anomaly_max_rollbacks;
-    const std::string name = std::filesystem::path(newest).filename().string();
-    if (!newest.empty() && (rollbacks_to_[newest] >= limit || rollbacks_ >= 5 * limit)) {
-      outcome = "rollback: " +
-                (rollbacks_to_[newest] >= limit
-                     ? std::to_string(rollbacks_to_[newest]) + " rollbacks to " + name + " already"
-                     : std::to_string(rollbacks_) + " rollbacks in this job already") +
-                " (train.anomaly_max_rollbacks = " + std::to_string(limit) +
-                "), the cause persists: stop, " + std::to_string(skipped_samples_) +
-                " samples skipped by rollbacks";
-      status = kExitAnomaly;
-    } else if (const std::string path = rollback(); path.empty()) {
-      outcome = "rollback: no checkpoint in " + ckpt_dir_ + " to roll back to: stop";
-      status = kExitAnomaly;
-    } else {
-      ++rollbacks_to_[path];
-      ++rollbacks_;
-      skipped_samples_ += state_.next_sample - rolled_from_;
-      outcome = "rollback " + std::to_string(rollbacks_to_[path]) + " of " +
-                std::to_string(limit) + ": to " + path + " (step " + std::to_string(state_.step) +
-                "), global samples [" + std::to_string(rolled_from_) + ", " +
-                std::to_string(state_.next_sample) + ") skipped, " +
-                std::to_string(skipped_samples_) + " samples skipped by rollbacks in this job";
-    }
-  } else {
-    outcome = "stop";
-    status = kExitAnomaly;
-  }
+  AnomalyPolicy::Outcome outcome =
+      anomaly_.meet(from, state_.next_sample, ckpt_dir_, [this] { return rollback(); });
+  const int status = outcome.status;
   if (status != 0)
-    outcome += ": no checkpoint written, " + kept_checkpoint() + ", exit " + std::to_string(status);
+    outcome.text +=
+        ": no checkpoint written, " + kept_checkpoint() + ", exit " + std::to_string(status);
   log_->say("anomaly: step %lld: %s (loss %.4f, grad_norm %.4g): %s", (long long)attempted,
-            anomaly.c_str(), loss, norm, outcome.c_str());
+            anomaly.c_str(), loss, norm, outcome.text.c_str());
   // A stop is an error: its line goes to stderr too, as every other error's does.
   if (status != 0 && world_rank_ == 0)
     std::fprintf(stderr, "anomaly: step %lld: %s (loss %.4f, grad_norm %.4g): %s\n",
-                 (long long)attempted, anomaly.c_str(), loss, norm, outcome.c_str());
+                 (long long)attempted, anomaly.c_str(), loss, norm, outcome.text.c_str());
   log_->json("{\"type\":\"anomaly\",\"step\":" + std::to_string(attempted) +
              ",\"loss\":" + json_number("%.17g", loss) +
              ",\"grad_norm\":" + json_number("%.9g", norm) + ",\"reason\":\"" + anomaly +
-             "\",\"action\":\"" + (status != 0 ? "stop" : action) +
-             "\",\"rollbacks\":" + std::to_string(rollbacks_) +
-             ",\"skipped_samples\":" + std::to_string(skipped_samples_) + "}");
+             "\",\"action\":\"" + outcome.action +
+             "\",\"rollbacks\":" + std::to_string(anomaly_.rollbacks()) +
+             ",\"skipped_samples\":" + std::to_string(anomaly_.skipped_samples()) + "}");
   if (status == 0) return std::nullopt;
   finish_write();
   return write_exit_status(status);
@@ -298,7 +230,8 @@ void Run::evaluate() {
   // Every layout evaluates the same windows: dp rank d takes the d-th share of them.
   const uint64_t total = eval_windows(*val_data_, T_, B_, cfg_.eval.batches);
   const uint64_t share = total / uint64_t(run_.layout.dp);
-  double sum = engine_->eval_loss_sum(*val_data_, vocab_, share * uint64_t(me_.dp_rank), share);
+  const uint64_t first = share * uint64_t(mesh_->coord("dp"));
+  double sum = engine_->eval_loss_sum(*val_data_, vocab_, first, share);
   if (!speaks_loss_) sum = 0;
   world_->all_reduce_sum(&sum, 1);
   const double loss = sum / (double(total / uint64_t(run_.micro_batch)) * run_.layout.cp);

@@ -21,6 +21,7 @@
 #include "model/shard.hpp"
 #include "pipeline/schedule.hpp"
 #include "engine/engine.hpp"
+#include "parallel/layout.hpp"
 
 namespace tessera::gpu_test {
 
@@ -32,7 +33,7 @@ struct Shape {
   int vocab, T, B;
 };
 
-ModelConfig config(const char* arch, int L, int NH, int NKV, int C, int F, int T) {
+ModelConfig config(Arch arch, int L, int NH, int NKV, int C, int F, int T) {
   ModelConfig m;
   m.arch = arch;
   m.n_layer = L;
@@ -41,7 +42,7 @@ ModelConfig config(const char* arch, int L, int NH, int NKV, int C, int F, int T
   m.n_embd = C;
   m.ffn_hidden = F;
   m.block_size = T;
-  m.tie_embeddings = "true";
+  m.tie_embeddings = Tie::True;
   return m;
 }
 
@@ -60,16 +61,19 @@ const char* name(Precision p) { return p == Precision::Fp32 ? "fp32" : p == Prec
 void bench_shape(const Shape& s, Precision precision, bool fused, double bf16_peak) {
   const ModelShape shape = make_model_shape(s.model, s.vocab);
   const LocalLayout tile = make_local_layout(shape, 1, 0, 0, shape.n_layer, true, true);
-  Comm world(MPI_COMM_SELF);
+  const Mesh mesh(MPI_COMM_SELF, mesh_shape(ParallelLayout{1, 1, 1}));
   size_t free_before = 0, free_after = 0, total = 0;
   ck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   ck(cudaMemGetInfo(&free_before, &total), "cudaMemGetInfo");
-  const EngineSetup setup{tile, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, &world,
-                          make_schedule(ScheduleKind::OneFOneB, 0, 1, 1), s.B, s.T, 1,
-                          false, false, AdamWHyper{},
-                          bench_options(fused, precision == Precision::Fp8)};
-  const std::unique_ptr<TrainEngine> engine =
-      make_engine(setup, /*cuda=*/true, precision != Precision::Fp32);
+  const EngineSetup setup{.tile = tile,
+                          .mesh = &mesh,
+                          .schedule = make_schedule(ScheduleKind::OneFOneB, 0, 1, 1),
+                          .micro_batch = s.B,
+                          .seq_len = s.T,
+                          .n_micro = 1,
+                          .model = bench_options(fused, precision == Precision::Fp8)};
+  const std::unique_ptr<TrainEngine> engine = make_engine(
+      setup, precision == Precision::Fp32 ? EngineKind::cuda_fp32 : EngineKind::cuda_bf16);
   init_local_parameters(engine->host_params(), tile, 1337, 0.02);
   engine->params_to_device();
   const size_t n = size_t(s.B) * s.T;
@@ -119,9 +123,9 @@ int run_bench() {
   // GPT-2's two in every precision and attention (PyTorch's rows have the same shapes); LLaMA
   // 3.2 1B's shape (16 layers of 2048, 32 query and 8 key/value heads, SwiGLU 8192, tied 128K
   // vocabulary) in bf16 and fp8 only.
-  const Shape gpt[] = {{"GPT-2 124M", config("gpt2", 12, 12, 0, 768, 0, 1024), 50257, 1024, 8},
-                       {"1.3B", config("gpt2", 24, 16, 0, 2048, 0, 1024), 50257, 1024, 4}};
-  const Shape llama{"LLaMA 1B", config("llama", 16, 32, 8, 2048, 8192, 1024), 128256, 1024, 4};
+  const Shape gpt[] = {{"GPT-2 124M", config(Arch::Gpt2, 12, 12, 0, 768, 0, 1024), 50257, 1024, 8},
+                       {"1.3B", config(Arch::Gpt2, 24, 16, 0, 2048, 0, 1024), 50257, 1024, 4}};
+  const Shape llama{"LLaMA 1B", config(Arch::Llama, 16, 32, 8, 2048, 8192, 1024), 128256, 1024, 4};
   for (const Shape& s : gpt) {
     for (Precision p : {Precision::Bf16, Precision::Fp32})
       for (bool fused : {true, false}) bench_shape(s, p, fused, peak);

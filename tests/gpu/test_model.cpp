@@ -18,6 +18,7 @@
 #include "model/shard.hpp"
 #include "pipeline/schedule.hpp"
 #include "engine/engine.hpp"
+#include "parallel/layout.hpp"
 
 namespace tessera::gpu_test {
 namespace {
@@ -42,25 +43,22 @@ void train_both(bool bf16, double loss_tol, double param_tol, Split split = Spli
   const LocalLayout tile = make_local_layout(shape, tp, tp_rank, 0, shape.n_layer, true, true);
   // eps 1e-6 as the PyTorch parity test: c_attn's key bias has an analytically zero gradient, and
   // with 1e-8 Adam turns round-off into lr-sized steps in both implementations.
-  Comm world_comm(split == Split::none ? MPI_COMM_SELF : MPI_COMM_WORLD);
-  const EngineSetup setup{tile,
-                          tp_split ? MPI_COMM_WORLD : MPI_COMM_NULL,
-                          dp_split ? MPI_COMM_WORLD : MPI_COMM_NULL,
-                          MPI_COMM_NULL,
-                          MPI_COMM_NULL,
-                          &world_comm,
-                          make_schedule(ScheduleKind::OneFOneB, 0, 1, 1),
-                          B,
-                          T,
-                          1,
-                          /*zero=*/split == Split::dp_zero,
-                          /*embed_sum=*/false,
-                          AdamWHyper{0.9, 0.95, 1e-6, 0.1},
-                          ModelOptions{}};
+  // The mesh: tp or dp over every rank, or one rank alone.
+  const Mesh mesh(split == Split::none ? MPI_COMM_SELF : MPI_COMM_WORLD,
+                  mesh_shape(ParallelLayout{dp, tp, 1}));
+  const EngineSetup setup{.tile = tile,
+                          .mesh = &mesh,
+                          .schedule = make_schedule(ScheduleKind::OneFOneB, 0, 1, 1),
+                          .micro_batch = B,
+                          .seq_len = T,
+                          .n_micro = 1,
+                          .zero = split == Split::dp_zero ? 1 : 0,
+                          .hyper = AdamWHyper{0.9, 0.95, 1e-6, 0.1}};
   EngineSetup gpu_setup = setup;
   gpu_setup.model.fused_attention = fused;
-  const std::unique_ptr<TrainEngine> cpu = make_engine(setup, /*cuda=*/false, false);
-  const std::unique_ptr<TrainEngine> gpu = make_engine(gpu_setup, /*cuda=*/true, bf16);
+  const std::unique_ptr<TrainEngine> cpu = make_engine(setup, EngineKind::cpu);
+  const std::unique_ptr<TrainEngine> gpu =
+      make_engine(gpu_setup, bf16 ? EngineKind::cuda_bf16 : EngineKind::cuda_fp32);
   ASSERT_EQ(cpu->state_size(), gpu->state_size());
   init_local_parameters(cpu->host_params(), tile, 1337, 0.02);
   init_local_parameters(gpu->host_params(), tile, 1337, 0.02);

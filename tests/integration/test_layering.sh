@@ -2,7 +2,8 @@
 # The house rules of src/ (tests/layering/check.py over tests/layering/floors.txt): the tree as
 # it is passes, and each kind of breach planted in a copy of it fails, naming the file and line:
 # an include pointing up a floor, one across to a folder of the same floor, one between the CPU
-# and the CUDA op sets, a file over 600 lines, a function over 150.
+# and the CUDA op sets, a file over 600 lines, a function over 150, a communicator made or kept
+# outside the mesh, a deck value compared with a string outside config/.
 # Usage: PYTHON=/usr/bin/python3 bash tests/integration/test_layering.sh
 source "$(dirname "$0")/lib.sh"
 CHECK=$ROOT/tests/layering/check.py
@@ -43,5 +44,17 @@ fresh
 { echo "namespace tessera {"; echo "inline int long_function(int x) {"
   for i in $(seq 150); do echo "  x += $i;"; done; echo "  return x;"; echo "}"; echo "}"; } >>"$WORK/src/common/error.hpp"
 planted "a function over 150 lines" common/error.hpp "a function of 153 lines"
+
+fresh
+sed -i 's|^void Run::lay_out() {|void Run::lay_out() {\n  MPI_Comm mine;\n  MPI_Comm_split(world_comm_, 0, 0, \&mine);|' "$WORK/src/train/startup.cpp"
+planted "a communicator split outside the mesh" train/startup.cpp "makes a communicator: take the group from the mesh"
+
+fresh
+sed -i 's|^struct EngineSetup {|struct EngineSetup {\n  MPI_Comm tp = MPI_COMM_NULL;|' "$WORK/src/engine/engine.hpp"
+planted "an MPI_Comm kept in a struct" engine/engine.hpp "keeps an MPI_Comm: keep the mesh"
+
+fresh
+sed -i 's|^ModelOptions model_options(const Config\& c) {|ModelOptions model_options(const Config\& c) {\n  if (c.device.backend_name == "cuda") return {};|' "$WORK/src/model/options.cpp"
+planted "a deck value compared with a string" model/options.cpp "compares a deck value with a string"
 
 finish

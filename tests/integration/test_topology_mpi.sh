@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The rank grid on real ranks: builds tests/mpi/topology_check.cpp and runs it for (dp, tp, pp) =
-# (2,2,2) on 8 ranks and (1,1,4), (4,1,1), (auto,2,1) on 4. Every rank checks the members and order
-# of its tp, dp, pp and embed communicators against the rank formula; a layout that does not fit
-# the job is refused with the numbers.
+# The rank mesh on real ranks: builds tests/mpi/topology_check.cpp and runs it for (dp, tp, pp) =
+# (2,2,2) on 8 ranks, (1,1,4), (4,1,1), (auto,2,1) on 4, and dp 2 x cp 2 x tp 2 with ZeRO groups of
+# 2 on 8. Every rank checks the members and order of every group of the mesh (each set of
+# dimensions, ZeRO's shard and replica, embed) against the rank formula and against brute force;
+# a layout that does not fit the job is refused with the numbers.
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT" || exit 1
 
@@ -10,7 +11,8 @@ CHECK=$ROOT/build/tests/mpi/topology_check
 mkdir -p "$(dirname "$CHECK")"
 # The Makefile's flags, on just the files the check needs.
 if ! ${CXX:-g++} -std=c++20 -O2 -fopenmp -Wall -Wextra -Werror -Isrc $(pkg-config --cflags mpich) \
-    src/parallel/topology.cpp tests/mpi/topology_check.cpp -o "$CHECK" \
+    src/parallel/layout.cpp src/parallel/mesh_shape.cpp src/parallel/mesh.cpp \
+    tests/mpi/topology_check.cpp -o "$CHECK" \
     $(pkg-config --libs mpich) >"$WORK/build.txt" 2>&1; then
   fail "build topology_check"
   head -20 "$WORK/build.txt"
@@ -61,6 +63,14 @@ else
   sed 's/^/    /' "$WORK/dp1_tp1_pp4.txt" | head -10
 fi
 run_check "dp4_tp1_pp1" 4 4 1 1 2
+run_check "dp2_cp2_tp2_zero_group2" 8 2 2 1 2 2 2
+if grep -q '^rank 5: dp 1 cp 0 tp 1 pp 0  layers 0-1' "$WORK/dp2_cp2_tp2_zero_group2.txt" &&
+   grep -q ', 30 groups, 0 problems$' "$WORK/dp2_cp2_tp2_zero_group2.txt"; then
+  pass "dp2_cp2_tp2_zero_group2: cp in the grid, the 15 groups of the base and the 15 of ZeRO's view"
+else
+  fail "dp2_cp2_tp2_zero_group2: grid or group count"
+  tail -3 "$WORK/dp2_cp2_tp2_zero_group2.txt" | sed 's/^/    /'
+fi
 run_check "dp_auto_tp2_pp1" 4 auto 2 1 2
 if grep -q '^checked dp=2 tp=2 pp=1 on 4 ranks' "$WORK/dp_auto_tp2_pp1.txt"; then
   pass "dp=auto resolved to 2 on 4 ranks"

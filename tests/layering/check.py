@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """The house rules of src/, checked from the code: every project #include points to its own
 folder or a floor below (tests/layering/floors.txt), never up and never across to a folder that
-shares its floor; no file over 600 lines; no function over 150 lines.
+shares its floor; no file over 600 lines; no function over 150 lines; communicators come from the
+rank mesh (src/parallel/): no other folder makes one or keeps one in a class, but for the places
+COMM_ALLOWED names with their reasons; a deck's values are typed where it is read (src/config/):
+no code outside config/ compares a deck value with a string.
 
     check.py [SRC_DIR]     prints one line per breach, FILE:LINE: why, and exits 1 if any
 
@@ -16,6 +19,28 @@ MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 150
 SOURCES = (".cpp", ".hpp", ".cu", ".cuh")
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Making a communicator: MPI's and NCCL's calls that do.
+COMM_MAKER = re.compile(r"\b(MPI_Comm_split(_type)?|MPI_Comm_dup|MPI_Comm_create(_group)?|"
+                        r"MPI_Intercomm_create|ncclCommInitRank|ncclCommInitAll|ncclCommSplit)"
+                        r"\s*\(")
+# A communicator kept as a member of a class or struct (a declaration alone on its line, in a
+# header).
+COMM_MEMBER = re.compile(r"^\s*MPI_Comm\s+\w+(\s*,\s*\w+)*\s*(=\s*\w+)?\s*;")
+# The files outside src/parallel/ that may make or keep a communicator, and why the mesh cannot
+# give them theirs.
+COMM_ALLOWED = {
+    "device/select.cpp": "the ranks of a node (MPI_Comm_split_type) choose their GPUs before any "
+                         "layout, so before the mesh, exists",
+    "device/emu/": "the CUDA emulator implements NCCL's own calls",
+    "train/async_writer.cpp": "a private duplicate of the world for the checkpoint thread "
+                              "(collectives from two threads on one communicator are undefined)",
+    "train/async_writer.hpp": "the same duplicate, kept by its writer",
+    "train/run.hpp": "the world the run is given, which the mesh is built over",
+}
+# A deck value compared with a string: cfg.device.precision == "bf16".
+DECK_STRING = re.compile(r"\b\w+\s*\.\s*(model|data|train|optim|eval|checkpoint|log|run|"
+                         r"device|parallel)\s*\.\s*\w+\s*[!=]=\s*\"")
 
 
 def read_floors(path):
@@ -162,6 +187,18 @@ def check(src):
                 elif floors[there] == floors[here]:
                     problems.append(f"{path}:{number}: includes {target}: {here} and {there} "
                                     "share a floor and stay apart")
+            code = blank_comments_and_literals(text).split("\n")
+            comm_ok = rel.startswith("parallel/") or any(rel.startswith(a) for a in COMM_ALLOWED)
+            for number, (line, raw) in enumerate(zip(code, lines), 1):
+                if not comm_ok and COMM_MAKER.search(line):
+                    problems.append(f"{path}:{number}: makes a communicator: take the group from "
+                                    "the mesh (src/parallel/mesh.hpp)")
+                if not comm_ok and rel.endswith(".hpp") and COMM_MEMBER.match(line):
+                    problems.append(f"{path}:{number}: keeps an MPI_Comm: keep the mesh (or the "
+                                    "backend's communicator made from its group)")
+                if not rel.startswith("config/") and DECK_STRING.search(raw):
+                    problems.append(f"{path}:{number}: compares a deck value with a string: type "
+                                    "it where the deck is read (src/config/)")
             for first, last in functions(text):
                 if last - first + 1 > MAX_FUNCTION_LINES:
                     problems.append(f"{path}:{first}: a function of {last - first + 1} lines, more "

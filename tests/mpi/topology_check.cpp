@@ -1,24 +1,28 @@
-// Multi-rank check of Topology, run by tests/integration/test_topology_mpi.sh:
-//   mpiexec -n N topology_check DP TP PP N_LAYER      (DP, TP, PP: a number or auto)
-// Every rank all-gathers the world ranks inside each of its communicators and compares them, in
-// order, with the rank formula; embed must join exactly the first and the last stage of its
-// (tp, dp). Each problem is printed as "problem on rank R: ..."; rank 0 then prints the rank grid
-// and "checked dp=.. tp=.. pp=.. on N ranks, M problems".
-// Exit 0: all good; 1: problems; 2: the layout was refused.
+// Multi-rank check of the rank mesh, run by tests/integration/test_topology_mpi.sh:
+//   mpiexec -n N topology_check DP TP PP N_LAYER [CP ZERO_GROUP]   (DP, TP, PP: a number or auto)
+// Every rank all-gathers the world ranks inside each group the Mesh built (every set of
+// dimensions of the base, and ZeRO's shard and replica views) and compares them, in order, with
+// the ranks that share every other coordinate; tp, dp and pp also with the rank formula written
+// out; embed must join exactly the first and the last stage. Each problem is printed as
+// "problem on rank R: ..."; rank 0 then prints the rank grid and "checked dp=.. tp=.. pp=.. on N
+// ranks, G groups, M problems". Exit 0: all good; 1: problems; 2: the layout was refused.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "parallel/topology.hpp"
+#include "parallel/layout.hpp"
+#include "parallel/mesh.hpp"
 
 namespace {
 
-using tessera::CommName;
+using tessera::DimNames;
+using tessera::Mesh;
+using tessera::MeshShape;
 using tessera::ParallelLayout;
-using tessera::RankCoord;
 
 std::vector<std::string> problems;
 
@@ -41,20 +45,33 @@ std::vector<int> members(MPI_Comm comm, int world_rank) {
   return ranks;
 }
 
-// comm holds `expected` (world ranks) in that order, and this rank sits at `position`.
-void check_comm(const tessera::Topology& topo, CommName name, const char* label,
-                const std::vector<int>& expected, int position) {
-  MPI_Comm comm = topo.comm(name);
+// comm holds `expected` (world ranks) in that order.
+void check_comm(MPI_Comm comm, const std::string& label, const std::vector<int>& expected,
+                int world_rank) {
   if (comm == MPI_COMM_NULL) {
-    expect(false, std::string(label) + " is MPI_COMM_NULL");
+    expect(false, label + " is MPI_COMM_NULL");
     return;
   }
-  std::vector<int> got = members(comm, topo.world_rank());
-  expect(got == expected, std::string(label) + " holds " + text(got) + ", want " + text(expected));
+  const std::vector<int> got = members(comm, world_rank);
+  expect(got == expected, label + " holds " + text(got) + ", want " + text(expected));
   int rank = -1;
   MPI_Comm_rank(comm, &rank);
-  expect(rank == position, std::string(label) + " rank " + std::to_string(rank) + ", want " +
-                               std::to_string(position));
+  const long at = std::find(expected.begin(), expected.end(), world_rank) - expected.begin();
+  expect(rank == at, label + " rank " + std::to_string(rank) + ", want " + std::to_string(at));
+}
+
+// The ranks sharing every coordinate of view `v` outside `dims` with world_rank, in world order.
+std::vector<int> brute_force(const MeshShape& m, size_t v, const DimNames& dims, int world_rank) {
+  std::vector<int> out;
+  for (int q = 0; q < int(m.world_size()); ++q) {
+    bool same = true;
+    for (const tessera::MeshDim& d : m.views()[v])
+      if (std::find(dims.begin(), dims.end(), d.name) == dims.end() &&
+          m.coord(q, d.name) != m.coord(world_rank, d.name))
+        same = false;
+    if (same) out.push_back(q);
+  }
+  return out;
 }
 
 int parse(const char* arg) { return std::string(arg) == "auto" ? 0 : std::atoi(arg); }
@@ -66,8 +83,9 @@ int main(int argc, char** argv) {
   int world_rank = 0, world_size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  if (argc != 5) {
-    if (world_rank == 0) std::fprintf(stderr, "usage: topology_check DP TP PP N_LAYER\n");
+  if (argc != 5 && argc != 7) {
+    if (world_rank == 0)
+      std::fprintf(stderr, "usage: topology_check DP TP PP N_LAYER [CP ZERO_GROUP]\n");
     MPI_Finalize();
     return 2;
   }
@@ -75,7 +93,8 @@ int main(int argc, char** argv) {
   cfg.dp = parse(argv[1]);
   cfg.tp = parse(argv[2]);
   cfg.pp = parse(argv[3]);
-  int n_layer = std::atoi(argv[4]);
+  const int n_layer = std::atoi(argv[4]);
+  if (argc == 7) cfg.cp = std::atoi(argv[5]), cfg.zero_group = std::atoi(argv[6]);
 
   ParallelLayout l;
   std::string error = tessera::resolve_layout(cfg, world_size, &l);
@@ -86,47 +105,55 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  int failed = 0;
+  int failed = 0, groups = 0;
   {
-    tessera::Topology topo(MPI_COMM_WORLD, l);
-    const RankCoord c = topo.coord();
-    const RankCoord want = tessera::coord_of(world_rank, l);
-    expect(c.dp_rank == want.dp_rank && c.tp_rank == want.tp_rank && c.pp_rank == want.pp_rank,
-           "coord differs from coord_of");
-    expect(tessera::world_rank_of(c, l) == world_rank, "world_rank_of(coord) is not the rank");
-    expect(topo.world_rank() == world_rank && topo.world_size() == world_size, "world rank/size");
-    expect(topo.first_stage() == (c.pp_rank == 0), "first_stage");
-    expect(topo.last_stage() == (c.pp_rank == l.pp - 1), "last_stage");
+    const Mesh mesh(MPI_COMM_WORLD, tessera::mesh_shape(l));
+    const MeshShape& m = mesh.shape();
+    expect(mesh.rank() == world_rank && mesh.size() == world_size, "world rank/size");
+    const int dp = mesh.coord("dp"), tp = mesh.coord("tp"), pp = mesh.coord("pp"),
+              cp = mesh.coord("cp");
+    // The formula of DESIGN §3, written out.
+    expect(world_rank == ((pp * l.dp + dp) * l.cp + cp) * l.tp + tp, "coordinates vs formula");
 
-    // Each group varies one coordinate over its range, in order, and keeps the others.
+    // tp, dp, pp against the formula: one coordinate varies over its range, in order.
+    auto rank_at = [&](int d, int t, int p) { return ((p * l.dp + d) * l.cp + cp) * l.tp + t; };
     std::vector<int> tp_group, dp_group, pp_group;
-    auto rank_at = [&](int d, int t, int p) { return tessera::world_rank_of({d, t, p}, l); };
-    for (int t = 0; t < l.tp; t++) tp_group.push_back(rank_at(c.dp_rank, t, c.pp_rank));
-    for (int d = 0; d < l.dp; d++) dp_group.push_back(rank_at(d, c.tp_rank, c.pp_rank));
-    for (int p = 0; p < l.pp; p++) pp_group.push_back(rank_at(c.dp_rank, c.tp_rank, p));
-    check_comm(topo, CommName::tp, "tp", tp_group, c.tp_rank);
-    check_comm(topo, CommName::dp, "dp", dp_group, c.dp_rank);
-    check_comm(topo, CommName::pp, "pp", pp_group, c.pp_rank);
+    for (int t = 0; t < l.tp; t++) tp_group.push_back(rank_at(dp, t, pp));
+    for (int d = 0; d < l.dp; d++) dp_group.push_back(rank_at(d, tp, pp));
+    for (int p = 0; p < l.pp; p++) pp_group.push_back(rank_at(dp, tp, p));
+    check_comm(mesh.group({"tp"}), "tp (formula)", tp_group, world_rank);
+    check_comm(mesh.group({"dp"}), "dp (formula)", dp_group, world_rank);
+    check_comm(mesh.group({"pp"}), "pp (formula)", pp_group, world_rank);
+
+    // Every set of dimensions of every view, against brute force.
+    for (size_t v = 0; v < m.views().size(); ++v) {
+      const auto& view = m.views()[v];
+      for (unsigned set = 1; set < (1u << view.size()); ++set) {
+        DimNames dims;
+        for (size_t i = 0; i < view.size(); ++i)
+          if ((set >> i) & 1u) dims.push_back(view[i].name);
+        check_comm(mesh.group(dims), m.group_name(dims), brute_force(m, v, dims, world_rank),
+                   world_rank);
+        ++groups;
+      }
+    }
 
     // Every rank that has an embed communicator gathers over it, wanted or not, so that a wrong
     // one shows up as a problem rather than a hang.
-    bool ends = l.pp > 1 && (c.pp_rank == 0 || c.pp_rank == l.pp - 1);
+    const bool ends = l.pp > 1 && (pp == 0 || pp == l.pp - 1);
     if (ends) {
-      std::vector<int> embed_group = {pp_group.front(), pp_group.back()};
-      check_comm(topo, CommName::embed, "embed", embed_group, c.pp_rank == 0 ? 0 : 1);
-    } else if (topo.comm(CommName::embed) != MPI_COMM_NULL) {
-      std::vector<int> got = members(topo.comm(CommName::embed), world_rank);
-      expect(false, "embed holds " + text(got) + ", want MPI_COMM_NULL");
+      check_comm(mesh.embed(), "embed", {pp_group.front(), pp_group.back()}, world_rank);
+    } else if (mesh.embed() != MPI_COMM_NULL) {
+      expect(false, "embed holds " + text(members(mesh.embed(), world_rank)) +
+                        ", want MPI_COMM_NULL");
     }
-    // World-wide: embed exists on exactly the 2 * dp * tp end-stage ranks (none when pp == 1).
-    int has_embed = topo.comm(CommName::embed) != MPI_COMM_NULL ? 1 : 0, with_embed = 0;
+    // World-wide: embed exists on exactly the end-stage ranks (none when pp == 1).
+    int has_embed = mesh.embed() != MPI_COMM_NULL ? 1 : 0, with_embed = 0;
     MPI_Allreduce(&has_embed, &with_embed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    expect(with_embed == (l.pp > 1 ? 2 * l.dp * l.tp : 0),
+    expect(with_embed == (l.pp > 1 ? 2 * l.dp * l.tp * l.cp : 0),
            std::to_string(with_embed) + " ranks have an embed communicator");
 
-    for (const std::string& p : problems) {
-      std::printf("problem on rank %d: %s\n", world_rank, p.c_str());
-    }
+    for (const std::string& p : problems) std::printf("problem on rank %d: %s\n", world_rank, p.c_str());
     std::fflush(stdout);
     int mine = static_cast<int>(problems.size());
     MPI_Allreduce(&mine, &failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
@@ -134,12 +161,13 @@ int main(int argc, char** argv) {
       std::vector<std::vector<std::pair<int, int>>> stages;
       for (const auto& range : tessera::stage_layer_ranges(n_layer, l.pp, {}))
         stages.push_back({range});
-      std::printf("%s\n",
-                  topo.rank_grid(stages, "wte, wpe", "wte copy, ln_f", "wte, wpe, ln_f").c_str());
-      std::printf("checked dp=%d tp=%d pp=%d on %d ranks, %d problems\n", l.dp, l.tp, l.pp,
-                  world_size, failed);
+      std::printf("%s\n", tessera::rank_grid(m, stages, "wte, wpe", "wte copy, ln_f",
+                                             "wte, wpe, ln_f").c_str());
+      std::printf("checked dp=%d tp=%d pp=%d%s on %d ranks, %d groups, %d problems\n", l.dp, l.tp,
+                  l.pp, l.cp > 1 ? (" cp=" + std::to_string(l.cp)).c_str() : "", world_size,
+                  groups, failed);
     }
-  }  // ~Topology frees the communicators before MPI_Finalize
+  }  // ~Mesh frees the communicators before MPI_Finalize
   MPI_Finalize();
   return failed == 0 ? 0 : 1;
 }

@@ -12,6 +12,7 @@
 #include "pipeline/schedule.hpp"
 #include "train/anomaly.hpp"
 #include "engine/engine.hpp"
+#include "parallel/layout.hpp"
 
 using namespace tessera;
 
@@ -47,14 +48,19 @@ namespace {
 struct Pair {
   ModelShape shape = make_model_shape(2, 2, 16, 8, 40, 8);
   LocalLayout tile = make_local_layout(shape, 1, 0, 0, shape.n_layer, true, true);
-  Comm world{MPI_COMM_SELF};
+  Mesh mesh{MPI_COMM_SELF, mesh_shape(ParallelLayout{1, 1, 1})};
   std::unique_ptr<TrainEngine> a, b;
   explicit Pair(bool zero) {
-    const EngineSetup setup{tile, MPI_COMM_NULL, MPI_COMM_SELF, MPI_COMM_NULL, MPI_COMM_NULL,
-                            &world, make_schedule(ScheduleKind::OneFOneB, 0, 1, 1), 2, 8, 1, zero,
-                            false, AdamWHyper{0.9, 0.95, 1e-8, 0.1}, ModelOptions{}};
-    a = make_engine(setup, false, false);
-    b = make_engine(setup, false, false);
+    const EngineSetup setup{.tile = tile,
+                            .mesh = &mesh,
+                            .schedule = make_schedule(ScheduleKind::OneFOneB, 0, 1, 1),
+                            .micro_batch = 2,
+                            .seq_len = 8,
+                            .n_micro = 1,
+                            .zero = zero ? 1 : 0,
+                            .hyper = AdamWHyper{0.9, 0.95, 1e-8, 0.1}};
+    a = make_engine(setup, EngineKind::cpu);
+    b = make_engine(setup, EngineKind::cpu);
     for (TrainEngine* e : {a.get(), b.get()}) {
       init_local_parameters(e->host_params(), tile, 11, 0.02);
       e->params_to_device();

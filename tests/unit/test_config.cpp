@@ -113,11 +113,11 @@ TEST(Config, MinimalDeckTakesEveryDefault) {
   EXPECT_EQ(c.optim.lr, 1e-3);
   EXPECT_EQ(c.checkpoint.restart, "auto");
   EXPECT_EQ(c.run.dir, "runs/default");
-  EXPECT_EQ(c.device.backend, "cpu");
+  EXPECT_EQ(c.device.backend, DeviceBackend::Cpu);
   EXPECT_EQ(c.parallel.dp, 1);
   EXPECT_EQ(c.parallel.tp, 1);
   EXPECT_EQ(c.parallel.pp, 1);
-  EXPECT_EQ(c.parallel.schedule, "1f1b");
+  EXPECT_EQ(c.parallel.schedule, ScheduleKind::OneFOneB);
   EXPECT_EQ(c.parallel.zero, 0);
   EXPECT_TRUE(c.parallel.stage_layers.empty());
 }
@@ -158,15 +158,15 @@ TEST(Config, EveryKeyReachesItsField) {
   e.train = {7, 12, 4, 42};
   e.train.anomaly_window = 9;
   e.train.anomaly_sigma = 2.5;
-  e.train.anomaly_action = "rollback";
+  e.train.anomaly_action = AnomalyAction::Rollback;
   e.train.anomaly_max_rollbacks = 7;
   e.optim = {6e-4, 6e-5, 5, 70, 0.05, 0.8, 0.99, 1e-6, 0.5};
   e.eval = {3, 2};
   e.checkpoint = {"ck", 4, "none", 4096, "gpt2.h5", false, 3, true};
   e.log = {1, 250.5};
   e.run = RunConfig{"r", 1.5, 90};  // not `e.run.dir = "r"`: GCC 12 -O3 warns falsely (-Wrestrict)
-  e.device = {"auto", "bf16", 2};
-  e.parallel = {3, 3, 2, "gpipe", 1, {1, 1}};
+  e.device = {DeviceBackend::Auto, Precision::Bf16, 2};
+  e.parallel = {3, 3, 2, ScheduleKind::GPipe, 1, {1, 1}};
   expect_same(c, e);
 }
 
@@ -321,6 +321,46 @@ TEST(Config, MessagesStayOnOneLine) {
             "deck.yaml:3:3: data.x\\ny: unknown key (data has: train, val, format, dtype, seq_len, prefetch, readers, direct_io, check_tokens, trace)");
   EXPECT_EQ(deck_error("data:\n  train: t\ndevice:\n  backend: \"g\\tp\\x01u\"\n"),
             "deck.yaml:4:12: device.backend: must be cpu, cuda or auto, got 'g\\tp\\x01u'");
+}
+
+// The deck's words become enums where the deck is read, and to_yaml spells them back; the parser
+// is exact (no case folding, no trailing space).
+TEST(Config, DeckWordsAreTyped) {
+  const Config c = parse_deck(std::string(kMinimal) +
+                                  "model: {attention: fused}\n"
+                                  "train: {recompute: selective, anomaly_action: rollback}\n"
+                                  "device: {backend: auto, precision: fp8, fp8_format: e4m3, "
+                                  "fp8_amax_algo: most_recent}\n"
+                                  "parallel: {schedule: gpipe, cp_comm: allgather}\n",
+                              "deck.yaml", {});
+  EXPECT_EQ(c.model.attention, Attention::Fused);
+  EXPECT_EQ(c.train.recompute, Recompute::Selective);
+  EXPECT_EQ(c.train.anomaly_action, AnomalyAction::Rollback);
+  EXPECT_EQ(c.device.backend, DeviceBackend::Auto);
+  EXPECT_EQ(c.device.precision, Precision::Fp8);
+  EXPECT_EQ(c.device.fp8_format, Fp8Recipe::E4M3);
+  EXPECT_EQ(c.device.fp8_amax_algo, AmaxAlgo::MostRecent);
+  EXPECT_EQ(c.parallel.schedule, ScheduleKind::GPipe);
+  EXPECT_EQ(c.parallel.cp_comm, CpComm::AllGather);
+  EXPECT_STREQ(deck_word(c.parallel.schedule), "gpipe");
+  EXPECT_STREQ(deck_word(ScheduleKind::OneFOneB), "1f1b");
+  EXPECT_STREQ(deck_word(c.device.fp8_amax_algo), "most_recent");
+  const std::string yaml = to_yaml(c);
+  EXPECT_NE(yaml.find("  schedule: \"gpipe\"\n"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("  fp8_amax_algo: \"most_recent\"\n"), std::string::npos) << yaml;
+  expect_same(parse_deck(yaml, "resolved.yaml", {}), c);
+  for (const char* bad : {"GPipe", "1F1B", "interleaved"})
+    EXPECT_EQ(deck_error(std::string(kMinimal) + "parallel:\n  schedule: " + bad + "\n"),
+              "deck.yaml:4:13: parallel.schedule: must be gpipe or 1f1b, got '" +
+                  std::string(bad) + "'");
+  EXPECT_EQ(deck_error(std::string(kMinimal) + "parallel:\n  schedule: \"1f1b \"\n"),
+            "deck.yaml:4:13: parallel.schedule: must be gpipe or 1f1b, got '1f1b '");
+  EXPECT_EQ(restart_from(c.checkpoint), RestartFrom::Auto);
+  CheckpointConfig k;
+  k.restart = "none";
+  EXPECT_EQ(restart_from(k), RestartFrom::None);
+  k.restart = "runs/x/checkpoints";
+  EXPECT_EQ(restart_from(k), RestartFrom::Path);
 }
 
 struct RangeCase {
@@ -515,7 +555,7 @@ TEST(Config, OverridesReplaceDeckValues) {
   EXPECT_EQ(c.optim.lr, 3e-4);
   EXPECT_EQ(c.data.val, "");
   EXPECT_EQ(c.train.seed, 7u);
-  EXPECT_EQ(c.device.backend, "auto");
+  EXPECT_EQ(c.device.backend, DeviceBackend::Auto);
   EXPECT_EQ(c.checkpoint.restart, "runs/x/step_100.h5");
 }
 
@@ -625,11 +665,11 @@ TEST(Config, DeckMustBeASmallRegularFile) {
 // Every field away from its default, with awkward doubles and strings that need quoting.
 Config unusual_config() {
   Config c;
-  c.model.arch = "llama";
+  c.model.arch = Arch::Llama;
   c.model.n_layer = 12, c.model.n_head = 12, c.model.n_kv_head = 4, c.model.n_embd = 768;
   c.model.ffn_hidden = 2048, c.model.ffn_multiple = 128, c.model.block_size = 1024;
   c.model.vocab_size = 50257, c.model.vocab_multiple = 128, c.model.init_std = 1.0 / 3.0;
-  c.model.attention = "fused", c.model.tie_embeddings = "true";
+  c.model.attention = Attention::Fused, c.model.tie_embeddings = Tie::True;
   c.model.norm_eps = 1e-6, c.model.rope_theta = 500000.0;
   c.data.train = "data/my \"quoted\" file: #1.h5";
   c.data.val = "tab\there\nnew line \\ back ünïcode 'single'";
@@ -647,8 +687,8 @@ Config unusual_config() {
   c.checkpoint = {" leading space", 1000, "none", 1 << 20, "runs/a b/step_00000010.h5", false};
   c.log = {5, 1.5e12};
   c.run.dir = "yes";
-  c.device = {"cuda", "bf16", 16};
-  c.parallel = {0, 4, 3, "gpipe", 1, {5, 4, 3}};
+  c.device = {DeviceBackend::Cuda, Precision::Bf16, 16};
+  c.parallel = {0, 4, 3, ScheduleKind::GPipe, 1, {5, 4, 3}};
   return c;
 }
 
@@ -710,7 +750,7 @@ TEST(Config, ParallelSection) {
   EXPECT_EQ(c.parallel.dp, 0);
   EXPECT_EQ(c.parallel.tp, 2);
   EXPECT_EQ(c.parallel.pp, 3);
-  EXPECT_EQ(c.parallel.schedule, "gpipe");
+  EXPECT_EQ(c.parallel.schedule, ScheduleKind::GPipe);
   EXPECT_EQ(c.parallel.zero, 1);
   EXPECT_EQ(c.parallel.stage_layers, (std::vector<int>{2, 3, 3}));
   // auto in any one position, quoted or not; an explicit empty list is the balanced default.
@@ -749,7 +789,7 @@ TEST(Config, ParallelOverrides) {
   EXPECT_EQ(c.parallel.dp, 0);
   EXPECT_EQ(c.parallel.pp, 2);
   EXPECT_EQ(c.parallel.stage_layers, (std::vector<int>{2, 2}));
-  EXPECT_EQ(c.parallel.schedule, "gpipe");
+  EXPECT_EQ(c.parallel.schedule, ScheduleKind::GPipe);
   c = parse_deck(std::string(kMinimal) + "parallel:\n  stage_layers: [4]\n", "deck.yaml",
                  {"parallel.stage_layers=[]"});
   EXPECT_TRUE(c.parallel.stage_layers.empty());
@@ -815,16 +855,16 @@ TEST(Config, Fp8Keys) {
   const Config c = parse_deck(fp8 + "  fp8_format: e4m3\n  fp8_amax_history: 1024\n"
                               "  fp8_amax_algo: most_recent\n  fp8_margin: 2\n  fp8_head: true\n",
                               "deck.yaml", {});
-  EXPECT_EQ(c.device.precision, "fp8");
-  EXPECT_EQ(c.device.fp8_format, "e4m3");
+  EXPECT_EQ(c.device.precision, Precision::Fp8);
+  EXPECT_EQ(c.device.fp8_format, Fp8Recipe::E4M3);
   EXPECT_EQ(c.device.fp8_amax_history, 1024);
-  EXPECT_EQ(c.device.fp8_amax_algo, "most_recent");
+  EXPECT_EQ(c.device.fp8_amax_algo, AmaxAlgo::MostRecent);
   EXPECT_EQ(c.device.fp8_margin, 2);
   EXPECT_TRUE(c.device.fp8_head);
   const Config d = parse_deck(fp8, "deck.yaml", {});
-  EXPECT_EQ(d.device.fp8_format, "hybrid");
+  EXPECT_EQ(d.device.fp8_format, Fp8Recipe::Hybrid);
   EXPECT_EQ(d.device.fp8_amax_history, 16);
-  EXPECT_EQ(d.device.fp8_amax_algo, "max");
+  EXPECT_EQ(d.device.fp8_amax_algo, AmaxAlgo::Max);
   EXPECT_EQ(d.device.fp8_margin, 0);
   EXPECT_FALSE(d.device.fp8_head);
   EXPECT_EQ(deck_error(deck + "device:\n  fp8_margin: 1\n"),
@@ -844,7 +884,7 @@ TEST(Config, Fp8Keys) {
   EXPECT_EQ(deck_error(deck + "device:\n  precision: fp4\n"),
             "deck.yaml:4:14: device.precision: must be fp32, bf16 or fp8, got 'fp4'");
   // On both backends (the CPU in fp32, CUDA in bf16 around the FP8 GEMM inputs).
-  EXPECT_EQ(parse_deck(fp8 + "  backend: cuda\n", "deck.yaml", {}).device.backend, "cuda");
+  EXPECT_EQ(parse_deck(fp8 + "  backend: cuda\n", "deck.yaml", {}).device.backend, DeviceBackend::Cuda);
   const std::string text = to_yaml(c);
   EXPECT_NE(text.find("  fp8_margin: 2\n"), std::string::npos);
   EXPECT_EQ(to_yaml(parse_deck(deck, "deck.yaml", {})).find("fp8_"), std::string::npos);
@@ -874,9 +914,9 @@ TEST(Config, LlamaRules) {
   EXPECT_EQ(deck_error(llama + "  ffn_hidden: 30\nparallel:\n  tp: 4\n"),
             "deck.yaml:7:7: parallel.tp: parallel.tp = 4 does not divide model.ffn_hidden = 30");
   const Config c = parse_deck(llama + "  n_kv_head: 2\n  tie_embeddings: true\n", "deck.yaml", {});
-  EXPECT_EQ(c.model.arch, "llama");
+  EXPECT_EQ(c.model.arch, Arch::Llama);
   EXPECT_EQ(c.model.n_kv_head, 2);
-  EXPECT_EQ(c.model.tie_embeddings, "true");
+  EXPECT_EQ(c.model.tie_embeddings, Tie::True);
 }
 
 // Every example deck of input/ is a valid deck (the tests run from the repository root).
@@ -890,7 +930,7 @@ TEST(Config, ExampleDecksLoad) {
   }
   EXPECT_GE(decks, 5);
   const Config llama = load_deck("input/llama-1b.yaml", {});
-  EXPECT_EQ(llama.model.arch, "llama");
+  EXPECT_EQ(llama.model.arch, Arch::Llama);
   EXPECT_EQ(llama.model.n_kv_head, 8);
 }
 
@@ -926,7 +966,7 @@ TEST(Config, FusedAttentionHeadSize) {
   EXPECT_EQ(parse_deck(deck + "model:\n  n_embd: 1024\n  n_head: 8\n  attention: fused\n",
                        "deck.yaml", {})
                 .model.attention,
-            "fused");
+            Attention::Fused);
 }
 
 // Layout rules that need no world size, each at the later of its keys.

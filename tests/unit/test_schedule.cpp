@@ -59,22 +59,6 @@ std::string expected_1f1b(int s, int pp, int m) {
 
 bool same(const Action& a, Op op, int mb) { return a.op == op && a.mb == mb; }
 
-TEST(Schedule, ParseSchedule) {
-  EXPECT_EQ(parse_schedule("gpipe"), ScheduleKind::GPipe);
-  EXPECT_EQ(parse_schedule("1f1b"), ScheduleKind::OneFOneB);
-  for (const char* bad : {"", "GPipe", "1F1B", "interleaved", "1f1b "}) {
-    try {
-      parse_schedule(bad);
-      ADD_FAILURE() << "no error for \"" << bad << "\"";
-    } catch (const std::invalid_argument& e) {
-      const std::string message = e.what();
-      EXPECT_NE(message.find("\"" + std::string(bad) + "\""), std::string::npos) << message;
-      EXPECT_NE(message.find("gpipe"), std::string::npos) << message;
-      EXPECT_NE(message.find("1f1b"), std::string::npos) << message;
-    }
-  }
-}
-
 TEST(Schedule, MakeScheduleRejectsBadArguments) {
   EXPECT_THROW(make_schedule(ScheduleKind::OneFOneB, 0, 0, 4), std::invalid_argument);
   EXPECT_THROW(make_schedule(ScheduleKind::OneFOneB, -1, 2, 4), std::invalid_argument);

@@ -1,49 +1,135 @@
-// The rank grid on one process: coordinates, layout resolution and checks with their exact
-// messages, stage ranges, and a 1-rank Topology. tests/integration/test_topology_mpi.sh runs the
-// communicators on 4 and 8 ranks.
+// The rank mesh on one process: coordinates and groups of bigger meshes (by brute force), layout
+// resolution and checks with their exact messages, stage ranges, and a 1-rank Mesh.
+// tests/integration/test_topology_mpi.sh runs the communicators on 4 and 8 ranks.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/error.hpp"
-#include "parallel/topology.hpp"
+#include "parallel/layout.hpp"
+#include "parallel/mesh.hpp"
 
 namespace tessera {
 namespace {
 
-TEST(Topology, RankOrderPutsTpFastestThenDpThenPp) {
-  const ParallelLayout l{2, 2, 2};
+TEST(Mesh, RankOrderPutsTpFastestThenDpThenPp) {
+  const MeshShape m = mesh_shape(ParallelLayout{2, 2, 2});
   // world rank -> (dp, tp, pp), written out rather than computed.
   const int expected[8][3] = {{0, 0, 0}, {0, 1, 0}, {1, 0, 0}, {1, 1, 0},
                               {0, 0, 1}, {0, 1, 1}, {1, 0, 1}, {1, 1, 1}};
   for (int r = 0; r < 8; r++) {
-    RankCoord c = coord_of(r, l);
-    EXPECT_EQ(c.dp_rank, expected[r][0]) << r;
-    EXPECT_EQ(c.tp_rank, expected[r][1]) << r;
-    EXPECT_EQ(c.pp_rank, expected[r][2]) << r;
+    EXPECT_EQ(m.coord(r, "dp"), expected[r][0]) << r;
+    EXPECT_EQ(m.coord(r, "tp"), expected[r][1]) << r;
+    EXPECT_EQ(m.coord(r, "pp"), expected[r][2]) << r;
+    EXPECT_EQ(m.coord(r, "cp"), 0) << r;
   }
+  EXPECT_EQ(m.describe(), "tp=2 x cp=1 x dp=2 x pp=2");
 }
 
-TEST(Topology, CoordRoundTripsForUnevenLayouts) {
+TEST(Mesh, CoordRoundTripsForUnevenLayouts) {
   for (ParallelLayout l : {ParallelLayout{3, 2, 4}, ParallelLayout{1, 5, 1},
-                           ParallelLayout{4, 1, 3}, ParallelLayout{1, 1, 1}}) {
-    int n = l.dp * l.tp * l.pp;
+                           ParallelLayout{4, 1, 3}, ParallelLayout{1, 1, 1},
+                           ParallelLayout{2, 3, 2, 0, 3}}) {
+    const MeshShape m = mesh_shape(l);
+    const int n = l.dp * l.tp * l.pp * l.cp;
+    ASSERT_EQ(m.world_size(), n);
     std::vector<int> seen(n, 0);
     for (int r = 0; r < n; r++) {
-      RankCoord c = coord_of(r, l);
-      EXPECT_GE(c.dp_rank, 0);
-      EXPECT_LT(c.dp_rank, l.dp);
-      EXPECT_LT(c.tp_rank, l.tp);
-      EXPECT_LT(c.pp_rank, l.pp);
-      EXPECT_EQ(world_rank_of(c, l), r);
-      EXPECT_EQ(r, (c.pp_rank * l.dp + c.dp_rank) * l.tp + c.tp_rank);
-      seen[world_rank_of(c, l)]++;
+      const int dp = m.coord(r, "dp"), tp = m.coord(r, "tp"), pp = m.coord(r, "pp"),
+                cp = m.coord(r, "cp");
+      EXPECT_LT(dp, l.dp);
+      EXPECT_LT(tp, l.tp);
+      EXPECT_LT(pp, l.pp);
+      EXPECT_LT(cp, l.cp);
+      // The order DESIGN §3 writes out: tp fastest, then cp, dp, pp.
+      EXPECT_EQ(r, ((pp * l.dp + dp) * l.cp + cp) * l.tp + tp);
+      const long long back = m.rank_at({{"tp", tp}, {"cp", cp}, {"dp", dp}, {"pp", pp}});
+      ASSERT_GE(back, 0);
+      ASSERT_LT(back, n);
+      seen[size_t(back)]++;
+      EXPECT_EQ(back, r);
     }
     for (int r = 0; r < n; r++) EXPECT_EQ(seen[r], 1);
   }
+}
+
+// Every group of a 3 x 2 x 2 x 2 mesh (cp = 2) holds exactly the ranks that share the other
+// coordinates, ordered by the named ones (mixed radix, mesh order): checked by brute force.
+TEST(Mesh, GroupsHoldTheRanksThatDifferOnlyInTheirDimensions) {
+  const ParallelLayout l{2, 3, 2, 2, 2};  // dp 2, tp 3, pp 2, zero_group 2, cp 2
+  const MeshShape m = mesh_shape(l);
+  const std::vector<DimNames> groups = {{"tp"},       {"cp"},       {"dp"},           {"pp"},
+                                        {"dp", "cp"}, {"tp", "pp"}, {"cp", "dp", "pp"}};
+  for (const DimNames& g : groups) {
+    for (long long r = 0; r < m.world_size(); ++r) {
+      std::vector<long long> members;
+      for (long long q = 0; q < m.world_size(); ++q) {
+        bool same = true;
+        for (const MeshDim& d : m.dims())
+          if (std::find(g.begin(), g.end(), d.name) == g.end() &&
+              m.coord(q, d.name) != m.coord(r, d.name))
+            same = false;
+        if (same) members.push_back(q);
+      }
+      ASSERT_EQ(m.group_size(g), int(members.size()));
+      // members are in world order, which for whole dimensions is the group's order too.
+      const auto at = std::find(members.begin(), members.end(), r) - members.begin();
+      EXPECT_EQ(m.group_rank(r, g), at) << m.group_name(g) << " rank " << r;
+      for (long long q : members) EXPECT_EQ(m.group_color(q, g), m.group_color(r, g));
+      for (long long q = 0; q < m.world_size(); ++q) {
+        if (std::find(members.begin(), members.end(), q) == members.end()) {
+          EXPECT_NE(m.group_color(q, g), m.group_color(r, g));
+        }
+      }
+    }
+  }
+  EXPECT_EQ(m.group_name({"dp", "cp"}), "dpcp");
+  EXPECT_EQ(m.group_name({"cp", "dp"}), "dpcp");
+  EXPECT_EQ(m.group_size({"dp", "cp"}), 4);
+}
+
+// ZeRO's view: shard = zero_group consecutive ranks of dp x cp (cp fastest), replica = the ranks
+// at the same place in the other groups.
+TEST(Mesh, ZeroViewCutsDpTimesCp) {
+  const ParallelLayout l{4, 2, 1, 2, 1};  // dp 4, tp 2, zero_group 2
+  const MeshShape m = mesh_shape(l);
+  EXPECT_EQ(m.size("shard"), 2);
+  EXPECT_EQ(m.size("replica"), 2);
+  for (long long r = 0; r < 8; ++r) {
+    const int dpcp = m.group_rank(r, {"dp", "cp"});
+    EXPECT_EQ(m.coord(r, "shard"), dpcp % 2) << r;
+    EXPECT_EQ(m.coord(r, "replica"), dpcp / 2) << r;
+    EXPECT_EQ(m.group_rank(r, {"shard"}), dpcp % 2);
+    EXPECT_EQ(m.group_rank(r, {"replica"}), dpcp / 2);
+  }
+  // Ranks 0 and 2 (tp 0, dp 0 and 1) share a shard group, 0 and 4 (dp 0 and 2) a replica group.
+  EXPECT_EQ(m.group_color(0, {"shard"}), m.group_color(2, {"shard"}));
+  EXPECT_NE(m.group_color(0, {"shard"}), m.group_color(4, {"shard"}));
+  EXPECT_EQ(m.group_color(0, {"replica"}), m.group_color(4, {"replica"}));
+  // Both parts together are the ranks of dp x cp, in its order: one group, one name.
+  EXPECT_EQ(m.group_name({"shard", "replica"}), "dpcp");
+  EXPECT_EQ(m.group_name({"tp", "replica", "shard"}), "dpcptp");
+  // Without hybrid sharding one shard group is dp x cp.
+  EXPECT_EQ(mesh_shape(ParallelLayout{4, 2, 1}).size("shard"), 4);
+  EXPECT_EQ(mesh_shape(ParallelLayout{4, 2, 1}).size("replica"), 1);
+}
+
+TEST(Mesh, UnknownNamesAreOneLine) {
+  const MeshShape m = mesh_shape(ParallelLayout{2, 1, 1});
+  EXPECT_EQ(m.unknown({"dp", "cp"}), "");
+  EXPECT_EQ(m.unknown({"tp", "shard"}), "");
+  EXPECT_EQ(m.unknown({"ep"}),
+            "mesh: no dimension \"ep\" (the mesh has tp, cp, dp, pp; shard, replica)");
+  EXPECT_EQ(m.unknown({"dp", "shard"}), "mesh: no view holds dp with shard (shard re-cuts cp x dp)");
+  EXPECT_THROW(m.group_size({"ep"}), std::invalid_argument);
+  EXPECT_THROW(m.size("expert"), std::invalid_argument);
+  MeshShape bad({{"tp", 2}, {"dp", 3}});
+  EXPECT_EQ(bad.add_view({"dp"}, {{"a", 2}, {"b", 2}}), "mesh: a=2 x b=2 = 4 does not cut dp=3 = 3");
 }
 
 ParallelConfig parallel(int dp, int tp, int pp) {
@@ -60,7 +146,7 @@ void expect_layout(const ParallelLayout& l, int dp, int tp, int pp) {
   EXPECT_EQ(l.pp, pp);
 }
 
-TEST(Topology, ResolveLayoutFillsTheAutoEntry) {
+TEST(Layout, ResolveLayoutFillsTheAutoEntry) {
   ParallelLayout l;
   EXPECT_EQ(resolve_layout(parallel(2, 2, 2), 8, &l), "");
   expect_layout(l, 2, 2, 2);
@@ -74,7 +160,7 @@ TEST(Topology, ResolveLayoutFillsTheAutoEntry) {
   expect_layout(l, 1, 1, 1);
 }
 
-TEST(Topology, ResolveLayoutErrorsNameTheNumbers) {
+TEST(Layout, ResolveLayoutErrorsNameTheNumbers) {
   ParallelLayout l{7, 7, 7};
   EXPECT_EQ(resolve_layout(parallel(2, 2, 2), 6, &l),
             "parallel: dp=2 x tp=2 x pp=2 = 8 ranks, but the job has 6");
@@ -96,7 +182,7 @@ TEST(Topology, ResolveLayoutErrorsNameTheNumbers) {
 
 using Ranges = std::vector<std::pair<int, int>>;
 
-TEST(Topology, StageLayerRanges) {
+TEST(Layout, StageLayerRanges) {
   EXPECT_EQ(stage_layer_ranges(5, 2, {}), (Ranges{{0, 3}, {3, 5}}));
   EXPECT_EQ(stage_layer_ranges(8, 3, {}), (Ranges{{0, 3}, {3, 6}, {6, 8}}));
   EXPECT_EQ(stage_layer_ranges(7, 4, {}), (Ranges{{0, 2}, {2, 4}, {4, 6}, {6, 7}}));
@@ -106,14 +192,14 @@ TEST(Topology, StageLayerRanges) {
   EXPECT_EQ(stage_layer_ranges(5, 2, {4, 1}), (Ranges{{0, 4}, {4, 5}}));
 }
 
-TEST(Topology, CheckLayoutAcceptsGoodLayouts) {
+TEST(Layout, CheckLayoutAcceptsGoodLayouts) {
   EXPECT_EQ(check_layout({2, 2, 2}, 4, 64, 4, {}, 16, 2), "");
   EXPECT_EQ(check_layout({1, 1, 1}, 1, 1, 1, {}, 1, 1), "");
   EXPECT_EQ(check_layout({3, 4, 3}, 12, 50304, 12, {6, 3, 3}, 36, 4), "");
   EXPECT_EQ(check_layout({1, 1, 4}, 4, 64, 4, {}, 8, 8), "");
 }
 
-TEST(Topology, CheckLayoutErrorsNameTheNumbers) {
+TEST(Layout, CheckLayoutErrorsNameTheNumbers) {
   // layout, n_head, padded_vocab, n_layer, stage_layers, batch_size, micro_batch
   EXPECT_EQ(check_layout({1, 3, 1}, 4, 64, 4, {}, 8, 8),
             "parallel.tp = 3 does not divide model.n_head = 4");
@@ -156,57 +242,50 @@ int comm_size(MPI_Comm comm) {
   return n;
 }
 
-TEST(Topology, OneRankHasOneRankCommunicators) {
+TEST(Mesh, OneRankHasOneRankGroups) {
   int world_size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   ASSERT_EQ(world_size, 1) << "the unit tests run on one rank";
-  Topology topo(MPI_COMM_WORLD, ParallelLayout{1, 1, 1});
-  EXPECT_EQ(topo.world_rank(), 0);
-  EXPECT_EQ(topo.world_size(), 1);
-  EXPECT_EQ(topo.world(), MPI_COMM_WORLD);
-  expect_layout(topo.layout(), 1, 1, 1);
-  EXPECT_EQ(topo.coord().dp_rank, 0);
-  EXPECT_EQ(topo.coord().tp_rank, 0);
-  EXPECT_EQ(topo.coord().pp_rank, 0);
-  EXPECT_TRUE(topo.first_stage());
-  EXPECT_TRUE(topo.last_stage());
-  for (CommName name : {CommName::tp, CommName::dp, CommName::pp}) {
-    MPI_Comm comm = topo.comm(name);
+  Mesh mesh(MPI_COMM_WORLD, mesh_shape(ParallelLayout{1, 1, 1}));
+  EXPECT_EQ(mesh.rank(), 0);
+  EXPECT_EQ(mesh.size(), 1);
+  EXPECT_EQ(mesh.world(), MPI_COMM_WORLD);
+  for (const DimNames& g : {DimNames{"tp"}, DimNames{"dp", "cp"}, DimNames{"pp"},
+                            DimNames{"shard"}, DimNames{"replica"}}) {
+    MPI_Comm comm = mesh.group(g);
     ASSERT_NE(comm, MPI_COMM_NULL);
-    EXPECT_NE(comm, MPI_COMM_WORLD);  // its own communicator, freed by ~Topology
     EXPECT_EQ(comm_size(comm), 1);
-    int rank = -1;
-    MPI_Comm_rank(comm, &rank);
-    EXPECT_EQ(rank, 0);
   }
-  // The three are distinct communicators, not one handle fetched three times.
-  EXPECT_NE(topo.comm(CommName::tp), topo.comm(CommName::dp));
-  EXPECT_NE(topo.comm(CommName::dp), topo.comm(CommName::pp));
-  EXPECT_EQ(topo.comm(CommName::embed), MPI_COMM_NULL);
-  EXPECT_EQ(topo.rank_grid({stage_layer_ranges(4, 1, {})}, "wte, wpe", "wte copy, ln_f",
-                           "wte, wpe, ln_f"),
+  EXPECT_EQ(mesh.embed(), MPI_COMM_NULL);
+  EXPECT_THROW(mesh.group({"ep"}), std::invalid_argument);
+  EXPECT_EQ(rank_grid(mesh.shape(), {stage_layer_ranges(4, 1, {})}, "wte, wpe", "wte copy, ln_f",
+                      "wte, wpe, ln_f"),
             "rank 0: dp 0 tp 0 pp 0  layers 0-3 (+ wte, wpe, ln_f)");
 }
 
-TEST(Topology, WrongWorldSizeIsRefused) {
+TEST(Mesh, WrongWorldSizeIsRefused) {
   try {
-    Topology topo(MPI_COMM_WORLD, ParallelLayout{2, 1, 1});
+    Mesh mesh(MPI_COMM_WORLD, mesh_shape(ParallelLayout{2, 1, 1}));
     ADD_FAILURE() << "no error";
   } catch (const UserError& e) {
     EXPECT_EQ(e.exit_code, kExitBadInput);
-    EXPECT_EQ(std::string(e.what()), "parallel: dp=2 x tp=1 x pp=1 = 2 ranks, but the job has 1");
+    EXPECT_EQ(std::string(e.what()),
+              "mesh: tp=1 x cp=1 x dp=2 x pp=1 = 2 ranks, but the job has 1");
   }
 }
 
-// rank_grid lists every world rank from the layout alone, so a 1-rank Topology cannot show a
-// bigger grid; the text format is checked on the 8-rank grid in test_topology_mpi.sh.
-TEST(Topology, RankGridNamesSingleLayers) {
-  Topology topo(MPI_COMM_WORLD, ParallelLayout{1, 1, 1});
-  EXPECT_EQ(topo.rank_grid({{{0, 1}}}, "a", "b", "wte, wpe, ln_f"),
+// rank_grid lists every world rank from the mesh's shape alone: the text of bigger grids.
+TEST(Mesh, RankGridNamesEveryRank) {
+  const MeshShape one = mesh_shape(ParallelLayout{1, 1, 1});
+  EXPECT_EQ(rank_grid(one, {{{0, 1}}}, "a", "b", "wte, wpe, ln_f"),
             "rank 0: dp 0 tp 0 pp 0  layer 0 (+ wte, wpe, ln_f)");
   // Virtual stages: one range per chunk.
-  EXPECT_EQ(topo.rank_grid({{{0, 2}, {4, 5}}}, "a", "b", "c"),
+  EXPECT_EQ(rank_grid(one, {{{0, 2}, {4, 5}}}, "a", "b", "c"),
             "rank 0: dp 0 tp 0 pp 0  layers 0-1, 4 (+ c)");
+  // cp shows where it is more than one rank.
+  const std::string grid =
+      rank_grid(mesh_shape(ParallelLayout{2, 2, 1, 0, 2}), {{{0, 4}}}, "a", "b", "e");
+  EXPECT_NE(grid.find("rank 5: dp 1 cp 0 tp 1 pp 0  layers 0-3 (+ e)"), std::string::npos) << grid;
 }
 
 }  // namespace

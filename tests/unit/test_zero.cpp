@@ -21,7 +21,7 @@ std::vector<LocalLayout> tiles() {
   std::vector<LocalLayout> out;
   const ModelShape gpt = make_model_shape(4, 4, 32, 16, 70, 64);
   ModelConfig llama_config;
-  llama_config.arch = "llama";
+  llama_config.arch = Arch::Llama;
   llama_config.n_layer = 3;
   llama_config.n_head = 4;
   llama_config.n_kv_head = 2;
