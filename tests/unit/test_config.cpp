@@ -258,7 +258,7 @@ TEST(Config, StructureErrors) {
 
 TEST(Config, MissingTrainData) {
   const std::string missing =
-      "data.train: required key missing (the HDF5 token file made by tools/prepare_data.py)";
+      "data.train: required key missing (the HDF5 token file made by tools/data/prepare_data.py)";
   EXPECT_EQ(deck_error(""), "deck.yaml:1:1: " + missing);
   EXPECT_EQ(deck_error("# only a comment\n\n"), "deck.yaml:1:1: " + missing);
   EXPECT_EQ(deck_error("model:\n  n_layer: 2\n"), "deck.yaml:1:1: " + missing);

@@ -9,7 +9,7 @@ Usage:
 Loads the model (and, when the checkpoint's Adam step is > 0, the moments) from a tessera
 checkpoint of a LLaMA model, reads the resolved deck stored in it, and runs N optimizer steps on
 the same samples tessera takes, with the same schedule, gradient accumulation, clipping and AdamW
-(tools/reference_train.py, shared with reference_gpt.py), printing one line per step:
+(tools/reference/reference_train.py, shared with reference_gpt.py), printing one line per step:
   step S loss L lr LR norm G
 with S counted from the checkpoint's step + 1 and G the global gradient norm before clipping.
 --out writes the final parameters as /model/<name> (float32); --losses-out the per-step losses
@@ -39,7 +39,8 @@ import math
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
+sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop", "reference")]
 from reference_train import run_training, set_threads, training_arguments  # noqa: E402
 from tessera_data import ToolError, run_tool  # noqa: E402
 
@@ -161,7 +162,7 @@ def build_model(ck, where):
     """The LLaMA of a checkpoint's shape, parameters not yet loaded."""
     m = ck["shape"]
     if m["arch"] != "llama":
-        raise ToolError(f"{where}: the model is {m['arch']}, not llama (tools/reference_gpt.py "
+        raise ToolError(f"{where}: the model is {m['arch']}, not llama (tools/reference/reference_gpt.py "
                         "is GPT-2's reference)")
     try:
         return Llama(m, ck["vocab_size"])

@@ -3,9 +3,9 @@
 # shape (1.5 GB: parameters and both Adam moments), written synchronously and with
 # checkpoint.async (a host snapshot, written by a background thread while training goes on),
 # both read from the run's log lines. Prints a markdown table.
-#   DECK (a GPT-2 124M deck, as tools/bench.sh writes)  OUT (scratch directory)  TESSERA
+#   DECK (a GPT-2 124M deck, as tools/bench/all.sh writes)  OUT (scratch directory)  TESSERA
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TESSERA=${TESSERA:-$ROOT/bin/tessera}
 PYTHON=${PYTHON:-/usr/bin/python3}
 : "${DECK:?a GPT-2 124M deck}" "${OUT:?a scratch directory}"

@@ -10,7 +10,7 @@
 #   SEEDS (29 31 37)  THREADS (1)  PYTHON (/usr/bin/python3)  BACKEND (cpu; cuda on a GPU, where PRECISIONS="bf16 fp8" compares
 #   cuBLASLt's FP8 GEMMs with bf16's)  PRECISIONS (fp32 fp8: the reference, then the one compared)
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-/usr/bin/python3}
 OUT=${OUT:-$ROOT/build/bench}
 DATA=${DATA:-$ROOT/data/default}
@@ -44,7 +44,7 @@ log: {every: 25, peak_gflops: 50}
 run: {dir: "$run"}
 device: {backend: $BACKEND, precision: $precision, threads: $THREADS}
 DECK
-      echo "bench_fp8: $name $precision seed $seed, $STEPS steps" >&2
+      echo "tools/bench/fp8.sh: $name $precision seed $seed, $STEPS steps" >&2
       "$TESSERA" train "$run.yaml" >"$run.log" 2>&1 || { tail -5 "$run.log" >&2; exit 1; }
     done
   done

@@ -5,7 +5,7 @@
 # compares every metrics.jsonl loss, gradient norm and validation loss, and every tensor of the
 # final checkpoints, for exact equality.
 #
-#   tools/bit_identity.sh OLD_BINARY NEW_BINARY [--run | --pp]
+#   tools/runs/bit_identity.sh OLD_BINARY NEW_BINARY [--run | --pp]
 #
 # --pp: the pipeline layouts only (pp > 1: both schedules, virtual stages, sequence
 # parallelism, ZeRO-1 and 3, LLaMA), as test_layouts.sh runs them.
@@ -13,7 +13,7 @@
 # Build the old binary from the commit before the change first, e.g.
 #   git worktree add /tmp/old HEAD~1 && make -C /tmp/old CUDA=0 bin/tessera
 set -u
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OLD=$1 NEW=$2 FULL=${3:-}
 PYTHON=${PYTHON:-/usr/bin/python3}
 MPIEXEC=${MPIEXEC:-mpiexec}
@@ -21,7 +21,7 @@ export OMP_NUM_THREADS=1 MPIR_CVAR_POLLS_BEFORE_YIELD=1
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tessera_bits.XXXXXX")
 trap '[ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 DATA=$ROOT/build/testdata
-[ -f "$DATA/train.h5" ] || "$PYTHON" "$ROOT/tools/prepare_data.py" --stdlib --out-dir "$DATA" >/dev/null
+[ -f "$DATA/train.h5" ] || "$PYTHON" "$ROOT/tools/data/prepare_data.py" --stdlib --out-dir "$DATA" >/dev/null
 
 same() {  # same NAME: the two runs' metrics and final checkpoints agree bit for bit
   "$PYTHON" - "$WORK/old/$1" "$WORK/new/$1" "$1" <<'EOF'

@@ -7,7 +7,7 @@ Usage:
 CKPT is a checkpoint file or a checkpoint directory (its `latest`, else its newest
 step_*.h5). The format follows the model (auto): hf-gpt2 for model.arch gpt2, hf-llama for
 llama. DIR receives
-  model.safetensors   the weights (float32), written by tools/safetensors_io.py, with the names
+  model.safetensors   the weights (float32), written by tools/interop/safetensors_io.py, with the names
                       save_pretrained gives them and __metadata__ {"format": "pt"}, which
                       transformers requires:
                         hf-gpt2: GPT2LMHeadModel's ("transformer.h.0.attn.c_attn.weight", ...;
@@ -40,7 +40,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
+sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop")]
 import hf_tokenizer  # noqa: E402
 import safetensors_io  # noqa: E402
 from hf_layouts import LAYOUTS, get_layout  # noqa: E402

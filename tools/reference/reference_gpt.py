@@ -9,7 +9,7 @@ Usage:
 
 Training mode loads the model (and, when the checkpoint's Adam step is > 0, the moments) from a
 tessera checkpoint, reads the resolved deck stored in it, and runs N optimizer steps on the same
-samples tessera takes (tools/tessera_data.py; --data defaults to the deck's data.train), printing
+samples tessera takes (tools/data/tessera_data.py; --data defaults to the deck's data.train), printing
 one line per step:
   step S loss L lr LR norm G
 with S counted from the checkpoint's step + 1 and G the global gradient norm before clipping.
@@ -33,7 +33,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
+sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop", "reference")]
 from reference_train import (make_optimizer, run_training, set_threads,  # noqa: E402
                              train_step, training_arguments)
 from tessera_data import ToolError, run_tool  # noqa: E402
@@ -139,7 +140,7 @@ def build_model(ck, where):
     if m["arch"] != "gpt2" or not m["tie_embeddings"]:
         raise ToolError(f"{where}: the model is {m['arch']}"
                         f"{'' if m['tie_embeddings'] else ' with an untied head'}; this reference "
-                        "is GPT-2 with a tied head (tools/reference_llama.py is LLaMA's)")
+                        "is GPT-2 with a tied head (tools/reference/reference_llama.py is LLaMA's)")
     if m["ffn_hidden"] != 4 * m["n_embd"]:
         raise ToolError(f"{where}: ffn_hidden {m['ffn_hidden']}: GPT-2's MLP is 4 x n_embd")
     return GPT(m["n_layer"], m["n_head"], m["n_embd"], m["block_size"], m["padded_vocab"],

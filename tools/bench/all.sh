@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # `make bench`: sgemm peak, tessera's training throughput on a GPT-2 124M shape, and the PyTorch
 # reference's on the same shape, threads and batch, measured side by side in one run; then the
-# parallel layouts (tools/bench_parallel.py), the ZeRO stages (tools/bench_zero.sh), context
-# parallelism (tools/bench_cp.sh), FP8 convergence against fp32 (tools/bench_fp8.sh), the
-# checkpoint stall synchronous and asynchronous (tools/bench_checkpoint.sh), tokenizer encoding
-# (tools/bench_tokenizer.sh), then the data loader (tools/bench_data.sh). Writes the tables to
+# parallel layouts (tools/bench/parallel.py), the ZeRO stages (tools/bench/zero.sh), context
+# parallelism (tools/bench/cp.sh), FP8 convergence against fp32 (tools/bench/fp8.sh), the
+# checkpoint stall synchronous and asynchronous (tools/bench/checkpoint.sh), tokenizer encoding
+# (tools/bench/tokenizer.sh), then the data loader (tools/bench/data.sh). Writes the tables to
 # build/bench/results.md and
 # prints them.
 #   THREADS (2)  STEPS (6 timed steps after one warm-up)  PYTHON (/usr/bin/python3)
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-/usr/bin/python3}
 THREADS=${THREADS:-2}
 STEPS=${STEPS:-6}
@@ -22,7 +22,7 @@ echo "bench: sgemm peak ($THREADS threads)" >&2
 peak=$("$ROOT/bin/tessera" peak | awk '/sgemm_gflops/ {print $2}')
 
 echo "bench: random GPT-2-vocabulary token file" >&2
-"$PYTHON" "$ROOT/tools/random_tokens.py" "$OUT/tokens.h5" "$V"
+"$PYTHON" "$ROOT/tools/data/random_tokens.py" "$OUT/tokens.h5" "$V"
 
 echo "bench: tessera, GPT-2 124M shape, T=$T B=$B, $((STEPS + 1)) steps" >&2
 rm -rf "$OUT/run"
@@ -45,7 +45,7 @@ PY
 )
 
 echo "bench: PyTorch reference, same shape" >&2
-torch_tps=$("$PYTHON" "$ROOT/tools/reference_gpt.py" --bench --n-layer $L --n-head $H --n-embd $C \
+torch_tps=$("$PYTHON" "$ROOT/tools/reference/reference_gpt.py" --bench --n-layer $L --n-head $H --n-embd $C \
   --vocab $V --seq $T --batch $B --steps "$STEPS" --threads "$THREADS" 2>"$OUT/torch.log" |
   awk '/tokens_per_second/ {print $2}')
 torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)')
@@ -65,18 +65,18 @@ print(f"| tessera / PyTorch | {tps / torch_tps:.2f}x (target >= 1.5x) |")
 print("\nMFU counts 6*N_matmul + 12*L*C*T FLOPs per token (FORMULAS.md), against the sgemm rate above.")
 PY
 echo "bench: parallel layouts (memory, communication, bubble, dp throughput)" >&2
-{ echo; "$PYTHON" "$ROOT/tools/bench_parallel.py" --tessera "$ROOT/bin/tessera" --data "$ROOT/data/default" \
+{ echo; "$PYTHON" "$ROOT/tools/bench/parallel.py" --tessera "$ROOT/bin/tessera" --data "$ROOT/data/default" \
     --out "$OUT"; } >>"$OUT/results.md"
-echo "bench: ZeRO stages 0-3 side by side (tools/bench_zero.sh)" >&2
-{ echo; OUT=$OUT PYTHON=$PYTHON TOKENS=$OUT/tokens.h5 bash "$ROOT/tools/bench_zero.sh"; } >>"$OUT/results.md"
-echo "bench: context parallelism, T=8192 on cp = 1, 2, 4 and T=32768 on cp=4 (tools/bench_cp.sh)" >&2
-{ echo; OUT=$OUT PYTHON=$PYTHON TOKENS=$ROOT/data/default/train.h5 bash "$ROOT/tools/bench_cp.sh"; } >>"$OUT/results.md"
-echo "bench: FP8 convergence, fp32 vs simulated fp8, GPT-2 and LLaMA (tools/bench_fp8.sh)" >&2
-{ echo; OUT=$OUT PYTHON=$PYTHON DATA=$ROOT/data/default THREADS=$THREADS bash "$ROOT/tools/bench_fp8.sh"; } >>"$OUT/results.md"
-echo "bench: checkpoint stall, synchronous and checkpoint.async (tools/bench_checkpoint.sh)" >&2
-{ echo; DECK=$OUT/deck.yaml OUT=$OUT PYTHON=$PYTHON bash "$ROOT/tools/bench_checkpoint.sh"; } >>"$OUT/results.md"
-echo "bench: tokenizer encoding, 100 MB (tools/bench_tokenizer.sh)" >&2
-{ echo; echo "## Tokenizer encoding"; echo; OUT=$OUT PYTHON=$PYTHON bash "$ROOT/tools/bench_tokenizer.sh"; } >>"$OUT/results.md"
-echo "bench: data loader (1 GiB per format; tools/bench_data.sh)" >&2
-{ echo; echo "## Data loader"; echo; PYTHON=$PYTHON bash "$ROOT/tools/bench_data.sh"; } >>"$OUT/results.md"
+echo "bench: ZeRO stages 0-3 side by side (tools/bench/zero.sh)" >&2
+{ echo; OUT=$OUT PYTHON=$PYTHON TOKENS=$OUT/tokens.h5 bash "$ROOT/tools/bench/zero.sh"; } >>"$OUT/results.md"
+echo "bench: context parallelism, T=8192 on cp = 1, 2, 4 and T=32768 on cp=4 (tools/bench/cp.sh)" >&2
+{ echo; OUT=$OUT PYTHON=$PYTHON TOKENS=$ROOT/data/default/train.h5 bash "$ROOT/tools/bench/cp.sh"; } >>"$OUT/results.md"
+echo "bench: FP8 convergence, fp32 vs simulated fp8, GPT-2 and LLaMA (tools/bench/fp8.sh)" >&2
+{ echo; OUT=$OUT PYTHON=$PYTHON DATA=$ROOT/data/default THREADS=$THREADS bash "$ROOT/tools/bench/fp8.sh"; } >>"$OUT/results.md"
+echo "bench: checkpoint stall, synchronous and checkpoint.async (tools/bench/checkpoint.sh)" >&2
+{ echo; DECK=$OUT/deck.yaml OUT=$OUT PYTHON=$PYTHON bash "$ROOT/tools/bench/checkpoint.sh"; } >>"$OUT/results.md"
+echo "bench: tokenizer encoding, 100 MB (tools/bench/tokenizer.sh)" >&2
+{ echo; echo "## Tokenizer encoding"; echo; OUT=$OUT PYTHON=$PYTHON bash "$ROOT/tools/bench/tokenizer.sh"; } >>"$OUT/results.md"
+echo "bench: data loader (1 GiB per format; tools/bench/data.sh)" >&2
+{ echo; echo "## Data loader"; echo; PYTHON=$PYTHON bash "$ROOT/tools/bench/data.sh"; } >>"$OUT/results.md"
 cat "$OUT/results.md"

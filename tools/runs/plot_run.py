@@ -19,7 +19,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
+sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data",)]
 from tessera_data import EXIT_IO, ToolError, run_tool  # noqa: E402
 
 # (metrics key, axis label, scale, log y): the rows of the picture after the loss row.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run.sh of the GPU bundle (tools/gpu_bundle.sh makes it): unpack anywhere, then
+# run.sh of the GPU bundle (tools/gpu/bundle.sh makes it): unpack anywhere, then
 #
 #   tessera-gpu/run.sh [--out DIR]          the GPU checks and the GPU bench (results in DIR,
 #                                            default ./tessera-gpu-results)
@@ -13,7 +13,7 @@
 # bin/gpu_tests (every CUDA op against the CPU, the two backends training side by side; on 2 GPUs
 # over NCCL), tests/gpu/test_trainer.sh and
 # test_device_choice.sh (tessera train on cuda against the CPU), bin/gpu_tests --bench,
-# tools/bench_gpu_torch.py (PyTorch on the same shapes) and tools/bench_fp8.sh on cuda (bf16
+# tools/bench/gpu_torch.py (PyTorch on the same shapes) and tools/bench/fp8.sh on cuda (bf16
 # against fp8 in training). DIR/summary.md lists each step's result
 # and the bench tables; each step's output is DIR/<step>.log. Exit 0 when every check passed.
 set -u
@@ -171,11 +171,11 @@ step test_device_choice bash "$HERE/tests/gpu/test_device_choice.sh"
 step bench_tessera "$HERE/bin/gpu_tests" --bench
 # PyTorch's rows against the same bf16 peak as tessera's.
 peak=$(grep -o 'bf16 dense peak [0-9.]*' "$OUT/bench_tessera.log" | awk '{print $4}')
-step bench_torch "$PYTHON" "$HERE/tools/bench_gpu_torch.py" --peak-tflops "${peak:-989}"
-# FP8 against bf16 in training: the small GPT-2 and LLaMA of tools/bench_fp8.sh on cuda, one seed
+step bench_torch "$PYTHON" "$HERE/tools/bench/gpu_torch.py" --peak-tflops "${peak:-989}"
+# FP8 against bf16 in training: the small GPT-2 and LLaMA of tools/bench/fp8.sh on cuda, one seed
 # (the loss curves; the speed is bench_tessera's fp8 rows).
 step bench_fp8 env BACKEND=cuda PRECISIONS="bf16 fp8" SEEDS=29 DATA="$HERE/build/testdata" \
-  OUT="$OUT/fp8" PYTHON="$PYTHON" bash "$HERE/tools/bench_fp8.sh"
+  OUT="$OUT/fp8" PYTHON="$PYTHON" bash "$HERE/tools/bench/fp8.sh"
 {
   echo
   echo "## bench (tessera, then PyTorch, one GPU)"

@@ -7,7 +7,7 @@
 # markdown table.
 #   OUT (build/bench)  PYTHON  STEPS (4 timed steps after one warm-up)  TOKENS (a GPT-2 id file)
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-/usr/bin/python3}
 MPIEXEC=${MPIEXEC:-mpiexec}
 OUT=${OUT:-$ROOT/build/bench}
@@ -16,7 +16,7 @@ TOKENS=${TOKENS:-$OUT/tokens.h5}
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 MPIR_CVAR_POLLS_BEFORE_YIELD=1
 L=12 H=12 C=768 V=50257 T=256 RANKS=4
-[ -f "$TOKENS" ] || "$PYTHON" "$ROOT/tools/random_tokens.py" "$TOKENS" "$V"
+[ -f "$TOKENS" ] || "$PYTHON" "$ROOT/tools/data/random_tokens.py" "$TOKENS" "$V"
 cat >"$OUT/zero.yaml" <<DECK
 model: {n_layer: $L, n_head: $H, n_embd: $C, block_size: $T, vocab_size: $V, vocab_multiple: 64}
 data: {train: "$TOKENS", seq_len: $T, check_tokens: false}
@@ -32,7 +32,7 @@ for run in "0 true" "1 true" "2 true" "3 true" "3 false"; do
   rm -rf "$OUT/$name"
   $MPIEXEC -n $RANKS "$ROOT/bin/tessera" train "$OUT/zero.yaml" parallel.zero="$1" \
     parallel.zero_prefetch="$2" run.dir="$OUT/$name" checkpoint.dir="$OUT/$name/ckpt" \
-    >"$OUT/$name.log" 2>&1 || { echo "bench_zero: $name failed; see $OUT/$name.log" >&2; exit 1; }
+    >"$OUT/$name.log" 2>&1 || { echo "tools/bench/zero.sh: $name failed; see $OUT/$name.log" >&2; exit 1; }
 done
 "$PYTHON" - "$OUT" <<'PY'
 import json, statistics, sys

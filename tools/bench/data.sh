@@ -5,7 +5,7 @@
 # step time in training, with the prefetch thread and without it. Prints a markdown table.
 #   DATA_GIB (1)  SEQ (1024)  BATCH (8)  READ_SECONDS (5)  READERS (4: loader threads)  PYTHON (/usr/bin/python3)
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-/usr/bin/python3}
 GIB=${DATA_GIB:-1}
 SEQ=${SEQ:-1024}

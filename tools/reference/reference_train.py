@@ -3,9 +3,9 @@
 built by the caller continues a tessera checkpoint for N steps as tessera would.
 
 What is the same for every model family lives here, once:
-  - the checkpoint (tools/tessera_ckpt.py read_checkpoint: the model, the Adam moments, the data
+  - the checkpoint (tools/interop/tessera_ckpt.py read_checkpoint: the model, the Adam moments, the data
     position, the seed) and the resolved deck stored in it (data, train and optim sections);
-  - the samples of each step and micro-batch (tools/tessera_data.py);
+  - the samples of each step and micro-batch (tools/data/tessera_data.py);
   - the learning rate of each step: linear warmup, then cosine down to min_lr at decay_steps
     (train.steps when 0);
   - one optimizer step: the loss of each micro-batch divided by their number and back-propagated
@@ -26,7 +26,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
+sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop", "reference")]
 from tessera_ckpt import read_checkpoint  # noqa: E402
 from tessera_data import (EXIT_IO, ToolError, micro_batch_size, read_token_file,  # noqa: E402
                           train_step_batches)

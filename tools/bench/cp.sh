@@ -7,7 +7,7 @@
 # per-rank memory and the share of the step spent waiting on the ring. Prints markdown tables.
 #   OUT (build/bench)  PYTHON  STEPS (2 timed steps after one warm-up)  TOKENS (a token file)
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-/usr/bin/python3}
 MPIEXEC=${MPIEXEC:-mpiexec}
 OUT=${OUT:-$ROOT/build/bench}
@@ -22,7 +22,7 @@ run() {  # run NAME CP T MODE STEPS
     data.val= data.check_tokens=false data.seq_len="$3" parallel.cp="$2" parallel.cp_comm="$4" \
     train.steps=$(($5 + 1)) checkpoint.every=1000000 run.dir="$OUT/$1" \
     checkpoint.dir="$OUT/$1/ckpt" >"$OUT/$1.log" 2>&1 ||
-    { echo "bench_cp: $1 failed; see $OUT/$1.log" >&2; exit 1; }
+    { echo "tools/bench/cp.sh: $1 failed; see $OUT/$1.log" >&2; exit 1; }
 }
 names=()
 for c in "1 ring" "2 ring" "4 ring" "2 allgather" "4 allgather"; do

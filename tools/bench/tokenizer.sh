@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make bench`, tokenizer section: how fast tools/prepare_data.py --tokenizer encodes about
+# `make bench`, tokenizer section: how fast tools/data/prepare_data.py --tokenizer encodes about
 # SIZE_MB (100) MB of text with GPT-2's tokenizer and with a LLaMA 3-kind one (cl100k's ranks),
 # both written from the npm package js-tiktoken's ranks (tests/integration/tiktoken_ref.mjs). The
 # text: source and documentation files of this machine (/usr/lib/python3*, /usr/include: .py,
@@ -7,7 +7,7 @@
 # tool (reading, encoding, writing the token files) and tessera's C++ encoder alone, on THREADS
 # threads (default: every core).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-/usr/bin/python3}
 SIZE_MB=${SIZE_MB:-100}
 THREADS=${THREADS:-$(nproc)}
@@ -32,7 +32,7 @@ done <"$OUT/taken.txt"
 echo "| tokenizer | text | documents | tokens | prepare_data.py (read, encode, write) | C++ encoder alone |"
 echo "|---|---|---|---|---|---|"
 for kind in gpt2 llama3; do
-  "$PYTHON" "$ROOT/tools/prepare_data.py" "$OUT/corpus" --suffixes .txt --tokenizer "$OUT/$kind/tokenizer.json" \
+  "$PYTHON" "$ROOT/tools/data/prepare_data.py" "$OUT/corpus" --suffixes .txt --tokenizer "$OUT/$kind/tokenizer.json" \
     --threads "$THREADS" --val-every 10 --log-seconds 1000 --out-dir "$OUT/$kind-out" 2>"$OUT/$kind.log" ||
     { echo "tokenizer bench: prepare_data.py failed: $(tail -1 "$OUT/$kind.log")"; exit 1; }
   "$PYTHON" - "$OUT/$kind.log" "$kind" <<'PY'

@@ -35,7 +35,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
+sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop")]
 from tessera_ckpt import model_tensors, padded_vocab  # noqa: E402
 from tessera_data import ToolError  # noqa: E402
 

@@ -1,12 +1,12 @@
 #!/usr/bin/python3
 """The parallel half of `make bench`: per-rank memory and communication of a 3D layout against
-the formulas (tools/parallel_counts.py), the measured pipeline bubble against (pp-1)/(m+pp-1)
+the formulas (tools/reference/parallel_counts.py), the measured pipeline bubble against (pp-1)/(m+pp-1)
 and, interleaved, (pp-1)/(v*m+pp-1), activation memory under recompute and sequence parallelism
 (measured against the formula, with recompute's step time), data-parallel throughput (dp=2
 against dp=1) on this machine, and `tessera plan`'s predicted step time on the measured `cpu`
 machine against the measured one. Prints markdown tables; --only runs some sections (1-6).
 
-  bench_parallel.py --tessera bin/tessera --data data/default --out build/bench [--only 3,4]
+  tools/bench/parallel.py --tessera bin/tessera --data data/default --out build/bench [--only 3,4]
 """
 import argparse
 import json
@@ -17,7 +17,8 @@ import sys
 
 import yaml
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
+sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("reference",)]
 from parallel_counts import counts  # noqa: E402
 
 
@@ -121,7 +122,7 @@ def main():
         # 4. Activation memory under recompute and sequence parallelism, and recompute's step time.
         out.append("\n## Activation memory: recompute and sequence parallelism, tp = 2 on 2 ranks\n")
         out.append("Rank 0's activation bytes (every slot and the recompute workspace) measured from "
-                   "tessera's allocation / the formula (tools/parallel_counts.py), one micro-batch of "
+                   "tessera's allocation / the formula (tools/reference/parallel_counts.py), one micro-batch of "
                    "2 x 128 tokens, fp32; and the median step time of steps 2-3 (1 thread per rank), "
                    "relative to no recompute without sequence parallelism.\n")
         out.append("| model | recompute | sequence parallel | activations MB (measured / formula) | "
@@ -165,10 +166,10 @@ def main():
     if want(6):
         # 6. `tessera plan`'s step time for the `cpu` machine against the trainer's, GPT-2 124M
         # shape; each plan is made just before its run, on the run's threads, so both see the
-        # same load. Needs the GPT-2-vocabulary token file tools/bench.sh writes.
+        # same load. Needs the GPT-2-vocabulary token file tools/bench/all.sh writes.
         tokens = os.path.join(args.out, "tokens.h5")
         if not os.path.exists(tokens):
-            sys.exit(f"bench_parallel: {tokens}: missing (tools/bench.sh writes it)")
+            sys.exit(f"tools/bench/parallel.py: {tokens}: missing (tools/bench/all.sh writes it)")
         shape = ["model.n_layer=12", "model.n_head=12", "model.n_embd=768", "model.vocab_size=50257",
                  "model.block_size=64", "data.seq_len=64", "train.batch_size=4", f"data.train={tokens}",
                  "train.steps=6"]

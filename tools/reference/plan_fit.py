@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Fits the compute model's constants of one built-in GPU (src/plan/machine.cpp, kA100 / kH100)
-once, on every published row of tools/plan_published.py planned on it that is not marked as
+once, on every published row of tools/reference/plan_published.py planned on it that is not marked as
 staying outside: a grid over gemm_efficiency and kernel_us (gemm_tile and memory_efficiency
 held at their stated values), minimising the largest |log(predicted / published)|. The same
 constants serve every row; nothing is fitted per row.

@@ -24,7 +24,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
+sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop")]
 from tessera_data import EXIT_IO, ToolError, attr_int, attr_str, open_h5  # noqa: E402
 
 FORMAT = "tessera-checkpoint"

@@ -2,7 +2,7 @@
 """`make bench-gpu`, PyTorch's half: a GPT-2 of the shapes tests/gpu/bench.cpp times in tessera,
 trained in PyTorch on the same GPU, one table row per (shape, precision, mode):
 
-  bench_gpu_torch.py --peak-tflops P [--shapes gpt2-124m,1.3b] [--steps 5] [--device cuda]
+  tools/bench/gpu_torch.py --peak-tflops P [--shapes gpt2-124m,1.3b] [--steps 5] [--device cuda]
 
 Modes: `eager` (attention as softmax(q kᵀ) v with an explicit causal mask), `eager+sdpa`
 (torch.nn.functional.scaled_dot_product_attention, is_causal) and `compile+sdpa` (torch.compile
@@ -123,7 +123,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
-    print(f"bench_gpu_torch: PyTorch {torch.__version__} on "
+    print(f"tools/bench/gpu_torch.py: PyTorch {torch.__version__} on "
           f"{torch.cuda.get_device_name() if a.device == 'cuda' else a.device}")
     print("| shape | trainer | precision | attention | ms/step | tokens/s | MFU | memory |")
     print("|---|---|---|---|---|---|---|---|")

@@ -4,21 +4,21 @@
 # driver, cuBLAS and NCCL of its own (a CUDA toolkit, modules, or a PyTorch install's nvidia
 # wheels) and a Python with PyTorch for the comparison bench.
 #
-#   tools/gpu_bundle.sh OUT.tar.xz
+#   tools/gpu/bundle.sh OUT.tar.xz
 #
 # The tarball holds tessera-gpu/: bin/ (tessera, gpu_tests, MPICH's hydra mpiexec and its proxy),
 # lib/ (every shared library the binaries need that is neither glibc nor CUDA's, debug info
 # stripped; UCX's transport modules in lib/ucx), the GPU test scripts and the tools they call,
-# the test decks' token data (build/testdata), tools/bench_gpu_torch.py, and run.sh
-# (tools/gpu_bundle_run.sh), which finds the node's CUDA libraries and runs everything.
+# the test decks' token data (build/testdata), tools/bench/gpu_torch.py, and run.sh
+# (tools/gpu/bundle_run.sh), which finds the node's CUDA libraries and runs everything.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-OUT=${1:?usage: gpu_bundle.sh OUT.tar.xz}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${1:?usage: tools/gpu/bundle.sh OUT.tar.xz}
 case $OUT in /*) ;; *) OUT=$PWD/$OUT ;; esac
 STAGE=$(mktemp -d "${TMPDIR:-/tmp}/tessera_bundle.XXXXXX")
 trap 'rm -rf "$STAGE"' EXIT
 B=$STAGE/tessera-gpu
-mkdir -p "$B/bin" "$B/lib/ucx" "$B/lib/cxx" "$B/tests/gpu" "$B/tests/integration" "$B/tools" "$B/build/testdata"
+mkdir -p "$B/bin" "$B/lib/ucx" "$B/lib/cxx" "$B/tests/gpu" "$B/tests/integration" "$B/tools/bench" "$B/build/testdata"
 
 for exe in tessera gpu_tests; do
   [ -x "$ROOT/bin/$exe" ] || { echo "gpu_bundle: bin/$exe missing: build with CUDA first" >&2; exit 1; }
@@ -51,14 +51,14 @@ for m in "$ucx"/*.so.?; do
   [ -e "$m" ] && strip --strip-debug -o "$B/lib/ucx/$(basename "$m")" "$(readlink -f "$m")"
 done
 
-cp "$ROOT/tools/gpu_bundle_run.sh" "$B/run.sh"
-cp "$ROOT/tools/bench_gpu_torch.py" "$ROOT/tools/bench_fp8.sh" "$B/tools/"
+cp "$ROOT/tools/gpu/bundle_run.sh" "$B/run.sh"
+cp "$ROOT/tools/bench/gpu_torch.py" "$ROOT/tools/bench/fp8.sh" "$B/tools/bench/"
 cp "$ROOT/tests/gpu/test_trainer.sh" "$ROOT/tests/gpu/test_device_choice.sh" "$B/tests/gpu/"
 cp "$ROOT/tests/integration/lib.sh" "$ROOT/tests/integration/compare_runs.py" "$B/tests/integration/"
 # The token files the test decks read (lib.sh makes them with h5py, which the node may lack).
 PYTHON=${PYTHON:-/usr/bin/python3}
 [ -f "$ROOT/build/testdata/train.h5" ] ||
-  "$PYTHON" "$ROOT/tools/prepare_data.py" --stdlib --out-dir "$ROOT/build/testdata" >/dev/null
+  "$PYTHON" "$ROOT/tools/data/prepare_data.py" --stdlib --out-dir "$ROOT/build/testdata" >/dev/null
 cp "$ROOT/build/testdata/train.h5" "$ROOT/build/testdata/val.h5" "$B/build/testdata/"
 # What the node must have: glibc for everything but lib/cxx (GLIBC_MIN), the C++ runtime's
 # version for the node's own libstdc++ (GLIBCXX_MIN), and glibc for lib/cxx (GLIBC_MIN_CXX).

@@ -32,13 +32,13 @@ Tokenizers:
         prompts with; --tessera BIN, default bin/tessera of this checkout) on --threads threads,
         preceded by bos when the tokenizer's bos differs from its eos (LLaMA 3) and followed by
         eos. The tokenizer.json (with the special ids) is stored as /tokenizer_model, tokenizer
-        "hf-bpe" (see tools/hf_tokenizer.py).
+        "hf-bpe" (see tools/data/hf_tokenizer.py).
 
 Documents are taken in sorted path order. Document i goes to DIR/val.h5 when
 i % val_every == val_every - 1, otherwise to DIR/train.h5. Both files hold one contiguous
 /tokens dataset (uint16; uint32 above 65536 pieces) and the attributes format, format_version,
 tokenizer, vocab_size, eot, num_documents; with --tokenizer bpe also the serialized sentencepiece
-model in the uint8 dataset /tokenizer_model (see tools/tessera_data.py), with a tokenizer.json
+model in the uint8 dataset /tokenizer_model (see tools/data/tessera_data.py), with a tokenizer.json
 its text. Each is written as
 FILE.tmp and renamed when complete.
 

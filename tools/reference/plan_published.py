@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GPT = "model.arch=gpt2 model.block_size={T} data.seq_len={T} model.vocab_size={V} model.n_layer={L} " \
       "model.n_head={H} model.n_embd={C}"
 LLAMA = "model.arch=llama model.n_layer={L} model.n_head={H} model.n_kv_head=8 model.n_embd={C} " \

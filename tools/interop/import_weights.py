@@ -7,12 +7,12 @@ Usage:
                     [--deck DECK.yaml] [--n-head N] [--vocab-multiple 64]
                     [--tokenizer auto|none|tokenizer.json|vocab.json|DIR]
 
-SRC is a .safetensors file (read by tools/safetensors_io.py, tessera's own reader of the format),
+SRC is a .safetensors file (read by tools/interop/safetensors_io.py, tessera's own reader of the format),
 a PyTorch state dict (pytorch_model.bin, .pt, .pth: torch.load), or a Hugging Face model
 directory holding one of model.safetensors, model.safetensors.index.json (shards),
 pytorch_model.bin or pytorch_model.bin.index.json, and config.json (or Meta's
 consolidated.00.pth and params.json). The layout is detected from
-config.json's model_type or the tensor names (tools/hf_layouts.py):
+config.json's model_type or the tensor names (tools/interop/hf_layouts.py):
 
   hf-gpt2   GPT2LMHeadModel: names with or without the "transformer." prefix; a tied
             lm_head.weight, if present, must equal wte; the causal-mask buffers of older files
@@ -46,13 +46,13 @@ of the model section. stdout gets the deck's `model` section for these weights; 
 of what was read and written.
 
 The model's tokenizer goes into the checkpoint (/tokenizer), so that `tessera sample` encodes and
-decodes with it and tools/export_weights.py gives it back: with --tokenizer auto (the default)
+decodes with it and tools/interop/export_weights.py gives it back: with --tokenizer auto (the default)
 the tokenizer.json, or GPT-2's vocab.json + merges.txt, found beside SRC; or the file or directory
---tokenizer names (tools/hf_tokenizer.py: Hugging Face byte-level BPE, as GPT-2 and LLaMA 3 have;
+--tokenizer names (tools/data/hf_tokenizer.py: Hugging Face byte-level BPE, as GPT-2 and LLaMA 3 have;
 its special tokens from config.json and tokenizer_config.json). Without one (none, or nothing
 found) the checkpoint records config.json's eos_token_id as eot, and its bos_token_id and
 pad_token_id as the attributes bos and pad, which the export gives back. Data for fine-tuning is
-made with the same tokenizer: tools/prepare_data.py --tokenizer (see the README's "Fine-tuning").
+made with the same tokenizer: tools/data/prepare_data.py --tokenizer (see the README's "Fine-tuning").
 
 --deck checks the weights against a deck's model section (every shape key, resolved as tessera
 resolves it, and the vocabulary: model.vocab_size, or the vocab_size of an HDF5 data.train)
@@ -73,7 +73,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
+sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop")]
 import safetensors_io  # noqa: E402
 from hf_layouts import LAYOUTS, detect_layout, get_layout  # noqa: E402
 from tessera_ckpt import ARCHES, model_tensors, write_model_checkpoint  # noqa: E402
@@ -434,7 +435,7 @@ def main():
         model = convert(plain, layout, shape, args.src)
         n_params = sum(int(np.prod(d)) for _, d in model_tensors(shape))
         if deck_text is None:
-            deck_text = (f"# made by tools/import_weights.py from {os.path.abspath(args.src)} "
+            deck_text = (f"# made by tools/interop/import_weights.py from {os.path.abspath(args.src)} "
                          f"({layout.name})\n" + deck_model_section(shape) +
                          "data:\n  train: none\n"
                          f"  seq_len: {min(128, shape['block_size'])}\n"
@@ -453,7 +454,7 @@ def main():
 
         write_model_checkpoint(args.out, shape, model, deck_text, tokenizer,
                                saved_layout=f"imported from {layout.name}: {os.path.abspath(args.src)}",
-                               software="tools/import_weights.py", progress=progress)
+                               software="tools/interop/import_weights.py", progress=progress)
     finally:
         for f in opened:
             f.close()

@@ -296,8 +296,8 @@ def _content(obj, i):
 
 def find_tessera(explicit=None):
     """The tessera binary: explicit, $TESSERA, or bin/tessera of this checkout."""
-    path = explicit or os.environ.get("TESSERA") or \
-        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bin", "tessera")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = explicit or os.environ.get("TESSERA") or os.path.join(root, "bin", "tessera")
     if not os.access(path, os.X_OK):
         raise ToolError(f"{path}: no tessera binary: byte-level BPE is encoded by tessera's own encoder; "
                         "build it (make bin/tessera) or give --tessera PATH", EXIT_IO)

@@ -18,7 +18,7 @@ kept the layout; when some changed it, every weight within a tolerance of its te
 value (tests/integration/compare_runs.py's rule): 1e-4, or twice the drift between the fault-free
 runs on the layouts if larger (sums in another order drift apart over the steps).
 
-  tools/chaos.py --tessera bin/tessera --data build/testdata --faults 8 --seed 27
+  tools/runs/chaos.py --tessera bin/tessera --data build/testdata --faults 8 --seed 27
 """
 import argparse
 import os
