@@ -358,7 +358,7 @@ fuzz: deps
 	  OPT="-O1 -g -fsanitize=address,fuzzer-no-link -fno-omit-frame-pointer" fuzz-bins
 	@for t in $(FUZZ_TARGETS); do bash tests/fuzz/run.sh $$t $(FUZZ_TIME) || exit 1; done
 
-# The long chaos soak (README, "Chaos soak"): CHAOS_FAULTS seeded faults on 4 ranks (root: it
+# The long chaos soak (docs/checkpoints.md, "Chaos soak"): CHAOS_FAULTS seeded faults on 4 ranks (root: it
 # mounts a small tmpfs for the disk-full faults).
 CHAOS_FAULTS ?= 24
 CHAOS_SEED   ?= 27

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The chaos soak, short (README, "Chaos soak"; the long one is `make chaos`): one training job of
+# The chaos soak, short (docs/checkpoints.md, "Chaos soak"; the long one is `make chaos`): one training job of
 # a tiny model on 4 ranks, (dp, tp, pp) = (2, 2, 1), through 8 seeded random faults (kill -9 of a
 # rank, SIGTERM to the launcher, SIGUSR1 to the ranks, a full checkpoint tmpfs, a corrupted newest
 # checkpoint, a rank hung before a step), each followed by a restart with checkpoint.restart: auto.

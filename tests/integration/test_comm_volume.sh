@@ -4,7 +4,7 @@
 # LLaMA; the parameters', gradients' and optimizer's buffers and the transient ones under every
 # ZeRO stage, hybrid groups among them) and
 # the bytes it hands to MPI per step on each communicator equal the counts of
-# ../shared/FORMULAS.md (tools/reference/parallel_counts.py) and, exactly, those of `tessera plan --json`
+# docs/formulas.md (tools/reference/parallel_counts.py) and, exactly, those of `tessera plan --json`
 # of the run's deck (tools/reference/plan_check.py): an extra, missing or oversized collective, a
 # tile of the wrong size, or an activation buffer that grows with T² under fused attention shows
 # here.

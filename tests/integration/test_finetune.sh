@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "Fine-tuning" walkthrough end to end, without the internet: a Hugging Face GPT-2
+# The "Fine-tuning" walkthrough of docs/interop.md end to end, without the internet: a Hugging Face GPT-2
 # directory (random weights from tests/integration/hf_gpt2.py, GPT-2's real tokenizer files
 # written from js-tiktoken's ranks, config.json) -> tools/interop/import_weights.py (the tokenizer found
 # beside the weights goes into the checkpoint) -> tools/data/prepare_data.py --tokenizer

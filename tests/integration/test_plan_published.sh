@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `tessera plan` against published large runs (tools/reference/plan_published.py, the README's table):
+# `tessera plan` against published large runs (tools/reference/plan_published.py, docs/planning.md's table):
 # every row held to the model (not marked as staying outside, with its reason) must predict the
 # published throughput within +-15%: a change to the step-time model, a built-in machine or the
 # FLOP counting that moves a row further fails here. And the check can fail: planned on a machine

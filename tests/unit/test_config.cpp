@@ -105,7 +105,7 @@ TEST(Config, MinimalDeckTakesEveryDefault) {
   expected.data.train = "t.h5";
   expect_same(c, expected);
   EXPECT_EQ(c.deck_path, "");
-  // The defaults the README documents.
+  // The defaults input/README.md documents.
   EXPECT_EQ(c.model.n_layer, 4);
   EXPECT_EQ(c.model.n_embd, 128);
   EXPECT_EQ(c.data.seq_len, 128);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FP8 convergence (part of `make bench`; README "FP8 training"): a small GPT-2 and a small LLaMA
+# FP8 convergence (part of `make bench`; docs/fp8.md, docs/benchmarks.md): a small GPT-2 and a small LLaMA
 # trained STEPS steps on the CPU in fp32 and in simulated fp8 (device.precision: fp8, hybrid
 # E4M3/E5M2, delayed scaling), same data and schedule, from each of SEEDS. One run's final loss
 # moves by about 1% with any change of rounding (two fp32 seeds differ by as much), so the table

@@ -52,7 +52,7 @@ the tokenizer.json, or GPT-2's vocab.json + merges.txt, found beside SRC; or the
 its special tokens from config.json and tokenizer_config.json). Without one (none, or nothing
 found) the checkpoint records config.json's eos_token_id as eot, and its bos_token_id and
 pad_token_id as the attributes bos and pad, which the export gives back. Data for fine-tuning is
-made with the same tokenizer: tools/data/prepare_data.py --tokenizer (see the README's "Fine-tuning").
+made with the same tokenizer: tools/data/prepare_data.py --tokenizer (see docs/interop.md, "Fine-tuning").
 
 --deck checks the weights against a deck's model section (every shape key, resolved as tessera
 resolves it, and the vocabulary: model.vocab_size, or the vocab_size of an HDF5 data.train)

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Analytic per-rank counts for a (dp, cp, tp, pp) layout of tessera's GPT-2 and LLaMA
-(../shared/FORMULAS.md):
+(docs/formulas.md):
 parameter, gradient, optimizer and activation bytes, bytes handed to MPI per step on each
 communicator, and the pipeline bubble. Written from the formulas, not from tessera's code, so
 `make bench` and tests/integration/test_comm_volume.sh can hold tessera's own per-rank report
@@ -195,7 +195,7 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank, cp=1):
     embed_bytes = 0
     if pp > 1 and tied and (first or last):
         embed_bytes = 4 * (-(-(Vp * C // tp) // g) if stage >= 2 else Vp * C // tp)
-    # cp (README, "Context parallelism"), per layer and micro-batch, a block being one rank's K/V:
+    # cp (docs/parallelism.md, "Context parallelism"), per layer and micro-batch, a block being one rank's K/V:
     # 2 b (T/cp) KV/tp elements (only the KV heads travel). The ring sends cp - 1 blocks forward,
     # cp - 1 blocks and cp - 1 dK/dV sums backward; the all-gather hands MPI cp blocks for each of
     # its two gathers and its reduce-scatter. Recompute (selective or full) reruns the forward's.

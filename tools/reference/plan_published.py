@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The README's "Planning a run" table: `tessera plan` on the shape, layout and machine of each
+"""The table of docs/planning.md, "Against published runs": `tessera plan` on the shape, layout and machine of each
 published large-scale run, against the throughput the run reported. Prints the markdown rows;
 --check exits 1 when a row that is not marked as known to stay outside is off by more than
 --tolerance (make test: tests/integration/test_plan_published.sh).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Chaos soak (README, "Chaos soak"): one training job of a tiny model on 4 ranks taken through a
+"""Chaos soak (docs/checkpoints.md, "Chaos soak"): one training job of a tiny model on 4 ranks taken through a
 seeded random sequence of faults, each followed by a restart with `checkpoint.restart: auto` as a
 job script would do, then run to its end; its final tensors are compared with those of the same
 deck run without faults.
