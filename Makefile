@@ -249,16 +249,16 @@ bench-gpu:
 	bin/gpu_tests --bench | tee build/bench/gpu-tessera.txt
 	@if grep -q 'no GPU' build/bench/gpu-tessera.txt; then exit 0; fi; \
 	peak=$$(grep -o 'bf16 dense peak [0-9.]*' build/bench/gpu-tessera.txt | awk '{print $$4}'); \
-	$(PYTHON) tools/bench_gpu_torch.py --peak-tflops $$peak | tee build/bench/gpu-torch.txt; \
+	$(PYTHON) tools/bench/gpu_torch.py --peak-tflops $$peak | tee build/bench/gpu-torch.txt; \
 	{ grep '^|' build/bench/gpu-tessera.txt; grep '^| ' build/bench/gpu-torch.txt | grep -v '^| shape'; } \
 	  >build/bench/gpu.md; echo "bench-gpu: wrote build/bench/gpu.md"
 
 # One tarball that runs the GPU checks and bench on a node without our build packages
-# (tools/gpu_bundle.sh says what it holds; its run.sh --cpu-smoke is tested by make test).
+# (tools/gpu/bundle.sh says what it holds; its run.sh --cpu-smoke is tested by make test).
 gpu-bundle:
 	@if [ "$(CUDA_ON)" != 1 ] || [ "$(CUDA_EMU)" = 1 ]; then echo "gpu-bundle: needs a CUDA build (nvcc)"; exit 1; fi
 	$(MAKE) -j$(JOBS) bin/tessera bin/gpu_tests
-	PYTHON=$(PYTHON) bash tools/gpu_bundle.sh build/tessera-gpu.tar.xz
+	PYTHON=$(PYTHON) bash tools/gpu/bundle.sh build/tessera-gpu.tar.xz
 
 # The CUDA backend executed without a GPU (part of `make test`): tests/gpu on the emulator, under
 # two thread and block orders, and the trainer on device.backend=cuda against the CPU.
@@ -308,10 +308,10 @@ deps: deps-test
 # (input/default.yaml, `make run`).
 DATA_DIR := data/default
 BPE_DIR  := data/python-bpe
-$(DATA_DIR)/train.h5: tools/prepare_data.py
-	$(PYTHON) tools/prepare_data.py --stdlib --out-dir $(DATA_DIR)
-$(BPE_DIR)/train.h5: tools/prepare_data.py
-	$(PYTHON) tools/prepare_data.py --stdlib --out-dir $(BPE_DIR) --tokenizer bpe --vocab-size 4096
+$(DATA_DIR)/train.h5: tools/data/prepare_data.py
+	$(PYTHON) tools/data/prepare_data.py --stdlib --out-dir $(DATA_DIR)
+$(BPE_DIR)/train.h5: tools/data/prepare_data.py
+	$(PYTHON) tools/data/prepare_data.py --stdlib --out-dir $(BPE_DIR) --tokenizer bpe --vocab-size 4096
 data: deps-run $(DATA_DIR)/train.h5 $(BPE_DIR)/train.h5
 
 run: deps-run
@@ -320,7 +320,7 @@ run: deps-run
 	OMP_NUM_THREADS=$(RUN_THREADS) MPIR_CVAR_POLLS_BEFORE_YIELD=$(RUN_YIELD) \
 	  $(MPIEXEC) -n $(NP) bin/tessera train input/default.yaml
 	bin/tessera sample runs/default/checkpoints --prompt "def " --tokens 200 --temperature 0.8
-	$(PYTHON) tools/plot_run.py runs/default --out runs/default/metrics.png
+	$(PYTHON) tools/runs/plot_run.py runs/default --out runs/default/metrics.png
 	@echo "run: the run's curves are in runs/default/metrics.png"
 
 test: deps
@@ -358,7 +358,7 @@ fuzz: deps
 	  OPT="-O1 -g -fsanitize=address,fuzzer-no-link -fno-omit-frame-pointer" fuzz-bins
 	@for t in $(FUZZ_TARGETS); do bash tests/fuzz/run.sh $$t $(FUZZ_TIME) || exit 1; done
 
-# The long chaos soak (README, "Chaos soak"): CHAOS_FAULTS seeded faults on 4 ranks (root: it
+# The long chaos soak (docs/checkpoints.md, "Chaos soak"): CHAOS_FAULTS seeded faults on 4 ranks (root: it
 # mounts a small tmpfs for the disk-full faults).
 CHAOS_FAULTS ?= 24
 CHAOS_SEED   ?= 27
@@ -366,13 +366,13 @@ chaos: deps
 	$(MAKE) -j$(JOBS) bin/tessera
 	$(MAKE) $(DATA_DIR)/train.h5
 	rm -rf build/chaos
-	OMP_NUM_THREADS=1 MPIR_CVAR_POLLS_BEFORE_YIELD=1 $(PYTHON) tools/chaos.py --tessera bin/tessera \
+	OMP_NUM_THREADS=1 MPIR_CVAR_POLLS_BEFORE_YIELD=1 $(PYTHON) tools/runs/chaos.py --tessera bin/tessera \
 	  --mpiexec $(MPIEXEC) --data $(DATA_DIR) --work build/chaos --faults $(CHAOS_FAULTS) --seed $(CHAOS_SEED)
 
 bench: deps
 	$(MAKE) -j$(JOBS) bin/tessera
 	$(MAKE) $(DATA_DIR)/train.h5
-	PYTHON=$(PYTHON) bash tools/bench.sh
+	PYTHON=$(PYTHON) bash tools/bench/all.sh
 
 SANITIZE := OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer"
 ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 LSAN_OPTIONS=suppressions=tests/lsan.supp \

@@ -4,7 +4,7 @@
 # run): start tessera in the background, forward the scheduler's warning signal to it, wait for
 # its exit status, and requeue the job when tessera stopped early with a checkpoint.
 #
-# tessera's exit status (README "Running on a supercomputer"):
+# tessera's exit status (docs/jobscripts.md, docs/running.md):
 #   0    the run reached train.steps                       -> done
 #   3    stopped early on SIGUSR1/SIGTERM or run.max_minutes, a checkpoint written -> requeue
 #   130  stopped on SIGINT, a checkpoint written            -> no requeue (someone asked it to stop)

@@ -27,7 +27,7 @@ Config parse_deck(const std::string& yaml_text, const std::string& origin,
   convert_values(deck);
   if (!deck.sources[deck.index("data.train")].present) {
     fail(deck.data_where + ": data.train",
-         "required key missing (the HDF5 token file made by tools/prepare_data.py)");
+         "required key missing (the HDF5 token file made by tools/data/prepare_data.py)");
   }
   validate(config, deck);
   return config;

@@ -45,7 +45,7 @@ struct CheckpointInfo {
   TrainState state;
   TokenizerInfo tokenizer;
   std::string saved_layout;
-  // False for a model-only checkpoint (tools/import_weights.py): it has no /optim group, starts a
+  // False for a model-only checkpoint (tools/interop/import_weights.py): it has no /optim group, starts a
   // run through checkpoint.init_from, and cannot continue one.
   bool has_optimizer = true;
 };

@@ -45,7 +45,7 @@ Blend::Blend(const std::vector<double>& weights, const std::vector<uint64_t>& wi
 }
 
 SampleRef Blend::at(uint64_t g) const {
-  // One source: exactly the single-file order of io/sample_order.hpp (and tools/tessera_data.py).
+  // One source: exactly the single-file order of io/sample_order.hpp (and tools/data/tessera_data.py).
   if (counts_.size() == 1) return {0, sample_window(g, windows_[0], seed_), g};
   const uint64_t block = g / kBlock;
   const uint64_t p = permute(g % kBlock, kBlock, stream_key(seed_, "blend"), block);

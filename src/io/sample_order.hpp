@@ -1,7 +1,7 @@
 #pragma once
 // The data order: global sample g of a run is window permute(g % n, n, seed, g / n) of the token
 // file, a pure function of (seed, epoch, index) so every layout and every restart sees the same
-// sequence. tools/tessera_data.py implements the same function for the PyTorch reference.
+// sequence. tools/data/tessera_data.py implements the same function for the PyTorch reference.
 #include <bit>
 #include <cstdint>
 

@@ -44,12 +44,12 @@ TokenFile::TokenFile(const std::string& path, bool contained) : path_(path) {
       }
     });
   if (H5Fis_hdf5(path.c_str()) <= 0)
-    throw UserError(path + ": not an HDF5 token file (make one with tools/prepare_data.py)");
+    throw UserError(path + ": not an HDF5 token file (make one with tools/data/prepare_data.py)");
   file_ = H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file_.valid())
     throw UserError("cannot open token file " + path + ": " + h5_error_reason(), kExitIO);
   if (H5Lexists(file_.get(), "tokens", H5P_DEFAULT) <= 0)
-    throw UserError(path + ": no /tokens dataset (make one with tools/prepare_data.py)");
+    throw UserError(path + ": no /tokens dataset (make one with tools/data/prepare_data.py)");
   dataset_ = H5Handle(H5Dopen2(file_.get(), "tokens", H5P_DEFAULT), H5Dclose);
   if (!dataset_.valid())
     throw UserError(path + ": /tokens cannot be opened: " + h5_error_reason());

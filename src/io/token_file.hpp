@@ -23,7 +23,7 @@ class TokenFile {
   uint64_t num_tokens() const { return num_tokens_; }
   const TokenizerInfo& tokenizer() const { return tokenizer_; }
   // Byte offset of /tokens in the file when it is one contiguous, unfiltered, little-endian
-  // dataset (as tools/prepare_data.py writes it, 4 KiB aligned), so it can be read without HDF5;
+  // dataset (as tools/data/prepare_data.py writes it, 4 KiB aligned), so it can be read without HDF5;
   // -1 otherwise.
   int64_t contiguous_offset() const { return contiguous_offset_; }
   int token_bytes() const { return token_bytes_; }

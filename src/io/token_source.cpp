@@ -348,7 +348,7 @@ TokenSource::TokenSource(const std::string& spec, const std::string& format,
         num_tokens_ = hdf5_->num_tokens();
       } else {
         throw UserError(path + ": /tokens is chunked or filtered; a glob of HDF5 files needs "
-                        "contiguous datasets (tools/prepare_data.py writes them; or h5repack -l CONTI)");
+                        "contiguous datasets (tools/data/prepare_data.py writes them; or h5repack -l CONTI)");
       }
     } else if (f == TokenFormat::llmc) {
       part = open_llmc(path);

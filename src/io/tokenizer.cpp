@@ -64,7 +64,7 @@ std::unique_ptr<sentencepiece::SentencePieceProcessor> load_model(const Tokenize
     while (!why.empty() && std::isspace(static_cast<unsigned char>(why.back()))) why.pop_back();
     throw UserError(where + ": the sentencepiece tokenizer model (" +
                     std::to_string(info.model.size()) +
-                    " bytes) does not load (a damaged file, or not one tools/prepare_data.py wrote): " +
+                    " bytes) does not load (a damaged file, or not one tools/data/prepare_data.py wrote): " +
                     why);
   }
   if (sp->GetPieceSize() != info.vocab_size)
@@ -153,8 +153,8 @@ Tokenizer::Tokenizer(const TokenizerInfo& info, const std::string& where)
   } else if (info_.type != "byte") {
     throw UserError(where_ + ": tokenizer '" + info_.type +
                     "' cannot be encoded or decoded by this tessera (it knows byte, sentencepiece "
-                    "and hf-bpe, which tools/prepare_data.py --tokenizer tokenizer.json and "
-                    "tools/import_weights.py --tokenizer store)");
+                    "and hf-bpe, which tools/data/prepare_data.py --tokenizer tokenizer.json and "
+                    "tools/interop/import_weights.py --tokenizer store)");
   }
 }
 

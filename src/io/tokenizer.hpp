@@ -2,11 +2,11 @@
 // The tokenizer that made a token file (DESIGN §8), carried from the data into every checkpoint
 // so `tessera sample` can turn text into ids and ids back into text.
 //   byte           token = byte value 0..255, eot = 256 (vocab 257); needs no model
-//   sentencepiece  a BPE model trained by tools/prepare_data.py --tokenizer bpe; the serialized
+//   sentencepiece  a BPE model trained by tools/data/prepare_data.py --tokenizer bpe; the serialized
 //                  sentencepiece ModelProto travels with the ids (eot = the model's eos id)
 //   hf-bpe         a Hugging Face byte-level BPE (GPT-2, LLaMA 3: io/tokenizer_bpe.hpp); the model
-//                  is its tokenizer.json, as tools/prepare_data.py --tokenizer FILE and
-//                  tools/import_weights.py store it, with a "tessera" member naming the special
+//                  is its tokenizer.json, as tools/data/prepare_data.py --tokenizer FILE and
+//                  tools/interop/import_weights.py store it, with a "tessera" member naming the special
 //                  tokens (bos_token_id, eos_token_id, pad_token_id) of the model it came with
 // Other types (e.g. "gpt2" of an llm.c shard, "none") train, but cannot be encoded or decoded here.
 //
@@ -83,12 +83,12 @@ class Tokenizer {
 
   const TokenizerInfo& info() const { return info_; }
   // The ids of text, without an eot or bos (byte: the bytes; sentencepiece and hf-bpe: as
-  // tools/prepare_data.py encodes each document).
+  // tools/data/prepare_data.py encodes each document).
   std::vector<int32_t> encode(const std::string& text) const;
   // The text of ids: eot and other control ids decode to nothing. Byte and hf-bpe: the raw bytes.
   // Sentencepiece: byte pieces are joined into UTF-8; bytes that form no character become U+FFFD.
   std::string decode(const std::vector<int32_t>& ids) const;
-  // The beginning-of-text id tools/prepare_data.py puts before each document: hf-bpe's bos when
+  // The beginning-of-text id tools/data/prepare_data.py puts before each document: hf-bpe's bos when
   // it differs from eot (LLaMA 3's <|begin_of_text|>); -1 for the others.
   int64_t bos() const;
   // How many bytes of text each id stands for (0 for eot, bos and other control ids): the

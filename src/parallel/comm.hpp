@@ -99,7 +99,7 @@ class Comm {
   void wait_sends();
 
   // Payload bytes this rank handed to MPI on this communicator (what `make bench` and
-  // tools/parallel_counts.py compare with the formulas; the ring volume follows from it).
+  // tools/reference/parallel_counts.py compare with the formulas; the ring volume follows from it).
   uint64_t payload_bytes = 0;
   void count(size_t bytes) { payload_bytes += bytes; }
   // Seconds this rank spent blocked in its collectives and their waits (not in point-to-point

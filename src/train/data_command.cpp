@@ -44,7 +44,7 @@ encode the ids of TEXT with the tokenizer of TOKENIZER (an HDF5 token file, or a
        byte-level BPE tokenizer.json), space-separated on one line, no eot or bos; --stream reads
        documents from standard input (each a little-endian uint64 byte count, then its bytes) and
        writes their ids (a uint64 count, then uint32 ids) on N threads (default: every core), as
-       tools/prepare_data.py runs it, with a summary line (MB/s, tokens/s) on standard error;
+       tools/data/prepare_data.py runs it, with a summary line (MB/s, tokens/s) on standard error;
        --verify also checks that every document decodes back to its bytes
 decode the text of the ids (special tokens decode to nothing)
 )";

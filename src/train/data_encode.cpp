@@ -1,5 +1,5 @@
 // `tessera data encode|decode`: text <-> ids with a tokenizer, for people (one text, one line of
-// ids) and for tools/prepare_data.py (--stream: every document of a corpus, on every core).
+// ids) and for tools/data/prepare_data.py (--stream: every document of a corpus, on every core).
 #include <omp.h>
 
 #include <cerrno>

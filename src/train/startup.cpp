@@ -164,7 +164,7 @@ void Run::find_checkpoints() {
                       kExitIO);
   }
   // checkpoint.init_from: a new run (step 0, fresh AdamW, this deck's seed and data order) from the
-  // weights of another run or of tools/import_weights.py. A checkpoint of this run comes first,
+  // weights of another run or of tools/interop/import_weights.py. A checkpoint of this run comes first,
   // so a requeued fine-tuning job continues where it stopped.
   if (restart_from_.empty() && !cfg_.checkpoint.init_from.empty()) {
     init_from_ = resolve_checkpoint(cfg_.checkpoint.init_from);
@@ -186,7 +186,7 @@ void Run::find_checkpoints() {
                                            info.tokenizer, "checkpoint.init_from " + init_from_);
         !e.empty())
       throw UserError(cfg_.deck_path + ": " + e +
-                      " (tokenize the data with the weights' tokenizer: tools/prepare_data.py "
+                      " (tokenize the data with the weights' tokenizer: tools/data/prepare_data.py "
                       "--tokenizer tokenizer.json)");
   }
 }

@@ -4,7 +4,7 @@
 // attention, and fp8 (the linear layers on cuBLASLt's FP8 GEMM, bf16 elsewhere) with fused
 // attention beside bf16's; and LLaMA 3.2 1B's shape in bf16 and fp8. The step is the trainer's: the token upload, the forward and backward, the gradient
 // norm, clipping and AdamW, ending in a stream synchronisation, timed on the host over 5 steps
-// after one to warm up. Tokens are synthetic. tools/bench_gpu_torch.py prints PyTorch's rows of
+// after one to warm up. Tokens are synthetic. tools/bench/gpu_torch.py prints PyTorch's rows of
 // the same table.
 #include <mpi.h>
 
@@ -105,7 +105,7 @@ void bench_shape(const Shape& s, Precision precision, bool fused, double bf16_pe
 
 }  // namespace
 
-// The shapes `make bench-gpu` runs (tools/bench_gpu_torch.py runs the same ones in PyTorch).
+// The shapes `make bench-gpu` runs (tools/bench/gpu_torch.py runs the same ones in PyTorch).
 int run_bench() {
   cudaDeviceProp prop;
   ck(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");

@@ -5,7 +5,7 @@
                 --step N [--factor 8]
 
 Both tessera runs (RUN_DIR/metrics.jsonl and RUN_DIR/checkpoints/step_N.h5) are measured against
-a float64 run of the same training (tools/reference_gpt.py --dtype float64 from the same step-0
+a float64 run of the same training (tools/reference/reference_gpt.py --dtype float64 from the same step-0
 checkpoint): the worst relative loss error over the steps, and the worst tensor error relative to
 the tensor's largest magnitude. The CPU's fp32 run (--floor) is what fp32 arithmetic costs; the
 run under test (--run, the CUDA backend) passes when each of its errors is within `factor` times
@@ -20,7 +20,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools")
+sys.path[:0] = [os.path.join(TOOLS, "data"), os.path.join(TOOLS, "reference")]
 from compare_parity import read_losses, read_metrics, read_model  # noqa: E402
 from tessera_data import ToolError, run_tool  # noqa: E402
 

@@ -84,7 +84,7 @@ if train cpu_fp8 1 device.backend=cpu device.precision=fp8 &&
 fi
 # The fp32 bound derived rather than guessed (tests/gpu/fp32_floor.py): the CUDA run and the CPU
 # run, each against a float64 run of the same training from the same step-0 checkpoint
-# (tools/reference_gpt.py --dtype float64); the CUDA run's errors must stay within 8x the CPU's,
+# (tools/reference/reference_gpt.py --dtype float64); the CUDA run's errors must stay within 8x the CPU's,
 # i.e. within what fp32 arithmetic costs. Where the Python has no torch or h5py (a GPU node's),
 # only the fixed bounds above apply.
 floor_check() {  # NAME CPU_RUN RUN STEP OVERRIDES...: the step-0 run and the float64 run first
@@ -98,7 +98,7 @@ floor_check() {  # NAME CPU_RUN RUN STEP OVERRIDES...: the step-0 run and the fl
   # deck of a 0-step run would not say.
   train "${name}_init" 1 device.backend=cpu "$@" train.steps=0 optim.decay_steps="$step" ||
     return 0
-  if ! "$PYTHON" "$ROOT/tools/reference_gpt.py" --dtype float64 --threads 1 --steps "$step" \
+  if ! "$PYTHON" "$ROOT/tools/reference/reference_gpt.py" --dtype float64 --threads 1 --steps "$step" \
        --checkpoint "$WORK/${name}_init/checkpoints/step_00000000.h5" --out "$WORK/$name.h5" \
        --losses-out "$WORK/$name.json" >"$WORK/$name.log" 2>&1; then
     fail "$name: the float64 reference failed"; tail -3 "$WORK/$name.log" | sed 's/^/    /'

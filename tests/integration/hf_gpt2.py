@@ -30,7 +30,7 @@ import sys
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path[:0] = [os.path.join(ROOT, "tools", d) for d in ("data", "interop")]
 import safetensors_io  # noqa: E402
 from tessera_data import read_token_file  # noqa: E402
 

@@ -43,7 +43,7 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools"))
+sys.path[:0] = [os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools", d) for d in ("data", "interop")]
 sys.path.insert(0, HERE)
 import safetensors_io  # noqa: E402
 from hf_gpt2 import add_compare_parser, cmd_compare, load_weights  # noqa: E402

@@ -8,7 +8,8 @@ TESSERA=${TESSERA:-$ROOT/bin/tessera}  # tests/gpu/run_emulated.sh runs the emul
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # Multi-rank tests oversubscribe the cores: MPICH then yields the processor while it polls.
 export MPIR_CVAR_POLLS_BEFORE_YIELD=${MPIR_CVAR_POLLS_BEFORE_YIELD:-1}
-export PYTHONPATH=$ROOT/tools
+# The tools' Python modules, by job (tools/data, interop, reference), importable by name.
+export PYTHONPATH=$ROOT/tools/data:$ROOT/tools/interop:$ROOT/tools/reference
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tessera_test.XXXXXX")
 trap '[ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 FAILS=0
@@ -22,7 +23,7 @@ DATA=$ROOT/build/testdata
 test_data() {
   if [ ! -f "$DATA/train.h5" ]; then
     mkdir -p "$DATA"
-    "$PYTHON" "$ROOT/tools/prepare_data.py" --stdlib --out-dir "$DATA" >/dev/null 2>&1 ||
+    "$PYTHON" "$ROOT/tools/data/prepare_data.py" --stdlib --out-dir "$DATA" >/dev/null 2>&1 ||
       { echo "FAIL could not make test data"; exit 1; }
   fi
 }

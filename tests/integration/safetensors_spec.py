@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Byte-level checks of tools/safetensors_io.py against the safetensors format: files built here
+"""Byte-level checks of tools/interop/safetensors_io.py against the safetensors format: files built here
 by hand, byte by byte, from the format's rules (8-byte little-endian header length, a UTF-8 JSON
 header with dtype / shape / data_offsets per tensor and an optional __metadata__ of strings,
 padding spaces, a data buffer covered exactly, little-endian row-major values). Prints one
@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "interop"))
 import safetensors_io as st  # noqa: E402
 
 FAILS = 0

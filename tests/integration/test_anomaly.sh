@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The anomaly policy (README, "Long runs"), on 1 rank and on (dp, tp, pp) = (2, 2, 2) with ZeRO-1:
+# The anomaly policy (docs/checkpoints.md, "Long runs"), on 1 rank and on (dp, tp, pp) = (2, 2, 2) with ZeRO-1:
 # a NaN gradient (TESSERA_TEST_NAN_STEP, a trigger for tests only) at step 3 and a gradient spike
 # (TESSERA_TEST_SPIKE_STEP: gradients x 10^4) at step 5, met by each action. skip: the update is
 # dropped and the batch passed over; rollback: the newest checkpoint's weights, data after the

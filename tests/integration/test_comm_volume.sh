@@ -4,8 +4,8 @@
 # LLaMA; the parameters', gradients' and optimizer's buffers and the transient ones under every
 # ZeRO stage, hybrid groups among them) and
 # the bytes it hands to MPI per step on each communicator equal the counts of
-# ../shared/FORMULAS.md (tools/parallel_counts.py) and, exactly, those of `tessera plan --json`
-# of the run's deck (tools/plan_check.py): an extra, missing or oversized collective, a
+# docs/formulas.md (tools/reference/parallel_counts.py) and, exactly, those of `tessera plan --json`
+# of the run's deck (tools/reference/plan_check.py): an extra, missing or oversized collective, a
 # tile of the wrong size, or an activation buffer that grows with T² under fused attention shows
 # here.
 source "$(dirname "$0")/lib.sh"
@@ -41,10 +41,10 @@ for layout in "2 2 2 0 gemm 1f1b none false" "1 2 2 0 fused gpipe selective fals
        parallel.virtual_stages="$v" model.n_layer=8 "${family[@]}" "${extra[@]}" \
        run.dir="$WORK/$name" \
        >"$name.log" 2>&1 &&
-     out=$("$PYTHON" "$ROOT/tools/parallel_counts.py" "$WORK/$name/metrics.jsonl") &&
+     out=$("$PYTHON" "$ROOT/tools/reference/parallel_counts.py" "$WORK/$name/metrics.jsonl") &&
      "$TESSERA" plan "$WORK/$name/deck.yaml" --ranks $(($1 * $2 * $3)) --machine-file host.yaml --json \
        >"$name.plan.json" 2>>"$name.log" &&
-     out="$out; $("$PYTHON" "$ROOT/tools/plan_check.py" "$WORK/$name/metrics.jsonl" \
+     out="$out; $("$PYTHON" "$ROOT/tools/reference/plan_check.py" "$WORK/$name/metrics.jsonl" \
                   "$name.plan.json")"; then
     pass "$name: $out"
   else

@@ -42,7 +42,7 @@ if run llama_ref 1 1 1 1 "${llama[@]}"; then
 else
   fail "llama (1,1,1) run"; tail -5 llama_ref.log
 fi
-# The counts (README, "Counting"): each rank's bytes handed to MPI on the cp communicator per
+# The counts (docs/parallelism.md, "Context parallelism"): each rank's bytes handed to MPI on the cp communicator per
 # step equal n_micro x layers x per-layer-per-micro-batch volume, the ring's 3 (cp - 1) blocks of
 # 2 b (T/cp) C_kv elements (C_kv: this rank's KV heads x head size; LLaMA's GQA sends its 2 KV
 # heads, not its 4 query heads), the all-gather's 3 cp blocks as handed to MPI (two gathers and
@@ -80,15 +80,15 @@ layout ref cp2_tp2_sp 1 2 2 1 parallel.sequence_parallel=true train.recompute=fu
 
 # `tessera plan` of each run's deck counts its memory and its bytes on every communicator, cp's
 # among them (full and selective recompute rerun the forward's transfers), as the run measured;
-# so do the formulas of ../shared/FORMULAS.md (tools/parallel_counts.py, every rank's figures).
+# so do the formulas of docs/formulas.md (tools/reference/parallel_counts.py, every rank's figures).
 host_machine host.yaml
 for c in "cp4 4" "cp2_allgather 2" "dp2_cp2_tp2 8" "dp2_cp2_zero3 4" "dp2_cp2_hsdp 4" "cp2_tp2_sp 4" \
          "llama_cp4 4"; do
   set -- $c
   if "$TESSERA" plan "$WORK/$1/deck.yaml" --ranks "$2" --machine-file host.yaml --json \
        >"$1.plan.json" 2>>"$1.log" &&
-     out=$("$PYTHON" "$ROOT/tools/plan_check.py" "$WORK/$1/metrics.jsonl" "$1.plan.json") &&
-     out="$out; $("$PYTHON" "$ROOT/tools/parallel_counts.py" "$WORK/$1/metrics.jsonl")"; then
+     out=$("$PYTHON" "$ROOT/tools/reference/plan_check.py" "$WORK/$1/metrics.jsonl" "$1.plan.json") &&
+     out="$out; $("$PYTHON" "$ROOT/tools/reference/parallel_counts.py" "$WORK/$1/metrics.jsonl")"; then
     pass "$1 plan: $out"
   else
     fail "$1 plan: ${out:-plan failed}"

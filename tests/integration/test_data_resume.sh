@@ -67,15 +67,15 @@ assert "train.h5 (hdf5, " in ck["train"].attrs["data_sources"].decode()
 assert "epoch" in ck["train"].attrs["data_position"].decode()
 print("source 0 share %.2f of %d samples" % (share, len(sources)))
 EOF
-# The blend order against its Python specification (tools/tessera_data.py blend).
+# The blend order against its Python specification (tools/data/tessera_data.py blend).
 nt=$("$PYTHON" -c 'import h5py,sys; print((h5py.File(sys.argv[1])["tokens"].shape[0] - 1) // 16)' "$DATA/train.h5")
 nv=$("$PYTHON" -c 'import h5py,sys; print((h5py.File(sys.argv[1])["tokens"].shape[0] - 1) // 16)' "$DATA/val.h5")
-"$PYTHON" "$ROOT/tools/tessera_data.py" blend --weights 0.7,0.3 --windows "$nt,$nv" --seed 7 --count 64 >py_blend.txt
+"$PYTHON" "$ROOT/tools/data/tessera_data.py" blend --weights 0.7,0.3 --windows "$nt,$nv" --seed 7 --count 64 >py_blend.txt
 cut -d: -f1 blend_straight.txt | cut -d' ' -f2- >cpp_blend.txt
 if [ -s py_blend.txt ] && cmp -s py_blend.txt cpp_blend.txt; then
-  pass "blend: the 64 traced (sample, source, window) equal tools/tessera_data.py's specification"
+  pass "blend: the 64 traced (sample, source, window) equal tools/data/tessera_data.py's specification"
 else
-  fail "blend order differs from tools/tessera_data.py"; diff py_blend.txt cpp_blend.txt | head -4
+  fail "blend order differs from tools/data/tessera_data.py"; diff py_blend.txt cpp_blend.txt | head -4
 fi
 run other_seed 1 1 2 "$blend" train.seed=8
 head -16 blend_straight.txt | cut -d: -f1 | cut -d' ' -f2- >a.txt

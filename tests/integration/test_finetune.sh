@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The README's "Fine-tuning" walkthrough end to end, without the internet: a Hugging Face GPT-2
+# The "Fine-tuning" walkthrough of docs/interop.md end to end, without the internet: a Hugging Face GPT-2
 # directory (random weights from tests/integration/hf_gpt2.py, GPT-2's real tokenizer files
-# written from js-tiktoken's ranks, config.json) -> tools/import_weights.py (the tokenizer found
-# beside the weights goes into the checkpoint) -> tools/prepare_data.py --tokenizer
+# written from js-tiktoken's ranks, config.json) -> tools/interop/import_weights.py (the tokenizer found
+# beside the weights goes into the checkpoint) -> tools/data/prepare_data.py --tokenizer
 # tokenizer.json on "the user's text" -> `tessera train input/finetune.yaml` with
-# checkpoint.init_from on 2 ranks -> `tessera sample` prints text -> tools/export_weights.py
+# checkpoint.init_from on 2 ranks -> `tessera sample` prints text -> tools/interop/export_weights.py
 # gives back tokenizer.json and the special ids; the same through
 # jobscripts/slurm/finetune.sbatch (launched with mpiexec, no Slurm). Then the refusals: data
 # of another tokenizer for init_from, `sample --tokenizer` of another tokenizer; and a LLaMA's
@@ -26,7 +26,7 @@ stdlib=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])'
 for m in textwrap shlex glob fnmatch string argparse; do cp "$stdlib/$m.py" text/; done
 
 # 1. import: the weights and their tokenizer.
-if "$PYTHON" "$ROOT/tools/import_weights.py" gpt2 --out gpt2.h5 >model.yaml 2>import.err &&
+if "$PYTHON" "$ROOT/tools/interop/import_weights.py" gpt2 --out gpt2.h5 >model.yaml 2>import.err &&
    grep -q '^import_weights: tokenizer gpt2 (tokenizer.json, gpt2): 50257 ids, eos 50256, bos 50256' import.err &&
    "$PYTHON" - <<'EOF'
 import h5py, json
@@ -45,7 +45,7 @@ else
 fi
 
 # 2. the user's text, tokenized with the model's tokenizer.
-if "$PYTHON" "$ROOT/tools/prepare_data.py" text --tokenizer gpt2/tokenizer.json --val-every 3 \
+if "$PYTHON" "$ROOT/tools/data/prepare_data.py" text --tokenizer gpt2/tokenizer.json --val-every 3 \
      --out-dir data >prep.out 2>&1; then
   pass "prepare_data.py --tokenizer gpt2/tokenizer.json: $(grep -m1 'encode done' prep.out)"
 else
@@ -99,7 +99,7 @@ else
 fi
 
 # 5. export: the tokenizer and the special ids come back.
-if "$PYTHON" "$ROOT/tools/export_weights.py" ft/checkpoints --out hf_out >export.out 2>&1 &&
+if "$PYTHON" "$ROOT/tools/interop/export_weights.py" ft/checkpoints --out hf_out >export.out 2>&1 &&
    "$PYTHON" - <<'EOF'
 import json
 c = json.load(open("hf_out/config.json"))
@@ -130,7 +130,7 @@ fi
 # --tokenizer of it; the byte-level data against GPT-2's weights.
 "$PYTHON" -c 'import json; t = json.load(open("gpt2/tokenizer.json")); v = t["model"]["vocab"]
 v["def"], v["Ġmain"] = v["Ġmain"], v["def"]; json.dump(t, open("swapped.json", "w"))'
-"$PYTHON" "$ROOT/tools/prepare_data.py" text --tokenizer swapped.json --val-every 3 --out-dir other >/dev/null 2>&1
+"$PYTHON" "$ROOT/tools/data/prepare_data.py" text --tokenizer swapped.json --val-every 3 --out-dir other >/dev/null 2>&1
 ALLOW_STDOUT=1 expect_error "init_from with data of another tokenizer" 2 \
   "finetune\.yaml: data\.train .*other/train\.h5 has tokenizer 'hf-bpe' \(vocab_size 50257, hash [0-9a-f]{16}\), checkpoint\.init_from .*gpt2\.h5 has 'hf-bpe' \(vocab_size 50257, hash [0-9a-f]{16}\): the same ids mean different text" \
   bash -c "cd '$ROOT' && '$TESSERA' train input/finetune.yaml ${tiny[*]} data.train=$WORK/other/train.h5 data.val=$WORK/other/val.h5 checkpoint.init_from=$WORK/gpt2.h5 run.dir=$WORK/refused"
@@ -142,7 +142,7 @@ ALLOW_STDOUT=1 expect_error "init_from with byte-level data" 2 \
 expect_error "sample --tokenizer of another tokenizer" 2 \
   "tessera sample: --tokenizer other/val\.h5 has tokenizer 'hf-bpe' .*, the checkpoint gpt2\.h5 has 'hf-bpe' .*: the same ids mean different text" \
   "$TESSERA" sample gpt2.h5 --tokenizer other/val.h5 --prompt x --tokens 2
-"$PYTHON" "$ROOT/tools/import_weights.py" gpt2 --tokenizer none --out bare.h5 >/dev/null 2>&1
+"$PYTHON" "$ROOT/tools/interop/import_weights.py" gpt2 --tokenizer none --out bare.h5 >/dev/null 2>&1
 if out=$("$TESSERA" sample bare.h5 --tokenizer data/val.h5 --prompt "import os" --tokens 4 2>&1) &&
    [ "${out:0:9}" = "import os" ]; then
   pass "sample of a checkpoint imported without its tokenizer, with --tokenizer data/val.h5: '$out'"
@@ -154,8 +154,8 @@ fi
 "$PYTHON" "$ROOT/tests/integration/hf_llama.py" make --out llama >/dev/null 2>&1
 "$PYTHON" -c 'import json; c = json.load(open("llama/config.json"))
 c.update(bos_token_id=1, eos_token_id=2, pad_token_id=0); json.dump(c, open("llama/config.json", "w"))'
-if "$PYTHON" "$ROOT/tools/import_weights.py" llama --out llama.h5 >/dev/null 2>&1 &&
-   "$PYTHON" "$ROOT/tools/export_weights.py" llama.h5 --out llama_out >/dev/null 2>&1 &&
+if "$PYTHON" "$ROOT/tools/interop/import_weights.py" llama --out llama.h5 >/dev/null 2>&1 &&
+   "$PYTHON" "$ROOT/tools/interop/export_weights.py" llama.h5 --out llama_out >/dev/null 2>&1 &&
    "$PYTHON" -c 'import json; c = json.load(open("llama_out/config.json"))
 assert (c["bos_token_id"], c["eos_token_id"], c["pad_token_id"]) == (1, 2, 0), c'; then
   pass "LLaMA import -> export: bos_token_id 1, eos_token_id 2, pad_token_id 0 as in the original"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FP8 training simulated on the CPU (device.precision: fp8, README "FP8 training"): it trains near
+# FP8 training simulated on the CPU (device.precision: fp8, docs/fp8.md): it trains near
 # fp32; the delayed-scaling state goes into the checkpoint, so 10 steps straight equal 5 + a
 # restart + 5 to the bit, and a restart on another layout goes on from it; tensor-parallel,
 # pipeline and data-parallel layouts equal the 1-rank fp8 run within the bf16 tolerances of

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU bundle (make gpu-bundle, tools/gpu_bundle.sh) on a machine without a GPU: built from
+# The GPU bundle (make gpu-bundle, tools/gpu/bundle.sh) on a machine without a GPU: built from
 # this build's CUDA binaries, under 40 MB, unpacked into an empty directory and run with a clean
 # environment (only PATH and HOME): `run.sh --cpu-smoke` finds every library in the bundle,
 # glibc, the C++ runtime or the CUDA toolkit's lib64 (ldd), and tessera trains on 1 and 2 ranks
@@ -13,8 +13,8 @@ if ! objdump -p "$TESSERA" 2>/dev/null | grep -q 'NEEDED.*libcudart'; then
 fi
 test_data
 tarball=$ROOT/build/tessera-gpu.tar.xz
-if ! (cd "$ROOT" && PYTHON=$PYTHON bash tools/gpu_bundle.sh "$tarball") >"$WORK/bundle.log" 2>&1; then
-  fail "gpu_bundle.sh:"; tail -5 "$WORK/bundle.log"; finish
+if ! (cd "$ROOT" && PYTHON=$PYTHON bash tools/gpu/bundle.sh "$tarball") >"$WORK/bundle.log" 2>&1; then
+  fail "tools/gpu/bundle.sh:"; tail -5 "$WORK/bundle.log"; finish
 fi
 size=$(stat -c %s "$tarball")
 if [ "$size" -lt $((40 * 1024 * 1024)) ]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hang forensics (run.hang_timeout; README, "Long runs"): one rank of four, (dp, pp) = (2, 2),
+# Hang forensics (run.hang_timeout; docs/checkpoints.md, "Long runs"): one rank of four, (dp, pp) = (2, 2),
 # stalled on purpose at step 3 (TESSERA_TEST_STALL, a trigger for tests only). The job must end
 # within the timeout plus a few seconds with exit 5, one line naming the stalled rank as behind
 # and the call the others wait in, and every rank's ring of calls in <run.dir>/hang/rank_K.txt.

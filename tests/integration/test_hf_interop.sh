@@ -5,8 +5,8 @@
 # every bad input one line, exit 2, nothing written.
 source "$(dirname "$0")/lib.sh"
 HF="$PYTHON $ROOT/tests/integration/hf_gpt2.py"
-IMPORT="$PYTHON $ROOT/tools/import_weights.py"
-EXPORT="$PYTHON $ROOT/tools/export_weights.py"
+IMPORT="$PYTHON $ROOT/tools/interop/import_weights.py"
+EXPORT="$PYTHON $ROOT/tools/interop/export_weights.py"
 test_data
 cd "$WORK" || exit 1
 $HF make --out hf >/dev/null || { fail "make the random HF GPT-2"; finish; }

@@ -8,8 +8,8 @@
 # tp=2; every bad input one line, exit 2, nothing written.
 source "$(dirname "$0")/lib.sh"
 HF="$PYTHON $ROOT/tests/integration/hf_llama.py"
-IMPORT="$PYTHON $ROOT/tools/import_weights.py"
-EXPORT="$PYTHON $ROOT/tools/export_weights.py"
+IMPORT="$PYTHON $ROOT/tools/interop/import_weights.py"
+EXPORT="$PYTHON $ROOT/tools/interop/export_weights.py"
 test_data
 cd "$WORK" || exit 1
 # 2 layers, 4 heads on 2 key/value heads, n_embd 32, ffn 96, 64 positions, vocab 257, untied;

@@ -112,7 +112,7 @@ for kind in gpt2 llama3; do
     gpt2) tok=$WORK/gpt2/tokenizer.json; encoding=gpt2; bos=-1 ;;
     llama3) tok=$WORK/llama3/tokenizer.json; encoding=cl100k_base; bos=100256 ;;
   esac
-  if "$PYTHON" "$ROOT/tools/prepare_data.py" corpus --tokenizer "$tok" --val-every 10 \
+  if "$PYTHON" "$ROOT/tools/data/prepare_data.py" corpus --tokenizer "$tok" --val-every 10 \
        --out-dir "$kind" >"$kind.out" 2>&1; then
     pass "$kind: prepare_data --tokenizer $(basename "$tok"): $(grep -m1 'encode done' "$kind.out")"
   else
@@ -127,7 +127,7 @@ for kind in gpt2 llama3; do
 done
 
 # GPT-2's vocab.json + merges.txt: the same ids as its tokenizer.json.
-if "$PYTHON" "$ROOT/tools/prepare_data.py" corpus --tokenizer "$WORK/gpt2/vocab.json" --val-every 10 \
+if "$PYTHON" "$ROOT/tools/data/prepare_data.py" corpus --tokenizer "$WORK/gpt2/vocab.json" --val-every 10 \
      --out-dir gpt2v >gpt2v.out 2>&1 &&
    "$PYTHON" -c 'import sys, tessera_data as td
 a, b = (td.read_token_file(f"{d}/train.h5")[0] for d in sys.argv[1:])
@@ -150,7 +150,7 @@ EOF
 then pass "C++ decode(encode(x)) == x on every document and on bytes that are not UTF-8"
 else fail "C++ decode(encode(x)) != x"; fi
 mkdir -p bad_utf8 && cp not_utf8.txt bad_utf8/a.txt && cp corpus/abc.py bad_utf8/b.txt
-if "$PYTHON" "$ROOT/tools/prepare_data.py" bad_utf8 --tokenizer "$WORK/gpt2" --val-every 2 \
+if "$PYTHON" "$ROOT/tools/data/prepare_data.py" bad_utf8 --tokenizer "$WORK/gpt2" --val-every 2 \
      --out-dir bad_utf8_out >/dev/null 2>&1 &&
    "$PYTHON" - <<'EOF'
 import hf_tokenizer, tessera_data as td
@@ -191,22 +191,22 @@ fi
 # Bad input: one line naming the file and what was expected, exit 2, nothing written.
 printf '{"model": {"type": "BPE",\n  "vocab": {"a": 0,}}}\n' >bad.json
 expect_error "malformed JSON (prepare_data)" 2 'bad\.json: not valid JSON at line 2, column 20' \
-  "$PYTHON" "$ROOT/tools/prepare_data.py" corpus --tokenizer bad.json --out-dir nothing
+  "$PYTHON" "$ROOT/tools/data/prepare_data.py" corpus --tokenizer bad.json --out-dir nothing
 [ ! -e nothing/train.h5 ] || fail "malformed JSON: a token file was written"
 expect_error "malformed JSON (tessera)" 2 'bad\.json: not valid JSON at line 2, column 20: expected a member name' \
   "$TESSERA" data encode bad.json --text x
 printf '{"model": {"type": "WordPiece", "vocab": {"a": 0}}, "normalizer": null}' >wordpiece.json
 expect_error "another kind (prepare_data)" 2 "wordpiece\.json: model type 'WordPiece': tessera reads byte-level BPE" \
-  "$PYTHON" "$ROOT/tools/prepare_data.py" corpus --tokenizer wordpiece.json --out-dir nothing
+  "$PYTHON" "$ROOT/tools/data/prepare_data.py" corpus --tokenizer wordpiece.json --out-dir nothing
 expect_error "another kind (tessera)" 2 "wordpiece\.json: model type 'WordPiece' \(tessera reads byte-level BPE" \
   "$TESSERA" data encode wordpiece.json --text x
 "$PYTHON" -c 'import json; t = json.load(open("gpt2/tokenizer.json")); t["normalizer"] = {"type": "NFC"}
 json.dump(t, open("nfc.json", "w"))'
 expect_error "a normalizer" 2 "nfc\.json: normalizer 'NFC'" \
-  "$PYTHON" "$ROOT/tools/prepare_data.py" corpus --tokenizer nfc.json --out-dir nothing
+  "$PYTHON" "$ROOT/tools/data/prepare_data.py" corpus --tokenizer nfc.json --out-dir nothing
 mkdir -p only_vocab && cp gpt2/vocab.json only_vocab/
 expect_error "vocab.json without merges.txt" 2 "vocab\.json: GPT-2's vocab\.json needs merges\.txt beside it" \
-  "$PYTHON" "$ROOT/tools/prepare_data.py" corpus --tokenizer only_vocab/vocab.json --out-dir nothing
+  "$PYTHON" "$ROOT/tools/data/prepare_data.py" corpus --tokenizer only_vocab/vocab.json --out-dir nothing
 "$PYTHON" -c 'import json; t = json.load(open("gpt2/tokenizer.json")); t["model"]["merges"].append("Ġzzzq Ġzzzr")
 json.dump(t, open("badmerge.json", "w"))'
 expect_error "a merge of unknown tokens" 2 "badmerge\.json: merge [0-9]+ 'Ġzzzq Ġzzzr': 'Ġzzzq' is not in model\.vocab" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Long runs (README, "Long runs"): checkpoint retention (checkpoint.keep), `tessera ckpt info` and
+# Long runs (docs/checkpoints.md, "Long runs"): checkpoint retention (checkpoint.keep), `tessera ckpt info` and
 # `ckpt verify`, and checkpoints that are never trusted when read: a non-finite or negative value
 # with a matching checksum, a damaged value, a changed restart attribute, each one line, on
 # `ckpt verify` and on a restart alike.

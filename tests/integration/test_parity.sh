@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tessera against the independent PyTorch reference (tools/reference_gpt.py): both start from the
+# tessera against the independent PyTorch reference (tools/reference/reference_gpt.py): both start from the
 # same step-0 checkpoint and train 10 steps on the same batches. Every step's loss agrees to a
 # relative 1e-5 and every final tensor to 1e-4 of its largest magnitude.
 source "$(dirname "$0")/lib.sh"
@@ -25,13 +25,13 @@ if "$TESSERA" train "$deck" "${common[@]}" train.steps=10 >train.log 2>&1; then
 else
   fail "tessera train"; tail -5 train.log
 fi
-if "$PYTHON" "$ROOT/tools/reference_gpt.py" --checkpoint "$WORK/init/checkpoints/step_00000000.h5" \
+if "$PYTHON" "$ROOT/tools/reference/reference_gpt.py" --checkpoint "$WORK/init/checkpoints/step_00000000.h5" \
      --steps 10 --threads 2 --out ref.h5 --losses-out ref_losses.json >ref.log 2>&1; then
   pass "PyTorch reference trained 10 steps"
 else
   fail "reference"; tail -5 ref.log
 fi
-if "$PYTHON" "$ROOT/tools/compare_parity.py" --metrics "$WORK/parity/metrics.jsonl" \
+if "$PYTHON" "$ROOT/tools/reference/compare_parity.py" --metrics "$WORK/parity/metrics.jsonl" \
      --losses ref_losses.json --checkpoint "$WORK/parity/checkpoints/step_00000010.h5" \
      --reference ref.h5 --loss-rtol 1e-5 --param-tol 1e-4 >compare.log 2>&1; then
   pass "parity: every loss within 1e-5 and every tensor within 1e-4 of its max"
@@ -41,7 +41,7 @@ else
 fi
 # The comparison itself must be able to fail: a perturbed reference loss is caught.
 "$PYTHON" -c 'import json,sys; l=json.load(open("ref_losses.json")); l[4]*=1+3e-5; json.dump(l,open("bad.json","w"))'
-if "$PYTHON" "$ROOT/tools/compare_parity.py" --metrics "$WORK/parity/metrics.jsonl" --losses bad.json \
+if "$PYTHON" "$ROOT/tools/reference/compare_parity.py" --metrics "$WORK/parity/metrics.jsonl" --losses bad.json \
      --checkpoint "$WORK/parity/checkpoints/step_00000010.h5" --reference ref.h5 >/dev/null 2>&1; then
   fail "compare_parity accepted a loss off by 3e-5"
 else

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tessera's LLaMA (model.arch llama) against the independent PyTorch reference
-# (tools/reference_llama.py, Hugging Face's LlamaForCausalLM written from its definition): both
+# (tools/reference/reference_llama.py, Hugging Face's LlamaForCausalLM written from its definition): both
 # start from the same step-0 checkpoint and train 10 steps on the same batches. Every step's
 # loss agrees to a relative 1e-5 and every final tensor to 1e-4 of its largest magnitude; then
 # the same with the head tied to the embedding.
@@ -25,7 +25,7 @@ common=(model.arch=llama model.n_layer=2 model.n_head=4 model.n_kv_head=2 model.
 
 # parity RUN REF: RUN's metrics and step-10 checkpoint against the reference's outputs REF.json/.h5.
 parity() {
-  if "$PYTHON" "$ROOT/tools/compare_parity.py" --metrics "$WORK/$1/metrics.jsonl" \
+  if "$PYTHON" "$ROOT/tools/reference/compare_parity.py" --metrics "$WORK/$1/metrics.jsonl" \
        --losses "$2.json" --checkpoint "$WORK/$1/checkpoints/step_00000010.h5" \
        --reference "$2.h5" --loss-rtol 1e-5 --param-tol 1e-4 >"$1.compare" 2>&1; then
     "$PYTHON" - "$1.compare" <<'PY'
@@ -73,7 +73,7 @@ if "$TESSERA" train "$deck" "${common[@]}" train.steps=10 >train.log 2>&1; then
 else
   fail "tessera train"; tail -5 train.log
 fi
-if "$PYTHON" "$ROOT/tools/reference_llama.py" --checkpoint "$WORK/init/checkpoints/step_00000000.h5" \
+if "$PYTHON" "$ROOT/tools/reference/reference_llama.py" --checkpoint "$WORK/init/checkpoints/step_00000000.h5" \
      --steps 10 --threads 1 --out ref_losses.h5 --losses-out ref_losses.json >ref.log 2>&1; then
   pass "PyTorch LLaMA reference trained 10 steps"
 else
@@ -92,7 +92,7 @@ else
 fi
 # The comparison itself must be able to fail: a perturbed loss and a perturbed tensor are caught.
 "$PYTHON" -c 'import json,sys; l=json.load(open("ref_losses.json")); l[4]*=1+3e-5; json.dump(l,open("bad.json","w"))'
-if "$PYTHON" "$ROOT/tools/compare_parity.py" --metrics "$WORK/parity/metrics.jsonl" --losses bad.json \
+if "$PYTHON" "$ROOT/tools/reference/compare_parity.py" --metrics "$WORK/parity/metrics.jsonl" --losses bad.json \
      --checkpoint "$WORK/parity/checkpoints/step_00000010.h5" --reference ref_losses.h5 >/dev/null 2>&1; then
   fail "compare_parity accepted a loss off by 3e-5"
 else
@@ -102,7 +102,7 @@ cp ref_losses.h5 bad.h5
 "$PYTHON" -c 'import h5py, numpy as np
 f = h5py.File("bad.h5", "r+"); d = f["model/layers.1.self_attn.k_proj.weight"]
 d[3, 5] += 3e-4 * np.abs(d[...]).max()'
-if "$PYTHON" "$ROOT/tools/compare_parity.py" --metrics "$WORK/parity/metrics.jsonl" --losses ref_losses.json \
+if "$PYTHON" "$ROOT/tools/reference/compare_parity.py" --metrics "$WORK/parity/metrics.jsonl" --losses ref_losses.json \
      --checkpoint "$WORK/parity/checkpoints/step_00000010.h5" --reference bad.h5 >bad.log 2>&1; then
   fail "compare_parity accepted a k_proj element off by 3e-4 of the tensor's max"
 elif grep -q "^layers.1.self_attn.k_proj.weight .*FAIL" bad.log; then
@@ -115,7 +115,7 @@ fi
 run=(model.tie_embeddings=true run.dir="$WORK/tied")
 "$TESSERA" train "$deck" "${common[@]}" "${run[@]}" train.steps=0 >tied_init.log 2>&1
 "$TESSERA" train "$deck" "${common[@]}" "${run[@]}" train.steps=10 >tied.log 2>&1
-"$PYTHON" "$ROOT/tools/reference_llama.py" --checkpoint "$WORK/tied/checkpoints/step_00000000.h5" \
+"$PYTHON" "$ROOT/tools/reference/reference_llama.py" --checkpoint "$WORK/tied/checkpoints/step_00000000.h5" \
   --steps 10 --threads 1 --out tied_ref.h5 --losses-out tied_ref.json >tied_ref.log 2>&1
 if "$PYTHON" -c 'import h5py, sys; m = h5py.File(sys.argv[1], "r")["model"]
 sys.exit(not (int(m.attrs["tie_embeddings"]) == 1 and "lm_head.weight" not in m))' \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `tessera plan`: the README's two searches complete in under a second each, without mpiexec;
+# `tessera plan`: docs/planning.md's two searches complete in under a second each, without mpiexec;
 # a plan's memory equals what the trainer counts for its own rank (the run refuses to start
 # otherwise; test_comm_volume.sh holds every rank's bytes equal to the plan's on ten layouts);
 # a layout that cannot fit is refused with its numbers; bad machine files and arguments are one
@@ -8,7 +8,7 @@ source "$(dirname "$0")/lib.sh"
 deck=$(tiny_deck plan)
 cd "$WORK" || exit 1
 
-# The searches of the README, timed by the plan itself: its CPU time, which on this shared
+# The searches of docs/planning.md, timed by the plan itself: its CPU time, which on this shared
 # machine does not count other users' load as its wall time does (both are printed).
 for args in "$ROOT/input/gpt2-124m.yaml --ranks 8 --machine h100-sxm" \
             "$ROOT/input/llama-1b.yaml --ranks 64 --machine h100-sxm"; do
@@ -140,7 +140,7 @@ print("%.1f GB a rank, send buffers %.0f MB" % (p["max_rank_bytes"] / 1e9, pool 
 else
   fail "GPT 1T at v=2: $out $(tail -1 t1.err)"
 fi
-# FP8 (device.precision fp8, README "FP8 training"): on an H100 the linear layers' GEMMs run at
+# FP8 (device.precision fp8, docs/fp8.md): on an H100 the linear layers' GEMMs run at
 # the FP8 peak (1979 TFLOP/s dense), so the step is shorter than bf16's and the MFU is stated
 # against that peak; each GEMM weight has two one-byte copies more, its codes and their transpose
 # (GPT-2 124M: 2 x 85M); an A100 has no FP8 and refuses, with its name.

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# `tessera plan` against published large runs (tools/plan_published.py, the README's table):
+# `tessera plan` against published large runs (tools/reference/plan_published.py, docs/planning.md's table):
 # every row held to the model (not marked as staying outside, with its reason) must predict the
 # published throughput within +-15%: a change to the step-time model, a built-in machine or the
 # FLOP counting that moves a row further fails here. And the check can fail: planned on a machine
 # 30% faster than the row's, the rows fall outside.
 source "$(dirname "$0")/lib.sh"
 cd "$WORK" || exit 1
-if out=$("$PYTHON" "$ROOT/tools/plan_published.py" --tessera "$TESSERA" --check 2>&1); then
+if out=$("$PYTHON" "$ROOT/tools/reference/plan_published.py" --tessera "$TESSERA" --check 2>&1); then
   pass "published runs: $(echo "$out" | tail -1)"
 else
   fail "published runs: $(echo "$out" | tail -2 | tr '\n' ' ')"
 fi
 # The check is not vacuous: the same rows on an A100 with 1.3x the bf16 peak and bandwidth.
-if "$PYTHON" - "$ROOT/tools" "$TESSERA" <<'PY'
+if "$PYTHON" - "$ROOT/tools/reference" "$TESSERA" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[1])
 import plan_published as pub

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# tools/plot_run.py: two runs overlaid in one PNG; the points plotted are the logged ones (against
+# tools/runs/plot_run.py: two runs overlaid in one PNG; the points plotted are the logged ones (against
 # step and tokens, tokens counted from deck.yaml for metrics that predate the field); bad input is
 # one line, exit 2.
 source "$(dirname "$0")/lib.sh"
-PLOT="$PYTHON $ROOT/tools/plot_run.py"
+PLOT="$PYTHON $ROOT/tools/runs/plot_run.py"
 deck=$(tiny_deck pa)
 cd "$WORK" || exit 1
 "$TESSERA" train "$deck" train.steps=6 eval.every=3 >pa.log 2>&1 || fail "train run pa"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/safetensors_io.py against the safetensors format, byte by byte (safetensors_spec.py).
+# tools/interop/safetensors_io.py against the safetensors format, byte by byte (safetensors_spec.py).
 source "$(dirname "$0")/lib.sh"
 cd "$WORK" || exit 1
 "$PYTHON" "$ROOT/tests/integration/safetensors_spec.py"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The BPE tokenizer end to end: tools/prepare_data.py --tokenizer bpe trains a sentencepiece model
+# The BPE tokenizer end to end: tools/data/prepare_data.py --tokenizer bpe trains a sentencepiece model
 # on a small corpus (deterministically), stores it with the tokens and reports progress and
 # throughput; tessera trains on the files, copies the model into its checkpoints, and
 # `tessera sample` encodes the prompt and prints decoded text with it. A model that does not load
@@ -13,7 +13,7 @@ mkdir -p corpus
 stdlib=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 for m in argparse textwrap shlex string glob fnmatch; do cp "$stdlib/$m.py" corpus/; done
 printf 'def na\xc3\xafve(x):\n    return "caf\xc3\xa9 \xe2\x82\xac %%s" %% x  # \xf0\x9f\x98\x80\n' >corpus/unicode.py
-prep=("$PYTHON" "$ROOT/tools/prepare_data.py" corpus --tokenizer bpe --vocab-size 400 --val-every 4)
+prep=("$PYTHON" "$ROOT/tools/data/prepare_data.py" corpus --tokenizer bpe --vocab-size 400 --val-every 4)
 if "${prep[@]}" --out-dir bpe --log-seconds 0 >prep.out 2>prep.err; then
   pass "prepare_data --tokenizer bpe --vocab-size 400"
 else
@@ -133,7 +133,7 @@ expect_error "sample with a corrupt model" 2 "bad.h5: the sentencepiece tokenize
   "$TESSERA" sample bad.h5 --prompt "x" --tokens 5
 ALLOW_STDOUT=1 expect_error "train with a corrupt model" 2 "bad_train.h5: the sentencepiece tokenizer model .* does not load" \
   "$TESSERA" train "$deck" data.train="$WORK/bad_train.h5" run.dir="$WORK/bad_run"
-"$PYTHON" "$ROOT/tools/prepare_data.py" corpus --out-dir small --tokenizer bpe --vocab-size 270 \
+"$PYTHON" "$ROOT/tools/data/prepare_data.py" corpus --out-dir small --tokenizer bpe --vocab-size 270 \
   --val-every 4 >small.out 2>small.err
 rc=$?
 if [ "$rc" -eq 2 ] && ! grep -q Traceback small.err &&

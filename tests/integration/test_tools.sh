@@ -10,7 +10,7 @@ TOOLS=$ROOT/tools
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/test_tools.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 cd "$WORK" || exit 1
-export PYTHONPATH=$TOOLS
+export PYTHONPATH=$TOOLS/data:$TOOLS/interop:$TOOLS/reference
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 FAILS=0
@@ -34,7 +34,7 @@ expect_error() {
 }
 
 # --- sample order ----------------------------------------------------------------------------
-check data_selftest "$PYTHON" "$TOOLS/tessera_data.py" selftest
+check data_selftest "$PYTHON" "$TOOLS/data/tessera_data.py" selftest
 
 # --- prepare_data ----------------------------------------------------------------------------
 mkdir -p corpus/sub corpus/skip
@@ -45,8 +45,8 @@ printf 'delta \xc3\xa9\xff\n' >corpus/sub/d.rst
 printf 'echo\n' >corpus/sub/e.py
 printf 'not taken: wrong suffix\n' >corpus/skip/f.bin
 printf 'foxtrot\n' >g.dat
-check prepare_data "$PYTHON" "$TOOLS/prepare_data.py" corpus "$WORK/g.*" --out-dir out --val-every 3
-check prepare_deterministic "$PYTHON" "$TOOLS/prepare_data.py" "$WORK/g.dat" corpus --out-dir out2 --val-every 3
+check prepare_data "$PYTHON" "$TOOLS/data/prepare_data.py" corpus "$WORK/g.*" --out-dir out --val-every 3
+check prepare_deterministic "$PYTHON" "$TOOLS/data/prepare_data.py" "$WORK/g.dat" corpus --out-dir out2 --val-every 3
 check prepare_same_bytes cmp out/train.h5 out2/train.h5
 
 check token_files "$PYTHON" - <<'EOF'
@@ -78,15 +78,15 @@ for name, paths in want.items():
 print("token files ok")
 EOF
 
-expect_error prepare_no_input 2 "$PYTHON" "$TOOLS/prepare_data.py" --out-dir bad
-expect_error prepare_missing 2 "$PYTHON" "$TOOLS/prepare_data.py" corpus/nope.py --out-dir bad
-expect_error prepare_empty_val 2 "$PYTHON" "$TOOLS/prepare_data.py" corpus/a.py corpus/b.txt --out-dir bad
-expect_error prepare_bad_glob 2 "$PYTHON" "$TOOLS/prepare_data.py" "$WORK/nothing*/x" --out-dir bad
+expect_error prepare_no_input 2 "$PYTHON" "$TOOLS/data/prepare_data.py" --out-dir bad
+expect_error prepare_missing 2 "$PYTHON" "$TOOLS/data/prepare_data.py" corpus/nope.py --out-dir bad
+expect_error prepare_empty_val 2 "$PYTHON" "$TOOLS/data/prepare_data.py" corpus/a.py corpus/b.txt --out-dir bad
+expect_error prepare_bad_glob 2 "$PYTHON" "$TOOLS/data/prepare_data.py" "$WORK/nothing*/x" --out-dir bad
 [ ! -e bad/train.h5 ] && [ ! -e bad/train.h5.tmp ] && pass "prepare_no_partial_files" || fail "prepare_no_partial_files"
 
 # A larger corpus for the model runs: the standard library, as `make data` does.
-check prepare_stdlib "$PYTHON" "$TOOLS/prepare_data.py" --stdlib --out-dir std
-expect_error data_info_not_h5 2 "$PYTHON" "$TOOLS/tessera_data.py" info corpus/a.py
+check prepare_stdlib "$PYTHON" "$TOOLS/data/prepare_data.py" --stdlib --out-dir std
+expect_error data_info_not_h5 2 "$PYTHON" "$TOOLS/data/tessera_data.py" info corpus/a.py
 
 # --- AdamW and LR schedule against hand computation ------------------------------------------
 check adamw_by_hand "$PYTHON" - <<'EOF'
@@ -306,7 +306,7 @@ with h5py.File("ckpt0.h5", "w") as f:
 print("checkpoint written")
 EOF
 
-check reference_2_steps "$PYTHON" "$TOOLS/reference_gpt.py" --checkpoint ckpt0.h5 --steps 2 --threads 2 \
+check reference_2_steps "$PYTHON" "$TOOLS/reference/reference_gpt.py" --checkpoint ckpt0.h5 --steps 2 --threads 2 \
   --out final2.h5 --losses-out losses2.json
 check reference_output "$PYTHON" - <<'EOF'
 import json, math, re, h5py, numpy as np
@@ -377,7 +377,7 @@ with h5py.File("ckpt1.h5", "r+") as f:
     f.attrs["deck"] = np.bytes_(deck.encode() if isinstance(deck, str) else deck)
 print("step-1 checkpoint written")
 EOF
-check reference_resume "$PYTHON" "$TOOLS/reference_gpt.py" --checkpoint ckpt1.h5 --steps 1 --threads 2 \
+check reference_resume "$PYTHON" "$TOOLS/reference/reference_gpt.py" --checkpoint ckpt1.h5 --steps 1 --threads 2 \
   --data std/train.h5 --out final_resumed.h5 --losses-out losses_resumed.json
 check resume_matches "$PYTHON" - <<'EOF'
 import json, h5py, numpy as np
@@ -419,7 +419,7 @@ shutil.copy("final2.h5", "tessera_missing.h5")
 with h5py.File("tessera_missing.h5", "r+") as f:
     del f["model/ln_f.bias"]
 EOF
-CP=("$PYTHON" "$TOOLS/compare_parity.py" --losses losses2.json --reference final2.h5)
+CP=("$PYTHON" "$TOOLS/reference/compare_parity.py" --losses losses2.json --reference final2.h5)
 check parity_pass "${CP[@]}" --metrics metrics_ok.jsonl --checkpoint tessera_ok.h5
 expect_code() {  # NAME CODE CMD...
   local name=$1 code=$2; shift 2
@@ -438,13 +438,13 @@ grep -q "FAIL" parity_loss_fail.log && grep -q "h.1.mlp.c_fc.weight.*FAIL" parit
 expect_error parity_no_metrics 1 "${CP[@]}" --metrics nope.jsonl --checkpoint tessera_ok.h5
 
 # --- bench mode and errors -------------------------------------------------------------------
-check bench "$PYTHON" "$TOOLS/reference_gpt.py" --bench --n-layer 1 --n-head 2 --n-embd 32 --vocab 100 \
+check bench "$PYTHON" "$TOOLS/reference/reference_gpt.py" --bench --n-layer 1 --n-head 2 --n-embd 32 --vocab 100 \
   --seq 8 --batch 2 --steps 2 --threads 1
 grep -Eq '^tokens_per_second [0-9.]+$' bench.log && pass "bench_output" || { fail "bench_output"; cat bench.log; }
-expect_error reference_missing_ckpt 1 "$PYTHON" "$TOOLS/reference_gpt.py" --checkpoint nope.h5 --steps 1
-expect_error reference_not_checkpoint 2 "$PYTHON" "$TOOLS/reference_gpt.py" --checkpoint std/train.h5 --steps 1
-expect_error reference_missing_data 1 "$PYTHON" "$TOOLS/reference_gpt.py" --checkpoint ckpt0.h5 --steps 1 --data nope.h5
-expect_error reference_llama_on_gpt2 2 "$PYTHON" "$TOOLS/reference_llama.py" --checkpoint ckpt0.h5 --steps 1
+expect_error reference_missing_ckpt 1 "$PYTHON" "$TOOLS/reference/reference_gpt.py" --checkpoint nope.h5 --steps 1
+expect_error reference_not_checkpoint 2 "$PYTHON" "$TOOLS/reference/reference_gpt.py" --checkpoint std/train.h5 --steps 1
+expect_error reference_missing_data 1 "$PYTHON" "$TOOLS/reference/reference_gpt.py" --checkpoint ckpt0.h5 --steps 1 --data nope.h5
+expect_error reference_llama_on_gpt2 2 "$PYTHON" "$TOOLS/reference/reference_llama.py" --checkpoint ckpt0.h5 --steps 1
 
 if [ "$FAILS" -eq 0 ]; then echo "test_tools: all passed"; exit 0; fi
 echo "test_tools: $FAILS failed"; exit 1

@@ -55,7 +55,7 @@ def write_megatron(prefix, documents, dtype="<u2", code=8, pointer_shift=0):
 
 
 def split_documents(tokens, eot):
-    """Documents end with the eot token, as tools/prepare_data.py writes them."""
+    """Documents end with the eot token, as tools/data/prepare_data.py writes them."""
     docs, start = [], 0
     for i in np.flatnonzero(tokens == eot):
         docs.append(tokens[start:i + 1])

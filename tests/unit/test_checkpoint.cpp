@@ -213,7 +213,7 @@ TEST(Checkpoint, ChecksumIsSplitIndependent) {
 }
 
 TEST(Checkpoint, ModelOnlyCheckpointStartsARunButContinuesNone) {
-  // What tools/import_weights.py writes: the model without /optim.
+  // What tools/interop/import_weights.py writes: the model without /optim.
   Fixture f;
   const std::string path = f.save(3);
   {

@@ -105,7 +105,7 @@ TEST(Config, MinimalDeckTakesEveryDefault) {
   expected.data.train = "t.h5";
   expect_same(c, expected);
   EXPECT_EQ(c.deck_path, "");
-  // The defaults the README documents.
+  // The defaults input/README.md documents.
   EXPECT_EQ(c.model.n_layer, 4);
   EXPECT_EQ(c.model.n_embd, 128);
   EXPECT_EQ(c.data.seq_len, 128);
@@ -258,7 +258,7 @@ TEST(Config, StructureErrors) {
 
 TEST(Config, MissingTrainData) {
   const std::string missing =
-      "data.train: required key missing (the HDF5 token file made by tools/prepare_data.py)";
+      "data.train: required key missing (the HDF5 token file made by tools/data/prepare_data.py)";
   EXPECT_EQ(deck_error(""), "deck.yaml:1:1: " + missing);
   EXPECT_EQ(deck_error("# only a comment\n\n"), "deck.yaml:1:1: " + missing);
   EXPECT_EQ(deck_error("model:\n  n_layer: 2\n"), "deck.yaml:1:1: " + missing);

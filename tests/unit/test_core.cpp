@@ -42,7 +42,7 @@ TEST(SampleOrder, DependsOnSeedAndEpochOnly) {
 }
 
 TEST(SampleOrder, KnownValuesOfThePythonTool) {
-  // `tools/tessera_data.py order --n 10 --seed 1337` and permute(j, 5, 0, 0) there: the PyTorch
+  // `tools/data/tessera_data.py order --n 10 --seed 1337` and permute(j, 5, 0, 0) there: the PyTorch
   // reference reads the same batches only if both implementations agree.
   const std::vector<uint64_t> want10 = {1, 8, 9, 5, 6, 3, 4, 2, 0, 7};
   const std::vector<uint64_t> want5 = {3, 2, 1, 0, 4};

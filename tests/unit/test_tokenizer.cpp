@@ -1,5 +1,5 @@
 // Tokenizers: byte and sentencepiece BPE round trips, the model's storage in HDF5 files and
-// checkpoints, clear errors for a bad model, and C++ encoding equal to tools/prepare_data.py's.
+// checkpoints, clear errors for a bad model, and C++ encoding equal to tools/data/prepare_data.py's.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <mpi.h>
@@ -55,7 +55,7 @@ class LineIterator : public sentencepiece::SentenceIterator {
   size_t i_ = 0;
 };
 
-// A BPE model trained with the options of tools/prepare_data.py (BPE_OPTIONS), once.
+// A BPE model trained with the options of tools/data/prepare_data.py (BPE_OPTIONS), once.
 const TokenizerInfo& bpe_info() {
   static const TokenizerInfo info = [] {
     LineIterator it(corpus_lines());
@@ -267,13 +267,13 @@ TEST(Tokenizer, CheckpointCarriesTheModel) {
   fs::remove_all(dir);
 }
 
-// tools/prepare_data.py --tokenizer bpe trains and encodes in Python; the C++ Tokenizer built
+// tools/data/prepare_data.py --tokenizer bpe trains and encodes in Python; the C++ Tokenizer built
 // from the token file must encode every document to exactly the ids stored there.
 TEST(Tokenizer, CppEncodesLikePrepareData) {
-  const fs::path tool = fs::path(__FILE__).parent_path() / "../../tools/prepare_data.py";
+  const fs::path tool = fs::path(__FILE__).parent_path() / "../../tools/data/prepare_data.py";
   if (!fs::exists(tool) ||
       std::system("/usr/bin/python3 -c 'import sentencepiece, h5py' >/dev/null 2>&1") != 0)
-    GTEST_SKIP() << "needs tools/prepare_data.py (run from the repository root) and "
+    GTEST_SKIP() << "needs tools/data/prepare_data.py (run from the repository root) and "
                     "/usr/bin/python3 with sentencepiece and h5py";
   const fs::path dir = scratch("prep");
   std::vector<std::string> docs;

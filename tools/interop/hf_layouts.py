@@ -1,0 +1,531 @@
+#!/usr/bin/python3
+"""Hugging Face state-dict layouts and how each tensor maps to tessera's: one table per layout.
+
+A layout is a list of rows (tessera name, HF name, conversion); "{L}" in a name stands for the
+layer index. The conversion says how a tessera tensor and the HF one relate:
+
+  COPY        the same array;
+  CONV1D      transposed: HF's GPT-2 Conv1D stores [in, out], tessera nn.Linear's [out, in]
+              (c_attn's output columns are q, k, v, each heads-major, so the transpose gives
+              tessera's q, k, v rows as they are);
+  VOCAB_ROWS  the token embedding: HF has V rows, tessera Vp (V padded up to
+              model.vocab_multiple); the padding rows are zeros on import, dropped on export.
+
+import_weights.py and export_weights.py walk the table, so a layout is added by adding an entry
+to LAYOUTS (names, conversions, how to read the model shape from the tensors and config.json,
+and the config.json to write). Three layouts:
+
+  hf-gpt2     GPT2LMHeadModel: Conv1D weights transposed, the tied head left out;
+  hf-llama    LlamaForCausalLM: every tensor copied as it is (tessera keeps q, k, v and gate,
+              up as separate tensors by the same names), the embedding and an untied lm_head
+              padded;
+  meta-llama  (import only) Meta's original LLaMA files: llama/model.py's names, params.json,
+              and the rows of wq and wk permuted within each head.
+
+No Hugging Face LLaMA row is permuted. The checkpoints Meta published rotate interleaved pairs
+(2i, 2i + 1) of each head, so Hugging Face's convert_llama_weights_to_hf.py permutes the rows of
+q_proj and k_proj within each head to make the pairs (i, i + hs/2) that its rotate_half turns
+together. tessera's rotary embedding is rotate_half's (pair (i, i + hs/2), angle
+t * rope_theta^(-2i/hs)), so Hugging Face's rows are already tessera's: hf-llama copies them, and
+meta-llama applies the conversion script's permutation.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+_TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
+sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop")]
+from tessera_ckpt import model_tensors, padded_vocab  # noqa: E402
+from tessera_data import ToolError  # noqa: E402
+
+
+class Conversion:
+    def __init__(self, name, hf_shape, to_tessera, to_hf):
+        self.name = name
+        self.hf_shape = hf_shape        # (tessera shape, model shape) -> HF shape
+        self.to_tessera = to_tessera    # (HF array, model shape) -> tessera array
+        self.to_hf = to_hf              # (tessera array, model shape) -> HF array
+
+
+def _pad_rows(a, s):
+    out = np.zeros((s["padded_vocab"],) + a.shape[1:], dtype=np.float32)
+    out[:a.shape[0]] = a
+    return out
+
+
+COPY = Conversion("copy", lambda t, s: t, lambda a, s: a, lambda a, s: a)
+CONV1D = Conversion("conv1d", lambda t, s: (t[1], t[0]),
+                    lambda a, s: np.ascontiguousarray(a.T), lambda a, s: np.ascontiguousarray(a.T))
+VOCAB_ROWS = Conversion("vocab_rows", lambda t, s: (s["vocab_size"],) + tuple(t[1:]),
+                        _pad_rows, lambda a, s: np.ascontiguousarray(a[:s["vocab_size"]]))
+
+
+class Layout:
+    """One HF layout: its table and what surrounds it."""
+
+    def __init__(self, name, arch, model_type, architecture, prefix, rows, detect, embed, head,
+                 buffers, shape_from, config_json, config_file="config.json"):
+        self.name = name
+        self.arch = arch                  # tessera's model.arch of this layout
+        self.model_type = model_type      # config.json "model_type"
+        self.architecture = architecture  # config.json "architectures"[0]
+        self.prefix = prefix              # the base model's prefix, optional in a file
+        self.rows = rows                  # [(tessera name, HF name, Conversion)], HF without prefix
+        self.detect = detect              # an HF name (no prefix) only this layout has
+        self.embed = embed                # the token embedding's HF name (no prefix)
+        self.head = head                  # the LM head's HF name: outside the base model, no prefix
+        self.buffers = buffers            # suffixes of non-parameter entries that are skipped
+        self.shape_from = shape_from      # (hf tensors, config dict, hints) -> model shape
+        self.config_json = config_json    # (model shape, eot) -> config.json dict; None: import only
+        self.config_file = config_file    # the shape's file beside the weights
+
+    def full(self, hname):
+        """The name a file gives HF tensor `hname`: the head as it is, the rest with the prefix."""
+        return hname if hname == self.head else self.prefix + hname
+
+    def expand(self, shape):
+        """[(tessera name, HF name without prefix, Conversion)] for every tensor of `shape`, in
+        tessera's order. A tensor the table does not hold (the untied head of a GPT-2) is an
+        error: this layout cannot carry the model."""
+        table = {}
+        for tname, hname, conv in self.rows:
+            if "{L}" in tname:
+                for l in range(shape["n_layer"]):
+                    table[tname.format(L=l)] = (hname.format(L=l), conv)
+            else:
+                table[tname] = (hname, conv)
+        out = []
+        for tname, _ in model_tensors(shape):
+            if tname not in table:
+                raise ToolError(f"the model's tensor {tname} has no place in the {self.name} "
+                                f"layout ({self.architecture})")
+            out.append((tname,) + table[tname])
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# hf-gpt2: GPT2LMHeadModel (transformers' modeling_gpt2.py): GELU tanh ("gelu_new"), LayerNorm
+# eps 1e-5, learned positions, tied lm_head.
+
+GPT2_ROWS = [
+    ("wte", "wte.weight", VOCAB_ROWS),
+    ("wpe", "wpe.weight", COPY),
+    ("h.{L}.ln_1.weight", "h.{L}.ln_1.weight", COPY),
+    ("h.{L}.ln_1.bias", "h.{L}.ln_1.bias", COPY),
+    ("h.{L}.attn.c_attn.weight", "h.{L}.attn.c_attn.weight", CONV1D),
+    ("h.{L}.attn.c_attn.bias", "h.{L}.attn.c_attn.bias", COPY),
+    ("h.{L}.attn.c_proj.weight", "h.{L}.attn.c_proj.weight", CONV1D),
+    ("h.{L}.attn.c_proj.bias", "h.{L}.attn.c_proj.bias", COPY),
+    ("h.{L}.ln_2.weight", "h.{L}.ln_2.weight", COPY),
+    ("h.{L}.ln_2.bias", "h.{L}.ln_2.bias", COPY),
+    ("h.{L}.mlp.c_fc.weight", "h.{L}.mlp.c_fc.weight", CONV1D),
+    ("h.{L}.mlp.c_fc.bias", "h.{L}.mlp.c_fc.bias", COPY),
+    ("h.{L}.mlp.c_proj.weight", "h.{L}.mlp.c_proj.weight", CONV1D),
+    ("h.{L}.mlp.c_proj.bias", "h.{L}.mlp.c_proj.bias", COPY),
+    ("ln_f.weight", "ln_f.weight", COPY),
+    ("ln_f.bias", "ln_f.bias", COPY),
+]
+
+
+def _layer_count(hf, first):
+    """1 + the largest L of names `first`.L.* (0 when there are none)."""
+    layers = set()
+    for name in hf:
+        parts = name.split(".")
+        if parts[0] == first and len(parts) > 1 and parts[1].isdigit():
+            layers.add(int(parts[1]))
+    return max(layers) + 1 if layers else 0
+
+
+def _gpt2_shape(hf, config, hints):
+    """The model shape of GPT-2 tensors `hf` (names without prefix) and config.json `config`
+    (or None); hints: n_head (--n-head, or 0), deck (the --deck's model section, resolved, or
+    None), vocab_multiple. The heads come from config.json, else --n-head, else the deck."""
+    deck = hints["deck"]
+    n_head = hints["n_head"] or (deck["n_head"] if deck and not (config and "n_head" in config) else 0)
+    def dims(name):
+        if name not in hf:
+            raise ToolError(f"missing tensor {name} (hf-gpt2 layout)")
+        return tuple(hf[name].shape)
+
+    wte, wpe = dims("wte.weight"), dims("wpe.weight")
+    if len(wte) != 2 or len(wpe) != 2:
+        raise ToolError(f"wte.weight {list(wte)} and wpe.weight {list(wpe)} must be 2-D")
+    shape = {"n_layer": _layer_count(hf, "h"), "n_embd": wte[1], "vocab_size": wte[0],
+             "block_size": wpe[0], "n_head": n_head}
+    if config:
+        checks = [("n_layer", "n_layer"), ("n_embd", "n_embd"), ("vocab_size", "vocab_size"),
+                  ("n_positions", "block_size")]
+        for key, ours in checks:
+            if key in config and config[key] != shape[ours]:
+                raise ToolError(f"config.json {key} = {config[key]}, but the tensors say {shape[ours]}"
+                                f" (wte.weight {list(wte)}, wpe.weight {list(wpe)}, "
+                                f"{shape['n_layer']} layers)")
+        if "n_head" in config:
+            if n_head and n_head != config["n_head"]:
+                raise ToolError(f"config.json n_head = {config['n_head']}, but {n_head} was given")
+            shape["n_head"] = config["n_head"]
+        inner = config.get("n_inner")
+        if inner is not None and inner != 4 * shape["n_embd"]:
+            raise ToolError(f"config.json n_inner = {inner}: tessera's GPT-2 MLP is 4 x n_embd = "
+                            f"{4 * shape['n_embd']} wide")
+        act = config.get("activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ToolError(f"config.json activation_function = {act!r}: tessera's GPT-2 uses GELU "
+                            "with the tanh approximation (gelu_new)")
+        eps = config.get("layer_norm_epsilon", 1e-5)
+        if abs(eps - 1e-5) > 1e-12:
+            raise ToolError(f"config.json layer_norm_epsilon = {eps}: tessera's LayerNorm uses 1e-5")
+        for flag in ("scale_attn_by_inverse_layer_idx",):
+            if config.get(flag):
+                raise ToolError(f"config.json {flag} = true: tessera's attention does not do this")
+        if config.get("scale_attn_weights") is False:
+            raise ToolError("config.json scale_attn_weights = false: tessera's attention scales by "
+                            "1/sqrt(head size)")
+    if not shape["n_head"]:
+        raise ToolError("the number of heads is not in the tensors: give a config.json beside the "
+                        "weights (or --config), --deck or --n-head")
+    if shape["n_layer"] == 0:
+        raise ToolError("no layers (no h.0.* tensors)")
+    if shape["n_embd"] % shape["n_head"]:
+        raise ToolError(f"n_embd {shape['n_embd']} is not a multiple of n_head {shape['n_head']}")
+    shape.update(arch="gpt2", n_kv_head=shape["n_head"], ffn_hidden=4 * shape["n_embd"],
+                 tie_embeddings=1, norm_eps=1e-5, rope_theta=10000.0)
+    shape["padded_vocab"] = padded_vocab(shape["vocab_size"], hints["vocab_multiple"])
+    shape["vocab_multiple"] = hints["vocab_multiple"]
+    wte_s, wpe_s = f"transformer.wte.weight {list(wte)}", f"transformer.wpe.weight {list(wpe)}"
+    shape["evidence"] = {
+        "arch": "hf-gpt2", "n_layer": f"transformer.h.0 .. transformer.h.{shape['n_layer'] - 1}",
+        "n_head": ("config.json" if config and "n_head" in config
+                   else "--n-head" if hints["n_head"] else "the deck"),
+        "n_embd": wte_s, "vocab_size": wte_s, "block_size": wpe_s,
+        "n_kv_head": "GPT-2: n_head", "ffn_hidden": "GPT-2: 4 n_embd",
+        "tie_embeddings": "GPT-2's tied head", "norm_eps": "GPT-2", "rope_theta": "GPT-2"}
+    return shape
+
+
+def _gpt2_config(shape, eot):
+    eos = eot if 0 <= eot < shape["vocab_size"] else shape["vocab_size"] - 1
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": shape["vocab_size"],
+        "n_positions": shape["block_size"],
+        "n_ctx": shape["block_size"],
+        "n_embd": shape["n_embd"],
+        "n_layer": shape["n_layer"],
+        "n_head": shape["n_head"],
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-05,
+        "initializer_range": 0.02,
+        "resid_pdrop": 0.1,
+        "embd_pdrop": 0.1,
+        "attn_pdrop": 0.1,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "use_cache": True,
+        "torch_dtype": "float32",
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# hf-llama: LlamaForCausalLM (transformers' modeling_llama.py): RMSNorm, rotary embeddings by
+# rotate_half, grouped-query attention, SwiGLU ("silu"), no biases, lm_head outside the "model."
+# prefix (untied unless tie_word_embeddings). tessera's LLaMA tensors have Hugging Face's names,
+# shapes and row order, so every row is a copy (see the module's docstring on q and k).
+
+LLAMA_ROWS = [
+    ("embed_tokens.weight", "embed_tokens.weight", VOCAB_ROWS),
+    ("layers.{L}.input_layernorm.weight", "layers.{L}.input_layernorm.weight", COPY),
+    ("layers.{L}.self_attn.q_proj.weight", "layers.{L}.self_attn.q_proj.weight", COPY),
+    ("layers.{L}.self_attn.k_proj.weight", "layers.{L}.self_attn.k_proj.weight", COPY),
+    ("layers.{L}.self_attn.v_proj.weight", "layers.{L}.self_attn.v_proj.weight", COPY),
+    ("layers.{L}.self_attn.o_proj.weight", "layers.{L}.self_attn.o_proj.weight", COPY),
+    ("layers.{L}.post_attention_layernorm.weight", "layers.{L}.post_attention_layernorm.weight", COPY),
+    ("layers.{L}.mlp.gate_proj.weight", "layers.{L}.mlp.gate_proj.weight", COPY),
+    ("layers.{L}.mlp.up_proj.weight", "layers.{L}.mlp.up_proj.weight", COPY),
+    ("layers.{L}.mlp.down_proj.weight", "layers.{L}.mlp.down_proj.weight", COPY),
+    ("norm.weight", "norm.weight", COPY),
+    ("lm_head.weight", "lm_head.weight", VOCAB_ROWS),     # untied models only
+]
+
+# LlamaConfig's defaults (transformers' configuration_llama.py) for keys a config.json leaves out.
+LLAMA_CONFIG_DEFAULTS = {"hidden_act": "silu", "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+                         "rope_theta": 10000.0, "tie_word_embeddings": False,
+                         "attention_bias": False, "mlp_bias": False, "rope_scaling": None}
+
+
+class _Source:
+    """How a LLaMA file names what _llama_shape reads: its tensors (given Hugging Face's name
+    without the prefix) and its config keys (given LlamaConfig's), for the messages."""
+
+    def __init__(self, layout, config_file, tensor_name, config_key):
+        self.layout, self.config_file = layout, config_file
+        self.tensor, self.key = tensor_name, config_key
+
+    def cfg(self, key):
+        return f"{self.config_file} {self.key(key)}"
+
+
+_HF_SOURCE = _Source("hf-llama", "config.json", lambda n: "model." + n, lambda k: k)
+
+
+def _llama_shape(hf, config, hints, src=_HF_SOURCE):
+    """The model shape of LLaMA tensors `hf` (Hugging Face's names without the "model." prefix)
+    and config.json `config` (LlamaConfig's keys); without a config.json, the deck
+    (hints["deck"], resolved) gives what the tensors cannot: the heads, rms_norm_eps,
+    rope_theta, the longest sequence and the head's tying. `src` names the tensors and keys in
+    messages as the file does (meta-llama's differ)."""
+    def dims(name):
+        if name not in hf:
+            raise ToolError(f"missing tensor {src.tensor(name)} ({src.layout} layout)")
+        return tuple(hf[name].shape)
+
+    emb, q, k, gate = (dims("embed_tokens.weight"), dims("layers.0.self_attn.q_proj.weight"),
+                       dims("layers.0.self_attn.k_proj.weight"), dims("layers.0.mlp.gate_proj.weight"))
+    for name, d in (("embed_tokens.weight", emb), ("layers.0.self_attn.q_proj.weight", q),
+                    ("layers.0.self_attn.k_proj.weight", k), ("layers.0.mlp.gate_proj.weight", gate)):
+        if len(d) != 2:
+            raise ToolError(f"{src.tensor(name)} {list(d)} must be 2-D")
+    emb_s = f"{src.tensor('embed_tokens.weight')} {list(emb)}"
+    k_s = f"{src.tensor('layers.0.self_attn.k_proj.weight')} {list(k)}"
+    shape = {"arch": "llama", "n_layer": _layer_count(hf, "layers"), "n_embd": emb[1],
+             "vocab_size": emb[0], "ffn_hidden": gate[0]}
+    last = src.tensor(f"layers.{shape['n_layer'] - 1}.x").rsplit(".", 1)[0]
+    ev = {"arch": src.layout, "n_layer": f"{src.tensor('layers.0.x').rsplit('.', 1)[0]} .. {last}",
+          "n_embd": emb_s, "vocab_size": emb_s,
+          "ffn_hidden": f"{src.tensor('layers.0.mlp.gate_proj.weight')} {list(gate)}"}
+    deck = hints.get("deck")
+    if config is not None:
+        c = dict(LLAMA_CONFIG_DEFAULTS)
+        c.update({key: v for key, v in config.items() if v is not None})  # null: the default
+        if c["rope_scaling"] is not None:
+            raise ToolError(f"{src.cfg('rope_scaling')} = {json.dumps(c['rope_scaling'], sort_keys=True)}: "
+                            "tessera's rotary embedding has no scaling (only rope_theta)")
+        if c["hidden_act"] != "silu":
+            raise ToolError(f"{src.cfg('hidden_act')} = {c['hidden_act']!r}: tessera's LLaMA MLP is "
+                            "SwiGLU, silu(gate) * up")
+        for flag in ("attention_bias", "mlp_bias"):
+            if c[flag]:
+                raise ToolError(f"{src.cfg(flag)} = true: tessera's LLaMA has no biases")
+        if "num_attention_heads" not in c:
+            raise ToolError(f"{src.config_file} has no {src.key('num_attention_heads')}")
+        checks = [("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"),
+                  ("vocab_size", "vocab_size"), ("intermediate_size", "ffn_hidden")]
+        for key, ours in checks:
+            if key in c and c[key] != shape[ours]:
+                raise ToolError(f"{src.cfg(key)} = {c[key]}, but the tensors say {shape[ours]} "
+                                f"({ev[ours]})")
+        if hints["n_head"] and hints["n_head"] != c["num_attention_heads"]:
+            raise ToolError(f"{src.cfg('num_attention_heads')} = {c['num_attention_heads']}, but "
+                            f"{hints['n_head']} was given")
+        shape.update(n_head=c["num_attention_heads"],
+                     n_kv_head=c.get("num_key_value_heads") or c["num_attention_heads"],
+                     block_size=c["max_position_embeddings"], norm_eps=float(c["rms_norm_eps"]),
+                     rope_theta=float(c["rope_theta"]), tie_embeddings=int(bool(c["tie_word_embeddings"])))
+        for key in ("n_head", "n_kv_head", "block_size", "norm_eps", "rope_theta", "tie_embeddings"):
+            ev[key] = src.config_file
+        head_dim = c.get("head_dim")
+        if head_dim is not None and shape["n_head"] and head_dim * shape["n_head"] != shape["n_embd"]:
+            raise ToolError(f"{src.cfg('head_dim')} = {head_dim}: tessera's head size is hidden_size "
+                            f"/ num_attention_heads = {shape['n_embd']} / {shape['n_head']}")
+    elif deck is not None:
+        shape.update(n_head=deck["n_head"], block_size=deck["block_size"],
+                     norm_eps=deck["norm_eps"], rope_theta=deck["rope_theta"],
+                     tie_embeddings=deck["tie_embeddings"])
+        for key in ("n_head", "block_size", "norm_eps", "rope_theta", "tie_embeddings"):
+            ev[key] = "the deck"
+        if shape["n_head"] < 1 or shape["n_embd"] % shape["n_head"]:
+            raise ToolError(f"the deck's model.n_head {shape['n_head']} does not divide n_embd "
+                            f"{shape['n_embd']} ({emb_s})")
+        hs = shape["n_embd"] // shape["n_head"]
+        shape["n_kv_head"] = k[0] // hs
+        ev["n_kv_head"] = f"{k_s} / head size {hs}"
+    else:
+        raise ToolError(f"{src.layout} weights without a {src.config_file}: give it (beside the "
+                        "weights, or --config) or --deck, for the heads, the norm's epsilon, "
+                        "rope_theta and the longest sequence")
+    if shape["n_layer"] == 0:
+        raise ToolError(f"no layers (no {src.tensor('layers.0.x')[:-1]}* tensors)")
+    nh, nkv, C = shape["n_head"], shape["n_kv_head"], shape["n_embd"]
+    if nh < 1 or C % nh or (C // nh) % 2:
+        raise ToolError(f"hidden_size {C} / num_attention_heads {nh} is not an even head size "
+                        "(rotary pairs)")
+    if nkv < 1 or nh % nkv:
+        raise ToolError(f"num_key_value_heads {nkv} does not divide num_attention_heads {nh}")
+    if q != (C, C) or k != (nkv * (C // nh), C):
+        raise ToolError(f"{src.tensor('layers.0.self_attn.q_proj.weight')} {list(q)} and {k_s} do not fit "
+                        f"{nh} heads and {nkv} key/value heads of size {C // nh} "
+                        f"(want [{C}, {C}] and [{nkv * (C // nh)}, {C}])")
+    shape["padded_vocab"] = padded_vocab(shape["vocab_size"], hints["vocab_multiple"])
+    shape["vocab_multiple"] = hints["vocab_multiple"]
+    shape["evidence"] = ev
+    return shape
+
+
+def _llama_config(shape, eot):
+    eos = eot if 0 <= eot < shape["vocab_size"] else shape["vocab_size"] - 1
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": shape["vocab_size"],
+        "hidden_size": shape["n_embd"],
+        "intermediate_size": shape["ffn_hidden"],
+        "num_hidden_layers": shape["n_layer"],
+        "num_attention_heads": shape["n_head"],
+        "num_key_value_heads": shape["n_kv_head"],
+        "head_dim": shape["n_embd"] // shape["n_head"],
+        "hidden_act": "silu",
+        "max_position_embeddings": shape["block_size"],
+        "initializer_range": 0.02,
+        "rms_norm_eps": shape["norm_eps"],
+        "rope_theta": shape["rope_theta"],
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "pretraining_tp": 1,
+        "tie_word_embeddings": bool(shape["tie_embeddings"]),
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "use_cache": True,
+        "torch_dtype": "float32",
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# meta-llama (import only): the checkpoints Meta published (consolidated.*.pth and params.json,
+# llama/model.py's names). Hugging Face's convert_llama_weights_to_hf.py renames them as below
+# and permutes the rows of wq and wk within each head, from Meta's rotary pairs (2i, 2i + 1) to
+# rotate_half's (i, i + hs/2); the import does the same, so a Meta file and its Hugging Face
+# conversion give the same checkpoint.
+
+META_NAMES = {  # Hugging Face's name (no prefix) -> Meta's
+    "embed_tokens.weight": "tok_embeddings.weight",
+    "layers.{L}.input_layernorm.weight": "layers.{L}.attention_norm.weight",
+    "layers.{L}.self_attn.q_proj.weight": "layers.{L}.attention.wq.weight",
+    "layers.{L}.self_attn.k_proj.weight": "layers.{L}.attention.wk.weight",
+    "layers.{L}.self_attn.v_proj.weight": "layers.{L}.attention.wv.weight",
+    "layers.{L}.self_attn.o_proj.weight": "layers.{L}.attention.wo.weight",
+    "layers.{L}.post_attention_layernorm.weight": "layers.{L}.ffn_norm.weight",
+    "layers.{L}.mlp.gate_proj.weight": "layers.{L}.feed_forward.w1.weight",
+    "layers.{L}.mlp.down_proj.weight": "layers.{L}.feed_forward.w2.weight",
+    "layers.{L}.mlp.up_proj.weight": "layers.{L}.feed_forward.w3.weight",
+    "norm.weight": "norm.weight",
+    "lm_head.weight": "output.weight",
+}
+# params.json's keys for LlamaConfig's (Meta's model args).
+META_PARAMS = {"hidden_size": "dim", "num_hidden_layers": "n_layers",
+               "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads",
+               "rms_norm_eps": "norm_eps", "rope_theta": "rope_theta", "vocab_size": "vocab_size",
+               "max_position_embeddings": "max_seq_len", "rope_scaling": "use_scaled_rope"}
+
+
+def _rename(name, table):
+    """`name` through `table` ({template: template}, {L} the layer); unknown names as they are."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "layers" and parts[1].isdigit():
+        key = "layers.{L}." + ".".join(parts[2:])
+        return table[key].format(L=parts[1]) if key in table else name
+    return table.get(name, name)
+
+
+def _meta_name(hname):
+    """Meta's name of Hugging Face tensor `hname` (no prefix)."""
+    return _rename(hname, META_NAMES)
+
+
+def _rotary_rows(a, heads, to_halves):
+    """The rows of q or k [heads * hs, C] reordered within each head: Meta's pairs (2i, 2i + 1)
+    to rotate_half's (i, i + hs/2) (convert_llama_weights_to_hf.py's permute), or back."""
+    rows, cols = a.shape
+    half = rows // heads // 2
+    split = (heads, half, 2, cols) if to_halves else (heads, 2, half, cols)
+    return np.ascontiguousarray(a.reshape(split).transpose(0, 2, 1, 3).reshape(rows, cols))
+
+
+META_Q = Conversion("meta_q", lambda t, s: t,
+                    lambda a, s: _rotary_rows(a, s["n_head"], True),
+                    lambda a, s: _rotary_rows(a, s["n_head"], False))
+META_K = Conversion("meta_k", lambda t, s: t,
+                    lambda a, s: _rotary_rows(a, s["n_kv_head"], True),
+                    lambda a, s: _rotary_rows(a, s["n_kv_head"], False))
+META_ROWS = [(t, META_NAMES[h], META_Q if h.endswith("q_proj.weight")
+              else META_K if h.endswith("k_proj.weight") else conv) for t, h, conv in LLAMA_ROWS]
+
+
+def _meta_shape(meta, params, hints):
+    """The model shape of Meta's tensors `meta` and params.json `params`: both read through
+    Hugging Face's names and LlamaConfig's keys by _llama_shape (the same rules)."""
+    to_hf = {m: h for h, m in META_NAMES.items()}
+    hf = {_rename(n, to_hf): t for n, t in meta.items()}
+    config = None
+    if params is not None:
+        config = {"tie_word_embeddings": False}
+        for hkey, mkey in META_PARAMS.items():
+            if params.get(mkey) is not None:
+                config[hkey] = params[mkey]
+        if config.get("vocab_size", 0) < 0:   # LLaMA 1 and 2: -1, the tokenizer's
+            del config["vocab_size"]
+        config["rope_scaling"] = True if config.get("rope_scaling") else None
+        if "max_position_embeddings" not in config:
+            deck = hints.get("deck")
+            if deck is None:
+                raise ToolError("params.json has no max_seq_len: give --deck for model.block_size")
+            config["max_position_embeddings"] = deck["block_size"]
+    src = _Source("meta-llama", "params.json", _meta_name, lambda k: META_PARAMS.get(k, k))
+    shape = _llama_shape(hf, config, hints, src)
+    if params is not None and "max_seq_len" not in params:
+        shape["evidence"]["block_size"] = "the deck"
+    return shape
+
+LAYOUTS = {
+    "hf-gpt2": Layout(
+        name="hf-gpt2", arch="gpt2", model_type="gpt2", architecture="GPT2LMHeadModel",
+        prefix="transformer.", rows=GPT2_ROWS, detect="h.0.attn.c_attn.weight",
+        embed="wte.weight", head="lm_head.weight",
+        # The causal-mask buffers older transformers versions saved with every layer.
+        buffers=(".attn.bias", ".attn.masked_bias"),
+        shape_from=_gpt2_shape, config_json=_gpt2_config),
+    "hf-llama": Layout(
+        name="hf-llama", arch="llama", model_type="llama", architecture="LlamaForCausalLM",
+        prefix="model.", rows=LLAMA_ROWS, detect="layers.0.self_attn.q_proj.weight",
+        embed="embed_tokens.weight", head="lm_head.weight",
+        # The rotary inverse frequencies older transformers versions saved with every layer.
+        buffers=(".self_attn.rotary_emb.inv_freq",),
+        shape_from=_llama_shape, config_json=_llama_config),
+    "meta-llama": Layout(
+        name="meta-llama", arch="llama", model_type=None, architecture="Meta's llama/model.py",
+        prefix="", rows=META_ROWS, detect="layers.0.attention.wq.weight",
+        embed="tok_embeddings.weight", head="output.weight",
+        # The rotary frequencies LLaMA 1's files carry.
+        buffers=("rope.freqs",),
+        shape_from=_meta_shape, config_json=None, config_file="params.json"),
+}
+
+
+def detect_layout(names, model_type=None):
+    """The layout name of a state dict with these tensor names (and config.json model_type)."""
+    for layout in LAYOUTS.values():
+        if model_type and model_type == layout.model_type:
+            return layout.name
+    for layout in LAYOUTS.values():
+        if layout.detect in names or layout.prefix + layout.detect in names:
+            return layout.name
+    sample = ", ".join(sorted(names)[:3])
+    known = ", ".join(f"{l.name} ({l.prefix}{l.detect})" for l in LAYOUTS.values())
+    raise ToolError(f"unknown layout: none of the known layouts' tensors found ({known}); "
+                    f"the file has {len(names)} tensors, e.g. {sample}")
+
+
+def get_layout(name):
+    if name in LAYOUTS:
+        return LAYOUTS[name]
+    raise ToolError(f"unknown layout '{name}' (known: {', '.join(LAYOUTS)})")

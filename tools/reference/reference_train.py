@@ -1,0 +1,252 @@
+#!/usr/bin/python3
+"""The training half the parity references share (reference_gpt.py, reference_llama.py): a model
+built by the caller continues a tessera checkpoint for N steps as tessera would.
+
+What is the same for every model family lives here, once:
+  - the checkpoint (tools/interop/tessera_ckpt.py read_checkpoint: the model, the Adam moments, the data
+    position, the seed) and the resolved deck stored in it (data, train and optim sections);
+  - the samples of each step and micro-batch (tools/data/tessera_data.py);
+  - the learning rate of each step: linear warmup, then cosine down to min_lr at decay_steps
+    (train.steps when 0);
+  - one optimizer step: the loss of each micro-batch divided by their number and back-propagated
+    (gradient accumulation), the global gradient norm before clipping, clipping to grad_clip,
+    torch's AdamW with weight decay on the 2-D tensors only (embeddings, heads, linear weights;
+    none on biases and norm weights), its moments and step count taken from the checkpoint;
+  - the output: one line per step, the final parameters (HDF5 /model/<name>, float32, or float64
+    with --dtype float64: the whole run in double, the truth fp32 runs are measured against) and the
+    per-step losses (a JSON list).
+
+The model is any torch.nn.Module whose state_dict names and shapes are exactly the checkpoint's
+/model tensors and whose forward(idx, targets) returns the mean cross-entropy over all tokens.
+"""
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+_TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
+sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop", "reference")]
+from tessera_ckpt import read_checkpoint  # noqa: E402
+from tessera_data import (EXIT_IO, ToolError, micro_batch_size, read_token_file,  # noqa: E402
+                          train_step_batches)
+
+import torch  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer and learning-rate schedule.
+
+def make_optimizer(model, optim):
+    """AdamW with weight decay on every 2-D tensor, none on the rest."""
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    no_decay = [p for p in model.parameters() if p.dim() != 2]
+    groups = [{"params": decay, "weight_decay": optim["weight_decay"]},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=optim["lr"], betas=(optim["beta1"], optim["beta2"]),
+                             eps=optim["eps"], weight_decay=optim["weight_decay"])
+
+
+def lr_at(step, optim, train_steps):
+    """Learning rate of global optimizer step `step` (0-based): linear warmup, cosine to min_lr."""
+    lr_max, lr_min = optim["lr"], optim["min_lr"]
+    warmup = optim["warmup_steps"]
+    decay = optim["decay_steps"] if optim["decay_steps"] > 0 else train_steps
+    if step < warmup:
+        return lr_max * (step + 1) / warmup
+    p = min(1.0, max(0.0, (step - warmup) / max(1, decay - warmup)))
+    return lr_min + 0.5 * (1.0 + math.cos(math.pi * p)) * (lr_max - lr_min)
+
+
+def load_adam_state(opt, model, exp_avg, exp_avg_sq, adam_step):
+    """Put tessera's moments and step count into torch's AdamW state."""
+    for name, p in model.named_parameters():
+        opt.state[p] = {"step": torch.tensor(float(adam_step)),
+                        "exp_avg": exp_avg[name].clone(),
+                        "exp_avg_sq": exp_avg_sq[name].clone()}
+
+
+def train_step(model, opt, micro_batches, lr, grad_clip):
+    """One optimizer step over [(inputs, targets)] micro-batches; returns (loss, pre-clip norm)."""
+    opt.zero_grad(set_to_none=False)
+    n_micro = len(micro_batches)
+    loss = 0.0
+    for x, y in micro_batches:
+        loss_mb = model(torch.from_numpy(x), torch.from_numpy(y)) / n_micro
+        loss_mb.backward()
+        loss += loss_mb.item()
+    params = list(model.parameters())
+    if grad_clip > 0:
+        norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+    else:
+        norm = float(torch.norm(torch.stack([p.grad.detach().norm(2) for p in params]), 2))
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.step()
+    return loss, norm
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint and deck.
+
+def _section(deck, name, keys, where):
+    sec = deck.get(name)
+    if not isinstance(sec, dict):
+        raise ToolError(f"{where}: deck has no section '{name}'")
+    out = {}
+    for k, kind in keys.items():
+        if k not in sec:
+            raise ToolError(f"{where}: deck has no key {name}.{k}")
+        v = sec[k]
+        try:
+            out[k] = kind(v) if v is not None else ("" if kind is str else None)
+        except (TypeError, ValueError):
+            raise ToolError(f"{where}: deck key {name}.{k} = {v!r} is not a {kind.__name__}") from None
+        if out[k] is None:
+            raise ToolError(f"{where}: deck key {name}.{k} is empty")
+    return out
+
+
+def parse_deck(text, where):
+    """The data, train and optim sections of a resolved deck (the model's shape is read from the
+    checkpoint's /model attributes instead)."""
+    import yaml
+
+    try:
+        deck = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ToolError(f"{where}: the deck attribute is not valid YAML ({e})") from None
+    if not isinstance(deck, dict):
+        raise ToolError(f"{where}: the deck attribute is not a YAML mapping")
+    return {
+        "data": _section(deck, "data", {"train": str, "val": str, "seq_len": int}, where),
+        "train": _section(deck, "train", {"steps": int, "batch_size": int, "micro_batch": int,
+                                          "seed": int}, where),
+        "optim": _section(deck, "optim", {"lr": float, "min_lr": float, "warmup_steps": int,
+                                          "decay_steps": int, "weight_decay": float, "beta1": float,
+                                          "beta2": float, "eps": float, "grad_clip": float}, where),
+    }
+
+
+def load_checkpoint(path):
+    """read_checkpoint's dict with the tensors as torch tensors and the deck parsed."""
+    ck = read_checkpoint(path, optimizer=True)
+    if not ck["deck"]:
+        raise ToolError(f"{path}: no deck attribute (the run's settings)")
+    ck["deck"] = parse_deck(ck["deck"], path)
+    for kind in ("model", "exp_avg", "exp_avg_sq"):
+        if kind in ck:
+            ck[kind] = {k: torch.from_numpy(v).to(torch.get_default_dtype())
+                        for k, v in ck[kind].items()}
+    return ck
+
+
+def load_weights(model, tensors, where):
+    """Loads {name: tensor} into `model`: exactly its state_dict's names and shapes."""
+    expect = model.state_dict()
+    for name in sorted(set(expect) ^ set(tensors)):
+        side = "the checkpoint has no" if name in expect else "the reference model has no"
+        raise ToolError(f"{where}: {side} tensor {name}")
+    for name, t in tensors.items():
+        if tuple(t.shape) != tuple(expect[name].shape):
+            raise ToolError(f"{where}: /model/{name} has shape {tuple(t.shape)}, the reference "
+                            f"model needs {tuple(expect[name].shape)}")
+    model.load_state_dict(tensors, strict=True)
+
+
+def write_params(path, model, step, dtype=np.float32):
+    """/model/<name> in `dtype`, written as path.tmp and renamed."""
+    import h5py
+
+    tmp = path + ".tmp"
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = np.bytes_("tessera-reference")
+            f.attrs["step"] = np.int64(step)
+            g = f.create_group("model")
+            for name, t in model.state_dict().items():
+                g.create_dataset(name, data=t.detach().numpy().astype(dtype))
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise ToolError(f"{path}: cannot write ({e})", EXIT_IO) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The run.
+
+def training_arguments(ap):
+    """The command-line options of training mode."""
+    ap.add_argument("--checkpoint", help="tessera checkpoint to continue from")
+    ap.add_argument("--steps", type=int, help="optimizer steps to run")
+    ap.add_argument("--data", help="token file (default: the deck's data.train)")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    ap.add_argument("--out", help="write the final parameters here (HDF5, /model/<name>)")
+    ap.add_argument("--losses-out", help="write the per-step losses here (JSON list)")
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                    help="the arithmetic of the run: float64 is the truth fp32 runs are measured "
+                         "against (the parameters are written in it too)")
+
+
+def set_threads(args):
+    if args.threads < 0:
+        raise ToolError("--threads must be >= 0")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+
+
+def run_training(args, build_model):
+    """Continues args.checkpoint for args.steps steps with the model build_model(ck, where)
+    returns (its parameters not yet loaded); prints a line per step and writes the outputs."""
+    if not args.checkpoint or args.steps is None:
+        raise ToolError("--checkpoint and --steps are required")
+    if args.steps < 0:
+        raise ToolError("--steps must be >= 0")
+    torch.use_deterministic_algorithms(True)
+    torch.set_default_dtype(getattr(torch, args.dtype))
+    ck = load_checkpoint(args.checkpoint)
+    deck = ck["deck"]
+    model = build_model(ck, args.checkpoint)
+    load_weights(model, ck["model"], args.checkpoint)
+    opt = make_optimizer(model, deck["optim"])
+    if ck["adam_step"] > 0:
+        load_adam_state(opt, model, ck["exp_avg"], ck["exp_avg_sq"], ck["adam_step"])
+
+    data_path = args.data or deck["data"]["train"]
+    if not data_path:
+        raise ToolError(f"{args.checkpoint}: the deck has no data.train; give --data")
+    tokens, meta = read_token_file(data_path)
+    if meta["vocab_size"] > ck["vocab_size"]:
+        raise ToolError(f"{data_path}: vocab_size {meta['vocab_size']} exceeds the model's "
+                        f"{ck['vocab_size']} (/train vocab_size in {args.checkpoint})")
+    T, block = deck["data"]["seq_len"], ck["shape"]["block_size"]
+    if not 0 < T <= block:
+        raise ToolError(f"{args.checkpoint}: data.seq_len = {T} must be in [1, model.block_size = {block}]")
+    B, tr = deck["train"]["batch_size"], deck["train"]
+    micro_batch_size(B, tr["micro_batch"])            # validates the split
+    if (tokens.size - 1) // T < 1:
+        raise ToolError(f"{data_path}: {tokens.size} tokens are too few for one window of seq_len {T}")
+
+    losses = []
+    for k in range(args.steps):
+        s = ck["step"] + k
+        batches = train_step_batches(tokens, T, k, B, tr["micro_batch"], ck["seed"], ck["next_sample"])
+        lr = lr_at(s, deck["optim"], tr["steps"])
+        loss, norm = train_step(model, opt, batches, lr, deck["optim"]["grad_clip"])
+        losses.append(loss)
+        print(f"step {s + 1} loss {loss:.6f} lr {lr:.6e} norm {norm:.6f}", flush=True)
+
+    if args.out:
+        write_params(args.out, model, ck["step"] + args.steps, np.dtype(args.dtype))
+    if args.losses_out:
+        try:
+            with open(args.losses_out, "w") as fh:
+                json.dump(losses, fh)
+                fh.write("\n")
+        except OSError as e:
+            raise ToolError(f"{args.losses_out}: cannot write ({e.strerror})", EXIT_IO) from None
+    return 0
