@@ -1,5 +1,5 @@
 #pragma once
-// Parallel-HDF5 checkpoints (DESIGN §7): one file per checkpoint, canonical fp32 tensors, written
+// Parallel-HDF5 checkpoints (docs/checkpoints.md): one file per checkpoint, canonical fp32 tensors, written
 // collectively through the MPI-IO driver to step_NNNNNNNN.h5.tmp, renamed when complete, then
 // `latest` updated. Every dataset carries a layout-independent checksum verified on read.
 #include <mpi.h>

@@ -1,5 +1,5 @@
 #pragma once
-// GPUDirect Storage (DESIGN §8): token bytes read by cuFileRead from the file straight into device
+// GPUDirect Storage (docs/data.md): token bytes read by cuFileRead from the file straight into device
 // memory, with no host bounce buffer. Compiled in when the build finds cufile.h and libcufile
 // (TESSERA_CUFILE, see the Makefile); without them has_gds() is false and GdsReader refuses to be
 // made. `tessera data bench FILE --gds` measures it against the host loader.

@@ -1,5 +1,5 @@
 #pragma once
-// GPUDirect-Storage-style input (DESIGN §8): a background thread per rank reads only this rank's
+// GPUDirect-Storage-style input (docs/data.md): a background thread per rank reads only this rank's
 // samples of the coming steps into a bounded ring of buffers, with O_DIRECT reads of aligned
 // blocks straight from the tokens' file offsets (no page cache, no HDF5 on the hot path), falling
 // back to pread where the file system refuses O_DIRECT. The trainer's step computes while the

@@ -1,5 +1,5 @@
 #pragma once
-// An HDF5 token file (DESIGN §8): /tokens (uint16 or uint32) plus the tokenizer's attributes.
+// An HDF5 token file (docs/data.md): /tokens (uint16 or uint32) plus the tokenizer's attributes.
 // Windows of T+1 tokens are read on demand with hyperslab selections.
 #include <cstdint>
 #include <string>

@@ -1,5 +1,5 @@
 #pragma once
-// One token stream behind one interface (DESIGN §8), whatever prepared the data:
+// One token stream behind one interface (docs/data.md), whatever prepared the data:
 //   hdf5      tessera's token file: /tokens (uint16 or uint32) and the tokenizer's attributes
 //   llmc      llm.c .bin shards: a 256 x int32 little-endian header (magic 20240520, version 1 =
 //             uint16 GPT-2 tokens or 2 = uint32, token count) then the tokens

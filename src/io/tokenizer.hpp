@@ -1,5 +1,5 @@
 #pragma once
-// The tokenizer that made a token file (DESIGN §8), carried from the data into every checkpoint
+// The tokenizer that made a token file (docs/data.md), carried from the data into every checkpoint
 // so `tessera sample` can turn text into ids and ids back into text.
 //   byte           token = byte value 0..255, eot = 256 (vocab 257); needs no model
 //   sentencepiece  a BPE model trained by tools/data/prepare_data.py --tokenizer bpe; the serialized

@@ -1,5 +1,5 @@
 #pragma once
-// Context parallelism's attention (parallel.cp > 1; README, "Context parallelism"): each
+// Context parallelism's attention (parallel.cp > 1; docs/parallelism.md): each
 // sequence of T tokens is cut into 2 x cp chunks of T / (2 cp) positions, and cp rank r holds
 // chunks r and 2 cp - 1 - r (so causal attention work is equal on every rank), its Tl = T / cp
 // tokens in that order. The queries of its two chunks attend to every chunk at or before them:
@@ -30,7 +30,7 @@ inline int context_position(int t, int Tl, int cp, int r) {
 }
 
 // The payload bytes one layer's attention sends on the cp communicator per micro-batch of B
-// sequences (README's counting section): the ring's forward passes cp - 1 K/V blocks, its
+// sequences (docs/parallelism.md's counting): the ring's forward passes cp - 1 K/V blocks, its
 // backward cp - 1 K/V blocks and cp - 1 dK/dV blocks, a block being B * Tl * 2 * nkv * hs
 // elements (nkv: this rank's KV heads).
 inline double ring_bytes_per_layer(int B, int Tl, int nkv, int hs, int cp, int elem) {

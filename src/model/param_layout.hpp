@@ -1,6 +1,6 @@
 #pragma once
 // The parameter table: canonical name, shape and offset of every tensor in the one flat parameter
-// buffer (DESIGN §4). Gradients, Adam moments and checkpoints use the same offsets.
+// buffer (docs/models.md). Gradients, Adam moments and checkpoints use the same offsets.
 //
 // Two block families (model.arch). GPT-2: learned positions, pre-LayerNorm with biases, GELU MLP,
 // fused c_attn, GPT-2's state_dict names. LLaMA: no positions in the embedding (rotary ones on q

@@ -1,5 +1,5 @@
 #pragma once
-// One rank's tile of the model (DESIGN §4): the tensors of its pipeline stage, split by its
+// One rank's tile of the model (docs/models.md): the tensors of its pipeline stage, split by its
 // tensor-parallel rank, in one flat local buffer. Every local tensor knows which blocks of the
 // canonical tensor it holds, which is all that initialisation, checkpoints and the gradient norm
 // need to be layout-free.
@@ -79,7 +79,7 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int layer_begin,
                               int layer_end, bool first, bool last);
 
-// Sharded data parallelism (ZeRO-2 and 3, DESIGN §6): each unit of the tile split into n equal
+// Sharded data parallelism (ZeRO-2 and 3, docs/parallelism.md): each unit of the tile split into n equal
 // parts, the last padded, rank `rank` of the shard group holding part `rank` of every unit, one
 // after another in its shard buffer. The same split on every stage and tp rank of a tile shape,
 // so that the tied embedding's parts on the first and last stage match element for element.

@@ -1,5 +1,5 @@
 #pragma once
-// The optimizer step of one rank's tile under data parallelism (DESIGN §6), over a backend B
+// The optimizer step of one rank's tile under data parallelism (docs/parallelism.md), over a backend B
 // (backend/backend.hpp), for each ZeRO stage:
 //   0  gradients all-reduced over dp (started layer by layer during the last backward); every
 //      dp rank runs AdamW on its whole tile;

@@ -1,5 +1,5 @@
 #pragma once
-// The model's parameters and gradients under ZeRO-2 and 3 (DESIGN §6), unit by unit
+// The model's parameters and gradients under ZeRO-2 and 3 (docs/parallelism.md), unit by unit
 // (model/weights.hpp): each rank of the shard group holds one part of every unit (ShardPlan,
 // model/shard.hpp) of the gradient sums, and under ZeRO-3 of the parameters too.
 //

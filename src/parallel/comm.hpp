@@ -15,7 +15,7 @@
 
 namespace tessera {
 
-// Hang forensics (README, "Long runs"): every call a Comm makes is recorded in this rank's ring
+// Hang forensics (docs/checkpoints.md, "Long runs"): every call a Comm makes is recorded in this rank's ring
 // of its last kTraceCalls calls (communicator, operation, bytes, peer, step, micro-batch, start
 // and end), here in one place rather than at the call sites. A watchdog thread reads it.
 namespace trace {

@@ -1,4 +1,4 @@
-// The layout of the world: its resolution, its checks, its mesh (DESIGN §3).
+// The layout of the world: its resolution, its checks, its mesh (docs/architecture.md).
 #include "parallel/layout.hpp"
 
 #include <cstdio>

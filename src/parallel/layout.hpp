@@ -1,5 +1,5 @@
 #pragma once
-// The layout of the world's ranks (DESIGN §3): the sizes a deck resolves to, the checks they must
+// The layout of the world's ranks (docs/architecture.md): the sizes a deck resolves to, the checks they must
 // pass before anything is allocated, and the mesh they make (parallel/mesh_shape.hpp; the
 // communicators are parallel/mesh.hpp's).
 #include <string>
@@ -16,7 +16,7 @@ struct ParallelLayout {
   // ZeRO shards over groups of this many consecutive dp x cp ranks (hybrid sharding), replicated
   // across the dpcp / zero_group groups; 0 = dp x cp (one group).
   int zero_group = 0;
-  int cp = 1;  // context parallelism: each sequence split over cp ranks (DESIGN §3)
+  int cp = 1;  // context parallelism: each sequence split over cp ranks (docs/architecture.md)
   // The ranks holding the same parameters (same tp, pp): their gradients reduce over them.
   int dpcp() const { return dp * cp; }
   int shard_size() const { return zero_group > 0 ? zero_group : dpcp(); }
@@ -40,7 +40,7 @@ std::vector<std::pair<int, int>> stage_layer_ranges(int n_layer, int pp,
 std::string check_layout(const ParallelLayout& layout, int n_head, int padded_vocab, int n_layer,
                          const std::vector<int>& stage_layers, int batch_size, int micro_batch);
 
-// The mesh of a layout (DESIGN §3): the one place the world's axes are named, fastest first,
+// The mesh of a layout (docs/architecture.md): the one place the world's axes are named, fastest first,
 //   tp, cp, dp, pp
 // with ZeRO's view of dp x cp: `shard`, the zero_group consecutive ranks of dp x cp (cp fastest)
 // that split the optimizer's state, and `replica`, the ranks holding the same shard in the other

@@ -1,4 +1,4 @@
-// The mesh's communicators (DESIGN §3).
+// The mesh's communicators (docs/architecture.md).
 #include "parallel/mesh.hpp"
 
 #include <stdexcept>

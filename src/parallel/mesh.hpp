@@ -1,5 +1,5 @@
 #pragma once
-// The world's communicators, every one of them taken from the mesh by name (DESIGN §3):
+// The world's communicators, every one of them taken from the mesh by name (docs/architecture.md):
 // `mesh.group({"dp", "cp"})` is the communicator of the ranks that differ from this one only in
 // dp and cp (the ranks holding the same parameters), ordered by their coordinates there. Built
 // once, at construction, for every group of every view of the mesh (parallel/mesh_shape.hpp), so

@@ -1,4 +1,4 @@
-// The mesh's rank arithmetic (DESIGN §3): mixed-radix numbers over named dimensions.
+// The mesh's rank arithmetic (docs/architecture.md): mixed-radix numbers over named dimensions.
 #include "parallel/mesh_shape.hpp"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 #pragma once
-// The world as a mesh of named dimensions (DESIGN §3): an ordered list of named sizes, fastest
+// The world as a mesh of named dimensions (docs/architecture.md): an ordered list of named sizes, fastest
 // first, and the arithmetic of its ranks. Pure: no MPI, so that `tessera plan` counts a rank's
 // groups with the same rules the trainer builds its communicators by (parallel/mesh.hpp).
 //

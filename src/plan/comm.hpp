@@ -1,6 +1,6 @@
 #pragma once
 // Bytes one rank hands to each communicator per optimizer step, and the pipeline bubble: the
-// counts of ../shared/FORMULAS.md for tessera's own collectives (the payload the engine's
+// counts of docs/formulas.md for tessera's own collectives (the payload the engine's
 // payload_bytes counters measure; tests/integration/test_comm_volume.sh holds them equal).
 #include <cstdint>
 

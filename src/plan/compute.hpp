@@ -1,6 +1,6 @@
 #pragma once
-// The device's speed at a step's own shapes, for `tessera plan` on a GPU (README "Planning a
-// run"): a GEMM takes the longer of its FLOPs at the peak times an efficiency and its operands'
+// The device's speed at a step's own shapes, for `tessera plan` on a GPU (docs/planning.md):
+// a GEMM takes the longer of its FLOPs at the peak times an efficiency and its operands'
 // bytes at the memory bandwidth (a roofline on its arithmetic intensity), its rows and columns
 // rounded up to whole tiles first (tile quantization); memory-bound ops stream at a fraction of
 // the bandwidth; every kernel launch costs a fixed time. The constants are the machine's

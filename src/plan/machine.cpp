@@ -23,7 +23,7 @@ constexpr double kGB = 1e9, kGiB = 1024.0 * 1024 * 1024, kT = 1e12;
 // inside a node (NVLink); NCCL's own tuner (src/graph/tuning.cc) charges steps of that order.
 // The compute model's constants (plan/compute.hpp), one set per GPU generation, fitted once by
 // tools/reference/plan_fit.py against the published runs of tools/reference/plan_published.py held to the model
-// (README "Planning a run"), the same for every row: the efficiency of a large tile-aligned bf16
+// (docs/planning.md), the same for every row: the efficiency of a large tile-aligned bf16
 // GEMM and a kernel launch's fixed cost (the grid's best: A100 0.76 and 10 us over 14 rows of
 // Narayanan et al. 2021, Korthikanti et al. 2022 and torchtitan, 0.92-1.07 of published; H100
 // with the launch cost held at A100's, 0.50 over torchtitan's two H100 rows, eager PyTorch on

@@ -1,5 +1,5 @@
 #pragma once
-// The predicted time of one optimizer step (README "Planning a run" states the model): every
+// The predicted time of one optimizer step (docs/planning.md states the model): every
 // GEMM at the device's peak times an efficiency that falls with its smallest dimensions,
 // memory-bound ops at the memory bandwidth, tensor-parallel collectives on the node's link,
 // pipeline and data-parallel traffic on the link their ranks share (inside a node or not), the

@@ -1,5 +1,5 @@
 #pragma once
-// The anomaly policy's detector (train.anomaly_*; README, "Long runs"): a step whose loss or
+// The anomaly policy's detector (train.anomaly_*; docs/checkpoints.md, "Long runs"): a step whose loss or
 // global gradient norm is not finite, or, with sigma > 0, lies above the running mean + sigma
 // standard deviations of the last `window` accepted steps, is anomalous. Every rank judges the
 // same reduced numbers, so every rank reaches the same verdict.

@@ -1,5 +1,5 @@
 #pragma once
-// The anomaly policy of a run (train.anomaly_*; README, "Long runs"): its detector judges each
+// The anomaly policy of a run (train.anomaly_*; docs/checkpoints.md, "Long runs"): its detector judges each
 // step before the update; an anomalous one is met by the deck's action (skip the batch, roll
 // back to the newest checkpoint, or stop), more than kAnomaliesInARow in a row stop the run, and
 // rollbacks are bounded by train.anomaly_max_rollbacks (per checkpoint, and 5 x that in all).

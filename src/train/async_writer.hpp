@@ -1,5 +1,5 @@
 #pragma once
-// checkpoint.async (README, "Long runs"): a checkpoint written by a background thread from a host
+// checkpoint.async (docs/checkpoints.md, "Long runs"): a checkpoint written by a background thread from a host
 // snapshot taken at the step boundary, while training goes on.
 //
 // MPI: the thread makes its collective and MPI-IO calls on a communicator of its own (a duplicate

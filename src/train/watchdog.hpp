@@ -1,5 +1,5 @@
 #pragma once
-// run.hang_timeout (README, "Long runs"): a thread on every rank that watches the rank's progress
+// run.hang_timeout (docs/checkpoints.md, "Long runs"): a thread on every rank that watches the rank's progress
 // (parallel/comm.hpp's trace: a communication call starting or ending, a new step or phase). After
 // `timeout` seconds without any it writes <run.dir>/hang/rank_K.txt (the rank's step, phase and
 // ring of its last communication calls); rank 0 then reads every rank's file, prints one line
