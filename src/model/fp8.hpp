@@ -7,7 +7,7 @@
 //   backward  dx = dq(q(g, s_g)) · dq(q(w, s_w))           g in E5M2 (fp8_format hybrid) or E4M3
 //             dw = dq(q(g, s_g))ᵀ · dq(q(x, s_x))          db from the unquantized g
 //
-// q(t, s) is t·s in FP8 codes (rounded to nearest even, saturating, common/fp8.hpp), dq(c) the
+// q(t, s) is t·s in FP8 codes (rounded to nearest even, saturating, common/fp8_format.hpp), dq(c) the
 // codes' values / s. A GEMM multiplies the codes' values (products exact in fp32), sums in fp32
 // and multiplies the sum by 1/s of each operand: cuBLASLt's FP8 GEMM on a GPU (one-byte operands
 // on the FP8 tensor cores, scales as device pointers), the same definition simulated on the CPU
@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "backend/arena.hpp"
-#include "common/fp8.hpp"
+#include "common/fp8_format.hpp"
 #include "model/options.hpp"
 
 namespace tessera {

@@ -3,7 +3,7 @@
 // speed but not the trained model, so a restart may change them.
 #include <string>
 
-#include "common/fp8.hpp"
+#include "common/fp8_format.hpp"
 #include "config/config.hpp"
 
 namespace tessera {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "backend/cuda/common.cuh"
-#include "common/fp8.hpp"
+#include "common/fp8_format.hpp"
 #include "gpu_test.hpp"
 
 namespace tessera::gpu_test {

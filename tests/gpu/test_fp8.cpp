@@ -1,4 +1,4 @@
-// The CUDA FP8 ops against tessera's own codec (common/fp8.hpp) and the CPU ops: the device rounds
+// The CUDA FP8 ops against tessera's own codec (common/fp8_format.hpp) and the CPU ops: the device rounds
 // with CUDA's conversions (cuda_fp8.h), the CPU with an implementation written independently, and
 // the two must agree to the bit on every code of both formats, on the midpoints between
 // neighbouring codes (ties to even), past the largest finite value (saturation), in the
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.hpp"
-#include "common/fp8.hpp"
+#include "common/fp8_format.hpp"
 #include "gpu_test.hpp"
 
 namespace tessera::gpu_test {

@@ -1,4 +1,4 @@
-// The FP8 codecs (common/fp8.hpp) against a reference written differently: each code's value
+// The FP8 codecs (common/fp8_format.hpp) against a reference written differently: each code's value
 // from its sign, exponent and mantissa fields by the textbook formula in double, and rounding as
 // an exhaustive search for the nearest finite code, a tie going to the code whose last bit is 0,
 // anything beyond the largest finite value saturating to it. Every one of the 256 codes of each
@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "common/fp8.hpp"
+#include "common/fp8_format.hpp"
 #include "backend/cpu/backend.hpp"
 #include "model/fp8.hpp"
 

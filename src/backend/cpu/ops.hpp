@@ -13,7 +13,7 @@
 #include "backend/adamw.hpp"
 #include "backend/arena.hpp"
 #include "backend/attention_block.hpp"
-#include "common/fp8.hpp"
+#include "common/fp8_format.hpp"
 
 namespace tessera::cpu {
 
@@ -176,7 +176,7 @@ void adamw_update(float* params, float* params_copy, const float* grads, float* 
 // to the bit.
 void sum_of_squares(double* acc, const float* x, size_t n);
 
-// FP8 simulated (backend/cpu/fp8.cpp; common/fp8.hpp is the format), the same operations as the
+// FP8 simulated (backend/cpu/fp8.cpp; common/fp8_format.hpp is the format), the same operations as the
 // GPU's (backend/cuda/ops.hpp) on the same one-byte codes.
 // fp8_amax: max |x| over n, NaN if any is.
 // fp8_cast: the codes of in (rows, cols) * scale, rounded to nearest even and saturating, into

@@ -1,7 +1,7 @@
 // FP8 GEMMs on the GPU; twin of backend/cpu/fp8.cpp. The rounding is CUDA's own (cuda_fp8.h:
 // __nv_cvt_float_to_fp8 with saturation to the largest finite value, round to nearest even; a
 // hardware instruction on sm_89 and later), so the op tests compare it with tessera's independent
-// codec (common/fp8.hpp) through the CPU op. The GEMM is cuBLASLt's on one-byte operands (FP8
+// codec (common/fp8_format.hpp) through the CPU op. The GEMM is cuBLASLt's on one-byte operands (FP8
 // tensor cores) where it takes the shape, else a tiled kernel of ours with the same definition.
 #include <cublasLt.h>
 #include <cuda_fp8.h>

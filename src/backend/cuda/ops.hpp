@@ -25,7 +25,7 @@
 #include "backend/adamw.hpp"
 #include "backend/arena.hpp"
 #include "backend/attention_block.hpp"
-#include "common/fp8.hpp"
+#include "common/fp8_format.hpp"
 
 namespace tessera::cuda {
 
@@ -82,7 +82,7 @@ void matmul_backward(F* dinp, float* dweight, float* dbias, const F* dout, const
 template <typename F>
 void bias_backward(float* dbias, const F* dout, int N, int OC);
 
-// FP8 GEMMs (fp8.cu; twins of backend/cpu/fp8.cpp, common/fp8.hpp is the format).
+// FP8 GEMMs (fp8.cu; twins of backend/cpu/fp8.cpp, common/fp8_format.hpp is the format).
 // fp8_amax: max |x| over n, NaN if any is, returned to the host (a wait on the stream).
 // fp8_cast: the codes of in (rows, cols) * scale by CUDA's own conversion (cuda_fp8.h: round to
 // nearest even, saturating) into out (rows, cols) and out_t (cols, rows), either may be
