@@ -30,6 +30,9 @@
 //                   memory_report(arena, bf16), peak_gflops(bf16, fp8)   for the start-up log
 //                   fp8_amax, fp8_cast, fp8_gemm, fp8_report, bias_backward   the FP8 GEMMs
 //                                     (device.precision fp8, model/fp8.hpp)
+//                   moe_route_forward/backward, moe_router_stats, moe_gather_rows, moe_combine,
+//                                     moe_combine_backward   mixture of experts' router and
+//                                     dispatch (backend/moe_routing.hpp)
 //
 // CpuBackend is in backend/cpu/backend.hpp, CudaBackend<float | bf16> in backend/cuda/backend.hpp.
 
@@ -69,6 +72,12 @@
   TESSERA_BACKEND_FORWARD(ns, gelu_backward)                                                     \
   TESSERA_BACKEND_FORWARD(ns, swiglu_forward)                                                    \
   TESSERA_BACKEND_FORWARD(ns, swiglu_backward)                                                   \
+  TESSERA_BACKEND_FORWARD(ns, moe_route_forward)                                                 \
+  TESSERA_BACKEND_FORWARD(ns, moe_route_backward)                                                \
+  TESSERA_BACKEND_FORWARD(ns, moe_router_stats)                                                  \
+  TESSERA_BACKEND_FORWARD(ns, moe_gather_rows)                                                   \
+  TESSERA_BACKEND_FORWARD(ns, moe_combine)                                                       \
+  TESSERA_BACKEND_FORWARD(ns, moe_combine_backward)                                              \
   TESSERA_BACKEND_FORWARD(ns, residual_forward)                                                  \
   TESSERA_BACKEND_FORWARD(ns, add_inplace)                                                       \
   TESSERA_BACKEND_FORWARD(ns, copy_columns)                                                      \

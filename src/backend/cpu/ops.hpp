@@ -13,6 +13,7 @@
 #include "backend/adamw.hpp"
 #include "backend/arena.hpp"
 #include "backend/attention_block.hpp"
+#include "backend/moe_routing.hpp"
 #include "common/fp8_format.hpp"
 
 namespace tessera::cpu {
@@ -115,6 +116,42 @@ void rope_forward(F* qkv, const float* cs, int B, int T, int NH, int NKV, int hs
 // its v heads are untouched.
 template <typename F>
 void rope_backward(F* dqkv, const float* cs, int B, int T, int NH, int NKV, int hs);
+
+// Mixture of experts (moe.cpp; the rule in backend/moe_routing.hpp). logits, scores (N,E);
+// expert, gates (N,k).
+// moe_route_forward: scores overwritten by softmax or sigmoid of the logits, expert by each
+// row's top-k choice (by scores + bias (E, or nullptr); ties to the lower index, in the order
+// chosen), gates by the chosen scores (renormalised when the rule says).
+// moe_route_backward: dlogits (N,E) overwritten from dgates (N,k), plus the auxiliary loss's
+// dL/dp[t,e] = aux[e] (E, or nullptr) and the z-loss of coefficient z_coef (0: none), N the
+// tokens the z-loss averages over.
+// moe_router_stats: stats (E+1) = Σ_t p[t,e] for each e, then Σ_t logsumexp(l[t])², in token
+// order (the losses' sums; the auxiliary loss's counts are the caller's).
+template <typename F>
+void moe_route_forward(int32_t* expert, F* gates, F* scores, const F* logits, const float* bias,
+                       int N, const MoeRouting& r);
+template <typename F>
+void moe_route_backward(F* dlogits, const F* dgates, const F* logits, const F* scores,
+                        const int32_t* expert, const F* aux, double z_coef, int N,
+                        const MoeRouting& r);
+template <typename F>
+void moe_router_stats(double* stats, const F* logits, const F* scores, int N,
+                      const MoeRouting& r);
+// Rows between token order and expert order. moe_gather_rows: out (n,C) row i = in's row
+// rows[i]. moe_combine: out (N,C) row t = (accumulate ? out : 0) + Σ_j gates[t,j] · rows'
+// row slot_of[t,j] (gates nullptr: 1; a slot of -1, a choice the capacity dropped, adds
+// nothing): the experts' outputs back into token order, or (gates nullptr, accumulate) the
+// gather's backward. moe_combine_backward: drows' row slot_of[t,j] overwritten = gates[t,j] ·
+// dout's row t, dgates[t,j] overwritten = dout's row t · rows' row slot_of[t,j] (0 where
+// dropped).
+template <typename F>
+void moe_gather_rows(F* out, const F* in, const int32_t* rows, int n, int C);
+template <typename F>
+void moe_combine(F* out, const F* rows, const int32_t* slot_of, const F* gates, int N, int k,
+                 int C, bool accumulate);
+template <typename F>
+void moe_combine_backward(F* drows, F* dgates, const F* dout, const F* rows,
+                          const int32_t* slot_of, const F* gates, int N, int k, int C);
 
 // out, inp (n): GELU, tanh form as torch GELU(approximate='tanh').
 template <typename F>

@@ -25,6 +25,7 @@
 #include "backend/adamw.hpp"
 #include "backend/arena.hpp"
 #include "backend/attention_block.hpp"
+#include "backend/moe_routing.hpp"
 #include "common/fp8_format.hpp"
 
 namespace tessera::cuda {
@@ -150,6 +151,28 @@ template <typename F>
 void rope_forward(F* qkv, const float* cs, int B, int T, int NH, int NKV, int hs);
 template <typename F>
 void rope_backward(F* dqkv, const float* cs, int B, int T, int NH, int NKV, int hs);
+
+// Mixture of experts (moe.cu; twins of backend/cpu/moe.cpp, which states each op; the rule in
+// backend/moe_routing.hpp). Logits and rows in F, the router's scores, gates, their gradients
+// and the auxiliary loss's aux (E) fp32; stats (E+1) doubles in device memory.
+template <typename F>
+void moe_route_forward(int32_t* expert, float* gates, float* scores, const F* logits,
+                       const float* bias, int N, const MoeRouting& r);
+template <typename F>
+void moe_route_backward(F* dlogits, const float* dgates, const F* logits, const float* scores,
+                        const int32_t* expert, const float* aux, double z_coef, int N,
+                        const MoeRouting& r);
+template <typename F>
+void moe_router_stats(double* stats, const F* logits, const float* scores, int N,
+                      const MoeRouting& r);
+template <typename F>
+void moe_gather_rows(F* out, const F* in, const int32_t* rows, int n, int C);
+template <typename F>
+void moe_combine(F* out, const F* rows, const int32_t* slot_of, const float* gates, int N, int k,
+                 int C, bool accumulate);
+template <typename F>
+void moe_combine_backward(F* drows, float* dgates, const F* dout, const F* rows,
+                          const int32_t* slot_of, const float* gates, int N, int k, int C);
 
 // out, inp (n): GELU, tanh form as torch GELU(approximate='tanh').
 template <typename F>
