@@ -63,6 +63,15 @@ struct OptimConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;    // 0 = off
+  // The update rule (optim/rule.hpp): adamw | adafactor. beta1 is both rules' first moment
+  // (Adafactor: 0 = none kept); beta2 and eps are AdamW's; the adafactor_* keys Adafactor's.
+  std::string name = "adamw";
+  double adafactor_eps = 1e-30;    // added to the mean squares (Adafactor's eps1)
+  double adafactor_decay = -0.8;   // beta2 at step t: 1 - t^adafactor_decay
+  double adafactor_clip = 1.0;     // the update's RMS is clipped to this
+  // A restart from a checkpoint whose optimizer state the rule cannot take (another rule's, or
+  // without a tensor it needs) starts the rule's state afresh instead of stopping.
+  bool reset_state = false;
 };
 
 struct EvalConfig {

@@ -123,6 +123,11 @@ std::vector<Field> fields_of(Config& c) {
       {"optim", "beta2", &c.optim.beta2},
       {"optim", "eps", &c.optim.eps},
       {"optim", "grad_clip", &c.optim.grad_clip},
+      {"optim", "name", &c.optim.name},
+      {"optim", "reset_state", &c.optim.reset_state},
+      {"optim", "adafactor_eps", &c.optim.adafactor_eps},
+      {"optim", "adafactor_decay", &c.optim.adafactor_decay},
+      {"optim", "adafactor_clip", &c.optim.adafactor_clip},
       {"eval", "every", &c.eval.every},
       {"eval", "batches", &c.eval.batches},
       {"checkpoint", "dir", &c.checkpoint.dir},
@@ -244,6 +249,9 @@ std::string to_yaml(const Config& config) {
   for (const Field& f : fields_of(copy)) {
     // The FP8 keys are a deck error without device.precision fp8: written only with it.
     if (std::string_view(f.key).rfind("fp8_", 0) == 0 && config.device.precision != "fp8") continue;
+    // Likewise Adafactor's keys without optim.name adafactor.
+    if (std::string_view(f.key).rfind("adafactor_", 0) == 0 && config.optim.name != "adafactor")
+      continue;
     if (std::string_view(section) != f.section) {
       section = f.section;
       out += std::string(section) + ":\n";

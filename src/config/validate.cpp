@@ -193,6 +193,22 @@ void validate_optim(const Config& c, const Deck& deck) {
   below_one(deck, "optim.beta2", o.beta2);
   positive(deck, "optim.eps", o.eps);
   non_negative(deck, "optim.grad_clip", o.grad_clip);
+  if (o.name != "adamw" && o.name != "adafactor") {
+    deck.fail_key("optim.name", "must be adamw or adafactor, got " + shown(o.name));
+  }
+  if (o.name != "adafactor") {
+    for (const char* key : {"optim.adafactor_eps", "optim.adafactor_decay", "optim.adafactor_clip"})
+      if (deck.sources[deck.index(key)].present)
+        deck.fail_key(key, std::string(key) + " needs optim.name: adafactor (got " +
+                               shown(o.name) + ")");
+    return;
+  }
+  positive(deck, "optim.adafactor_eps", o.adafactor_eps);
+  if (!(o.adafactor_decay < 0 && o.adafactor_decay >= -1))
+    deck.fail_key("optim.adafactor_decay",
+                  "must be in [-1, 0) (beta2 at step t is 1 - t^adafactor_decay), got " +
+                      num(o.adafactor_decay));
+  positive(deck, "optim.adafactor_clip", o.adafactor_clip);
 }
 
 // FP8's keys: only with device.precision fp8 (a key that would do nothing is a mistake).

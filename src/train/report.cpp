@@ -66,9 +66,10 @@ void Run::announce_model() {
                             : "warning: parallel.sequence_parallel has no effect with tp = 1 "
                               "(%d of %d rows per rank)",
               rows / layout.tp, rows);
-  log_->say("memory (rank 0): parameters %.1f MB, gradients %.1f MB, Adam moments %.1f MB, "
-            "activations %.1f MB (%s attention, recompute %s)",
-            4.0 * tile_.total / 1e6, 4.0 * tile_.total / 1e6, engine_->moment_bytes() / 1e6,
+  log_->say("memory (rank 0): parameters %.1f MB, gradients %.1f MB, optimizer state (%s) "
+            "%.1f MB, activations %.1f MB (%s attention, recompute %s)",
+            4.0 * tile_.total / 1e6, 4.0 * tile_.total / 1e6, engine_->optim_rule().c_str(),
+            engine_->moment_bytes() / 1e6,
             engine_->activation_bytes() / 1e6, cfg_.model.attention.c_str(),
             cfg_.train.recompute.c_str());
   log_->say("plan (rank 0): %s", memory_line(planned_).c_str());
