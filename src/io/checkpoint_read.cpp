@@ -400,9 +400,15 @@ CheckpointInfo verify_checkpoint(const std::string& path) {
       specs.push_back(spec);
   // The tensors the shape promises must be in the file before memory is taken for them.
   std::vector<size_t> sizes = {whole.total};
-  for (const StateSpec& spec : specs) sizes.push_back(state_host_layout(spec, whole, whole.total).total);
+  for (const StateSpec& spec : specs)
+    sizes.push_back(state_host_layout(spec, whole, whole.total).total);
   double need = 0;
-  for (size_t n : sizes) need += double(n) * sizeof(float);
+  for (const ParamTensor& c : whole.canonical.tensors)
+    for (const ckpt::TensorDataset& d : ckpt::tensor_datasets(c, specs)) {
+      double n = 1;
+      for (size_t x : d.shape) n *= double(x);
+      need += n * sizeof(float);
+    }
   std::error_code ec;
   const double have = double(fs::file_size(path, ec));
   if (need > have)
