@@ -40,13 +40,13 @@ import torch  # noqa: E402
 # Optimizer and learning-rate schedule.
 
 def make_optimizer(model, optim):
-    """The deck's rule (AdamW or Adafactor) with weight decay on every 2-D tensor, none on the
-    rest."""
+    """The deck's rule (optim["name"]: AdamW where absent, or Adafactor) with weight decay on
+    every 2-D tensor, none on the rest."""
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() != 2]
     groups = [{"params": decay, "weight_decay": optim["weight_decay"]},
               {"params": no_decay, "weight_decay": 0.0}]
-    if optim["name"] == "adafactor":
+    if optim.get("name", "adamw") == "adafactor":
         return Adafactor(groups, lr=optim["lr"], beta1=optim["beta1"],
                          decay=optim["adafactor_decay"], eps=optim["adafactor_eps"],
                          clip=optim["adafactor_clip"])

@@ -1,8 +1,9 @@
 #pragma once
 // What the trainer's one step loop (train/trainer.cpp) asks of a backend: the model's forward and
 // backward through the pipeline executor, the gradient reductions, the optimizer step,
-// evaluation, and where the parameters and Adam moments live. The loop itself (stop requests,
-// data loader, logging, evaluation and checkpoint cadence, metrics) does not depend on it.
+// evaluation, and where the parameters and the optimizer's state live. The loop itself (stop
+// requests, data loader, logging, evaluation and checkpoint cadence, metrics) does not depend on
+// it.
 //
 // One implementation, Engine<B> (engine.cpp), over a backend B (backend/backend.hpp): the model,
 // the pipeline executor and the distributed optimizer of that backend, its communicators built

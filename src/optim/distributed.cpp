@@ -191,6 +191,9 @@ void DistributedOptimizer<Backend>::step(float* master, Act* copy, float* grads,
   const bool copy_full = stage_ <= 2;
   StepView<Backend> view;
   view.state = &state_view_;
+  view.master.reserve(pieces_.size());
+  view.copy.reserve(pieces_.size());
+  view.grads.reserve(pieces_.size());
   for (const Piece& p : pieces_) {
     view.master.push_back(master + (sharded ? p.state : p.local));
     view.copy.push_back(copy ? copy + (copy_full ? p.local : p.state) : nullptr);

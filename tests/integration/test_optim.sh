@@ -48,8 +48,11 @@ assert sorted(o) == ["exp_avg", "exp_avg_sq", "exp_avg_sq_col", "exp_avg_sq_row"
 assert o["exp_avg_sq_row/h.0.mlp.c_fc.weight"].shape == (256,)
 assert o["exp_avg_sq_col/h.0.mlp.c_fc.weight"].shape == (64,)
 assert "h.0.mlp.c_fc.weight" not in o["exp_avg_sq"] and o["exp_avg_sq/h.0.mlp.c_fc.bias"].shape == (256,)' "$ck" &&
-   "$TESSERA" ckpt verify "$ck" >/dev/null 2>&1; then
-  pass "an adafactor checkpoint: /optim rule adafactor, step 10; row [256] and column [64] vectors of c_fc; verified"
+   "$TESSERA" ckpt verify "$ck" >/dev/null 2>&1 &&
+   "$PYTHON" -c 'import sys, tessera_ckpt as tc; ck = tc.read_checkpoint(sys.argv[1], optimizer=True)
+assert ck["optim_rule"] == "adafactor" and ck["adam_step"] == 10, ck["optim_rule"]
+assert ck["optim"]["exp_avg_sq_col"]["wte"].shape == (64,) and len(ck["optim"]["exp_avg"]) == len(ck["model"])' "$ck"; then
+  pass "an adafactor checkpoint: /optim rule adafactor, step 10; row [256] and column [64] vectors of c_fc; verified by tessera and by tools/tessera_ckpt.py"
 else
   fail "adafactor checkpoint layout"
 fi

@@ -40,21 +40,25 @@ __global__ void row_sums_kernel(float* row_sums, const float* g, size_t n, Matri
   if (threadIdx.x == 0) row_sums[w.row0 + r] += float(s);
 }
 
-// One thread per column, down the rows in order (neighbouring threads read neighbouring columns).
-__global__ void col_sums_kernel(float* col_sums, const float* g, size_t n, MatrixWindow w,
-                                size_t r0, size_t r1) {
+// First pass of the column sums: block (x, y) sums columns x * blockDim.x + tid over chunk y of
+// the local rows (rows_per_chunk of them, in order) into partial[y * cols + column]; the second
+// (add_column_partials, common.cuh) adds the chunks in order. Neighbouring threads read
+// neighbouring columns, and enough blocks run for a tall matrix (the vocabulary's rows).
+__global__ void col_partials_kernel(float* partial, const float* g, size_t n, MatrixWindow w,
+                                    size_t r0, size_t r1, size_t rows_per_chunk) {
   const size_t c = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (c >= w.cols) return;
-  const size_t end = w.first + n;
+  const size_t end = w.first + n, from = r0 + blockIdx.y * rows_per_chunk;
+  const size_t to = from + rows_per_chunk < r1 ? from + rows_per_chunk : r1;
   double s = 0.0;
-  for (size_t r = r0; r < r1; ++r) {
+  for (size_t r = from; r < to; ++r) {
     const size_t i = r * w.cols + c;
     if (i >= w.first && i < end) {
       const double x = g[i - w.first];
       s += x * x;
     }
   }
-  col_sums[w.col0 + c] += float(s);
+  partial[blockIdx.y * w.cols + c] = float(s);
 }
 
 // One block: the statistics' moving averages and mean(row).
@@ -121,9 +125,12 @@ void adafactor_sums(float* row_sums, float* col_sums, const float* g, size_t n,
   const size_t r0 = w.first / w.cols, r1 = (w.first + n + w.cols - 1) / w.cols;
   launch<row_sums_kernel>(unsigned(r1 - r0), kThreads, 0, stream(), row_sums, g, n, w, r0);
   CUDA_CHECK_LAUNCH();
-  launch<col_sums_kernel>(blocks_for(w.cols, kThreads), kThreads, 0, stream(), col_sums, g, n, w,
-                          r0, r1);
+  const ColumnSplit split = column_split(int(r1 - r0), int(w.cols), 1);
+  launch<col_partials_kernel>(dim3(blocks_for(w.cols, kThreads), unsigned(split.chunks)),
+                              kThreads, 0, stream(), column_scratch(), g, n, w, r0, r1,
+                              size_t(split.rows_per_chunk));
   CUDA_CHECK_LAUNCH();
+  add_column_partials(col_sums + w.col0, column_scratch(), split.chunks, int(w.cols));
 }
 
 void adafactor_factors(float* row, float* col, float* row_mean, const float* row_sums,
