@@ -88,6 +88,10 @@
   TESSERA_BACKEND_FORWARD(ns, crossentropy_finish)                                               \
   TESSERA_BACKEND_FORWARD(ns, crossentropy_backward)                                             \
   TESSERA_BACKEND_FORWARD(ns, adamw_update)                                                      \
+  TESSERA_BACKEND_FORWARD(ns, adafactor_sums)                                                    \
+  TESSERA_BACKEND_FORWARD(ns, adafactor_factors)                                                 \
+  TESSERA_BACKEND_FORWARD(ns, adafactor_rms)                                                     \
+  TESSERA_BACKEND_FORWARD(ns, adafactor_update)                                                  \
   TESSERA_BACKEND_FORWARD(ns, sum_of_squares)                                                    \
   TESSERA_BACKEND_FORWARD(ns, scale)                                                             \
   TESSERA_BACKEND_FORWARD(ns, memory)                                                            \

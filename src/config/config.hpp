@@ -28,6 +28,7 @@ enum class AmaxAlgo { Max, MostRecent };            // device.fp8_amax_algo
 // (there is no "interleaved" word: one key, parallel.virtual_stages, turns it on).
 enum class ScheduleKind { GPipe, OneFOneB };
 enum class CpComm { Ring, AllGather };  // parallel.cp_comm
+enum class OptimRule { AdamW, Adafactor };  // optim.name (optim/rule.hpp)
 
 // The deck's spelling of each word ("fused", "1f1b"), for logs and messages.
 const char* deck_word(Arch v);
@@ -41,6 +42,7 @@ const char* deck_word(Fp8Recipe v);
 const char* deck_word(AmaxAlgo v);
 const char* deck_word(ScheduleKind v);
 const char* deck_word(CpComm v);
+const char* deck_word(OptimRule v);
 
 struct ModelConfig {
   Arch arch = Arch::Gpt2;    // gpt2 | llama (model/param_layout.hpp)
@@ -98,6 +100,15 @@ struct OptimConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;    // 0 = off
+  // The update rule (optim/rule.hpp): adamw | adafactor. beta1 is both rules' first moment
+  // (Adafactor: 0 = none kept); beta2 and eps are AdamW's; the adafactor_* keys Adafactor's.
+  OptimRule name = OptimRule::AdamW;
+  double adafactor_eps = 1e-30;    // added to the mean squares (Adafactor's eps1)
+  double adafactor_decay = -0.8;   // beta2 at step t: 1 - t^adafactor_decay
+  double adafactor_clip = 1.0;     // the update's RMS is clipped to this
+  // A restart from a checkpoint whose optimizer state the rule cannot take (another rule's, or
+  // without a tensor it needs) starts the rule's state afresh instead of stopping.
+  bool reset_state = false;
 };
 
 struct EvalConfig {

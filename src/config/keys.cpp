@@ -95,6 +95,7 @@ TESSERA_WORDS(Fp8Recipe, "hybrid", "e4m3")
 TESSERA_WORDS(AmaxAlgo, "max", "most_recent")
 TESSERA_WORDS(ScheduleKind, "gpipe", "1f1b")
 TESSERA_WORDS(CpComm, "ring", "allgather")
+TESSERA_WORDS(OptimRule, "adamw", "adafactor")
 #undef TESSERA_WORDS
 
 template <class E>
@@ -158,6 +159,11 @@ std::vector<Field> fields_of(Config& c) {
       {"optim", "beta2", &c.optim.beta2},
       {"optim", "eps", &c.optim.eps},
       {"optim", "grad_clip", &c.optim.grad_clip},
+      {"optim", "name", choice(&c.optim.name)},
+      {"optim", "reset_state", &c.optim.reset_state},
+      {"optim", "adafactor_eps", &c.optim.adafactor_eps},
+      {"optim", "adafactor_decay", &c.optim.adafactor_decay},
+      {"optim", "adafactor_clip", &c.optim.adafactor_clip},
       {"eval", "every", &c.eval.every},
       {"eval", "batches", &c.eval.batches},
       {"checkpoint", "dir", &c.checkpoint.dir},
@@ -285,6 +291,7 @@ TESSERA_DECK_WORD(Fp8Recipe)
 TESSERA_DECK_WORD(AmaxAlgo)
 TESSERA_DECK_WORD(ScheduleKind)
 TESSERA_DECK_WORD(CpComm)
+TESSERA_DECK_WORD(OptimRule)
 #undef TESSERA_DECK_WORD
 
 RestartFrom restart_from(const CheckpointConfig& c) {
@@ -300,6 +307,9 @@ std::string to_yaml(const Config& config) {
   for (const Field& f : fields_of(copy)) {
     // The FP8 keys are a deck error without device.precision fp8: written only with it.
     if (std::string_view(f.key).rfind("fp8_", 0) == 0 && config.device.precision != Precision::Fp8)
+      continue;
+    // Likewise Adafactor's keys without optim.name adafactor.
+    if (std::string_view(f.key).rfind("adafactor_", 0) == 0 && config.optim.name != OptimRule::Adafactor)
       continue;
     if (std::string_view(section) != f.section) {
       section = f.section;

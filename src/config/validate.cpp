@@ -178,6 +178,19 @@ void validate_optim(const Config& c, const Deck& deck) {
   below_one(deck, "optim.beta2", o.beta2);
   positive(deck, "optim.eps", o.eps);
   non_negative(deck, "optim.grad_clip", o.grad_clip);
+  if (o.name != OptimRule::Adafactor) {
+    for (const char* key : {"optim.adafactor_eps", "optim.adafactor_decay", "optim.adafactor_clip"})
+      if (deck.sources[deck.index(key)].present)
+        deck.fail_key(key, std::string(key) + " needs optim.name: adafactor (got " +
+                               shown(deck_word(o.name)) + ")");
+    return;
+  }
+  positive(deck, "optim.adafactor_eps", o.adafactor_eps);
+  if (!(o.adafactor_decay < 0 && o.adafactor_decay >= -1))
+    deck.fail_key("optim.adafactor_decay",
+                  "must be in [-1, 0) (beta2 at step t is 1 - t^adafactor_decay), got " +
+                      num(o.adafactor_decay));
+  positive(deck, "optim.adafactor_clip", o.adafactor_clip);
 }
 
 // FP8's keys: only with device.precision fp8 (a key that would do nothing is a mistake).

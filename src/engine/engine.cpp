@@ -43,7 +43,6 @@ class Engine final : public TrainEngine {
         shard_(hybrid(s) ? &own_shard_ : &dp_),
         mem_(s, arena_, {&tp_, &dp_, &pp_, shard_, &replica_, &cp_}, &world_),
         models_(mem_.models), optimizer_(mem_.optimizer), executor_(mem_.executor) {
-    if (mem_.sharded) parts_layout_ = shard_layout(tile_, mem_.plan);
     step_tokens_ = mem_.step_tokens;
     if (cp_size_ > 1) staging_.resize(2 * step_tokens_);
     if (allocate_now) allocate();
@@ -90,9 +89,7 @@ class Engine final : public TrainEngine {
   }
 
   size_t state_size() const override { return optimizer_.state_size(); }
-  const LocalLayout& state_layout() const override {
-    return mem_.sharded ? parts_layout_ : tile_;
-  }
+  const LocalLayout& state_layout() const override { return optimizer_.state_layout(); }
   bool writes_state() const override {
     return mem_.sharded ? replica_.rank() == 0 : dp_.rank() == 0;
   }
@@ -132,7 +129,12 @@ class Engine final : public TrainEngine {
       return;
     }
     const size_t n = host_params_.size();
-    Backend::to_device(master_, host, n * sizeof(float));
+    // ZeRO-1 in bf16: this rank's slice of the master, the whole copy.
+    if (optimizer_.master_sharded())
+      Backend::to_device(master_, host + optimizer_.shard_begin(),
+                         optimizer_.shard_elements() * sizeof(float));
+    else
+      Backend::to_device(master_, host, n * sizeof(float));
     if constexpr (kBf16) {
       // Rounded to nearest even, as adamw_update rounds the copy it refreshes.
       std::vector<Act> rounded(host_params_.begin(), host_params_.end());
@@ -141,20 +143,32 @@ class Engine final : public TrainEngine {
   }
   float* params_to_host() override {
     if (host_params_.empty()) return master_;
-    if (stage() == 2 && !kBf16)
+    if (stage() == 2 && !kBf16) {
       each_part([&](size_t local, size_t state, size_t n) {
         Backend::to_host(host_params_.data() + state, master_ + local, n * sizeof(float));
       });
-    else
+    } else if (stage() == 1 && optimizer_.master_sharded()) {
+      // Each rank's slice of the master, gathered over the ZeRO group on the host.
+      const size_t slice = optimizer_.shard_elements();
+      Backend::to_host(host_params_.data() + optimizer_.shard_begin(), master_,
+                       slice * sizeof(float));
+      MPI_Allgather(MPI_IN_PLACE, int(slice), MPI_FLOAT, host_params_.data(), int(slice),
+                    MPI_FLOAT, shard_->mpi());
+    } else {
       Backend::to_host(host_params_.data(), master_, host_params_.size() * sizeof(float));
+    }
     return host_params_.data();
   }
-  void get_moments(std::vector<float>& m, std::vector<float>& v) override {
-    optimizer_.get_moments(m, v);
+  std::string optim_rule() const override { return optimizer_.rule(); }
+  const std::vector<StateSpec>& optim_state() const override { return optimizer_.state_specs(); }
+  void get_optim_state(std::vector<std::vector<float>>& host) override {
+    optimizer_.get_state(host);
   }
-  void set_moments(const std::vector<float>& m, const std::vector<float>& v) override {
-    optimizer_.set_moments(m, v);
+  void set_optim_state(const std::vector<std::vector<float>>& host) override {
+    optimizer_.set_state(host);
   }
+  long optim_first_step() const override { return optimizer_.first_step(); }
+  void set_optim_first_step(long step) override { optimizer_.set_first_step(step); }
 
   StepResult train_step(const std::vector<HostMicroBatch>& batches, float dloss, double grad_clip,
                         double lr, long t, const StepCheck& check) override {
@@ -397,7 +411,6 @@ class Engine final : public TrainEngine {
   std::vector<std::unique_ptr<Gpt<Backend>>>& models_;
   DistributedOptimizer<Backend>& optimizer_;
   PipelineExecutor<Backend>& executor_;
-  LocalLayout parts_layout_;  // ZeRO-2/3: this rank's parts as a layout (shard_layout)
   std::unique_ptr<ShardedWeights<Backend>> sharded_own_;  // ZeRO-2/3, once allocated
   ShardedWeights<Backend>* sharded_ = nullptr;
   float* master_ = nullptr;

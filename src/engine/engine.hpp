@@ -1,16 +1,17 @@
 #pragma once
 // What the trainer's one step loop (train/trainer.cpp) asks of a backend: the model's forward and
 // backward through the pipeline executor, the gradient reductions, the optimizer step,
-// evaluation, and where the parameters and Adam moments live. The loop itself (stop requests,
-// data loader, logging, evaluation and checkpoint cadence, metrics) does not depend on it.
+// evaluation, and where the parameters and the optimizer's state live. The loop itself (stop
+// requests, data loader, logging, evaluation and checkpoint cadence, metrics) does not depend on
+// it.
 //
 // One implementation, Engine<B> (engine.cpp), over a backend B (backend/backend.hpp): the model,
 // the pipeline executor and the distributed optimizer of that backend, its communicators made
 // from the mesh's groups in a fixed order, and every buffer in one Arena.
 // make_engine picks CpuBackend or CudaBackend<float | bf16>.
 //
-// Checkpoints stay fp32 and host-side on every backend: host_params() and get_moments() are full
-// local fp32 buffers in the layout's offsets, so a run restarts on any backend.
+// Checkpoints stay fp32 and host-side on every backend: host_params() and get_optim_state() are
+// full local fp32 buffers in the layout's offsets, so a run restarts on any backend.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -18,13 +19,13 @@
 #include <string>
 #include <vector>
 
-#include "backend/adamw.hpp"
 #include "backend/arena.hpp"
 #include "config/config.hpp"
 #include "io/token_source.hpp"
 #include "model/fp8.hpp"
 #include "model/options.hpp"
 #include "model/shard.hpp"
+#include "optim/rule.hpp"
 #include "parallel/comm.hpp"
 #include "parallel/mesh.hpp"
 #include "parallel/traffic.hpp"
@@ -45,7 +46,7 @@ struct EngineSetup {
   int micro_batch = 1, seq_len = 1, n_micro = 1;
   int zero = 0;            // parallel.zero: the ZeRO stage (optim/distributed.hpp)
   bool embed_sum = false;  // pp > 1: stage 0's wte and the last stage's copy sum their gradients
-  AdamWHyper hyper = {};
+  OptimHyper hyper = {};   // optim.*: the update rule and its hyper-parameters (optim/rule.hpp)
   ModelOptions model = {};  // attention, recompute (model/options.hpp)
   bool reshard_after_forward = true;  // ZeRO-3 (parallel.reshard_after_forward)
   bool zero_prefetch = true;          // ZeRO-3 (parallel.zero_prefetch)
@@ -81,7 +82,7 @@ class TrainEngine {
   // from then on.
   virtual void allocate() = 0;
   // The state this rank holds of the parameters' master weights and moments, as the host sees
-  // it (host_params(), get_moments): its elements (DistributedOptimizer::state_size) and their
+  // it (host_params(), get_optim_state): its elements (DistributedOptimizer::state_size) and their
   // layout, the tile or under ZeRO-2/3 this rank's parts of it (ShardPlan::layout), which
   // initialisation and checkpoints read and write; and whether this rank writes it into a
   // checkpoint (one rank of those holding the same state: dp rank 0, or under ZeRO-2/3 the
@@ -114,23 +115,30 @@ class TrainEngine {
   virtual float* host_params() = 0;
   virtual void params_to_device() = 0;
   virtual float* params_to_host() = 0;
-  // Adam moments as host state (DistributedOptimizer::get_moments / set_moments).
-  virtual void get_moments(std::vector<float>& m, std::vector<float>& v) = 0;
-  virtual void set_moments(const std::vector<float>& m, const std::vector<float>& v) = 0;
+  // The update rule (optim.name) and the state it declares; that state as host buffers, one per
+  // declared tensor (DistributedOptimizer::get_state / set_state; all zero: a fresh state).
+  virtual std::string optim_rule() const = 0;
+  virtual const std::vector<StateSpec>& optim_state() const = 0;
+  virtual void get_optim_state(std::vector<std::vector<float>>& host) = 0;
+  virtual void set_optim_state(const std::vector<std::vector<float>>& host) = 0;
+  // The step before which the rule's state began: 0, or the step of a checkpoint whose state a
+  // restart did not take (optim.reset_state); the rule counts its steps from there.
+  virtual long optim_first_step() const = 0;
+  virtual void set_optim_first_step(long step) = 0;
 
   struct StepResult {
     double loss;  // the executor's sum of this stage's micro-batch losses
     double norm;  // the global gradient norm before clipping
   };
   // Called on every rank once a step's gradients, norm and loss are known, before the optimizer
-  // touches anything: false drops the update (the anomaly policy), leaving parameters and Adam
-  // moments as they were. Gets StepResult's values.
+  // touches anything: false drops the update (the anomaly policy), leaving parameters and the
+  // optimizer's state as they were. Gets StepResult's values.
   // fp8_amax: the largest of the step's FP8 amaxes (infinity where one is not finite), 0
   // without FP8 (model/fp8.hpp); a dropped update leaves the amax histories untouched too.
   using StepCheck = std::function<bool(double loss, double norm, double fp8_amax)>;
   // One optimizer step on this rank's micro-batches: gradients, the tied embedding's sum over
-  // embed, the dp reduction, the norm, clipping (grad_clip > 0) and AdamW at learning rate lr,
-  // step t, unless check (when given) says no.
+  // embed, the dp reduction, the norm, clipping (grad_clip > 0) and the update rule at learning
+  // rate lr, step t, unless check (when given) says no.
   virtual StepResult train_step(const std::vector<HostMicroBatch>& batches, float dloss,
                                 double grad_clip, double lr, long t,
                                 const StepCheck& check = {}) = 0;

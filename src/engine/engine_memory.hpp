@@ -7,8 +7,10 @@
 // reads the arena's byte counts: one accounting, so the plan and the run cannot disagree.
 //
 // What the parameters and gradients take by ZeRO stage (P: the tile's elements, padded to the
-// group under ZeRO-1; S: this rank's parts, ShardPlan::total):
-//   0, 1  fp32 master P, gradients P, bf16 copy P
+// group under ZeRO-1; S: this rank's slice P/n under ZeRO-1, its parts ShardPlan::total under 2
+// and 3), beside the update rule's state (optim/distributed.hpp: AdamW's two moments S each):
+//   0     fp32 master P, gradients P, bf16 copy P
+//   1     fp32: parameters P (the master); bf16: copy P, master S; gradients P
 //   2     fp32: parameters P (the master); bf16: copy P, master S; gradient sums S
 //   3     master S, bf16 copy S; gradient sums S
 #include <memory>
@@ -36,8 +38,8 @@ struct EngineMemory {
       : models(make_models(s, arena, comms.tp, comms.cp)),
         plan(make_shard_plan(s.tile, s.zero >= 2 ? comms.shard->size() : 1,
                              s.zero >= 2 ? comms.shard->rank() : 0)),
-        optimizer(s.tile, {comms.grads, comms.shard, comms.replica, world}, s.zero, &plan,
-                  s.hyper, arena),
+        optimizer(s.tile, {comms.grads, comms.shard, comms.replica, world, comms.tp}, s.zero,
+                  &plan, s.hyper, arena),
         sharded(s.zero >= 2 ? std::make_unique<ShardedBuffers>(plan, s.zero,
                                                                s.reshard_after_forward,
                                                                sizeof(Act), arena)
@@ -48,7 +50,10 @@ struct EngineMemory {
     const size_t full = optimizer.buffer_size(), parts = plan.total;
     step_tokens = size_t(s.n_micro) * s.micro_batch * s.seq_len;
     if (stage <= 1) {
-      h_master = arena.add("parameters (fp32 master)", full * sizeof(float));
+      h_master = optimizer.master_sharded()
+                     ? arena.add("master weights (fp32, this rank's slice)",
+                                 optimizer.shard_elements() * sizeof(float))
+                     : arena.add("parameters (fp32 master)", full * sizeof(float));
       h_grads = arena.add("gradients (fp32)", full * sizeof(float));
       if (!kFp32) h_copy = arena.add("parameters (bf16 copy)", full * sizeof(Act));
     } else {

@@ -47,7 +47,12 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   m.loader = (tile.first || tile.last) ? loader_ring_bytes(cfg, run) : 0;
   m.buffer_size = uint64_t(mem.optimizer.buffer_size());
   m.state_size = uint64_t(mem.optimizer.state_size());
-  m.checkpoint = (cfg.checkpoint.async ? 3 : 2) * m.state_size * sizeof(float);
+  // The rule's state as host buffers (state_host_layout), and the parameters for an
+  // asynchronous write's snapshot.
+  m.checkpoint = (cfg.checkpoint.async ? 1 : 0) * m.state_size * sizeof(float);
+  for (const StateSpec& spec : mem.optimizer.state_specs())
+    m.checkpoint += state_host_layout(spec, mem.optimizer.state_layout(), m.state_size).total *
+                    sizeof(float);
   for (size_t c = 0; c < tile.chunks.size(); ++c)
     m.in_flight += mem.models[c]->slots();
   return m;

@@ -14,11 +14,13 @@ struct RankMemory {
   int pp_rank = 0, tp_rank = 0, dp_rank = 0;  // dp_rank: the place in dp x cp
   uint64_t param_elems = 0;  // the tile's parameters (LocalLayout::total)
   // The engine's arena, by what its buffers hold.
-  uint64_t params = 0;       // fp32 master (padded to dp shards under ZeRO-1; this rank's parts
-                             // under ZeRO-3), plus the bf16 copy
+  uint64_t params = 0;       // fp32 master (padded to dp shards under ZeRO-1; this rank's slice or
+                             // parts where it is sharded: bf16 ZeRO-1 and 2, ZeRO-3), plus the
+                             // bf16 copy
   uint64_t grads = 0;        // fp32 gradients (the parts' sums under ZeRO-2/3)
-  uint64_t optimizer = 0;    // Adam moments (this rank's shard under ZeRO), ZeRO-1's gradient shard
-  uint64_t moments = 0;      // the Adam moments alone (DistributedOptimizer::moment_bytes)
+  uint64_t optimizer = 0;    // the update rule's state (this rank's shard under ZeRO) and working
+                             // buffers, the norm's accumulator
+  uint64_t moments = 0;      // the rule's state alone (DistributedOptimizer::moment_bytes)
   uint64_t activations = 0;  // every chunk's kept activations and statistics (Gpt::activation_bytes)
   uint64_t transient = 0;    // ZeRO-2/3: gathered parameters and unit gradient buffers
   uint64_t fp8 = 0;          // device.precision fp8: the GEMM weights' codes and transposes
@@ -31,7 +33,7 @@ struct RankMemory {
   uint64_t buffer_size = 0;  // floats in the optimizer's flat buffer (the dp gradient sum's payload)
   uint64_t state_size = 0;   // floats of master weights and moments this rank holds (the host
                              // state a checkpoint reads and writes)
-  uint64_t checkpoint = 0;   // host copies for a checkpoint: the Adam moments, and the parameters
+  uint64_t checkpoint = 0;   // host copies for a checkpoint: the rule's state, and the parameters
                              // too for an asynchronous one (checkpoint.async)
   int in_flight = 0;         // micro-batch activation sets the schedule keeps (summed over chunks)
   uint64_t host() const { return engine_host + loader + checkpoint; }

@@ -68,9 +68,16 @@ std::vector<Action> rank_schedule(const Config& cfg, const RunLayout& run, int p
                        run.n_micro, run.virtual_stages);
 }
 
+OptimHyper optim_hyper(const OptimConfig& o) {
+  OptimHyper h{AdamWHyper{o.beta1, o.beta2, o.eps, o.weight_decay}};
+  h.rule = o.name;
+  h.adafactor = {o.beta1, o.adafactor_decay, o.adafactor_eps, o.adafactor_clip, o.weight_decay};
+  return h;
+}
+
 EngineSetup engine_setup(const Config& cfg, const RunLayout& run, const LocalLayout& tile,
                          int pp_rank) {
-  const AdamWHyper hyper{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+  const OptimHyper hyper = optim_hyper(cfg.optim);
   return {.tile = tile,
           .mesh = nullptr,
           .schedule = rank_schedule(cfg, run, pp_rank),

@@ -35,6 +35,8 @@ std::vector<Action> rank_schedule(const Config& cfg, const RunLayout& run, int p
 
 // What the engine of the rank at pp_rank holding `tile` is built from, without a mesh: the plan
 // counts the engine so, the trainer gives it the run's.
+// optim.*: the update rule and its hyper-parameters (optim/rule.hpp).
+OptimHyper optim_hyper(const OptimConfig& optim);
 EngineSetup engine_setup(const Config& cfg, const RunLayout& run, const LocalLayout& tile,
                          int pp_rank);
 

@@ -2,6 +2,12 @@
 // Parallel-HDF5 checkpoints (docs/checkpoints.md): one file per checkpoint, canonical fp32 tensors, written
 // collectively through the MPI-IO driver to step_NNNNNNNN.h5.tmp, renamed when complete, then
 // `latest` updated. Every dataset carries a layout-independent checksum verified on read.
+//
+// The optimizer's state is stored by its update rule's names (optim/rule.hpp): the /optim group's
+// attribute `rule` names the rule ("adamw", "adafactor"; a checkpoint without it is AdamW's, as
+// every checkpoint before the attribute), and each declared state tensor is a group
+// /optim/<state>/<tensor>: AdamW's exp_avg and exp_avg_sq shaped like the parameters, as before;
+// Adafactor's exp_avg, exp_avg_sq (vectors), exp_avg_sq_row [R] and exp_avg_sq_col [C].
 #include <mpi.h>
 
 #include <cstdint>
@@ -10,6 +16,7 @@
 
 #include "io/token_file.hpp"
 #include "model/shard.hpp"
+#include "optim/rule.hpp"
 
 namespace tessera {
 
@@ -20,7 +27,7 @@ inline constexpr const char* kRoomFile = ".tessera-room";
 inline constexpr const char* kProbeFile = ".tessera-probe.h5";
 
 struct TrainState {
-  int64_t step = 0;          // optimizer steps completed (also Adam's t)
+  int64_t step = 0;          // optimizer steps completed
   int64_t tokens_seen = 0;
   int64_t next_sample = 0;   // global sample index the next step starts at
   uint64_t seed = 0;
@@ -35,6 +42,9 @@ struct TrainState {
   // row newest first, -1 where no step has been. Empty without FP8.
   int fp8_history = 0;
   std::vector<float> fp8_amax;
+  // Steps the optimizer's state has taken (/optim attribute step: the rule's t): -1 = step, as
+  // it is unless a restart started the state afresh (optim.reset_state).
+  int64_t optim_step = -1;
 };
 
 // What a checkpoint holds besides the tensors.
@@ -48,13 +58,29 @@ struct CheckpointInfo {
   // False for a model-only checkpoint (tools/interop/import_weights.py): it has no /optim group, starts a
   // run through checkpoint.init_from, and cannot continue one.
   bool has_optimizer = true;
+  // The update rule that wrote /optim ("adamw" where the file does not say) and the state tensors
+  // it holds (its groups, in the rule's order).
+  std::string optim_rule;
+  std::vector<std::string> optim_state;
 };
 
-// One rank's flat local buffers (its tile of the model, LocalLayout offsets).
+// One declared state tensor of the update rule and the host buffer holding it for the layout's
+// tensors (state_host_layout: Elementwise at the layout's offsets, Rows / Cols one vector per
+// tensor).
+struct StateBuffer {
+  StateSpec spec;
+  float* data = nullptr;
+};
+
+// One rank's flat local buffers (its tile of the model, LocalLayout offsets) and the optimizer's
+// state by the rule's names. Without state (rule "") a read skips /optim and a write makes none.
 struct ModelBuffers {
+  // AdamW's two moments beside the parameters (both null: no optimizer state).
+  ModelBuffers(float* params = nullptr, float* exp_avg = nullptr, float* exp_avg_sq = nullptr);
+  ModelBuffers(float* params, std::string rule, std::vector<StateBuffer> state);
   float* params = nullptr;
-  float* exp_avg = nullptr;     // may be null on read: moments are then skipped
-  float* exp_avg_sq = nullptr;
+  std::string rule;
+  std::vector<StateBuffer> state;
 };
 
 // Collective over comm (every rank of the job). Each canonical tensor is one dataset; the rank
@@ -76,8 +102,11 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
 
 // An upper bound on the bytes of a checkpoint of this model: its tensors and checksums, HDF5's
 // metadata per dataset, the tokenizer model and text attributes of text_bytes.
+// `state`: the rule's; without it, room for AdamW's two moments (the most any rule keeps).
 uint64_t checkpoint_bytes(const LocalLayout& layout, const TokenizerInfo& tokenizer,
                           size_t text_bytes);
+uint64_t checkpoint_bytes(const LocalLayout& layout, const std::vector<StateSpec>& state,
+                          const TokenizerInfo& tokenizer, size_t text_bytes);
 
 // The file name MPI-IO (ROMIO) is given for `path`: ROMIO reads text before a ':' as a file-system
 // prefix ("runs/10:00/x.h5" would be file system "runs/10"), so a path holding one gets the
@@ -94,13 +123,22 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 
 // UserError naming each value of the stored model shape that differs from layout's.
 void check_checkpoint_shape(const CheckpointInfo& info, const LocalLayout& layout);
-// A run continues only from a checkpoint with its AdamW moments (imported weights have none).
-void require_optimizer_state(const CheckpointInfo& info);
+// A run continues only from a checkpoint with optimizer state (imported weights have none) that
+// the deck's rule can read: written by `rule`, holding every tensor of `state`. "" when it can,
+// else the one line saying why (the rule and the state names on both sides, and what to set);
+// require_ throws it (UserError, exit 2). Without `state`: only that there is optimizer state.
+std::string optimizer_state_problem(const CheckpointInfo& info, const std::string& rule,
+                                    const std::vector<StateSpec>& state);
+void require_optimizer_state(const CheckpointInfo& info, const std::string& rule = "",
+                             const std::vector<StateSpec>& state = {});
 
 // Collective over comm. Checks the stored model shape against layout (UserError naming each
 // differing value), reads every rank's tile, whatever layout wrote the file, and verifies the
 // checksums (over the blocks of the owning `writer` ranks, which together cover each tensor once).
-// Asking for the moments of a checkpoint without optimizer state is a UserError.
+// Asking for optimizer state a checkpoint does not hold (none, another rule's, a tensor missing)
+// is a UserError (require_optimizer_state). A Rows / Cols state is read whole by every rank
+// holding a piece of its tensor, and written and counted by the one that holds its first
+// element among the writers.
 CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const LocalLayout& layout,
                                bool writer, const ModelBuffers& buffers,
                                long collective_bytes = 1 << 20);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/rng.hpp"
@@ -40,7 +41,13 @@ std::string state_text(const TrainState& st, const ModelShape& s) {
                 (unsigned long long)st.seed, st.lr, s.n_layer, s.n_head, s.n_embd, s.block_size,
                 s.vocab_size, s.padded_vocab, arch_name(s.arch), s.n_kv_head, s.ffn_hidden,
                 s.tied ? 1 : 0, s.norm_eps, s.rope_theta);
-  return std::string(buf) + " data_sources=" + st.data_sources +
+  // The optimizer's own step count only where it differs (a reset state): the text, and so the
+  // checksum, of every checkpoint before it stays what it was.
+  const std::string optim =
+      st.optim_step >= 0 && st.optim_step != st.step
+          ? " optim_step=" + std::to_string(st.optim_step)
+          : "";
+  return std::string(buf) + optim + " data_sources=" + st.data_sources +
          " data_position=" + st.data_position;
 }
 
@@ -58,6 +65,16 @@ std::string first_bad_value(const std::string& name, const float* values, size_t
     }
   return "";
 }
+
+ModelBuffers::ModelBuffers(float* params, float* exp_avg, float* exp_avg_sq) : params(params) {
+  if (!exp_avg && !exp_avg_sq) return;
+  rule = "adamw";
+  const std::vector<StateSpec> specs = rule_state_names(rule);
+  state = {{specs[0], exp_avg}, {specs[1], exp_avg_sq}};
+}
+
+ModelBuffers::ModelBuffers(float* params, std::string rule, std::vector<StateBuffer> state)
+    : params(params), rule(std::move(rule)), state(std::move(state)) {}
 
 std::string mpiio_name(const std::string& path) {
   return path.find(':') == std::string::npos ? path : "ufs:" + path;
@@ -95,6 +112,19 @@ H5Handle memory_space(const LocalTensor* t) {
 H5FD_mpio_xfer_t transfer_mode(const ParamTensor& c, long collective_bytes) {
   return double(c.numel) * sizeof(float) >= double(collective_bytes) ? H5FD_MPIO_COLLECTIVE
                                                                      : H5FD_MPIO_INDEPENDENT;
+}
+
+std::vector<TensorDataset> tensor_datasets(const ParamTensor& c,
+                                           const std::vector<StateSpec>& state) {
+  std::vector<TensorDataset> out = {{"model/" + c.name, -1, c.shape}};
+  for (size_t k = 0; k < state.size(); ++k)
+    if (state[k].holds(c))
+      out.push_back({"optim/" + state[k].name + "/" + c.name, int(k), state[k].shape_of(c)});
+  return out;
+}
+
+bool holds_first_element(const LocalTensor* t) {
+  return t && t->owner && !t->blocks.empty() && t->blocks[0].row0 == 0 && t->blocks[0].col0 == 0;
 }
 
 std::vector<const LocalTensor*> tiles_by_canonical(const LocalLayout& layout) {

@@ -2,6 +2,7 @@
 // What the checkpoint writer (checkpoint_write.cpp) and reader (checkpoint_read.cpp) share besides
 // the API of io/checkpoint.hpp: the groups a canonical tensor is kept in, and how one rank's tile
 // of it is selected and moved through MPI-IO. Internal to src/io: nothing else includes it.
+#include <string>
 #include <vector>
 
 #include "io/checkpoint.hpp"
@@ -10,9 +11,20 @@
 
 namespace tessera::ckpt {
 
-// The groups a checkpoint keeps each canonical tensor in: the weights, then AdamW's moments
-// (absent from imported weights).
-inline constexpr const char* kTensorGroups[] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
+// The datasets a checkpoint keeps canonical tensor c in, in order: /model/<name>, then
+// /optim/<state>/<name> for each state of the rule that c has (StateSpec::holds). `state` is the
+// index into the rule's state, -1 for the weights.
+struct TensorDataset {
+  std::string path;
+  int state = -1;
+  std::vector<size_t> shape;
+};
+std::vector<TensorDataset> tensor_datasets(const ParamTensor& c,
+                                           const std::vector<StateSpec>& state);
+
+// A whole (Rows / Cols) state is written, and its checksum counted, by the one writer holding
+// its tensor's first element (canonical element 0): tile t, an owner, starts there.
+bool holds_first_element(const LocalTensor* t);
 
 // A dataset transfer property list for MPI-IO transfers of `mode`.
 H5Handle transfer(H5FD_mpio_xfer_t mode);

@@ -83,7 +83,8 @@ H5Handle open_tensor(hid_t file, const std::string& ckpt, const std::string& pat
 // Returns this rank's part of the checksum when it is `counted`, else 0.
 uint64_t read_tensor(hid_t file, const std::string& ckpt, const std::string& path,
                      const LocalLayout& layout, const ParamTensor& c, const LocalTensor* t,
-                     bool counted, float* local, long collective_bytes, std::string* bad) {
+                     bool counted, float* local, long collective_bytes, bool non_negative,
+                     std::string* bad) {
   H5Handle dset = open_tensor(file, ckpt, path, c.shape);
   H5Handle space(H5Dget_space(dset.get()), H5Sclose);
   ckpt::select_tile(space.get(), t);
@@ -96,8 +97,27 @@ uint64_t read_tensor(hid_t file, const std::string& ckpt, const std::string& pat
   // A value no training state can hold: found after the checksums (a damaged file is an I/O
   // error), reported as bad input.
   if (t && bad->empty())
-    *bad = first_bad_value("/" + path, local, t->numel, path.rfind("optim/exp_avg_sq/", 0) == 0);
+    *bad = first_bad_value("/" + path, local, t->numel, non_negative);
   return t && counted ? tile_checksum(layout, *t, local) : 0;
+}
+
+// Reads a whole (Rows / Cols) state of `shape` into `local` where this rank holds a piece of its
+// tensor (an independent read); returns this rank's part of the checksum when it is `counted`
+// (its one writer), else 0.
+uint64_t read_whole(hid_t file, const std::string& ckpt, const std::string& path,
+                    const std::vector<size_t>& shape, bool holds, bool counted, float* local,
+                    bool non_negative, std::string* bad) {
+  H5Handle dset = open_tensor(file, ckpt, path, shape);
+  if (!holds) return 0;
+  if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
+              ckpt::transfer(H5FD_MPIO_INDEPENDENT).get(), local) < 0)
+    throw UserError(ckpt + ": read of /" + path + " failed", kExitIO);
+  size_t n = 1;
+  for (size_t d : shape) n *= d;
+  if (bad->empty()) *bad = first_bad_value("/" + path, local, n, non_negative);
+  uint64_t sum = 0;
+  for (size_t i = 0; counted && i < n; ++i) sum += element_hash(i, local[i]);
+  return sum;
 }
 
 void verify_checksums(hid_t file, const std::string& ckpt, const std::vector<std::string>& paths,
@@ -157,6 +177,30 @@ CheckpointInfo read_info_here(const std::string& path) {
     if (H5Lexists(root, group, H5P_DEFAULT) <= 0)
       throw UserError(path + ": missing group /" + group);
   info.has_optimizer = H5Lexists(root, "optim", H5P_DEFAULT) > 0;
+  if (info.has_optimizer) {
+    // The rule that wrote the state (AdamW where the file does not say: every checkpoint before
+    // the attribute) and which of its tensors are there.
+    H5Handle optim(H5Gopen2(root, "optim", H5P_DEFAULT), H5Gclose);
+    info.optim_rule = h5_read_string_attr(optim.get(), "rule").value_or("adamw");
+    if (!known_rule(info.optim_rule))
+      throw UserError(path + ": its optimizer state was written by a rule this tessera does not "
+                      "know (/optim attribute rule '" + info.optim_rule + "'; it knows adamw "
+                      "and adafactor)");
+    for (const StateSpec& spec : rule_state_names(info.optim_rule))
+      if (H5Lexists(optim.get(), spec.name.c_str(), H5P_DEFAULT) > 0)
+        info.optim_state.push_back(spec.name);
+    // What every state of the rule has (Adafactor's first moment is optional: beta1 = 0).
+    OptimHyper bare;
+    rule_named(info.optim_rule, &bare.rule);
+    bare.adafactor.beta1 = 0;
+    for (const StateSpec& spec : rule_state(bare))
+      if (H5Lexists(optim.get(), spec.name.c_str(), H5P_DEFAULT) <= 0)
+        throw UserError(path + ": missing group /optim/" + spec.name + " (" + info.optim_rule +
+                        " keeps it)");
+    info.state.optim_step = h5_read_int_attr(optim.get(), "step")
+                                ? require_int(optim.get(), path, "step", 0, info.state.step)
+                                : info.state.step;
+  }
   H5Handle model(H5Gopen2(root, "model", H5P_DEFAULT), H5Gclose);
   info.shape.n_layer = int(require_int(model.get(), path, "n_layer", 1, limits::kLayers));
   info.shape.n_head = int(require_int(model.get(), path, "n_head", 1, limits::kEmbd));
@@ -226,10 +270,14 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
     const CheckpointInfo info = read_info_here(path);
     H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
     const LocalLayout whole = make_local_layout(info.shape, 1, 0, 0, info.shape.n_layer, true, true);
-    const size_t groups = info.has_optimizer ? std::size(ckpt::kTensorGroups) : 1;
+    std::vector<StateSpec> present;
+    for (const StateSpec& spec : rule_state_names(info.optim_rule))
+      if (std::find(info.optim_state.begin(), info.optim_state.end(), spec.name) !=
+          info.optim_state.end())
+        present.push_back(spec);
     for (const ParamTensor& c : whole.canonical.tensors)
-      for (size_t g = 0; g < groups; ++g)
-        open_tensor(file.get(), path, ckpt::kTensorGroups[g] + c.name, c.shape);
+      for (const ckpt::TensorDataset& d : ckpt::tensor_datasets(c, present))
+        open_tensor(file.get(), path, d.path, d.shape);
   });
   return read_info_here(path);
 }
@@ -260,20 +308,50 @@ void check_checkpoint_shape(const CheckpointInfo& info, const LocalLayout& layou
   if (!diff.empty()) throw UserError(info.path + ": model shape differs from the deck: " + diff);
 }
 
-void require_optimizer_state(const CheckpointInfo& info) {
+std::string optimizer_state_problem(const CheckpointInfo& info, const std::string& rule,
+                                    const std::vector<StateSpec>& state) {
   if (!info.has_optimizer)
-    throw UserError(info.path + ": holds no optimizer state (no /optim: imported weights?), so no "
-                    "run continues from it; start a new one with checkpoint.init_from");
+    return info.path + ": holds no optimizer state (no /optim: imported weights?), so no run "
+           "continues from it; start a new one with checkpoint.init_from";
+  std::string missing, want, have;
+  for (const StateSpec& spec : state) {
+    want += (want.empty() ? "" : ", ") + spec.name;
+    if (std::find(info.optim_state.begin(), info.optim_state.end(), spec.name) ==
+        info.optim_state.end())
+      missing += (missing.empty() ? "" : ", ") + spec.name;
+  }
+  for (const std::string& name : info.optim_state) have += (have.empty() ? "" : ", ") + name;
+  if (rule.empty() || (info.optim_rule == rule && missing.empty())) return "";
+  const std::string what =
+      info.optim_rule != rule
+          ? "its optimizer state was written by optim.name = " + info.optim_rule + " (" + have +
+                "), the deck's optim.name = " + rule + " reads " + want
+          : "the deck's optim.name = " + rule + " needs optimizer state " + want +
+                ", the checkpoint holds " + have + " (no " + missing + ")";
+  return info.path + ": " + what + ": set optim.name: " + info.optim_rule +
+         " and its settings to continue it, or optim.reset_state: true to start " + rule +
+         "'s state afresh from these weights";
+}
+
+void require_optimizer_state(const CheckpointInfo& info, const std::string& rule,
+                             const std::vector<StateSpec>& state) {
+  if (std::string why = optimizer_state_problem(info, rule, state); !why.empty())
+    throw UserError(why);
 }
 
 CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const LocalLayout& layout,
                                bool writer, const ModelBuffers& buffers, long collective_bytes) {
   CheckpointInfo info = read_checkpoint_info(path);
   check_checkpoint_shape(info, layout);
-  if (buffers.exp_avg) require_optimizer_state(info);
+  std::vector<StateSpec> specs;
+  for (const StateBuffer& b : buffers.state) specs.push_back(b.spec);
+  // Sampling and evaluation pass no state, on every rank alike: nothing of /optim to read.
+  if (!buffers.rule.empty()) require_optimizer_state(info, buffers.rule, specs);
 
   H5Handle file = open_parallel_file(comm, path);
   const std::vector<const LocalTensor*> tiles = ckpt::tiles_by_canonical(layout);
+  std::vector<StateHostLayout> at;
+  for (const StateBuffer& b : buffers.state) at.push_back(state_host_layout(b.spec, layout, 0));
   std::vector<std::string> paths;
   std::vector<uint64_t> sums;
   std::string bad;  // this rank's first value out of range
@@ -282,15 +360,24 @@ CheckpointInfo read_checkpoint(MPI_Comm comm, const std::string& path, const Loc
     const LocalTensor* t = tiles[i];
     const bool counted = t && writer && t->owner;
     const size_t off = t ? t->offset : 0;
-    std::vector<std::pair<const char*, float*>> parts = {{"model/", buffers.params}};
-    // Sampling and evaluation pass no moment buffers, on every rank alike: nothing to read.
-    if (buffers.exp_avg)
-      parts.insert(parts.end(), {{"optim/exp_avg/", buffers.exp_avg},
-                                 {"optim/exp_avg_sq/", buffers.exp_avg_sq}});
-    for (const auto& [prefix, base] : parts) {
-      paths.push_back(prefix + c.name);
-      sums.push_back(read_tensor(file.get(), path, paths.back(), layout, c, t, counted, base + off,
-                                 collective_bytes, &bad));
+    for (const ckpt::TensorDataset& d : ckpt::tensor_datasets(c, specs)) {
+      paths.push_back(d.path);
+      if (d.state < 0) {
+        sums.push_back(read_tensor(file.get(), path, d.path, layout, c, t, counted,
+                                   buffers.params + off, collective_bytes, false, &bad));
+        continue;
+      }
+      const StateBuffer& b = buffers.state[size_t(d.state)];
+      if (b.spec.whole()) {
+        const size_t j = size_t(t ? t - layout.tensors.data() : 0);
+        sums.push_back(read_whole(file.get(), path, d.path, d.shape, t != nullptr,
+                                  writer && ckpt::holds_first_element(t),
+                                  t ? b.data + at[size_t(d.state)].offset[j] : nullptr,
+                                  b.spec.non_negative, &bad));
+      } else {
+        sums.push_back(read_tensor(file.get(), path, d.path, layout, c, t, counted, b.data + off,
+                                   collective_bytes, b.spec.non_negative, &bad));
+      }
     }
   }
   MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
@@ -305,21 +392,34 @@ CheckpointInfo verify_checkpoint(const std::string& path) {
   const CheckpointInfo info = read_checkpoint_info(path);
   const LocalLayout whole =
       make_local_layout(info.shape, 1, 0, 0, info.shape.n_layer, true, true);
+  // Every state tensor the file holds, by its rule's names.
+  std::vector<StateSpec> specs;
+  for (const StateSpec& spec : rule_state_names(info.optim_rule))
+    if (std::find(info.optim_state.begin(), info.optim_state.end(), spec.name) !=
+        info.optim_state.end())
+      specs.push_back(spec);
   // The tensors the shape promises must be in the file before memory is taken for them.
-  const double need = double(whole.canonical.total) * sizeof(float) * (info.has_optimizer ? 3 : 1);
+  std::vector<size_t> sizes = {whole.total};
+  for (const StateSpec& spec : specs)
+    sizes.push_back(state_host_layout(spec, whole, whole.total).total);
+  double need = 0;
+  for (const ParamTensor& c : whole.canonical.tensors)
+    for (const ckpt::TensorDataset& d : ckpt::tensor_datasets(c, specs)) {
+      double n = 1;
+      for (size_t x : d.shape) n *= double(x);
+      need += n * sizeof(float);
+    }
   std::error_code ec;
   const double have = double(fs::file_size(path, ec));
   if (need > have)
     throw UserError(path + ": its model shape needs " + human_bytes(need) + " of tensors, but the "
                     "file has " + human_bytes(have) + " (truncated, or not what its attributes say)");
-  std::vector<float> p(whole.total), m, v;
-  if (info.has_optimizer) {
-    m.resize(whole.total);
-    v.resize(whole.total);
-  }
+  std::vector<std::vector<float>> host(sizes.size());
+  for (size_t k = 0; k < sizes.size(); ++k) host[k].resize(sizes[k]);
+  std::vector<StateBuffer> state;
+  for (size_t k = 0; k < specs.size(); ++k) state.push_back({specs[k], host[k + 1].data()});
   return read_checkpoint(MPI_COMM_SELF, path, whole, true,
-                         {p.data(), info.has_optimizer ? m.data() : nullptr,
-                          info.has_optimizer ? v.data() : nullptr});
+                         {host[0].data(), specs.empty() ? "" : info.optim_rule, state});
 }
 
 std::string resolve_checkpoint(const std::string& dir_or_file) {

@@ -107,6 +107,19 @@ uint64_t write_tensor(hid_t dset, const std::string& path, const LocalLayout& la
   return t ? tile_checksum(layout, *t, local) : 0;
 }
 
+// Writes a whole (Rows / Cols) state of n values, where this rank is its one writer (`mine`):
+// an independent write. Returns this rank's part of the dataset's checksum.
+uint64_t write_whole(hid_t dset, const std::string& path, bool mine, const float* values,
+                     size_t n, WriteFailure& failure) {
+  if (dset < 0 || !mine) return 0;
+  failure.note(H5Dwrite(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
+                        ckpt::transfer(H5FD_MPIO_INDEPENDENT).get(), values) < 0,
+               "write of /" + path + " failed");
+  uint64_t sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += element_hash(i, values[i]);
+  return sum;
+}
+
 // "kept step M": what a failed write leaves as the newest checkpoint.
 std::string kept(const std::string& dir) {
   const std::string newest = resolve_checkpoint(dir);
@@ -217,8 +230,9 @@ class DiskWatch {
 // The root attributes and the /model, /optim, /train and /tokenizer groups. Metadata is made the
 // same way on every rank, so it fails (if ever) on all of them alike.
 void write_metadata(hid_t root, const LocalLayout& layout, const TrainState& state,
-                    const std::string& deck_yaml, const TokenizerInfo& tokenizer,
-                    const std::string& saved_layout, int rank, WriteFailure& failure) {
+                    const std::string& rule, const std::string& deck_yaml,
+                    const TokenizerInfo& tokenizer, const std::string& saved_layout, int rank,
+                    WriteFailure& failure) {
   try {
     h5_write_string_attr(root, "format", "tessera-checkpoint");
     h5_write_int_attr(root, "format_version", kCheckpointFormatVersion);
@@ -245,8 +259,11 @@ void write_metadata(hid_t root, const LocalLayout& layout, const TrainState& sta
     h5_write_double_attr(model.get(), "norm_eps", s.norm_eps);
     h5_write_double_attr(model.get(), "rope_theta", s.rope_theta);
 
-    H5Handle optim = make_group(root, "optim", failure);
-    h5_write_int_attr(optim.get(), "step", state.step);
+    if (!rule.empty()) {
+      H5Handle optim = make_group(root, "optim", failure);
+      h5_write_int_attr(optim.get(), "step", state.optim_step >= 0 ? state.optim_step : state.step);
+      h5_write_string_attr(optim.get(), "rule", rule);
+    }
     H5Handle train = make_group(root, "train", failure);
     h5_write_int_attr(train.get(), "next_sample", state.next_sample);
     h5_write_int_attr(train.get(), "seed", int64_t(state.seed));
@@ -267,41 +284,52 @@ void write_metadata(hid_t root, const LocalLayout& layout, const TrainState& sta
   }
 }
 
-// This rank's first weight or moment that is not finite, as first_bad_value names it; "" when
-// there is none.
+// This rank's first weight or optimizer state value that is not finite, as first_bad_value names
+// it; "" when there is none.
 std::string first_bad_tile_value(const LocalLayout& layout, const ModelBuffers& buffers) {
   std::string bad;
-  for (const LocalTensor& t : layout.tensors) {
+  for (size_t i = 0; i < layout.tensors.size() && bad.empty(); ++i) {
+    const LocalTensor& t = layout.tensors[i];
     const ParamTensor& c = layout.canonical.tensors[t.canonical];
-    const std::pair<const char*, const float*> parts[] = {
-        {"/model/", buffers.params}, {"/optim/exp_avg/", buffers.exp_avg},
-        {"/optim/exp_avg_sq/", buffers.exp_avg_sq}};
-    for (const auto& [prefix, base] : parts)
-      if (bad.empty() && base)
-        bad = first_bad_value(prefix + c.name, base + t.offset, t.numel, false);
+    if (buffers.params) bad = first_bad_value("/model/" + c.name, buffers.params + t.offset,
+                                              t.numel, false);
+    for (const StateBuffer& b : buffers.state) {
+      if (!bad.empty() || !b.spec.holds(c)) continue;
+      const size_t at = state_host_layout(b.spec, layout, 0).offset[i];
+      bad = first_bad_value("/optim/" + b.spec.name + "/" + c.name,
+                            b.data + (b.spec.whole() ? at : t.offset),
+                            b.spec.whole() ? b.spec.numel(c) : t.numel, false);
+    }
   }
   return bad;
 }
 
-// A checkpoint's datasets, three per canonical tensor (ckpt::kTensorGroups, in order): dataset
-// 3 i + k is group k of tensor i. Each tensor's dataset has a scalar checksum dataset beside it.
+// A checkpoint's datasets, tensor by tensor (ckpt::tensor_datasets: the weights, then each state
+// of the tensor): `first[i]` is canonical tensor i's first. Each dataset has a scalar checksum
+// dataset beside it.
 struct Datasets {
-  std::vector<std::string> paths;
+  std::vector<ckpt::TensorDataset> sets;
+  std::vector<size_t> first;
   std::vector<H5Handle> tensors, checksums;
 };
 
 // Creates (collective) every tensor's dataset, then every checksum's.
-Datasets create_datasets(hid_t root, const LocalLayout& layout, WriteFailure& failure) {
-  Datasets sets;
-  for (const ParamTensor& c : layout.canonical.tensors)
-    for (const char* prefix : ckpt::kTensorGroups) {
-      sets.paths.push_back(prefix + c.name);
-      sets.tensors.push_back(
-          create_dataset(root, sets.paths.back(), H5T_IEEE_F32LE, c.shape, failure));
+Datasets create_datasets(hid_t root, const LocalLayout& layout, const ModelBuffers& buffers,
+                         WriteFailure& failure) {
+  Datasets out;
+  std::vector<StateSpec> specs;
+  for (const StateBuffer& b : buffers.state) specs.push_back(b.spec);
+  for (const ParamTensor& c : layout.canonical.tensors) {
+    out.first.push_back(out.sets.size());
+    for (ckpt::TensorDataset& d : ckpt::tensor_datasets(c, specs)) {
+      out.tensors.push_back(create_dataset(root, d.path, H5T_IEEE_F32LE, d.shape, failure));
+      out.sets.push_back(std::move(d));
     }
-  for (const std::string& path : sets.paths)
-    sets.checksums.push_back(create_dataset(root, "checksum/" + path, H5T_STD_U64LE, {}, failure));
-  return sets;
+  }
+  out.first.push_back(out.sets.size());
+  for (const ckpt::TensorDataset& d : out.sets)
+    out.checksums.push_back(create_dataset(root, "checksum/" + d.path, H5T_STD_U64LE, {}, failure));
+  return out;
 }
 
 // Writes this rank's tiles of every tensor it owns (collective), appending its part of each
@@ -312,17 +340,31 @@ std::string write_data(const Agree& agree, const LocalLayout& layout, bool write
                        const ModelBuffers& buffers, const Datasets& sets, long collective_bytes,
                        WriteFailure& local, std::vector<uint64_t>& sums) {
   const std::vector<const LocalTensor*> tiles = ckpt::tiles_by_canonical(layout);
+  std::vector<StateHostLayout> at;
+  for (const StateBuffer& b : buffers.state) at.push_back(state_host_layout(b.spec, layout, 0));
   std::string failure;
   for (size_t i = 0; i < tiles.size() && failure.empty(); ++i) {
     const ParamTensor& c = layout.canonical.tensors[i];
     // Replicated copies (other dp ranks, other tp ranks, the tied wte copy) stay silent.
     const LocalTensor* t = writer && tiles[i] && tiles[i]->owner ? tiles[i] : nullptr;
     const size_t off = t ? t->offset : 0;
-    const float* parts[] = {buffers.params, buffers.exp_avg, buffers.exp_avg_sq};
-    for (int k = 0; k < 3; ++k) {
-      const size_t d = 3 * i + size_t(k);
-      sums.push_back(write_tensor(sets.tensors[d].get(), sets.paths[d], layout, c, t,
-                                  parts[k] + off, collective_bytes, local));
+    for (size_t d = sets.first[i]; d < sets.first[i + 1]; ++d) {
+      const ckpt::TensorDataset& set = sets.sets[d];
+      if (set.state < 0) {
+        sums.push_back(write_tensor(sets.tensors[d].get(), set.path, layout, c, t,
+                                    buffers.params + off, collective_bytes, local));
+        continue;
+      }
+      const StateBuffer& b = buffers.state[size_t(set.state)];
+      if (b.spec.whole()) {
+        const size_t j = size_t(t ? t - layout.tensors.data() : 0);
+        sums.push_back(write_whole(sets.tensors[d].get(), set.path, ckpt::holds_first_element(t),
+                                   t ? b.data + at[size_t(set.state)].offset[j] : nullptr,
+                                   b.spec.numel(c), local));
+      } else {
+        sums.push_back(write_tensor(sets.tensors[d].get(), set.path, layout, c, t, b.data + off,
+                                    collective_bytes, local));
+      }
     }
     failure = agree(local.what);
   }
@@ -336,16 +378,28 @@ void write_checksums(MPI_Comm comm, int rank, const Datasets& sets, std::vector<
   for (size_t d = 0; d < sums.size() && rank == 0; ++d)
     failure.note(H5Dwrite(sets.checksums[d].get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL,
                           ckpt::transfer(H5FD_MPIO_INDEPENDENT).get(), &sums[d]) < 0,
-                 "cannot write /checksum/" + sets.paths[d]);
+                 "cannot write /checksum/" + sets.sets[d].path);
 }
 
 }  // namespace
 
 uint64_t checkpoint_bytes(const LocalLayout& layout, const TokenizerInfo& tokenizer,
                           size_t text_bytes) {
-  const uint64_t datasets = 6 * layout.canonical.tensors.size();  // 3 tensors, 3 checksums
-  return 3 * uint64_t(layout.canonical.total) * sizeof(float) + datasets * (8 + 1024) +
-         tokenizer.model.size() + 2 * text_bytes + (256 << 10);
+  return checkpoint_bytes(layout, rule_state_names("adamw"), tokenizer, text_bytes);
+}
+
+uint64_t checkpoint_bytes(const LocalLayout& layout, const std::vector<StateSpec>& state,
+                          const TokenizerInfo& tokenizer, size_t text_bytes) {
+  uint64_t values = 0, datasets = 0;  // datasets: each with its checksum
+  for (const ParamTensor& c : layout.canonical.tensors)
+    for (const ckpt::TensorDataset& d : ckpt::tensor_datasets(c, state)) {
+      uint64_t n = 1;
+      for (size_t x : d.shape) n *= x;
+      values += n;
+      datasets += 2;
+    }
+  return values * sizeof(float) + datasets * (8 + 1024) + tokenizer.model.size() +
+         2 * text_bytes + (256 << 10);
 }
 
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalLayout& layout,
@@ -358,8 +412,10 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
   MPI_Comm_rank(comm, &rank);
   const std::string final_path = (fs::path(dir) / step_name(state.step)).string();
   const std::string tmp_path = final_path + ".tmp";
+  std::vector<StateSpec> specs;
+  for (const StateBuffer& b : buffers.state) specs.push_back(b.spec);
   const uint64_t bytes =
-      checkpoint_bytes(layout, tokenizer,
+      checkpoint_bytes(layout, specs, tokenizer,
                        deck_yaml.size() + state.data_sources.size() + state.data_position.size());
   // The one line of a failure, "kept" naming what stays the newest checkpoint.
   const auto line = [&](const std::string& why, const std::string& keep) {
@@ -390,7 +446,8 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
   // HDF5 cannot close a file whose metadata it cannot write (and then fails inside MPI_Finalize),
   // so the metadata must always find room: there must be room for it before the file is made,
   // and it is written, and flushed, before any data.
-  const uint64_t metadata_bytes = 6 * layout.canonical.tensors.size() * 1024 + (64 << 10);
+  const uint64_t metadata_bytes =
+      2 * (1 + specs.size()) * layout.canonical.tensors.size() * 1024 + (64 << 10);
   const std::string room_path = (fs::path(dir) / kRoomFile).string();
   std::string failure;
   if (rank == 0) {
@@ -427,8 +484,9 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
     const hid_t root = file.get();
     Datasets sets;
     if (failure.empty()) {
-      write_metadata(root, layout, state, deck_yaml, tokenizer, saved_layout, rank, local);
-      sets = create_datasets(root, layout, local);
+      write_metadata(root, layout, state, buffers.rule, deck_yaml, tokenizer, saved_layout, rank,
+                     local);
+      sets = create_datasets(root, layout, buffers, local);
       local.note(H5Fflush(root, H5F_SCOPE_GLOBAL) < 0, "flush of " + tmp_path + " failed");
       if (rank == 0 && local.what.empty()) local.what = hold_room(room_path, metadata_bytes);
       failure = agree(local.what);

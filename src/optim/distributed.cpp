@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <type_traits>
 
 #include "backend/cpu/backend.hpp"
@@ -17,37 +18,101 @@ namespace tessera {
 template <class Backend>
 DistributedOptimizer<Backend>::DistributedOptimizer(const LocalLayout& layout, const Comms& comms,
                                                     int stage, const ShardPlan* plan,
-                                                    const AdamWHyper& hyper, Arena& arena)
+                                                    const OptimHyper& hyper, Arena& arena)
     : layout_(layout), comms_(comms), stage_(stage == 1 && !comms.shard->active() ? 0 : stage),
-      plan_(plan), hyper_(hyper), arena_(&arena) {
+      plan_(plan), hyper_(hyper), plan_rule_(plan_rule(hyper, layout)), arena_(&arena) {
   const size_t n = size_t(comms.shard->size());
   padded_ = stage_ == 1 ? (layout.total + n - 1) / n * n : layout.total;
   const size_t slice = stage_ == 1 ? padded_ / n : padded_;
   shard_begin_ = stage_ == 1 ? size_t(comms.shard->rank()) * slice : 0;
   shard_end_ = stage_ >= 2 ? plan->total : shard_begin_ + slice;
-  const size_t state = shard_end_ - shard_begin_;
+  if (stage_ >= 2) parts_ = shard_layout(layout, *plan);
+  for_each_piece([&](size_t tensor, size_t local, size_t state, size_t count) {
+    pieces_.push_back({int(tensor), local, state, count});
+  });
   h_norm_ = arena.add("gradient norm accumulator", sizeof(double));
-  h_m_ = arena.add("Adam first moments", state * sizeof(float));
-  h_v_ = arena.add("Adam second moments", state * sizeof(float));
+  // Each declared state's buffer: Elementwise state at each piece's state index (the slice or
+  // parts as they are) where every tensor has it, else packed piece after piece; Rows and Cols
+  // one whole vector per matrix of the tile.
+  for (const StateSpec& spec : plan_rule_.state) {
+    std::vector<size_t> at(spec.whole() ? layout.tensors.size() : pieces_.size(),
+                           StateHostLayout::kNone);
+    size_t elems = 0;
+    if (spec.whole()) {
+      for (size_t i = 0; i < layout.tensors.size(); ++i)
+        if (const ParamTensor& c = layout.canon(layout.tensors[i]); spec.holds(c)) {
+          at[i] = elems;
+          elems += spec.numel(c);
+        }
+    } else if (spec.of == StateOf::Every) {
+      for (size_t p = 0; p < pieces_.size(); ++p) at[p] = pieces_[p].state;
+      elems = shard_end_ - shard_begin_;
+    } else {
+      for (size_t p = 0; p < pieces_.size(); ++p)
+        if (spec.holds(layout.canon(layout.tensors[size_t(pieces_[p].tensor)]))) {
+          at[p] = elems;
+          elems += pieces_[p].n;
+        }
+    }
+    state_offset_.push_back(std::move(at));
+    state_elems_.push_back(elems);
+    h_state_.push_back(arena.add("optimizer state " + spec.name + " (" + spec.dtype + ")",
+                                 elems * sizeof(float)));
+  }
+  for (const auto& [name, bytes] : plan_rule_.work) h_work_.push_back(arena.add(name, bytes));
 }
 
 template <class Backend>
 void DistributedOptimizer<Backend>::bind() {
-  const size_t state = shard_end_ - shard_begin_;
   norm_ = arena_->get<double>(h_norm_);
-  m_ = arena_->get<float>(h_m_);
-  v_ = arena_->get<float>(h_v_);
-  Backend::zero(m_, state * sizeof(float));
-  Backend::zero(v_, state * sizeof(float));
+  state_.clear();
+  state_view_.clear();
+  for (size_t k = 0; k < h_state_.size(); ++k) {
+    float* base = arena_->get<float>(h_state_[k]);
+    Backend::zero(base, state_elems_[k] * sizeof(float));
+    state_.push_back(base);
+    std::vector<float*> view;
+    for (size_t at : state_offset_[k])
+      view.push_back(at == StateHostLayout::kNone ? nullptr : base + at);
+    state_view_.push_back(std::move(view));
+  }
+  RuleSetup<Backend> setup;
+  setup.tile = &layout_;
+  setup.pieces = &pieces_;
+  setup.tp = comms_.tp;
+  setup.shard = stage_ >= 1 ? comms_.shard : nullptr;
+  for (size_t h : h_work_) setup.work.push_back(arena_->get<void>(h));
+  rule_ = make_rule<Backend>(hyper_, setup);
+}
+
+template <class Backend>
+bool DistributedOptimizer<Backend>::master_sharded() const {
+  constexpr bool kFp32 = std::is_same_v<Act, float>;
+  return stage_ == 3 || (!kFp32 && (stage_ == 1 || stage_ == 2));
+}
+
+template <class Backend>
+size_t DistributedOptimizer<Backend>::moment_bytes() const {
+  size_t bytes = 0;
+  for (size_t h : h_state_) bytes += arena_->bytes(h);
+  return bytes;
+}
+
+template <class Backend>
+size_t DistributedOptimizer<Backend>::declared_bytes() const {
+  size_t bytes = arena_->bytes(h_norm_) + moment_bytes();
+  for (size_t h : h_work_) bytes += arena_->bytes(h);
+  return bytes;
 }
 
 template <class Backend>
 template <typename Fn>
 void DistributedOptimizer<Backend>::for_each_piece(Fn f) const {
   auto pieces = [&](size_t lo, size_t hi, size_t state_at_lo) {
-    for (const LocalTensor& t : layout_.tensors) {
+    for (size_t i = 0; i < layout_.tensors.size(); ++i) {
+      const LocalTensor& t = layout_.tensors[i];
       const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
-      if (a < b) f(t, a, state_at_lo + (a - lo), b - a);
+      if (a < b) f(i, a, state_at_lo + (a - lo), b - a);
     }
   };
   if (stage_ < 2) {
@@ -103,9 +168,9 @@ double DistributedOptimizer<Backend>::grad_norm(const float* grads) const {
   const bool speaks = stage_ == 0 ? comms_.dp->rank() == 0 : comms_.replica->rank() == 0;
   if (speaks) {
     const float* g = stage_ == 1 ? grad_shard_ : grads;
-    for_each_piece([&](const LocalTensor& t, size_t local, size_t state, size_t n) {
-      if (t.owner) Backend::sum_of_squares(norm_, g + (stage_ == 0 ? local : state), n);
-    });
+    for (const Piece& p : pieces_)
+      if (layout_.tensors[size_t(p.tensor)].owner)
+        Backend::sum_of_squares(norm_, g + (stage_ == 0 ? p.local : p.state), p.n);
   }
   double local = 0.0;
   Backend::to_host(&local, norm_, sizeof(double));
@@ -121,54 +186,132 @@ void DistributedOptimizer<Backend>::step(float* master, Act* copy, float* grads,
   float* g = stage_ == 1 ? grad_shard_ : grads;
   if (clip < 1.0) Backend::scale(g, shard_end_ - shard_begin_, float(clip));
   // Where each piece's master and copy are: at its local index in a full buffer, or at its
-  // state index among the parts.
-  constexpr bool kFp32 = std::is_same_v<Act, float>;
-  const bool master_full = stage_ <= 1 || (stage_ == 2 && kFp32);
+  // state index in this rank's slice or parts.
+  const bool sharded = master_sharded();
   const bool copy_full = stage_ <= 2;
-  for_each_piece([&](const LocalTensor& tensor, size_t local, size_t state, size_t n) {
-    const size_t gi = stage_ == 0 ? local : state;
-    Backend::adamw_update(master + (master_full ? local : state),
-                          copy ? copy + (copy_full ? local : state) : nullptr,
-                          static_cast<const float*>(g + gi), m_ + gi, v_ + gi, n,
-                          layout_.canon(tensor).weight_decay, hyper_, lr, t);
-  });
+  StepView<Backend> view;
+  view.state = &state_view_;
+  view.master.reserve(pieces_.size());
+  view.copy.reserve(pieces_.size());
+  view.grads.reserve(pieces_.size());
+  for (const Piece& p : pieces_) {
+    view.master.push_back(master + (sharded ? p.state : p.local));
+    view.copy.push_back(copy ? copy + (copy_full ? p.local : p.state) : nullptr);
+    view.grads.push_back(g + (stage_ == 0 ? p.local : p.state));
+  }
+  rule_->step(view, lr, t - first_step_);
   if (stage_ == 1) {
     // In place: this rank's slice is already at its place in the full buffer.
     const size_t slice = shard_end_ - shard_begin_;
-    comms_.shard->all_gather(static_cast<const float*>(master + shard_begin_), master, slice);
+    if (!sharded)
+      comms_.shard->all_gather(static_cast<const float*>(master + shard_begin_), master, slice);
     if (copy) comms_.shard->all_gather(static_cast<const Act*>(copy + shard_begin_), copy, slice);
   }
 }
 
 template <class Backend>
-void DistributedOptimizer<Backend>::get_moments(std::vector<float>& m, std::vector<float>& v) {
-  m.assign(state_size(), 0.0f);
-  v.assign(state_size(), 0.0f);
-  const size_t state = shard_end_ - shard_begin_;
-  Backend::to_host(m.data() + shard_begin_, m_, state * sizeof(float));
-  Backend::to_host(v.data() + shard_begin_, v_, state * sizeof(float));
-  if (stage_ != 1) return;
-  // Each rank of the shard group holds its slice: gathered on the host over the group's MPI
-  // communicator (checkpoints are written from host memory).
-  MPI_Comm group = comms_.shard->mpi();
-  MPI_Allgather(MPI_IN_PLACE, int(state), MPI_FLOAT, m.data(), int(state), MPI_FLOAT, group);
-  MPI_Allgather(MPI_IN_PLACE, int(state), MPI_FLOAT, v.data(), int(state), MPI_FLOAT, group);
+void DistributedOptimizer<Backend>::get_state(std::vector<std::vector<float>>& host) {
+  const std::vector<StateSpec>& specs = plan_rule_.state;
+  host.resize(specs.size());
+  const size_t slice = shard_end_ - shard_begin_;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const StateSpec& spec = specs[k];
+    std::vector<float>& out = host[k];
+    if (spec.whole()) {
+      // Every matrix of the tile, in tile order; under ZeRO-2/3 those of the parts' tensors.
+      out.assign(state_host_layout(spec, state_layout(), state_size()).total, 0.0f);
+      if (stage_ < 2) {
+        Backend::to_host(out.data(), state_[k], state_elems_[k] * sizeof(float));
+        continue;
+      }
+      const StateHostLayout at = state_host_layout(spec, parts_, state_size());
+      for (size_t j = 0; j < parts_.tensors.size(); ++j)
+        if (at.offset[j] != StateHostLayout::kNone)
+          Backend::to_host(out.data() + at.offset[j],
+                           state_[k] + state_at(k, tile_tensor(parts_.tensors[j])),
+                           spec.numel(parts_.canon(parts_.tensors[j])) * sizeof(float));
+      continue;
+    }
+    out.assign(state_size(), 0.0f);
+    if (spec.of == StateOf::Every) {
+      Backend::to_host(out.data() + shard_begin_, state_[k], slice * sizeof(float));
+    } else {
+      for (size_t p = 0; p < pieces_.size(); ++p)
+        if (state_at(k, p) != StateHostLayout::kNone)
+          Backend::to_host(out.data() + (stage_ < 2 ? pieces_[p].local : pieces_[p].state),
+                           state_[k] + state_at(k, p), pieces_[p].n * sizeof(float));
+    }
+    // Each rank of the shard group holds its slice: gathered on the host over the group's MPI
+    // communicator (checkpoints are written from host memory).
+    if (stage_ == 1)
+      MPI_Allgather(MPI_IN_PLACE, int(slice), MPI_FLOAT, out.data(), int(slice), MPI_FLOAT,
+                    comms_.shard->mpi());
+  }
 }
 
 template <class Backend>
-void DistributedOptimizer<Backend>::set_moments(const std::vector<float>& m,
-                                                const std::vector<float>& v) {
-  const size_t state = shard_end_ - shard_begin_;
-  Backend::to_device(m_, m.data() + shard_begin_, state * sizeof(float));
-  Backend::to_device(v_, v.data() + shard_begin_, state * sizeof(float));
+void DistributedOptimizer<Backend>::set_state(const std::vector<std::vector<float>>& host) {
+  const std::vector<StateSpec>& specs = plan_rule_.state;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const StateSpec& spec = specs[k];
+    const std::vector<float>& in = host[k];
+    if (spec.whole() && stage_ < 2) {
+      Backend::to_device(state_[k], in.data(), state_elems_[k] * sizeof(float));
+    } else if (spec.whole()) {
+      // Every rank keeps every matrix of the tile: the parts' tensors' vectors, each taken from
+      // the one rank of the group holding its first element, summed over the group.
+      std::vector<float> tile(state_elems_[k], 0.0f);
+      const StateHostLayout at = state_host_layout(spec, parts_, state_size());
+      for (size_t j = 0; j < parts_.tensors.size(); ++j) {
+        const size_t i = tile_tensor(parts_.tensors[j]);
+        if (at.offset[j] == StateHostLayout::kNone || !holds_first(i)) continue;
+        const size_t n = spec.numel(parts_.canon(parts_.tensors[j]));
+        std::copy(in.begin() + long(at.offset[j]), in.begin() + long(at.offset[j] + n),
+                  tile.begin() + long(state_at(k, i)));
+      }
+      if (comms_.shard->active())
+        MPI_Allreduce(MPI_IN_PLACE, tile.data(), int(tile.size()), MPI_FLOAT, MPI_SUM,
+                      comms_.shard->mpi());
+      Backend::to_device(state_[k], tile.data(), tile.size() * sizeof(float));
+    } else if (spec.of == StateOf::Every) {
+      Backend::to_device(state_[k], in.data() + shard_begin_,
+                         (shard_end_ - shard_begin_) * sizeof(float));
+    } else {
+      for (size_t p = 0; p < pieces_.size(); ++p)
+        if (state_at(k, p) != StateHostLayout::kNone)
+          Backend::to_device(state_[k] + state_at(k, p),
+                             in.data() + (stage_ < 2 ? pieces_[p].local : pieces_[p].state),
+                             pieces_[p].n * sizeof(float));
+    }
+  }
+}
+
+template <class Backend>
+size_t DistributedOptimizer<Backend>::tile_tensor(const LocalTensor& t) const {
+  for (size_t i = 0; i < layout_.tensors.size(); ++i)
+    if (layout_.tensors[i].canonical == t.canonical) return i;
+  throw std::logic_error("optimizer: a part of a tensor the tile does not hold");
+}
+
+template <class Backend>
+bool DistributedOptimizer<Backend>::holds_first(size_t i) const {
+  for (const Piece& p : pieces_)
+    if (size_t(p.tensor) == i && p.local == layout_.tensors[i].offset) return true;
+  return false;
 }
 
 template class DistributedOptimizer<CpuBackend>;
 // Declarations only (`tessera plan`, backend/declare.hpp).
 template DistributedOptimizer<DeclareBackend<float>>::DistributedOptimizer(
-    const LocalLayout&, const Comms&, int, const ShardPlan*, const AdamWHyper&, Arena&);
+    const LocalLayout&, const Comms&, int, const ShardPlan*, const OptimHyper&, Arena&);
 template DistributedOptimizer<DeclareBackend<Bf16Bytes>>::DistributedOptimizer(
-    const LocalLayout&, const Comms&, int, const ShardPlan*, const AdamWHyper&, Arena&);
+    const LocalLayout&, const Comms&, int, const ShardPlan*, const OptimHyper&, Arena&);
+template bool DistributedOptimizer<DeclareBackend<float>>::master_sharded() const;
+template bool DistributedOptimizer<DeclareBackend<Bf16Bytes>>::master_sharded() const;
+template size_t DistributedOptimizer<DeclareBackend<float>>::moment_bytes() const;
+template size_t DistributedOptimizer<DeclareBackend<Bf16Bytes>>::moment_bytes() const;
+template size_t DistributedOptimizer<DeclareBackend<float>>::declared_bytes() const;
+template size_t DistributedOptimizer<DeclareBackend<Bf16Bytes>>::declared_bytes() const;
 #ifdef TESSERA_CUDA
 template class DistributedOptimizer<CudaBackend<float>>;
 template class DistributedOptimizer<CudaBackend<cuda::bf16>>;

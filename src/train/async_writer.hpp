@@ -35,8 +35,10 @@ class AsyncWriter {
   bool busy() const { return thread_.joinable(); }
   bool finished() const { return done_.load(); }
 
-  // The snapshot the write reads: parameters and moments, copied at the step boundary.
-  std::vector<float> params, exp_avg, exp_avg_sq;
+  // The snapshot the write reads: parameters and the optimizer's state (one buffer per tensor
+  // its rule declares), copied at the step boundary.
+  std::vector<float> params;
+  std::vector<std::vector<float>> state;
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -3,6 +3,7 @@
 // the background writer (checkpoint.async); checkpoint.keep's pruning; and the anomaly policy's
 // rollback to the newest complete one.
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include "common/error.hpp"
@@ -58,6 +59,43 @@ void restore_fp8(TrainEngine& engine, const Config& cfg, const TrainState& state
   }
 }
 
+// The engine's optimizer state as checkpoint buffers over `host` (one per declared tensor; sized
+// for the state layout where `size`).
+ModelBuffers state_buffers(TrainEngine& engine, float* params,
+                           std::vector<std::vector<float>>& host, bool size) {
+  const std::vector<StateSpec>& specs = engine.optim_state();
+  host.resize(specs.size());
+  std::vector<StateBuffer> state;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    if (size)
+      host[k].assign(
+          state_host_layout(specs[k], engine.state_layout(), engine.state_size()).total, 0.0f);
+    state.push_back({specs[k], host[k].data()});
+  }
+  return {params, engine.optim_rule(), state};
+}
+
+// The weights of checkpoint `path`, and its optimizer state where the deck's rule can take it,
+// into the engine (collective). Where it cannot and optim.reset_state allows, the rule's state
+// starts afresh from the checkpoint's step: *fresh says so.
+CheckpointInfo read_into(TrainEngine& engine, const Config& cfg, MPI_Comm comm, bool writer,
+                         const std::string& path, bool* fresh) {
+  *fresh = cfg.optim.reset_state &&
+           !optimizer_state_problem(read_checkpoint_info(path), engine.optim_rule(),
+                                    engine.optim_state())
+                .empty();
+  std::vector<std::vector<float>> host;
+  const ModelBuffers buffers = *fresh ? ModelBuffers(engine.host_params())
+                                      : state_buffers(engine, engine.host_params(), host, true);
+  const CheckpointInfo info = read_checkpoint(comm, path, engine.state_layout(), writer, buffers,
+                                              cfg.checkpoint.collective_bytes);
+  if (*fresh) state_buffers(engine, nullptr, host, true);  // all zero: a fresh state
+  engine.set_optim_state(host);
+  engine.set_optim_first_step(*fresh ? long(info.state.step)
+                                     : long(info.state.step - info.state.optim_step));
+  return info;
+}
+
 }  // namespace
 
 // A bad checkpoint is refused before anything is printed.
@@ -72,11 +110,14 @@ void Run::restore() {
   }
   if (!restart_from_.empty()) {
     const Heartbeat beat(world_rank_ == 0, "restart: reading " + restart_from_);
-    std::vector<float> m(engine_->state_size()), v(engine_->state_size());
+    bool fresh = false;
     const CheckpointInfo info =
-        read_checkpoint(world_comm_, restart_from_, engine_->state_layout(), writer_,
-                        {params, m.data(), v.data()}, cfg_.checkpoint.collective_bytes);
-    engine_->set_moments(m, v);
+        read_into(*engine_, cfg_, world_comm_, writer_, restart_from_, &fresh);
+    if (fresh && world_rank_ == 0)
+      std::printf("restart: %s's optimizer state (%s) not taken (optim.reset_state): %s starts "
+                  "afresh at step %lld\n",
+                  restart_from_.c_str(), info.optim_rule.c_str(), engine_->optim_rule().c_str(),
+                  (long long)info.state.step);
     state_ = info.state;
     restore_fp8(*engine_, cfg_, state_);
     restored_layout_ = info.saved_layout;
@@ -100,9 +141,8 @@ void Run::start_background_writer() {
   MPI_Query_thread(&thread_level);
   if (cfg_.checkpoint.async && thread_level >= MPI_THREAD_MULTIPLE) {
     background_ = std::make_unique<AsyncWriter>(world_comm_);
-    for (std::vector<float>* b :
-         {&background_->params, &background_->exp_avg, &background_->exp_avg_sq})
-      b->assign(engine_->state_size(), 0.0f);
+    background_->params.assign(engine_->state_size(), 0.0f);
+    state_buffers(*engine_, nullptr, background_->state, true);
   } else if (cfg_.checkpoint.async) {
     log_->say("%s", "warning: checkpoint.async needs MPI_THREAD_MULTIPLE, which this MPI library "
                     "does not give: checkpoints are written synchronously");
@@ -139,19 +179,20 @@ void Run::save() {
   state_.data_sources = train_data_->describe();
   state_.data_position = train_data_->position(uint64_t(state_.next_sample));
   gather_fp8(*engine_, world_comm_, cfg_, state_);
+  state_.optim_step = state_.step - engine_->optim_first_step();
   if (background_) {
     // A second checkpoint waits for the first; then the snapshot, and training goes on.
     finish_write();
     const float* p = engine_->params_to_host();
     background_->params.assign(p, p + engine_->state_size());
-    engine_->get_moments(background_->exp_avg, background_->exp_avg_sq);
+    engine_->get_optim_state(background_->state);
     const TrainState snapshot = state_;
     AsyncWriter* w = background_.get();
     background_->start([this, w, snapshot](MPI_Comm comm) {
       const auto t_write = Clock::now();
       const std::string path = write_checkpoint(
           comm, ckpt_dir_, engine_->state_layout(), writer_,
-          {w->params.data(), w->exp_avg.data(), w->exp_avg_sq.data()}, snapshot, deck_yaml_,
+          state_buffers(*engine_, w->params.data(), w->state, false), snapshot, deck_yaml_,
           tokenizer(), layout_name(run_.layout), cfg_.checkpoint.collective_bytes,
           cfg_.checkpoint.reserve);
       std::error_code size_ec;
@@ -169,13 +210,13 @@ void Run::save() {
   }
   const Heartbeat beat(world_rank_ == 0, "checkpoint: writing step " +
                                              std::to_string(state_.step) + " to " + ckpt_dir_);
-  std::vector<float> m, v;
-  engine_->get_moments(m, v);
+  std::vector<std::vector<float>> host;
+  engine_->get_optim_state(host);
   float* saved = engine_->params_to_host();
   const std::string path =
       write_checkpoint(world_comm_, ckpt_dir_, engine_->state_layout(), writer_,
-                       {saved, m.data(), v.data()}, state_, deck_yaml_, tokenizer(),
-                       layout_name(run_.layout), cfg_.checkpoint.collective_bytes,
+                       state_buffers(*engine_, saved, host, false), state_, deck_yaml_,
+                       tokenizer(), layout_name(run_.layout), cfg_.checkpoint.collective_bytes,
                        cfg_.checkpoint.reserve);
   std::error_code ec;
   log_->say("checkpoint: wrote %s (%.1f MB) in %.2f s", path.c_str(),
@@ -197,12 +238,8 @@ AnomalyPolicy::Rolled Run::rollback() {
   const std::string path = resolve_checkpoint(ckpt_dir_);
   if (path.empty()) return {};
   const Heartbeat beat(world_rank_ == 0, "rollback: reading " + path);
-  std::vector<float> m(engine_->state_size()), v(engine_->state_size());
-  const CheckpointInfo info =
-      read_checkpoint(world_comm_, path, engine_->state_layout(), writer_,
-                      {engine_->host_params(), m.data(), v.data()},
-                      cfg_.checkpoint.collective_bytes);
-  engine_->set_moments(m, v);
+  bool fresh = false;
+  const CheckpointInfo info = read_into(*engine_, cfg_, world_comm_, writer_, path, &fresh);
   engine_->params_to_device();
   restore_fp8(*engine_, cfg_, info.state);
   const int64_t next = state_.next_sample;

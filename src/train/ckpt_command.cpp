@@ -133,8 +133,15 @@ int info(const std::string& arg) {
   std::printf("checkpoint %s\nstep %lld, tokens_seen %lld, next_sample %lld, seed %llu, lr %.9g\n",
               path.c_str(), (long long)c.state.step, (long long)c.state.tokens_seen,
               (long long)c.state.next_sample, (unsigned long long)c.state.seed, c.state.lr);
-  std::printf("saved_layout %s, optimizer state %s\n", c.saved_layout.c_str(),
-              c.has_optimizer ? "yes" : "no (model only)");
+  // The rule that wrote the optimizer state and its tensors' names (the groups of /optim).
+  std::string optim = "no (model only)";
+  if (c.has_optimizer) {
+    optim = c.optim_rule + " (";
+    for (size_t k = 0; k < c.optim_state.size(); ++k)
+      optim += (k ? ", " : "") + c.optim_state[k];
+    optim += "), " + std::to_string(c.state.optim_step) + " steps";
+  }
+  std::printf("saved_layout %s, optimizer state %s\n", c.saved_layout.c_str(), optim.c_str());
   std::printf("model %s: n_layer %d, n_head %d, n_kv_head %d, n_embd %d, ffn_hidden %d, "
               "block_size %d, vocab_size %d (padded %d), %s\n",
               arch_name(m.arch), m.n_layer, m.n_head, m.n_kv_head, m.n_embd, m.ffn_hidden,

@@ -66,11 +66,11 @@ void Run::announce_model() {
                             : "warning: parallel.sequence_parallel has no effect with tp = 1 "
                               "(%d of %d rows per rank)",
               rows / layout.tp, rows);
-  log_->say("memory (rank 0): parameters %.1f MB, gradients %.1f MB, Adam moments %.1f MB, "
-            "activations %.1f MB (%s attention, recompute %s)",
-            4.0 * tile_.total / 1e6, 4.0 * tile_.total / 1e6, engine_->moment_bytes() / 1e6,
-            engine_->activation_bytes() / 1e6, deck_word(cfg_.model.attention),
-            deck_word(cfg_.train.recompute));
+  log_->say("memory (rank 0): parameters %.1f MB, gradients %.1f MB, optimizer state (%s) "
+            "%.1f MB, activations %.1f MB (%s attention, recompute %s)",
+            4.0 * tile_.total / 1e6, 4.0 * tile_.total / 1e6, engine_->optim_rule().c_str(),
+            engine_->moment_bytes() / 1e6, engine_->activation_bytes() / 1e6,
+            deck_word(cfg_.model.attention), deck_word(cfg_.train.recompute));
   log_->say("plan (rank 0): %s", memory_line(planned_).c_str());
   if (const std::string report = engine_->memory_report(); !report.empty())
     log_->say("%s", report.c_str());

@@ -176,7 +176,9 @@ void Run::find_checkpoints() {
   if (!restart_from_.empty()) {
     const CheckpointInfo info = read_checkpoint_info(restart_from_);
     check_checkpoint_shape(info, tile_);
-    require_optimizer_state(info);
+    // optim.reset_state: a state the rule cannot take is started afresh (Run::restore).
+    if (cfg_.optim.reset_state) require_optimizer_state(info);
+    else require_optimizer_state(info, deck_word(cfg_.optim.name), rule_state(optim_hyper(cfg_.optim)));
   }
   if (!init_from_.empty()) {
     const CheckpointInfo info = read_checkpoint_info(init_from_);

@@ -1,10 +1,11 @@
 // Training parity of the two backends through the trainer's one engine (engine/engine.hpp): the
 // CPU backend and the CUDA backend train the same small model from the same initialisation on the
 // same batches for 10 steps (forward, backward, the dp reduction, the global norm, clipping,
-// AdamW). fp32: every step's loss within a relative 1e-5 of the CPU's and the norm within 1e-4,
-// every final parameter and Adam moment within 1e-4 of the largest; bf16 (fp32 master weights,
-// bf16 copy for the GEMMs): every loss within 2e-2. Under mpiexec the same runs tensor-parallel
-// and data-parallel (with and without ZeRO-1), NCCL against MPI.
+// the update rule: AdamW, or Adafactor). fp32: every step's loss within a relative 1e-5 of the
+// CPU's and the norm within 1e-4, every final parameter and optimizer state tensor within 1e-4
+// of the largest; bf16 (fp32 master weights, bf16 copy for the GEMMs): every loss within 2e-2.
+// Under mpiexec the same runs tensor-parallel and data-parallel (with and without ZeRO-1, where
+// bf16 keeps only each rank's slice of the master), NCCL against MPI.
 #include <gtest/gtest.h>
 
 #include <mpi.h>
@@ -12,6 +13,7 @@
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu_test.hpp"
@@ -27,8 +29,9 @@ namespace {
 enum class Split { none, tp, dp, dp_zero };
 
 // fused: the GPU runs the fused attention (model.attention: fused), the CPU the gemm one.
+// rule: optim.name.
 void train_both(bool bf16, double loss_tol, double param_tol, Split split = Split::none,
-                bool fused = false) {
+                bool fused = false, OptimRule rule = OptimRule::AdamW) {
   const int B = 4, T = 32, steps = 10;
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -46,7 +49,7 @@ void train_both(bool bf16, double loss_tol, double param_tol, Split split = Spli
   // The mesh: tp or dp over every rank, or one rank alone.
   const Mesh mesh(split == Split::none ? MPI_COMM_SELF : MPI_COMM_WORLD,
                   mesh_shape(ParallelLayout{dp, tp, 1}));
-  const EngineSetup setup{.tile = tile,
+  EngineSetup setup{.tile = tile,
                           .mesh = &mesh,
                           .schedule = make_schedule(ScheduleKind::OneFOneB, 0, 1, 1),
                           .micro_batch = B,
@@ -54,6 +57,8 @@ void train_both(bool bf16, double loss_tol, double param_tol, Split split = Spli
                           .n_micro = 1,
                           .zero = split == Split::dp_zero ? 1 : 0,
                           .hyper = AdamWHyper{0.9, 0.95, 1e-6, 0.1}};
+  setup.hyper.rule = rule;
+  setup.hyper.adafactor.eps = 1e-12;  // as tests/integration/test_optim.sh, for the key bias
   EngineSetup gpu_setup = setup;
   gpu_setup.model.fused_attention = fused;
   const std::unique_ptr<TrainEngine> cpu = make_engine(setup, EngineKind::cpu);
@@ -97,17 +102,27 @@ void train_both(bool bf16, double loss_tol, double param_tol, Split split = Spli
     const Compare c = compare(std::vector<double>(pg, pg + n), std::vector<double>(pc, pc + n));
     EXPECT_TRUE(c.problem.empty()) << c.problem;
     EXPECT_LE(c.rel, param_tol) << "final parameters: worst element " << c.worst;
-    std::vector<float> m_cpu, v_cpu, m_gpu, v_gpu;
-    cpu->get_moments(m_cpu, v_cpu);
-    gpu->get_moments(m_gpu, v_gpu);
-    const Compare cm = compare(std::vector<double>(m_gpu.begin(), m_gpu.end()),
-                               std::vector<double>(m_cpu.begin(), m_cpu.end()));
-    EXPECT_LE(cm.rel, param_tol) << "final Adam first moments: worst element " << cm.worst;
+    std::vector<std::vector<float>> s_cpu, s_gpu;
+    cpu->get_optim_state(s_cpu);
+    gpu->get_optim_state(s_gpu);
+    ASSERT_EQ(s_cpu.size(), s_gpu.size());
+    for (size_t k = 0; k < s_cpu.size(); ++k) {
+      const Compare cm = compare(std::vector<double>(s_gpu[k].begin(), s_gpu[k].end()),
+                                 std::vector<double>(s_cpu[k].begin(), s_cpu[k].end()));
+      EXPECT_LE(cm.rel, param_tol) << "final " << cpu->optim_state()[k].name
+                                   << ": worst element " << cm.worst;
+    }
   }
 }
 
 TEST(CudaModel, TenStepsFp32MatchCpu) { train_both(false, 1e-5, 1e-4); }
 TEST(CudaModel, TenStepsBf16NearCpu) { train_both(true, 2e-2, 0.0); }
+TEST(CudaModel, TenStepsFp32AdafactorMatchCpu) {
+  train_both(false, 1e-5, 1e-4, Split::none, false, OptimRule::Adafactor);
+}
+TEST(CudaModel, TenStepsBf16AdafactorNearCpu) {
+  train_both(true, 2e-2, 0.0, Split::none, false, OptimRule::Adafactor);
+}
 TEST(CudaModel, TenStepsFp32FusedAttentionMatchCpu) {
   train_both(false, 1e-5, 1e-4, Split::none, /*fused=*/true);
 }
@@ -138,6 +153,14 @@ TEST(CudaModelDp, TenStepsFp32ZeroMatchCpu) {
 TEST(CudaModelDp, TenStepsBf16ZeroNearCpu) {
   TESSERA_NEEDS_RANKS();
   train_both(true, 2e-2, 0.0, Split::dp_zero);
+}
+TEST(CudaModelTp, TenStepsFp32AdafactorMatchCpu) {
+  TESSERA_NEEDS_RANKS();
+  train_both(false, 1e-5, 1e-4, Split::tp, false, OptimRule::Adafactor);
+}
+TEST(CudaModelDp, TenStepsFp32AdafactorZeroMatchCpu) {
+  TESSERA_NEEDS_RANKS();
+  train_both(false, 1e-5, 1e-4, Split::dp_zero, false, OptimRule::Adafactor);
 }
 
 }  // namespace

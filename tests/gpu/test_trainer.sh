@@ -4,9 +4,11 @@
 # from the same seed, every step's loss within a relative 1e-5 and every final tensor within 1e-4
 # of its largest (fp32; bf16: losses within 2e-2, the parameters within 2e-2 of their norm). A
 # CUDA checkpoint restarts on the CPU and the reverse (checkpoints are fp32 on both). The fused
-# attention (model.attention: fused) against the CPU's gemm attention, fp32 and bf16. With 2 GPUs,
+# attention (model.attention: fused) against the CPU's gemm attention, fp32 and bf16. Adafactor
+# (optim.name: adafactor) against the CPU's, fp32 and bf16, and dp=2 ZeRO-1 and tp=2. With 2 GPUs,
 # pipeline (both schedules), tensor (gemm and fused attention) and data parallel (ZeRO-1, 2 and 3;
-# ZeRO-3 in bf16 too, and with every collective on the compute stream: device.nccl_overlap=false)
+# ZeRO-1 and 3 in bf16 too (ZeRO-1 keeping each rank's slice of the master, and its restart), and
+# ZeRO-3 with every collective on the compute stream: device.nccl_overlap=false)
 # layouts over NCCL against the 1-rank CPU run, tp=2 with sequence
 # parallelism too; with 4, tp=4 over a vocabulary padded so that the last
 # rank holds only padding rows; with 8, (2,2,2) with gemm attention, and with ZeRO-1 and fused
@@ -174,6 +176,22 @@ cp -r "$WORK/cpu" "$WORK/cpu_to_cuda" && rm "$WORK/cpu_to_cuda/checkpoints/step_
   train cpu_to_cuda 1 device.backend=cuda checkpoint.restart=auto &&
   cmp restart_cpu_on_cuda cpu cpu_to_cuda --steps 6:10
 
+# Adafactor (optim/adafactor.hpp) on the GPU against the CPU's, alone and with its row and
+# column sums over NCCL (dp=2 ZeRO-1's slices cut the matrices; tp=2's blocks split them).
+af=(optim.name=adafactor optim.adafactor_eps=1e-12)
+if train cpu_adafactor 1 device.backend=cpu "${af[@]}"; then
+  train cuda_adafactor 1 device.backend=cuda "${af[@]}" &&
+    cmp cuda_adafactor cpu_adafactor cuda_adafactor --loss-rtol 1e-5 --param-tol 1e-4
+  train bf16_adafactor 1 device.backend=cuda device.precision=bf16 "${af[@]}" &&
+    cmp bf16_adafactor_near_cpu cpu_adafactor bf16_adafactor --loss-rtol 2e-2 --param-norm-tol 2e-2
+  if [ "$gpus" -ge 2 ]; then
+    train cuda_adafactor_dp2_zero1 2 device.backend=cuda parallel.dp=2 parallel.zero=1 "${af[@]}" &&
+      cmp cuda_adafactor_dp2_zero1 cpu_adafactor cuda_adafactor_dp2_zero1 --loss-rtol 1e-5 --param-tol 1e-4
+    train cuda_adafactor_tp2 2 device.backend=cuda parallel.tp=2 "${af[@]}" &&
+      cmp cuda_adafactor_tp2 cpu_adafactor cuda_adafactor_tp2 --loss-rtol 1e-5 --param-tol 1e-4
+  fi
+fi
+
 layouts=()
 if [ "$gpus" -ge 2 ]; then
   layouts+=("parallel.pp=2 parallel.schedule=1f1b" "parallel.pp=2 parallel.schedule=gpipe"
@@ -213,6 +231,18 @@ if [ "$gpus" -ge 2 ]; then
   train bf16_cp2_allgather 2 device.backend=cuda device.precision=bf16 parallel.cp_comm=allgather \
     "${cp[@]}" && cmp bf16_cp2_allgather_near_cpu cpu bf16_cp2_allgather --loss-rtol 2e-2 \
     --param-norm-tol 2e-2
+  # ZeRO-1 in bf16: each rank keeps its slice of the fp32 master (Megatron's distributed
+  # optimizer), the bf16 copy all-gathered; its checkpoints gather the master's slices, so a
+  # restart from step 5 continues as the run did.
+  if train bf16_dp2_zero1 2 device.backend=cuda device.precision=bf16 parallel.dp=2 parallel.zero=1; then
+    cmp bf16_dp2_zero1_near_cpu cpu bf16_dp2_zero1 --loss-rtol 2e-2 --param-norm-tol 2e-2
+    cp -r "$WORK/bf16_dp2_zero1" "$WORK/bf16_dp2_zero1_restart" &&
+      rm "$WORK/bf16_dp2_zero1_restart/checkpoints/step_00000010.h5" &&
+      train bf16_dp2_zero1_restart 2 device.backend=cuda device.precision=bf16 parallel.dp=2 \
+        parallel.zero=1 checkpoint.restart=auto &&
+      cmp bf16_dp2_zero1_restart bf16_dp2_zero1 bf16_dp2_zero1_restart --steps 6:10 \
+        --loss-rtol 1e-6 --param-norm-tol 1e-6
+  fi
   # ZeRO-3 in bf16: the owners' fp32 masters, bf16 weights gathered over NCCL's own stream.
   train bf16_dp2_zero3 2 device.backend=cuda device.precision=bf16 parallel.dp=2 parallel.zero=3 &&
     cmp bf16_dp2_zero3_near_cpu cpu bf16_dp2_zero3 --loss-rtol 2e-2 --param-norm-tol 2e-2

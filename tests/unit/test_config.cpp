@@ -731,8 +731,10 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 75);  // with device.nccl_overlap, anomaly_max_rollbacks, parallel.cp, cp_comm;
-                       // the five device.fp8_* keys only with precision fp8 (Config.Fp8Keys)
+  EXPECT_EQ(keys, 77);  // with device.nccl_overlap, anomaly_max_rollbacks, parallel.cp, cp_comm,
+                       // optim.name and reset_state; the five device.fp8_* keys only with
+                       // precision fp8 (Config.Fp8Keys), the three optim.adafactor_* keys only
+                       // with optim.name adafactor (Config.OptimRuleKeys)
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",
@@ -849,6 +851,35 @@ TEST(Config, ParallelErrors) {
 
 // FP8's keys: read with device.precision fp8, a deck error without it or with a bad value;
 // written by to_yaml only with it (every one of the 80 keys then).
+// optim.name picks the update rule; Adafactor's keys only with it, each checked.
+TEST(Config, OptimRuleKeys) {
+  const std::string deck = kMinimal;
+  EXPECT_EQ(parse_deck(deck, "deck.yaml", {}).optim.name, OptimRule::AdamW);
+  const Config c = parse_deck(deck, "deck.yaml",
+                              {"optim.name=adafactor", "optim.adafactor_eps=1e-20",
+                               "optim.adafactor_decay=-0.5", "optim.adafactor_clip=2",
+                               "optim.reset_state=true"});
+  EXPECT_EQ(c.optim.name, OptimRule::Adafactor);
+  EXPECT_EQ(c.optim.adafactor_eps, 1e-20);
+  EXPECT_EQ(c.optim.adafactor_decay, -0.5);
+  EXPECT_EQ(c.optim.adafactor_clip, 2.0);
+  EXPECT_TRUE(c.optim.reset_state);
+  const std::string yaml = to_yaml(c);
+  EXPECT_NE(yaml.find("  adafactor_decay: -0.5\n"), std::string::npos) << yaml;
+  EXPECT_EQ(to_yaml(parse_deck(deck, "deck.yaml", {})).find("adafactor"), std::string::npos);
+  EXPECT_EQ(deck_error(deck, {"optim.name=sgd"}),
+            "command line: optim.name=sgd: must be adamw or adafactor, got 'sgd'");
+  EXPECT_EQ(deck_error(deck, {"optim.adafactor_clip=2"}),
+            "command line: optim.adafactor_clip=2: optim.adafactor_clip needs optim.name: "
+            "adafactor (got 'adamw')");
+  EXPECT_NE(deck_error(deck, {"optim.name=adafactor", "optim.adafactor_decay=0"})
+                .find("must be in [-1, 0)"),
+            std::string::npos);
+  EXPECT_NE(deck_error(deck, {"optim.name=adafactor", "optim.adafactor_eps=0"})
+                .find("optim.adafactor_eps"),
+            std::string::npos);
+}
+
 TEST(Config, Fp8Keys) {
   const std::string deck = kMinimal;
   const std::string fp8 = deck + "device:\n  precision: fp8\n";

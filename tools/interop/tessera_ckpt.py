@@ -11,13 +11,19 @@ A checkpoint is one HDF5 file:
                     arch ("gpt2" | "llama"), n_kv_head, ffn_hidden, tie_embeddings (0 | 1),
                     norm_eps, rope_theta; a checkpoint from before the LLaMA family lacks the
                     last six and is read with GPT-2's values (shape_defaults), as tessera does
-  /optim/exp_avg/<name>, /optim/exp_avg_sq/<name>  the Adam moments, attribute step: absent
-                    from the model-only checkpoints written here, which start a run through
-                    checkpoint.init_from and cannot continue one
+  /optim            the optimizer's state (src/optim/rule.hpp), absent from the model-only
+                    checkpoints written here, which start a run through checkpoint.init_from and
+                    cannot continue one; attributes rule (the update rule: RULE_STATE; absent in
+                    checkpoints from before it, which are AdamW's) and step (the steps the state
+                    has taken); one group per state tensor the rule declares, by its name:
+  /optim/<state>/<name>  AdamW: exp_avg, exp_avg_sq shaped like the parameter. Adafactor:
+                    exp_avg (beta1 > 0) like the parameter, exp_avg_sq of each vector, and of
+                    each matrix [R, C] exp_avg_sq_row [R] and exp_avg_sq_col [C]
   /train            attributes next_sample, seed, vocab_size, lr, data_sources, data_position
   /tokenizer        attributes type, vocab_size, eot
-  /checksum/model/<name>, /checksum/optim/exp_avg[_sq]/<name>  uint64 scalar: the sum over elements (mod 2^64) of
+  /checksum/model/<name>, /checksum/optim/<state>/<name>  uint64 scalar: the sum over elements (mod 2^64) of
                     mix64((canonical_index << 32) ^ float32 bits ^ 0x5DEECE66D)
+                    (a row or column vector's index is its element's)
 """
 import os
 import sys
@@ -35,6 +41,23 @@ SHAPE_KEYS = {"n_layer": "int", "n_head": "int", "n_embd": "int", "block_size": 
               "vocab_size": "int", "padded_vocab": "int", "arch": "str", "n_kv_head": "int",
               "ffn_hidden": "int", "tie_embeddings": "int", "norm_eps": "real", "rope_theta": "real"}
 ARCHES = ("gpt2", "llama")
+# Each update rule's state tensors and which tensors have them, with what shape: "like" the
+# parameter (every one), "vectors" (1-D parameters only, their shape), "rows" / "cols" (2-D
+# parameters only: [R] / [C]).
+RULE_STATE = {"adamw": {"exp_avg": "like", "exp_avg_sq": "like"},
+              "adafactor": {"exp_avg": "like", "exp_avg_sq": "vectors", "exp_avg_sq_row": "rows",
+                            "exp_avg_sq_col": "cols"}}
+
+
+def state_dims(kind, dims):
+    """The shape of a state of `kind` (RULE_STATE) for a parameter of shape dims; None if none."""
+    if kind == "like":
+        return dims
+    if kind == "vectors":
+        return dims if len(dims) == 1 else None
+    if len(dims) != 2:
+        return None
+    return (dims[0],) if kind == "rows" else (dims[1],)
 
 _U64 = np.uint64
 _M1, _M2, _SALT = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB), _U64(0x5DEECE66D)
@@ -228,8 +251,11 @@ def read_checkpoint(path, optimizer=False):
       tokenizer_model  /tokenizer/model's bytes (a sentencepiece model or an hf-bpe tokenizer.json),
                    None if absent; bos, pad  /tokenizer's attributes of those names, -1 if absent
       next_sample, seed, vocab_size   /train's attributes
-      adam_step    /optim's step (0 without /optim)
-      exp_avg, exp_avg_sq   with optimizer=True and adam_step > 0: the Adam moments by name."""
+      adam_step    /optim's step (0 without /optim): the steps its state has taken
+      optim_rule   /optim's rule ("adamw" where absent; "" without /optim)
+      optim        with optimizer=True and adam_step > 0: {state: {name: float32 array}}, every
+                   state group of the rule the file holds
+      exp_avg, exp_avg_sq   the same for AdamW: the Adam moments by name."""
     with open_h5(path) as f:
         fmt = attr_str(f.attrs, "format", path) if "format" in f.attrs else ""
         if fmt != FORMAT:
@@ -257,7 +283,24 @@ def read_checkpoint(path, optimizer=False):
         ck["seed"] = attr_int(train, "seed", path + ":/train")
         ck["vocab_size"] = attr_int(train, "vocab_size", path + ":/train")
         ck["adam_step"] = attr_int(f["optim"].attrs, "step", path + ":/optim") if "optim" in f else 0
+        ck["optim_rule"] = ""
+        if "optim" in f:
+            optim = f["optim"].attrs
+            ck["optim_rule"] = attr_str(optim, "rule", path + ":/optim") if "rule" in optim else "adamw"
+            if ck["optim_rule"] not in RULE_STATE:
+                raise ToolError(f"{path}: /optim rule '{ck['optim_rule']}' is not one of "
+                                f"{', '.join(RULE_STATE)}")
         if optimizer and ck["adam_step"] > 0:
-            for kind in ("exp_avg", "exp_avg_sq"):
-                ck[kind] = _read_tensors(f, "optim/" + kind, dims_of, path)
+            ck["optim"] = {}
+            for state, kind in RULE_STATE[ck["optim_rule"]].items():
+                if "optim/" + state not in f:
+                    continue
+                dims = [(name, state_dims(kind, d)) for name, d in dims_of]
+                ck["optim"][state] = _read_tensors(f, "optim/" + state,
+                                                   [(n, d) for n, d in dims if d is not None], path)
+            if ck["optim_rule"] == "adamw":
+                for kind in ("exp_avg", "exp_avg_sq"):
+                    if kind not in ck["optim"]:
+                        raise ToolError(f"{path}: missing group /optim/{kind}")
+                    ck[kind] = ck["optim"][kind]
     return ck

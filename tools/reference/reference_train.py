@@ -10,8 +10,9 @@ What is the same for every model family lives here, once:
     (train.steps when 0);
   - one optimizer step: the loss of each micro-batch divided by their number and back-propagated
     (gradient accumulation), the global gradient norm before clipping, clipping to grad_clip,
-    torch's AdamW with weight decay on the 2-D tensors only (embeddings, heads, linear weights;
-    none on biases and norm weights), its moments and step count taken from the checkpoint;
+    the deck's optim.name: torch's AdamW, or Adafactor (tools/reference/reference_adafactor.py), with
+    weight decay on the 2-D tensors only (embeddings, heads, linear weights; none on biases and
+    norm weights), its state and step count taken from the checkpoint;
   - the output: one line per step, the final parameters (HDF5 /model/<name>, float32, or float64
     with --dtype float64: the whole run in double, the truth fp32 runs are measured against) and the
     per-step losses (a JSON list).
@@ -31,6 +32,7 @@ sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop", "reference"
 from tessera_ckpt import read_checkpoint  # noqa: E402
 from tessera_data import (EXIT_IO, ToolError, micro_batch_size, read_token_file,  # noqa: E402
                           train_step_batches)
+from reference_adafactor import Adafactor  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -39,11 +41,16 @@ import torch  # noqa: E402
 # Optimizer and learning-rate schedule.
 
 def make_optimizer(model, optim):
-    """AdamW with weight decay on every 2-D tensor, none on the rest."""
+    """The deck's rule (optim["name"]: AdamW where absent, or Adafactor) with weight decay on
+    every 2-D tensor, none on the rest."""
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() != 2]
     groups = [{"params": decay, "weight_decay": optim["weight_decay"]},
               {"params": no_decay, "weight_decay": 0.0}]
+    if optim.get("name", "adamw") == "adafactor":
+        return Adafactor(groups, lr=optim["lr"], beta1=optim["beta1"],
+                         decay=optim["adafactor_decay"], eps=optim["adafactor_eps"],
+                         clip=optim["adafactor_clip"])
     return torch.optim.AdamW(groups, lr=optim["lr"], betas=(optim["beta1"], optim["beta2"]),
                              eps=optim["eps"], weight_decay=optim["weight_decay"])
 
@@ -65,6 +72,24 @@ def load_adam_state(opt, model, exp_avg, exp_avg_sq, adam_step):
         opt.state[p] = {"step": torch.tensor(float(adam_step)),
                         "exp_avg": exp_avg[name].clone(),
                         "exp_avg_sq": exp_avg_sq[name].clone()}
+
+
+def load_optimizer_state(opt, model, ck, where):
+    """The checkpoint's optimizer state (by the rule's names) into `opt`, whose rule must be the
+    one that wrote it."""
+    rule = ck["optim_rule"]
+    want = "adafactor" if isinstance(opt, Adafactor) else "adamw"
+    if rule != want:
+        raise ToolError(f"{where}: its optimizer state is {rule}'s, the deck's optim.name is {want}")
+    if rule == "adamw":
+        load_adam_state(opt, model, ck["exp_avg"], ck["exp_avg_sq"], ck["adam_step"])
+        return
+    for name, p in model.named_parameters():
+        st = {"step": ck["adam_step"]}
+        for state, tensors in ck["optim"].items():
+            if name in tensors:
+                st[state] = tensors[name].clone()
+        opt.state[p] = st
 
 
 def train_step(model, opt, micro_batches, lr, grad_clip):
@@ -123,10 +148,22 @@ def parse_deck(text, where):
         "data": _section(deck, "data", {"train": str, "val": str, "seq_len": int}, where),
         "train": _section(deck, "train", {"steps": int, "batch_size": int, "micro_batch": int,
                                           "seed": int}, where),
-        "optim": _section(deck, "optim", {"lr": float, "min_lr": float, "warmup_steps": int,
-                                          "decay_steps": int, "weight_decay": float, "beta1": float,
-                                          "beta2": float, "eps": float, "grad_clip": float}, where),
+        "optim": optim_section(deck, where),
     }
+
+
+def optim_section(deck, where):
+    """The optim section: the keys every deck has, then the rule (adamw where the deck predates
+    optim.name) and Adafactor's keys (written only with it)."""
+    optim = _section(deck, "optim", {"lr": float, "min_lr": float, "warmup_steps": int,
+                                     "decay_steps": int, "weight_decay": float, "beta1": float,
+                                     "beta2": float, "eps": float, "grad_clip": float}, where)
+    sec = deck["optim"]
+    optim["name"] = str(sec.get("name") or "adamw")
+    if optim["name"] == "adafactor":
+        optim.update(_section(deck, "optim", {"adafactor_eps": float, "adafactor_decay": float,
+                                              "adafactor_clip": float}, where))
+    return optim
 
 
 def load_checkpoint(path):
@@ -135,10 +172,12 @@ def load_checkpoint(path):
     if not ck["deck"]:
         raise ToolError(f"{path}: no deck attribute (the run's settings)")
     ck["deck"] = parse_deck(ck["deck"], path)
+    def as_torch(tensors):
+        return {k: torch.from_numpy(v).to(torch.get_default_dtype()) for k, v in tensors.items()}
     for kind in ("model", "exp_avg", "exp_avg_sq"):
         if kind in ck:
-            ck[kind] = {k: torch.from_numpy(v).to(torch.get_default_dtype())
-                        for k, v in ck[kind].items()}
+            ck[kind] = as_torch(ck[kind])
+    ck["optim"] = {state: as_torch(t) for state, t in ck.get("optim", {}).items()}
     return ck
 
 
@@ -214,7 +253,7 @@ def run_training(args, build_model):
     load_weights(model, ck["model"], args.checkpoint)
     opt = make_optimizer(model, deck["optim"])
     if ck["adam_step"] > 0:
-        load_adam_state(opt, model, ck["exp_avg"], ck["exp_avg_sq"], ck["adam_step"])
+        load_optimizer_state(opt, model, ck, args.checkpoint)
 
     data_path = args.data or deck["data"]["train"]
     if not data_path:

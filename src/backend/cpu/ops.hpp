@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/adafactor.hpp"
 #include "backend/adamw.hpp"
 #include "backend/arena.hpp"
 #include "backend/attention_block.hpp"
@@ -212,6 +213,25 @@ void adamw_update(float* params, float* params_copy, const float* grads, float* 
 // on n alone (not the thread count), so a run restarted with another OMP_NUM_THREADS still agrees
 // to the bit.
 void sum_of_squares(double* acc, const float* x, size_t n);
+// Adafactor (adafactor.cpp; backend/adafactor.hpp gives the rule), a step in four ops:
+// adafactor_sums: row_sums[w.row0 + r] and col_sums[w.col0 + c] += Σ g² over the n elements of a
+//   piece of a matrix (its canonical rows and columns, MatrixWindow).
+// adafactor_factors: a matrix's statistics row (rows) and col (cols) updated from the sums of
+//   its whole canonical tensor; *row_mean = mean(row).
+// adafactor_rms: *acc += Σ U² over a piece, U = G / sqrt(estimate) before clipping; for a
+//   vector's piece first v = β2_t v + (1 - β2_t)(G² + eps).
+// adafactor_update: U · inv_clip, through the first moment m (nullptr: none), then weight decay
+//   (`decay`) and the step at learning rate lr; params_copy as adamw_update's.
+void adafactor_sums(float* row_sums, float* col_sums, const float* g, size_t n,
+                    const MatrixWindow& window);
+void adafactor_factors(float* row, float* col, float* row_mean, const float* row_sums,
+                       const float* col_sums, size_t rows, size_t cols, const AdafactorHyper& h,
+                       long t);
+void adafactor_rms(double* acc, const float* g, const SecondMoment& s, size_t n,
+                   const AdafactorHyper& h, long t);
+void adafactor_update(float* params, float* params_copy, const float* g, float* m,
+                      const SecondMoment& s, size_t n, bool decay, const AdafactorHyper& h,
+                      double lr, float inv_clip);
 
 // FP8 simulated (backend/cpu/fp8.cpp; common/fp8_format.hpp is the format), the same operations as the
 // GPU's (backend/cuda/ops.hpp) on the same one-byte codes.

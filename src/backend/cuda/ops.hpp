@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/adafactor.hpp"
 #include "backend/adamw.hpp"
 #include "backend/arena.hpp"
 #include "backend/attention_block.hpp"
@@ -233,6 +234,19 @@ void adamw_update(float* params, C* params_copy, const float* grads, float* m, f
 // once, after every piece is in.
 void sum_of_squares(double* acc, const float* x, size_t n);
 void scale(float* x, size_t n, float factor);
+// Adafactor (twins of backend/cpu/adafactor.cpp, which says what each does); every sum in a
+// fixed order (no atomics), so the same shapes give the same bits. `params_copy` as adamw's.
+void adafactor_sums(float* row_sums, float* col_sums, const float* g, size_t n,
+                    const MatrixWindow& window);
+void adafactor_factors(float* row, float* col, float* row_mean, const float* row_sums,
+                       const float* col_sums, size_t rows, size_t cols, const AdafactorHyper& h,
+                       long t);
+void adafactor_rms(double* acc, const float* g, const SecondMoment& s, size_t n,
+                   const AdafactorHyper& h, long t);
+template <typename C>
+void adafactor_update(float* params, C* params_copy, const float* g, float* m,
+                      const SecondMoment& s, size_t n, bool decay, const AdafactorHyper& h,
+                      double lr, float inv_clip);
 
 // Memory and synchronisation (memory.cu; backend/backend.hpp says what each is for): device
 // memory from cudaMalloc, the loader's ring pinned (cudaHostAlloc); zero and copy queue on
