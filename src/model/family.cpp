@@ -13,8 +13,8 @@ namespace {
 // 1/sqrt(2 L).
 const Family kGpt2 = {
     Arch::Gpt2, "gpt2",
-    /*embed*/ "wte", /*positions*/ "wpe", /*layers*/ "h.", /*final_norm*/ "ln_f",
-    /*head*/ "lm_head.weight", /*tied*/ true,
+    /*embed*/ "wte", /*position_table*/ "wpe", /*layers*/ "h.", /*final_norm*/ "ln_f",
+    /*head*/ "lm_head.weight", /*tied*/ true, /*tokenizer*/ "GPT-2", /*vocab*/ 50257,
     NormKind::LayerNorm, /*norm1*/ "ln_1", /*norm2*/ "ln_2",
     QkvLayout::Fused, Positions::Learned, /*attention*/ "attn",
     MlpKind::Gelu, /*bias*/ true, /*out_init*/ Init::ResidualNormal,
@@ -24,8 +24,9 @@ const Family kGpt2 = {
 // checkpoint's /model loads into PyTorch by name; its initialisation: every linear weight normal.
 const Family kLlama = {
     Arch::Llama, "llama",
-    /*embed*/ "embed_tokens.weight", /*positions*/ nullptr, /*layers*/ "layers.",
+    /*embed*/ "embed_tokens.weight", /*position_table*/ nullptr, /*layers*/ "layers.",
     /*final_norm*/ "norm", /*head*/ "lm_head.weight", /*tied*/ false,
+    /*tokenizer*/ "LLaMA 3", /*vocab*/ 128256,
     NormKind::RmsNorm, /*norm1*/ "input_layernorm", /*norm2*/ "post_attention_layernorm",
     QkvLayout::Apart, Positions::Rotary, /*attention*/ "self_attn",
     MlpKind::SwiGlu, /*bias*/ false, /*out_init*/ Init::Normal,

@@ -74,24 +74,26 @@ struct LayerParam {
 
 struct Family {
   Arch arch;
-  const char* name;        // model.arch, and a checkpoint's /model arch attribute
+  const char* name;            // model.arch, and a checkpoint's /model arch attribute
   // Outside the layers.
-  const char* embed;       // the token embedding
-  const char* positions;   // the learned positions' table (Positions::Learned), else nullptr
-  const char* layers;      // layer l's tensors are "<layers><l>.<LayerParam::name>"
-  const char* final_norm;  // the final norm's prefix (".weight", ".bias")
-  const char* head;        // the LM head, when not tied to the embedding
-  bool tied;               // model.tie_embeddings: auto
+  const char* embed;           // the token embedding
+  const char* position_table;  // the learned positions (Positions::Learned), else nullptr
+  const char* layers;          // layer l's tensors are "<layers><l>.<LayerParam::name>"
+  const char* final_norm;      // the final norm's prefix (".weight", ".bias")
+  const char* head;            // the LM head, when not tied to the embedding
+  bool tied;                   // model.tie_embeddings: auto
+  const char* tokenizer;       // its usual tokenizer and that one's vocabulary: what `tessera
+  int vocab;                   // plan` assumes for model.vocab_size 0 without data to read
   // The block: its pieces' kinds, and the names of the modules holding them.
   NormKind norm;
-  const char* norm1;       // before the attention
-  const char* norm2;       // before the MLP
+  const char* norm1;           // before the attention
+  const char* norm2;           // before the MLP
   QkvLayout qkv;
   Positions position;
-  const char* attention;   // the attention's module: "<attention>.c_attn", "<attention>.q_proj"
-  MlpKind mlp;             // under "mlp."
-  bool bias;               // every linear layer adds a bias
-  Init out_init;           // the two projections back into the residual stream (attention, MLP)
+  const char* attention;       // the attention's module: "<attention>.c_attn", ".q_proj", ...
+  MlpKind mlp;                 // under "mlp."
+  bool bias;                   // every linear layer adds a bias
+  Init out_init;               // the projections back into the residual stream (attention, MLP)
 };
 
 const Family& family(Arch arch);

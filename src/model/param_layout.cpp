@@ -69,7 +69,8 @@ ParamLayout make_param_layout(const ModelShape& s) {
   layout.embed = add(f.embed, {Vp, C}, Init::Normal, Split::Rows);
   layout.tensors[size_t(layout.embed)].vocab_rows = true;
   if (f.position == Positions::Learned)
-    layout.positions = add(f.positions, {size_t(s.block_size), C}, Init::Normal, Split::Replicated);
+    layout.positions =
+        add(f.position_table, {size_t(s.block_size), C}, Init::Normal, Split::Replicated);
   layout.first_layer_ = int(layout.tensors.size());
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string prefix = f.layers + std::to_string(l) + ".";

@@ -285,10 +285,11 @@ int vocab_of(const Config& cfg, std::string* note) {
   } catch (const UserError&) {
   }
   // No data here (a login node before the data is staged): the family's usual tokenizer.
-  const bool llama = cfg.model.arch == "llama";
+  const Family* named = family_named(cfg.model.arch);
+  const Family& family = named ? *named : tessera::family(Arch::Gpt2);
   *note = std::string("model.vocab_size = 0 and data.train unreadable here: ") +
-          (llama ? "LLaMA 3's 128256" : "GPT-2's 50257") + " tokens assumed";
-  return llama ? 128256 : 50257;
+          family.tokenizer + "'s " + std::to_string(family.vocab) + " tokens assumed";
+  return family.vocab;
 }
 
 }  // namespace
