@@ -7,7 +7,7 @@
 //                     how each shards over tp (model/param_layout.cpp lays the tables out in the
 //                     flat buffer, model/shard.cpp cuts them into tiles)
 //   widths            block_widths() here: this rank's columns of each of a layer's activations
-//   forward/backward  model/transformer_block.cpp: op per line, each piece's ops chosen by its kind
+//   forward/backward  model/transformer_block.cpp: op per line, each piece's ops by its kind
 //   cost              model/cost.cpp: the layer's GEMMs and streaming ops the planner prices
 //
 //   gpt2   learned positions, pre-LayerNorm with biases, one fused c_attn, GELU MLP, tied head,
@@ -15,18 +15,21 @@
 //   llama  rotary positions on q and k, RMSNorm, grouped-query attention with q, k and v apart,
 //          SwiGLU MLP, no biases, untied head, the names of Hugging Face's LlamaModel
 //
-// Adding a family whose pieces exist: an Arch value and its Family in family.cpp; its deck name
-// in config/validate.cpp's model.arch check. Nothing else reads the family by name.
+// Adding a family whose pieces exist: an Arch value and its Family in family.cpp, and its deck
+// name in config/validate.cpp (whose rules for n_kv_head, ffn_hidden and norm_eps still name gpt2
+// and llama). Nothing else in src/ reads a family by name; tools/ (Hugging Face import and
+// export, checkpoint inspection) keep their own table of each family's names.
 // Adding a kind of piece (a mixture-of-experts MLP: a router and E experts of the family's dense
-// MLP kind; another norm; q/k/v with biases), one place per aspect:
+// MLP kind; another norm), one place per aspect:
 //   its tensors      layer_params (family.cpp; an MLP's in model/mlp.cpp), each with its role
 //                    (LayerRole: add roles for tensors no existing role describes, e.g. a router)
 //   its widths       block_widths (family.cpp), and for an MLP mlp_fc1_columns (model/mlp.cpp)
 //   its ops          model/transformer_block.cpp: a case in norm_forward/backward or
 //                    mlp_forward/backward; activations it keeps beyond the dense MLP's, in
 //                    model/gpt.cpp's slot plan
-//   its cost         model/cost.cpp: its GEMMs (priced forward and backward by the planner), its
-//                    streaming elements and exps; new traffic (experts' all-to-all) in plan/comm
+//   its cost         model/cost.cpp: its GEMMs (priced forward and backward by the planner; a
+//                    new one needs an Fp8State::Gemm of its own), its streaming elements and
+//                    exps; new traffic (the experts' all-to-all under ep) in plan/comm.cpp
 //   its tests        tests/unit/test_family.cpp: table, widths and GEMMs agree with each other
 #include <cstddef>
 #include <string>

@@ -9,7 +9,7 @@
 // family's GEMMs (model/cost.hpp), the ones the planner prices.
 //
 // The stage (model/gpt.hpp) owns the buffers: it hands each layer its activations (Acts: kept per
-// micro-batch, or in the recompute workspace) and binds the scratch set declared here; it shares
+// micro-batch, or in the recompute workspace) and declares the scratch set sized here; it shares
 // the block's scratch, collectives, norm and (FP8-aware) linear layers for its embedding and head.
 #include <cstddef>
 
