@@ -9,7 +9,7 @@ namespace tessera {
 
 // The deck's words, typed where the deck is read: config/keys.cpp spells each (deck_word), and no
 // code outside config/ compares a deck value with a string (tests/layering/check.py).
-enum class Arch { Gpt2, Llama };       // model.arch (model/param_layout.hpp: the two families)
+enum class Arch { Gpt2, Llama };       // model.arch (model/family.hpp: the two families)
 enum class Tie { Auto, True, False };  // model.tie_embeddings
 enum class Attention { Gemm, Fused };  // model.attention
 // train.recompute: which activations the backward recomputes instead of keeping.

@@ -215,9 +215,11 @@ CheckpointInfo read_info_here(const std::string& path) {
                     " is not a multiple of n_head " + std::to_string(info.shape.n_head));
   // Checkpoints from before the LLaMA family are GPT-2's.
   const std::string arch = h5_read_string_attr(model.get(), "arch").value_or("gpt2");
-  if (arch != "gpt2" && arch != "llama")
-    throw UserError(path + ": /model attribute arch '" + arch + "' is neither gpt2 nor llama");
-  info.shape.arch = arch == "llama" ? Arch::Llama : Arch::Gpt2;
+  const Family* family = family_named(arch);
+  if (family == nullptr)
+    throw UserError(path + ": /model attribute arch '" + arch + "' is none of tessera's model " +
+                    "families (" + family_names() + ")");
+  info.shape.arch = family->arch;
   info.shape.n_kv_head = h5_read_int_attr(model.get(), "n_kv_head")
                              ? int(require_int(model.get(), path, "n_kv_head", 1, info.shape.n_head))
                              : info.shape.n_head;

@@ -21,7 +21,7 @@
 // tensor's amax into a device slot, read once per step (Fp8Linear::collect): no host read per GEMM.
 //
 // Each FP8 tensor (per layer: the inputs, the weights and the output gradients of its four GEMMs,
-// qkv, proj, fc (LLaMA: gate and up together), down; the LM head's three with fp8_head) has an
+// qkv, proj, fc1 (LLaMA: gate and up together), fc2; the LM head's three with fp8_head) has an
 // amax history of fp8_amax_history steps. Its scale for a step is
 //   s = (max of its format / amax) / 2^margin,  amax = max of the history (or its newest entry)
 // fixed before the step from the steps before it (delayed scaling); the step's own amaxes, the
@@ -45,7 +45,7 @@ namespace tessera {
 
 class Fp8State {
  public:
-  enum Gemm { kQkv, kProj, kFc, kDown, kGemms };
+  enum Gemm { kQkv, kProj, kFc1, kFc2, kGemms };  // model/cost.hpp: a layer's linear layers
   enum Role { kInput, kWeight, kGrad, kRoles };
   static constexpr int kHead = -1;  // the layer index of the LM head's GEMM
   static constexpr int kPerLayer = int(kGemms) * int(kRoles);

@@ -17,7 +17,7 @@ bool Gpt<Backend>::kept(Slot s) const {
   switch (options_.recompute) {
     case Recompute::None: return true;
     case Recompute::Selective: return s != kAtt && s != kAttY;
-    case Recompute::Full: return s == kRes3;
+    case Recompute::Full: return s == kOut;
   }
   return true;
 }
@@ -32,44 +32,47 @@ bool Gpt<Backend>::kept(Stat s) const {
   return true;
 }
 
+namespace {
+
+ModelOptions stage_options(ModelOptions options, int tp) {
+  if (tp == 1) options.sequence_parallel = false;
+  return options;
+}
+
+}  // namespace
+
 template <class Backend>
 Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots,
                   Arena& arena, const ModelOptions& options, int chunk, Comm* cp)
     : layout_(layout), tp_(tp), arena_(&arena), max_n_(max_batch * max_seq),
-      max_batch_(max_batch), options_(options),
+      max_batch_(max_batch), options_(stage_options(options, layout.tp)),
+      block_(layout_, options_, tp, max_batch, max_seq),
       slots_(slots), begin_(layout.chunks.at(size_t(chunk)).begin),
       end_(layout.chunks.at(size_t(chunk)).end), first_(layout.first && chunk == 0),
       last_(layout.last && chunk + 1 == int(layout.chunks.size())) {
-  const ModelShape& s = layout.canonical.shape;
-  if (layout.tp == 1) options_.sequence_parallel = false;
-  const size_t N = size_t(max_batch) * max_seq, C = s.n_embd;
+  const Family& family = tessera::family(layout.canonical.shape.arch);
+  const size_t N = size_t(max_batch) * max_seq, C = size_t(n_embd());
   const size_t Nr = N / size_t(seq_split());  // rows of the norms and the residual stream
-  // This rank's widths: its heads of q (Q) and of q, k and v together (QKV), its MLP
-  // activations (F) and the GEMM in front of them (FH: GPT-2's c_fc, or LLaMA's gate and up).
-  width_.hs = s.head_size();
-  width_.nh = s.n_head / layout.tp;
-  width_.nkv = s.n_kv_head / layout.tp;
-  width_.q = width_.nh * width_.hs;
-  width_.qkv = (width_.nh + 2 * width_.nkv) * width_.hs;
-  width_.f = s.ffn_hidden / layout.tp;
-  width_.fh = s.arch == Arch::Llama ? 2 * width_.f : width_.f;
-  const size_t Q = size_t(width_.q), QKV = size_t(width_.qkv), F = size_t(width_.f),
-               FH = size_t(width_.fh);
+  // This rank's widths (model/family.hpp): its heads of q (Q) and of q, k and v together (QKV),
+  // its MLP activations (F) and fc1's output in front of them (FC1: GPT-2's c_fc, or LLaMA's
+  // gate and up).
+  const BlockWidths& w = block_.width();
+  const size_t Q = size_t(w.q), QKV = size_t(w.qkv), F = size_t(w.f), FC1 = size_t(w.fc1);
   const size_t L = size_t(end_ - begin_);
   // The attention's (B,NH/tp,T,T) probabilities, or with fused attention each row's log-sum-exp.
-  const size_t rows = size_t(max_batch) * size_t(width_.nh) * max_seq;
+  const size_t rows = size_t(max_batch) * size_t(w.nh) * max_seq;
   const bool fused = options.fused_attention;
   const size_t att = fused ? 0 : rows * max_seq, lse = fused ? rows : 0;
   const size_t last = last_ ? 1 : 0;
   // LayerNorm keeps each row's mean and rstd, RMSNorm its rstd alone.
-  const size_t mean = s.arch == Arch::Llama ? 0 : Nr;
+  const size_t mean = family.norm == NormKind::LayerNorm ? Nr : 0;
   // Per-layer kinds (`layers` true) are kept per slot and layer, or live in the workspace.
   struct { Slot kind; size_t size; bool layers; size_t count; } plan[] = {
-      {kEncoded, Nr * C, false, 1}, {kLn1, Nr * C, true, L},     {kQkv, N * QKV, true, L},
+      {kEncoded, Nr * C, false, 1}, {kNorm1, Nr * C, true, L},    {kQkv, N * QKV, true, L},
       {kAtt, att, true, L},         {kAttY, N * Q, true, L},      {kAttProj, Nr * C, true, L},
-      {kRes2, Nr * C, true, L},     {kLn2, Nr * C, true, L},      {kFcH, N * FH, true, L},
-      {kFcGelu, N * F, true, L},    {kFcProj, Nr * C, true, L},   {kRes3, Nr * C, true, L},
-      {kLnF, Nr * C, false, last},    {kLogits, N * size_t(layout.vocab_rows), false, last},
+      {kRes2, Nr * C, true, L},     {kNorm2, Nr * C, true, L},    {kFc1, N * FC1, true, L},
+      {kMlpAct, N * F, true, L},    {kFc2, Nr * C, true, L},      {kOut, Nr * C, true, L},
+      {kNormF, Nr * C, false, last},  {kLogits, N * size_t(layout.vocab_rows), false, last},
   };
   for (const auto& p : plan) {
     size_[p.kind] = p.size;
@@ -82,15 +85,15 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   size_t work = 0;
   for (const auto& p : plan) {
     if (!p.layers || L == 0) continue;
-    if (!kept(p.kind) || (p.kind == kRes3 && options.recompute == Recompute::Full)) {
+    if (!kept(p.kind) || (p.kind == kOut && options.recompute == Recompute::Full)) {
       work_offset_[p.kind] = slot_stride_ * size_t(slots) + work;
       work += p.size;
     }
   }
   struct { Stat kind; size_t size; bool layers; size_t count; } stat_plan[] = {
-      {kLn1Mean, mean, true, L},  {kLn1Rstd, Nr, true, L},   {kLn2Mean, mean, true, L},
-      {kLn2Rstd, Nr, true, L},    {kAttLse, lse, true, L},   {kLnFMean, mean, false, last},
-      {kLnFRstd, Nr, false, last},
+      {kNorm1Mean, mean, true, L}, {kNorm1Rstd, Nr, true, L},  {kNorm2Mean, mean, true, L},
+      {kNorm2Rstd, Nr, true, L},   {kAttLse, lse, true, L},    {kNormFMean, mean, false, last},
+      {kNormFRstd, Nr, false, last},
   };
   for (const auto& p : stat_plan) {
     stat_size_[p.kind] = p.size;
@@ -104,20 +107,11 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
       stat_work += p.size;
     }
   }
-  const size_t sp = options_.sequence_parallel ? 1 : 0;
-  const size_t scratch_sizes[kScratchKinds] = {
-      Nr * C, N * C, N * QKV, att, N * Q, N * FH, N * F,
-      sp * N * C, sp * N * C, sp * N * C, sp * Nr * C};
-  size_t total = 0;
-  for (int k = 0; k < kScratchKinds; ++k) {
-    scratch_offset_[k] = total;
-    total += scratch_sizes[k];
-  }
   const std::string of = layout.chunks.size() > 1 ? " (chunk " + std::to_string(chunk) + ")" : "";
   h_acts_ = arena.add("activations" + of, (slot_stride_ * size_t(slots) + work) * sizeof(Act));
   h_stats_ = arena.add("statistics (layernorm, attention log-sum-exp)" + of,
                        (stat_stride_ * size_t(slots) + stat_work) * 4);
-  h_scratch_ = arena.add("scratch" + of, total * sizeof(Act));
+  h_scratch_ = arena.add("scratch" + of, block_.scratch_elems() * sizeof(Act));
   h_row_max_ = arena.add("cross-entropy row max", N * sizeof(float));
   h_sums_ = arena.add("cross-entropy sums", 2 * N * sizeof(double));
   h_targets_ = arena.add("targets", size_t(slots) * N * sizeof(int32_t));
@@ -125,33 +119,36 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     cp_size_ = cp->size();
     cp_rank_ = cp->rank();
     context_ = std::make_unique<ContextAttention<Backend>>(
-        cp, options.cp_allgather, max_batch, max_seq, width_.nh, width_.nkv, width_.hs, arena);
+        cp, options.cp_allgather, max_batch, max_seq, w.nh, w.nkv, w.hs, arena);
   }
-  // FP8 GEMMs: the largest input and output gradient of this chunk's linear layers, each weight.
+  // FP8 GEMMs: the largest input and output gradient of this chunk's linear layers (the layers'
+  // GEMMs, model/cost.hpp, and the head's), each weight.
   if (options.fp8.on) {
     const bool head = last_ && options.fp8.head;
     const size_t V = head ? size_t(layout.vocab_rows) : 0;
     Fp8Sizes sizes;
-    sizes.input = N * std::max({C, Q, F});
-    sizes.grad = N * std::max({QKV, C, FH, V});
-    sizes.weight[Fp8State::kQkv] = QKV * C;
-    sizes.weight[Fp8State::kProj] = C * Q;
-    sizes.weight[Fp8State::kFc] = FH * C;
-    sizes.weight[Fp8State::kDown] = C * F;
+    size_t widest_in = 0, widest_out = V;
+    for (const LinearGemm& g : block_.cost().gemms) {
+      widest_in = std::max(widest_in, size_t(g.in));
+      widest_out = std::max(widest_out, size_t(g.out));
+      sizes.weight[g.gemm] = size_t(g.out) * size_t(g.in);
+    }
+    sizes.input = N * widest_in;
+    sizes.grad = N * widest_out;
     sizes.head = V * C;
     fp8_ = std::make_unique<Fp8Linear<Backend>>(options.fp8, begin_, end_, head, tp, cp, sizes,
                                                 arena);
   }
-  // LLaMA's rotary table: (T, hs/2) cos and sin pairs.
-  if (s.arch == Arch::Llama)
-    h_rope_ = arena.add("rotary table" + of, size_t(max_seq) * size_t(width_.hs) * sizeof(float));
+  // Rotary positions' table: (T, hs/2) cos and sin pairs.
+  if (family.position == Positions::Rotary)
+    h_rope_ = arena.add("rotary table" + of, size_t(max_seq) * size_t(w.hs) * sizeof(float));
 }
 
 template <class Backend>
 void Gpt<Backend>::poison_transient() {
   Backend::poison(acts_, arena_->bytes(h_acts_));
   Backend::poison(stats_, arena_->bytes(h_stats_));
-  Backend::poison(scratch_, arena_->bytes(h_scratch_));
+  Backend::poison(arena_->get<Act>(h_scratch_), arena_->bytes(h_scratch_));
   Backend::poison(row_max_, arena_->bytes(h_row_max_));
 }
 
@@ -159,32 +156,35 @@ template <class Backend>
 void Gpt<Backend>::bind() {
   acts_ = arena_->get<Act>(h_acts_);
   stats_ = arena_->get<float>(h_stats_);
-  scratch_ = arena_->get<Act>(h_scratch_);
   row_max_ = arena_->get<float>(h_row_max_);
   ce_sums_ = arena_->get<double>(h_sums_);
   targets_ = arena_->get<int32_t>(h_targets_);
   if (context_) context_->bind();
   if (fp8_) fp8_->bind();
-  if (layout_.canonical.shape.arch == Arch::Llama) {
-    rope_ = arena_->get<float>(h_rope_);
-    const ModelShape& s = layout_.canonical.shape;
-    // Row t of the table is local token t's: under context parallelism its true position's.
-    const int Tl = max_n_ / max_batch_, T = Tl * cp_size_, hs = width_.hs;
-    std::vector<float> full(size_t(T) * size_t(hs)), table(size_t(Tl) * size_t(hs));
-    cpu::rope_table(full.data(), T, hs, s.rope_theta);
-    for (int t = 0; t < Tl; ++t) {
-      const int at = cp_size_ > 1 ? context_position(t, Tl, cp_size_, cp_rank_) : t;
-      std::copy(full.begin() + long(at) * hs, full.begin() + long(at + 1) * hs,
-                table.begin() + long(t) * hs);
-    }
-    Backend::to_device(rope_, table.data(), table.size() * sizeof(float));
+  if (family(layout_.canonical.shape.arch).position == Positions::Rotary) fill_rope_table();
+  block_.bind(arena_->get<Act>(h_scratch_), rope_, context_.get(), fp8_.get());
+}
+
+template <class Backend>
+void Gpt<Backend>::fill_rope_table() {
+  rope_ = arena_->get<float>(h_rope_);
+  const ModelShape& s = layout_.canonical.shape;
+  // Row t of the table is local token t's: under context parallelism its true position's.
+  const int Tl = max_n_ / max_batch_, T = Tl * cp_size_, hs = block_.width().hs;
+  std::vector<float> full(size_t(T) * size_t(hs)), table(size_t(Tl) * size_t(hs));
+  cpu::rope_table(full.data(), T, hs, s.rope_theta);
+  for (int t = 0; t < Tl; ++t) {
+    const int at = cp_size_ > 1 ? context_position(t, Tl, cp_size_, cp_rank_) : t;
+    std::copy(full.begin() + long(at) * hs, full.begin() + long(at + 1) * hs,
+              table.begin() + long(t) * hs);
   }
+  Backend::to_device(rope_, table.data(), table.size() * sizeof(float));
 }
 
 template <class Backend>
 const typename Backend::Act* Gpt<Backend>::output(int slot) const {
   const int L = end_ - begin_;
-  return L > 0 ? act(kRes3, slot, L - 1) : act(kEncoded, slot);
+  return L > 0 ? act(kOut, slot, L - 1) : act(kEncoded, slot);
 }
 
 template <class Backend>
@@ -201,54 +201,26 @@ std::vector<std::pair<size_t, size_t>> Gpt<Backend>::tp_partial_gradients(int l)
     add(lay.norm_weight);
     add(lay.norm_bias);
   } else {
-    for (LayerTensor k : {kLn1W, kLn1B, kLn2W, kLn2B, kInNormW, kPostNormW})
-      if (lay.canonical.has(k)) add(lay.layer(l, k));
+    for (LayerRole r : {kNorm1W, kNorm1B, kNorm2W, kNorm2B})
+      if (lay.canonical.has(r)) add(lay.layer(l, r));
   }
   return out;
 }
 
 template <class Backend>
-const typename Backend::Act* Gpt<Backend>::gather_rows(const Act* rows, Act* full, int N) {
-  if (!options_.sequence_parallel) return rows;
-  tp_->all_gather(rows, full, size_t(N / seq_split()) * n_embd());
-  return full;
-}
-
-template <class Backend>
-typename Backend::Act* Gpt<Backend>::reduce_rows(Act* partial, Act* rows, int N) {
-  if (!options_.sequence_parallel) {
-    tp_->all_reduce_sum(partial, size_t(N) * n_embd());
-    return partial;
-  }
-  tp_->reduce_scatter_sum(partial, rows, size_t(N / seq_split()) * n_embd());
-  return rows;
-}
-
-template <class Backend>
-typename Gpt<Backend>::LayerActs Gpt<Backend>::layer_acts(int slot, int i,
-                                                          bool recomputing) const {
+typename TransformerBlock<Backend>::Acts Gpt<Backend>::layer_acts(int slot, int i,
+                                                                  bool recomputing) const {
   auto A = [&](Slot k) { return kept(k) ? act(k, slot, i) : work(k); };
   auto S = [&](Stat k) { return kept(k) ? stat(k, slot, i) : work(k); };
-  LayerActs a;
-  a.in = i == 0 ? act(kEncoded, slot) : act(kRes3, slot, i - 1);
-  a.ln1 = A(kLn1), a.qkv = A(kQkv), a.att = A(kAtt), a.atty = A(kAttY), a.attproj = A(kAttProj);
-  a.res2 = A(kRes2), a.ln2 = A(kLn2), a.fch = A(kFcH), a.fcgelu = A(kFcGelu);
-  a.fcproj = A(kFcProj);
-  a.out = recomputing ? work(kRes3) : act(kRes3, slot, i);
-  a.ln1_mean = S(kLn1Mean), a.ln1_rstd = S(kLn1Rstd), a.ln2_mean = S(kLn2Mean);
-  a.ln2_rstd = S(kLn2Rstd), a.lse = S(kAttLse);
+  typename Blk::Acts a;
+  a.in = i == 0 ? act(kEncoded, slot) : act(kOut, slot, i - 1);
+  a.norm1 = A(kNorm1), a.qkv = A(kQkv), a.att = A(kAtt), a.atty = A(kAttY);
+  a.attproj = A(kAttProj), a.res2 = A(kRes2), a.norm2 = A(kNorm2), a.fc1 = A(kFc1);
+  a.mlp_act = A(kMlpAct), a.fc2 = A(kFc2);
+  a.out = recomputing ? work(kOut) : act(kOut, slot, i);
+  a.norm1_mean = S(kNorm1Mean), a.norm1_rstd = S(kNorm1Rstd), a.norm2_mean = S(kNorm2Mean);
+  a.norm2_rstd = S(kNorm2Rstd), a.lse = S(kAttLse);
   return a;
-}
-
-template <class Backend>
-void Gpt<Backend>::attention_core(const LayerActs& a, int B, int T) {
-  const Width& w = width_;
-  if (context_)
-    context_->forward(a.atty, a.lse, a.qkv, B);
-  else if (options_.fused_attention)
-    Backend::attention_fused_forward(a.atty, a.lse, a.qkv, B, T, w.nh, w.nkv, w.hs);
-  else
-    Backend::attention_forward(a.atty, a.att, a.qkv, B, T, w.nh, w.nkv, w.hs);
 }
 
 // Under context parallelism each of a sequence's two chunks (T / 2 rows each) sits at its own
@@ -298,97 +270,6 @@ void Gpt<Backend>::encode_backward(float* dembed, float* dpositions, const Act* 
 }
 
 template <class Backend>
-typename Gpt<Backend>::LayerWeights Gpt<Backend>::layer_weights(const Act* params, float* grads,
-                                                                int l) const {
-  const LocalLayout& lay = layout_;
-  const size_t begin = lay.units[size_t(lay.layer_unit(l))].begin;
-  auto at = [&](LayerTensor t) -> size_t {
-    return lay.canonical.has(t) ? lay.tensors[size_t(lay.layer(l, t))].offset - begin : size_t(-1);
-  };
-  auto P = [&](LayerTensor t) { return at(t) == size_t(-1) ? nullptr : params + at(t); };
-  auto G = [&](LayerTensor t) {
-    return at(t) == size_t(-1) || grads == nullptr ? nullptr : grads + at(t);
-  };
-  // The GEMMs' weights of q, k and v (and of gate and up) are adjacent shards: one GEMM each.
-  const bool llama = lay.canonical.shape.arch == Arch::Llama;
-  const LayerTensor kinds[6][2] = {
-      {kLn1W, kInNormW}, {kAttnW, kQW}, {kAttnProjW, kOW}, {kLn2W, kPostNormW}, {kFcW, kGateW},
-      {kFcProjW, kDownW}};
-  const LayerTensor biases[6] = {kLn1B, kAttnB, kAttnProjB, kLn2B, kFcB, kFcProjB};
-  LayerWeights w;
-  const Act** p[6] = {&w.norm1, &w.qkv, &w.proj, &w.norm2, &w.fc, &w.down};
-  float** g[6] = {&w.g_norm1, &w.g_qkv, &w.g_proj, &w.g_norm2, &w.g_fc, &w.g_down};
-  const Act** pb[6] = {&w.norm1_b, &w.qkv_b, &w.proj_b, &w.norm2_b, &w.fc_b, &w.down_b};
-  float** gb[6] = {&w.g_norm1_b, &w.g_qkv_b, &w.g_proj_b, &w.g_norm2_b, &w.g_fc_b, &w.g_down_b};
-  for (int k = 0; k < 6; ++k) {
-    *p[k] = P(kinds[k][llama]);
-    *g[k] = G(kinds[k][llama]);
-    *pb[k] = llama ? nullptr : P(biases[k]);
-    *gb[k] = llama ? nullptr : G(biases[k]);
-  }
-  return w;
-}
-
-template <class Backend>
-void Gpt<Backend>::norm_forward(Act* out, float* mean, float* rstd, const Act* in, const Act* weight,
-                                const Act* bias, int rows) {
-  const ModelShape& s = layout_.canonical.shape;
-  if (s.arch == Arch::Llama)
-    Backend::rmsnorm_forward(out, rstd, in, weight, rows, s.n_embd, s.norm_eps);
-  else
-    Backend::layernorm_forward(out, mean, rstd, in, weight, bias, rows, s.n_embd);
-}
-
-template <class Backend>
-void Gpt<Backend>::norm_backward(Act* din, float* dweight, float* dbias, const Act* dout,
-                                 const Act* in, const Act* weight, const float* mean,
-                                 const float* rstd, int rows) {
-  const ModelShape& s = layout_.canonical.shape;
-  if (s.arch == Arch::Llama)
-    Backend::rmsnorm_backward(din, dweight, dout, in, weight, rstd, rows, s.n_embd);
-  else
-    Backend::layernorm_backward(din, dweight, dbias, dout, in, weight, mean, rstd, rows, s.n_embd);
-}
-
-// N = B*T rows pass the column-parallel GEMMs and the attention; Nr = N / seq_split() rows pass
-// the norms, biases and residual adds (all of them without sequence parallelism). The two
-// families differ in the norm (LayerNorm with bias / RMSNorm), the biases, the rotary
-// embedding of q and k, and the MLP's activation (GELU / SwiGLU of gate and up).
-template <class Backend>
-void Gpt<Backend>::layer_forward(const Act* params, int l, const LayerActs& a, int B, int T) {
-  const Width& wd = width_;
-  const int C = n_embd(), N = B * T, Nr = N / seq_split();
-  const size_t NrC = size_t(Nr) * C;
-  const bool sp = options_.sequence_parallel, llama = layout_.canonical.shape.arch == Arch::Llama;
-  const Act* none = nullptr;
-  const LayerWeights w = layer_weights(params, nullptr, l);
-  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, w.norm1, w.norm1_b, Nr);
-  // Column-parallel q, k, v: this rank's heads of each.
-  linear_forward(l, Fp8State::kQkv, a.qkv, gather_rows(a.ln1, scratch(kGather), N), w.qkv, w.qkv_b,
-                 N, C, wd.qkv);
-  if (llama) Backend::rope_forward(a.qkv, rope_, B, T, wd.nh, wd.nkv, wd.hs);
-  attention_core(a, B, T);
-  // Row-parallel projection: partial products summed over tp, then the replicated bias once.
-  Act* partial = sp ? scratch(kPartial) : a.attproj;
-  linear_forward(l, Fp8State::kProj, partial, a.atty, w.proj, none, N, wd.q, C);
-  reduce_rows(partial, a.attproj, N);
-  if (w.proj_b) Backend::bias_add(a.attproj, w.proj_b, Nr, C);
-  Backend::residual_forward(a.res2, a.in, a.attproj, NrC);
-  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.norm2, w.norm2_b, Nr);
-  linear_forward(l, Fp8State::kFc, a.fch, gather_rows(a.ln2, scratch(kGather), N), w.fc, w.fc_b, N,
-                 C, wd.fh);
-  if (llama)
-    Backend::swiglu_forward(a.fcgelu, a.fch, N, wd.f);
-  else
-    Backend::gelu_forward(a.fcgelu, a.fch, size_t(N) * wd.f);
-  partial = sp ? scratch(kPartial) : a.fcproj;
-  linear_forward(l, Fp8State::kDown, partial, a.fcgelu, w.down, none, N, wd.f, C);
-  reduce_rows(partial, a.fcproj, N);
-  if (w.down_b) Backend::bias_add(a.fcproj, w.down_b, Nr, C);
-  Backend::residual_forward(a.out, a.res2, a.fcproj, NrC);
-}
-
-template <class Backend>
 std::vector<int> Gpt<Backend>::pass_units(bool forward) const {
   const LocalLayout& lay = layout_;
   std::vector<int> in, layers, out;
@@ -432,33 +313,34 @@ void Gpt<Backend>::forward(Weights<Act>& weights, int slot, const int32_t* token
   if (first_) {
     // Vocab-parallel lookup: each rank fills its rows' tokens, tp rank 0 adds the positions once;
     // the sum over tp is the stage's input.
-    Act* partial = options_.sequence_parallel ? scratch(kPartial) : act(kEncoded, slot);
+    Act* partial = options_.sequence_parallel ? scratch(Blk::kPartial) : act(kEncoded, slot);
     const Act* embed = P(lay.embed);
     const Act* positions = P(lay.positions);
     encode(partial, tokens, embed, lay.tp_rank == 0 ? positions : none, B, T);
     done(lay.embed);
     done(lay.positions);
-    reduce_rows(partial, act(kEncoded, slot), N);
+    block_.reduce_rows(partial, act(kEncoded, slot), N);
   }
   for (int l = begin_; l < end_; ++l) {
     const int u = lay.layer_unit(l);
-    layer_forward(weights.params(u), l, layer_acts(slot, l - begin_, false), B, T);
+    block_.forward(weights.params(u), l, layer_acts(slot, l - begin_, false), B, T);
     weights.params_done(u);
   }
   if (!last_) return;
 
   const Act* norm_weight = P(lay.norm_weight);
   const Act* norm_bias = P(lay.norm_bias);
-  norm_forward(act(kLnF, slot), stat(kLnFMean, slot), stat(kLnFRstd, slot), output(slot),
-               norm_weight, norm_bias, Nr);
+  block_.norm_forward(act(kNormF, slot), stat(kNormFMean, slot), stat(kNormFRstd, slot),
+                      output(slot), norm_weight, norm_bias, Nr);
   done(lay.norm_weight);
   done(lay.norm_bias);
   // Vocab-parallel head over this rank's rows (head_columns(): the real ones, or with the
   // padding where the backend wants aligned GEMMs; the cross-entropy reads the real ones).
   const int Vh = head_columns(), Vl = lay.vocab_valid();
   Act* logits = act(kLogits, slot);
-  linear_forward(Fp8State::kHead, 0, logits, gather_rows(act(kLnF, slot), scratch(kGather), N),
-                 P(lay.head), none, N, C, Vh);
+  block_.linear_forward(Fp8State::kHead, 0, logits,
+                        block_.gather_rows(act(kNormF, slot), scratch(Blk::kGather), N),
+                        P(lay.head), none, N, C, Vh);
   done(lay.head);
   if (targets == nullptr) return;
 
@@ -473,53 +355,6 @@ void Gpt<Backend>::forward(Weights<Act>& weights, int slot, const int32_t* token
                                  lay.vocab_begin);
   tp_->all_reduce_sum(ce_sums_, 2 * size_t(N));
   Backend::crossentropy_finish(losses, logits, ce_sums_, N, Vh, Vl);
-}
-
-template <class Backend>
-void Gpt<Backend>::layer_backward(const Act* params, float* grads, int l, const LayerActs& a,
-                                  int B, int T) {
-  const Width& wd = width_;
-  const int C = n_embd(), N = B * T, Nr = N / seq_split();
-  const size_t NC = size_t(N) * C;
-  const bool llama = layout_.canonical.shape.arch == Arch::Llama;
-  const LayerWeights w = layer_weights(params, grads, l);
-  // dres holds the gradient of the layer's output (this rank's rows); the residual path passes
-  // it through unchanged, so each branch's backward only adds its input gradient into it. The
-  // row-parallel GEMMs read it whole (all-gathered), and the column-parallel GEMMs' input
-  // gradients are partial sums over tp, reduced back into this rank's rows.
-  Act* dres = scratch(kDRes);
-  zero(scratch(kDFcGelu), size_t(N) * wd.f);
-  linear_backward(l, Fp8State::kDown, scratch(kDFcGelu), w.g_down, w.g_down_b,
-                  gather_rows(dres, scratch(kDFull), N), a.fcgelu, w.down, N, wd.f, C);
-  zero(scratch(kDFcH), size_t(N) * wd.fh);
-  if (llama)
-    Backend::swiglu_backward(scratch(kDFcH), a.fch, scratch(kDFcGelu), N, wd.f);
-  else
-    Backend::gelu_backward(scratch(kDFcH), a.fch, scratch(kDFcGelu), size_t(N) * wd.f);
-  zero(scratch(kDLn), NC);
-  linear_backward(l, Fp8State::kFc, scratch(kDLn), w.g_fc, w.g_fc_b, scratch(kDFcH),
-                  gather_rows(a.ln2, scratch(kGather), N), w.fc, N, C, wd.fh);
-  const Act* dln2 = reduce_rows(scratch(kDLn), scratch(kDLnRows), N);
-  norm_backward(dres, w.g_norm2, w.g_norm2_b, dln2, a.res2, w.norm2, a.ln2_mean, a.ln2_rstd, Nr);
-
-  zero(scratch(kDAttY), size_t(N) * wd.q);
-  linear_backward(l, Fp8State::kProj, scratch(kDAttY), w.g_proj, w.g_proj_b,
-                  gather_rows(dres, scratch(kDFull), N), a.atty, w.proj, N, wd.q, C);
-  zero(scratch(kDQkv), size_t(N) * wd.qkv);
-  if (context_)
-    context_->backward(scratch(kDQkv), scratch(kDAttY), a.qkv, a.atty, a.lse, B);
-  else if (options_.fused_attention)
-    Backend::attention_fused_backward(scratch(kDQkv), scratch(kDAttY), a.qkv, a.atty, a.lse, B, T,
-                                      wd.nh, wd.nkv, wd.hs);
-  else
-    Backend::attention_backward(scratch(kDQkv), scratch(kDAtt), scratch(kDAttY), a.qkv, a.att, B,
-                                T, wd.nh, wd.nkv, wd.hs);
-  if (llama) Backend::rope_backward(scratch(kDQkv), rope_, B, T, wd.nh, wd.nkv, wd.hs);
-  zero(scratch(kDLn), NC);
-  linear_backward(l, Fp8State::kQkv, scratch(kDLn), w.g_qkv, w.g_qkv_b, scratch(kDQkv),
-                  gather_rows(a.ln1, scratch(kGather), N), w.qkv, N, C, wd.qkv);
-  const Act* dln1 = reduce_rows(scratch(kDLn), scratch(kDLnRows), N);
-  norm_backward(dres, w.g_norm1, w.g_norm1_b, dln1, a.in, w.norm1, a.ln1_mean, a.ln1_rstd, Nr);
 }
 
 template <class Backend>
@@ -538,7 +373,7 @@ void Gpt<Backend>::backward(Weights<Act>& weights, int slot, const int32_t* toke
     if (read_params) weights.params_done(unit(tensor));
     weights.grads_done(unit(tensor));
   };
-  Act* dres = scratch(kDRes);
+  Act* dres = scratch(Blk::kDRes);
 
   if (last_) {
     // The probabilities become their own gradient in place: probs - onehot, scaled (0 on the
@@ -547,16 +382,18 @@ void Gpt<Backend>::backward(Weights<Act>& weights, int slot, const int32_t* toke
     Act* dlogits = act(kLogits, slot);
     Backend::crossentropy_backward(dlogits, dlogits, targets_ + size_t(slot) * max_n_, dloss, N,
                                    Vh, Vl, lay.vocab_begin);
-    zero(scratch(kDLn), size_t(N) * C);
+    zero(scratch(Blk::kDNorm), size_t(N) * C);
     const Act* head = P(lay.head);
-    linear_backward(Fp8State::kHead, 0, scratch(kDLn), G(lay.head), no_grad, dlogits,
-                    gather_rows(act(kLnF, slot), scratch(kGather), N), head, N, C, Vh);
+    block_.linear_backward(Fp8State::kHead, 0, scratch(Blk::kDNorm), G(lay.head), no_grad,
+                           dlogits,
+                           block_.gather_rows(act(kNormF, slot), scratch(Blk::kGather), N),
+                           head, N, C, Vh);
     done(lay.head, true);
-    const Act* dlnf = reduce_rows(scratch(kDLn), scratch(kDLnRows), N);
+    const Act* dnormf = block_.reduce_rows(scratch(Blk::kDNorm), scratch(Blk::kDNormRows), N);
     zero(dres, size_t(Nr) * C);
     const Act* norm_weight = P(lay.norm_weight);
-    norm_backward(dres, G(lay.norm_weight), G(lay.norm_bias), dlnf, output(slot), norm_weight,
-                  stat(kLnFMean, slot), stat(kLnFRstd, slot), Nr);
+    block_.norm_backward(dres, G(lay.norm_weight), G(lay.norm_bias), dnormf, output(slot),
+                         norm_weight, stat(kNormFMean, slot), stat(kNormFRstd, slot), Nr);
     done(lay.norm_weight, true);
     done(lay.norm_bias, false);
   }
@@ -566,21 +403,21 @@ void Gpt<Backend>::backward(Weights<Act>& weights, int slot, const int32_t* toke
     float* grads = weights.grads(u);
     if (options_.recompute == Recompute::Full) {
       // Rerun the layer's forward from its kept input, then its backward reads what it wrote.
-      const LayerActs a = layer_acts(slot, i, true);
-      layer_forward(params, l, a, B, T);
-      layer_backward(params, grads, l, a, B, T);
+      const typename Blk::Acts a = layer_acts(slot, i, true);
+      block_.forward(params, l, a, B, T);
+      block_.backward(params, grads, l, a, B, T);
     } else {
-      const LayerActs a = layer_acts(slot, i, false);
-      if (options_.recompute == Recompute::Selective) attention_core(a, B, T);
-      layer_backward(params, grads, l, a, B, T);
+      const typename Blk::Acts a = layer_acts(slot, i, false);
+      if (options_.recompute == Recompute::Selective) block_.attention_core(a, B, T);
+      block_.backward(params, grads, l, a, B, T);
     }
     weights.params_done(u);
     weights.grads_done(u);
     if (layer_done) layer_done(l);
   }
   if (first_) {
-    encode_backward(G(lay.embed), G(lay.positions), gather_rows(dres, scratch(kDFull), N), tokens,
-                    B, T);
+    encode_backward(G(lay.embed), G(lay.positions),
+                    block_.gather_rows(dres, scratch(Blk::kDFull), N), tokens, B, T);
     done(lay.embed, false);
     done(lay.positions, false);
   }

@@ -1,9 +1,10 @@
 #pragma once
-// Forward and backward of one rank's tile of the model (GPT-2 or LLaMA blocks, model.arch; one
-// code path, the families differing only where their blocks do): the layers of its pipeline stage,
-// split Megatron-style over the tensor-parallel communicator, over the flat local parameter
-// buffer. Activations of `slots` micro-batches live in one arena buffer, so a pipeline schedule
-// can keep several micro-batches in flight. With tp = pp = 1 this is the whole model on one rank.
+// Forward and backward of one rank's tile of the model: the embedding, the layers of its pipeline
+// stage (blocks of the model's family, model/transformer_block.hpp), the final norm, the LM head
+// and the loss, split Megatron-style over the tensor-parallel communicator, over the flat local
+// parameter buffer. Activations of `slots` micro-batches live in one arena buffer, so a pipeline
+// schedule can keep several micro-batches in flight. With tp = pp = 1 this is the whole model on
+// one rank.
 //
 // Written once over a backend B (backend/backend.hpp): CpuBackend, or CudaBackend<float | bf16>.
 // Parameters and activations are Backend::Act; parameter gradients, normalisation statistics and
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "backend/arena.hpp"
+#include "model/transformer_block.hpp"
 #include "model/context_attention.hpp"
 #include "model/fp8.hpp"
 #include "model/options.hpp"
@@ -42,6 +44,9 @@ class Gpt {
   // r and 2 cp - 1 - r, at their true positions.
   Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots, Arena& arena,
       const ModelOptions& options = {}, int chunk = 0, Comm* cp = nullptr);
+  // The block keeps a pointer to layout_: not copied, not moved (engines hold it by pointer).
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
   void bind();
   // The buffers every step overwrites before it reads them (activations, statistics, scratch,
   // the cross-entropy row maxima) filled with NaN in the CUDA emulator (Backend::poison): a
@@ -73,7 +78,7 @@ class Gpt {
 
   // Stages before the last: the gradient of the output (B,T,C), filled by the caller (received
   // from the next stage) before backward.
-  Act* grad_output() { return scratch(kDRes); }
+  Act* grad_output() { return scratch(Blk::kDRes); }
   // Adds the parameter gradients (fp32) of micro-batch `slot` to those `weights` hands out, unit
   // by unit; on the last stage each position's loss is weighted by dloss. Afterwards, on stages after the
   // first, grad_input() holds the gradient of the stage's input (B,T,C).
@@ -82,7 +87,7 @@ class Gpt {
   // starts there, while the layers below are still computing).
   void backward(Weights<Act>& weights, int slot, const int32_t* tokens, int B, int T,
                 float dloss, const std::function<void(int layer)>& layer_done = {});
-  const Act* grad_input() const { return scratch(kDRes); }
+  const Act* grad_input() const { return scratch(Blk::kDRes); }
 
   // Last stage, after a forward without targets: this rank's logits (B*T, head_columns()), of
   // which the first vocab_valid() are real.
@@ -112,52 +117,26 @@ class Gpt {
   int slots() const { return slots_; }
 
  private:
-  // Per-slot activations (Act); per-layer kinds hold n_local_layers consecutive blocks.
+  using Blk = TransformerBlock<Backend>;
+  // Per-slot activations (Act); per-layer kinds hold n_local_layers consecutive blocks: those of
+  // TransformerBlock::Acts, then the final norm's output and the logits.
   enum Slot {
-    kEncoded, kLn1, kQkv, kAtt, kAttY, kAttProj, kRes2, kLn2, kFcH, kFcGelu, kFcProj, kRes3, kLnF,
-    kLogits, kSlotKinds
+    kEncoded, kNorm1, kQkv, kAtt, kAttY, kAttProj, kRes2, kNorm2, kFc1, kMlpAct, kFc2, kOut,
+    kNormF, kLogits, kSlotKinds
   };
   // Per-slot fp32 statistics; kAttLse (B,NH/tp,T) per layer with fused attention only (kAtt and
-  // kDAtt are empty then).
-  enum Stat { kLn1Mean, kLn1Rstd, kLn2Mean, kLn2Rstd, kAttLse, kLnFMean, kLnFRstd, kStatKinds };
-  // Scratch (Act), one set shared by all slots and layers. Under sequence parallelism: kGather
-  // (B*T,C) an all-gathered norm output, kPartial (B*T,C) a row-parallel product before its
-  // reduce-scatter, kDFull (B*T,C) the all-gathered gradient of the residual stream, kDLnRows
-  // this rank's rows of a norm output's gradient.
-  enum Scratch {
-    kDRes, kDLn, kDQkv, kDAtt, kDAttY, kDFcH, kDFcGelu, kGather, kPartial, kDFull, kDLnRows,
-    kScratchKinds
+  // the probabilities' gradient are empty then). RMSNorm keeps no mean.
+  enum Stat {
+    kNorm1Mean, kNorm1Rstd, kNorm2Mean, kNorm2Rstd, kAttLse, kNormFMean, kNormFRstd, kStatKinds
   };
 
   // Where one layer's activations are for one micro-batch: kept ones in the slot, recomputed
-  // ones in the workspace.
-  struct LayerActs {
-    const Act* in;
-    Act *ln1, *qkv, *att, *atty, *attproj, *res2, *ln2, *fch, *fcgelu, *fcproj, *out;
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
-  };
-  // `recomputing`: the layer's output too goes to the workspace (the kept one may be in flight
-  // to the next stage; the values are the same).
-  LayerActs layer_acts(int slot, int i, bool recomputing) const;
-  // One layer's parameters (and gradients, where grads is given) by role, from the pointers to
-  // its unit; nullptr where the family has none (LLaMA's biases).
-  struct LayerWeights {
-    const Act *norm1, *norm1_b, *qkv, *qkv_b, *proj, *proj_b, *norm2, *norm2_b, *fc, *fc_b,
-        *down, *down_b;
-    float *g_norm1, *g_norm1_b, *g_qkv, *g_qkv_b, *g_proj, *g_proj_b, *g_norm2, *g_norm2_b,
-        *g_fc, *g_fc_b, *g_down, *g_down_b;
-  };
-  LayerWeights layer_weights(const Act* params, float* grads, int l) const;
-  // LayerNorm (GPT-2: mean and rstd kept) or RMSNorm (LLaMA: rstd kept, no bias) over `rows`.
-  void norm_forward(Act* out, float* mean, float* rstd, const Act* in, const Act* weight,
-                    const Act* bias, int rows);
-  void norm_backward(Act* din, float* dweight, float* dbias, const Act* dout, const Act* in,
-                     const Act* weight, const float* mean, const float* rstd, int rows);
-  void layer_forward(const Act* params, int l, const LayerActs& a, int B, int T);
+  // ones in the workspace. `recomputing`: the layer's output too goes to the workspace (the kept
+  // one may be in flight to the next stage; the values are the same).
+  typename Blk::Acts layer_acts(int slot, int i, bool recomputing) const;
   // The units whose parameters a forward (or backward) pass of this chunk reads, in order.
   std::vector<int> pass_units(bool forward) const;
   int unit(int tensor) const { return layout_.unit_of_tensor[size_t(tensor)]; }
-  void attention_core(const LayerActs& a, int B, int T);
   // The token and position embedding of (B,T) tokens into out, and its backward: under context
   // parallelism chunk by chunk, each at its true positions.
   void encode(Act* out, const int32_t* tokens, const Act* embed, const Act* positions, int B,
@@ -166,24 +145,8 @@ class Gpt {
                        int B, int T);
   template <class F>
   void each_chunk(int B, int T, F f) const;
-  void layer_backward(const Act* params, float* grads, int l, const LayerActs& a, int B, int T);
-
-  // Backend::matmul_forward / matmul_backward, or their FP8 form (model/fp8.hpp) where this
-  // chunk's GEMM `gemm` (Fp8State::Gemm) of `layer` (Fp8State::kHead: the LM head) is in FP8.
-  void linear_forward(int layer, int gemm, Act* out, const Act* in, const Act* weight,
-                      const Act* bias, int N, int IC, int OC) {
-    if (fp8_ && fp8_->covers(layer))
-      fp8_->forward(layer, gemm, out, in, weight, bias, N, IC, OC);
-    else
-      Backend::matmul_forward(out, in, weight, bias, N, IC, OC);
-  }
-  void linear_backward(int layer, int gemm, Act* din, float* dweight, float* dbias,
-                       const Act* dout, const Act* in, const Act* weight, int N, int IC, int OC) {
-    if (fp8_ && fp8_->covers(layer))
-      fp8_->backward(layer, gemm, din, dweight, dbias, dout, in, weight, N, IC, OC);
-    else
-      Backend::matmul_backward(din, dweight, dbias, dout, in, weight, N, IC, OC);
-  }
+  // The rotary table of this rank's tokens into rope_ (model/transformer_block.hpp).
+  void fill_rope_table();
 
   // Per-layer kinds kept (true) or recomputed (false) under this rank's options.
   bool kept(Slot s) const;
@@ -192,12 +155,8 @@ class Gpt {
   // Sequence parallelism: the split of the B*T rows (tp, or 1 without it).
   int seq_split() const { return options_.sequence_parallel ? layout_.tp : 1; }
   int n_embd() const { return layout_.canonical.shape.n_embd; }
-  // A norm output of this rank's rows as the (N,C) a column-parallel GEMM reads: all-gathered
-  // into `full`, or the argument itself without sequence parallelism.
-  const Act* gather_rows(const Act* rows, Act* full, int N);
-  // A row-parallel GEMM's (N,C) partial product summed over tp into this rank's rows: reduced in
-  // place (and returned), or reduce-scattered into `rows`.
-  Act* reduce_rows(Act* partial, Act* rows, int N);
+  Act* scratch(typename Blk::Scratch s) const { return block_.scratch(s); }
+  void zero(Act* p, size_t n) const { Backend::zero(p, n * sizeof(Act)); }
 
   Act* act(Slot s, int slot, int layer = 0) const {
     return acts_ + slot * slot_stride_ + offset_[s] + size_t(layer) * size_[s];
@@ -207,35 +166,27 @@ class Gpt {
   }
   Act* work(Slot s) const { return acts_ + work_offset_[s]; }
   float* work(Stat s) const { return stats_ + stat_work_offset_[s]; }
-  Act* scratch(Scratch s) const { return scratch_ + scratch_offset_[s]; }
-  void zero(Act* p, size_t n) const { Backend::zero(p, n * sizeof(Act)); }
 
   LocalLayout layout_;
   Comm* tp_;
   Arena* arena_;
   int max_n_, max_batch_;
-  // This rank's widths: head size, heads of q and of k/v, q's columns (nh * hs), q/k/v's
-  // columns together, the MLP's activation columns (f) and its first GEMM's (fh).
-  struct Width {
-    int hs = 0, nh = 0, nkv = 0, q = 0, qkv = 0, f = 0, fh = 0;
-  } width_;
-  ModelOptions options_;
+  ModelOptions options_;  // sequence_parallel off with tp = 1
+  Blk block_;             // the layers' ops, scratch, collectives, norm and linear layers
   int slots_;
   int begin_, end_;  // this chunk's layers
   bool first_, last_;
   size_t offset_[kSlotKinds] = {}, size_[kSlotKinds] = {}, slot_stride_ = 0;
   size_t stat_offset_[kStatKinds] = {}, stat_size_[kStatKinds] = {}, stat_stride_ = 0;
   size_t work_offset_[kSlotKinds] = {}, stat_work_offset_[kStatKinds] = {};
-  size_t scratch_offset_[kScratchKinds] = {};
   size_t h_acts_ = 0, h_stats_ = 0, h_scratch_ = 0, h_row_max_ = 0, h_sums_ = 0, h_targets_ = 0;
   size_t h_rope_ = 0;
-  float* rope_ = nullptr;  // LLaMA: the rotary table (T, hs/2, 2), by local token
+  float* rope_ = nullptr;  // rotary positions: the table (T, hs/2, 2), by local token
   std::unique_ptr<ContextAttention<Backend>> context_;  // cp > 1
   std::unique_ptr<Fp8Linear<Backend>> fp8_;              // device.precision fp8
   int cp_size_ = 1, cp_rank_ = 0;
   Act* acts_ = nullptr;
   float* stats_ = nullptr;
-  Act* scratch_ = nullptr;
   float* row_max_ = nullptr;
   double* ce_sums_ = nullptr;   // (N,2) cross-entropy partial sums
   int32_t* targets_ = nullptr;  // (slots, N): the backward's targets of each slot

@@ -2,20 +2,17 @@
 // The parameter table: canonical name, shape and offset of every tensor in the one flat parameter
 // buffer (docs/models.md). Gradients, Adam moments and checkpoints use the same offsets.
 //
-// Two block families (model.arch). GPT-2: learned positions, pre-LayerNorm with biases, GELU MLP,
-// fused c_attn, GPT-2's state_dict names. LLaMA: no positions in the embedding (rotary ones on q
-// and k), RMSNorm, SwiGLU MLP, grouped-query attention with separate q, k, v projections, no
-// biases, the names of Hugging Face's LlamaModel (plus lm_head), so a checkpoint's /model loads
-// into a PyTorch LLaMA by name. Either ties the LM head to the token embedding or not.
+// The model family (model.arch, model/family.hpp) describes the tensors: the embedding (and
+// learned positions), each layer's table (layer_params), the final norm, and an LM head of its
+// own unless it is tied to the token embedding.
 #include <cstddef>
 #include <string>
 #include <vector>
 
 #include "config/config.hpp"
+#include "model/family.hpp"
 
 namespace tessera {
-
-// Arch (config/config.hpp): model.arch, the block family.
 
 struct ModelShape {
   Arch arch = Arch::Gpt2;
@@ -37,11 +34,9 @@ struct ModelShape {
 ModelShape make_model_shape(int n_layer, int n_head, int n_embd, int block_size, int vocab_size,
                             int vocab_multiple);
 // The deck's model (its `vocab_size` 0 replaced by `vocab`), defaults resolved: n_kv_head,
-// ffn_hidden (LLaMA: 8C/3 rounded up to ffn_multiple), tie_embeddings.
+// ffn_hidden (the family's MLP's default, model/mlp.hpp), tie_embeddings (the family's).
 ModelShape make_model_shape(const ModelConfig& model, int vocab);
 const char* arch_name(Arch arch);
-
-enum class Init { Normal, ResidualNormal, Zeros, Ones };
 
 struct ParamTensor {
   std::string name;             // torch state_dict key, e.g. "h.3.mlp.c_fc.weight"
@@ -51,20 +46,9 @@ struct ParamTensor {
   Init init = Init::Zeros;
   bool weight_decay = false;    // 2-D tensors only: none on biases and norm weights
   bool vocab_rows = false;      // rows are the (padded) vocabulary: the embedding and the head
+  Split split = Split::Replicated;  // how tensor parallelism shards it (model/shard.cpp)
+  LayerRole role = kLayerRoles;     // what it is in its layer; kLayerRoles outside the layers
 };
-
-// Per-layer tensors of both families. A layer holds its family's kinds in this order, so the
-// local shards of q, k and v (and of gate and up) sit next to each other: one GEMM computes them.
-enum LayerTensor {
-  // GPT-2
-  kLn1W, kLn1B, kAttnW, kAttnB, kAttnProjW, kAttnProjB,
-  kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB,
-  // LLaMA
-  kInNormW, kQW, kKW, kVW, kOW, kPostNormW, kGateW, kUpW, kDownW,
-  kLayerTensorKinds
-};
-// The kinds of a family's layer, in buffer order.
-const std::vector<LayerTensor>& layer_tensors(Arch arch);
 
 struct ParamLayout {
   ModelShape shape;
@@ -73,18 +57,18 @@ struct ParamLayout {
   std::vector<ParamTensor> tensors;
   size_t total = 0;
 
-  // Tensor indices; -1 where the family has none (wpe, the final norm's bias in LLaMA; the head
-  // when tied).
+  // Tensor indices; -1 where the family has none (learned positions, the final norm's bias; the
+  // head when tied).
   int embed = -1, positions = -1, norm_weight = -1, norm_bias = -1, head = -1;
-  int layer(int l, LayerTensor t) const {
-    return first_layer_ + l * per_layer_ + kind_position_[t];
-  }
-  bool has(LayerTensor t) const { return kind_position_[t] >= 0; }
+  // Layer l's first tensor (its per_layer() tensors follow), and its (first) tensor of a role.
+  int layer_begin(int l) const { return first_layer_ + l * per_layer_; }
+  int layer(int l, LayerRole r) const { return layer_begin(l) + role_position_[r]; }
+  bool has(LayerRole r) const { return role_position_[r] >= 0; }
   int per_layer() const { return per_layer_; }
   const ParamTensor* find(const std::string& name) const;
 
   int first_layer_ = 0, per_layer_ = 0;
-  int kind_position_[kLayerTensorKinds] = {};
+  int role_position_[kLayerRoles] = {};  // each role's first tensor in a layer, or -1
 };
 
 ParamLayout make_param_layout(const ModelShape& shape);

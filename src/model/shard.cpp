@@ -6,25 +6,6 @@
 
 namespace tessera {
 
-namespace {
-
-enum class Split { Replicated, Rows, Columns, QkvRows };
-
-Split split_of(LayerTensor t) {
-  switch (t) {
-    case kAttnW: case kAttnB: return Split::QkvRows;   // column-parallel, by heads of q, k and v
-    case kFcW: case kFcB: return Split::Rows;          // column-parallel
-    case kAttnProjW: case kFcProjW: return Split::Columns;  // row-parallel
-    // LLaMA: q, k and v by heads (of each), gate and up by rows (column-parallel); o and down by
-    // columns (row-parallel)
-    case kQW: case kKW: case kVW: case kGateW: case kUpW: return Split::Rows;
-    case kOW: case kDownW: return Split::Columns;
-    default: return Split::Replicated;  // norms and the biases added after the reduction
-  }
-}
-
-}  // namespace
-
 size_t LocalLayout::canonical_index(const LocalTensor& t, size_t i) const {
   // The blocks in order, each rows x cols of the local elements (a tile's blocks share their
   // cols; a shard's piece may start and end inside a row).
@@ -94,19 +75,23 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
   const ParamLayout& P = L.canonical;
   const bool tied = shape.tied;
   // Vocab-parallel embedding; the last stage's tied copy is not its owner.
-  if (first || (last && tied)) L.embed = add(size_t(P.embed), Split::Rows, first);
-  if (first && P.positions >= 0) L.positions = add(size_t(P.positions), Split::Replicated, true);
+  auto split = [&](int tensor) { return P.tensors[size_t(tensor)].split; };
+  if (first || (last && tied)) L.embed = add(size_t(P.embed), split(P.embed), first);
+  if (first && P.positions >= 0) L.positions = add(size_t(P.positions), split(P.positions), true);
   L.layer_first_tensor_.assign(size_t(shape.n_layer), -1);
   for (const LayerRange& chunk : chunks) {
     for (int l = chunk.begin; l < chunk.end; ++l) {
       L.layer_first_tensor_[size_t(l)] = int(L.tensors.size());
-      for (LayerTensor t : layer_tensors(shape.arch)) add(size_t(P.layer(l, t)), split_of(t), true);
+      for (int k = 0; k < P.per_layer(); ++k) {
+        const size_t t = size_t(P.layer_begin(l) + k);
+        add(t, P.tensors[t].split, true);
+      }
     }
   }
   if (last) {
-    L.norm_weight = add(size_t(P.norm_weight), Split::Replicated, true);
-    if (P.norm_bias >= 0) L.norm_bias = add(size_t(P.norm_bias), Split::Replicated, true);
-    L.head = tied ? L.embed : add(size_t(P.head), Split::Rows, true);  // vocab-parallel
+    L.norm_weight = add(size_t(P.norm_weight), split(P.norm_weight), true);
+    if (P.norm_bias >= 0) L.norm_bias = add(size_t(P.norm_bias), split(P.norm_bias), true);
+    L.head = tied ? L.embed : add(size_t(P.head), split(P.head), true);  // vocab-parallel
   }
   // Each layer one unit, each tensor outside the layers one of its own.
   std::vector<int> layer_of(L.tensors.size(), -1);

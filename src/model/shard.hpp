@@ -53,8 +53,9 @@ struct LocalLayout {
   // Local tensor indices; -1 where this stage (or the family) has none. The head is the
   // embedding's tied copy (the embedding itself when one stage holds both) or lm_head.
   int embed = -1, positions = -1, norm_weight = -1, norm_bias = -1, head = -1;
-  int layer(int l, LayerTensor t) const {
-    return layer_first_tensor_[size_t(l)] + canonical.kind_position_[t];
+  // Layer l's (first) local tensor of a role (model/family.hpp).
+  int layer(int l, LayerRole r) const {
+    return layer_first_tensor_[size_t(l)] + canonical.role_position_[r];
   }
   // Layer l's parameters in the local buffer: [first, end) (its tensors are consecutive).
   std::pair<size_t, size_t> layer_range(int l) const;

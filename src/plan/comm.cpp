@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "model/cost.hpp"
+
 namespace tessera {
 
 namespace {
@@ -74,26 +76,27 @@ CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout
   double L = 0;
   for (const LayerRange& r : run.stage_chunks[size_t(pp_rank)]) L += r.end - r.begin;
   const bool first = pp_rank == 0, last = pp_rank == l.pp - 1;
-  const bool llama = shape.arch == Arch::Llama;
   const bool full = cfg.train.recompute == Recompute::Full;
   const bool sp = cfg.parallel.sequence_parallel && l.tp > 1;
   const double act = act_bytes * b * T * C;
   // The vocab-parallel cross-entropy: each row's max (fp32), its sum-exp and target logit (fp64).
   const double ce = 4 * b * T + 16 * b * T;
   CommBytes out;
-  // tp, per micro-batch and layer: 2 all-reduces forward and 2 backward (a full recompute's rerun
-  // 2 more); the embedding's on the first stage, the head input's gradient and the loss's on the
-  // last. Sequence parallelism: per layer 2 all-gathers and 2 reduce-scatters forward, 6 more
-  // backward (2 of them re-gathering norm outputs for the weight gradients), 4 more for a rerun;
-  // once per step the norms' partial weight gradients, fp32.
+  // tp, per micro-batch and layer, the collectives of the family's block (model/cost.hpp's
+  // tp_collectives: 2 all-reduces forward and 2 backward, a full recompute's rerun 2 more); the
+  // embedding's on the first stage, the head input's gradient and the loss's on the last.
+  // Sequence parallelism: per layer 2 all-gathers and 2 reduce-scatters forward, 6 more backward
+  // (2 of them re-gathering norm outputs for the weight gradients), 4 more for a rerun; once per
+  // step the norms' partial weight gradients, fp32.
+  const BlockCost cost = block_cost(shape, l.tp);
   if (l.tp > 1 && !sp) {
-    out.payload[Traffic::tp] =
-        m * (L * (full ? 6 : 4) * act + (first ? act : 0) + (last ? act + ce : 0));
+    out.payload[Traffic::tp] = m * (L * tp_collectives(cost, false, full) * act +
+                                     (first ? act : 0) + (last ? act + ce : 0));
   } else if (sp) {
-    out.payload[Traffic::tp] =
-        m * (L * (full ? 14 : 10) * act + (first ? 2 * act : 0) + (last ? 3 * act + ce : 0));
+    out.payload[Traffic::tp] = m * (L * tp_collectives(cost, true, full) * act +
+                                     (first ? 2 * act : 0) + (last ? 3 * act + ce : 0));
     // (ZeRO-2/3 sum them in each micro-batch's unit buffers, before the reduce-scatter.)
-    const double per_layer = llama ? 2 * C : 4 * C, final_norm = llama ? C : 2 * C;
+    const double per_layer = layer_norm_params(shape), final_norm = final_norm_params(shape);
     out.payload[Traffic::tp] +=
         4 * (L * per_layer + (last ? final_norm : 0)) * (cfg.parallel.zero >= 2 ? m : 1);
   }

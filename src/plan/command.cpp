@@ -295,10 +295,10 @@ int vocab_of(const Config& cfg, std::string* note) {
   } catch (const UserError&) {
   }
   // No data here (a login node before the data is staged): the family's usual tokenizer.
-  const bool llama = cfg.model.arch == Arch::Llama;
+  const Family& family = tessera::family(cfg.model.arch);
   *note = std::string("model.vocab_size = 0 and data.train unreadable here: ") +
-          (llama ? "LLaMA 3's 128256" : "GPT-2's 50257") + " tokens assumed";
-  return llama ? 128256 : 50257;
+          family.tokenizer + "'s " + std::to_string(family.vocab) + " tokens assumed";
+  return family.vocab;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/peak.hpp"
+#include "model/cost.hpp"
 #include "plan/compute.hpp"
 
 namespace tessera {
@@ -67,15 +68,35 @@ AttentionCost attention_gemms(const Costs& c, double b, double T, double nh, dou
   return a;
 }
 
+// A layer's linear layers (model/cost.hpp) for n rows: their forwards, and their forwards and
+// backwards.
+struct LinearTimes {
+  double fwd = 0, fwd_bwd = 0;
+};
+LinearTimes linear_times(const Costs& c, double n, const std::vector<LinearGemm>& gemms) {
+  LinearTimes t;
+  for (const LinearGemm& g : gemms) {
+    t.fwd += c.gemm(n, g.out, g.in);
+    t.fwd_bwd += c.gemm_fwd_bwd(n, g.out, g.in);
+  }
+  return t;
+}
+
 // FP8's casts to one-byte codes in one layer and micro-batch (model/fp8.hpp), streaming: each
-// GEMM's input (n rows of C, Q, C, F) in the forward and again transposed in the backward, its
-// output gradient (QKV, C, FH, C) into both layouts; the weights (codes and transposes) once per
-// step, shared by the micro-batches. a: bytes of an activation.
-double fp8_cast_seconds(const Costs& c, double n, double C, double Q, double QKV, double F,
-                        double FH, double a, int n_micro) {
-  const double inputs = 2 * n * (2 * C + Q + F) * (a + 1);
-  const double grads = n * (QKV + 2 * C + FH) * (a + 2);
-  const double weights = (QKV + Q + FH + F) * C * (a + 2) / std::max(n_micro, 1);
+// GEMM's input (n rows) in the forward and again transposed in the backward, its output gradient
+// into both layouts; the weights (codes and transposes) once per step, shared by the
+// micro-batches. a: bytes of an activation.
+double fp8_cast_seconds(const Costs& c, double n, const std::vector<LinearGemm>& gemms, double a,
+                        int n_micro) {
+  double in = 0, out = 0, weight = 0;  // columns, and weight elements, of the layer's GEMMs
+  for (const LinearGemm& g : gemms) {
+    in += g.in;
+    out += g.out;
+    weight += double(g.out) * g.in;
+  }
+  const double inputs = 2 * n * in * (a + 1);
+  const double grads = n * out * (a + 2);
+  const double weights = weight * (a + 2) / std::max(n_micro, 1);
   return c.stream(inputs + grads + weights, 0);
 }
 
@@ -92,27 +113,28 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   // n: this rank's rows of a micro-batch (T / cp tokens of each sequence under context
   // parallelism, whose causal attention work is 1 / cp of the whole sequence's on every rank).
   const double b = run.micro_batch, T = cfg.data.seq_len, C = shape.n_embd, n = b * T / l.cp;
-  const double tp = l.tp, hs = shape.head_size(), nh = shape.n_head / tp;
-  const double Q = nh * hs, QKV = (nh + 2.0 * shape.n_kv_head / tp) * hs;
-  const double F = shape.ffn_hidden / tp, FH = shape.arch == Arch::Llama ? 2 * F : F;
+  const double tp = l.tp;
+  // The layer as its family describes it (model/cost.hpp): its GEMMs, streaming ops, sections.
+  const BlockCost cost = block_cost(shape, l.tp);
+  const BlockWidths& w = cost.width;
+  const double hs = w.hs, nh = w.nh, QKV = w.qkv;
   const bool gemm_attention = cfg.model.attention != Attention::Fused;
   const Recompute rc = cfg.train.recompute;
   // One layer, one micro-batch: forward and backward GEMMs.
-  const double fwd_layer =
-      lin.gemm(n, QKV, C) + lin.gemm(n, C, Q) + lin.gemm(n, FH, C) + lin.gemm(n, C, F);
-  AttentionCost att = attention_gemms(c, b, T, nh, shape.n_kv_head / tp, hs);
+  const LinearTimes linear = linear_times(lin, n, cost.gemms);
+  const double fwd_layer = linear.fwd;
+  AttentionCost att = attention_gemms(c, b, T, nh, w.nkv, hs);
   att.fwd /= l.cp;
   att.bwd /= l.cp;
-  const double layer_gemm = lin.gemm_fwd_bwd(n, QKV, C) + lin.gemm_fwd_bwd(n, C, Q) +
-                            lin.gemm_fwd_bwd(n, FH, C) + lin.gemm_fwd_bwd(n, C, F) + att.fwd +
-                            att.bwd;
+  const double layer_gemm = linear.fwd_bwd + att.fwd + att.bwd;
   // Streaming ops of a layer, forward bytes (the backward reads and writes about twice as much):
-  // norms, residual adds, biases; the MLP's activation (an exp per element each way: GELU's
-  // sigmoid, SwiGLU's SiLU); the attention's T x T softmax (an exp per causal score), or, fused,
-  // its q, k, v read once per block of rows and the scores' exps again in the backward.
+  // the norms and residual adds on the residual stream's rows, a pass over the GEMMs' outputs;
+  // the MLP's activation (an exp per element each way: GELU's tanh, SwiGLU's SiLU); the
+  // attention's T x T softmax (an exp per causal score), or, fused, its q, k, v read once per
+  // block of rows and the scores' exps again in the backward.
   const double rows = cfg.parallel.sequence_parallel && tp > 1 ? n / tp : n;
-  const double other = a * (2 * 2 * rows * C + 2 * 3 * rows * C + 2 * n * (QKV + C + FH));
-  const double act = a * 2 * n * F, act_exps = n * F;
+  const double other = a * (rows * cost.residual_elems + n * cost.gemm_out_elems);
+  const double act = a * n * cost.activation_elems, act_exps = n * cost.activation_exps;
   const double soft = gemm_attention ? 3 * a * b * nh * T * T : 4 * a * n * QKV;
   const double soft_exps = b * nh * T * (T + 1) / 2 / l.cp;
   const double layer_mem = c.stream(3 * other, 0) + c.stream(3 * act, 2 * act_exps) +
@@ -122,18 +144,17 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
                            : rc == Recompute::Selective
                                ? att.fwd + (gemm_attention ? c.stream(soft, soft_exps) : 0)
                                : 0;
-  // Kernel launches of a layer (a GEMM, norm, bias, activation, residual, softmax each one):
-  // about 12 forward and twice that backward, the full recompute's forward again.
-  constexpr double kForwardKernels = 12;
-  const double launches = kForwardKernels * (3 + (rc == Recompute::Full ? 1 : 0));
+  // Kernel launches of a layer: its forward's, and twice that backward, the full recompute's
+  // forward again.
+  const double launches = double(cost.forward_kernels) * (3 + (rc == Recompute::Full ? 1 : 0));
   const double per_layer = layer_gemm + layer_mem + recompute +
-                           (fp8 ? fp8_cast_seconds(c, n, C, Q, QKV, F, FH, a, run.n_micro) : 0) +
+                           (fp8 ? fp8_cast_seconds(c, n, cost.gemms, a, run.n_micro) : 0) +
                            (machine.measured ? 0 : launches * machine.kernel_overhead);
   // Where a rank's peers are (plan/network.hpp): ranks are numbered tp fastest, then cp, dp, pp.
   const Network net = machine.network();
   const Placement tp_group = place(net, l.tp, 1);
   const bool sp_on = cfg.parallel.sequence_parallel && l.tp > 1;
-  const double tp_ops = (sp_on ? (rc == Recompute::Full ? 14 : 10) : (rc == Recompute::Full ? 6 : 4));
+  const double tp_ops = tp_collectives(cost, sp_on, rc == Recompute::Full);
 
   StepTime out;
   double slowest = 0, slowest_bwd = 0;
@@ -147,9 +168,9 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
            c.stream(3 * 4.0 * n * shape.padded_vocab / tp, double(n) * shape.padded_vocab / tp);
     if (s == 0) t += c.bytes(2 * a * n * C * 2);  // embedding and its gradient
     const CommBytes bytes = comm_bytes(cfg, shape, run, s, param_buffer, int(a));
-    // tp: blocking collectives inside the layers, each with its latency: 4 all-reduces per layer
-    // and micro-batch (6 with a full recompute), or under sequence parallelism 10 (14)
-    // all-gathers and reduce-scatters.
+    // tp: blocking collectives inside the layers, each with its latency (model/cost.hpp's
+    // tp_collectives: 4 all-reduces per layer and micro-batch, 6 with a full recompute, or under
+    // sequence parallelism 10 (14) all-gathers and reduce-scatters).
     const double tp_bytes = bytes.payload[Traffic::tp] / run.n_micro, ops = tp_ops * std::max(1.0, layers);
     const double tp_time = l.tp <= 1 ? 0
                            : sp_on   ? ring_half(net, tp_group, tp_bytes, ops)
@@ -220,10 +241,8 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   out.total = out.compute + out.tp + out.pp + out.cp + out.bubble + out.dp + out.embed +
               out.optimizer;
   // Model FLOPs: FORMULAS.md's 6 N_matmul + 12 L C T per token (attention not halved for causal).
-  const double Cq = shape.n_head * hs, Ckv = 2.0 * shape.n_kv_head * hs;
-  const double per_layer_params = C * (Cq + Ckv) + Cq * C +
-                                  C * (shape.arch == Arch::Llama ? 3.0 : 2.0) * shape.ffn_hidden;
-  const double n_matmul = shape.n_layer * per_layer_params + double(shape.padded_vocab) * C;
+  const double n_matmul =
+      shape.n_layer * layer_matmul_params(shape) + double(shape.padded_vocab) * C;
   const double tokens = double(cfg.train.batch_size) * T;
   out.model_flops = tokens * (6 * n_matmul + 12.0 * shape.n_layer * C * T);
   out.tokens_per_s = tokens / out.total;

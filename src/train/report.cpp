@@ -21,16 +21,11 @@ void Run::announce() {
 
 void Run::announce_model() {
   const ParallelLayout& layout = run_.layout;
-  if (shape_.arch == Arch::Llama)
-    log_->say("tessera: llama, %d layers, %d heads (%d key/value), n_embd %d, ffn %d, vocab %d "
-              "(padded %d), %s head: %.2fM parameters",
-              shape_.n_layer, shape_.n_head, shape_.n_kv_head, shape_.n_embd, shape_.ffn_hidden,
-              shape_.vocab_size, shape_.padded_vocab, shape_.tied ? "tied" : "untied",
-              tile_.canonical.total / 1e6);
-  else
-    log_->say("tessera: %d layers, %d heads, n_embd %d, vocab %d (padded %d)%s: %.2fM parameters",
-              shape_.n_layer, shape_.n_head, shape_.n_embd, shape_.vocab_size, shape_.padded_vocab,
-              shape_.tied ? "" : ", untied head", tile_.canonical.total / 1e6);
+  log_->say("tessera: %s, %d layers, %d heads (%d key/value), n_embd %d, ffn %d, vocab %d "
+            "(padded %d), %s head: %.2fM parameters",
+            arch_name(shape_.arch), shape_.n_layer, shape_.n_head, shape_.n_kv_head, shape_.n_embd,
+            shape_.ffn_hidden, shape_.vocab_size, shape_.padded_vocab,
+            shape_.tied ? "tied" : "untied", tile_.canonical.total / 1e6);
   const int v = run_.virtual_stages, zero = cfg_.parallel.zero, group = layout.shard_size();
   std::string sharding;
   if (zero > 0)
@@ -50,13 +45,17 @@ void Run::announce_model() {
     std::vector<std::vector<std::pair<int, int>>> chunks(run_.stage_chunks.size());
     for (size_t s = 0; s < run_.stage_chunks.size(); ++s)
       for (const LayerRange& r : run_.stage_chunks[s]) chunks[s].emplace_back(r.begin, r.end);
-    // What the first and last stages hold besides their layers.
-    const bool llama = shape_.arch == Arch::Llama;
-    const std::string norm = llama ? "norm" : "ln_f";
-    const std::string embed = llama ? "embed_tokens" : "wte, wpe";
-    const std::string last_only = shape_.tied ? (llama ? "embed_tokens copy, " : "wte copy, ") + norm
-                                              : norm + ", lm_head";
-    const std::string both = embed + ", " + (shape_.tied ? norm : norm + ", lm_head");
+    // What the first and last stages hold besides their layers, by the family's names.
+    const ParamLayout& P = tile_.canonical;
+    auto module = [&](int tensor) {
+      const std::string& name = P.tensors[size_t(tensor)].name;
+      return name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
+    };
+    const std::string norm = module(P.norm_weight), token = module(P.embed);
+    const std::string embed = P.positions >= 0 ? token + ", " + module(P.positions) : token;
+    const std::string head = P.head >= 0 ? ", " + module(P.head) : "";  // untied
+    const std::string last_only = shape_.tied ? token + " copy, " + norm : norm + head;
+    const std::string both = embed + ", " + norm + head;
     log_->say("%s", rank_grid(mesh_->shape(), chunks, embed, last_only, both).c_str());
   }
   if (!backend_.note.empty()) log_->say("%s", backend_.note.c_str());

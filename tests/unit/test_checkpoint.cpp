@@ -206,7 +206,7 @@ TEST(Checkpoint, ChecksumIsSplitIndependent) {
     EXPECT_EQ(sums[t.canonical], tile_checksum(full, t, canonical.data() + t.offset))
         << full.canon(t).name;
   // Two values trading places change it.
-  const LocalTensor& w = full.tensors[size_t(full.layer(0, kFcW))];
+  const LocalTensor& w = full.tensors[size_t(full.layer(0, kFc1W))];
   const uint64_t before = tile_checksum(full, w, canonical.data() + w.offset);
   std::swap(canonical[w.offset + 3], canonical[w.offset + 4]);
   EXPECT_NE(before, tile_checksum(full, w, canonical.data() + w.offset));

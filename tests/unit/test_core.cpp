@@ -100,10 +100,10 @@ TEST(Shard, TilesAreBlocksOfTheCanonicalModel) {
       }
       EXPECT_EQ(tile.vocab_rows, 32);
       EXPECT_EQ(tile.vocab_valid(), r == 0 ? 32 : 18);
-      const LocalTensor& qkv = tile.tensors[size_t(tile.layer(2 * stage, kAttnW))];
+      const LocalTensor& qkv = tile.tensors[size_t(tile.layer(2 * stage, kQkvW))];
       ASSERT_EQ(qkv.blocks.size(), 3u);  // this rank's heads of q, of k and of v
       EXPECT_EQ(qkv.blocks[1].row0, 16u + 8u * r);
-      const LocalTensor& proj = tile.tensors[size_t(tile.layer(2 * stage, kFcProjW))];
+      const LocalTensor& proj = tile.tensors[size_t(tile.layer(2 * stage, kFc2W))];
       EXPECT_EQ(proj.shape, (std::vector<size_t>{16, 32}));  // row-parallel: a column block
     }
   }
@@ -150,7 +150,7 @@ TEST(ParamLayout, CountMatchesFormula) {
   const size_t C = 768, L = 12;
   EXPECT_EQ(s.padded_vocab, 50304);
   EXPECT_EQ(layout.total, 50304 * C + 1024 * C + L * (12 * C * C + 13 * C) + 2 * C);
-  EXPECT_EQ(layout.tensors[layout.layer(3, kFcW)].name, "h.3.mlp.c_fc.weight");
+  EXPECT_EQ(layout.tensors[layout.layer(3, kFc1W)].name, "h.3.mlp.c_fc.weight");
   EXPECT_EQ(layout.tensors[size_t(layout.norm_bias)].name, "ln_f.bias");
 }
 

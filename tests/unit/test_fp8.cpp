@@ -181,8 +181,8 @@ TEST(Fp8Scaling, DelayedFromTheHistory) {
   o.on = true;
   o.history = 3;
   Fp8State s(o, 2, 4, true);  // layers 2 and 3, and the head
-  const int x = s.tensor(3, Fp8State::kFc, Fp8State::kInput);
-  const int g = s.tensor(2, Fp8State::kDown, Fp8State::kGrad);
+  const int x = s.tensor(3, Fp8State::kFc1, Fp8State::kInput);
+  const int g = s.tensor(2, Fp8State::kFc2, Fp8State::kGrad);
   const int h = s.tensor(Fp8State::kHead, 0, Fp8State::kWeight);
   EXPECT_EQ(h, 2 * Fp8State::kPerLayer + 1);
   EXPECT_EQ(s.format(Fp8State::kInput), Fp8Format::E4M3);
@@ -214,7 +214,7 @@ TEST(Fp8Scaling, DelayedFromTheHistory) {
   EXPECT_EQ(s.scale(x, 1.0f), 448.0f);
   const std::vector<float> layer3 = s.history(3);
   ASSERT_EQ(layer3.size(), size_t(Fp8State::kPerLayer) * 3);
-  const size_t row = size_t(Fp8State::kFc) * Fp8State::kRoles + Fp8State::kInput;
+  const size_t row = size_t(Fp8State::kFc1) * Fp8State::kRoles + Fp8State::kInput;
   EXPECT_EQ(std::vector<float>(layer3.begin() + long(row) * 3, layer3.begin() + long(row + 1) * 3),
             (std::vector<float>{0.25f, 0.5f, 1.0f}));  // newest first
   // A state no step has reached holds -1 everywhere; a checkpoint's rows restore it.
@@ -288,13 +288,13 @@ TEST(Fp8Linear, GemmsOnTheCodesOfEachOperand) {
   Fp8Sizes sizes;
   sizes.input = size_t(N) * IC;
   sizes.grad = size_t(N) * OC;
-  sizes.weight[Fp8State::kFc] = size_t(OC) * IC;
+  sizes.weight[Fp8State::kFc1] = size_t(OC) * IC;
   Fp8Linear<CpuBackend> fp8(o, 0, 1, false, &tp, nullptr, sizes, arena);
   arena.allocate();
   fp8.bind();
   std::vector<float> out(size_t(N) * OC);
   std::vector<double> want(out.size());
-  fp8.forward(0, Fp8State::kFc, out.data(), x.data(), w.data(), b.data(), N, IC, OC);
+  fp8.forward(0, Fp8State::kFc1, out.data(), x.data(), w.data(), b.data(), N, IC, OC);
   for (int n = 0; n < N; ++n)
     for (int oc = 0; oc < OC; ++oc) {
       double s = b[size_t(oc)];
@@ -305,7 +305,7 @@ TEST(Fp8Linear, GemmsOnTheCodesOfEachOperand) {
 
   std::vector<float> dx(size_t(N) * IC, 0.5f), dw(size_t(OC) * IC, -0.25f), db(OC);
   std::vector<double> want_dx(dx.size(), 0.5), want_dw(dw.size(), -0.25);  // accumulated onto
-  fp8.backward(0, Fp8State::kFc, dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), N,
+  fp8.backward(0, Fp8State::kFc1, dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), N,
                IC, OC);
   for (int n = 0; n < N; ++n)
     for (int i = 0; i < IC; ++i)
@@ -321,21 +321,21 @@ TEST(Fp8Linear, GemmsOnTheCodesOfEachOperand) {
   EXPECT_EQ(db, unrounded_db);
 
   Fp8State& s = fp8.state();
-  EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc, Fp8State::kInput))], 0.0f);
+  EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc1, Fp8State::kInput))], 0.0f);
   fp8.collect();
-  EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc, Fp8State::kInput))], amax(x));
-  EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc, Fp8State::kWeight))], amax(w));
-  EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc, Fp8State::kGrad))], amax(g));
+  EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc1, Fp8State::kInput))], amax(x));
+  EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc1, Fp8State::kWeight))], amax(w));
+  EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kFc1, Fp8State::kGrad))], amax(g));
   EXPECT_EQ(s.pending()[size_t(s.tensor(0, Fp8State::kQkv, Fp8State::kInput))], 0.0f);
 
   // Within the step the weight's codes stand: a changed weight is not read again. After the step
   // (commit), it is.
   std::vector<float> w2 = w, again(out.size());
   for (float& v : w2) v *= -1.0f;
-  fp8.forward(0, Fp8State::kFc, again.data(), x.data(), w2.data(), b.data(), N, IC, OC);
+  fp8.forward(0, Fp8State::kFc1, again.data(), x.data(), w2.data(), b.data(), N, IC, OC);
   EXPECT_EQ(again, out);
   s.commit();
-  fp8.forward(0, Fp8State::kFc, again.data(), x.data(), w2.data(), b.data(), N, IC, OC);
+  fp8.forward(0, Fp8State::kFc1, again.data(), x.data(), w2.data(), b.data(), N, IC, OC);
   for (size_t i = 0; i < out.size(); ++i)
     EXPECT_NEAR(again[i] - b[i % OC], -(out[i] - b[i % OC]), 1e-6) << i;
 }
