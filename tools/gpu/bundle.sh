@@ -78,7 +78,7 @@ arch=$(sed -n 's/.* arch=//p' "$ROOT/bin/.build" 2>/dev/null)
   [ -n "${NCCL_HOME:-}" ] && nccl_h=$NCCL_HOME/include/nccl.h
   echo "nccl=$(sed -n 's/^#define NCCL_MAJOR \([0-9]*\)/\1/p' "$nccl_h").$(sed -n 's/^#define NCCL_MINOR \([0-9]*\)/\1/p' "$nccl_h").$(sed -n 's/^#define NCCL_PATCH \([0-9]*\)/\1/p' "$nccl_h")"
   echo "arch=${arch:-unknown}"
-  echo "nvcc=$("$CUDA_HOME/bin/nvcc" --version 2>/dev/null | grep -o 'V[0-9.]*' | tr -d V)"
+  echo "nvcc=$("$CUDA_HOME/bin/nvcc" --version 2>/dev/null | grep -o 'V[0-9][0-9.]*' | tr -d V)"
 } >"$B/BUILD_INFO"
 # What the node must have: glibc for everything but lib/cxx (GLIBC_MIN), the C++ runtime's
 # version for the node's own libstdc++ (GLIBCXX_MIN), and glibc for lib/cxx (GLIBC_MIN_CXX).
