@@ -60,9 +60,9 @@ NcclComm::NcclComm(MPI_Comm comm, bool overlap)
   // blocking this thread for ever when a peer is lost.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  live().push_back(this);
   last_call_ = "nccl init";
   issue(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), "ncclCommInitRankConfig");
+  live().push_back(this);  // once it is whole: a constructor that throws leaves nothing behind
   device::set_wait_check(&NcclComm::check_async_errors);
   if (overlap) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
