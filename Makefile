@@ -82,13 +82,17 @@ ALL_CFLAGS := $(BASE_FLAGS) $(MPI_CFLAGS) $(HDF5_CFLAGS) $(YAML_CFLAGS) $(SPM_CF
 ALL_LIBS   := $(HDF5_LIBS) $(YAML_LIBS) $(SPM_LIBS) $(PCRE2_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -fopenmp -lm \
               $(LDFLAGS)
 
-BUILD ?= build
-
 # ---- CUDA backend ------------------------------------------------------------------------------
 # CUDA=auto builds src/backend/cuda and the CUDA half of src/device into bin/tessera when nvcc is
-# found (CUDA_HOME/bin/nvcc or nvcc on PATH); CUDA=0 never, CUDA=1 always (an error without nvcc).
+# found (CUDA_HOME/bin/nvcc or nvcc on PATH) and there is something to build it for: a GPU on
+# this machine or a CUDA_ARCH named; CUDA=0 never, CUDA=1 always (an error without nvcc).
 # CUDA_ARCH lists the SASS targets ("80;90": sm_80 and sm_90), plus PTX of the last one so newer
-# GPUs can JIT it. nvcc treats every warning as an error, host code included.
+# GPUs can JIT it. Unset, it is the compute capabilities of the GPUs nvidia-smi lists here; with
+# none, a CUDA build is for CUDA_ARCH_ALL (CUDA=1, `make gpu-bundle`), `make test` compiles the
+# CUDA sources for one architecture (TEST_CUDA_ARCH: the check that nvcc builds them without a
+# warning) and `make cuda-report` for CUDA_ARCH_ALL, in build-report/. nvcc treats every warning
+# as an error, host code included. A machine with nvcc but no GPU (a login node, CI) thus builds
+# `make run`'s tessera without nvcc: it trains on the CPU there.
 #
 # CUDA_EMU=1 (what `make test-cuda-host` builds, in build-emu/, as bin/tessera-emu and
 # bin/gpu_tests-emu) is the same CUDA backend compiled by $(CXX) for the CPU: the .cu files as
@@ -99,12 +103,22 @@ comma     := ,
 CUDA      ?= auto
 CUDA_EMU  ?= 0
 CUDA_HOME ?= /usr/local/cuda
-CUDA_ARCH ?= 80;90
+CUDA_ARCH ?=
+CUDA_ARCH_ALL  ?= 80;90
+TEST_CUDA_ARCH ?= 90
 NVCC      ?= $(shell [ -x $(CUDA_HOME)/bin/nvcc ] && echo $(CUDA_HOME)/bin/nvcc || command -v nvcc 2>/dev/null)
+# The GPUs here, as compute capabilities ("90", "80;90"); CUDA_ARCH_ALL where nvidia-smi lists
+# GPUs but is too old to say their capability; empty without a GPU.
+ifneq ($(and $(NVCC),$(filter-out 0,$(CUDA)),$(filter 0,$(CUDA_EMU))),)
+GPU_ARCHS := $(shell caps=$$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | \
+               grep -E '^[0-9]+\.[0-9]+$$' | tr -d . | sort -u | paste -sd';' -); \
+               if [ -n "$$caps" ]; then echo "$$caps"; \
+               elif nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then echo '$(CUDA_ARCH_ALL)'; fi)
+endif
 ifeq ($(CUDA_EMU),1)
   CUDA_ON := 1
 else ifeq ($(CUDA),auto)
-  CUDA_ON := $(if $(NVCC),1,0)
+  CUDA_ON := $(if $(NVCC),$(if $(CUDA_ARCH)$(GPU_ARCHS),1,0),0)
 else
   CUDA_ON := $(CUDA)
 endif
@@ -113,9 +127,22 @@ ifeq ($(CUDA_ON)$(CUDA_EMU),10)
     $(error CUDA=1 but no nvcc in $(CUDA_HOME)/bin or on PATH: set CUDA_HOME)
   endif
 endif
-CUDA_ARCHS     := $(subst ;, ,$(CUDA_ARCH))
+ifeq ($(CUDA)$(CUDA_EMU)$(CUDA_ON)$(filter 0 1,$(MAKELEVEL)),auto00$(MAKELEVEL))
+  ifneq ($(NVCC),)
+    ifneq ($(filter all bin/tessera,$(or $(MAKECMDGOALS),all)),)
+      $(info make: nvcc found, but no GPU here and no CUDA_ARCH named: building without the CUDA backend (CUDA_ARCH=90, or "80;90", builds it for GPUs elsewhere))
+    endif
+  endif
+endif
+# The architectures this build compiles for; the CUDA build of `make test` (no GPU: one).
+CUDA_ARCH_USED := $(or $(CUDA_ARCH),$(GPU_ARCHS),$(CUDA_ARCH_ALL))
+TEST_ARCH      := $(if $(filter 0,$(CUDA)),,$(if $(NVCC),$(or $(CUDA_ARCH),$(GPU_ARCHS),$(TEST_CUDA_ARCH))))
+CUDA_ARCHS     := $(subst ;, ,$(CUDA_ARCH_USED))
 CUDA_GENCODE   := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
                   -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
+# CPU-only builds in build-cpu/, CUDA builds in build/: switching between the two (`make run` on a
+# machine without a GPU, `make test` with nvcc) recompiles nothing, only relinks (bin/.build).
+BUILD ?= $(if $(filter 1,$(CUDA_ON)),build,build-cpu)
 CUDA_SRC       := $(sort $(wildcard src/backend/cuda/*.cu))
 CUDA_OBJ       := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 # Host files that call the CUDA runtime, NCCL or cuBLAS: compiled only into a CUDA build (the
@@ -180,7 +207,7 @@ OBJ      := $(SRC:%.cpp=$(BUILD)/%.o) $(CUDA_OBJ)
 UNIT_SRC := $(sort $(wildcard tests/unit/*.cpp))
 UNIT_OBJ := $(UNIT_SRC:%.cpp=$(BUILD)/%.o)
 
-.PHONY: all deps deps-run deps-test run test unit integration bench chaos asan clean data cuda-report test-gpu bench-gpu gpu-bundle fuzz fuzz-bins \
+.PHONY: FORCE cuda-objects all deps deps-run deps-test run test unit integration bench chaos asan clean data cuda-report test-gpu bench-gpu gpu-bundle fuzz fuzz-bins \
         test-cuda-host
 all: bin/tessera$(EXE)
 
@@ -190,13 +217,28 @@ $(BUILD)/%.o: %.cpp
 
 $(BUILD)/tests/unit/%.o: ALL_CFLAGS += -Wno-error=deprecated-declarations
 
+# What bin/ was last linked from (the build folder, CUDA or not, the architectures): a change
+# relinks the binaries, as a change of architectures recompiles the CUDA objects. Each stamp is
+# rewritten only when its content changes (FORCE runs the comparison every time).
+LINK_STAMP := bin/.build$(EXE)
+ARCH_STAMP := $(BUILD)/cuda-arch
+$(LINK_STAMP): FORCE
+	@mkdir -p bin
+	@echo "$(BUILD) cuda=$(CUDA_ON) $(if $(filter 1,$(CUDA_ON)),arch=$(CUDA_ARCH_USED))" | cmp -s - $@ || \
+	  echo "$(BUILD) cuda=$(CUDA_ON) $(if $(filter 1,$(CUDA_ON)),arch=$(CUDA_ARCH_USED))" >$@
+$(ARCH_STAMP): FORCE
+	@mkdir -p $(BUILD)
+	@echo "$(CUDA_ARCH_USED)" | cmp -s - $@ || echo "$(CUDA_ARCH_USED)" >$@
+FORCE:
+bin/tessera$(EXE) bin/unit_tests bin/fuzz_replay: $(LINK_STAMP)
+
 bin/tessera$(EXE): $(OBJ) $(BUILD)/src/main.o
 	@mkdir -p bin
-	$(CXX) $(OPT) -o $@ $^ $(ALL_LIBS)
+	$(CXX) $(OPT) -o $@ $(filter-out $(LINK_STAMP),$^) $(ALL_LIBS)
 
 bin/unit_tests: $(OBJ) $(UNIT_OBJ)
 	@mkdir -p bin
-	$(CXX) $(OPT) -o $@ $^ -lgtest -lgtest_main -pthread $(ALL_LIBS)
+	$(CXX) $(OPT) -o $@ $(filter-out $(LINK_STAMP),$^) -lgtest -lgtest_main -pthread $(ALL_LIBS)
 
 -include $(OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/src/main.d
 
@@ -209,29 +251,36 @@ $(BUILD)/%.o: %.cu
 else
 # ptxas -v prints each kernel's registers, shared memory and spills; the rule keeps that in a
 # .ptxas file beside the object, which `make cuda-report` tabulates.
+$(CUDA_OBJ): $(ARCH_STAMP)
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $(CUDA_CFLAGS) -c $< -o $@ 2>$(@:.o=.ptxas) || { cat $(@:.o=.ptxas); exit 1; }
 	@grep -v '^ptxas info\|^    [0-9]* bytes stack frame' $(@:.o=.ptxas) >&2 || true
 endif
 
-cuda-report: $(CUDA_OBJ)
-	@if [ "$(CUDA_ON)" != 1 ]; then echo "cuda-report: no CUDA build (CUDA=$(CUDA), nvcc: $(if $(NVCC),$(NVCC),none))"; exit 1; fi
-	@mkdir -p $(BUILD)
-	$(PYTHON) tests/gpu/cuda_report.py --out $(BUILD)/cuda-report.txt $(CUDA_OBJ:.o=.ptxas)
+# Every kernel's registers, shared memory and spills for each architecture of CUDA_ARCH_ALL (or
+# the CUDA_ARCH named), compiled in build-report/ so the build's own objects (one architecture
+# where there is no GPU) stay as they are; fails when a kernel spills. Writes build/cuda-report.txt.
+REPORT_ARCH := $(or $(CUDA_ARCH),$(CUDA_ARCH_ALL))
+cuda-report:
+	@if [ -z "$(NVCC)" ]; then echo "cuda-report: no nvcc (CUDA_HOME=$(CUDA_HOME)): nothing to compile"; exit 1; fi
+	$(MAKE) -j$(JOBS) CUDA=1 CUDA_ARCH="$(REPORT_ARCH)" BUILD=build-report cuda-objects
+	@mkdir -p build
+	$(PYTHON) tests/gpu/cuda_report.py --out build/cuda-report.txt $(CUDA_SRC:%.cu=build-report/%.ptxas)
+cuda-objects: $(CUDA_OBJ)
 
 GPU_TEST_SRC := $(sort $(wildcard tests/gpu/*.cpp))
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.cpp=$(BUILD)/%.o)
 $(BUILD)/tests/gpu/%.o: ALL_CFLAGS += -Wno-error=deprecated-declarations
-bin/gpu_tests$(EXE): $(OBJ) $(CUDA_OBJ) $(GPU_TEST_OBJ)
+bin/gpu_tests$(EXE): $(OBJ) $(CUDA_OBJ) $(GPU_TEST_OBJ) $(LINK_STAMP)
 	@mkdir -p bin
-	$(CXX) $(OPT) -o $@ $^ -lgtest -pthread $(ALL_LIBS)
+	$(CXX) $(OPT) -o $@ $(filter-out $(LINK_STAMP),$^) -lgtest -pthread $(ALL_LIBS)
 
 # Not part of `make test`: a machine without a GPU prints "no GPU: skipped" and succeeds.
 # tests/gpu/test_trainer.sh runs `tessera train` on cuda against the CPU (skipped without a GPU).
 test-gpu:
-	@if [ "$(CUDA_ON)" != 1 ]; then echo "test-gpu: no CUDA build (no nvcc): skipped"; exit 0; fi
-	$(MAKE) -j$(JOBS) bin/gpu_tests bin/tessera
+	@if [ -z "$(TEST_ARCH)" ]; then echo "test-gpu: no CUDA build (no nvcc, or CUDA=0): skipped"; exit 0; fi
+	$(MAKE) -j$(JOBS) CUDA_ARCH="$(TEST_ARCH)" bin/gpu_tests bin/tessera
 	bin/gpu_tests
 	PYTHON=$(PYTHON) MPIEXEC=$(MPIEXEC) bash tests/gpu/test_trainer.sh
 	PYTHON=$(PYTHON) MPIEXEC=$(MPIEXEC) bash tests/gpu/test_device_choice.sh
@@ -243,7 +292,7 @@ test-gpu:
 
 # tessera's training step and PyTorch's on the same shapes and GPU, one table: build/bench/gpu.md.
 bench-gpu:
-	@if [ "$(CUDA_ON)" != 1 ]; then echo "bench-gpu: no CUDA build (no nvcc): skipped"; exit 0; fi
+	@if [ "$(CUDA_ON)" != 1 ]; then echo "bench-gpu: no CUDA build (no GPU here, or no nvcc): skipped"; exit 0; fi
 	$(MAKE) -j$(JOBS) bin/gpu_tests
 	@mkdir -p build/bench
 	bin/gpu_tests --bench | tee build/bench/gpu-tessera.txt
@@ -256,8 +305,8 @@ bench-gpu:
 # One tarball that runs the GPU checks and bench on a node without our build packages
 # (tools/gpu/bundle.sh says what it holds; its run.sh --cpu-smoke is tested by make test).
 gpu-bundle:
-	@if [ "$(CUDA_ON)" != 1 ] || [ "$(CUDA_EMU)" = 1 ]; then echo "gpu-bundle: needs a CUDA build (nvcc)"; exit 1; fi
-	$(MAKE) -j$(JOBS) bin/tessera bin/gpu_tests
+	@if [ -z "$(NVCC)" ] || [ "$(CUDA)" = 0 ] || [ "$(CUDA_EMU)" = 1 ]; then echo "gpu-bundle: needs a CUDA build (nvcc)"; exit 1; fi
+	$(MAKE) -j$(JOBS) CUDA=1 CUDA_ARCH="$(CUDA_ARCH_USED)" bin/tessera bin/gpu_tests
 	PYTHON=$(PYTHON) bash tools/gpu/bundle.sh build/tessera-gpu.tar.xz
 
 # The CUDA backend executed without a GPU (part of `make test`): tests/gpu on the emulator, under
@@ -325,7 +374,8 @@ run: deps-run
 
 test: deps
 	$(PYTHON) tests/layering/check.py src
-	$(MAKE) -j$(JOBS) bin/tessera bin/unit_tests bin/fuzz_replay $(if $(filter 1,$(CUDA_ON)),bin/gpu_tests)
+	$(MAKE) -j$(JOBS) CUDA_ARCH="$(TEST_ARCH)" bin/tessera bin/unit_tests bin/fuzz_replay \
+	  $(if $(TEST_ARCH),bin/gpu_tests)
 	bin/unit_tests
 	bin/fuzz_replay $(sort $(wildcard tests/fuzz/corpus/*))
 	PYTHON=$(PYTHON) MPIEXEC=$(MPIEXEC) bash tests/run_integration.sh
@@ -344,7 +394,7 @@ FUZZ_TIME    ?= 60
 FUZZ_CXX     ?= clang++-14
 bin/fuzz_replay: $(OBJ) $(BUILD)/tests/fuzz/targets.o $(BUILD)/tests/fuzz/replay.o
 	@mkdir -p bin
-	$(CXX) $(OPT) -o $@ $^ $(ALL_LIBS)
+	$(CXX) $(OPT) -o $@ $(filter-out $(LINK_STAMP),$^) $(ALL_LIBS)
 
 bin/fuzz_%: $(OBJ) $(BUILD)/tests/fuzz/targets.o tests/fuzz/libfuzzer_main.cpp
 	@mkdir -p bin
@@ -389,4 +439,4 @@ asan: deps
 	else echo "asan: no CUDA headers in $(CUDA_HOME)/include: the emulated CUDA suite is skipped"; fi
 
 clean:
-	rm -rf build build-asan build-emu build-emu-asan bin
+	rm -rf build build-cpu build-report build-asan build-emu build-emu-asan bin

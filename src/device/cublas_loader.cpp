@@ -8,6 +8,7 @@
 #ifndef TESSERA_CUDA_EMU
 #include <cublasLt.h>
 #include <cublas_api.h>
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
 #include <map>
@@ -24,8 +25,9 @@ std::string& load_error() {
 constexpr const char* kCublas = "libcublas";
 constexpr const char* kCublasLt = "libcublasLt";
 
-// The library `name` (kCublas, kCublasLt) of the major version tessera was compiled
-// against, opened on the first call into it; a failure is kept and not retried.
+// The library `name` (kCublas, kCublasLt) of the major version tessera was compiled against
+// (libcublas.so.12 from a CUDA 12 toolkit, .so.13 from CUDA 13: another major's ABI differs),
+// opened on the first call into it; a failure is kept and not retried.
 void* library(const char* name) {
   static std::mutex mutex;
   static std::map<std::string, void*> opened;
@@ -33,7 +35,11 @@ void* library(const char* name) {
   if (const auto it = opened.find(name); it != opened.end()) return it->second;
   const std::string file = std::string(name) + ".so." + std::to_string(CUBLAS_VER_MAJOR);
   void* h = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!h) load_error() = "cuBLAS could not be loaded: " + std::string(dlerror());
+  if (!h)
+    load_error() = "cuBLAS could not be loaded: " + std::string(dlerror()) + " (tessera was built "
+                   "with CUDA " + std::to_string(CUDART_VERSION / 1000) + "'s cuBLAS " +
+                   std::to_string(CUBLAS_VER_MAJOR) + "." + std::to_string(CUBLAS_VER_MINOR) +
+                   ": put that CUDA's lib64 on LD_LIBRARY_PATH, or rebuild with the node's CUDA)";
   opened[name] = h;
   return h;
 }

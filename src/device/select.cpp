@@ -139,6 +139,12 @@ std::string devices_by_rank(int device, MPI_Comm world) {
   return out;
 }
 
+std::string seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", s);
+  return text;
+}
+
 }  // namespace
 #endif
 
@@ -146,7 +152,7 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
   const DeviceBackend want = cfg.device.backend;
   const bool bf16 = cfg.device.precision == Precision::Bf16;
   DeviceChoice choice;
-  choice.wait_limit = cfg.run.hang_timeout;
+  choice.wait_limit = cfg.run.hang_timeout > 0 ? cfg.run.hang_timeout : kDefaultWaitLimit;
   if (want == DeviceBackend::Cpu) return choice;  // bf16 with cpu is refused by the deck check
   const std::string deck = cfg.deck_path.empty() ? "deck" : cfg.deck_path;
   int rank = 0;
@@ -211,7 +217,8 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
                                                : deck_word(precision)) +
                   ", GPU by rank: " + devices_by_rank(dev, world) + " (node-local rank from " +
                   source + "; rank 0 sees " + std::to_string(visible) + " GPU" +
-                  (visible == 1 ? "" : "s") + ")";
+                  (visible == 1 ? "" : "s") + "; host waits on the GPU end after " +
+                  seconds(choice.wait_limit) + " s)";
     return choice;
   }
   // Rank 0 prints the message; it knows its own reason, and only the rank of another's (a

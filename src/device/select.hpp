@@ -27,11 +27,19 @@ int node_local_rank(MPI_Comm node, std::string* source = nullptr);
 // Returns -1 when it is not (more ranks on the node than GPUs).
 int pick_device(int local_rank, int visible);
 
+// The bound of a GPU run's host waits when run.hang_timeout is 0 (docs/gpu.md, "A lost peer or
+// a hung collective"): 15 minutes, far above a step's device work (every step ends in a stream
+// wait, so one wait covers at most one step) and NCCL's first connections; checkpoint writes are
+// collective host work, never inside a wait on the GPU.
+constexpr double kDefaultWaitLimit = 900;
+
 struct DeviceChoice {
   bool cuda = false;    // false: the CPU backend
   int device = -1;      // the CUDA device ordinal this rank uses (cuda only)
   std::string note;     // one line for rank 0's start-up log ("" = nothing to say)
-  double wait_limit = 0;  // run.hang_timeout: the longest host wait on a stream (device/stream_wait)
+  // The longest host wait on the GPU (device/stream_wait): run.hang_timeout, else
+  // kDefaultWaitLimit.
+  double wait_limit = 0;
 };
 
 // Applies device.backend and device.precision to what this build and this machine have:

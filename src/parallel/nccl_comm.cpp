@@ -1,10 +1,12 @@
 #include "parallel/nccl_comm.hpp"
 
+#include <cstdio>
 #include <exception>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "common/error.hpp"
 #include "device/check.hpp"
 #include "device/context.hpp"
 #include "device/stream_wait.hpp"
@@ -52,8 +54,15 @@ NcclComm::NcclComm(MPI_Comm comm, bool overlap)
   ncclUniqueId id;
   if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm);
-  NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
-  live().push_back(this);
+  // Nonblocking (NCCL >= 2.14): the calls that wait for the peers inside NCCL (the
+  // initialisation, a group of sends and receives connecting lazily, the finalisation) return
+  // ncclInProgress and are polled under the device's wait bound (issue, await) instead of
+  // blocking this thread for ever when a peer is lost.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  last_call_ = "nccl init";
+  issue(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), "ncclCommInitRankConfig");
+  live().push_back(this);  // once it is whole: a constructor that throws leaves nothing behind
   device::set_wait_check(&NcclComm::check_async_errors);
   if (overlap) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -76,8 +85,49 @@ NcclComm::~NcclComm() {
   // waiting in a collective it will never join: ncclCommDestroy would wait with them (for the
   // queued work), ncclCommAbort ends the communicator's kernels at once, so the error reaches
   // main and its one line and MPI_Abort end the job.
-  if (std::uncaught_exceptions() > 0) ncclCommAbort(comm_);
-  else ncclCommDestroy(comm_);
+  if (std::uncaught_exceptions() > 0) {
+    ncclCommAbort(comm_);
+    return;
+  }
+  // Finalising flushes the queued work, which may wait for the peers: polled, and past the bound
+  // the rank says so and ends the job (a destructor cannot throw to main).
+  try {
+    last_call_ = "nccl finalize";
+    issue(ncclCommFinalize(comm_), "ncclCommFinalize");
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::fflush(stderr);
+    if (comm_) ncclCommAbort(comm_);
+    MPI_Abort(MPI_COMM_WORLD, e.exit_code);
+  }
+  ncclCommDestroy(comm_);
+}
+
+void NcclComm::issue(ncclResult_t result, const char* call) {
+  if (result == ncclInProgress) {
+    const std::string what = std::string(call) + " on NCCL communicator " + name_of(mpi_) + " (" +
+                             std::to_string(size_) + " ranks)";
+    device::wait_until(
+        [this] {
+          ncclResult_t state = ncclSuccess;
+          NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+          if (state == ncclInProgress) return false;
+          if (state != ncclSuccess) fail_on(state, last_call_);
+          return true;
+        },
+        what.c_str());
+    return;
+  }
+  if (result != ncclSuccess) fail_on(result, last_call_);
+}
+
+void NcclComm::fail_on(ncclResult_t error, const char* call) {
+  // The peers may be gone: abort (destroy would wait for them), then end this rank.
+  ncclCommAbort(comm_);
+  comm_ = nullptr;
+  const std::string what = "NCCL communicator " + name_of(mpi_) + " (" + std::to_string(size_) +
+                           " ranks, last call " + call + ")";
+  device::fail(what.c_str(), ncclGetErrorString(error), __FILE__, __LINE__);
 }
 
 void NcclComm::check_async_errors() {
@@ -85,12 +135,7 @@ void NcclComm::check_async_errors() {
     ncclResult_t error = ncclSuccess;
     if (!c->comm_ || ncclCommGetAsyncError(c->comm_, &error) != ncclSuccess) continue;
     if (error == ncclSuccess || error == ncclInProgress) continue;
-    // The peers may be gone: abort (destroy would wait for them), then end this rank.
-    ncclCommAbort(c->comm_);
-    c->comm_ = nullptr;
-    const std::string what = "NCCL communicator " + name_of(c->mpi_) + " (" +
-                             std::to_string(c->size_) + " ranks, last call " + c->last_call_ + ")";
-    device::fail(what.c_str(), ncclGetErrorString(error), __FILE__, __LINE__);
+    c->fail_on(error, c->last_call_);
   }
 }
 
@@ -111,7 +156,7 @@ void NcclComm::all_reduce_sum(T* x, size_t n) {
   if (!active() || n == 0) return;
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl all_reduce_sum", n * sizeof(T));
-  NCCL_CHECK(ncclAllReduce(x, x, n, nccl_type<T>(), ncclSum, comm_, stream_));
+  issue(ncclAllReduce(x, x, n, nccl_type<T>(), ncclSum, comm_, stream_), "ncclAllReduce");
   leave();
   payload_bytes += n * sizeof(T);
 }
@@ -121,7 +166,7 @@ void NcclComm::start_all_reduce_sum(float* x, size_t n) {
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl start_all_reduce_sum",
                           n * sizeof(float));
-  NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclSum, comm_, stream_));
+  issue(ncclAllReduce(x, x, n, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
   payload_bytes += n * sizeof(float);
 }
 
@@ -134,7 +179,7 @@ void NcclComm::all_reduce_max(float* x, size_t n) {
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl all_reduce_max",
                           n * sizeof(float));
-  NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclMax, comm_, stream_));
+  issue(ncclAllReduce(x, x, n, ncclFloat32, ncclMax, comm_, stream_), "ncclAllReduce");
   leave();
   payload_bytes += n * sizeof(float);
 }
@@ -150,7 +195,8 @@ void NcclComm::reduce_scatter_sum(const T* send, T* recv, size_t count) {
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl reduce_scatter_sum",
                           size_t(size_) * count * sizeof(T));
-  NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type<T>(), ncclSum, comm_, stream_));
+  issue(ncclReduceScatter(send, recv, count, nccl_type<T>(), ncclSum, comm_, stream_),
+        "ncclReduceScatter");
   leave();
   payload_bytes += size_t(size_) * count * sizeof(T);
 }
@@ -166,7 +212,7 @@ void NcclComm::all_gather(const T* send, T* recv, size_t count) {
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl all_gather",
                           size_t(size_) * count * sizeof(T));
-  NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type<T>(), comm_, stream_));
+  issue(ncclAllGather(send, recv, count, nccl_type<T>(), comm_, stream_), "ncclAllGather");
   leave();
   payload_bytes += size_t(size_) * count * sizeof(T);
 }
@@ -194,7 +240,7 @@ int NcclComm::start_all_gather(const T* send, T* recv, size_t count) {
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl start_all_gather",
                           size_t(size_) * count * sizeof(T));
-  NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type<T>(), comm_, stream_));
+  issue(ncclAllGather(send, recv, count, nccl_type<T>(), comm_, stream_), "ncclAllGather");
   payload_bytes += size_t(size_) * count * sizeof(T);
   return ticket();
 }
@@ -209,7 +255,8 @@ int NcclComm::start_reduce_scatter_sum(const T* send, T* recv, size_t count) {
   enter();
   const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl start_reduce_scatter_sum",
                           size_t(size_) * count * sizeof(T));
-  NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type<T>(), ncclSum, comm_, stream_));
+  issue(ncclReduceScatter(send, recv, count, nccl_type<T>(), ncclSum, comm_, stream_),
+        "ncclReduceScatter");
   payload_bytes += size_t(size_) * count * sizeof(T);
   return ticket();
 }
@@ -225,7 +272,8 @@ void NcclComm::group_start() {
   NCCL_CHECK(ncclGroupStart());
 }
 void NcclComm::group_end() {
-  NCCL_CHECK(ncclGroupEnd());
+  last_call_ = "nccl group_end";
+  issue(ncclGroupEnd(), "ncclGroupEnd");
   leave();
 }
 
@@ -233,7 +281,7 @@ template <typename T>
 void NcclComm::send(const T* x, size_t n, int peer, int) {
   if (n == 0) return;
   const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl send", n * sizeof(T), peer);
-  NCCL_CHECK(ncclSend(x, n, nccl_type<T>(), peer, comm_, stream_));
+  issue(ncclSend(x, n, nccl_type<T>(), peer, comm_, stream_), "ncclSend");
   payload_bytes += n * sizeof(T);
 }
 
@@ -241,7 +289,7 @@ template <typename T>
 void NcclComm::recv(T* x, size_t n, int peer, int) {
   if (n == 0) return;
   const trace::Scope call(name_of(mpi_).c_str(), last_call_ = "nccl recv", n * sizeof(T), peer);
-  NCCL_CHECK(ncclRecv(x, n, nccl_type<T>(), peer, comm_, stream_));
+  issue(ncclRecv(x, n, nccl_type<T>(), peer, comm_, stream_), "ncclRecv");
 }
 
 #define TESSERA_INSTANTIATE(T)                                                                     \

@@ -98,6 +98,11 @@ class NcclComm {
   // stream for stream_'s (leave). Without, both are no-ops: stream_ is the compute stream.
   void enter();
   void leave();
+  // A call's result: ncclInProgress (a nonblocking communicator's call still waiting for the
+  // peers) polled until it finishes, under the device's wait bound; an error ends the rank.
+  void issue(ncclResult_t result, const char* call);
+  // Aborts the communicator and ends the rank with one line naming it and the call.
+  [[noreturn]] void fail_on(ncclResult_t error, const char* call);
 
   ncclComm_t comm_ = nullptr;
   MPI_Comm mpi_ = MPI_COMM_NULL;

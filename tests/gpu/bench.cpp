@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -105,8 +106,14 @@ void bench_shape(const Shape& s, Precision precision, bool fused, double bf16_pe
 
 }  // namespace
 
-// The shapes `make bench-gpu` runs (tools/bench/gpu_torch.py runs the same ones in PyTorch).
-int run_bench() {
+// The shapes `make bench-gpu` runs (tools/bench/gpu_torch.py runs the same ones in PyTorch), in
+// the order of their value to a first, short look at a GPU (the bundle's budget may stop it
+// early): GPT-2 124M and the 1.3B shape in bf16, LLaMA 3.2 1B's shape (16 layers of 2048, 32 query
+// and 8 key/value heads, SwiGLU 8192, tied 128K vocabulary) in bf16 and fp8 (FP8's speed), the
+// GPT-2 shapes in fp8, bf16 with the gemm attention, then fp32. Each row is printed as it finishes.
+// `budget_s` > 0: no row starts once that many seconds have passed (one row of a 1.3B shape takes
+// a few seconds, its host-side initialisation included).
+int run_bench(double budget_s) {
   cudaDeviceProp prop;
   ck(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   double peak = cuda::peak_gflops(/*bf16=*/true, /*fp8=*/false) * 1e9;
@@ -120,18 +127,32 @@ int run_bench() {
   }
   std::printf("| shape | trainer | precision | attention | ms/step | tokens/s | MFU | memory |\n"
               "|---|---|---|---|---|---|---|---|\n");
-  // GPT-2's two in every precision and attention (PyTorch's rows have the same shapes); LLaMA
-  // 3.2 1B's shape (16 layers of 2048, 32 query and 8 key/value heads, SwiGLU 8192, tied 128K
-  // vocabulary) in bf16 and fp8 only.
-  const Shape gpt[] = {{"GPT-2 124M", config(Arch::Gpt2, 12, 12, 0, 768, 0, 1024), 50257, 1024, 8},
-                       {"1.3B", config(Arch::Gpt2, 24, 16, 0, 2048, 0, 1024), 50257, 1024, 4}};
+  const Shape gpt2{"GPT-2 124M", config(Arch::Gpt2, 12, 12, 0, 768, 0, 1024), 50257, 1024, 8};
+  const Shape big{"1.3B", config(Arch::Gpt2, 24, 16, 0, 2048, 0, 1024), 50257, 1024, 4};
   const Shape llama{"LLaMA 1B", config(Arch::Llama, 16, 32, 8, 2048, 8192, 1024), 128256, 1024, 4};
-  for (const Shape& s : gpt) {
-    for (Precision p : {Precision::Bf16, Precision::Fp32})
-      for (bool fused : {true, false}) bench_shape(s, p, fused, peak);
-    bench_shape(s, Precision::Fp8, true, peak);
+  struct Row {
+    const Shape* shape;
+    Precision precision;
+    bool fused;
+  };
+  const Precision bf = Precision::Bf16, f8 = Precision::Fp8, f32 = Precision::Fp32;
+  const Row rows[] = {{&gpt2, bf, true},   {&big, bf, true},    {&llama, bf, true},
+                      {&llama, f8, true},  {&gpt2, f8, true},   {&big, f8, true},
+                      {&gpt2, bf, false},  {&big, bf, false},   {&gpt2, f32, true},
+                      {&gpt2, f32, false}, {&big, f32, true},   {&big, f32, false}};
+  const auto start = std::chrono::steady_clock::now();
+  int done = 0;
+  for (const Row& r : rows) {
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (budget_s > 0 && elapsed > budget_s) {
+      std::printf("\nbench-gpu: the budget of %.0f s was spent after %d of %zu rows (%.0f s): the "
+                  "rest were not run\n", budget_s, done, std::size(rows), elapsed);
+      break;
+    }
+    bench_shape(*r.shape, r.precision, r.fused, peak);
+    done++;
   }
-  for (Precision p : {Precision::Bf16, Precision::Fp8}) bench_shape(llama, p, true, peak);
   std::printf("\n%s\n", cuda::fp8_report().c_str());
   return 0;
 }

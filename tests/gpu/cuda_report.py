@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Each CUDA kernel's registers, shared memory, stack and spills per architecture, from the
-`ptxas -v` output the build keeps beside every object (build/src/backend/cuda/*.ptxas; the
+`ptxas -v` output the build keeps beside every object (build-report/src/backend/cuda/*.ptxas; the
 toolkit's cuobjdump is not needed). Writes the table to --out and stdout; exits 1 when any kernel
 spills to local memory (spill stores or loads > 0), 2 when there is nothing to report.
 

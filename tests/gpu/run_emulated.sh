@@ -27,8 +27,13 @@ run() {  # NAME COMMAND...: the command's output on failure, its last line on su
   if "$@" >"$log" 2>&1; then
     echo "PASS $name ($(( $(date +%s) - start )) s): $(grep -E '^\[  PASSED  \]|passed|^[0-9]+ passed' "$log" | tail -1)"
   else
+    # Every failed test by name (gtest lists them at the end), the emulator's diagnoses, the
+    # first failures' details, and the last lines (an abort's).
     echo "FAIL $name:"
-    grep -E 'FAIL|Failure|error|emulator' "$log" | head -20 | sed 's/^/    /'
+    { grep -E '^\[  FAILED  \] [^ ]+' "$log" | sort -u
+      grep 'cuda emulator:' "$log" | head -5
+      grep -E 'Failure|error' "$log" | grep -v 'cuda emulator:' | head -15
+      echo "..."; tail -3 "$log"; } | sed 's/^/    /'
     fails=$((fails + 1))
   fi
   rm -f "$log"

@@ -9,7 +9,9 @@
 // their backward accumulates into random dq, dK/dV. Chunks of 70 rows span two key tiles of 32
 // and a partial one (and query tiles of 8 and 16 rows with a partial last); 37 rows with head
 // size 12 take the 32-wide tile's masked dimensions; grouped-query heads sum dK/dV over their
-// query heads.
+// query heads. Chunks of 33 and 65 rows end with a query tile whose last row is the first key of a
+// key tile (32, 64): a causal skip of key tiles off by one key drops that key there, as a 1-row
+// chunk's does at key 0.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -50,7 +52,8 @@ double floored(const std::vector<double>& want) {
 TYPED_TEST(CudaBlock, ForwardAndBackward) {
   using F = TypeParam;
   for (BlockShape s : {BlockShape{2, 70, 4, 2, 64}, BlockShape{2, 37, 3, 3, 12},
-                       BlockShape{1, 45, 2, 1, 128}, BlockShape{1, 1, 2, 2, 32}}) {
+                       BlockShape{1, 45, 2, 1, 128}, BlockShape{1, 1, 2, 2, 32},
+                       BlockShape{1, 33, 2, 1, 64}, BlockShape{2, 65, 2, 2, 32}}) {
     const std::string shape = s.name();
     const int Tl = 2 * s.rows, C3 = (s.NH + 2 * s.NKV) * s.hs, Cq = s.NH * s.hs;
     const int W = 2 * s.NKV * s.hs;

@@ -68,6 +68,24 @@ struct Lt {
                                                    &workspace, sizeof workspace),
               CUBLAS_STATUS_SUCCESS);
   }
+  // The alignment (bytes) of A, B, C and D the algorithm may assume, as fp8.cu promises it.
+  void promise_alignment(uint32_t bytes) {
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      EXPECT_EQ(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof bytes),
+                CUBLAS_STATUS_SUCCESS);
+  }
+  // The heuristic's algorithm (state SUCCESS expected).
+  cublasLtMatmulAlgo_t algorithm() {
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    EXPECT_EQ(cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, pref, 1, &result, &returned),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(returned, 1);
+    return result.algo;
+  }
   Lt(const Lt&) = delete;
   Lt& operator=(const Lt&) = delete;
   ~Lt() {
@@ -93,8 +111,9 @@ struct Lt {
   }
   // D = ... + beta * C with C == D, as fp8.cu calls it (c: another C, to be refused).
   cublasStatus_t matmul(const void* A, const void* B, void* D, float alpha, float beta,
-                        cudaStream_t stream, const void* c = nullptr) {
-    return cublasLtMatmul(handle, desc, &alpha, A, a, B, b, &beta, c ? c : D, d, D, d, nullptr,
+                        cudaStream_t stream, const void* c = nullptr,
+                        const cublasLtMatmulAlgo_t* algo = nullptr) {
+    return cublasLtMatmul(handle, desc, &alpha, A, a, B, b, &beta, c ? c : D, d, D, d, algo,
                           nullptr, 0, stream);
   }
 };
@@ -111,6 +130,24 @@ std::vector<double> random_codes(size_t n, Fp8Format f) {
   }
   return codes;
 }
+
+// Restores an environment variable when it goes out of scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
 
 // The Gemm's product on a fresh, poisoned D of T: once with beta 0 (the poison must not be
 // read), then with beta 1 and A's scale pointer re-set to another value, accumulating into what
@@ -171,28 +208,42 @@ void product_and_accumulate(Gemm g) {
   }
 }
 
+// With the products summed in fp32 (TESSERA_EMU_FP8_ACCUM=fp32); the default, Hopper's
+// accumulation, is the next test's.
 TEST(EmulatorLt, Fp8ProductMatchesTheHostReference) {
+  ScopedEnv accumulation("TESSERA_EMU_FP8_ACCUM", "fp32");
   product_and_accumulate<float>(Gemm{});
   product_and_accumulate<bf16>(Gemm{});
 }
 
-// Restores an environment variable when it goes out of scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    setenv(name, value, 1);
+// The default accumulation models Hopper's FP8 tensor cores (cublas_lt.cpp): per MMA of 32 k,
+// every term cut to 13 significant bits of the MMA's largest, and the partial sum promoted to fp32
+// every 128 k. One output of k = 256: each 128-k block starts with a product of 256, whose grid
+// (2^-4) drops the 2^-5 products after it in that block; a block without the large product keeps
+// its small ones. Block 1: 256 + 127 small, block 2: 128 small: Hopper 256 + 128 * 2^-5 = 260
+// exactly (a model that never promoted would keep 256; one that promoted every MMA would keep the
+// small ones of the MMAs after the first: 256 + 96 * 2^-5 + 128 * 2^-5 = 263); fp32 keeps all 255.
+TEST(EmulatorLt, Fp8AccumulationModelsHopper) {
+  Gemm g;
+  g.a_type = CUDA_R_8F_E4M3, g.b_type = CUDA_R_8F_E5M2, g.d_type = CUDA_R_32F;
+  g.m = 16, g.n = 16, g.k = 256, g.lda = 256, g.ldb = 256, g.ldd = 16;
+  const auto code = [](double v, Fp8Format f) { return double(fp8_encode(float(v), f)); };
+  std::vector<double> a(size_t(g.lda * g.m), code(0.125, Fp8Format::E4M3)),
+      b(size_t(g.ldb * g.n), code(0.25, Fp8Format::E5M2));
+  for (int64_t i = 0; i < g.m; i++) a[size_t(i * g.lda)] = code(16.0, Fp8Format::E4M3);
+  for (int64_t j = 0; j < g.n; j++) b[size_t(j * g.ldb)] = code(16.0, Fp8Format::E5M2);
+  Dev<uint8_t> A(a), B(b);
+  Dev<float> D(size_t(g.ldd * g.n));
+  Lt lt(g);
+  ASSERT_EQ(lt.heuristic(), CUBLAS_STATUS_SUCCESS);
+  for (const char* mode : {"hopper", "fp32"}) {
+    ScopedEnv accumulation("TESSERA_EMU_FP8_ACCUM", mode);
+    ASSERT_EQ(lt.matmul(A, B, D, 1.0f, 0.0f, device::stream()), CUBLAS_STATUS_SUCCESS);
+    const std::vector<double> got = D.fetch();
+    const double want = std::string(mode) == "hopper" ? 260.0 : 256.0 + 255.0 / 32.0;
+    for (double x : got) ASSERT_EQ(x, want) << mode;
   }
-  ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1);
-    else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
+}
 
 // What cuBLASLt's FP8 kernels do not run is CUBLAS_STATUS_NOT_SUPPORTED from the heuristic and
 // the matmul alike; layouts that do not fit together are INVALID_VALUE; an operand past its
@@ -256,6 +307,38 @@ TEST(EmulatorLt, RefusesWhatFp8KernelsDoNotRun) {
   Dev<uint8_t> short_a(64 * 32);
   EXPECT_EQ(lt.matmul(short_a, B, D, 1.0f, 0.0f, device::stream()),
             CUBLAS_STATUS_EXECUTION_FAILED);
+  sync();
+}
+
+// The heuristic's algorithm assumes the alignment the preference promised (256 bytes by default,
+// as cuBLASLt's), as far as the leading dimensions allow; the matmul refuses an operand whose
+// address falls short of it. Operands 16 bytes past a 256-byte boundary, leading dimensions of
+// 256 bytes: refused by the default promise, run under a promise of 16.
+TEST(EmulatorLt, AnAlgorithmHoldsOperandsToItsAlignment) {
+  Gemm g;
+  g.lda = 256, g.ldb = 256, g.ldd = 64;  // A and B 256 bytes a column, D 64 floats
+  Dev<uint8_t> A(random_codes(size_t(g.lda * g.m), Fp8Format::E4M3), 16);
+  Dev<uint8_t> B(random_codes(size_t(g.ldb * g.n), Fp8Format::E5M2));
+  Dev<float> D(size_t(g.ldd * g.n));
+  {
+    Lt lt(g);
+    const cublasLtMatmulAlgo_t algo = lt.algorithm();
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(lt.matmul(A, B, D, 1.0f, 0.0f, device::stream(), nullptr, &algo),
+              CUBLAS_STATUS_NOT_SUPPORTED);
+    EXPECT_NE(testing::internal::GetCapturedStderr().find(
+                  "operand A 16 bytes past a 256-byte boundary, but the algorithm was chosen for "
+                  "256-byte alignment"),
+              std::string::npos);
+    // B and D are aligned: only A's promise matters.
+    EXPECT_EQ(lt.matmul(B, B, D, 1.0f, 0.0f, device::stream(), nullptr, &algo),
+              CUBLAS_STATUS_SUCCESS);
+  }
+  Lt lt(g);
+  lt.promise_alignment(16);
+  const cublasLtMatmulAlgo_t algo = lt.algorithm();
+  EXPECT_EQ(lt.matmul(A, B, D, 1.0f, 0.0f, device::stream(), nullptr, &algo),
+            CUBLAS_STATUS_SUCCESS);
   sync();
 }
 

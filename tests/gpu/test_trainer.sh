@@ -11,7 +11,7 @@
 # ZeRO-3 with every collective on the compute stream: device.nccl_overlap=false)
 # layouts over NCCL against the 1-rank CPU run, tp=2 with sequence
 # parallelism too; with 4, tp=4 over a vocabulary padded so that the last
-# rank holds only padding rows; with 8, (2,2,2) with gemm attention, and with ZeRO-1 and fused
+# rank holds only padding rows, and (dp2, tp2) with ZeRO-3 with device.nccl_overlap on and off; with 8, (2,2,2) with gemm attention, and with ZeRO-1 and fused
 # attention. Context parallelism at cp=2 (ring in fp32 and bf16, all-gather in fp32 and bf16,
 # LLaMA) and with 4 GPUs (cp2, tp2) with sequence parallelism and full recompute and (dp2, cp2)
 # with ZeRO-3 and selective recompute, against the 1-rank CPU run too. Without a GPU: skipped,
@@ -26,11 +26,13 @@ if [ "${gpus:-0}" -lt 1 ]; then
   echo "test_trainer: no GPU: skipped"
   exit 0
 fi
+# shellcheck source=tests/gpu/floor_refs.sh
+source "$(dirname "$0")/floor_refs.sh"
 deck=$(tiny_deck gpu)
 cd "$WORK" || exit 1
 # optim.eps 1e-6 as the CPU suites (tests/integration/test_parity.sh says why: the c_attn key
 # bias has an analytically zero gradient, and 1e-8 turns round-off into lr-sized steps).
-common=(train.steps=10 checkpoint.every=5 eval.every=5 optim.eps=1e-6)
+common=("${floor_common[@]}")
 cmp() {  # NAME REF_DIR RUN_DIR [compare_runs options]; STEP=N: the step-N checkpoints (10)
   local name=$1 ref=$2 run=$3 ckpt
   shift 3
@@ -49,7 +51,11 @@ train() {  # NAME NP OVERRIDES...: trains into $WORK/NAME
        "$@" >"$WORK/$name.log" 2>&1; then
     return 0
   fi
-  fail "$name: tessera train exited non-zero"; tail -5 "$WORK/$name.log" | sed 's/^/    /'
+  # The emulator's diagnosis (a race, a hang, a fault) and tessera's one-line error come first:
+  # after an MPI abort the log's last lines are the launcher's banner.
+  fail "$name: tessera train exited non-zero"
+  { grep -m5 'cuda emulator:' "$WORK/$name.log"; grep -m3 -iE 'error|failed' "$WORK/$name.log" |
+      grep -v 'cuda emulator:'; echo "..."; tail -5 "$WORK/$name.log"; } | sed 's/^/    /'
   return 1
 }
 
@@ -75,6 +81,17 @@ if train cpu_fp8 1 device.backend=cpu device.precision=fp8 &&
   [[ $line =~ ^fp8:\ [1-9][0-9]*\ GEMMs\ so\ far\ on\ cuBLASLt.s\ FP8\ kernels,\ 0\ on\ tessera.s$ ]] &&
     pass "cuda_fp8: $line" || fail "cuda_fp8: GEMMs off cuBLASLt: '$line'"
   cmp cuda_fp8_near_cpu_fp8 cpu_fp8 cuda_fp8 --loss-rtol 2e-2 --param-norm-tol 2e-2
+  # The amaxes themselves, which those bounds do not see move (tests/gpu/compare_amax.py; h5py).
+  if "$PYTHON" -c "import h5py, numpy" 2>/dev/null; then
+    if out=$("$PYTHON" "$ROOT/tests/gpu/compare_amax.py" cpu_fp8/checkpoints/step_00000010.h5 \
+               cuda_fp8/checkpoints/step_00000010.h5 --rtol 0.07 2>&1); then
+      pass "cuda_fp8_amax_near_cpu_fp8: $out"
+    else
+      fail "cuda_fp8_amax_near_cpu_fp8: $out"
+    fi
+  else
+    echo "test_trainer: no h5py in $PYTHON: the fp8 amax comparison is skipped"
+  fi
   [ -d "$WORK/bf16" ] && cmp cuda_fp8_near_bf16 bf16 cuda_fp8 --loss-rtol 2e-2 --param-norm-tol 2e-2
   if [ "$gpus" -ge 2 ]; then
     for layout in parallel.tp=2 parallel.pp=2; do
@@ -86,30 +103,43 @@ if train cpu_fp8 1 device.backend=cpu device.precision=fp8 &&
 fi
 # The fp32 bound derived rather than guessed (tests/gpu/fp32_floor.py): the CUDA run and the CPU
 # run, each against a float64 run of the same training from the same step-0 checkpoint
-# (tools/reference/reference_gpt.py --dtype float64); the CUDA run's errors must stay within 8x the CPU's,
-# i.e. within what fp32 arithmetic costs. Where the Python has no torch or h5py (a GPU node's),
-# only the fixed bounds above apply.
-floor_check() {  # NAME CPU_RUN RUN STEP OVERRIDES...: the step-0 run and the float64 run first
-  local name=$1 cpu_run=$2 run=$3 step=$4
+# (tools/reference/reference_gpt.py --dtype float64); the CUDA run's errors must stay within 8x the
+# CPU's, i.e. within what fp32 arithmetic costs. The float64 references are made here where the
+# Python has torch and h5py (tests/gpu/floor_refs.sh), else taken from TESSERA_FLOOR_REFS (the GPU
+# bundle carries them, made on the machine that built it): the comparison itself needs only
+# `tessera ckpt diff` and Python's standard library. A reference made elsewhere is used only when
+# this machine's step-0 checkpoint equals the one it started from, to the bit.
+floor_check() {  # NAME CPU_RUN RUN STEP OVERRIDES...
+  local name=$1 cpu_run=$2 run=$3 step=$4 refs=${TESSERA_FLOOR_REFS:-} why init=""
   shift 4
-  if ! "$PYTHON" -c "import torch, h5py" 2>/dev/null; then
-    echo "test_trainer: $name: no torch/h5py in $PYTHON: the float64 floor is skipped"
+  if [ -n "$refs" ] && [ -f "$refs/$name.ref.h5" ]; then
+    # This machine's initialisation against the reference's start: a libm of another version
+    # could round an initial value differently, and the bound would then measure that too.
+    train "${name}_init" 1 device.backend=cpu "$@" train.steps=0 optim.decay_steps="$step" ||
+      return 0
+    if "$TESSERA" ckpt diff "$refs/$name.init.h5" \
+         "$WORK/${name}_init/checkpoints/step_00000000.h5" >"$WORK/${name}_init.diff" 2>&1 &&
+       ! grep '^model/' "$WORK/${name}_init.diff" | cut -f6 | grep -qv '^1$'; then
+      init="; the initialisation equals the reference's to the bit"
+    else
+      fail "$name: this machine's step-0 parameters differ from those the carried float64 reference started from"
+      grep -v '	1$' "$WORK/${name}_init.diff" | head -3 | sed 's/^/    /'
+      return 0
+    fi
+  elif "$PYTHON" -c "import torch, h5py" 2>/dev/null; then
+    refs=$WORK/floor
+    if ! why=$(make_floor_reference "$refs" "$name" "$step" "$@"); then
+      fail "$name: $why"
+      return 0
+    fi
+  else
+    echo "test_trainer: $name: no torch/h5py in $PYTHON and no TESSERA_FLOOR_REFS: the float64 floor is skipped"
     return 0
   fi
-  # optim.decay_steps: the schedule of the compared runs (their train.steps), which the stored
-  # deck of a 0-step run would not say.
-  train "${name}_init" 1 device.backend=cpu "$@" train.steps=0 optim.decay_steps="$step" ||
-    return 0
-  if ! "$PYTHON" "$ROOT/tools/reference/reference_gpt.py" --dtype float64 --threads 1 --steps "$step" \
-       --checkpoint "$WORK/${name}_init/checkpoints/step_00000000.h5" --out "$WORK/$name.h5" \
-       --losses-out "$WORK/$name.json" >"$WORK/$name.log" 2>&1; then
-    fail "$name: the float64 reference failed"; tail -3 "$WORK/$name.log" | sed 's/^/    /'
-    return 0
-  fi
-  if out=$("$PYTHON" "$ROOT/tests/gpu/fp32_floor.py" --reference "$WORK/$name.h5" \
-             --losses "$WORK/$name.json" --floor "$WORK/$cpu_run" --run "$WORK/$run" \
+  if out=$("$PYTHON" "$ROOT/tests/gpu/fp32_floor.py" --reference "$refs/$name.ref.h5" \
+             --losses "$refs/$name.losses.json" --floor "$WORK/$cpu_run" --run "$WORK/$run" \
              --step "$step" 2>&1); then
-    pass "$name: $out"
+    pass "$name: $out$init"
   else
     fail "$name: $out"
   fi
@@ -149,7 +179,7 @@ fi
 # partial fourth, six and a half query tiles, where the runs above fit one tile (16 tokens): a bug
 # that only the second or a partial tile meets shows here. Both attentions, GPT-2 and LLaMA, fp32
 # and bf16; 5 steps (the checkpoint and the comparison at step 5).
-long=(data.seq_len=104 model.block_size=128 train.steps=5 train.batch_size=2 train.micro_batch=1)
+long=("${floor_long[@]}")
 cmp5() { STEP=5 cmp "$@"; }
 if train cpu_long 1 device.backend=cpu "${long[@]}"; then
   train cuda_long 1 device.backend=cuda "${long[@]}" &&
@@ -228,6 +258,11 @@ if [ "$gpus" -ge 2 ]; then
   train cuda_cp2_allgather 2 device.backend=cuda parallel.cp_comm=allgather "${cp[@]}" &&
     cmp cuda_cp2_allgather cpu cuda_cp2_allgather --loss-rtol 1e-5 --param-tol 1e-4
   # bf16 dK/dV reduce-scattered over NCCL.
+  # Two NCCL communicators in flight at once (docs/gpu.md, "Concurrent communicators"): the cp
+  # ring on a stream of its own while the dp x cp gradient sums run on theirs, then the same with
+  # every collective on the compute stream (device.nccl_overlap: false, the documented escape).
+  train cuda_cp2_serial 2 device.backend=cuda device.nccl_overlap=false "${cp[@]}" &&
+    cmp cuda_cp2_serial cpu cuda_cp2_serial --loss-rtol 1e-5 --param-tol 1e-4
   train bf16_cp2_allgather 2 device.backend=cuda device.precision=bf16 parallel.cp_comm=allgather \
     "${cp[@]}" && cmp bf16_cp2_allgather_near_cpu cpu bf16_cp2_allgather --loss-rtol 2e-2 \
     --param-norm-tol 2e-2
@@ -264,6 +299,14 @@ if [ "$gpus" -ge 4 ]; then
   train cuda_cp2_tp2_sp_full 4 device.backend=cuda parallel.tp=2 parallel.sequence_parallel=true \
     train.recompute=full "${cp[@]}" &&
     cmp cuda_cp2_tp2_sp_full cpu cuda_cp2_tp2_sp_full --loss-rtol 1e-5 --param-tol 1e-4
+  # tp on the compute stream and ZeRO-3's gathers and reduce-scatters over dp on theirs, both
+  # ways (device.nccl_overlap on and off).
+  for overlap in true false; do
+    train "cuda_dp2_tp2_zero3_overlap_$overlap" 4 device.backend=cuda parallel.dp=2 parallel.tp=2 \
+      parallel.zero=3 device.nccl_overlap=$overlap &&
+      cmp "cuda_dp2_tp2_zero3_overlap_$overlap" cpu "cuda_dp2_tp2_zero3_overlap_$overlap" \
+        --loss-rtol 1e-5 --param-tol 1e-4
+  done
   train cuda_dp2_cp2_zero3 4 device.backend=cuda parallel.dp=2 parallel.zero=3 \
     train.recompute=selective "${cp[@]}" &&
     cmp cuda_dp2_cp2_zero3 cpu cuda_dp2_cp2_zero3 --loss-rtol 1e-5 --param-tol 1e-4

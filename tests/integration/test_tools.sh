@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Self-checks of the Python tools, without the tessera binary: token files, sample order, the
 # reference model and optimizer (against hand computations), resume from a checkpoint with Adam
-# state, the parity comparison, bench mode and the tools' error messages.
+# state, the parity comparison, bench mode (the parity reference's and make bench-gpu's PyTorch
+# half on tiny shapes) and the tools' error messages.
 # Usage: PYTHON=/usr/bin/python3 bash tests/integration/test_tools.sh
 set -u
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -441,6 +442,19 @@ expect_error parity_no_metrics 1 "${CP[@]}" --metrics nope.jsonl --checkpoint te
 check bench "$PYTHON" "$TOOLS/reference/reference_gpt.py" --bench --n-layer 1 --n-head 2 --n-embd 32 --vocab 100 \
   --seq 8 --batch 2 --steps 2 --threads 1
 grep -Eq '^tokens_per_second [0-9.]+$' bench.log && pass "bench_output" || { fail "bench_output"; cat bench.log; }
+# make bench-gpu's PyTorch half on the CPU, tiny shapes of both families: the masked-attention
+# rows run here (this PyTorch may lack sdpa and torch.compile: those rows say they failed), in
+# the order of their value, and --budget stops it starting rows.
+"$PYTHON" "$TOOLS/bench/gpu_torch.py" --peak-tflops 1 --device cpu --shapes tiny,llama-tiny \
+  --steps 1 >gpu_torch.log 2>&1
+if [ "$(grep -Ec '^\| (tiny|LLaMA tiny) \(L=2 .* \| bf16 \| masked \| [0-9.]+ \| [0-9]+ \|' gpu_torch.log)" = 2 ] &&
+   [ "$(grep -c '^| ' gpu_torch.log)" = 13 ] &&
+   "$PYTHON" "$TOOLS/bench/gpu_torch.py" --peak-tflops 1 --device cpu --shapes tiny --steps 1 \
+     --budget 0.001 2>&1 | grep -q 'the budget of 0 s was spent after 1 of 6 rows'; then
+  pass "gpu_torch: $(grep -c '^| ' gpu_torch.log) table lines, GPT-2 and LLaMA rows"
+else
+  fail "gpu_torch"; head -20 gpu_torch.log
+fi
 expect_error reference_missing_ckpt 1 "$PYTHON" "$TOOLS/reference/reference_gpt.py" --checkpoint nope.h5 --steps 1
 expect_error reference_not_checkpoint 2 "$PYTHON" "$TOOLS/reference/reference_gpt.py" --checkpoint std/train.h5 --steps 1
 expect_error reference_missing_data 1 "$PYTHON" "$TOOLS/reference/reference_gpt.py" --checkpoint ckpt0.h5 --steps 1 --data nope.h5

@@ -53,13 +53,33 @@ done
 
 cp "$ROOT/tools/gpu/bundle_run.sh" "$B/run.sh"
 cp "$ROOT/tools/bench/gpu_torch.py" "$ROOT/tools/bench/fp8.sh" "$B/tools/bench/"
-cp "$ROOT/tests/gpu/test_trainer.sh" "$ROOT/tests/gpu/test_device_choice.sh" "$B/tests/gpu/"
+cp "$ROOT/tests/gpu/test_trainer.sh" "$ROOT/tests/gpu/test_device_choice.sh" \
+  "$ROOT/tests/gpu/floor_refs.sh" "$ROOT/tests/gpu/fp32_floor.py" "$B/tests/gpu/"
 cp "$ROOT/tests/integration/lib.sh" "$ROOT/tests/integration/compare_runs.py" "$B/tests/integration/"
 # The token files the test decks read (lib.sh makes them with h5py, which the node may lack).
 PYTHON=${PYTHON:-/usr/bin/python3}
 [ -f "$ROOT/build/testdata/train.h5" ] ||
   "$PYTHON" "$ROOT/tools/data/prepare_data.py" --stdlib --out-dir "$ROOT/build/testdata" >/dev/null
 cp "$ROOT/build/testdata/train.h5" "$ROOT/build/testdata/val.h5" "$B/build/testdata/"
+# The float64 references of test_trainer.sh's derived fp32 bound, made here (torch and h5py)
+# with this build's tessera on the CPU: the node's Python may have neither.
+TESSERA="$ROOT/bin/tessera" PYTHON="$PYTHON" bash "$ROOT/tests/gpu/floor_refs.sh" "$B/build/floor" >&2
+# What the binaries were built with: the CUDA runtime's version of the headers (run.sh looks for
+# its major version's libraries), cuBLAS's, NCCL's and the architectures of the CUDA objects.
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+define() { sed -n "s/^#define $2 *\([0-9]*\).*/\1/p" "$CUDA_HOME/include/$1" | head -1; }
+cudart=$(define cuda_runtime_api.h CUDART_VERSION)
+arch=$(sed -n 's/.* arch=//p' "$ROOT/bin/.build" 2>/dev/null)
+{
+  echo "cuda=$((cudart / 1000)).$((cudart % 1000 / 10))"
+  echo "cuda_major=$((cudart / 1000))"
+  echo "cublas=$(define cublas_api.h CUBLAS_VER_MAJOR).$(define cublas_api.h CUBLAS_VER_MINOR)"
+  nccl_h=$CUDA_HOME/include/nccl.h
+  [ -n "${NCCL_HOME:-}" ] && nccl_h=$NCCL_HOME/include/nccl.h
+  echo "nccl=$(sed -n 's/^#define NCCL_MAJOR \([0-9]*\)/\1/p' "$nccl_h").$(sed -n 's/^#define NCCL_MINOR \([0-9]*\)/\1/p' "$nccl_h").$(sed -n 's/^#define NCCL_PATCH \([0-9]*\)/\1/p' "$nccl_h")"
+  echo "arch=${arch:-unknown}"
+  echo "nvcc=$("$CUDA_HOME/bin/nvcc" --version 2>/dev/null | grep -o 'V[0-9][0-9.]*' | tr -d V)"
+} >"$B/BUILD_INFO"
 # What the node must have: glibc for everything but lib/cxx (GLIBC_MIN), the C++ runtime's
 # version for the node's own libstdc++ (GLIBCXX_MIN), and glibc for lib/cxx (GLIBC_MIN_CXX).
 newest() { objdump -T "$@" 2>/dev/null | grep -o "$PATTERN" | sort -V -u | tail -1; }

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
@@ -220,8 +221,19 @@ struct LtPlan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// M, N, K, the operands' formats, D's type, a bias or not (beta is the matmul's own argument).
-using LtKey = std::tuple<int, int, int, Fp8Format, Fp8Format, cudaDataType_t, bool>;
+// M, N, K, the operands' formats, D's type, a bias or not (beta is the matmul's own argument),
+// and the alignment in bytes the chosen algorithm may assume of A, B and C/D (alignment()).
+using LtKey = std::tuple<int, int, int, Fp8Format, Fp8Format, cudaDataType_t, bool, uint32_t,
+                         uint32_t, uint32_t>;
+
+// The largest power of two up to 256 dividing an operand's address and its leading dimension in
+// bytes. cuBLASLt's heuristic assumes 256 unless told otherwise
+// (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES, default 256) and may return an algorithm
+// that needs it; tessera's FP8 codes sit at 16-byte offsets in the arena.
+uint32_t alignment(const void* p, size_t ld_bytes) {
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(p) | uintptr_t(ld_bytes) | uintptr_t(256);
+  return uint32_t(bits & (~bits + 1));
+}
 
 cudaDataType_t lt_type(Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
 
@@ -239,7 +251,7 @@ const LtPlan& lt_plan(const LtKey& key) {
   auto [it, fresh] = plans->try_emplace(key);
   LtPlan& p = it->second;
   if (!fresh) return p;
-  const auto [M, N, K, fx, fy, d_type, bias] = key;
+  const auto [M, N, K, fx, fy, d_type, bias, align_a, align_b, align_d] = key;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
   set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
@@ -255,6 +267,13 @@ const LtPlan& lt_plan(const LtKey& key) {
   const uint64_t workspace = device::blas_workspace_bytes();
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &workspace, sizeof workspace));
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+  for (const auto& [attribute, bytes] : alignments)
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof bytes));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
@@ -276,7 +295,10 @@ bool lt_gemm(D* d, const Fp8Operand& x, const Fp8Operand& y, int M, int N, int K
       !aligned16(y.codes) || (bias && !aligned16(bias)))
     return false;
   if (x.format == Fp8Format::E5M2 && y.format == Fp8Format::E5M2) return false;
-  const LtPlan& p = lt_plan({M, N, K, x.format, y.format, data_type<D>(), bias != nullptr});
+  // A is Y's codes, B is X's (lt_plan), each K bytes a column; C and D are d, N elements a column.
+  const LtPlan& p = lt_plan({M, N, K, x.format, y.format, data_type<D>(), bias != nullptr,
+                             alignment(y.codes, size_t(K)), alignment(x.codes, size_t(K)),
+                             alignment(d, size_t(N) * sizeof(D))});
   if (!p.supported) return false;
   set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, y.scale_inv);
   set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x.scale_inv);

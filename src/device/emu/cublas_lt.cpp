@@ -2,8 +2,10 @@
 // around it, as a reference product with cuBLASLt's meaning of every argument:
 //
 //   D = alpha * scaleA * scaleB * op(A) op(B) + beta * C, then + bias[i] on row i (the BIAS
-//   epilogue); column-major, fp32 accumulation, beta == 0 does not read C; the FP8 codes decoded
-//   exactly (cuda_fp8.h's host conversions), D stored as fp32 or bf16 (nearest even).
+//   epilogue); column-major, beta == 0 does not read C; the FP8 codes decoded exactly
+//   (cuda_fp8.h's host conversions), D stored as fp32 or bf16 (nearest even). The sum over k is
+//   accumulated as Hopper's FP8 tensor cores are measured to (TESSERA_EMU_FP8_ACCUM, below), or
+//   in fp32.
 //
 // Only what cuBLASLt's FP8 kernels run is accepted, so that no call passes here that a GPU would
 // refuse or that the emulator would compute some other way. The rest is
@@ -11,7 +13,9 @@
 // stderr: A and B E4M3 or E5M2, not both E5M2; op(A) = T and op(B) = N ("TN"); compute type
 // CUBLAS_COMPUTE_32F, scale type CUDA_R_32F; C and D one matrix (same pointer, same layout) of
 // CUDA_R_16BF or CUDA_R_32F; a bias of CUDA_R_16BF; m, n, k and every ld multiples of 16; A, B,
-// D and the bias 16-byte aligned; a compute capability of 8.9 or later (TESSERA_EMU_COMPUTE; the
+// D and the bias 16-byte aligned, and to the alignment the heuristic's algorithm was chosen for
+// (the preference's CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES, default 256, as far as the leading
+// dimension allows); a compute capability of 8.9 or later (TESSERA_EMU_COMPUTE; the
 // default 0.0 is the emulator itself, allowed). A descriptor attribute other than those fp8.cu
 // sets is refused when it is set.
 //
@@ -22,9 +26,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -57,9 +65,15 @@ struct Layout {
   uint64_t rows, cols;
   int64_t ld;
 };
+// The alignments (bytes) the caller promises of A, B, C and D: cuBLASLt's default is 256.
 struct Preference {
   uint64_t max_workspace = 0;
+  uint32_t min_alignment[4] = {256, 256, 256, 256};
 };
+// What the heuristic writes into the algorithm it returns, and the matmul holds the operands to:
+// an algorithm chosen for the promised alignments may rely on them (an algorithm's
+// CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_*_BYTES).
+constexpr uint64_t kAlgoTag = 0x7e55e7a11c0ull;
 
 template <class State, class Opaque>
 State& state(Opaque* o) {
@@ -110,6 +124,67 @@ int capability() {
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
   if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return 0;
   return 10 * prop.major + prop.minor;
+}
+
+// How the products of one output are summed (TESSERA_EMU_FP8_ACCUM): `hopper` (the default) a
+// model of Hopper's FP8 tensor cores in cuBLASLt's default mode (CUBLASLT_MATMUL_DESC_FAST_ACCUM
+// off), `fp32` a sum in fp32 in k order. The hardware's accumulator is not documented; the model
+// follows what is published about it:
+//   - DeepSeek-V3 technical report (arXiv 2412.19437), section 3.3.2, "Increasing Accumulation
+//     Precision": "the accumulation precision of FP8 GEMM on NVIDIA H800 GPUs is limited to
+//     retaining around 14 bits", and partial results are promoted to fp32 every N_C = 128
+//     elements, "equivalent to 4 WGMMAs";
+//   - cublasLt.h on CUBLASLT_MATMUL_DESC_FAST_ACCUM: with it on, "intermediate results will not
+//     periodically be promoted to a higher precision" (so, off, they are).
+// The model: the products are exact; one MMA takes 32 consecutive k (wgmma's K for 8-bit inputs),
+// aligns the partial sum and its 32 products to the largest exponent among them and keeps 13
+// significant bits of each (truncated toward zero: the conservative end of "around 14"); every 4
+// MMAs (128 k) the partial sum is added to an fp32 accumulator. tests/gpu/test_fp8.cpp bounds
+// cuBLASLt's results by the worst case of this model, which a GPU must also meet.
+enum class Fp8Accum { Hopper, Fp32 };
+constexpr size_t kMmaK = 32;
+constexpr size_t kMmasPerPromotion = 4;
+constexpr int kMmaBits = 13;
+
+Fp8Accum fp8_accumulation() {
+  const char* s = std::getenv("TESSERA_EMU_FP8_ACCUM");
+  const std::string v = s ? s : "";
+  if (v.empty() || v == "hopper") return Fp8Accum::Hopper;
+  if (v == "fp32") return Fp8Accum::Fp32;
+  fault("TESSERA_EMU_FP8_ACCUM=" + v + ": expected hopper or fp32");
+}
+
+// x toward zero to a multiple of `grid` (a power of two).
+double truncated(double x, double grid) { return std::trunc(x / grid) * grid; }
+
+// The sum of a[q] * b[q] over q < k, accumulated as `mode` says.
+float fp8_dot(const float* a, const float* b, size_t k, Fp8Accum mode) {
+  float acc = 0.0f;
+  if (mode == Fp8Accum::Fp32) {
+    for (size_t q = 0; q < k; q++) acc += a[q] * b[q];
+    return acc;
+  }
+  // Every truncated term is a multiple of the MMA's grid below 2^13 grids: 33 of them sum
+  // exactly in double, and the partial sum (under 2^19 grids) converts to float exactly.
+  double partial = 0.0;
+  for (size_t q0 = 0, mma = 1; q0 < k; q0 += kMmaK, mma++) {
+    const size_t end = std::min(k, q0 + kMmaK);
+    double largest = std::fabs(partial);
+    for (size_t q = q0; q < end; q++) largest = std::fmax(largest, std::fabs(double(a[q]) * b[q]));
+    if (largest > 0.0) {
+      int e = 0;
+      std::frexp(largest, &e);  // largest in [2^(e-1), 2^e)
+      const double grid = std::ldexp(1.0, e - kMmaBits);
+      double sum = truncated(partial, grid);
+      for (size_t q = q0; q < end; q++) sum += truncated(double(a[q]) * b[q], grid);
+      partial = sum;
+    }
+    if (mma % kMmasPerPromotion == 0 || end == k) {
+      acc += float(partial);
+      partial = 0.0;
+    }
+  }
+  return acc;
 }
 
 cublasStatus_t refuse(const char* call, const std::string& why) {
@@ -248,14 +323,22 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     cublasLtMatmulPreferenceAttributes_t attr,
                                                     const void* buf, size_t bytes) {
   if (!pref) return CUBLAS_STATUS_INVALID_VALUE;
-  if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
-    return set(&state<Preference>(pref).max_workspace, buf, bytes);
-  return refuse("cublasLtMatmulPreferenceSetAttribute",
-                "attribute " + std::to_string(attr) +
-                    " is not emulated (only MAX_WORKSPACE_BYTES)");
+  Preference& p = state<Preference>(pref);
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: return set(&p.max_workspace, buf, bytes);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES: return set(&p.min_alignment[0], buf, bytes);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES: return set(&p.min_alignment[1], buf, bytes);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES: return set(&p.min_alignment[2], buf, bytes);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: return set(&p.min_alignment[3], buf, bytes);
+    default:
+      return refuse("cublasLtMatmulPreferenceSetAttribute",
+                    "attribute " + std::to_string(attr) +
+                        " is not emulated (only MAX_WORKSPACE_BYTES, MIN_ALIGNMENT_[ABCD]_BYTES)");
+  }
 }
 
-// One algorithm, needing no workspace, for every problem the matmul runs.
+// One algorithm, needing no workspace, for every problem the matmul runs; it assumes the
+// alignments the preference promised (256 bytes where it promised none, as cuBLASLt's default).
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
                                               cublasLtMatrixLayout_t Adesc,
                                               cublasLtMatrixLayout_t Bdesc,
@@ -273,6 +356,17 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   results[0] = cublasLtMatmulHeuristicResult_t{};
   results[0].state = CUBLAS_STATUS_SUCCESS;
   results[0].wavesCount = 1.0f;
+  // The heuristic sees the leading dimensions, not the addresses: the algorithm may assume the
+  // promised alignment of an operand's address, no more than its leading dimension allows.
+  const Preference& promised = state<Preference>(pref);
+  const uint64_t d_size = p.d.type == CUDA_R_32F ? 4 : 2;
+  const uint64_t ld_bytes[4] = {uint64_t(p.a.ld), uint64_t(p.b.ld), uint64_t(p.d.ld) * d_size,
+                                uint64_t(p.d.ld) * d_size};
+  results[0].algo.data[0] = kAlgoTag;
+  for (int i = 0; i < 4; i++) {
+    const uint64_t ld_alignment = ld_bytes[i] & (~ld_bytes[i] + 1);
+    results[0].algo.data[1 + i] = std::min<uint64_t>(promised.min_alignment[i], ld_alignment);
+  }
   *returned = 1;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -283,12 +377,26 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
                               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo,
                               void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  (void)algo;  // the heuristic's one algorithm, or none: cuBLASLt then picks one itself
   const char* call = "cublasLtMatmul";
   Problem p;
   if (const cublasStatus_t s = check(call, handle, desc, Adesc, Bdesc, Cdesc, Ddesc, &p);
       s != CUBLAS_STATUS_SUCCESS)
     return s;
+  // The heuristic's algorithm holds the operands' addresses to the alignments it was chosen for
+  // (no algorithm given: cuBLASLt picks one for what it is given).
+  if (algo && algo->data[0] == kAlgoTag) {
+    const std::pair<const char*, const void*> operands[] = {{"A", A}, {"B", B}, {"C", C}, {"D", D}};
+    for (int i = 0; i < 4; i++) {
+      const uint64_t need = algo->data[1 + i];
+      const uintptr_t at = reinterpret_cast<uintptr_t>(operands[i].second);
+      if (need > 1 && at % need)
+        return refuse(call, std::string("operand ") + operands[i].first + " " +
+                                std::to_string(at % 256) + " bytes past a 256-byte boundary, but "
+                                "the algorithm was chosen for " + std::to_string(need) +
+                                "-byte alignment (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_" +
+                                operands[i].first + "_BYTES, default 256)");
+    }
+  }
   if (C != D) return refuse(call, "C and D at different addresses: only C == D is emulated");
   if (!alpha || !beta || !valid_stream(stream)) return CUBLAS_STATUS_INVALID_VALUE;
   const MatmulDesc o = p.desc;
@@ -331,6 +439,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (be != 0.0f) touches.push_back({C, d_bytes, false});
   touches.push_back({D, d_bytes, true});
   touch(stream, call, touches);
+  const Fp8Accum mode = fp8_accumulation();
   enqueue(stream, [=] {
     const auto* a = static_cast<const uint8_t*>(A);
     const auto* b = static_cast<const uint8_t*>(B);
@@ -347,8 +456,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       for (size_t q = 0; q < k; q++) cols[size_t(j) * k + q] = decode(b[q + j * p.b.ld], p.b.type);
     for (long long j = 0; j < p.n; j++)
       for (long long i = 0; i < p.m; i++) {
-        float acc = 0.0f;
-        for (size_t q = 0; q < k; q++) acc += rows[size_t(i) * k + q] * cols[size_t(j) * k + q];
+        const float acc = fp8_dot(&rows[size_t(i) * k], &cols[size_t(j) * k], k, mode);
         const long long at = i + j * p.d.ld;
         float v = scale * acc;
         // beta == 0 does not read C (it may hold NaN), as cuBLASLt.

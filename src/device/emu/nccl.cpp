@@ -22,6 +22,12 @@
 // TESSERA_EMU_NCCL_HANG=N makes every stream of this process never finish once it has queued N
 // calls (0: at once), with no error reported: a collective whose peer hangs, which only a bounded
 // wait ends (device/stream_wait.hpp). Read at every query, so a test can set it for a while.
+// TESSERA_EMU_NCCL_STUCK=group_end or finalize leaves that call of a nonblocking communicator
+// (ncclCommInitRankConfig with blocking 0) in progress for ever: ncclGroupEnd or ncclCommFinalize
+// returns ncclInProgress and ncclCommGetAsyncError answers ncclInProgress from then on, as a group
+// of sends and receives connecting lazily to a lost peer, or a finalisation waiting for one,
+// would. The nonblocking calls that finish return ncclSuccess at once (the emulator's
+// initialisation is synchronous).
 #include <mpi.h>
 #include <nccl.h>
 
@@ -41,6 +47,9 @@
 struct ncclComm {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1;
+  bool blocking = true;      // ncclConfig_t's blocking (ncclCommInitRankConfig)
+  bool in_progress = false;  // a nonblocking call that never finishes (TESSERA_EMU_NCCL_HANG)
+  bool finalized = false;    // ncclCommFinalize met the peers: destroy frees alone
 };
 
 namespace tessera::emu {
@@ -82,6 +91,15 @@ long error_after() {
     return n;
   }();
   return after;
+}
+
+// TESSERA_EMU_NCCL_STUCK names `call`.
+bool stuck(const char* call) {
+  const char* v = std::getenv("TESSERA_EMU_NCCL_STUCK");
+  if (!v) return false;
+  if (std::strcmp(v, "group_end") != 0 && std::strcmp(v, "finalize") != 0)
+    fault(std::string("TESSERA_EMU_NCCL_STUCK=") + v + ": expected group_end or finalize");
+  return std::strcmp(v, call) == 0;
 }
 
 }  // namespace
@@ -180,6 +198,13 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* unique_id) {
   return ncclSuccess;
 }
 
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId comm_id, int rank,
+                                    ncclConfig_t* config) {
+  const ncclResult_t r = ncclCommInitRank(comm, nranks, comm_id, rank);
+  if (r == ncclSuccess && config && config->blocking == 0) (*comm)->blocking = false;
+  return r;
+}
+
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId comm_id, int rank) {
   Id id;
   std::memcpy(&id, comm_id.internal, sizeof id);
@@ -221,10 +246,21 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId comm_id
 // NCCL's destroy finalizes first: it flushes the work still queued, which may need the peers.
 // Here it waits for them outright (a barrier), the worst case, so that a rank that leaves on an
 // error through ncclCommDestroy, while a peer is elsewhere, hangs here as it could on a GPU.
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  if (!comm) return ncclInvalidArgument;
+  if (!comm->blocking && stuck("finalize")) {
+    comm->in_progress = true;
+    return ncclInProgress;
+  }
+  if (comm->comm != MPI_COMM_NULL) MPI_Barrier(comm->comm);
+  comm->finalized = true;
+  return ncclSuccess;
+}
+
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return ncclInvalidArgument;
   if (comm->comm != MPI_COMM_NULL) {
-    MPI_Barrier(comm->comm);
+    if (!comm->finalized) MPI_Barrier(comm->comm);
     MPI_Comm_free(&comm->comm);
   }
   delete comm;
@@ -239,8 +275,11 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
-  *async_error = error_after() > 0 && g_calls >= error_after() ? ncclRemoteError : ncclSuccess;
-  return comm ? ncclSuccess : ncclInvalidArgument;
+  if (!comm) return ncclInvalidArgument;
+  *async_error = error_after() > 0 && g_calls >= error_after() ? ncclRemoteError
+                 : comm->in_progress                          ? ncclInProgress
+                                                               : ncclSuccess;
+  return ncclSuccess;
 }
 
 const char* ncclGetErrorString(ncclResult_t result) {
@@ -251,6 +290,7 @@ const char* ncclGetErrorString(ncclResult_t result) {
     case ncclInvalidArgument: return "invalid argument";
     case ncclInvalidUsage: return "invalid usage";
     case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
     default: return "unknown result code";
   }
 }
@@ -357,6 +397,12 @@ ncclResult_t ncclGroupStart() {
 ncclResult_t ncclGroupEnd() {
   if (g_group_depth == 0) return ncclInvalidUsage;
   if (--g_group_depth > 0) return ncclSuccess;
+  // A nonblocking group whose peer never connects: in progress for ever (TESSERA_EMU_NCCL_STUCK).
+  if (!g_pending.empty() && !g_pending.front().comm->blocking && stuck("group_end")) {
+    for (const Pending& p : g_pending) p.comm->in_progress = true;
+    g_pending.clear();
+    return ncclInProgress;
+  }
   std::vector<MPI_Request> requests(g_pending.size());
   for (size_t i = 0; i < g_pending.size(); i++) {
     const Pending& p = g_pending[i];
