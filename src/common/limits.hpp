@@ -16,6 +16,9 @@ inline constexpr const char* kEmbdWhy = "the widest published models use 12288-2
 // A LLaMA MLP's hidden width (GPT-2's is 4 n_embd, inside 4 kEmbd).
 inline constexpr int kFfn = 1 << 18;
 inline constexpr const char* kFfnWhy = "the widest published MLPs have 53248 (Llama 3 405B)";
+// Experts of a mixture-of-experts layer (DeepSeek-V3: 256 routed, Llama 4 Maverick: 128).
+inline constexpr int kExperts = 4096;
+inline constexpr const char* kExpertsWhy = "the most in a published model is 256 (DeepSeek-V3)";
 // Rows of the learned position table; attention memory grows as its square.
 inline constexpr int kBlock = 1 << 20;
 inline constexpr const char* kBlockWhy = "a learned position table of 1M rows";

@@ -29,6 +29,7 @@ enum class AmaxAlgo { Max, MostRecent };            // device.fp8_amax_algo
 enum class ScheduleKind { GPipe, OneFOneB };
 enum class CpComm { Ring, AllGather };  // parallel.cp_comm
 enum class OptimRule { AdamW, Adafactor };  // optim.name (optim/rule.hpp)
+enum class MoeScore { Softmax, Sigmoid };   // model.moe.score (backend/moe_routing.hpp)
 
 // The deck's spelling of each word ("fused", "1f1b"), for logs and messages.
 const char* deck_word(Arch v);
@@ -43,6 +44,32 @@ const char* deck_word(AmaxAlgo v);
 const char* deck_word(ScheduleKind v);
 const char* deck_word(CpComm v);
 const char* deck_word(OptimRule v);
+const char* deck_word(MoeScore v);
+
+// model.moe: a mixture-of-experts MLP (a router and `experts` copies of the family's MLP, each
+// token through top_k of them) in place of the dense MLP of some layers; written as a map under
+// model (`model.moe.experts` on the command line). experts = 0: a dense model, and every other
+// moe key is a deck error.
+struct MoeConfig {
+  int experts = 0;           // E routed experts of each MoE layer
+  int top_k = 2;             // the experts each token goes to, 1 <= top_k <= experts
+  int ffn = 0;               // each expert's MLP width; 0 = the dense MLP's (model.ffn_hidden)
+  int shared_experts = 0;    // experts of width ffn every token also goes through (DeepSeek, Qwen2)
+  // Which layers: layer l (0-based) is an MoE layer when l >= first_dense and (l + 1) is a
+  // multiple of every (Qwen's decoder_sparse_step; DeepSeek-V3's first_k_dense_replace).
+  int every = 1;
+  int first_dense = 0;
+  MoeScore score = MoeScore::Softmax;  // the router's scores: softmax | sigmoid
+  bool renormalize = true;   // the chosen top_k gates divided by their sum
+  double aux_loss = 0.01;    // the Switch/GShard load-balancing loss's coefficient; 0 = none
+  double z_loss = 0;         // the router z-loss's coefficient (ST-MoE); 0 = none
+  // DeepSeek-V3's auxiliary-loss-free balancing: each step every expert's selection bias moves by
+  // this much toward the mean load (down when over, up when under); 0 = no bias.
+  double bias_rate = 0;
+  // Dropless when absent (0); else each expert takes at most ceil(factor N top_k / experts) of a
+  // micro-batch's N tokens, the latest dropped (counted in the log).
+  double capacity_factor = 0;
+};
 
 struct ModelConfig {
   Arch arch = Arch::Gpt2;    // gpt2 | llama (model/param_layout.hpp)
@@ -60,6 +87,7 @@ struct ModelConfig {
   Tie tie_embeddings = Tie::Auto;  // auto (gpt2: true, llama: false) | true | false
   double norm_eps = 1e-5;    // llama's RMSNorm epsilon (GPT-2's LayerNorm: 1e-5)
   double rope_theta = 10000.0;  // llama's rotary base
+  MoeConfig moe;
 };
 
 struct DataConfig {
@@ -185,6 +213,9 @@ struct ParallelConfig {
   // when the model asks for it; for measuring the overlap).
   bool zero_prefetch = true;
   int cp = 1;                     // context-parallel ranks: each sequence split over them
+  // Expert parallelism: each MoE layer's experts split over ep ranks carved from dp x cp (the
+  // dense weights stay replicated over dp x cp, the experts' over dp x cp / ep).
+  int ep = 1;
   CpComm cp_comm = CpComm::Ring;  // ring | allgather: how attention's K/V reach the cp ranks
 };
 

@@ -51,6 +51,8 @@ std::string dotted(const Field& f);
 std::string word_list(const Choice& c);
 
 bool is_section(std::string_view name);
+// Whether `key` of `section` names a group of keys (model.moe: the keys "moe.experts", ...).
+bool is_group(const std::vector<Field>& fields, std::string_view section, std::string_view key);
 
 // " (did you mean model.n_layer?)" for an unknown `section.key`, preferring the same section; a
 // key put under the wrong section (train.lr) finds its own (optim.lr). Without a close match it

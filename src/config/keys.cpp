@@ -96,6 +96,7 @@ TESSERA_WORDS(AmaxAlgo, "max", "most_recent")
 TESSERA_WORDS(ScheduleKind, "gpipe", "1f1b")
 TESSERA_WORDS(CpComm, "ring", "allgather")
 TESSERA_WORDS(OptimRule, "adamw", "adafactor")
+TESSERA_WORDS(MoeScore, "softmax", "sigmoid")
 #undef TESSERA_WORDS
 
 template <class E>
@@ -131,6 +132,18 @@ std::vector<Field> fields_of(Config& c) {
       {"model", "tie_embeddings", choice(&c.model.tie_embeddings)},
       {"model", "norm_eps", &c.model.norm_eps},
       {"model", "rope_theta", &c.model.rope_theta},
+      {"model", "moe.experts", &c.model.moe.experts},
+      {"model", "moe.top_k", &c.model.moe.top_k},
+      {"model", "moe.ffn", &c.model.moe.ffn},
+      {"model", "moe.shared_experts", &c.model.moe.shared_experts},
+      {"model", "moe.every", &c.model.moe.every},
+      {"model", "moe.first_dense", &c.model.moe.first_dense},
+      {"model", "moe.score", choice(&c.model.moe.score)},
+      {"model", "moe.renormalize", &c.model.moe.renormalize},
+      {"model", "moe.aux_loss", &c.model.moe.aux_loss},
+      {"model", "moe.z_loss", &c.model.moe.z_loss},
+      {"model", "moe.bias_rate", &c.model.moe.bias_rate},
+      {"model", "moe.capacity_factor", &c.model.moe.capacity_factor},
       {"data", "train", &c.data.train},
       {"data", "val", &c.data.val},
       {"data", "format", &c.data.format},
@@ -192,6 +205,7 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel", "tp", IntOrAuto{&c.parallel.tp}},
       {"parallel", "pp", IntOrAuto{&c.parallel.pp}},
       {"parallel", "cp", &c.parallel.cp},
+      {"parallel", "ep", &c.parallel.ep},
       {"parallel", "cp_comm", choice(&c.parallel.cp_comm)},
       {"parallel", "schedule", choice(&c.parallel.schedule)},
       {"parallel", "zero", &c.parallel.zero},
@@ -205,6 +219,16 @@ std::vector<Field> fields_of(Config& c) {
 }
 
 std::string dotted(const Field& f) { return std::string(f.section) + "." + f.key; }
+
+bool is_group(const std::vector<Field>& fields, std::string_view section, std::string_view key) {
+  for (const Field& f : fields) {
+    const std::string_view k = f.key;
+    if (section == f.section && k.size() > key.size() && k.substr(0, key.size()) == key &&
+        k[key.size()] == '.')
+      return true;
+  }
+  return false;
+}
 
 bool is_section(std::string_view name) {
   return std::find(std::begin(kSections), std::end(kSections), name) != std::end(kSections);
@@ -292,6 +316,7 @@ TESSERA_DECK_WORD(AmaxAlgo)
 TESSERA_DECK_WORD(ScheduleKind)
 TESSERA_DECK_WORD(CpComm)
 TESSERA_DECK_WORD(OptimRule)
+TESSERA_DECK_WORD(MoeScore)
 #undef TESSERA_DECK_WORD
 
 RestartFrom restart_from(const CheckpointConfig& c) {
@@ -304,6 +329,7 @@ std::string to_yaml(const Config& config) {
   Config copy = config;  // fields_of points into a Config it may write through
   std::string out;
   const char* section = "";
+  std::string_view group;
   for (const Field& f : fields_of(copy)) {
     // The FP8 keys are a deck error without device.precision fp8: written only with it.
     if (std::string_view(f.key).rfind("fp8_", 0) == 0 && config.device.precision != Precision::Fp8)
@@ -311,11 +337,22 @@ std::string to_yaml(const Config& config) {
     // Likewise Adafactor's keys without optim.name adafactor.
     if (std::string_view(f.key).rfind("adafactor_", 0) == 0 && config.optim.name != OptimRule::Adafactor)
       continue;
+    // model.moe's keys only with experts (each is a deck error without).
+    const std::string_view key = f.key;
+    if (key.rfind("moe.", 0) == 0 && config.model.moe.experts == 0) continue;
     if (std::string_view(section) != f.section) {
       section = f.section;
+      group = "";
       out += std::string(section) + ":\n";
     }
-    out += "  " + std::string(f.key) + ": ";
+    // A group's keys (moe.experts) as a map under the group's name.
+    const size_t dot = key.find('.');
+    const std::string_view in_group = dot == std::string_view::npos ? "" : key.substr(0, dot);
+    if (in_group != group) {
+      group = in_group;
+      if (!group.empty()) out += "  " + std::string(group) + ":\n";
+    }
+    out += (group.empty() ? "  " : "    ") + std::string(key.substr(dot + 1)) + ": ";
     std::visit(
         [&](auto field) {
           using T = decltype(field);

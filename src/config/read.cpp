@@ -291,6 +291,26 @@ YAML::Node load_yaml(const std::string& text, const std::string& origin) {
   }
 }
 
+// One key's value: where it is, refused when the key is unknown or given twice.
+void read_key(Deck& deck, const std::string& section, const std::string& key,
+              const YAML::Node& key_node, const YAML::Node& value) {
+  const std::string key_where =
+      at(deck.origin, key_node.Mark()) + ": " + one_line(section + "." + key);
+  const size_t i = deck.index(section, key);
+  if (i == deck.fields.size())
+    fail(key_where, "unknown key" + suggest_key(deck.fields, section, key));
+  Source& source = deck.sources[i];
+  if (source.present)
+    fail(key_where, "duplicate key (first at line " + std::to_string(source.key_line) + ")");
+  // An empty value's mark is wherever the next token starts, so point at its key instead.
+  const YAML::Mark mark = value.IsNull() ? key_node.Mark() : value.Mark();
+  source.present = true;
+  source.value = value;
+  source.where = at(deck.origin, mark) + ": " + dotted(deck.fields[i]);
+  source.order = mark.pos;
+  source.key_line = key_node.Mark().line + 1;
+}
+
 void read_sections(const YAML::Node& root, Deck& deck) {
   const std::string& origin = deck.origin;
   deck.data_where = one_line(origin) + ":1:1";
@@ -324,27 +344,26 @@ void read_sections(const YAML::Node& root, Deck& deck) {
 
     for (const auto& entry : body) {
       YAML::Node key_node = entry.first;
-      YAML::Node value = entry.second;
       if (!key_node.IsScalar()) {
         fail(section_where, "expected a key name, got " + kind_of(key_node) + " at " +
                                 at(origin, key_node.Mark()));
       }
+      // A group of keys (model.moe): a map of its own, one level deep.
       const std::string& key = key_node.Scalar();
-      std::string key_where = at(origin, key_node.Mark()) + ": " + one_line(section + "." + key);
-      size_t i = deck.index(section, key);
-      if (i == deck.fields.size())
-        fail(key_where, "unknown key" + suggest_key(deck.fields, section, key));
-      Source& source = deck.sources[i];
-      if (source.present) {
-        fail(key_where, "duplicate key (first at line " + std::to_string(source.key_line) + ")");
+      if (is_group(deck.fields, section, key)) {
+        const YAML::Node& group = entry.second;
+        const std::string where = at(origin, key_node.Mark()) + ": " + one_line(section + "." + key);
+        if (group.IsNull()) continue;  // "moe:" with nothing under it: all defaults
+        if (!group.IsMap()) fail(where, "expected a map of keys, got " + kind_of(group));
+        for (const auto& inner : group) {
+          if (!inner.first.IsScalar())
+            fail(where, "expected a key name, got " + kind_of(inner.first) + " at " +
+                            at(origin, inner.first.Mark()));
+          read_key(deck, section, key + "." + inner.first.Scalar(), inner.first, inner.second);
+        }
+        continue;
       }
-      // An empty value's mark is wherever the next token starts, so point at its key instead.
-      YAML::Mark mark = value.IsNull() ? key_node.Mark() : value.Mark();
-      source.present = true;
-      source.value = value;
-      source.where = at(origin, mark) + ": " + dotted(deck.fields[i]);
-      source.order = mark.pos;
-      source.key_line = key_node.Mark().line + 1;
+      read_key(deck, section, key, key_node, entry.second);
     }
   }
 }

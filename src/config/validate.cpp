@@ -222,6 +222,63 @@ void validate_device(const Config& c, const Deck& deck) {
   at_most(deck, "device.threads", c.device.threads, limits::kThreads, limits::kThreadsWhy);
 }
 
+// model.moe (and parallel.ep, which only MoE layers have a use for): with experts = 0 every other
+// moe key is a mistake, as the fp8 keys without fp8.
+void validate_moe(const Config& c, const Deck& deck) {
+  const MoeConfig& e = c.model.moe;
+  at_least(deck, "model.moe.experts", e.experts, 0);
+  at_most(deck, "model.moe.experts", e.experts, limits::kExperts, limits::kExpertsWhy);
+  at_least(deck, "parallel.ep", c.parallel.ep, 1);
+  if (e.experts == 0) {
+    for (const Field& f : deck.fields) {
+      const std::string name = dotted(f);
+      if (name.rfind("model.moe.", 0) == 0 && name != "model.moe.experts" &&
+          deck.sources[deck.index(name)].present)
+        deck.fail_key(name, name + " needs model.moe.experts > 0 (a dense model has no experts)");
+    }
+    if (c.parallel.ep > 1)
+      deck.fail_later("model.moe.experts", "parallel.ep",
+                      "parallel.ep = " + num(c.parallel.ep) +
+                          " needs model.moe.experts > 0 (only experts are split over ep)");
+    return;
+  }
+  at_least(deck, "model.moe.top_k", e.top_k, 1);
+  if (e.top_k > e.experts)
+    deck.fail_later("model.moe.experts", "model.moe.top_k",
+                    "model.moe.top_k = " + num(e.top_k) + " is more than model.moe.experts = " +
+                        num(e.experts));
+  at_least(deck, "model.moe.ffn", e.ffn, 0);
+  at_most(deck, "model.moe.ffn", e.ffn, limits::kFfn, limits::kFfnWhy);
+  at_least(deck, "model.moe.shared_experts", e.shared_experts, 0);
+  at_most(deck, "model.moe.shared_experts", e.shared_experts, limits::kExperts, limits::kExpertsWhy);
+  at_least(deck, "model.moe.every", e.every, 1);
+  at_least(deck, "model.moe.first_dense", e.first_dense, 0);
+  bool any = false;
+  for (int l = e.first_dense; l < c.model.n_layer && !any; ++l) any = (l + 1) % e.every == 0;
+  if (!any)
+    deck.fail_latest({"model.n_layer", "model.moe.every", "model.moe.first_dense"},
+                     "model.moe.every = " + num(e.every) + " and model.moe.first_dense = " +
+                         num(e.first_dense) + " leave no MoE layer among model.n_layer = " +
+                         num(c.model.n_layer));
+  non_negative(deck, "model.moe.aux_loss", e.aux_loss);
+  non_negative(deck, "model.moe.z_loss", e.z_loss);
+  non_negative(deck, "model.moe.bias_rate", e.bias_rate);
+  if (deck.sources[deck.index("model.moe.capacity_factor")].present && !(e.capacity_factor > 0))
+    deck.fail_key("model.moe.capacity_factor",
+                  "must be > 0 (leave it out for dropless routing), got " +
+                      num(e.capacity_factor));
+  if (e.experts % c.parallel.ep != 0)
+    deck.fail_later("model.moe.experts", "parallel.ep",
+                    "model.moe.experts = " + num(e.experts) + " is not divisible by parallel.ep = " +
+                        num(c.parallel.ep));
+  const ParallelConfig& p = c.parallel;
+  if (p.dp > 0 && (long long)p.dp * p.cp % p.ep != 0)
+    deck.fail_later("parallel.dp", "parallel.ep",
+                    "parallel.ep = " + num(p.ep) + " does not divide parallel.dp x parallel.cp = " +
+                        num(p.dp) + " x " + num(p.cp) +
+                        " (the expert ranks are carved from the data-parallel ones)");
+}
+
 // Context parallelism: each sequence in 2 x cp chunks, K/V passed round a ring or all-gathered.
 void validate_context_parallel(const Config& c, const Deck& deck) {
   const ParallelConfig& p = c.parallel;
@@ -367,6 +424,7 @@ void validate_parallel(const Config& c, const Deck& deck) {
 
 void validate(const Config& c, const Deck& deck) {
   validate_model(c, deck);
+  validate_moe(c, deck);
   validate_data(c, deck);
   validate_train(c, deck);
   validate_optim(c, deck);

@@ -6,6 +6,11 @@ namespace tessera {
 
 std::string make_run_layout(const Config& cfg, const ModelShape& shape,
                             const ParallelLayout& layout, RunLayout* out) {
+  // The deck reads model.moe and parallel.ep; the layers are the next step (docs/status.md).
+  if (cfg.model.moe.experts > 0)
+    return "model.moe.experts = " + std::to_string(cfg.model.moe.experts) +
+           ": mixture-of-experts layers are not trained by this tessera yet (its router and "
+           "dispatch ops are: docs/status.md)";
   const int T = cfg.data.seq_len, B = cfg.train.batch_size;
   const int mb = cfg.train.micro_batch > 0 ? cfg.train.micro_batch : B / layout.dp;
   if (std::string e = check_layout(layout, shape.n_head, shape.padded_vocab, shape.n_layer,

@@ -37,6 +37,20 @@ std::string deck_error(const std::string& text, const std::vector<std::string>& 
 // Every field, so that a field added to Config and forgotten here shows up in review.
 void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.model.n_layer, b.model.n_layer);
+  const MoeConfig &ea = a.model.moe, &eb = b.model.moe;
+  EXPECT_EQ(ea.experts, eb.experts);
+  EXPECT_EQ(ea.top_k, eb.top_k);
+  EXPECT_EQ(ea.ffn, eb.ffn);
+  EXPECT_EQ(ea.shared_experts, eb.shared_experts);
+  EXPECT_EQ(ea.every, eb.every);
+  EXPECT_EQ(ea.first_dense, eb.first_dense);
+  EXPECT_EQ(ea.score, eb.score);
+  EXPECT_EQ(ea.renormalize, eb.renormalize);
+  EXPECT_EQ(ea.aux_loss, eb.aux_loss);
+  EXPECT_EQ(ea.z_loss, eb.z_loss);
+  EXPECT_EQ(ea.bias_rate, eb.bias_rate);
+  EXPECT_EQ(ea.capacity_factor, eb.capacity_factor);
+  EXPECT_EQ(a.parallel.ep, b.parallel.ep);
   EXPECT_EQ(a.model.n_head, b.model.n_head);
   EXPECT_EQ(a.model.n_embd, b.model.n_embd);
   EXPECT_EQ(a.model.block_size, b.model.block_size);
@@ -731,10 +745,11 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 77);  // with device.nccl_overlap, anomaly_max_rollbacks, parallel.cp, cp_comm,
-                       // optim.name and reset_state; the five device.fp8_* keys only with
-                       // precision fp8 (Config.Fp8Keys), the three optim.adafactor_* keys only
-                       // with optim.name adafactor (Config.OptimRuleKeys)
+  EXPECT_EQ(keys, 78);  // with device.nccl_overlap, anomaly_max_rollbacks, parallel.cp, cp_comm,
+                       // optim.name and reset_state, parallel.ep; the five device.fp8_* keys only
+                       // with precision fp8 (Config.Fp8Keys), the three optim.adafactor_* keys
+                       // only with optim.name adafactor (Config.OptimRuleKeys), the twelve
+                       // model.moe.* keys only with experts (Config.MoeKeysNestUnderModel)
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",
@@ -1076,4 +1091,64 @@ TEST(Config, CommaWhereADocumentStartsIsRefused) {
   EXPECT_EQ(parse_deck("data: {train: t.h5}\ntrain: {steps: 7}\n---\n", "deck.yaml", {}).train.steps, 7);
 }
 
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// model.moe: a map under model (and model.moe.KEY on the command line), its rules each one line.
+TEST(Config, MoeKeysNestUnderModel) {
+  const std::string deck = std::string(kMinimal) +
+                           "model:\n  n_layer: 4\n  moe:\n    experts: 8\n    top_k: 2\n"
+                           "    score: sigmoid\n    capacity_factor: 1.25\n"
+                           "parallel:\n  dp: 4\n  ep: 2\n";
+  const Config c = parse_deck(deck, "deck.yaml", {"model.moe.every=2"});
+  EXPECT_EQ(c.model.moe.experts, 8);
+  EXPECT_EQ(c.model.moe.top_k, 2);
+  EXPECT_EQ(c.model.moe.score, MoeScore::Sigmoid);
+  EXPECT_EQ(c.model.moe.capacity_factor, 1.25);
+  EXPECT_EQ(c.model.moe.every, 2);
+  EXPECT_EQ(c.parallel.ep, 2);
+  const std::string yaml = to_yaml(c);
+  EXPECT_NE(yaml.find("  moe:\n    experts: 8\n    top_k: 2\n"), std::string::npos) << yaml;
+  expect_same(parse_deck(yaml, "resolved.yaml", {}), c);
+  EXPECT_EQ(parse_deck(yaml, "resolved.yaml", {}).model.moe.every, 2);
+  // A dense deck writes no moe key, and reads back.
+  const Config dense = parse_deck(kMinimal, "deck.yaml", {});
+  EXPECT_EQ(to_yaml(dense).find("moe"), std::string::npos);
+}
+
+TEST(Config, MoeRulesNameTheNumbers) {
+  const std::string m = std::string(kMinimal) + "model:\n  n_layer: 4\n  moe:\n";
+  EXPECT_EQ(deck_error(m + "    experts: 4\n    top_k: 5\n"),
+            "deck.yaml:7:12: model.moe.top_k: model.moe.top_k = 5 is more than "
+            "model.moe.experts = 4");
+  EXPECT_EQ(deck_error(m + "    experts: 6\nparallel:\n  dp: 4\n  ep: 4\n"),
+            "deck.yaml:9:7: parallel.ep: model.moe.experts = 6 is not divisible by parallel.ep = 4");
+  EXPECT_EQ(deck_error(m + "    experts: 8\nparallel:\n  dp: 2\n  ep: 4\n"),
+            "deck.yaml:9:7: parallel.ep: parallel.ep = 4 does not divide parallel.dp x parallel.cp "
+            "= 2 x 1 (the expert ranks are carved from the data-parallel ones)");
+  EXPECT_EQ(deck_error(m + "    experts: 8\n    capacity_factor: 0\n"),
+            "deck.yaml:7:22: model.moe.capacity_factor: must be > 0 (leave it out for dropless "
+            "routing), got 0");
+  EXPECT_EQ(deck_error(m + "    top_k: 2\n"),
+            "deck.yaml:6:12: model.moe.top_k: model.moe.top_k needs model.moe.experts > 0 (a "
+            "dense model has no experts)");
+  EXPECT_EQ(deck_error(std::string(kMinimal) + "parallel:\n  ep: 2\n"),
+            "deck.yaml:4:7: parallel.ep: parallel.ep = 2 needs model.moe.experts > 0 (only "
+            "experts are split over ep)");
+  EXPECT_EQ(deck_error(m + "    experts: 8\n    first_dense: 4\n"),
+            "deck.yaml:7:18: model.moe.first_dense: model.moe.every = 1 and "
+            "model.moe.first_dense = 4 leave no MoE layer among model.n_layer = 4");
+  EXPECT_EQ(deck_error(m + "    experts: 8\n    expert: 2\n"),
+            "deck.yaml:7:5: model.moe.expert: unknown key (did you mean model.moe.experts?)");
+  EXPECT_EQ(deck_error(std::string(kMinimal) + "model:\n  moe: 8\n"),
+            "deck.yaml:4:3: model.moe: expected a map of keys, got '8'");
+  EXPECT_EQ(deck_error(m + "    experts: 8\n    experts: 4\n"),
+            "deck.yaml:7:5: model.moe.experts: duplicate key (first at line 6)");
+  EXPECT_EQ(deck_error(m + "    experts: 8\n    score: softmaxx\n"),
+            "deck.yaml:7:12: model.moe.score: must be softmax or sigmoid, got 'softmaxx'");
+}
+
+}  // namespace
 }  // namespace tessera
