@@ -22,7 +22,10 @@ backward and AdamW step each) after one warm-up step.
 
 The model is written for reading, not speed: fp32 on the CPU, attention with an explicit causal
 mask, cross-entropy averaged over all tokens, logits only over the real vocabulary (the padded
-rows of wte never enter them).
+rows of wte never enter them). Where the deck's model.moe makes a layer a mixture of experts
+(tools/reference/reference_moe.py: the rule), its MLP is a router and E GELU experts, and the
+objective back-propagated adds the layers' balancing losses to the cross-entropy; the loss
+reported is the cross-entropy alone.
 
 Exit status: 0 done, 2 bad input (checkpoint or data that does not fit), 1 I/O error.
 """
@@ -35,6 +38,7 @@ import time
 
 _TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
 sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop", "reference")]
+from reference_moe import MoeMlp, is_moe_layer, layer_config, moe_config, moe_loss  # noqa: E402
 from reference_train import (make_optimizer, run_training, set_threads,  # noqa: E402
                              train_step, training_arguments)
 from tessera_data import ToolError, run_tool  # noqa: E402
@@ -83,12 +87,13 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, n_embd, n_head):
+    def __init__(self, n_embd, n_head, moe=None):
+        # moe: None (the dense MLP), or the MoE MLP's config (reference_moe.layer_config)
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd, eps=1e-5)
         self.attn = CausalSelfAttention(n_embd, n_head)
         self.ln_2 = nn.LayerNorm(n_embd, eps=1e-5)
-        self.mlp = MLP(n_embd)
+        self.mlp = MLP(n_embd) if moe is None else MoeMlp(n_embd, moe, "gelu")
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -96,9 +101,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """GPT-2 with tied embeddings. wte has Vp >= V rows; only the first V make logits."""
+    """GPT-2 with tied embeddings. wte has Vp >= V rows; only the first V make logits. moe:
+    {layer: its MoE MLP's config (reference_moe.layer_config)} of the layers that have one."""
 
-    def __init__(self, n_layer, n_head, n_embd, block_size, vocab_padded, vocab_size):
+    def __init__(self, n_layer, n_head, n_embd, block_size, vocab_padded, vocab_size, moe=None):
         super().__init__()
         if n_embd % n_head != 0:
             raise ToolError(f"model.n_embd = {n_embd} is not a multiple of model.n_head = {n_head}")
@@ -107,18 +113,24 @@ class GPT(nn.Module):
         self.vocab_size = vocab_size
         self.wte = nn.Parameter(torch.zeros(vocab_padded, n_embd))
         self.wpe = nn.Parameter(torch.zeros(block_size, n_embd))
-        self.h = nn.ModuleList([Block(n_embd, n_head) for _ in range(n_layer)])
+        moe = moe or {}
+        self.moe = bool(moe)
+        self.h = nn.ModuleList([Block(n_embd, n_head, moe.get(l)) for l in range(n_layer)])
         self.ln_f = nn.LayerNorm(n_embd, eps=1e-5)
 
     def forward(self, idx, targets):
-        # idx, targets (B, T) int64 -> mean cross-entropy over all B*T tokens (a 0-d tensor)
+        # idx, targets (B, T) int64 -> the objective (a 0-d tensor): the mean cross-entropy over
+        # all B*T tokens (also kept as self.last_ce, the loss reported), plus the MoE layers'
+        # balancing losses
         B, T = idx.shape
         x = self.wte[idx] + self.wpe[torch.arange(T, device=idx.device)]
         for block in self.h:
             x = block(x)
         x = self.ln_f(x)
         logits = x @ self.wte[:self.vocab_size].t()                          # (B, T, V)
-        return F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
+        ce = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
+        self.last_ce = ce
+        return ce + moe_loss(self) if self.moe else ce
 
 
 def init_random(model, std, seed):
@@ -135,7 +147,8 @@ def init_random(model, std, seed):
 
 
 def build_model(ck, where):
-    """The GPT of a checkpoint's shape (tied GPT-2 only), parameters not yet loaded."""
+    """The GPT of a checkpoint's shape (tied GPT-2 only; MoE layers where the deck's model.moe
+    says, E and F from the checkpoint's tensors), parameters not yet loaded."""
     m = ck["shape"]
     if m["arch"] != "gpt2" or not m["tie_embeddings"]:
         raise ToolError(f"{where}: the model is {m['arch']}"
@@ -143,8 +156,11 @@ def build_model(ck, where):
                         "is GPT-2 with a tied head (tools/reference/reference_llama.py is LLaMA's)")
     if m["ffn_hidden"] != 4 * m["n_embd"]:
         raise ToolError(f"{where}: ffn_hidden {m['ffn_hidden']}: GPT-2's MLP is 4 x n_embd")
+    cfg = moe_config(ck["deck"].get("moe"), where)
+    moe = {l: layer_config(ck["model"], f"h.{l}.mlp.", cfg, m["ffn_hidden"], where)
+           for l in range(m["n_layer"]) if is_moe_layer(l, cfg)}
     return GPT(m["n_layer"], m["n_head"], m["n_embd"], m["block_size"], m["padded_vocab"],
-               ck["vocab_size"])
+               ck["vocab_size"], moe)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,9 @@ its definition by its parameter names, in fp32 on the CPU, for reading, not spee
   logits = norm(x) @ W^T over the first vocab_size rows of W = lm_head.weight (untied) or
   embed_tokens.weight (tied): the padding rows never reach a logit; mean cross-entropy over all
   tokens. No biases anywhere.
+Where the deck's model.moe makes a layer a mixture of experts (tools/reference/reference_moe.py:
+the rule), its MLP is a router and E SwiGLU experts, and the objective back-propagated adds the
+layers' balancing losses to the cross-entropy; the loss reported is the cross-entropy alone.
 
 Exit status: 0 done, 2 bad input (checkpoint or data that does not fit), 1 I/O error.
 """
@@ -41,6 +44,7 @@ import sys
 
 _TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
 sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop", "reference")]
+from reference_moe import MoeMlp, is_moe_layer, layer_config, moe_config, moe_loss  # noqa: E402
 from reference_train import run_training, set_threads, training_arguments  # noqa: E402
 from tessera_data import ToolError, run_tool  # noqa: E402
 
@@ -117,12 +121,14 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, m):
+    def __init__(self, m, moe=None):
+        # moe: None (the dense MLP), or the MoE MLP's config (reference_moe.layer_config)
         super().__init__()
         self.input_layernorm = LlamaRMSNorm(m["n_embd"], m["norm_eps"])
         self.self_attn = LlamaAttention(m["n_embd"], m["n_head"], m["n_kv_head"], m["rope_theta"])
         self.post_attention_layernorm = LlamaRMSNorm(m["n_embd"], m["norm_eps"])
-        self.mlp = LlamaMLP(m["n_embd"], m["ffn_hidden"])
+        self.mlp = (LlamaMLP(m["n_embd"], m["ffn_hidden"]) if moe is None
+                    else MoeMlp(m["n_embd"], moe, "swiglu"))
 
     def forward(self, x):
         x = x + self.self_attn(self.input_layernorm(x))
@@ -131,9 +137,10 @@ class LlamaDecoderLayer(nn.Module):
 
 class Llama(nn.Module):
     """LlamaModel's names (embed_tokens, layers.L.*, norm) plus lm_head when untied; the
-    embedding and head have padded_vocab rows, of which the first vocab_size make logits."""
+    embedding and head have padded_vocab rows, of which the first vocab_size make logits. moe:
+    {layer: its MoE MLP's config (reference_moe.layer_config)} of the layers that have one."""
 
-    def __init__(self, m, vocab_size):
+    def __init__(self, m, vocab_size, moe=None):
         super().__init__()
         if m["n_embd"] % m["n_head"] or (m["n_embd"] // m["n_head"]) % 2:
             raise ToolError(f"n_embd {m['n_embd']} / n_head {m['n_head']} is not an even head size")
@@ -143,19 +150,25 @@ class Llama(nn.Module):
             raise ToolError(f"vocab_size {vocab_size} must be in (0, {m['padded_vocab']}]")
         self.vocab_size = vocab_size
         self.embed_tokens = nn.Embedding(m["padded_vocab"], m["n_embd"])
-        self.layers = nn.ModuleList([LlamaDecoderLayer(m) for _ in range(m["n_layer"])])
+        moe = moe or {}
+        self.moe = bool(moe)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(m, moe.get(l)) for l in range(m["n_layer"])])
         self.norm = LlamaRMSNorm(m["n_embd"], m["norm_eps"])
         self.lm_head = None if m["tie_embeddings"] else nn.Linear(m["n_embd"], m["padded_vocab"], bias=False)
 
     def forward(self, idx, targets):
-        # idx, targets (B, T) int64 -> mean cross-entropy over all B*T tokens (a 0-d tensor)
+        # idx, targets (B, T) int64 -> the objective (a 0-d tensor): the mean cross-entropy over
+        # all B*T tokens (also kept as self.last_ce, the loss reported), plus the MoE layers'
+        # balancing losses
         x = self.embed_tokens(idx)
         for layer in self.layers:
             x = layer(x)
         x = self.norm(x)
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         logits = x @ head[:self.vocab_size].t()                              # (B, T, V)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        self.last_ce = ce
+        return ce + moe_loss(self) if self.moe else ce
 
 
 def build_model(ck, where):
@@ -164,8 +177,11 @@ def build_model(ck, where):
     if m["arch"] != "llama":
         raise ToolError(f"{where}: the model is {m['arch']}, not llama (tools/reference/reference_gpt.py "
                         "is GPT-2's reference)")
+    cfg = moe_config(ck["deck"].get("moe"), where)
+    moe = {l: layer_config(ck["model"], f"layers.{l}.mlp.", cfg, m["ffn_hidden"], where)
+           for l in range(m["n_layer"]) if is_moe_layer(l, cfg)}
     try:
-        return Llama(m, ck["vocab_size"])
+        return Llama(m, ck["vocab_size"], moe)
     except ToolError as e:
         raise ToolError(f"{where}: {e}") from None
 

@@ -18,7 +18,10 @@ What is the same for every model family lives here, once:
     per-step losses (a JSON list).
 
 The model is any torch.nn.Module whose state_dict names and shapes are exactly the checkpoint's
-/model tensors and whose forward(idx, targets) returns the mean cross-entropy over all tokens.
+/model tensors and whose forward(idx, targets) returns the objective to back-propagate: the mean
+cross-entropy over all tokens, plus whatever else it trains on (a mixture of experts' balancing
+losses). When that is more than the cross-entropy, the model keeps the cross-entropy of its last
+forward as `last_ce`: the loss reported, as tessera reports it.
 """
 import json
 import math
@@ -42,9 +45,12 @@ import torch  # noqa: E402
 
 def make_optimizer(model, optim):
     """The deck's rule (optim["name"]: AdamW where absent, or Adafactor) with weight decay on
-    every 2-D tensor, none on the rest."""
-    decay = [p for p in model.parameters() if p.dim() == 2]
-    no_decay = [p for p in model.parameters() if p.dim() != 2]
+    every matrix (and a mixture of experts' [E, rows, cols] stack of them), none on biases
+    (an experts' [E, rows] included) and norm weights."""
+    def decays(name, p):
+        return p.dim() >= 2 and not name.endswith("bias")
+    decay = [p for n, p in model.named_parameters() if decays(n, p)]
+    no_decay = [p for n, p in model.named_parameters() if not decays(n, p)]
     groups = [{"params": decay, "weight_decay": optim["weight_decay"]},
               {"params": no_decay, "weight_decay": 0.0}]
     if optim.get("name", "adamw") == "adafactor":
@@ -93,14 +99,16 @@ def load_optimizer_state(opt, model, ck, where):
 
 
 def train_step(model, opt, micro_batches, lr, grad_clip):
-    """One optimizer step over [(inputs, targets)] micro-batches; returns (loss, pre-clip norm)."""
+    """One optimizer step over [(inputs, targets)] micro-batches; returns (loss, pre-clip norm),
+    the loss the cross-entropy's mean (model.last_ce where the model keeps it)."""
     opt.zero_grad(set_to_none=False)
     n_micro = len(micro_batches)
     loss = 0.0
     for x, y in micro_batches:
         loss_mb = model(torch.from_numpy(x), torch.from_numpy(y)) / n_micro
         loss_mb.backward()
-        loss += loss_mb.item()
+        ce = getattr(model, "last_ce", None)
+        loss += (loss_mb if ce is None else ce.detach() / n_micro).item()
     params = list(model.parameters())
     if grad_clip > 0:
         norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
@@ -135,7 +143,8 @@ def _section(deck, name, keys, where):
 
 def parse_deck(text, where):
     """The data, train and optim sections of a resolved deck (the model's shape is read from the
-    checkpoint's /model attributes instead)."""
+    checkpoint's /model attributes instead), and model.moe as written (None where absent; the
+    model's reference checks it: tools/reference/reference_moe.py moe_config)."""
     import yaml
 
     try:
@@ -149,6 +158,7 @@ def parse_deck(text, where):
         "train": _section(deck, "train", {"steps": int, "batch_size": int, "micro_batch": int,
                                           "seed": int}, where),
         "optim": optim_section(deck, where),
+        "moe": (deck.get("model") or {}).get("moe"),
     }
 
 
