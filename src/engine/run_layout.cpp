@@ -4,13 +4,45 @@
 
 namespace tessera {
 
+namespace {
+
+// What the mixture-of-experts layers do not run on yet, and their splits over tp.
+std::string moe_layout_problem(const Config& cfg, const ModelShape& shape,
+                               const ParallelLayout& layout) {
+  const MoeConfig& m = cfg.model.moe;
+  if (m.experts == 0) return "";
+  const std::string moe = "model.moe.experts = " + std::to_string(m.experts);
+  if (cfg.parallel.ep > 1)
+    return "parallel.ep = " + std::to_string(cfg.parallel.ep) + ": " + moe +
+           " trains with its experts on every data-parallel rank (parallel.ep = 1); expert "
+           "parallelism is the next step (docs/status.md)";
+  if (m.shared_experts > 0)
+    return "model.moe.shared_experts = " + std::to_string(m.shared_experts) +
+           ": shared experts are not trained by this tessera yet (docs/status.md)";
+  if (m.bias_rate > 0)
+    return "model.moe.bias_rate = " + std::to_string(m.bias_rate) +
+           ": the auxiliary-loss-free balancing is not trained by this tessera yet "
+           "(docs/status.md); use model.moe.aux_loss";
+  if (cfg.device.precision == Precision::Fp8)
+    return "device.precision = fp8: " + moe + " runs its experts in bf16 or fp32 only "
+           "(docs/status.md)";
+  if (shape.moe.ffn % layout.tp != 0)
+    return "parallel.tp = " + std::to_string(layout.tp) + " does not divide model.moe.ffn = " +
+           std::to_string(shape.moe.ffn) + " (every expert splits over tp as the dense MLP)";
+  // A capacity bounds an expert's rows per rank and micro-batch: with the micro-batch's tokens
+  // cut over cp ranks, each would drop differently from one rank.
+  if (m.capacity_factor > 0 && layout.cp > 1)
+    return "model.moe.capacity_factor = " + std::to_string(m.capacity_factor) +
+           " bounds each expert per rank's tokens, which parallel.cp = " +
+           std::to_string(layout.cp) + " cuts; use a dropless model (capacity_factor 0) with cp";
+  return "";
+}
+
+}  // namespace
+
 std::string make_run_layout(const Config& cfg, const ModelShape& shape,
                             const ParallelLayout& layout, RunLayout* out) {
-  // The deck reads model.moe and parallel.ep; the layers are the next step (docs/status.md).
-  if (cfg.model.moe.experts > 0)
-    return "model.moe.experts = " + std::to_string(cfg.model.moe.experts) +
-           ": mixture-of-experts layers are not trained by this tessera yet (its router and "
-           "dispatch ops are: docs/status.md)";
+  if (std::string e = moe_layout_problem(cfg, shape, layout); !e.empty()) return e;
   const int T = cfg.data.seq_len, B = cfg.train.batch_size;
   const int mb = cfg.train.micro_batch > 0 ? cfg.train.micro_batch : B / layout.dp;
   if (std::string e = check_layout(layout, shape.n_head, shape.padded_vocab, shape.n_layer,

@@ -47,7 +47,14 @@ std::string state_text(const TrainState& st, const ModelShape& s) {
       st.optim_step >= 0 && st.optim_step != st.step
           ? " optim_step=" + std::to_string(st.optim_step)
           : "";
-  return std::string(buf) + optim + " data_sources=" + st.data_sources +
+  // The MoE shape only for an MoE model: a dense checkpoint's text and checksum are unchanged.
+  const MoeShape& m = s.moe;
+  const std::string moe = m.experts > 0 ? " moe=" + std::to_string(m.experts) + "," +
+                                              std::to_string(m.top_k) + "," + std::to_string(m.ffn) +
+                                              "," + std::to_string(m.every) + "," +
+                                              std::to_string(m.first_dense)
+                                        : "";
+  return std::string(buf) + optim + moe + " data_sources=" + st.data_sources +
          " data_position=" + st.data_position;
 }
 

@@ -232,6 +232,14 @@ CheckpointInfo read_info_here(const std::string& path) {
   info.shape.tied = h5_read_int_attr(model.get(), "tie_embeddings").value_or(1) != 0;
   info.shape.norm_eps = h5_read_double_attr(model.get(), "norm_eps").value_or(1e-5);
   info.shape.rope_theta = h5_read_double_attr(model.get(), "rope_theta").value_or(10000.0);
+  if (h5_read_int_attr(model.get(), "moe_experts")) {
+    MoeShape& m = info.shape.moe;
+    m.experts = int(require_int(model.get(), path, "moe_experts", 1, limits::kExperts));
+    m.top_k = int(require_int(model.get(), path, "moe_top_k", 1, m.experts));
+    m.ffn = int(require_int(model.get(), path, "moe_ffn", 1, limits::kFfn));
+    m.every = int(require_int(model.get(), path, "moe_every", 1, limits::kLayers));
+    m.first_dense = int(require_int(model.get(), path, "moe_first_dense", 0, limits::kLayers));
+  }
   H5Handle train(H5Gopen2(root, "train", H5P_DEFAULT), H5Gclose);
   info.state.next_sample = require_int(train.get(), path, "next_sample", 0, INT64_MAX);
   info.state.seed = uint64_t(require_int(train.get(), path, "seed"));
@@ -307,6 +315,13 @@ void check_checkpoint_shape(const CheckpointInfo& info, const LocalLayout& layou
   check("model.arch", std::string(arch_name(a.arch)), std::string(arch_name(b.arch)));
   check("model.norm_eps", a.norm_eps, b.norm_eps);
   check("model.rope_theta", a.rope_theta, b.rope_theta);
+  check("model.moe.experts", a.moe.experts, b.moe.experts);
+  if (a.moe.experts > 0 && b.moe.experts > 0) {
+    check("model.moe.top_k", a.moe.top_k, b.moe.top_k);
+    check("model.moe.ffn", a.moe.ffn, b.moe.ffn);
+    check("model.moe.every", a.moe.every, b.moe.every);
+    check("model.moe.first_dense", a.moe.first_dense, b.moe.first_dense);
+  }
   if (!diff.empty()) throw UserError(info.path + ": model shape differs from the deck: " + diff);
 }
 

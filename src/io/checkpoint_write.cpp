@@ -258,6 +258,13 @@ void write_metadata(hid_t root, const LocalLayout& layout, const TrainState& sta
     h5_write_int_attr(model.get(), "tie_embeddings", s.tied ? 1 : 0);
     h5_write_double_attr(model.get(), "norm_eps", s.norm_eps);
     h5_write_double_attr(model.get(), "rope_theta", s.rope_theta);
+    if (s.moe.experts > 0) {  // a dense model's /model is as it was before MoE
+      h5_write_int_attr(model.get(), "moe_experts", s.moe.experts);
+      h5_write_int_attr(model.get(), "moe_top_k", s.moe.top_k);
+      h5_write_int_attr(model.get(), "moe_ffn", s.moe.ffn);
+      h5_write_int_attr(model.get(), "moe_every", s.moe.every);
+      h5_write_int_attr(model.get(), "moe_first_dense", s.moe.first_dense);
+    }
 
     if (!rule.empty()) {
       H5Handle optim = make_group(root, "optim", failure);

@@ -29,14 +29,26 @@ int tp_collectives(const BlockCost& cost, bool sequence_parallel, bool full_reco
 
 double layer_matmul_params(const ModelShape& s) {
   double n = 0;
-  for (const LayerParam& p : layer_params(s))
+  for (const LayerParam& p : layer_params(s, -1))
     if (p.shape.size() == 2) n += double(p.shape[0]) * double(p.shape[1]);
+  return n;
+}
+
+double active_matmul_params(const ModelShape& s) {
+  double n = 0;
+  for (int l = 0; l < s.n_layer; ++l)
+    for (const LayerParam& p : layer_params(s, l)) {
+      if (p.shape.size() != 2) continue;
+      const double all = double(p.shape[0]) * double(p.shape[1]);
+      const bool expert = p.role == kExpertFc1W || p.role == kExpertFc2W;
+      n += expert ? all * s.moe.top_k / s.moe.experts : all;
+    }
   return n;
 }
 
 double layer_norm_params(const ModelShape& s) {
   double n = 0;
-  for (const LayerParam& p : layer_params(s))
+  for (const LayerParam& p : layer_params(s, -1))
     if (p.role == kNorm1W || p.role == kNorm1B || p.role == kNorm2W || p.role == kNorm2B)
       n += double(p.shape[0]);
   return n;

@@ -50,8 +50,12 @@ BlockCost block_cost(const ModelShape& shape, int tp);
 // reduce-scatter of the input's gradient (and the rerun's two).
 int tp_collectives(const BlockCost& cost, bool sequence_parallel, bool full_recompute);
 
-// One layer's parameters in GEMMs (FORMULAS.md's N_matmul is L of them plus the head's Vp C).
+// One dense layer's parameters in GEMMs (FORMULAS.md's N_matmul is L of them plus the head's
+// Vp C).
 double layer_matmul_params(const ModelShape& shape);
+// Every layer's active parameters in GEMMs: a dense layer's, an MoE layer's router and top_k of
+// its experts (what one token's forward multiplies by).
+double active_matmul_params(const ModelShape& shape);
 // One layer's norm parameters, and the final norm's: those whose gradients sequence
 // parallelism leaves partial on each tensor-parallel rank (each norm sees this rank's rows).
 double layer_norm_params(const ModelShape& shape);

@@ -94,7 +94,7 @@ void norm_params(const Family& f, const std::string& name, size_t C, std::vector
     out->push_back({bias, name + ".bias", {C}, Init::Zeros, Split::Replicated});
 }
 
-std::vector<LayerParam> layer_params(const ModelShape& s) {
+std::vector<LayerParam> layer_params(const ModelShape& s, int l) {
   const Family& f = family(s.arch);
   const size_t C = size_t(s.n_embd), F = size_t(s.ffn_hidden);
   const size_t hs = size_t(s.head_size()), Q = hs * s.n_head, KV = hs * s.n_kv_head;
@@ -102,7 +102,10 @@ std::vector<LayerParam> layer_params(const ModelShape& s) {
   norm_params(f, f.norm1, C, &out, kNorm1W, kNorm1B);
   attention_params(f, C, Q, KV, &out);
   norm_params(f, f.norm2, C, &out, kNorm2W, kNorm2B);
-  mlp_params(f.mlp, f.bias, f.out_init, C, F, &out);
+  if (s.moe.layer(l))
+    moe_params(f.mlp, f.bias, f.out_init, C, size_t(s.moe.ffn), size_t(s.moe.experts), &out);
+  else
+    mlp_params(f.mlp, f.bias, f.out_init, C, F, &out);
   return out;
 }
 
@@ -115,6 +118,8 @@ BlockWidths block_widths(const ModelShape& s, int tp) {
   w.qkv = (w.nh + 2 * w.nkv) * w.hs;
   w.f = s.ffn_hidden / tp;
   w.fc1 = mlp_fc1_columns(family(s.arch).mlp, w.f);
+  w.ef = s.moe.experts > 0 ? s.moe.ffn / tp : 0;
+  w.efc1 = mlp_fc1_columns(family(s.arch).mlp, w.ef);
   return w;
 }
 

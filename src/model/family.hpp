@@ -51,6 +51,8 @@ enum class Split {
   Rows,        // column-parallel weights and their biases; the vocab-parallel embedding and head
   Columns,     // row-parallel weights
   QkvRows,     // a fused [q; k; v] (three equal row blocks): this rank's heads of each
+  PartRows,    // `parts` equal row blocks (the experts' stacked fc1: E, or SwiGLU's 2 E), this
+               // rank's rows of each
 };
 
 // The pieces' kinds.
@@ -63,8 +65,11 @@ enum class MlpKind { Gelu, SwiGlu };         // model/mlp.hpp
 // adjacent in the buffer (LLaMA's q, k, v are kQkvW; its gate and up are kFc1W): one GEMM reads
 // the local shards of a role's tensors together. fc1 is the MLP's first GEMM (GPT-2's c_fc,
 // LLaMA's gate and up), fc2 its second (GPT-2's mlp.c_proj, LLaMA's down).
+// An MoE layer (model/moe_layer.hpp) has a router (kRouterW) and its experts' fc1 and fc2 in
+// place of the dense MLP's (kExpertFc1W...: each the E experts' tensors stacked by rows).
 enum LayerRole {
   kNorm1W, kNorm1B, kQkvW, kQkvB, kProjW, kProjB, kNorm2W, kNorm2B, kFc1W, kFc1B, kFc2W, kFc2B,
+  kRouterW, kExpertFc1W, kExpertFc1B, kExpertFc2W, kExpertFc2B,
   kLayerRoles
 };
 
@@ -75,6 +80,7 @@ struct LayerParam {
   std::vector<size_t> shape;  // [out, in] as nn.Linear, or [n]
   Init init;
   Split split;
+  int parts = 1;              // Split::PartRows: the row blocks
 };
 
 struct Family {
@@ -111,13 +117,16 @@ std::string family_names();
 // `weight` and `bias` their roles in a layer (the final norm's are outside the layers).
 void norm_params(const Family& f, const std::string& name, size_t C, std::vector<LayerParam>* out,
                  LayerRole weight = kNorm1W, LayerRole bias = kNorm1B);
-// A layer's parameter table, in buffer order: its norm, attention, norm, MLP.
-std::vector<LayerParam> layer_params(const ModelShape& shape);
+// Layer l's parameter table, in buffer order: its norm, attention, norm, MLP (dense, or a
+// mixture of experts where shape.moe says so).
+std::vector<LayerParam> layer_params(const ModelShape& shape, int l);
 
 // This rank's widths of a layer's activations under tp ranks: head size, its heads of q and of
 // k/v, q's columns (nh hs), q, k and v's together, the MLP's activation (f) and fc1's output.
+// An MoE layer's experts: each expert's activation columns (ef) and fc1 output (efc1) on this
+// rank (the experts split over tp as the dense MLP is).
 struct BlockWidths {
-  int hs = 0, nh = 0, nkv = 0, q = 0, qkv = 0, f = 0, fc1 = 0;
+  int hs = 0, nh = 0, nkv = 0, q = 0, qkv = 0, f = 0, fc1 = 0, ef = 0, efc1 = 0;
 };
 BlockWidths block_widths(const ModelShape& shape, int tp);
 

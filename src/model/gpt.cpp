@@ -139,6 +139,13 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     fp8_ = std::make_unique<Fp8Linear<Backend>>(options.fp8, begin_, end_, head, tp, cp, sizes,
                                                 arena);
   }
+  // The chunk's mixture-of-experts layers keep their own activations (model/moe_layer.hpp).
+  std::vector<int> routed;
+  for (int l = begin_; l < end_; ++l)
+    if (layout.canonical.shape.moe.layer(l)) routed.push_back(l);
+  if (!routed.empty())
+    moe_ = std::make_unique<MoeLayer<Backend>>(layout.canonical.shape, w, options_.moe, routed,
+                                               slots, int(N), tp, cp, arena);
   // Rotary positions' table: (T, hs/2) cos and sin pairs.
   if (family.position == Positions::Rotary)
     h_rope_ = arena.add("rotary table" + of, size_t(max_seq) * size_t(w.hs) * sizeof(float));
@@ -162,7 +169,8 @@ void Gpt<Backend>::bind() {
   if (context_) context_->bind();
   if (fp8_) fp8_->bind();
   if (family(layout_.canonical.shape.arch).position == Positions::Rotary) fill_rope_table();
-  block_.bind(arena_->get<Act>(h_scratch_), rope_, context_.get(), fp8_.get());
+  if (moe_) moe_->bind();
+  block_.bind(arena_->get<Act>(h_scratch_), rope_, context_.get(), fp8_.get(), moe_.get());
 }
 
 template <class Backend>
@@ -202,7 +210,7 @@ std::vector<std::pair<size_t, size_t>> Gpt<Backend>::tp_partial_gradients(int l)
     add(lay.norm_bias);
   } else {
     for (LayerRole r : {kNorm1W, kNorm1B, kNorm2W, kNorm2B})
-      if (lay.canonical.has(r)) add(lay.layer(l, r));
+      if (lay.canonical.has(l, r)) add(lay.layer(l, r));
   }
   return out;
 }
@@ -220,6 +228,8 @@ typename TransformerBlock<Backend>::Acts Gpt<Backend>::layer_acts(int slot, int 
   a.out = recomputing ? work(kOut) : act(kOut, slot, i);
   a.norm1_mean = S(kNorm1Mean), a.norm1_rstd = S(kNorm1Rstd), a.norm2_mean = S(kNorm2Mean);
   a.norm2_rstd = S(kNorm2Rstd), a.lse = S(kAttLse);
+  a.slot = slot;
+  a.recomputing = recomputing;
   return a;
 }
 
@@ -374,6 +384,8 @@ void Gpt<Backend>::backward(Weights<Act>& weights, int slot, const int32_t* toke
     weights.grads_done(unit(tensor));
   };
   Act* dres = scratch(Blk::kDRes);
+  // The objective weighs this micro-batch's mean loss by dloss times its tokens (all cp ranks').
+  block_.set_loss_weight(double(dloss) * N * cp_size_);
 
   if (last_) {
     // The probabilities become their own gradient in place: probs - onehot, scaled (0 on the

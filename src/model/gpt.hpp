@@ -99,7 +99,12 @@ class Gpt {
   }
 
   // The activations and statistics of every slot, and the recompute workspace.
-  size_t activation_bytes() const { return arena_->bytes(h_acts_) + arena_->bytes(h_stats_); }
+  size_t activation_bytes() const {
+    return arena_->bytes(h_acts_) + arena_->bytes(h_stats_) + (moe_ ? moe_->activation_bytes() : 0);
+  }
+  // The chunk's MoE layers' routing over the step so far (nullptr without any); the engine reads
+  // and clears them once per step.
+  MoeLayer<Backend>* moe() { return moe_.get(); }
   const LocalLayout& layout() const { return layout_; }
   // Seconds in context parallelism's attention so far (0 without it).
   double context_seconds() const { return context_ ? context_->seconds : 0; }
@@ -184,6 +189,7 @@ class Gpt {
   float* rope_ = nullptr;  // rotary positions: the table (T, hs/2, 2), by local token
   std::unique_ptr<ContextAttention<Backend>> context_;  // cp > 1
   std::unique_ptr<Fp8Linear<Backend>> fp8_;              // device.precision fp8
+  std::unique_ptr<MoeLayer<Backend>> moe_;               // the chunk's MoE layers
   int cp_size_ = 1, cp_rank_ = 0;
   Act* acts_ = nullptr;
   float* stats_ = nullptr;

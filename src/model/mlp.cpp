@@ -23,6 +23,25 @@ void mlp_params(MlpKind kind, bool bias, Init out_init, size_t C, size_t F,
   if (bias) out->push_back({kFc2B, fc2 + ".bias", {C}, Init::Zeros, Split::Replicated});
 }
 
+void moe_params(MlpKind kind, bool bias, Init out_init, size_t C, size_t F, size_t E,
+                std::vector<LayerParam>* out) {
+  out->push_back({kRouterW, "mlp.router.weight", {E, C}, Init::Normal, Split::Replicated});
+  std::string fc1, fc2;
+  switch (kind) {
+    case MlpKind::Gelu: fc1 = "mlp.experts.c_fc", fc2 = "mlp.experts.c_proj"; break;
+    case MlpKind::SwiGlu: fc1 = "mlp.experts.gate_up_proj", fc2 = "mlp.experts.down_proj"; break;
+  }
+  // fc1's row blocks: each expert's F rows (SwiGLU: its gate's and its up's), each split over tp.
+  const size_t rows = size_t(mlp_fc1_columns(kind, int(F))), parts = E * rows / F;
+  out->push_back(
+      {kExpertFc1W, fc1 + ".weight", {E * rows, C}, Init::Normal, Split::PartRows, int(parts)});
+  if (bias)
+    out->push_back(
+        {kExpertFc1B, fc1 + ".bias", {E * rows}, Init::Zeros, Split::PartRows, int(parts)});
+  out->push_back({kExpertFc2W, fc2 + ".weight", {E * C, F}, out_init, Split::Columns});
+  if (bias) out->push_back({kExpertFc2B, fc2 + ".bias", {E * C}, Init::Zeros, Split::Replicated});
+}
+
 int mlp_fc1_columns(MlpKind kind, int f) {
   switch (kind) {
     case MlpKind::Gelu: return f;

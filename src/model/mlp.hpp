@@ -18,6 +18,16 @@ namespace tessera {
 // and bias. fc1's tensors are column-parallel (rows split), fc2's weight row-parallel.
 void mlp_params(MlpKind kind, bool bias, Init out_init, size_t C, size_t F,
                 std::vector<LayerParam>* out);
+// An MoE layer's tensors, named under "mlp.": the router [E, C] (replicated over tp: every rank
+// routes the same tokens the same way), then E experts of the dense kind, each tensor the E
+// experts' stacked by rows (expert e's rows [e R, (e + 1) R) of a tensor of E R rows), split
+// over tp as the dense MLP's (fc1 by the rows of each expert, fc2 by columns). GELU:
+// experts.c_fc.weight [E F, C], experts.c_fc.bias [E F], experts.c_proj.weight [E C, F],
+// experts.c_proj.bias [E C]; SwiGLU: experts.gate_up_proj.weight [E 2F, C] (each expert's F gate
+// rows, then its F up rows), experts.down_proj.weight [E C, F]. Biases 1-D, weights 2-D (weight
+// decay goes by that).
+void moe_params(MlpKind kind, bool bias, Init out_init, size_t C, size_t F, size_t E,
+                std::vector<LayerParam>* out);
 // fc1's output columns for f activation columns: f, or SwiGLU's gate and up, 2 f.
 int mlp_fc1_columns(MlpKind kind, int f);
 // model.ffn_hidden: 0: GELU's 4 C; SwiGLU's 8 C / 3 (the parameters of GELU's 4 C in three

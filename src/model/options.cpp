@@ -15,6 +15,14 @@ ModelOptions model_options(const Config& c) {
   o.fp8.most_recent = d.fp8_amax_algo == AmaxAlgo::MostRecent;
   o.fp8.margin = d.fp8_margin;
   o.fp8.head = d.fp8_head;
+  const MoeConfig& m = c.model.moe;
+  o.moe.routing.experts = m.experts;
+  o.moe.routing.top_k = m.top_k;
+  o.moe.routing.sigmoid = m.score == MoeScore::Sigmoid;
+  o.moe.routing.renormalize = m.renormalize;
+  o.moe.aux_loss = m.aux_loss;
+  o.moe.z_loss = m.z_loss;
+  o.moe.capacity_factor = m.capacity_factor;
   return o;
 }
 

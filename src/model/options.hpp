@@ -3,6 +3,7 @@
 // speed but not the trained model, so a restart may change them.
 #include <string>
 
+#include "backend/moe_routing.hpp"
 #include "common/fp8_format.hpp"
 #include "config/config.hpp"
 
@@ -20,6 +21,15 @@ struct Fp8Options {
   bool head = false;                 // device.fp8_head
 };
 
+// model.moe beyond the shape (model/moe_layer.hpp): the router's rule (its experts and top_k
+// filled from the shape), the balancing losses' coefficients, the capacity.
+struct MoeOptions {
+  MoeRouting routing;
+  double aux_loss = 0;         // the auxiliary loss's coefficient
+  double z_loss = 0;           // the z-loss's coefficient
+  double capacity_factor = 0;  // 0: dropless
+};
+
 struct ModelOptions {
   bool fused_attention = false;    // model.attention == fused
   Recompute recompute = Recompute::None;
@@ -31,6 +41,7 @@ struct ModelOptions {
   // instead of passed round the ring.
   bool cp_allgather = false;
   Fp8Options fp8 = {};
+  MoeOptions moe = {};
 };
 
 // The options a deck asks for (its keys are validated by the deck reader).

@@ -34,6 +34,13 @@ ModelShape make_model_shape(const ModelConfig& m, int vocab) {
   s.tied = m.tie_embeddings == Tie::Auto ? f.tied : m.tie_embeddings == Tie::True;
   s.norm_eps = m.norm_eps;
   s.rope_theta = m.rope_theta;
+  if (m.moe.experts > 0) {
+    s.moe.experts = m.moe.experts;
+    s.moe.top_k = m.moe.top_k;
+    s.moe.ffn = m.moe.ffn > 0 ? m.moe.ffn : s.ffn_hidden;
+    s.moe.every = m.moe.every;
+    s.moe.first_dense = m.moe.first_dense;
+  }
   return s;
 }
 
@@ -44,7 +51,8 @@ ParamLayout make_param_layout(const ModelShape& s) {
   ParamLayout layout;
   layout.shape = s;
   const size_t C = size_t(s.n_embd), Vp = size_t(s.padded_vocab);
-  auto add = [&](std::string name, std::vector<size_t> shape, Init init, Split split) {
+  auto add = [&](std::string name, std::vector<size_t> shape, Init init, Split split,
+                 int parts = 1) {
     ParamTensor t;
     t.name = std::move(name);
     t.numel = 1;
@@ -54,14 +62,21 @@ ParamLayout make_param_layout(const ModelShape& s) {
     t.init = init;
     t.weight_decay = t.shape.size() == 2;
     t.split = split;
+    t.parts = parts;
     layout.total += t.numel;
     layout.tensors.push_back(std::move(t));
     return int(layout.tensors.size()) - 1;
   };
-  const std::vector<LayerParam> block = layer_params(s);
-  for (int& p : layout.role_position_) p = -1;
-  for (size_t k = block.size(); k-- > 0;) layout.role_position_[block[k].role] = int(k);
-  layout.per_layer_ = int(block.size());
+  // Each kind of layer's table (dense: layer -1; an MoE layer's where the model has one).
+  for (int kind = 0; kind < 2; ++kind) {
+    int l = -1;
+    for (int m = 0; m < s.n_layer && kind == 1 && l < 0; ++m)
+      if (s.moe.layer(m)) l = m;
+    const std::vector<LayerParam> block = layer_params(s, l);
+    for (int& p : layout.role_position_[kind]) p = -1;
+    for (size_t k = block.size(); k-- > 0;) layout.role_position_[kind][block[k].role] = int(k);
+    layout.kind_tensors_[kind] = int(block.size());
+  }
 
   // The vocab-parallel embedding (its padding rows inert), and the learned positions.
   layout.embed = add(f.embed, {Vp, C}, Init::Normal, Split::Rows);
@@ -69,11 +84,11 @@ ParamLayout make_param_layout(const ModelShape& s) {
   if (f.position == Positions::Learned)
     layout.positions =
         add(f.position_table, {size_t(s.block_size), C}, Init::Normal, Split::Replicated);
-  layout.first_layer_ = int(layout.tensors.size());
   for (int l = 0; l < s.n_layer; ++l) {
+    layout.layer_first_.push_back(int(layout.tensors.size()));
     const std::string prefix = f.layers + std::to_string(l) + ".";
-    for (const LayerParam& p : block) {
-      add(prefix + p.name, p.shape, p.init, p.split);
+    for (const LayerParam& p : layer_params(s, l)) {
+      add(prefix + p.name, p.shape, p.init, p.split, p.parts);
       layout.tensors.back().role = p.role;
     }
   }
@@ -98,8 +113,7 @@ const ParamTensor* ParamLayout::find(const std::string& name) const {
 }
 
 double flops_per_token(const ModelShape& s, int seq_len) {
-  const double matmul_params =
-      s.n_layer * layer_matmul_params(s) + double(s.padded_vocab) * s.n_embd;
+  const double matmul_params = active_matmul_params(s) + double(s.padded_vocab) * s.n_embd;
   return 6.0 * matmul_params + 12.0 * double(s.n_layer) * s.n_embd * seq_len;
 }
 

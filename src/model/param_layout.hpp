@@ -14,6 +14,17 @@
 
 namespace tessera {
 
+// The mixture of experts' shape (model.moe): which layers route their tokens through experts
+// instead of the dense MLP, how many experts and of what width. experts = 0: a dense model.
+struct MoeShape {
+  int experts = 0;      // E routed experts of each MoE layer
+  int top_k = 1;        // the experts each token goes to
+  int ffn = 0;          // each expert's MLP width (resolved: never 0 with experts)
+  int every = 1;        // layer l is MoE when l >= first_dense and (l + 1) % every == 0
+  int first_dense = 0;
+  bool layer(int l) const { return experts > 0 && l >= first_dense && (l + 1) % every == 0; }
+};
+
 struct ModelShape {
   Arch arch = Arch::Gpt2;
   int n_layer = 0;
@@ -27,6 +38,7 @@ struct ModelShape {
   bool tied = true;     // the LM head is the token embedding
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
+  MoeShape moe;
   int head_size() const { return n_embd / n_head; }
 };
 
@@ -47,6 +59,7 @@ struct ParamTensor {
   bool weight_decay = false;    // 2-D tensors only: none on biases and norm weights
   bool vocab_rows = false;      // rows are the (padded) vocabulary: the embedding and the head
   Split split = Split::Replicated;  // how tensor parallelism shards it (model/shard.cpp)
+  int parts = 1;                    // Split::PartRows' row blocks
   LayerRole role = kLayerRoles;     // what it is in its layer; kLayerRoles outside the layers
 };
 
@@ -60,21 +73,27 @@ struct ParamLayout {
   // Tensor indices; -1 where the family has none (learned positions, the final norm's bias; the
   // head when tied).
   int embed = -1, positions = -1, norm_weight = -1, norm_bias = -1, head = -1;
-  // Layer l's first tensor (its per_layer() tensors follow), and its (first) tensor of a role.
-  int layer_begin(int l) const { return first_layer_ + l * per_layer_; }
-  int layer(int l, LayerRole r) const { return layer_begin(l) + role_position_[r]; }
-  bool has(LayerRole r) const { return role_position_[r] >= 0; }
-  int per_layer() const { return per_layer_; }
+  // Layer l's first tensor (its layer_tensors(l) tensors follow), and its (first) tensor of a
+  // role. A layer is of one of two kinds (dense, or a mixture of experts: MoeShape::layer), each
+  // with its own table (layer_params).
+  int layer_begin(int l) const { return layer_first_[size_t(l)]; }
+  int layer(int l, LayerRole r) const { return layer_begin(l) + position(l, r); }
+  bool has(int l, LayerRole r) const { return position(l, r) >= 0; }
+  int layer_tensors(int l) const { return kind_tensors_[kind(l)]; }
+  int kind(int l) const { return shape.moe.layer(l) ? 1 : 0; }
+  int position(int l, LayerRole r) const { return role_position_[kind(l)][r]; }
   const ParamTensor* find(const std::string& name) const;
 
-  int first_layer_ = 0, per_layer_ = 0;
-  int role_position_[kLayerRoles] = {};  // each role's first tensor in a layer, or -1
+  std::vector<int> layer_first_;            // by layer: its first tensor
+  int kind_tensors_[2] = {};                // the tensors of a dense and of an MoE layer
+  int role_position_[2][kLayerRoles] = {};  // each role's first tensor in a layer, or -1
 };
 
 ParamLayout make_param_layout(const ModelShape& shape);
 
 // Model FLOPs per trained token (forward + backward), FORMULAS.md convention:
-// 6 * (matmul parameters, LM head Vp*C included) + 12 * L * C * T for attention, unmasked.
+// 6 * (matmul parameters, LM head Vp*C included) + 12 * L * C * T for attention, unmasked;
+// an MoE layer's matmul parameters are its active ones (the router and top_k experts).
 double flops_per_token(const ModelShape& shape, int seq_len);
 
 }  // namespace tessera

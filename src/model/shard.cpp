@@ -20,7 +20,8 @@ size_t LocalLayout::canonical_index(const LocalTensor& t, size_t i) const {
 
 std::pair<size_t, size_t> LocalLayout::layer_range(int l) const {
   const int first_tensor = layer_first_tensor_[size_t(l)];
-  const LocalTensor& last_tensor = tensors[size_t(first_tensor + canonical.per_layer() - 1)];
+  const LocalTensor& last_tensor =
+      tensors[size_t(first_tensor + canonical.layer_tensors(l) - 1)];
   return {tensors[size_t(first_tensor)].offset, last_tensor.offset + last_tensor.numel};
 }
 
@@ -58,6 +59,12 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
         for (size_t part = 0; part < 3; ++part)
           t.blocks.push_back({part * rows / 3 + tp_rank * rows / 3 / tp, rows / 3 / tp, 0, cols});
         break;
+      case Split::PartRows: {
+        const size_t n = size_t(c.parts), part_rows = rows / n;
+        for (size_t part = 0; part < n; ++part)
+          t.blocks.push_back({part * part_rows + tp_rank * part_rows / tp, part_rows / tp, 0, cols});
+        break;
+      }
     }
     size_t local_rows = 0;
     for (const Block& b : t.blocks) local_rows += b.rows;
@@ -82,7 +89,7 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
   for (const LayerRange& chunk : chunks) {
     for (int l = chunk.begin; l < chunk.end; ++l) {
       L.layer_first_tensor_[size_t(l)] = int(L.tensors.size());
-      for (int k = 0; k < P.per_layer(); ++k) {
+      for (int k = 0; k < P.layer_tensors(l); ++k) {
         const size_t t = size_t(P.layer_begin(l) + k);
         add(t, P.tensors[t].split, true);
       }
@@ -99,7 +106,7 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
     if (L.layer_first_tensor_[size_t(l)] >= 0) layer_of[size_t(L.layer_first_tensor_[size_t(l)])] = l;
   L.unit_of_tensor.assign(L.tensors.size(), -1);
   for (size_t i = 0; i < L.tensors.size();) {
-    const size_t n = layer_of[i] >= 0 ? size_t(P.per_layer()) : 1;
+    const size_t n = layer_of[i] >= 0 ? size_t(P.layer_tensors(layer_of[i])) : 1;
     L.units.push_back({L.tensors[i].offset, L.tensors[i + n - 1].offset + L.tensors[i + n - 1].numel});
     for (size_t k = i; k < i + n; ++k) L.unit_of_tensor[k] = int(L.units.size()) - 1;
     i += n;

@@ -55,7 +55,7 @@ struct LocalLayout {
   int embed = -1, positions = -1, norm_weight = -1, norm_bias = -1, head = -1;
   // Layer l's (first) local tensor of a role (model/family.hpp).
   int layer(int l, LayerRole r) const {
-    return layer_first_tensor_[size_t(l)] + canonical.role_position_[r];
+    return layer_first_tensor_[size_t(l)] + canonical.position(l, r);
   }
   // Layer l's parameters in the local buffer: [first, end) (its tensors are consecutive).
   std::pair<size_t, size_t> layer_range(int l) const;

@@ -31,8 +31,10 @@ TransformerBlock<Backend>::TransformerBlock(const LocalLayout& layout, const Mod
 
 template <class Backend>
 void TransformerBlock<Backend>::bind(Act* scratch, const float* rope,
-                                     ContextAttention<Backend>* context, Fp8Linear<Backend>* fp8) {
+                                     ContextAttention<Backend>* context, Fp8Linear<Backend>* fp8,
+                                     MoeLayer<Backend>* moe) {
   scratch_ = scratch;
+  moe_ = moe;
   rope_ = rope;
   context_ = context;
   fp8_ = fp8;
@@ -64,7 +66,7 @@ typename TransformerBlock<Backend>::Params TransformerBlock<Backend>::params_of(
   Params w;
   for (int r = 0; r < kLayerRoles; ++r) {
     const LayerRole role = LayerRole(r);
-    const bool has = lay.canonical.has(role);
+    const bool has = lay.canonical.has(l, role);
     const size_t at = has ? lay.tensors[size_t(lay.layer(l, role))].offset - begin : 0;
     w.p[r] = has ? params + at : nullptr;
     w.g[r] = has && grads != nullptr ? grads + at : nullptr;
@@ -154,10 +156,20 @@ void TransformerBlock<Backend>::attention_forward(int l, Act* out, const Act* x,
 // (row-parallel) into out. (A mixture of experts: route, permute, each expert's fc1,
 // activation and fc2, unpermute by gate weight.)
 template <class Backend>
+typename MoeLayer<Backend>::Params TransformerBlock<Backend>::moe_params(const Params& w) const {
+  return {w.p[kRouterW], w.p[kExpertFc1W], w.p[kExpertFc1B], w.p[kExpertFc2W], w.p[kExpertFc2B],
+          w.g[kRouterW], w.g[kExpertFc1W], w.g[kExpertFc1B], w.g[kExpertFc2W], w.g[kExpertFc2B]};
+}
+
+template <class Backend>
 void TransformerBlock<Backend>::mlp_forward(int l, Act* out, const Act* x, const Params& w,
                                             const Acts& a, int N) {
   const BlockWidths& wd = cost_.width;
   const Act* none = nullptr;
+  if (moe_ && moe_->routed(l)) {
+    moe_->forward(out, x, moe_params(w), l, a.slot, N, !a.recomputing);
+    return;
+  }
   linear_forward(l, Fp8State::kFc1, a.fc1, x, w.p[kFc1W], w.p[kFc1B], N);
   switch (family_->mlp) {
     case MlpKind::Gelu: Backend::gelu_forward(a.mlp_act, a.fc1, size_t(N) * wd.f); break;
@@ -190,6 +202,13 @@ template <class Backend>
 void TransformerBlock<Backend>::mlp_backward(int l, const Params& w, const Acts& a, int N) {
   const BlockWidths& wd = cost_.width;
   const int C = n_embd();
+  if (moe_ && moe_->routed(l)) {
+    zero(scratch(kDNorm), size_t(N) * C);
+    const Act* dout = gather_rows(scratch(kDRes), scratch(kDFull), N);
+    moe_->backward(scratch(kDNorm), dout, gather_rows(a.norm2, scratch(kGather), N),
+                   moe_params(w), l, a.slot, N, loss_weight_);
+    return;
+  }
   zero(scratch(kDMlpAct), size_t(N) * wd.f);
   linear_backward(l, Fp8State::kFc2, scratch(kDMlpAct), w.g[kFc2W], w.g[kFc2B],
                   gather_rows(scratch(kDRes), scratch(kDFull), N), a.mlp_act, w.p[kFc2W], N);

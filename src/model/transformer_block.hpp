@@ -16,6 +16,7 @@
 #include "model/context_attention.hpp"
 #include "model/cost.hpp"
 #include "model/fp8.hpp"
+#include "model/moe_layer.hpp"
 #include "model/options.hpp"
 #include "model/shard.hpp"
 
@@ -47,6 +48,8 @@ class TransformerBlock {
     const Act* in;
     Act *norm1, *qkv, *att, *atty, *attproj, *res2, *norm2, *fc1, *mlp_act, *fc2, *out;
     float *norm1_mean, *norm1_rstd, *norm2_mean, *norm2_rstd, *lse;
+    int slot;          // the micro-batch's slot: an MoE layer keeps its own activations by it
+    bool recomputing;  // a rerun of the forward (full recompute): the MoE stats not counted again
   };
 
   // max_batch x max_seq: the most rows of a micro-batch. options.sequence_parallel as the stage
@@ -59,7 +62,10 @@ class TransformerBlock {
   // (nullptr without rotary positions); the chunk's context-parallel attention and FP8 GEMMs
   // (nullptr without).
   void bind(Act* scratch, const float* rope, ContextAttention<Backend>* context,
-            Fp8Linear<Backend>* fp8);
+            Fp8Linear<Backend>* fp8, MoeLayer<Backend>* moe);
+  // The weight of the current micro-batch's mean loss in the objective (Gpt::backward's dloss
+  // times its tokens): the MoE layers' balancing losses are scaled by it.
+  void set_loss_weight(double w) { loss_weight_ = w; }
 
   const BlockCost& cost() const { return cost_; }
   const BlockWidths& width() const { return cost_.width; }
@@ -129,6 +135,7 @@ class TransformerBlock {
   void attention_backward(int l, const Params& w, const Acts& a, int B, int T);
   void mlp_forward(int l, Act* out, const Act* x, const Params& w, const Acts& a, int N);
   void mlp_backward(int l, const Params& w, const Acts& a, int N);
+  typename MoeLayer<Backend>::Params moe_params(const Params& w) const;
 
   // Sequence parallelism: the split of the B*T rows (tp, or 1 without it).
   int seq_split() const { return options_.sequence_parallel ? layout_->tp : 1; }
@@ -144,6 +151,8 @@ class TransformerBlock {
   const float* rope_ = nullptr;
   ContextAttention<Backend>* context_ = nullptr;
   Fp8Linear<Backend>* fp8_ = nullptr;
+  MoeLayer<Backend>* moe_ = nullptr;
+  double loss_weight_ = 1;
 };
 
 }  // namespace tessera

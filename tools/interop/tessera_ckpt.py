@@ -41,6 +41,27 @@ SHAPE_KEYS = {"n_layer": "int", "n_head": "int", "n_embd": "int", "block_size": 
               "vocab_size": "int", "padded_vocab": "int", "arch": "str", "n_kv_head": "int",
               "ffn_hidden": "int", "tie_embeddings": "int", "norm_eps": "real", "rope_theta": "real"}
 ARCHES = ("gpt2", "llama")
+# A mixture-of-experts model's /model attributes (absent on a dense one: experts 0).
+MOE_KEYS = ("moe_experts", "moe_top_k", "moe_ffn", "moe_every", "moe_first_dense")
+
+
+def moe_layer(shape, l):
+    """Layer l routes through experts (src/model/param_layout.hpp MoeShape::layer)."""
+    return (shape.get("moe_experts", 0) > 0 and l >= shape["moe_first_dense"]
+            and (l + 1) % shape["moe_every"] == 0)
+
+
+def moe_tensors(shape, p):
+    """An MoE layer's MLP tensors (src/model/mlp.cpp moe_params): the router, then the E
+    experts' tensors stacked by rows; biases 1-D."""
+    C, E, F = shape["n_embd"], shape["moe_experts"], shape["moe_ffn"]
+    out = [(p + "mlp.router.weight", (E, C))]
+    if shape["arch"] == "llama":
+        return out + [(p + "mlp.experts.gate_up_proj.weight", (E * 2 * F, C)),
+                      (p + "mlp.experts.down_proj.weight", (E * C, F))]
+    return out + [(p + "mlp.experts.c_fc.weight", (E * F, C)), (p + "mlp.experts.c_fc.bias", (E * F,)),
+                  (p + "mlp.experts.c_proj.weight", (E * C, F)),
+                  (p + "mlp.experts.c_proj.bias", (E * C,))]
 # Each update rule's state tensors and which tensors have them, with what shape: "like" the
 # parameter (every one), "vectors" (1-D parameters only, their shape), "rows" / "cols" (2-D
 # parameters only: [R] / [C]).
@@ -95,9 +116,10 @@ def model_tensors(shape):
             out += [(p + "input_layernorm.weight", (C,)),
                     (p + "self_attn.q_proj.weight", (Q, C)), (p + "self_attn.k_proj.weight", (KV, C)),
                     (p + "self_attn.v_proj.weight", (KV, C)), (p + "self_attn.o_proj.weight", (C, Q)),
-                    (p + "post_attention_layernorm.weight", (C,)),
-                    (p + "mlp.gate_proj.weight", (F, C)), (p + "mlp.up_proj.weight", (F, C)),
-                    (p + "mlp.down_proj.weight", (C, F))]
+                    (p + "post_attention_layernorm.weight", (C,))]
+            out += moe_tensors(shape, p) if moe_layer(shape, l) else [
+                (p + "mlp.gate_proj.weight", (F, C)), (p + "mlp.up_proj.weight", (F, C)),
+                (p + "mlp.down_proj.weight", (C, F))]
         out.append(("norm.weight", (C,)))
     else:
         out = [("wte", (Vp, C)), ("wpe", (shape["block_size"], C))]
@@ -106,9 +128,10 @@ def model_tensors(shape):
             out += [(h + "ln_1.weight", (C,)), (h + "ln_1.bias", (C,)),
                     (h + "attn.c_attn.weight", (3 * C, C)), (h + "attn.c_attn.bias", (3 * C,)),
                     (h + "attn.c_proj.weight", (C, C)), (h + "attn.c_proj.bias", (C,)),
-                    (h + "ln_2.weight", (C,)), (h + "ln_2.bias", (C,)),
-                    (h + "mlp.c_fc.weight", (F, C)), (h + "mlp.c_fc.bias", (F,)),
-                    (h + "mlp.c_proj.weight", (C, F)), (h + "mlp.c_proj.bias", (C,))]
+                    (h + "ln_2.weight", (C,)), (h + "ln_2.bias", (C,))]
+            out += moe_tensors(shape, h) if moe_layer(shape, l) else [
+                (h + "mlp.c_fc.weight", (F, C)), (h + "mlp.c_fc.bias", (F,)),
+                (h + "mlp.c_proj.weight", (C, F)), (h + "mlp.c_proj.bias", (C,))]
         out += [("ln_f.weight", (C,)), ("ln_f.bias", (C,))]
     if not shape["tie_embeddings"]:
         out.append(("lm_head.weight", (Vp, C)))
@@ -131,6 +154,9 @@ def read_shape(attrs, where):
             if v.size != 1 or not np.issubdtype(v.dtype, np.floating):
                 raise ToolError(f"{where}: attribute '{key}' is not a real number")
             shape[key] = float(v.reshape(-1)[0])
+    if "moe_experts" in attrs:
+        for key in MOE_KEYS:
+            shape[key] = attr_int(attrs, key, where)
     shape = shape_defaults(shape)
     if shape["arch"] not in ARCHES:
         raise ToolError(f"{where}: attribute arch '{shape['arch']}' is neither gpt2 nor llama")
@@ -147,6 +173,9 @@ def write_shape(attrs, shape):
             attrs[key] = shape[key]
         else:
             attrs[key] = np.float64(shape[key])
+    if shape.get("moe_experts", 0) > 0:
+        for key in MOE_KEYS:
+            attrs[key] = np.int64(shape[key])
 
 
 def checksum(values):

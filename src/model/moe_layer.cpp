@@ -1,0 +1,232 @@
+#include "model/moe_layer.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+
+#include "backend/cpu/backend.hpp"
+#include "backend/declare.hpp"
+#ifdef TESSERA_CUDA
+#include "backend/cuda/backend.hpp"
+#endif
+
+namespace tessera {
+
+template <class Backend>
+MoeLayer<Backend>::MoeLayer(const ModelShape& shape, const BlockWidths& width,
+                            const MoeOptions& options, std::vector<int> layers, int slots,
+                            int max_n, Comm* tp, Comm* cp, Arena& arena)
+    : shape_(shape), width_(width), options_(options), mlp_(family(shape.arch).mlp),
+      layers_(std::move(layers)), slots_(slots), max_n_(max_n), tp_(tp), cp_(cp),
+      arena_(&arena) {
+  options_.routing.experts = shape.moe.experts;
+  options_.routing.top_k = shape.moe.top_k;
+  const size_t N = size_t(max_n), E = size_t(shape.moe.experts), k = size_t(shape.moe.top_k);
+  const size_t R = N * k, C = size_t(shape.n_embd), F = size_t(width.ef), FC1 = size_t(width.efc1);
+  // Kept per slot and layer: the logits, the rows in expert order, fc1's output, the activation,
+  // fc2's output; the scores and gates (fp32); the choice and the plan's row maps.
+  act_per_ = N * E + R * C + R * FC1 + R * F + R * C;
+  float_per_ = N * E + N * k;
+  int_per_ = N * k + R + N * k;
+  const size_t n = size_t(slots) * layers_.size();
+  h_act_ = arena.add("experts' activations", n * act_per_ * sizeof(Act));
+  h_float_ = arena.add("router scores and gates", n * float_per_ * sizeof(float));
+  h_int_ = arena.add("dispatch maps", n * int_per_ * sizeof(int32_t));
+  // Scratch: the gradients of the rows, the activation, fc1's output, the rows' input, the
+  // logits; of the gates and the auxiliary loss's per-expert term.
+  h_scratch_ = arena.add("experts' scratch", (R * C + R * F + R * FC1 + R * C + N * E) * sizeof(Act));
+  h_fscratch_ = arena.add("router scratch", (N * k + E) * sizeof(float));
+  h_stats_ = arena.add("router statistics", (2 * E + 2) * sizeof(double));
+  plans_.resize(n);
+  loads_.assign(n, std::vector<double>(E + 1, 0.0));
+  host_choice_.resize(N * k);
+  host_stats_.resize(2 * E + 2);
+  stats_.resize(layers_.size());
+}
+
+template <class Backend>
+void MoeLayer<Backend>::bind() {
+  acts_ = arena_->get<Act>(h_act_);
+  floats_ = arena_->get<float>(h_float_);
+  ints_ = arena_->get<int32_t>(h_int_);
+  scratch_ = arena_->get<Act>(h_scratch_);
+  fscratch_ = arena_->get<float>(h_fscratch_);
+  router_stats_ = arena_->get<double>(h_stats_);
+}
+
+template <class Backend>
+size_t MoeLayer<Backend>::activation_bytes() const {
+  return arena_->bytes(h_act_) + arena_->bytes(h_float_) + arena_->bytes(h_int_);
+}
+
+template <class Backend>
+int MoeLayer<Backend>::index_of(int layer) const {
+  const auto it = std::find(layers_.begin(), layers_.end(), layer);
+  return it == layers_.end() ? -1 : int(it - layers_.begin());
+}
+
+template <class Backend>
+typename MoeLayer<Backend>::Kept MoeLayer<Backend>::kept(int layer, int slot) const {
+  const size_t at = size_t(slot) * layers_.size() + size_t(index_of(layer));
+  const size_t N = size_t(max_n_), E = size_t(shape_.moe.experts), k = size_t(shape_.moe.top_k);
+  const size_t R = N * k, C = size_t(shape_.n_embd);
+  Kept p;
+  p.logits = acts_ + at * act_per_;
+  p.xs = p.logits + N * E;
+  p.h = p.xs + R * C;
+  p.a = p.h + R * size_t(width_.efc1);
+  p.y = p.a + R * size_t(width_.ef);
+  p.scores = floats_ + at * float_per_;
+  p.gates = p.scores + N * E;
+  p.choice = ints_ + at * int_per_;
+  p.token_of = p.choice + N * k;
+  p.slot_of = p.token_of + R;
+  return p;
+}
+
+template <class Backend>
+void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int layer, int slot,
+                                int N, bool record) {
+  const int E = shape_.moe.experts, k = shape_.moe.top_k, C = shape_.n_embd;
+  const int F = width_.ef, FC1 = width_.efc1;
+  const Kept p = kept(layer, slot);
+  Backend::matmul_forward(p.logits, x, w.router, static_cast<const Act*>(nullptr), N, C, E);
+  Backend::moe_route_forward(p.choice, p.gates, p.scores, p.logits,
+                             static_cast<const float*>(nullptr), N, options_.routing);
+  Backend::to_host(host_choice_.data(), p.choice, size_t(N) * k * sizeof(int32_t));
+  MoeDispatch& d = plan(layer, slot);
+  d = plan_dispatch(host_choice_.data(), N, k, E,
+                    moe_capacity(options_.capacity_factor, N, k, E));
+  const int rows = d.offsets[size_t(E)];
+  Backend::to_device(p.token_of, d.token_of.data(), size_t(rows) * sizeof(int32_t));
+  Backend::to_device(p.slot_of, d.slot_of.data(), size_t(N) * k * sizeof(int32_t));
+  Backend::moe_gather_rows(p.xs, x, p.token_of, rows, C);
+  // Each expert on its block of rows (its fc1 rows, its fc2 rows in the stacked tensors).
+  const bool bias_here = tp_ == nullptr || tp_->rank() == 0;
+  for (int e = 0; e < E; ++e) {
+    const int n = d.counts[size_t(e)];
+    if (n == 0) continue;
+    const size_t r0 = size_t(d.offsets[size_t(e)]);
+    Act* h = p.h + r0 * FC1;
+    Act* a = p.a + r0 * F;
+    Backend::matmul_forward(h, p.xs + r0 * C, w.fc1 + size_t(e) * FC1 * C,
+                            w.fc1_bias ? w.fc1_bias + size_t(e) * FC1 : nullptr, n, C, FC1);
+    switch (mlp_) {
+      case MlpKind::Gelu: Backend::gelu_forward(a, h, size_t(n) * F); break;
+      case MlpKind::SwiGlu: Backend::swiglu_forward(a, h, n, F); break;
+    }
+    const Act* b2 = w.fc2_bias && bias_here ? w.fc2_bias + size_t(e) * C : nullptr;
+    Backend::matmul_forward(p.y + r0 * C, a, w.fc2 + size_t(e) * C * F, b2, n, F, C);
+  }
+  Backend::moe_combine(out, p.y, p.slot_of, p.gates, N, k, C, false);
+
+  // The balancing losses' sums over the micro-batch (all its cp ranks): Σ_t p[t,e], Σ_t lse²,
+  // each expert's load, the dropped choices.
+  Backend::moe_router_stats(router_stats_, p.logits, p.scores, N, options_.routing);
+  std::vector<double>& load = loads_[size_t(slot) * layers_.size() + size_t(index_of(layer))];
+  for (int e = 0; e < E; ++e) load[size_t(e)] = d.routed[size_t(e)];
+  load[size_t(E)] = double(d.dropped);
+  Backend::to_device(router_stats_ + E + 1, load.data(), (size_t(E) + 1) * sizeof(double));
+  int Ntot = N;
+  if (cp_ != nullptr && cp_->size() > 1) {
+    cp_->all_reduce_sum(router_stats_, 2 * size_t(E) + 2);
+    Ntot = N * cp_->size();
+  }
+  Backend::to_host(host_stats_.data(), router_stats_, (2 * size_t(E) + 2) * sizeof(double));
+  for (int e = 0; e <= E; ++e) load[size_t(e)] = host_stats_[size_t(E + 1 + e)];
+  if (!record) return;
+  MoeLayerStats& s = stats_[size_t(index_of(layer))];
+  double dot = 0, most = 0;
+  for (int e = 0; e < E; ++e) {
+    dot += host_stats_[size_t(e)] * load[size_t(e)];
+    most = std::max(most, load[size_t(e)]);
+  }
+  s.aux_loss += options_.aux_loss * E / (double(k) * Ntot * Ntot) * dot;
+  s.z_loss += options_.z_loss / Ntot * host_stats_[size_t(E)];
+  s.max_load += most;
+  s.mean_load += double(Ntot) * k / E;
+  s.dropped += int64_t(load[size_t(E)]);
+  s.micro_batches += 1;
+}
+
+template <class Backend>
+void MoeLayer<Backend>::backward(Act* dx, const Act* dout, const Act* x, const Params& w,
+                                 int layer, int slot, int N, double weight) {
+  const int E = shape_.moe.experts, k = shape_.moe.top_k, C = shape_.n_embd;
+  const int F = width_.ef, FC1 = width_.efc1;
+  const Kept p = kept(layer, slot);
+  const MoeDispatch& d = plan(layer, slot);
+  const int rows = d.offsets[size_t(E)];
+  const size_t R = size_t(max_n_) * k;
+  Act* drows = scratch_;
+  Act* da = drows + R * C;
+  Act* dh = da + R * F;
+  Act* dxs = dh + R * FC1;
+  Act* dlogits = dxs + R * C;
+  float* dgates = fscratch_;
+  float* aux = dgates + size_t(max_n_) * k;
+  // The gates' gradient reads the whole expert output: its partial dots summed over tp.
+  Backend::moe_combine_backward(drows, dgates, dout, p.y, p.slot_of, p.gates, N, k, C);
+  if (tp_ != nullptr && tp_->size() > 1) tp_->all_reduce_sum(dgates, size_t(N) * k);
+  Backend::zero(da, size_t(rows) * F * sizeof(Act));
+  Backend::zero(dh, size_t(rows) * FC1 * sizeof(Act));
+  Backend::zero(dxs, size_t(rows) * C * sizeof(Act));
+  for (int e = 0; e < E; ++e) {
+    const int n = d.counts[size_t(e)];
+    if (n == 0) continue;
+    const size_t r0 = size_t(d.offsets[size_t(e)]);
+    Backend::matmul_backward(da + r0 * F, w.dfc2 + size_t(e) * C * F,
+                             w.dfc2_bias ? w.dfc2_bias + size_t(e) * C : nullptr,
+                             drows + r0 * C, p.a + r0 * F, w.fc2 + size_t(e) * C * F, n, F, C);
+    switch (mlp_) {
+      case MlpKind::Gelu:
+        Backend::gelu_backward(dh + r0 * FC1, p.h + r0 * FC1, da + r0 * F, size_t(n) * F);
+        break;
+      case MlpKind::SwiGlu:
+        Backend::swiglu_backward(dh + r0 * FC1, p.h + r0 * FC1, da + r0 * F, n, F);
+        break;
+    }
+    Backend::matmul_backward(dxs + r0 * C, w.dfc1 + size_t(e) * FC1 * C,
+                             w.dfc1_bias ? w.dfc1_bias + size_t(e) * FC1 : nullptr,
+                             dh + r0 * FC1, p.xs + r0 * C, w.fc1 + size_t(e) * FC1 * C, n, C,
+                             FC1);
+  }
+  // The gather's backward: each token's rows' gradients summed back into its row.
+  Backend::moe_combine(dx, dxs, p.slot_of, static_cast<const float*>(nullptr), N, k, C, true);
+
+  // The router: the gates' gradient, the auxiliary loss's dL/dp[t,e] (its loads are constants),
+  // the z-loss; its input gradient is whole on every tp rank, so rank 0 alone adds it to the
+  // partial sum.
+  const std::vector<double>& load = loads_[size_t(slot) * layers_.size() + size_t(index_of(layer))];
+  const int Ntot = N * (cp_ != nullptr ? cp_->size() : 1);
+  const bool with_aux = options_.aux_loss != 0;
+  if (with_aux) {
+    std::vector<float> host(size_t(E) * 1);
+    const double c = weight * options_.aux_loss * E / (double(k) * Ntot * Ntot);
+    for (int e = 0; e < E; ++e) host[size_t(e)] = float(c * load[size_t(e)]);
+    Backend::to_device(aux, host.data(), size_t(E) * sizeof(float));
+  }
+  Backend::moe_route_backward(dlogits, dgates, p.logits, p.scores, p.choice,
+                              with_aux ? aux : static_cast<const float*>(nullptr),
+                              weight * options_.z_loss, Ntot, options_.routing);
+  const bool dx_here = tp_ == nullptr || tp_->rank() == 0;
+  Backend::matmul_backward(dx_here ? dx : nullptr, w.drouter, static_cast<float*>(nullptr),
+                           dlogits, x, w.router, N, C, E);
+}
+
+template class MoeLayer<CpuBackend>;
+// Declarations only (`tessera plan`, backend/declare.hpp): the stage's constructor sizes it.
+template MoeLayer<DeclareBackend<float>>::MoeLayer(const ModelShape&, const BlockWidths&,
+                                                   const MoeOptions&, std::vector<int>, int, int,
+                                                   Comm*, Comm*, Arena&);
+template MoeLayer<DeclareBackend<Bf16Bytes>>::MoeLayer(const ModelShape&, const BlockWidths&,
+                                                       const MoeOptions&, std::vector<int>, int,
+                                                       int, Comm*, Comm*, Arena&);
+template size_t MoeLayer<DeclareBackend<float>>::activation_bytes() const;
+template size_t MoeLayer<DeclareBackend<Bf16Bytes>>::activation_bytes() const;
+#ifdef TESSERA_CUDA
+template class MoeLayer<CudaBackend<float>>;
+template class MoeLayer<CudaBackend<cuda::bf16>>;
+#endif
+
+}  // namespace tessera

@@ -1,0 +1,106 @@
+#pragma once
+// A mixture-of-experts MLP (model.moe) in place of a layer's dense MLP, forward and backward on
+// this rank, op per line: the router's GEMM, its scores, top-k choice and gates
+// (backend/moe_routing.hpp), the tokens' rows gathered in expert order (model/moe_dispatch.hpp),
+// each expert's fc1, activation and fc2 on its block of rows, the rows back into token order
+// weighted by their gates. The balancing losses (the auxiliary loss, the z-loss) are added to the
+// objective through the router's backward.
+//
+// Tensor parallelism splits every expert as the dense MLP is split (fc1 column-parallel by each
+// expert's rows, fc2 row-parallel): every tp rank routes all N tokens the same way (the router is
+// replicated and reads the gathered norm output), computes its columns of every expert, and
+// the block's reduction after fc2 sums the partial products as for the dense MLP. fc2's bias is
+// added on tp rank 0 only, so it is in the sum once. The gates' gradient reads the whole
+// expert output: its partial dot products are summed over tp (N k numbers).
+//
+// Context parallelism: each rank routes its own tokens; the balancing losses read sums over the
+// whole micro-batch (the router's statistics and the experts' loads summed over cp), so every
+// layout optimises the same objective.
+//
+// The choice is read back to the host once per layer and micro-batch (the dispatch plan is host
+// code); the plan is kept per slot and layer for the backward.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "backend/arena.hpp"
+#include "backend/moe_routing.hpp"
+#include "model/family.hpp"
+#include "model/moe_dispatch.hpp"
+#include "model/options.hpp"
+#include "model/param_layout.hpp"
+
+namespace tessera {
+
+// What the layers routed during a step (summed over its micro-batches), for the log.
+struct MoeLayerStats {
+  double aux_loss = 0, z_loss = 0;  // the balancing losses, as added to the objective
+  double max_load = 0, mean_load = 0;  // tokens of the busiest expert, and per expert
+  int64_t dropped = 0;                 // choices past the capacity
+  int micro_batches = 0;
+};
+
+template <class Backend>
+class MoeLayer {
+ public:
+  using Act = typename Backend::Act;
+  using Comm = typename Backend::Comm;
+
+  // Layer l's tensors, by role (nullptr where the family has none), and their gradients.
+  struct Params {
+    const Act *router, *fc1, *fc1_bias, *fc2, *fc2_bias;
+    float *drouter, *dfc1, *dfc1_bias, *dfc2, *dfc2_bias;
+  };
+
+  // layers: this chunk's MoE layers (their model indices); slots: the micro-batches kept.
+  // Declares its buffers in `arena`. cp may be nullptr (one rank).
+  MoeLayer(const ModelShape& shape, const BlockWidths& width, const MoeOptions& options,
+           std::vector<int> layers, int slots, int max_n, Comm* tp, Comm* cp, Arena& arena);
+  void bind();
+  bool routed(int layer) const { return index_of(layer) >= 0; }
+  // Layer `layer`'s MoE MLP on micro-batch `slot`: x (N,C) the gathered norm output; out (N,C)
+  // this rank's partial product (summed over tp by the caller). `record`: add to the step's stats
+  // (not when full recompute reruns the forward).
+  void forward(Act* out, const Act* x, const Params& w, int layer, int slot, int N, bool record);
+  // Its backward: dout (N,C) the whole output's gradient; dx (N,C) accumulates this rank's
+  // partial input gradient. weight: the objective's weight of this micro-batch's mean loss (the
+  // balancing losses are scaled by it as the cross-entropy is).
+  void backward(Act* dx, const Act* dout, const Act* x, const Params& w, int layer, int slot,
+                int N, double weight);
+  // The bytes of the kept activations (every slot and layer) and of the scratch.
+  size_t activation_bytes() const;
+  std::vector<MoeLayerStats>& stats() { return stats_; }  // by this chunk's MoE layer
+
+ private:
+  struct Kept {
+    Act *logits, *xs, *h, *a, *y;
+    float *scores, *gates;
+    int32_t *choice, *token_of, *slot_of;
+  };
+  int index_of(int layer) const;
+  Kept kept(int layer, int slot) const;
+  MoeDispatch& plan(int layer, int slot) { return plans_[size_t(slot) * layers_.size() + size_t(index_of(layer))]; }
+
+  ModelShape shape_;
+  BlockWidths width_;
+  MoeOptions options_;
+  MlpKind mlp_;
+  std::vector<int> layers_;
+  int slots_, max_n_;
+  Comm *tp_, *cp_;
+  Arena* arena_;
+  size_t h_act_ = 0, h_float_ = 0, h_int_ = 0, h_scratch_ = 0, h_fscratch_ = 0, h_stats_ = 0;
+  size_t act_per_ = 0, float_per_ = 0, int_per_ = 0;  // one layer and slot's kept elements
+  Act *acts_ = nullptr, *scratch_ = nullptr;
+  float *floats_ = nullptr, *fscratch_ = nullptr;
+  int32_t* ints_ = nullptr;
+  double* router_stats_ = nullptr;  // (2E + 1): Σ_t p[t,e], Σ_t lse², the loads
+  std::vector<MoeDispatch> plans_;  // by slot and layer
+  // By slot and layer: each expert's load and the dropped choices, over the micro-batch's cp ranks.
+  std::vector<std::vector<double>> loads_;
+  std::vector<int32_t> host_choice_;
+  std::vector<double> host_stats_;
+  std::vector<MoeLayerStats> stats_;
+};
+
+}  // namespace tessera
