@@ -239,6 +239,25 @@ class Engine final : public TrainEngine {
     return out;
   }
 
+  std::vector<double> take_moe_stats(int n_layer) override {
+    std::vector<double> out(2 + 3 * size_t(n_layer), 0.0);
+    for (auto& model : models_) {
+      MoeLayer<Backend>* moe = model->moe();
+      if (moe == nullptr) continue;
+      for (size_t i = 0; i < moe->layers().size(); ++i) {
+        MoeLayerStats& s = moe->stats()[i];
+        const size_t at = 2 + 3 * size_t(moe->layers()[i]);
+        out[0] += s.aux_loss;
+        out[1] += s.z_loss;
+        out[at] += s.max_load;
+        out[at + 1] += s.mean_load;
+        out[at + 2] += double(s.dropped);
+        s = {};
+      }
+    }
+    return out;
+  }
+
   Counters counters() const override {
     Counters c;
     c.payload[Traffic::tp] = double(tp_.payload_bytes);

@@ -164,6 +164,11 @@ class TrainEngine {
     double pipeline_wait = 0, pipeline_run = 0;
   };
   virtual Counters counters() const = 0;
+  // The MoE layers' routing since the last call (model/moe_layer.hpp), summed over this rank's
+  // chunks and micro-batches: [aux loss, z-loss, then per model layer (of n_layer) the busiest
+  // expert's tokens, the mean tokens per expert, the dropped choices]; zeros for dense layers
+  // and layers of other stages. Clears them.
+  virtual std::vector<double> take_moe_stats(int n_layer) = 0;
 };
 
 // The backend an engine runs on and what its model reads: the CPU (fp32), or CUDA with fp32 or

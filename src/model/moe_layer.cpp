@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "backend/cpu/backend.hpp"
@@ -89,6 +90,10 @@ void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int lay
                                 int N, bool record) {
   const int E = shape_.moe.experts, k = shape_.moe.top_k, C = shape_.n_embd;
   const int F = width_.ef, FC1 = width_.efc1;
+  if (N > max_n_ || slot >= slots_ || index_of(layer) < 0)
+    throw std::logic_error("moe: layer " + std::to_string(layer) + " slot " + std::to_string(slot) +
+                           " of " + std::to_string(slots_) + ", " + std::to_string(N) +
+                           " tokens of at most " + std::to_string(max_n_));
   const Kept p = kept(layer, slot);
   Backend::matmul_forward(p.logits, x, w.router, static_cast<const Act*>(nullptr), N, C, E);
   Backend::moe_route_forward(p.choice, p.gates, p.scores, p.logits,
@@ -206,9 +211,10 @@ void MoeLayer<Backend>::backward(Act* dx, const Act* dout, const Act* x, const P
     for (int e = 0; e < E; ++e) host[size_t(e)] = float(c * load[size_t(e)]);
     Backend::to_device(aux, host.data(), size_t(E) * sizeof(float));
   }
+  // The op averages the z-loss over the rows it is given; the micro-batch has Ntot.
   Backend::moe_route_backward(dlogits, dgates, p.logits, p.scores, p.choice,
                               with_aux ? aux : static_cast<const float*>(nullptr),
-                              weight * options_.z_loss, Ntot, options_.routing);
+                              weight * options_.z_loss * N / Ntot, N, options_.routing);
   const bool dx_here = tp_ == nullptr || tp_->rank() == 0;
   Backend::matmul_backward(dx_here ? dx : nullptr, w.drouter, static_cast<float*>(nullptr),
                            dlogits, x, w.router, N, C, E);

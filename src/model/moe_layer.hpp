@@ -70,6 +70,7 @@ class MoeLayer {
   // The bytes of the kept activations (every slot and layer) and of the scratch.
   size_t activation_bytes() const;
   std::vector<MoeLayerStats>& stats() { return stats_; }  // by this chunk's MoE layer
+  const std::vector<int>& layers() const { return layers_; }
 
  private:
   struct Kept {

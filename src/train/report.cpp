@@ -153,10 +153,12 @@ void Run::log_step(double secs, double loss, double norm) {
   // The loader's wait is rank 0's (a first-stage rank: it reads tokens) over the interval.
   const double wait_fraction = telemetry_.take_data_wait_fraction();
   const double per_step = seconds_since(t_loop_) / double(state_.step - first_step_);
+  const MoeReport moe = moe_report();
   log_->say("step %6lld/%d | loss %.4f | lr %.3e | norm %.3f | %.1f ms | %.0f tok/s | MFU %.1f%% "
-            "| data wait %.2f%% | %s elapsed, ETA %s",
+            "| data wait %.2f%%%s | %s elapsed, ETA %s",
             (long long)state_.step, cfg_.train.steps, loss, state_.lr, norm, secs * 1e3, tok_s,
-            mfu * 100, wait_fraction * 100, clock_time(seconds_since(t_start_)).c_str(),
+            mfu * 100, wait_fraction * 100, moe.line.c_str(),
+            clock_time(seconds_since(t_start_)).c_str(),
             clock_time(per_step * double(cfg_.train.steps - state_.step)).c_str());
   log_->json("{\"type\":\"train\",\"step\":" + std::to_string(state_.step) +
              ",\"tokens\":" + std::to_string(state_.tokens_seen) +
@@ -168,7 +170,35 @@ void Run::log_step(double secs, double loss, double norm) {
              ",\"tokens_per_s\":" + json_number("%.1f", tok_s) +
              ",\"mfu\":" + json_number("%.5f", mfu) +
              ",\"pipeline_wait\":" + json_number("%.5f", engine_->counters().pipeline_wait / secs) +
-             ",\"data_wait\":" + json_number("%.6f", wait_fraction) + "}");
+             ",\"data_wait\":" + json_number("%.6f", wait_fraction) + moe.json + "}");
+}
+
+// The step's MoE routing (moe_stats_) for the step line and metrics.jsonl: the balancing losses
+// per micro-batch (as the objective adds them), each MoE layer's busiest expert against the mean
+// (1: balanced), the choices the capacity dropped.
+Run::MoeReport Run::moe_report() const {
+  MoeReport r;
+  if (moe_stats_.empty()) return r;
+  const double micro = double(run_.n_micro) * run_.layout.dp;
+  const double aux = moe_stats_[0] / micro, z = moe_stats_[1] / micro;
+  std::string loads;
+  double worst = 0, dropped = 0;
+  for (int l = 0; l < shape_.n_layer; ++l) {
+    if (!shape_.moe.layer(l)) continue;
+    const size_t at = 2 + 3 * size_t(l);
+    const double ratio = moe_stats_[at + 1] > 0 ? moe_stats_[at] / moe_stats_[at + 1] : 0;
+    worst = std::max(worst, ratio);
+    dropped += moe_stats_[at + 2];
+    if (!loads.empty()) loads += ',';
+    loads += json_number("%.5f", ratio);
+  }
+  char line[96];
+  std::snprintf(line, sizeof line, " | moe aux %.4g load %.2f", aux + z, worst);
+  r.line = line;
+  if (dropped > 0) r.line += " dropped " + std::to_string(int64_t(dropped));
+  r.json = ",\"moe_aux\":" + json_number("%.9g", aux) + ",\"moe_z\":" + json_number("%.9g", z) +
+           ",\"moe_load\":[" + loads + "],\"moe_dropped\":" + std::to_string(int64_t(dropped));
+  return r;
 }
 
 // One line per rank in metrics.jsonl: its memory, its bytes per step on each communicator

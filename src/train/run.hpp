@@ -98,6 +98,10 @@ class Run {
   void announce_start();
   void measure_peak();
   void log_step(double seconds, double loss, double norm);
+  struct MoeReport {
+    std::string line, json;  // the step line's MoE part, and metrics.jsonl's keys ("" if dense)
+  };
+  MoeReport moe_report() const;
   void log_ranks();
 
   // --- the step loop (step_loop.cpp) ---
@@ -148,6 +152,9 @@ class Run {
   CheckpointInfo init_info_;
   double read_seconds_ = 0, init_seconds_ = 0;
   double peak_gflops_ = 0, flops_token_ = 0;
+  // The last step's MoE routing over every rank (TrainEngine::take_moe_stats' layout), summed
+  // once per dp rank and stage; empty for a dense model.
+  std::vector<double> moe_stats_;
   LrSchedule schedule_lr_;
 
   // checkpoint.async (train/async_writer.hpp): the write in flight is waited for, at the same

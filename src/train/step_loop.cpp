@@ -171,6 +171,13 @@ void Run::take_step(double* loss, double* norm, std::string* anomaly) {
   const TrainEngine::StepResult result = engine_->train_step(
       views_, step_dloss, cfg_.optim.grad_clip, state_.lr, state_.step + 1, check);
   *norm = result.norm;
+  if (shape_.moe.experts > 0) {
+    // tp and cp ranks route the same tokens (cp's sums are the micro-batch's already): one copy.
+    moe_stats_ = engine_->take_moe_stats(shape_.n_layer);
+    if (mesh_->coord("tp") != 0 || mesh_->coord("cp") != 0)
+      std::fill(moe_stats_.begin(), moe_stats_.end(), 0.0);
+    world_->all_reduce_sum(moe_stats_.data(), moe_stats_.size());
+  }
   if (telemetry_.measured_steps() == 0)
     if (const std::string report = engine_->fp8_report(); !report.empty())
       log_->say("%s", report.c_str());

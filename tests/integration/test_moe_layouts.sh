@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Mixture-of-experts layers (model.moe, model/moe_layer.hpp) on every layout they run on with
+# their experts on every data-parallel rank (parallel.ep = 1): each layout's 10 losses agree with
+# the 1-rank run to a relative 1e-5 and its final parameters to 1e-4 of each tensor's largest
+# magnitude, as in test_layouts.sh. GPT-2 with MoE on layers 1 and 3 (every 2nd; softmax, aux and
+# z losses) and LLaMA with every layer MoE (sigmoid, no renormalisation). Then the layouts and
+# keys refused, one line naming the numbers, nothing written.
+source "$(dirname "$0")/lib.sh"
+deck=$(tiny_deck moe_layouts)
+cd "$WORK" || exit 1
+export OMP_NUM_THREADS=1
+common=(model.n_layer=4 model.n_head=4 model.n_embd=32 train.batch_size=8 train.micro_batch=2
+        train.steps=10 optim.decay_steps=10 optim.eps=1e-6 eval.batches=1 log.every=1
+        model.moe.experts=4 model.moe.top_k=2 model.moe.ffn=64 model.moe.aux_loss=0.01
+        model.moe.z_loss=0.001)
+gpt=(model.moe.every=2)
+llama=(model.arch=llama model.n_kv_head=2 model.moe.score=sigmoid model.moe.renormalize=false)
+# A capacity of 1.0 token per expert and choice: about a tenth of the choices dropped.
+capacity=(model.moe.every=2 model.moe.capacity_factor=1.0)
+
+run() {  # run NAME DP TP PP [extra overrides...]
+  local name=$1 dp=$2 tp=$3 pp=$4 cp=1 arg
+  shift 4
+  for arg in "$@"; do [[ $arg == parallel.cp=* ]] && cp=${arg#parallel.cp=}; done
+  timeout 300 $MPIEXEC -n $((dp * tp * pp * cp)) "$TESSERA" train "$deck" "${common[@]}" \
+    parallel.dp="$dp" parallel.tp="$tp" parallel.pp="$pp" run.dir="$WORK/$name" "$@" \
+    >"$WORK/$name.log" 2>&1
+}
+suite() {  # suite FAMILY LAYOUT... : each "NAME DP TP PP [overrides]" against FAMILY's 1-rank run
+  local family=$1 ref="$1_ref"
+  shift
+  local -n extra=$family
+  run "$ref" 1 1 1 "${extra[@]}" || { fail "$ref run"; tail -5 "$ref.log"; return; }
+  for layout in "$@"; do
+    set -- $layout
+    local name="${family}_$1"
+    if run "${family}_$1" "$2" "$3" "$4" "${extra[@]}" "${@:5}"; then compare_to "$ref" "${family}_$1"
+    else fail "${family}_$1 run"; tail -5 "${family}_$1.log"; fi
+  done
+}
+
+suite gpt "dp2 2 1 1" "tp2 1 2 1" "pp2 1 1 2 parallel.schedule=1f1b" \
+  "cp2 1 1 1 parallel.cp=2 model.attention=fused" \
+  "zero3 4 1 1 parallel.zero=3" \
+  "hybrid 4 1 1 parallel.zero=2 parallel.zero_group=2" \
+  "sp_recompute 1 2 2 parallel.sequence_parallel=true train.recompute=full parallel.schedule=gpipe" \
+  "v2 1 1 2 parallel.virtual_stages=2 train.recompute=selective model.attention=fused"
+suite capacity "dp2 2 1 1" "tp2_pp2 1 2 2 parallel.zero=1"
+suite llama "dp2_tp2 2 2 1 parallel.zero=1" \
+  "pp2_cp2 1 1 2 parallel.cp=2 parallel.schedule=1f1b model.attention=fused"
+
+# The capacity run dropped choices (else it checks nothing the dropless runs do not).
+if grep -q '"moe_dropped":[1-9]' "$WORK/capacity_dp2/metrics.jsonl" 2>/dev/null; then
+  pass "capacity 1.0 dropped choices: step 1's $(grep -o '"moe_dropped":[0-9]*' "$WORK/capacity_dp2/metrics.jsonl" | head -1)"
+else
+  fail "capacity 1.0 dropped nothing"
+fi
+
+# Refused, exit 2, one line naming the numbers, no run directory.
+refuse() {  # refuse NAME EXPECTED-TEXT NP overrides...
+  local name=$1 want=$2 np=$3
+  shift 3
+  local out rc
+  out=$(timeout 60 $MPIEXEC -n "$np" "$TESSERA" train "$deck" "${common[@]}" run.dir="$WORK/bad_$name" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" = 2 ] && grep -qF -- "$want" <<<"$out" && [ ! -e "$WORK/bad_$name" ]; then
+    pass "refused $name: $(grep -F -- "$want" <<<"$out" | head -1)"
+  else
+    fail "refused $name (exit $rc)"; echo "$out" | tail -3 | sed 's/^/    /'
+  fi
+}
+refuse top_k "model.moe.top_k = 5" 1 model.moe.top_k=5
+refuse tp_ffn "does not divide model.moe.ffn = 65" 2 parallel.tp=2 model.moe.ffn=65
+refuse capacity_cp "which parallel.cp = 2" 2 parallel.cp=2 model.attention=fused \
+  model.moe.capacity_factor=1.25
+refuse capacity "model.moe.capacity_factor" 1 model.moe.capacity_factor=-1
+refuse ep "parallel.ep = 2" 2 parallel.dp=2 parallel.ep=2
+finish
