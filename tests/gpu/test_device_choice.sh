@@ -134,6 +134,7 @@ if [ -n "${TESSERA_EMU:-}" ]; then
       pass "a stuck $call ended the job in ${took} s (exit 5): $(grep -m1 "$call" err.txt)"
     else
       fail "a stuck $call: exit $rc after ${took} s"; sed 's/^/    err: /' err.txt | head -5
+      tail -3 out.txt | sed 's/^/    out: /'
     fi
   done
   # Without run.hang_timeout a GPU run's waits are bounded all the same (15 minutes), and the
