@@ -56,6 +56,34 @@ else
   fail "capacity 1.0 dropped nothing"
 fi
 
+# Checkpoints hold each layer's experts whole: 5 steps on (1,2,2) with sequence parallelism,
+# continued to 10 on (2,1,1) under ZeRO-3, are the 1-rank run's steps 6-10.
+run restart_saved 1 2 2 "${gpt[@]}" train.steps=5 parallel.sequence_parallel=true &&
+  run restart_dp2 2 1 1 "${gpt[@]}" parallel.zero=3 \
+    checkpoint.restart="$WORK/restart_saved/checkpoints/step_00000005.h5"
+if [ -f "$WORK/restart_dp2/checkpoints/step_00000010.h5" ]; then
+  if out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/gpt_ref/metrics.jsonl" \
+       "$WORK/gpt_ref/checkpoints/step_00000010.h5" "$WORK/restart_dp2/metrics.jsonl" \
+       "$WORK/restart_dp2/checkpoints/step_00000010.h5" --steps 6:10); then
+    pass "restart (1,2,2) step 5 -> (2,1,1) ZeRO-3: $out"
+  else
+    fail "restart (1,2,2) -> (2,1,1): $out"
+  fi
+else
+  fail "restart chain"; tail -3 "$WORK/restart_dp2.log" "$WORK/restart_saved.log" 2>/dev/null
+fi
+# A dense checkpoint does not restart as an MoE model: the shapes named.
+timeout 120 "$TESSERA" train "$deck" "${common[@]:0:10}" train.steps=2 run.dir="$WORK/dense_saved" \
+  >dense_saved.log 2>&1
+out=$(timeout 60 "$TESSERA" train "$deck" "${common[@]}" train.steps=4 run.dir="$WORK/dense_moe" \
+      checkpoint.restart="$WORK/dense_saved/checkpoints/step_00000002.h5" 2>&1)
+rc=$?
+if [ "$rc" = 2 ] && grep -q "model.moe.experts 0 in the checkpoint, 4 in the deck" <<<"$out"; then
+  pass "a dense checkpoint refused by an MoE deck: $(grep -o 'model shape differs.*' <<<"$out" | head -1)"
+else
+  fail "dense checkpoint, MoE deck (exit $rc)"; tail -3 <<<"$out" | sed 's/^/    /'
+fi
+
 # Refused, exit 2, one line naming the numbers, no run directory.
 refuse() {  # refuse NAME EXPECTED-TEXT NP overrides...
   local name=$1 want=$2 np=$3
