@@ -14,7 +14,9 @@
 # rank holds only padding rows, and (dp2, tp2) with ZeRO-3 with device.nccl_overlap on and off; with 8, (2,2,2) with gemm attention, and with ZeRO-1 and fused
 # attention. Context parallelism at cp=2 (ring in fp32 and bf16, all-gather in fp32 and bf16,
 # LLaMA) and with 4 GPUs (cp2, tp2) with sequence parallelism and full recompute and (dp2, cp2)
-# with ZeRO-3 and selective recompute, against the 1-rank CPU run too. Without a GPU: skipped,
+# with ZeRO-3 and selective recompute, against the 1-rank CPU run too. Mixture-of-experts layers
+# (GPT-2 every second layer, LLaMA every layer) in fp32 and bf16, and with 2 GPUs on dp=2 and
+# tp=2. Without a GPU: skipped,
 # exit 0.
 #
 # TESSERA names the binary (bin/tessera-emu for the emulated build) and TESSERA_GPUS the number
@@ -174,6 +176,32 @@ if train cpu_llama 1 device.backend=cpu "${llama[@]}"; then
     train cuda_llama_cp2 2 device.backend=cuda parallel.cp=2 model.attention=fused "${llama[@]}" &&
       cmp cuda_llama_cp2 cpu_llama cuda_llama_cp2 --loss-rtol 1e-5 --param-tol 1e-4
   fi
+fi
+# Mixture of experts (model.moe, model/moe_layer.hpp): GPT-2 with MoE on every second layer and
+# LLaMA's every layer, on CUDA against the CPU: fp32 and bf16 on one GPU; with 2, dp=2 (ZeRO-1)
+# and tp=2 (the experts split over tp, the gates' gradient summed over it).
+moe=(model.moe.experts=4 model.moe.top_k=2 model.moe.every=2 model.moe.z_loss=0.001)
+if train cpu_moe 1 device.backend=cpu "${moe[@]}"; then
+  train cuda_moe 1 device.backend=cuda "${moe[@]}" &&
+    cmp cuda_moe_matches_cpu cpu_moe cuda_moe --loss-rtol 1e-5 --param-tol 1e-4
+  train bf16_moe 1 device.backend=cuda device.precision=bf16 "${moe[@]}" &&
+    cmp bf16_moe_near_cpu cpu_moe bf16_moe --loss-rtol 2e-2 --param-norm-tol 2e-2
+  if [ "$gpus" -ge 2 ]; then
+    train cuda_moe_dp2 2 device.backend=cuda parallel.dp=2 parallel.zero=1 "${moe[@]}" &&
+      cmp cuda_moe_dp2 cpu_moe cuda_moe_dp2 --loss-rtol 1e-5 --param-tol 1e-4
+    train cuda_moe_tp2 2 device.backend=cuda parallel.tp=2 "${moe[@]}" &&
+      cmp cuda_moe_tp2 cpu_moe cuda_moe_tp2 --loss-rtol 1e-5 --param-tol 1e-4
+  fi
+fi
+llama_moe=("${llama[@]}" model.moe.experts=4 model.moe.top_k=2 model.moe.score=sigmoid)
+if train cpu_llama_moe 1 device.backend=cpu "${llama_moe[@]}"; then
+  train cuda_llama_moe 1 device.backend=cuda "${llama_moe[@]}" &&
+    cmp cuda_llama_moe_matches_cpu cpu_llama_moe cuda_llama_moe --loss-rtol 1e-5 --param-tol 1e-4
+  # The router's logits are bf16 too: choices within bf16's rounding of a tie go the other way
+  # and move whole rows between experts, so the parameters stray further than a dense model's
+  # (measured on the emulator: 2.8e-2 of their norm, losses within 9e-4; GPT-2's above 7.5e-3).
+  train bf16_llama_moe 1 device.backend=cuda device.precision=bf16 "${llama_moe[@]}" &&
+    cmp bf16_llama_moe_near_cpu cpu_llama_moe bf16_llama_moe --loss-rtol 2e-2 --param-norm-tol 5e-2
 fi
 # Sequences of 104 tokens: three whole key tiles of the fused attention (32 keys each) and a
 # partial fourth, six and a half query tiles, where the runs above fit one tile (16 tokens): a bug

@@ -28,8 +28,8 @@ struct Want {
   Split split;
 };
 
-void expect_table(const ModelShape& s, const std::vector<Want>& want) {
-  const std::vector<LayerParam> got = layer_params(s);
+void expect_table(const ModelShape& s, const std::vector<Want>& want, int layer = 0) {
+  const std::vector<LayerParam> got = layer_params(s, layer);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(got[i].role, want[i].role) << want[i].name;
@@ -118,7 +118,85 @@ TEST(Family, LlamaTableIsHuggingFacesLlamaModel) {
   EXPECT_EQ(p.tensors[size_t(p.layer(2, kQkvW))].name, "layers.2.self_attn.q_proj.weight");
   EXPECT_EQ(p.tensors[size_t(p.layer(2, kQkvW) + 2)].name, "layers.2.self_attn.v_proj.weight");
   EXPECT_EQ(p.tensors[size_t(p.layer(2, kFc1W) + 1)].name, "layers.2.mlp.up_proj.weight");
-  for (LayerRole r : {kNorm1B, kQkvB, kProjB, kNorm2B, kFc1B, kFc2B}) EXPECT_FALSE(p.has(r));
+  for (LayerRole r : {kNorm1B, kQkvB, kProjB, kNorm2B, kFc1B, kFc2B}) EXPECT_FALSE(p.has(2, r));
+}
+
+// A mixture of experts (model.moe): the layers it names hold a router and the experts' stacked
+// tensors in place of the dense MLP; the others keep it. Each layer's roles find its tensors.
+TEST(Family, MoeLayersReplaceTheDenseMlpWhereTheDeckSays) {
+  ModelShape s = make_model_shape(4, 4, 64, 32, 100, 64);
+  s.moe.experts = 4, s.moe.top_k = 2, s.moe.ffn = 32, s.moe.every = 2, s.moe.first_dense = 0;
+  const size_t C = 64, E = 4, F = 32;
+  EXPECT_FALSE(s.moe.layer(0));
+  EXPECT_TRUE(s.moe.layer(1));
+  EXPECT_TRUE(s.moe.layer(3));
+  expect_table(s, {
+      {kNorm1W, "ln_1.weight", {C}, Init::Ones, Split::Replicated},
+      {kNorm1B, "ln_1.bias", {C}, Init::Zeros, Split::Replicated},
+      {kQkvW, "attn.c_attn.weight", {3 * C, C}, Init::Normal, Split::QkvRows},
+      {kQkvB, "attn.c_attn.bias", {3 * C}, Init::Zeros, Split::QkvRows},
+      {kProjW, "attn.c_proj.weight", {C, C}, Init::ResidualNormal, Split::Columns},
+      {kProjB, "attn.c_proj.bias", {C}, Init::Zeros, Split::Replicated},
+      {kNorm2W, "ln_2.weight", {C}, Init::Ones, Split::Replicated},
+      {kNorm2B, "ln_2.bias", {C}, Init::Zeros, Split::Replicated},
+      {kRouterW, "mlp.router.weight", {E, C}, Init::Normal, Split::Replicated},
+      {kExpertFc1W, "mlp.experts.c_fc.weight", {E * F, C}, Init::Normal, Split::PartRows},
+      {kExpertFc1B, "mlp.experts.c_fc.bias", {E * F}, Init::Zeros, Split::PartRows},
+      {kExpertFc2W, "mlp.experts.c_proj.weight", {E * C, F}, Init::ResidualNormal,
+       Split::Columns},
+      {kExpertFc2B, "mlp.experts.c_proj.bias", {E * C}, Init::Zeros, Split::Replicated},
+  }, 1);
+  const ParamLayout p = make_param_layout(s);
+  EXPECT_EQ(p.layer_tensors(0), 12);
+  EXPECT_EQ(p.layer_tensors(1), 13);
+  EXPECT_TRUE(p.has(0, kFc1W));
+  EXPECT_FALSE(p.has(1, kFc1W));
+  EXPECT_TRUE(p.has(1, kRouterW));
+  EXPECT_EQ(p.tensors[size_t(p.layer(2, kFc2B))].name, "h.2.mlp.c_proj.bias");
+  EXPECT_EQ(p.tensors[size_t(p.layer(3, kExpertFc2W))].name, "h.3.mlp.experts.c_proj.weight");
+  EXPECT_EQ(p.tensors[size_t(p.layer_begin(3))].name, "h.3.ln_1.weight");
+  // Weight decay by dimension: the router and experts' weights, not their 1-D biases.
+  EXPECT_TRUE(p.tensors[size_t(p.layer(1, kRouterW))].weight_decay);
+  EXPECT_FALSE(p.tensors[size_t(p.layer(1, kExpertFc1B))].weight_decay);
+
+  // tp = 2: rank 1 holds the second half of each expert's fc1 rows (and bias), the second half
+  // of fc2's columns, the whole router; each layer one unit of its own tensors.
+  const LocalLayout t = make_local_layout(s, 2, 1, 0, 4, true, true);
+  const LocalTensor& fc1 = t.tensors[size_t(t.layer(1, kExpertFc1W))];
+  ASSERT_EQ(fc1.blocks.size(), E);
+  for (size_t e = 0; e < E; ++e) {
+    EXPECT_EQ(fc1.blocks[e].row0, e * F + F / 2);
+    EXPECT_EQ(fc1.blocks[e].rows, F / 2);
+    EXPECT_EQ(fc1.blocks[e].cols, C);
+  }
+  EXPECT_EQ(fc1.shape, (Shape{E * F / 2, C}));
+  EXPECT_EQ(t.tensors[size_t(t.layer(1, kExpertFc1B))].shape, (Shape{E * F / 2}));
+  EXPECT_EQ(t.tensors[size_t(t.layer(1, kExpertFc2W))].shape, (Shape{E * C, F / 2}));
+  EXPECT_EQ(t.tensors[size_t(t.layer(1, kRouterW))].shape, (Shape{E, C}));
+  EXPECT_FALSE(t.tensors[size_t(t.layer(1, kRouterW))].owner);  // tp rank 0 owns replicas
+  const auto [b1, e1] = t.layer_range(1);
+  EXPECT_EQ(t.units[size_t(t.layer_unit(1))].begin, b1);
+  EXPECT_EQ(t.units[size_t(t.layer_unit(1))].end, e1);
+
+  // LLaMA's experts: each expert's gate rows then its up rows, split over tp in each.
+  ModelShape l = llama_shape();
+  l.moe = s.moe;
+  l.moe.every = 1;
+  const LocalLayout lt = make_local_layout(l, 2, 0, 0, 3, true, true);
+  const LocalTensor& gu = lt.tensors[size_t(lt.layer(0, kExpertFc1W))];
+  EXPECT_EQ(lt.canon(gu).name, "layers.0.mlp.experts.gate_up_proj.weight");
+  ASSERT_EQ(gu.blocks.size(), 2 * E);
+  EXPECT_EQ(gu.blocks[1].row0, F);      // expert 0's up rows
+  EXPECT_EQ(gu.blocks[2].row0, 2 * F);  // expert 1's gate rows
+  EXPECT_EQ(gu.blocks[1].rows, F / 2);
+  EXPECT_FALSE(lt.canonical.has(0, kExpertFc1B));
+  const BlockWidths w = block_widths(l, 2);
+  EXPECT_EQ(w.ef, int(F) / 2);
+  EXPECT_EQ(w.efc1, int(F));
+  // FLOPs on active parameters: the router and top_k of the E experts.
+  const double dense_mlp = 3.0 * 64 * 176, expert = 3.0 * 64 * F;
+  EXPECT_DOUBLE_EQ(active_matmul_params(l),
+                   3 * (layer_matmul_params(l) - dense_mlp + 64.0 * E + 2 * expert));
 }
 
 TEST(Family, NamesDefaultsAndLookups) {
