@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "backend/peak.hpp"
+#include "model/cost.hpp"
 #include "train/run.hpp"
 
 namespace tessera {
@@ -26,6 +27,15 @@ void Run::announce_model() {
             arch_name(shape_.arch), shape_.n_layer, shape_.n_head, shape_.n_kv_head, shape_.n_embd,
             shape_.ffn_hidden, shape_.vocab_size, shape_.padded_vocab,
             shape_.tied ? "tied" : "untied", tile_.canonical.total / 1e6);
+  if (shape_.moe.experts > 0) {
+    int routed = 0;
+    for (int l = 0; l < shape_.n_layer; ++l) routed += shape_.moe.layer(l) ? 1 : 0;
+    // A token's GEMMs read the active parameters: the router and top_k of the experts.
+    log_->say("moe: %d of %d layers route each token to %d of %d experts of width %d; %.2fM "
+              "parameters in GEMMs active per token",
+              routed, shape_.n_layer, shape_.moe.top_k, shape_.moe.experts, shape_.moe.ffn,
+              (active_matmul_params(shape_) + double(shape_.padded_vocab) * shape_.n_embd) / 1e6);
+  }
   const int v = run_.virtual_stages, zero = cfg_.parallel.zero, group = layout.shard_size();
   std::string sharding;
   if (zero > 0)
