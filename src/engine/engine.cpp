@@ -40,8 +40,10 @@ class Engine final : public TrainEngine {
         own_shard_(hybrid(s) ? group(s, {"shard"}) : MPI_COMM_NULL, s.nccl_overlap),
         replica_(hybrid(s) ? group(s, {"replica"}) : MPI_COMM_NULL),
         cp_(group(s, {"cp"}), s.nccl_overlap), world_(s.mesh ? s.mesh->world() : MPI_COMM_NULL),
-        shard_(hybrid(s) ? &own_shard_ : &dp_),
-        mem_(s, arena_, {&tp_, &dp_, &pp_, shard_, &replica_, &cp_}, &world_),
+        ep_(experts_split(s) ? group(s, {"ep"}) : MPI_COMM_NULL),
+        own_edp_(experts_split(s) ? group(s, {"edp"}) : MPI_COMM_NULL),
+        shard_(hybrid(s) ? &own_shard_ : &dp_), edp_(experts_split(s) ? &own_edp_ : &dp_),
+        mem_(s, arena_, {&tp_, &dp_, &pp_, shard_, &replica_, &cp_, &ep_, edp_}, &world_),
         models_(mem_.models), optimizer_(mem_.optimizer), executor_(mem_.executor) {
     step_tokens_ = mem_.step_tokens;
     if (cp_size_ > 1) staging_.resize(2 * step_tokens_);
@@ -90,8 +92,10 @@ class Engine final : public TrainEngine {
 
   size_t state_size() const override { return optimizer_.state_size(); }
   const LocalLayout& state_layout() const override { return optimizer_.state_layout(); }
+  // With ep each rank of the first expert-data-parallel group writes its experts; the dense
+  // tensors' owner is its ep rank 0 (model/shard.hpp).
   bool writes_state() const override {
-    return mem_.sharded ? replica_.rank() == 0 : dp_.rank() == 0;
+    return mem_.sharded ? replica_.rank() == 0 : edp_->rank() == 0;
   }
   size_t moment_bytes() const override { return optimizer_.moment_bytes(); }
   Footprint footprint() const override {
@@ -407,6 +411,7 @@ class Engine final : public TrainEngine {
   static MPI_Comm group(const EngineSetup& s, const DimNames& dims) {
     return s.mesh ? s.mesh->group(dims) : MPI_COMM_NULL;
   }
+  static bool experts_split(const EngineSetup& s) { return s.mesh && s.mesh->shape().has("ep"); }
   static bool hybrid(const EngineSetup& s) {
     return s.mesh && s.mesh->size("shard") < s.mesh->shape().group_size({"dp", "cp"});
   }
@@ -425,7 +430,10 @@ class Engine final : public TrainEngine {
   typename Backend::Comm own_shard_, replica_;
   typename Backend::Comm cp_;  // context parallelism (one rank without it)
   Comm world_;                 // every rank, over MPI: the gradient norm's one double
+  // Expert parallelism: the ep group, and the ranks holding the same experts (dp_ without ep).
+  typename Backend::Comm ep_, own_edp_;
   typename Backend::Comm* shard_;
+  typename Backend::Comm* edp_;
   EngineMemory<Backend> mem_;  // every buffer's declaration (engine/engine_memory.hpp)
   std::vector<std::unique_ptr<Gpt<Backend>>>& models_;
   DistributedOptimizer<Backend>& optimizer_;

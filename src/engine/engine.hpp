@@ -62,6 +62,9 @@ struct EngineSetup {
 template <class C>
 struct EngineComms {
   C *tp, *grads, *pp, *shard, *replica, *cp;
+  // Expert parallelism: the ranks splitting the experts, and those holding the same experts (the
+  // experts' gradients reduce over them; grads itself without ep).
+  C *ep, *expert_grads;
 };
 
 // A micro-batch's tokens and targets (B,T) in host memory (the loader's ring), nullptr where the

@@ -35,10 +35,11 @@ struct EngineMemory {
   // rank (the gradient norm).
   EngineMemory(const EngineSetup& s, Arena& arena, const EngineComms<Comm>& comms,
                ::tessera::Comm* world)
-      : models(make_models(s, arena, comms.tp, comms.cp)),
+      : models(make_models(s, arena, comms.tp, comms.cp, comms.ep)),
         plan(make_shard_plan(s.tile, s.zero >= 2 ? comms.shard->size() : 1,
                              s.zero >= 2 ? comms.shard->rank() : 0)),
-        optimizer(s.tile, {comms.grads, comms.shard, comms.replica, world, comms.tp}, s.zero,
+        optimizer(s.tile, {comms.grads, comms.shard, comms.replica, world, comms.tp,
+                           comms.expert_grads}, s.zero,
                   &plan, s.hyper, arena),
         sharded(s.zero >= 2 ? std::make_unique<ShardedBuffers>(plan, s.zero,
                                                                s.reshard_after_forward,
@@ -103,12 +104,12 @@ struct EngineMemory {
 
  private:
   std::vector<std::unique_ptr<Gpt<Backend>>> make_models(const EngineSetup& s, Arena& arena,
-                                                        Comm* tp, Comm* cp) {
+                                                        Comm* tp, Comm* cp, Comm* ep) {
     std::vector<std::unique_ptr<Gpt<Backend>>> out;
     for (int c = 0; c < int(s.tile.chunks.size()); ++c)
       out.push_back(std::make_unique<Gpt<Backend>>(s.tile, tp, s.micro_batch, s.seq_len,
                                                    schedule_slots(s.schedule, c), arena, s.model,
-                                                   c, cp));
+                                                   c, cp, ep));
     return out;
   }
   std::vector<Gpt<Backend>*> model_pointers() {

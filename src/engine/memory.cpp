@@ -14,7 +14,8 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   using Backend = DeclareBackend<Act>;
   const MeshShape mesh = mesh_shape(run.layout);
   const int tp_rank = mesh.coord(world_rank, "tp"), pp_rank = mesh.coord(world_rank, "pp");
-  const LocalLayout tile = rank_tile(run, shape, tp_rank, pp_rank);
+  const LocalLayout tile = rank_tile(run, shape, tp_rank, pp_rank,
+                                     mesh.has("ep") ? mesh.coord(world_rank, "ep") : 0);
   const EngineSetup setup = engine_setup(cfg, run, tile, pp_rank);
   // The engine's communicators (EngineComms) as the mesh's arithmetic sizes and places them.
   auto group = [&](const DimNames& dims) {
@@ -22,9 +23,13 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   };
   Comm tp = group({"tp"}), grads = group({"dp", "cp"}), pp = group({"pp"}),
        shard = group({"shard"}), replica = group({"replica"}), cp = group({"cp"});
+  const bool ep_view = mesh.has("ep");
+  Comm ep = ep_view ? group({"ep"}) : Comm::shape(1, 0);
+  Comm edp = ep_view ? group({"edp"}) : Comm::shape(1, 0);
   Arena arena(Backend::memory());
-  const EngineMemory<Backend> mem(setup, arena, {&tp, &grads, &pp, &shard, &replica, &cp},
-                                  nullptr);
+  const EngineMemory<Backend> mem(
+      setup, arena, {&tp, &grads, &pp, &shard, &replica, &cp, &ep, ep_view ? &edp : &grads},
+      nullptr);
   RankMemory m;
   m.pp_rank = pp_rank;
   m.tp_rank = tp_rank;

@@ -12,10 +12,10 @@ std::string moe_layout_problem(const Config& cfg, const ModelShape& shape,
   const MoeConfig& m = cfg.model.moe;
   if (m.experts == 0) return "";
   const std::string moe = "model.moe.experts = " + std::to_string(m.experts);
-  if (cfg.parallel.ep > 1)
-    return "parallel.ep = " + std::to_string(cfg.parallel.ep) + ": " + moe +
-           " trains with its experts on every data-parallel rank (parallel.ep = 1); expert "
-           "parallelism is the next step (docs/status.md)";
+  if (cfg.parallel.ep > 1 && cfg.parallel.zero > 0)
+    return "parallel.ep = " + std::to_string(cfg.parallel.ep) + " with parallel.zero = " +
+           std::to_string(cfg.parallel.zero) + ": the experts' state is not sharded by ZeRO yet "
+           "(docs/status.md); use parallel.zero = 0 with expert parallelism";
   if (m.shared_experts > 0)
     return "model.moe.shared_experts = " + std::to_string(m.shared_experts) +
            ": shared experts are not trained by this tessera yet (docs/status.md)";
@@ -95,9 +95,10 @@ std::string make_run_layout(const Config& cfg, const ModelShape& shape,
   return "";
 }
 
-LocalLayout rank_tile(const RunLayout& run, const ModelShape& shape, int tp_rank, int pp_rank) {
+LocalLayout rank_tile(const RunLayout& run, const ModelShape& shape, int tp_rank, int pp_rank,
+                      int ep_rank) {
   return make_local_layout(shape, run.layout.tp, tp_rank, run.stage_chunks[size_t(pp_rank)],
-                           pp_rank == 0, pp_rank == run.layout.pp - 1);
+                           pp_rank == 0, pp_rank == run.layout.pp - 1, run.layout.ep, ep_rank);
 }
 
 std::vector<Action> rank_schedule(const Config& cfg, const RunLayout& run, int pp_rank) {

@@ -29,8 +29,9 @@ struct RunLayout {
 std::string make_run_layout(const Config& cfg, const ModelShape& shape,
                             const ParallelLayout& layout, RunLayout* out);
 
-// The tile of the rank at (tp_rank, pp_rank), and its stage's schedule.
-LocalLayout rank_tile(const RunLayout& run, const ModelShape& shape, int tp_rank, int pp_rank);
+// The tile of the rank at (tp_rank, pp_rank, ep_rank), and its stage's schedule.
+LocalLayout rank_tile(const RunLayout& run, const ModelShape& shape, int tp_rank, int pp_rank,
+                      int ep_rank = 0);
 std::vector<Action> rank_schedule(const Config& cfg, const RunLayout& run, int pp_rank);
 
 // What the engine of the rank at pp_rank holding `tile` is built from, without a mesh: the plan

@@ -43,7 +43,7 @@ ModelOptions stage_options(ModelOptions options, int tp) {
 
 template <class Backend>
 Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots,
-                  Arena& arena, const ModelOptions& options, int chunk, Comm* cp)
+                  Arena& arena, const ModelOptions& options, int chunk, Comm* cp, Comm* ep)
     : layout_(layout), tp_(tp), arena_(&arena), max_n_(max_batch * max_seq),
       max_batch_(max_batch), options_(stage_options(options, layout.tp)),
       block_(layout_, options_, tp, max_batch, max_seq),
@@ -145,7 +145,7 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     if (layout.canonical.shape.moe.layer(l)) routed.push_back(l);
   if (!routed.empty())
     moe_ = std::make_unique<MoeLayer<Backend>>(layout.canonical.shape, w, options_.moe, routed,
-                                               slots, int(N), tp, cp, arena);
+                                               slots, int(N), tp, cp, ep, arena);
   // Rotary positions' table: (T, hs/2) cos and sin pairs.
   if (family.position == Positions::Rotary)
     h_rope_ = arena.add("rotary table" + of, size_t(max_seq) * size_t(w.hs) * sizeof(float));
@@ -437,8 +437,8 @@ void Gpt<Backend>::backward(Weights<Act>& weights, int slot, const int32_t* toke
 
 template class Gpt<CpuBackend>;
 // Declarations only (`tessera plan`, backend/declare.hpp).
-template Gpt<DeclareBackend<float>>::Gpt(const LocalLayout&, Comm*, int, int, int, Arena&, const ModelOptions&, int, Comm*);
-template Gpt<DeclareBackend<Bf16Bytes>>::Gpt(const LocalLayout&, Comm*, int, int, int, Arena&, const ModelOptions&, int, Comm*);
+template Gpt<DeclareBackend<float>>::Gpt(const LocalLayout&, Comm*, int, int, int, Arena&, const ModelOptions&, int, Comm*, Comm*);
+template Gpt<DeclareBackend<Bf16Bytes>>::Gpt(const LocalLayout&, Comm*, int, int, int, Arena&, const ModelOptions&, int, Comm*, Comm*);
 #ifdef TESSERA_CUDA
 template class Gpt<CudaBackend<float>>;
 template class Gpt<CudaBackend<cuda::bf16>>;

@@ -41,9 +41,10 @@ class Gpt {
   // chunk: which of the layout's layer chunks this model runs (virtual stages; 0 without them).
   // cp: the context-parallel communicator (model/context_attention.hpp), nullptr or one rank
   // without it; with cp ranks max_seq is this rank's T / cp tokens of each sequence, chunks
-  // r and 2 cp - 1 - r, at their true positions.
+  // r and 2 cp - 1 - r, at their true positions. ep: the expert-parallel communicator of the
+  // MoE layers (model/moe_layer.hpp), nullptr or one rank without it.
   Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_seq, int slots, Arena& arena,
-      const ModelOptions& options = {}, int chunk = 0, Comm* cp = nullptr);
+      const ModelOptions& options = {}, int chunk = 0, Comm* cp = nullptr, Comm* ep = nullptr);
   // The block keeps a pointer to layout_: not copied, not moved (engines hold it by pointer).
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;

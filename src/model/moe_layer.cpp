@@ -16,29 +16,31 @@ namespace tessera {
 template <class Backend>
 MoeLayer<Backend>::MoeLayer(const ModelShape& shape, const BlockWidths& width,
                             const MoeOptions& options, std::vector<int> layers, int slots,
-                            int max_n, Comm* tp, Comm* cp, Arena& arena)
+                            int max_n, Comm* tp, Comm* cp, Comm* ep, Arena& arena)
     : shape_(shape), width_(width), options_(options), mlp_(family(shape.arch).mlp),
-      layers_(std::move(layers)), slots_(slots), max_n_(max_n), tp_(tp), cp_(cp),
-      arena_(&arena) {
+      layers_(std::move(layers)), slots_(slots), max_n_(max_n), tp_(tp), cp_(cp), ep_(ep),
+      ep_size_(ep != nullptr ? ep->size() : 1), arena_(&arena) {
   options_.routing.experts = shape.moe.experts;
   options_.routing.top_k = shape.moe.top_k;
   const size_t N = size_t(max_n), E = size_t(shape.moe.experts), k = size_t(shape.moe.top_k);
-  const size_t R = N * k, C = size_t(shape.n_embd), F = size_t(width.ef), FC1 = size_t(width.efc1);
-  // Kept per slot and layer: the logits, the rows in expert order, fc1's output, the activation,
-  // fc2's output; the scores and gates (fp32); the choice and the plan's row maps.
-  act_per_ = N * E + R * C + R * FC1 + R * F + R * C;
+  const size_t C = size_t(shape.n_embd), F = size_t(width.ef), FC1 = size_t(width.efc1);
+  // R: the rows this rank routes; Rin: the most its held experts compute (every ep rank's rows).
+  const size_t R = N * k, Rin = R * size_t(ep_size_), exchange = ep_size_ > 1 ? Rin : 0;
+  act_per_ = N * E + 2 * R * C + 2 * exchange * C + Rin * (FC1 + F);
   float_per_ = N * E + N * k;
-  int_per_ = N * k + R + N * k;
+  int_per_ = N * k + R + N * k + 2 * exchange;
   const size_t n = size_t(slots) * layers_.size();
   h_act_ = arena.add("experts' activations", n * act_per_ * sizeof(Act));
   h_float_ = arena.add("router scores and gates", n * float_per_ * sizeof(float));
   h_int_ = arena.add("dispatch maps", n * int_per_ * sizeof(int32_t));
-  // Scratch: the gradients of the rows, the activation, fc1's output, the rows' input, the
-  // logits; of the gates and the auxiliary loss's per-expert term.
-  h_scratch_ = arena.add("experts' scratch", (R * C + R * F + R * FC1 + R * C + N * E) * sizeof(Act));
+  // Scratch: the gradients of the rows sent and returned, of the activation and fc1's output,
+  // of the logits; with ep two exchange buffers of the rows received.
+  h_scratch_ = arena.add("experts' scratch",
+                         (2 * R * C + Rin * (F + FC1) + N * E + 2 * exchange * C) * sizeof(Act));
   h_fscratch_ = arena.add("router scratch", (N * k + E) * sizeof(float));
   h_stats_ = arena.add("router statistics", (2 * E + 2) * sizeof(double));
   plans_.resize(n);
+  exchanges_.resize(n);
   loads_.assign(n, std::vector<double>(E + 1, 0.0));
   host_choice_.resize(N * k);
   host_stats_.resize(2 * E + 2);
@@ -68,67 +70,134 @@ int MoeLayer<Backend>::index_of(int layer) const {
 
 template <class Backend>
 typename MoeLayer<Backend>::Kept MoeLayer<Backend>::kept(int layer, int slot) const {
-  const size_t at = size_t(slot) * layers_.size() + size_t(index_of(layer));
+  const size_t i = at(layer, slot);
   const size_t N = size_t(max_n_), E = size_t(shape_.moe.experts), k = size_t(shape_.moe.top_k);
-  const size_t R = N * k, C = size_t(shape_.n_embd);
+  const size_t R = N * k, C = size_t(shape_.n_embd), Rin = R * size_t(ep_size_);
+  const bool exchange = ep_size_ > 1;
   Kept p;
-  p.logits = acts_ + at * act_per_;
+  p.logits = acts_ + i * act_per_;
   p.xs = p.logits + N * E;
-  p.h = p.xs + R * C;
-  p.a = p.h + R * size_t(width_.efc1);
-  p.y = p.a + R * size_t(width_.ef);
-  p.scores = floats_ + at * float_per_;
+  p.y = p.xs + R * C;
+  p.xe = exchange ? p.y + R * C : p.xs;
+  p.ye = exchange ? p.xe + Rin * C : p.y;
+  p.h = (exchange ? p.ye + Rin * C : p.y + R * C);
+  p.a = p.h + Rin * size_t(width_.efc1);
+  p.scores = floats_ + i * float_per_;
   p.gates = p.scores + N * E;
-  p.choice = ints_ + at * int_per_;
+  p.choice = ints_ + i * int_per_;
   p.token_of = p.choice + N * k;
   p.slot_of = p.token_of + R;
+  p.to_expert = exchange ? p.slot_of + N * k : nullptr;
+  p.to_source = exchange ? p.to_expert + Rin : nullptr;
   return p;
+}
+
+template <class Backend>
+typename MoeLayer<Backend>::Act* MoeLayer<Backend>::exchange_scratch() const {
+  // After the rows' gradients (sent and returned), the activation's and fc1's, the logits'.
+  const size_t R = size_t(max_n_) * size_t(shape_.moe.top_k), Rin = R * size_t(ep_size_);
+  return scratch_ + 2 * R * size_t(shape_.n_embd) + Rin * size_t(width_.ef + width_.efc1) +
+         size_t(max_n_) * size_t(shape_.moe.experts);
+}
+
+template <class Backend>
+void MoeLayer<Backend>::plan_exchange(const MoeDispatch& d, const Kept& p, Exchange* x) {
+  const int P = ep_size_, El = held();
+  // Rank r holds experts [r El, (r + 1) El): the plan's counts are already in that order.
+  std::vector<int> got(size_t(P) * El);
+  ep_->all_to_all_counts(d.counts.data(), got.data(), El);
+  x->send_rows.assign(size_t(P), 0);
+  x->recv_rows.assign(size_t(P), 0);
+  x->counts.assign(size_t(El), 0);
+  for (int r = 0; r < P; ++r)
+    for (int e = 0; e < El; ++e) {
+      x->send_rows[size_t(r)] += d.counts[size_t(r * El + e)];
+      x->recv_rows[size_t(r)] += got[size_t(r * El + e)];
+      x->counts[size_t(e)] += got[size_t(r * El + e)];
+    }
+  x->offsets.assign(size_t(El) + 1, 0);
+  for (int e = 0; e < El; ++e) x->offsets[size_t(e) + 1] = x->offsets[size_t(e)] + x->counts[size_t(e)];
+  // Received rows come by source rank, each source's by expert; the experts read them by expert,
+  // each expert's by source rank.
+  const int rows = x->offsets[size_t(El)];
+  std::vector<int32_t> to_expert(static_cast<size_t>(rows)), to_source(static_cast<size_t>(rows));
+  std::vector<int> source_at(size_t(P) + 1, 0);
+  for (int r = 0; r < P; ++r) source_at[size_t(r) + 1] = source_at[size_t(r)] + x->recv_rows[size_t(r)];
+  int row = 0;
+  for (int e = 0; e < El; ++e)
+    for (int r = 0; r < P; ++r) {
+      int within = source_at[size_t(r)];
+      for (int f = 0; f < e; ++f) within += got[size_t(r * El + f)];
+      for (int j = 0; j < got[size_t(r * El + e)]; ++j, ++row) {
+        to_expert[size_t(row)] = within + j;
+        to_source[size_t(within + j)] = row;
+      }
+    }
+  Backend::to_device(p.to_expert, to_expert.data(), size_t(rows) * sizeof(int32_t));
+  Backend::to_device(p.to_source, to_source.data(), size_t(rows) * sizeof(int32_t));
 }
 
 template <class Backend>
 void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int layer, int slot,
                                 int N, bool record) {
-  const int E = shape_.moe.experts, k = shape_.moe.top_k, C = shape_.n_embd;
-  const int F = width_.ef, FC1 = width_.efc1;
   if (N > max_n_ || slot >= slots_ || index_of(layer) < 0)
     throw std::logic_error("moe: layer " + std::to_string(layer) + " slot " + std::to_string(slot) +
                            " of " + std::to_string(slots_) + ", " + std::to_string(N) +
                            " tokens of at most " + std::to_string(max_n_));
+  const int E = shape_.moe.experts, k = shape_.moe.top_k, C = shape_.n_embd;
+  const int F = width_.ef, FC1 = width_.efc1;
   const Kept p = kept(layer, slot);
   Backend::matmul_forward(p.logits, x, w.router, static_cast<const Act*>(nullptr), N, C, E);
   Backend::moe_route_forward(p.choice, p.gates, p.scores, p.logits,
                              static_cast<const float*>(nullptr), N, options_.routing);
   Backend::to_host(host_choice_.data(), p.choice, size_t(N) * k * sizeof(int32_t));
-  MoeDispatch& d = plan(layer, slot);
+  MoeDispatch& d = plans_[at(layer, slot)];
   d = plan_dispatch(host_choice_.data(), N, k, E,
                     moe_capacity(options_.capacity_factor, N, k, E));
   const int rows = d.offsets[size_t(E)];
   Backend::to_device(p.token_of, d.token_of.data(), size_t(rows) * sizeof(int32_t));
   Backend::to_device(p.slot_of, d.slot_of.data(), size_t(N) * k * sizeof(int32_t));
   Backend::moe_gather_rows(p.xs, x, p.token_of, rows, C);
-  // Each expert on its block of rows (its fc1 rows, its fc2 rows in the stacked tensors).
+  // The held experts' rows: this rank's own (one ep rank), or every ep rank's for them.
+  const std::vector<int>* counts = &d.counts;
+  const std::vector<int>* offsets = &d.offsets;
+  Act* ex = exchange_scratch();
+  if (ep_size_ > 1) {
+    Exchange& xc = exchanges_[at(layer, slot)];
+    plan_exchange(d, p, &xc);
+    ep_->all_to_all_rows(p.xs, xc.send_rows.data(), ex, xc.recv_rows.data(), size_t(C));
+    Backend::moe_gather_rows(p.xe, ex, p.to_expert, xc.offsets.back(), C);
+    counts = &xc.counts;
+    offsets = &xc.offsets;
+  }
+  // Each held expert on its block of rows (its fc1 rows, its fc2 rows in the local tensors).
   const bool bias_here = tp_ == nullptr || tp_->rank() == 0;
-  for (int e = 0; e < E; ++e) {
-    const int n = d.counts[size_t(e)];
+  for (int e = 0; e < held(); ++e) {
+    const int n = (*counts)[size_t(e)];
     if (n == 0) continue;
-    const size_t r0 = size_t(d.offsets[size_t(e)]);
+    const size_t r0 = size_t((*offsets)[size_t(e)]);
     Act* h = p.h + r0 * FC1;
     Act* a = p.a + r0 * F;
-    Backend::matmul_forward(h, p.xs + r0 * C, w.fc1 + size_t(e) * FC1 * C,
+    Backend::matmul_forward(h, p.xe + r0 * C, w.fc1 + size_t(e) * FC1 * C,
                             w.fc1_bias ? w.fc1_bias + size_t(e) * FC1 : nullptr, n, C, FC1);
     switch (mlp_) {
       case MlpKind::Gelu: Backend::gelu_forward(a, h, size_t(n) * F); break;
       case MlpKind::SwiGlu: Backend::swiglu_forward(a, h, n, F); break;
     }
     const Act* b2 = w.fc2_bias && bias_here ? w.fc2_bias + size_t(e) * C : nullptr;
-    Backend::matmul_forward(p.y + r0 * C, a, w.fc2 + size_t(e) * C * F, b2, n, F, C);
+    Backend::matmul_forward(p.ye + r0 * C, a, w.fc2 + size_t(e) * C * F, b2, n, F, C);
+  }
+  if (ep_size_ > 1) {
+    const Exchange& xc = exchanges_[at(layer, slot)];
+    Backend::moe_gather_rows(ex, p.ye, p.to_source, xc.offsets.back(), C);
+    ep_->all_to_all_rows(ex, xc.recv_rows.data(), p.y, xc.send_rows.data(), size_t(C));
   }
   Backend::moe_combine(out, p.y, p.slot_of, p.gates, N, k, C, false);
 
   // The balancing losses' sums over the micro-batch (all its cp ranks): Σ_t p[t,e], Σ_t lse²,
   // each expert's load, the dropped choices.
   Backend::moe_router_stats(router_stats_, p.logits, p.scores, N, options_.routing);
-  std::vector<double>& load = loads_[size_t(slot) * layers_.size() + size_t(index_of(layer))];
+  std::vector<double>& load = loads_[at(layer, slot)];
   for (int e = 0; e < E; ++e) load[size_t(e)] = d.routed[size_t(e)];
   load[size_t(E)] = double(d.dropped);
   Backend::to_device(router_stats_ + E + 1, load.data(), (size_t(E) + 1) * sizeof(double));
@@ -160,29 +229,45 @@ void MoeLayer<Backend>::backward(Act* dx, const Act* dout, const Act* x, const P
   const int E = shape_.moe.experts, k = shape_.moe.top_k, C = shape_.n_embd;
   const int F = width_.ef, FC1 = width_.efc1;
   const Kept p = kept(layer, slot);
-  const MoeDispatch& d = plan(layer, slot);
-  const int rows = d.offsets[size_t(E)];
-  const size_t R = size_t(max_n_) * k;
+  const MoeDispatch& d = plans_[at(layer, slot)];
+  const size_t R = size_t(max_n_) * k, Rin = R * size_t(ep_size_);
   Act* drows = scratch_;
-  Act* da = drows + R * C;
-  Act* dh = da + R * F;
-  Act* dxs = dh + R * FC1;
-  Act* dlogits = dxs + R * C;
+  Act* dxs = drows + R * C;
+  Act* da = dxs + R * C;
+  Act* dh = da + Rin * F;
+  Act* dlogits = dh + Rin * FC1;
+  Act* ex = exchange_scratch();  // ep > 1: the exchange's two buffers
+  Act* ex2 = ex + Rin * C;
   float* dgates = fscratch_;
   float* aux = dgates + size_t(max_n_) * k;
   // The gates' gradient reads the whole expert output: its partial dots summed over tp.
   Backend::moe_combine_backward(drows, dgates, dout, p.y, p.slot_of, p.gates, N, k, C);
   if (tp_ != nullptr && tp_->size() > 1) tp_->all_reduce_sum(dgates, size_t(N) * k);
+  // The held experts' rows' output gradients (dye) and input gradients (dxe).
+  const std::vector<int>* counts = &d.counts;
+  const std::vector<int>* offsets = &d.offsets;
+  const Act* dye = drows;
+  Act* dxe = dxs;
+  const Exchange* xc = ep_size_ > 1 ? &exchanges_[at(layer, slot)] : nullptr;
+  if (xc) {
+    ep_->all_to_all_rows(drows, xc->send_rows.data(), ex, xc->recv_rows.data(), size_t(C));
+    Backend::moe_gather_rows(ex2, ex, p.to_expert, xc->offsets.back(), C);
+    dye = ex2;
+    dxe = ex;
+    counts = &xc->counts;
+    offsets = &xc->offsets;
+  }
+  const int rows = offsets->back();
   Backend::zero(da, size_t(rows) * F * sizeof(Act));
   Backend::zero(dh, size_t(rows) * FC1 * sizeof(Act));
-  Backend::zero(dxs, size_t(rows) * C * sizeof(Act));
-  for (int e = 0; e < E; ++e) {
-    const int n = d.counts[size_t(e)];
+  Backend::zero(dxe, size_t(rows) * C * sizeof(Act));
+  for (int e = 0; e < held(); ++e) {
+    const int n = (*counts)[size_t(e)];
     if (n == 0) continue;
-    const size_t r0 = size_t(d.offsets[size_t(e)]);
+    const size_t r0 = size_t((*offsets)[size_t(e)]);
     Backend::matmul_backward(da + r0 * F, w.dfc2 + size_t(e) * C * F,
                              w.dfc2_bias ? w.dfc2_bias + size_t(e) * C : nullptr,
-                             drows + r0 * C, p.a + r0 * F, w.fc2 + size_t(e) * C * F, n, F, C);
+                             dye + r0 * C, p.a + r0 * F, w.fc2 + size_t(e) * C * F, n, F, C);
     switch (mlp_) {
       case MlpKind::Gelu:
         Backend::gelu_backward(dh + r0 * FC1, p.h + r0 * FC1, da + r0 * F, size_t(n) * F);
@@ -191,10 +276,14 @@ void MoeLayer<Backend>::backward(Act* dx, const Act* dout, const Act* x, const P
         Backend::swiglu_backward(dh + r0 * FC1, p.h + r0 * FC1, da + r0 * F, n, F);
         break;
     }
-    Backend::matmul_backward(dxs + r0 * C, w.dfc1 + size_t(e) * FC1 * C,
+    Backend::matmul_backward(dxe + r0 * C, w.dfc1 + size_t(e) * FC1 * C,
                              w.dfc1_bias ? w.dfc1_bias + size_t(e) * FC1 : nullptr,
-                             dh + r0 * FC1, p.xs + r0 * C, w.fc1 + size_t(e) * FC1 * C, n, C,
+                             dh + r0 * FC1, p.xe + r0 * C, w.fc1 + size_t(e) * FC1 * C, n, C,
                              FC1);
+  }
+  if (xc) {
+    Backend::moe_gather_rows(ex2, dxe, p.to_source, rows, C);
+    ep_->all_to_all_rows(ex2, xc->recv_rows.data(), dxs, xc->send_rows.data(), size_t(C));
   }
   // The gather's backward: each token's rows' gradients summed back into its row.
   Backend::moe_combine(dx, dxs, p.slot_of, static_cast<const float*>(nullptr), N, k, C, true);
@@ -202,7 +291,7 @@ void MoeLayer<Backend>::backward(Act* dx, const Act* dout, const Act* x, const P
   // The router: the gates' gradient, the auxiliary loss's dL/dp[t,e] (its loads are constants),
   // the z-loss; its input gradient is whole on every tp rank, so rank 0 alone adds it to the
   // partial sum.
-  const std::vector<double>& load = loads_[size_t(slot) * layers_.size() + size_t(index_of(layer))];
+  const std::vector<double>& load = loads_[at(layer, slot)];
   const int Ntot = N * (cp_ != nullptr ? cp_->size() : 1);
   const bool with_aux = options_.aux_loss != 0;
   if (with_aux) {
@@ -224,10 +313,10 @@ template class MoeLayer<CpuBackend>;
 // Declarations only (`tessera plan`, backend/declare.hpp): the stage's constructor sizes it.
 template MoeLayer<DeclareBackend<float>>::MoeLayer(const ModelShape&, const BlockWidths&,
                                                    const MoeOptions&, std::vector<int>, int, int,
-                                                   Comm*, Comm*, Arena&);
+                                                   Comm*, Comm*, Comm*, Arena&);
 template MoeLayer<DeclareBackend<Bf16Bytes>>::MoeLayer(const ModelShape&, const BlockWidths&,
                                                        const MoeOptions&, std::vector<int>, int,
-                                                       int, Comm*, Comm*, Arena&);
+                                                       int, Comm*, Comm*, Comm*, Arena&);
 template size_t MoeLayer<DeclareBackend<float>>::activation_bytes() const;
 template size_t MoeLayer<DeclareBackend<Bf16Bytes>>::activation_bytes() const;
 #ifdef TESSERA_CUDA

@@ -17,8 +17,15 @@
 // whole micro-batch (the router's statistics and the experts' loads summed over cp), so every
 // layout optimises the same objective.
 //
+// Expert parallelism (parallel.ep): the ep ranks (data-parallel ranks, each with micro-batches of
+// its own) hold E / ep experts each. Each rank routes its own tokens, sends each expert's rows to
+// the rank holding it and gets their outputs back (an all-to-all each way, the row counts
+// exchanged first); the backward sends the outputs' gradients and returns the inputs'. The
+// received rows are put in expert order (by expert, then by source rank, then in the source's
+// order), so every layout gives an expert the same rows in the same order.
+//
 // The choice is read back to the host once per layer and micro-batch (the dispatch plan is host
-// code); the plan is kept per slot and layer for the backward.
+// code); the plan and the exchange's are kept per slot and layer for the backward.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -53,9 +60,10 @@ class MoeLayer {
   };
 
   // layers: this chunk's MoE layers (their model indices); slots: the micro-batches kept.
-  // Declares its buffers in `arena`. cp may be nullptr (one rank).
+  // Declares its buffers in `arena`. cp and ep may be nullptr (one rank).
   MoeLayer(const ModelShape& shape, const BlockWidths& width, const MoeOptions& options,
-           std::vector<int> layers, int slots, int max_n, Comm* tp, Comm* cp, Arena& arena);
+           std::vector<int> layers, int slots, int max_n, Comm* tp, Comm* cp, Comm* ep,
+           Arena& arena);
   void bind();
   bool routed(int layer) const { return index_of(layer) >= 0; }
   // Layer `layer`'s MoE MLP on micro-batch `slot`: x (N,C) the gathered norm output; out (N,C)
@@ -73,14 +81,28 @@ class MoeLayer {
   const std::vector<int>& layers() const { return layers_; }
 
  private:
+  // One slot and layer's kept activations: in token order the logits; in this rank's expert
+  // order the rows sent (xs) and their outputs received back (y); in the held experts' order
+  // the rows they compute (xe: received; ye: their outputs; the same as xs and y without ep),
+  // fc1's output h and the activation a.
   struct Kept {
-    Act *logits, *xs, *h, *a, *y;
+    Act *logits, *xs, *y, *xe, *h, *a, *ye;
     float *scores, *gates;
-    int32_t *choice, *token_of, *slot_of;
+    int32_t *choice, *token_of, *slot_of, *to_expert, *to_source;
+  };
+  // The exchange of one slot and layer (ep > 1): rows sent to and received from each ep rank,
+  // and the rows each held expert computes.
+  struct Exchange {
+    std::vector<int> send_rows, recv_rows, counts, offsets;
   };
   int index_of(int layer) const;
+  size_t at(int layer, int slot) const { return size_t(slot) * layers_.size() + size_t(index_of(layer)); }
   Kept kept(int layer, int slot) const;
-  MoeDispatch& plan(int layer, int slot) { return plans_[size_t(slot) * layers_.size() + size_t(index_of(layer))]; }
+  // Sends the routed rows' counts and builds the exchange's row maps (into p.to_expert and
+  // p.to_source) from the plan.
+  void plan_exchange(const MoeDispatch& d, const Kept& p, Exchange* x);
+  int held() const { return shape_.moe.experts / ep_size_; }  // experts on this rank
+  Act* exchange_scratch() const;  // ep > 1: two buffers of the most rows the experts compute
 
   ModelShape shape_;
   BlockWidths width_;
@@ -88,7 +110,8 @@ class MoeLayer {
   MlpKind mlp_;
   std::vector<int> layers_;
   int slots_, max_n_;
-  Comm *tp_, *cp_;
+  Comm *tp_, *cp_, *ep_;
+  int ep_size_ = 1;
   Arena* arena_;
   size_t h_act_ = 0, h_float_ = 0, h_int_ = 0, h_scratch_ = 0, h_fscratch_ = 0, h_stats_ = 0;
   size_t act_per_ = 0, float_per_ = 0, int_per_ = 0;  // one layer and slot's kept elements
@@ -97,6 +120,7 @@ class MoeLayer {
   int32_t* ints_ = nullptr;
   double* router_stats_ = nullptr;  // (2E + 1): Σ_t p[t,e], Σ_t lse², the loads
   std::vector<MoeDispatch> plans_;  // by slot and layer
+  std::vector<Exchange> exchanges_;  // by slot and layer (ep > 1)
   // By slot and layer: each expert's load and the dropped choices, over the micro-batch's cp ranks.
   std::vector<std::vector<double>> loads_;
   std::vector<int32_t> host_choice_;

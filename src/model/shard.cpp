@@ -34,12 +34,19 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int 
   return make_local_layout(shape, tp, tp_rank, {{layer_begin, layer_end}}, first, last);
 }
 
+bool expert_role(LayerRole role) {
+  return role == kExpertFc1W || role == kExpertFc1B || role == kExpertFc2W || role == kExpertFc2B;
+}
+
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
-                              const std::vector<LayerRange>& chunks, bool first, bool last) {
+                              const std::vector<LayerRange>& chunks, bool first, bool last,
+                              int ep, int ep_rank) {
   LocalLayout L;
   L.canonical = make_param_layout(shape);
   L.tp = tp;
   L.tp_rank = tp_rank;
+  L.ep = ep;
+  L.ep_rank = ep_rank;
   L.chunks = chunks;
   L.first = first;
   L.last = last;
@@ -65,6 +72,26 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
           t.blocks.push_back({part * part_rows + tp_rank * part_rows / tp, part_rows / tp, 0, cols});
         break;
       }
+    }
+    // Expert parallelism: an expert tensor's rows are E equal blocks (one per expert, each
+    // cut by tp above); this rank keeps those of its experts. Dense tensors are copies on every
+    // ep rank but the first.
+    if (ep > 1 && c.role != kLayerRoles) {
+      if (expert_role(c.role)) {
+        const size_t E = size_t(shape.moe.experts), per = rows / E;
+        const size_t lo = size_t(ep_rank) * (E / size_t(ep)) * per;
+        const size_t hi = lo + E / size_t(ep) * per;
+        std::vector<Block> kept;
+        for (Block b : t.blocks) {
+          const size_t r0 = std::max(b.row0, lo), r1 = std::min(b.row0 + b.rows, hi);
+          if (r0 < r1) kept.push_back({r0, r1 - r0, b.col0, b.cols});
+        }
+        t.blocks = kept;
+      } else {
+        owner = owner && ep_rank == 0;
+      }
+    } else if (ep > 1) {
+      owner = owner && ep_rank == 0;
     }
     size_t local_rows = 0;
     for (const Block& b : t.blocks) local_rows += b.rows;

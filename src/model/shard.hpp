@@ -42,6 +42,10 @@ struct Unit {
 struct LocalLayout {
   ParamLayout canonical;
   int tp = 1, tp_rank = 0;
+  // Expert parallelism (parallel.ep): this rank holds experts [ep_rank E / ep, (ep_rank + 1) E / ep)
+  // of each MoE layer, and owns (checkpoints, the gradient norm) its dense tensors only at
+  // ep_rank 0 (the other ep ranks hold copies).
+  int ep = 1, ep_rank = 0;
   // This stage's layers: one range, or with virtual stages one per chunk (chunk c is virtual
   // stage c * pp + stage), in the local buffer's order.
   std::vector<LayerRange> chunks;
@@ -75,7 +79,10 @@ struct LocalLayout {
 // tp must divide n_head, n_kv_head, ffn_hidden and padded_vocab (checked before, with a message,
 // by check_layout).
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
-                              const std::vector<LayerRange>& chunks, bool first, bool last);
+                              const std::vector<LayerRange>& chunks, bool first, bool last,
+                              int ep = 1, int ep_rank = 0);
+// An MoE layer's experts' tensors (the roles kExpertFc1W ... kExpertFc2B): split over ep.
+bool expert_role(LayerRole role);
 // One chunk: layers [layer_begin, layer_end).
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int layer_begin,
                               int layer_end, bool first, bool last);

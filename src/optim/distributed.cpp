@@ -30,6 +30,9 @@ DistributedOptimizer<Backend>::DistributedOptimizer(const LocalLayout& layout, c
   for_each_piece([&](size_t tensor, size_t local, size_t state, size_t count) {
     pieces_.push_back({int(tensor), local, state, count});
   });
+  for (const LocalTensor& t : layout.tensors)
+    if (expert_role(layout.canon(t).role) && t.numel > 0)
+      expert_ranges_.emplace_back(t.offset, t.offset + t.numel);
   h_norm_ = arena.add("gradient norm accumulator", sizeof(double));
   // Each declared state's buffer: Elementwise state at each piece's state index (the slice or
   // parts as they are) where every tensor has it, else packed piece after piece; Rows and Cols
@@ -127,8 +130,21 @@ void DistributedOptimizer<Backend>::for_each_piece(Fn f) const {
 
 template <class Backend>
 void DistributedOptimizer<Backend>::start_reduce(float* grads, size_t begin, size_t end) {
-  if (!comms_.dp->active() || stage_ != 0 || begin >= end) return;
-  comms_.dp->start_all_reduce_sum(grads + begin, end - begin);
+  if (stage_ != 0 || begin >= end) return;
+  // Expert parallelism: the experts' ranges sum over the ranks holding the same experts, the
+  // rest over dp x cp.
+  auto sum = [&](BComm* comm, size_t a, size_t b) {
+    if (a < b && comm->active()) comm->start_all_reduce_sum(grads + a, b - a);
+  };
+  size_t at = begin;
+  if (experts_split())
+    for (const auto& [a, b] : expert_ranges_) {
+      if (b <= at || a >= end) continue;
+      sum(comms_.dp, at, std::max(at, a));
+      sum(comms_.expert_dp, std::max(at, a), std::min(b, end));
+      at = std::min(b, end);
+    }
+  sum(comms_.dp, at, end);
   started_.emplace_back(begin, end);
 }
 
@@ -155,6 +171,7 @@ void DistributedOptimizer<Backend>::reduce_gradients(float* grads) {
   }
   start_reduce(grads, at, padded_);
   comms_.dp->wait_reductions();
+  if (experts_split()) comms_.expert_dp->wait_reductions();
   started_.clear();
 }
 
@@ -165,7 +182,9 @@ double DistributedOptimizer<Backend>::grad_norm(const float* grads) const {
   // the others). Within those, only owners count (one tp rank for replicated tensors, stage 0
   // for the tied embedding). The pieces add into one device double; the host reads it once.
   Backend::zero(norm_, sizeof(double));
-  const bool speaks = stage_ == 0 ? comms_.dp->rank() == 0 : comms_.replica->rank() == 0;
+  // With expert parallelism every ep rank of the first group speaks: each owns its experts, and
+  // ep rank 0 the dense tensors (model/shard.hpp).
+  const bool speaks = stage_ == 0 ? comms_.expert_dp->rank() == 0 : comms_.replica->rank() == 0;
   if (speaks) {
     const float* g = stage_ == 1 ? grad_shard_ : grads;
     for (const Piece& p : pieces_)

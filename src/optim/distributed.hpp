@@ -51,6 +51,9 @@ class DistributedOptimizer {
     BComm* replica;
     Comm* world;
     BComm* tp;
+    // The ranks holding the same experts: the experts' gradients reduce over them (dp without
+    // expert parallelism).
+    BComm* expert_dp;
   };
   // plan: stages 2 and 3, this rank's parts (model/shard.hpp). Declares its buffers (the rule's
   // state and working buffers, the norm's accumulator) in `arena`; bind() once the arena is
@@ -147,6 +150,9 @@ class DistributedOptimizer {
   long first_step_ = 0;
   float* grad_shard_ = nullptr;  // ZeRO-1: where this step's slice of the sums is
   std::vector<std::pair<size_t, size_t>> started_;  // ranges already in flight this step
+  // Expert parallelism: the local ranges of the experts' tensors, in buffer order.
+  std::vector<std::pair<size_t, size_t>> expert_ranges_;
+  bool experts_split() const { return comms_.expert_dp != comms_.dp; }
 };
 
 }  // namespace tessera

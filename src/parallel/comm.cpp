@@ -259,6 +259,38 @@ void Comm::progress() {
   }
 }
 
+void Comm::all_to_all_counts(const int* send, int* recv, int n) {
+  if (!active()) {
+    std::copy(send, send + n, recv);
+    return;
+  }
+  const trace::Scope call(name_, "all_to_all_counts", size_t(size_) * n * sizeof(int));
+  const Busy busy{busy_seconds};
+  MPI_Alltoall(send, n, MPI_INT, recv, n, MPI_INT, comm_);
+}
+
+void Comm::all_to_all_rows(const float* send, const int* send_rows, float* recv,
+                           const int* recv_rows, size_t width) {
+  const size_t P = static_cast<size_t>(size_);
+  std::vector<int> sc(P), sd(P), rc(P), rd(P);
+  size_t bytes = 0;
+  for (int r = 0, s_at = 0, r_at = 0; r < size_; ++r) {
+    sc[size_t(r)] = int(size_t(send_rows[r]) * width), sd[size_t(r)] = s_at;
+    rc[size_t(r)] = int(size_t(recv_rows[r]) * width), rd[size_t(r)] = r_at;
+    s_at += sc[size_t(r)], r_at += rc[size_t(r)];
+    if (r != rank_) bytes += size_t(sc[size_t(r)]) * sizeof(float);
+  }
+  if (!active()) {
+    std::copy(send, send + sc[0], recv);
+    return;
+  }
+  const trace::Scope call(name_, "all_to_all_rows", bytes);
+  const Busy busy{busy_seconds};
+  MPI_Alltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(), MPI_FLOAT,
+                comm_);
+  count(bytes);
+}
+
 void Comm::group_end() {
   in_group_ = false;
   if (receives_.empty()) return;

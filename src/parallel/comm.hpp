@@ -87,6 +87,13 @@ class Comm {
   void wait(int ticket);
   void progress();
 
+  // Expert parallelism's exchange: recv (size * n) = each rank's n host ints for this rank, in
+  // rank order (the rows each will send); then rows of `width` elements, send_rows[r] of them
+  // (consecutive in send, rank order) to rank r, recv_rows[r] from rank r into recv in rank order.
+  void all_to_all_counts(const int* send, int* recv, int n);
+  void all_to_all_rows(const float* send, const int* send_rows, float* recv, const int* recv_rows,
+                       size_t width);
+
   // Point to point, for the pipeline. Between group_start() and group_end() sends and receives
   // are posted as they come (MPI_Isend / MPI_Irecv, tagged); group_end() returns once the
   // group's receives have landed. A send's buffer stays untouched until wait_send(buffer) or

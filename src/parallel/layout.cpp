@@ -65,7 +65,7 @@ std::string resolve_layout(const ParallelConfig& cfg, int world_size, ParallelLa
     }
     value[a] = static_cast<int>(world_size / fixed);
   }
-  *out = ParallelLayout{value[0], value[1], value[2], cfg.zero_group, cp};
+  *out = ParallelLayout{value[0], value[1], value[2], cfg.zero_group, cp, cfg.ep < 1 ? 1 : cfg.ep};
   if (cfg.zero_group > 0 && out->dpcp() % cfg.zero_group != 0)
     return "parallel.zero_group = " + num(cfg.zero_group) + " does not divide parallel.dp" +
            (cp > 1 ? " x cp = " + num(value[0]) + " x " + num(cp) : " = " + num(value[0])) +
@@ -144,6 +144,11 @@ MeshShape mesh_shape(const ParallelLayout& l) {
   if (std::string e = mesh.add_view({"cp", "dp"}, {{"shard", group}, {"replica", l.dpcp() / group}});
       !e.empty())
     throw std::logic_error(e);
+  // Expert parallelism (a view only where there is any: a dense run's groups stay as they were).
+  if (l.ep > 1)
+    if (std::string e = mesh.add_view({"cp", "dp"}, {{"ep", l.ep}, {"edp", l.dpcp() / l.ep}});
+        !e.empty())
+      throw std::logic_error(e);
   return mesh;
 }
 

@@ -17,6 +17,10 @@ struct ParallelLayout {
   // across the dpcp / zero_group groups; 0 = dp x cp (one group).
   int zero_group = 0;
   int cp = 1;  // context parallelism: each sequence split over cp ranks (docs/architecture.md)
+  // Expert parallelism: the experts of each MoE layer split over groups of ep consecutive dp x cp
+  // ranks (cp fastest), each group's ranks holding E / ep of them; edp = dp x cp / ep ranks hold
+  // the same experts (their gradients reduce over them).
+  int ep = 1;
   // The ranks holding the same parameters (same tp, pp): their gradients reduce over them.
   int dpcp() const { return dp * cp; }
   int shard_size() const { return zero_group > 0 ? zero_group : dpcp(); }

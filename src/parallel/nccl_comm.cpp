@@ -1,5 +1,6 @@
 #include "parallel/nccl_comm.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -292,6 +293,34 @@ void NcclComm::recv(T* x, size_t n, int peer, int) {
   issue(ncclRecv(x, n, nccl_type<T>(), peer, comm_, stream_), "ncclRecv");
 }
 
+void NcclComm::all_to_all_counts(const int* send, int* recv, int n) {
+  if (!active()) {
+    std::copy(send, send + n, recv);
+    return;
+  }
+  MPI_Alltoall(send, n, MPI_INT, recv, n, MPI_INT, mpi_);
+}
+
+template <typename T>
+void NcclComm::all_to_all_rows(const T* send, const int* send_rows, T* recv, const int* recv_rows,
+                               size_t width) {
+  group_start();
+  size_t s_at = 0, r_at = 0;
+  for (int r = 0; r < size_; ++r) {
+    const size_t sn = size_t(send_rows[r]) * width, rn = size_t(recv_rows[r]) * width;
+    if (r == rank_) {
+      // NCCL sends to itself too; a device copy is the same and cheaper.
+      if (sn > 0) CUDA_CHECK(cudaMemcpyAsync(recv + r_at, send + s_at, sn * sizeof(T),
+                                             cudaMemcpyDeviceToDevice, stream_));
+    } else {
+      this->send(send + s_at, sn, r, 0);
+      this->recv(recv + r_at, rn, r, 0);
+    }
+    s_at += sn, r_at += rn;
+  }
+  group_end();
+}
+
 #define TESSERA_INSTANTIATE(T)                                                                     \
   template void NcclComm::all_reduce_sum<T>(T*, size_t);                                          \
   template void NcclComm::reduce_scatter_sum<T>(const T*, T*, size_t);                            \
@@ -299,7 +328,8 @@ void NcclComm::recv(T* x, size_t n, int peer, int) {
   template int NcclComm::start_all_gather<T>(const T*, T*, size_t);                               \
   template int NcclComm::start_reduce_scatter_sum<T>(const T*, T*, size_t);                       \
   template void NcclComm::send<T>(const T*, size_t, int, int);                                    \
-  template void NcclComm::recv<T>(T*, size_t, int, int);
+  template void NcclComm::recv<T>(T*, size_t, int, int);                                          \
+  template void NcclComm::all_to_all_rows<T>(const T*, const int*, T*, const int*, size_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
 TESSERA_INSTANTIATE(__nv_bfloat16)

@@ -71,6 +71,13 @@ class NcclComm {
   void wait(int ticket);
   void progress() {}
 
+  // Expert parallelism's exchange (Comm's): the counts over MPI on the host, the rows as one
+  // group of sends and receives.
+  void all_to_all_counts(const int* send, int* recv, int n);
+  template <typename T>
+  void all_to_all_rows(const T* send, const int* send_rows, T* recv, const int* recv_rows,
+                       size_t width);
+
   // Point to point, for the pipeline: group_start/end are ncclGroupStart/End. NCCL matches the
   // messages between two ranks in order and has no tags (`tag` is Comm's, ignored here), and the
   // stream orders a buffer's reuse after its send, so wait_send and wait_sends are no-ops.

@@ -126,7 +126,8 @@ void Run::lay_out() {
     throw UserError(cfg_.deck_path + ": " + e);
   mesh_ = std::make_unique<Mesh>(world_comm_, mesh_shape(layout));
   world_ = std::make_unique<Comm>(world_comm_);
-  tile_ = rank_tile(run_, shape_, mesh_->coord("tp"), mesh_->coord("pp"));
+  tile_ = rank_tile(run_, shape_, mesh_->coord("tp"), mesh_->coord("pp"),
+                    mesh_->shape().has("ep") ? mesh_->coord("ep") : 0);
   schedule_ = rank_schedule(cfg_, run_, mesh_->coord("pp"));
   reads_tokens_ = tile_.first || tile_.last;
   speaks_loss_ = tile_.last && mesh_->coord("tp") == 0;

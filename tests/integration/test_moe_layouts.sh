@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Mixture-of-experts layers (model.moe, model/moe_layer.hpp) on every layout they run on with
-# their experts on every data-parallel rank (parallel.ep = 1): each layout's 10 losses agree with
+# Mixture-of-experts layers (model.moe, model/moe_layer.hpp) on every layout they run on, with
+# their experts on every data-parallel rank and split over parallel.ep: each layout's 10 losses agree with
 # the 1-rank run to a relative 1e-5 and its final parameters to 1e-4 of each tensor's largest
 # magnitude, as in test_layouts.sh. GPT-2 with MoE on layers 1 and 3 (every 2nd; softmax, aux and
 # z losses) and LLaMA with every layer MoE (sigmoid, no renormalisation). Then the layouts and
@@ -30,7 +30,8 @@ suite() {  # suite FAMILY LAYOUT... : each "NAME DP TP PP [overrides]" against F
   local family=$1 ref="$1_ref"
   shift
   local -n extra=$family
-  run "$ref" 1 1 1 "${extra[@]}" || { fail "$ref run"; tail -5 "$ref.log"; return; }
+  [ -f "$WORK/$ref/checkpoints/step_00000010.h5" ] ||
+    run "$ref" 1 1 1 "${extra[@]}" || { fail "$ref run"; tail -5 "$ref.log"; return; }
   for layout in "$@"; do
     set -- $layout
     local name="${family}_$1"
@@ -45,8 +46,14 @@ suite gpt "dp2 2 1 1" "tp2 1 2 1" "pp2 1 1 2 parallel.schedule=1f1b" \
   "hybrid 4 1 1 parallel.zero=2 parallel.zero_group=2" \
   "sp_recompute 1 2 2 parallel.sequence_parallel=true train.recompute=full parallel.schedule=gpipe" \
   "v2 1 1 2 parallel.virtual_stages=2 train.recompute=selective model.attention=fused"
-suite capacity "dp2 2 1 1" "tp2_pp2 1 2 2 parallel.zero=1"
-suite llama "dp2_tp2 2 2 1 parallel.zero=1" \
+# Expert parallelism (parallel.ep): each ep rank holds E / ep experts and trades rows with the
+# others (an all-to-all each way); the expert-data-parallel ranks sum the experts' gradients.
+suite gpt "ep2 2 1 1 parallel.ep=2" "ep4 4 1 1 parallel.ep=4" "ep2_edp2 4 1 1 parallel.ep=2" \
+  "ep2_tp2_sp 2 2 1 parallel.ep=2 parallel.sequence_parallel=true" \
+  "ep2_pp2 2 1 2 parallel.ep=2 parallel.schedule=1f1b" \
+  "ep2_cp2 1 1 1 parallel.cp=2 parallel.ep=2 model.attention=fused"
+suite capacity "dp2 2 1 1" "tp2_pp2 1 2 2 parallel.zero=1" "ep2 2 1 1 parallel.ep=2"
+suite llama "dp2_tp2 2 2 1 parallel.zero=1" "ep2_tp2 2 2 1 parallel.ep=2" \
   "pp2_cp2 1 1 2 parallel.cp=2 parallel.schedule=1f1b model.attention=fused"
 
 # The capacity run dropped choices (else it checks nothing the dropless runs do not).
@@ -71,6 +78,19 @@ if [ -f "$WORK/restart_dp2/checkpoints/step_00000010.h5" ]; then
   fi
 else
   fail "restart chain"; tail -3 "$WORK/restart_dp2.log" "$WORK/restart_saved.log" 2>/dev/null
+fi
+# Across expert parallelism: saved on ep = 4 (each rank writing its experts), continued on ep = 2
+# x tp = 2.
+run ep_saved 4 1 1 "${gpt[@]}" parallel.ep=4 train.steps=5 &&
+  run ep_restart 2 2 1 "${gpt[@]}" parallel.ep=2 \
+    checkpoint.restart="$WORK/ep_saved/checkpoints/step_00000005.h5"
+if [ -f "$WORK/ep_restart/checkpoints/step_00000010.h5" ] &&
+   out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/gpt_ref/metrics.jsonl" \
+       "$WORK/gpt_ref/checkpoints/step_00000010.h5" "$WORK/ep_restart/metrics.jsonl" \
+       "$WORK/ep_restart/checkpoints/step_00000010.h5" --steps 6:10); then
+  pass "restart ep = 4 step 5 -> ep = 2 x tp = 2: $out"
+else
+  fail "restart ep = 4 -> ep = 2 x tp = 2: ${out:-no checkpoint}"; tail -3 "$WORK/ep_restart.log"
 fi
 # A dense checkpoint does not restart as an MoE model: the shapes named.
 timeout 120 "$TESSERA" train "$deck" "${common[@]:0:10}" train.steps=2 run.dir="$WORK/dense_saved" \
@@ -102,5 +122,7 @@ refuse tp_ffn "does not divide model.moe.ffn = 65" 2 parallel.tp=2 model.moe.ffn
 refuse capacity_cp "which parallel.cp = 2" 2 parallel.cp=2 model.attention=fused \
   model.moe.capacity_factor=1.25
 refuse capacity "model.moe.capacity_factor" 1 model.moe.capacity_factor=-1
-refuse ep "parallel.ep = 2" 2 parallel.dp=2 parallel.ep=2
+refuse ep_zero "parallel.ep = 2 with parallel.zero = 1" 2 parallel.dp=2 parallel.ep=2 parallel.zero=1
+refuse ep_experts "model.moe.experts = 4 is not divisible by parallel.ep = 3" 3 parallel.dp=3 \
+  parallel.ep=3
 finish
