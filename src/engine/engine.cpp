@@ -244,13 +244,17 @@ class Engine final : public TrainEngine {
   }
 
   std::vector<double> take_moe_stats(int n_layer) override {
-    std::vector<double> out(2 + 3 * size_t(n_layer), 0.0);
+    std::vector<double> out(4 + 3 * size_t(n_layer), 0.0);
+    out[2] = double(ep_.payload_bytes) - ep_bytes_;
+    out[3] = ep_.busy_seconds - ep_seconds_;
+    ep_bytes_ = double(ep_.payload_bytes);
+    ep_seconds_ = ep_.busy_seconds;
     for (auto& model : models_) {
       MoeLayer<Backend>* moe = model->moe();
       if (moe == nullptr) continue;
       for (size_t i = 0; i < moe->layers().size(); ++i) {
         MoeLayerStats& s = moe->stats()[i];
-        const size_t at = 2 + 3 * size_t(moe->layers()[i]);
+        const size_t at = 4 + 3 * size_t(moe->layers()[i]);
         out[0] += s.aux_loss;
         out[1] += s.z_loss;
         out[at] += s.max_load;
@@ -432,6 +436,7 @@ class Engine final : public TrainEngine {
   Comm world_;                 // every rank, over MPI: the gradient norm's one double
   // Expert parallelism: the ep group, and the ranks holding the same experts (dp_ without ep).
   typename Backend::Comm ep_, own_edp_;
+  double ep_bytes_ = 0, ep_seconds_ = 0;  // ep_'s counters at the last take_moe_stats
   typename Backend::Comm* shard_;
   typename Backend::Comm* edp_;
   EngineMemory<Backend> mem_;  // every buffer's declaration (engine/engine_memory.hpp)

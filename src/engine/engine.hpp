@@ -168,9 +168,10 @@ class TrainEngine {
   };
   virtual Counters counters() const = 0;
   // The MoE layers' routing since the last call (model/moe_layer.hpp), summed over this rank's
-  // chunks and micro-batches: [aux loss, z-loss, then per model layer (of n_layer) the busiest
-  // expert's tokens, the mean tokens per expert, the dropped choices]; zeros for dense layers
-  // and layers of other stages. Clears them.
+  // chunks and micro-batches: [aux loss, z-loss, the bytes this rank sent in the expert-parallel
+  // exchanges and the seconds it was blocked in them, then per model layer (of n_layer) the
+  // busiest expert's tokens, the mean tokens per expert, the dropped choices]; zeros for dense
+  // layers and layers of other stages. Clears them.
   virtual std::vector<double> take_moe_stats(int n_layer) = 0;
 };
 

@@ -191,11 +191,14 @@ Run::MoeReport Run::moe_report() const {
   if (moe_stats_.empty()) return r;
   const double micro = double(run_.n_micro) * run_.layout.dp;
   const double aux = moe_stats_[0] / micro, z = moe_stats_[1] / micro;
+  // The exchange per rank (the ranks counted once: dp x pp of them).
+  const double ranks = double(run_.layout.dp) * run_.layout.pp;
+  const double a2a_bytes = moe_stats_[2] / ranks, a2a_s = moe_stats_[3] / ranks;
   std::string loads;
   double worst = 0, dropped = 0;
   for (int l = 0; l < shape_.n_layer; ++l) {
     if (!shape_.moe.layer(l)) continue;
-    const size_t at = 2 + 3 * size_t(l);
+    const size_t at = 4 + 3 * size_t(l);
     const double ratio = moe_stats_[at + 1] > 0 ? moe_stats_[at] / moe_stats_[at + 1] : 0;
     worst = std::max(worst, ratio);
     dropped += moe_stats_[at + 2];
@@ -206,8 +209,14 @@ Run::MoeReport Run::moe_report() const {
   std::snprintf(line, sizeof line, " | moe aux %.4g load %.2f", aux + z, worst);
   r.line = line;
   if (dropped > 0) r.line += " dropped " + std::to_string(int64_t(dropped));
+  if (run_.layout.ep > 1) {
+    std::snprintf(line, sizeof line, " a2a %.2f MB %.1f ms", a2a_bytes / 1e6, a2a_s * 1e3);
+    r.line += line;
+  }
   r.json = ",\"moe_aux\":" + json_number("%.9g", aux) + ",\"moe_z\":" + json_number("%.9g", z) +
-           ",\"moe_load\":[" + loads + "],\"moe_dropped\":" + std::to_string(int64_t(dropped));
+           ",\"moe_load\":[" + loads + "],\"moe_dropped\":" + std::to_string(int64_t(dropped)) +
+           ",\"moe_a2a_bytes\":" + json_number("%.0f", a2a_bytes) +
+           ",\"moe_a2a_s\":" + json_number("%.6f", a2a_s);
   return r;
 }
 

@@ -153,7 +153,7 @@ class Run {
   double read_seconds_ = 0, init_seconds_ = 0;
   double peak_gflops_ = 0, flops_token_ = 0;
   // The last step's MoE routing over every rank (TrainEngine::take_moe_stats' layout), summed
-  // once per dp rank and stage; empty for a dense model.
+  // once per dp rank and stage (the tp and cp ranks' copies left out); empty for a dense model.
   std::vector<double> moe_stats_;
   LrSchedule schedule_lr_;
 
