@@ -15,8 +15,8 @@
 # attention. Context parallelism at cp=2 (ring in fp32 and bf16, all-gather in fp32 and bf16,
 # LLaMA) and with 4 GPUs (cp2, tp2) with sequence parallelism and full recompute and (dp2, cp2)
 # with ZeRO-3 and selective recompute, against the 1-rank CPU run too. Mixture-of-experts layers
-# (GPT-2 every second layer, LLaMA every layer) in fp32 and bf16, and with 2 GPUs on dp=2 and
-# tp=2. Without a GPU: skipped,
+# (GPT-2 every second layer, LLaMA every layer) in fp32 and bf16, and with 2 GPUs on dp=2,
+# tp=2 and ep=2 (fp32 and bf16). Without a GPU: skipped,
 # exit 0.
 #
 # TESSERA names the binary (bin/tessera-emu for the emulated build) and TESSERA_GPUS the number
@@ -191,6 +191,11 @@ if train cpu_moe 1 device.backend=cpu "${moe[@]}"; then
       cmp cuda_moe_dp2 cpu_moe cuda_moe_dp2 --loss-rtol 1e-5 --param-tol 1e-4
     train cuda_moe_tp2 2 device.backend=cuda parallel.tp=2 "${moe[@]}" &&
       cmp cuda_moe_tp2 cpu_moe cuda_moe_tp2 --loss-rtol 1e-5 --param-tol 1e-4
+    # Expert parallelism over NCCL: the rows traded as groups of sends and receives.
+    train cuda_moe_ep2 2 device.backend=cuda parallel.dp=2 parallel.ep=2 "${moe[@]}" &&
+      cmp cuda_moe_ep2 cpu_moe cuda_moe_ep2 --loss-rtol 1e-5 --param-tol 1e-4
+    train bf16_moe_ep2 2 device.backend=cuda device.precision=bf16 parallel.dp=2 parallel.ep=2 \
+      "${moe[@]}" && cmp bf16_moe_ep2_near_cpu cpu_moe bf16_moe_ep2 --loss-rtol 2e-2 --param-norm-tol 2e-2
   fi
 fi
 llama_moe=("${llama[@]}" model.moe.experts=4 model.moe.top_k=2 model.moe.score=sigmoid)
