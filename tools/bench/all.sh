@@ -3,7 +3,8 @@
 # reference's on the same shape, threads and batch, measured side by side in one run; then the
 # parallel layouts (tools/bench/parallel.py), the ZeRO stages (tools/bench/zero.sh), context
 # parallelism (tools/bench/cp.sh), FP8 convergence against fp32 (tools/bench/fp8.sh), the update
-# rules' convergence side by side (tools/bench/optim.sh: AdamW, Adafactor), the
+# rules' convergence side by side (tools/bench/optim.sh: AdamW, Adafactor), mixture of experts
+# against dense and over ep (tools/bench/moe.sh), the
 # checkpoint stall synchronous and asynchronous (tools/bench/checkpoint.sh), tokenizer encoding
 # (tools/bench/tokenizer.sh), then the data loader (tools/bench/data.sh). Writes the tables to
 # build/bench/results.md and
@@ -74,6 +75,8 @@ echo "bench: context parallelism, T=8192 on cp = 1, 2, 4 and T=32768 on cp=4 (to
 { echo; OUT=$OUT PYTHON=$PYTHON TOKENS=$ROOT/data/default/train.h5 bash "$ROOT/tools/bench/cp.sh"; } >>"$OUT/results.md"
 echo "bench: FP8 convergence, fp32 vs simulated fp8, GPT-2 and LLaMA (tools/bench/fp8.sh)" >&2
 { echo; OUT=$OUT PYTHON=$PYTHON DATA=$ROOT/data/default THREADS=$THREADS bash "$ROOT/tools/bench/fp8.sh"; } >>"$OUT/results.md"
+echo "bench: mixture of experts against dense, ep = 1, 2, 4 (tools/bench/moe.sh)" >&2
+{ echo; OUT=$OUT PYTHON=$PYTHON THREADS=1 bash "$ROOT/tools/bench/moe.sh"; } >>"$OUT/results.md"
 echo "bench: update rules, AdamW and Adafactor on 1 and 2 ranks (tools/bench/optim.sh)" >&2
 { echo; OUT=$OUT PYTHON=$PYTHON THREADS=$THREADS bash "$ROOT/tools/bench/optim.sh"; } >>"$OUT/results.md"
 echo "bench: checkpoint stall, synchronous and checkpoint.async (tools/bench/checkpoint.sh)" >&2
