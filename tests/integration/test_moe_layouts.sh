@@ -104,6 +104,21 @@ else
   fail "dense checkpoint, MoE deck (exit $rc)"; tail -3 <<<"$out" | sed 's/^/    /'
 fi
 
+# A rank stalled at step 3 (TESSERA_TEST_STALL) leaves its ep peer waiting in the exchange: the
+# watchdog ends the job within run.hang_timeout, naming the group and call, and the step-2
+# checkpoint is whole.
+TESSERA_TEST_STALL=1:3 timeout 120 $MPIEXEC -n 2 "$TESSERA" train "$deck" "${common[@]}" \
+  "${gpt[@]}" parallel.dp=2 parallel.ep=2 train.steps=6 checkpoint.every=2 run.hang_timeout=4 \
+  run.dir="$WORK/ep_stall" >ep_stall.log 2>ep_stall.err
+rc=$?
+line=$(grep "^hang: " ep_stall.err)
+if [ "$rc" -eq 5 ] && grep -Eq "rank 1 is behind at step 3 .*; rank 0 waits? in ep all_to_all" <<<"$line" &&
+   verify=$("$TESSERA" ckpt verify "$WORK/ep_stall/checkpoints/step_00000002.h5" 2>&1); then
+  pass "ep = 2, stalled rank 1: exit 5: $line; the step-2 checkpoint: $(tail -1 <<<"$verify")"
+else
+  fail "ep stalled rank: exit $rc: ${line:-$(head -3 ep_stall.err)} ${verify:-}"
+fi
+
 # Refused, exit 2, one line naming the numbers, no run directory.
 refuse() {  # refuse NAME EXPECTED-TEXT NP overrides...
   local name=$1 want=$2 np=$3
