@@ -16,6 +16,12 @@ std::string moe_layout_problem(const Config& cfg, const ModelShape& shape,
     return "parallel.ep = " + std::to_string(cfg.parallel.ep) + " with parallel.zero = " +
            std::to_string(cfg.parallel.zero) + ": the experts' state is not sharded by ZeRO yet "
            "(docs/status.md); use parallel.zero = 0 with expert parallelism";
+  // Adafactor's row and column statistics of an expert matrix would need sums over the ep ranks
+  // holding its other experts' rows.
+  if (cfg.parallel.ep > 1 && cfg.optim.name == OptimRule::Adafactor)
+    return "parallel.ep = " + std::to_string(cfg.parallel.ep) +
+           " with optim.name = adafactor: its factored statistics are not summed over ep yet "
+           "(docs/status.md); use adamw with expert parallelism";
   if (m.shared_experts > 0)
     return "model.moe.shared_experts = " + std::to_string(m.shared_experts) +
            ": shared experts are not trained by this tessera yet (docs/status.md)";

@@ -138,6 +138,8 @@ refuse capacity_cp "which parallel.cp = 2" 2 parallel.cp=2 model.attention=fused
   model.moe.capacity_factor=1.25
 refuse capacity "model.moe.capacity_factor" 1 model.moe.capacity_factor=-1
 refuse ep_zero "parallel.ep = 2 with parallel.zero = 1" 2 parallel.dp=2 parallel.ep=2 parallel.zero=1
+refuse ep_adafactor "with optim.name = adafactor" 2 parallel.dp=2 parallel.ep=2 \
+  optim.name=adafactor
 refuse ep_experts "model.moe.experts = 4 is not divisible by parallel.ep = 3" 3 parallel.dp=3 \
   parallel.ep=3
 finish
