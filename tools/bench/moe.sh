@@ -80,7 +80,7 @@ for spec in sys.argv[7:]:
           f"{'' if ep == 1 else f'{secs * 1e3:.1f} ms of {ms:.0f} ms'} |")
 print("\nThe dense model's MLP has the MoE's active width (top-2 of experts of 128): the same "
       "FLOPs per token. The MoE's layouts train the same model (tests/integration/"
-      "test_moe_layouts.sh), so their losses agree to rounding; the all-to-all counts the bytes a "
+      "test_moe_layouts.sh): their losses start equal to rounding and drift apart as training's rounding grows; the all-to-all counts the bytes a "
       "rank sends to the other ep ranks (rows out and outputs back, forward and backward), "
       "against the balanced count, which the routing's imbalance moves either way.")
 PY
