@@ -266,6 +266,13 @@ class Engine final : public TrainEngine {
     return out;
   }
 
+  size_t moe_buffer_bytes() const override {
+    size_t bytes = 0;
+    for (const auto& model : models_)
+      if (const MoeLayer<Backend>* moe = model->moe()) bytes += moe->activation_bytes();
+    return bytes;
+  }
+
   Counters counters() const override {
     Counters c;
     c.payload[Traffic::tp] = double(tp_.payload_bytes);

@@ -173,6 +173,8 @@ class TrainEngine {
   // busiest expert's tokens, the mean tokens per expert, the dropped choices]; zeros for dense
   // layers and layers of other stages. Clears them.
   virtual std::vector<double> take_moe_stats(int n_layer) = 0;
+  // The MoE layers' kept activations, routing and dispatch buffers of every chunk (bytes).
+  virtual size_t moe_buffer_bytes() const = 0;
 };
 
 // The backend an engine runs on and what its model reads: the CPU (fp32), or CUDA with fp32 or

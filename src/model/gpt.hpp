@@ -106,6 +106,7 @@ class Gpt {
   // The chunk's MoE layers' routing over the step so far (nullptr without any); the engine reads
   // and clears them once per step.
   MoeLayer<Backend>* moe() { return moe_.get(); }
+  const MoeLayer<Backend>* moe() const { return moe_.get(); }
   const LocalLayout& layout() const { return layout_; }
   // Seconds in context parallelism's attention so far (0 without it).
   double context_seconds() const { return context_ ? context_->seconds : 0; }

@@ -80,6 +80,19 @@ void Run::announce_model() {
             4.0 * tile_.total / 1e6, 4.0 * tile_.total / 1e6, engine_->optim_rule().c_str(),
             engine_->moment_bytes() / 1e6, engine_->activation_bytes() / 1e6,
             deck_word(cfg_.model.attention), deck_word(cfg_.train.recompute));
+  if (shape_.moe.experts > 0) {
+    // The experts' share of the parameters (their gradients and moments alike), and the
+    // MoE layers' kept activations and dispatch buffers.
+    double expert = 0;
+    for (const LocalTensor& t : tile_.tensors)
+      if (expert_role(tile_.canon(t).role)) expert += double(t.numel);
+    log_->say("memory (rank 0), mixture of experts: expert parameters %.1f MB of the %.1f MB "
+              "(%d of %d experts a layer), dense %.1f MB; routing and dispatch buffers %.1f MB "
+              "of the activations",
+              4.0 * expert / 1e6, 4.0 * tile_.total / 1e6, shape_.moe.experts / layout.ep,
+              shape_.moe.experts, 4.0 * (double(tile_.total) - expert) / 1e6,
+              engine_->moe_buffer_bytes() / 1e6);
+  }
   log_->say("plan (rank 0): %s", memory_line(planned_).c_str());
   if (const std::string report = engine_->memory_report(); !report.empty())
     log_->say("%s", report.c_str());
