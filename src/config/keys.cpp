@@ -340,6 +340,8 @@ std::string to_yaml(const Config& config) {
     // model.moe's keys only with experts (each is a deck error without).
     const std::string_view key = f.key;
     if (key.rfind("moe.", 0) == 0 && config.model.moe.experts == 0) continue;
+    // Dropless routing is capacity_factor left out: a 0 written back would be refused on reading.
+    if (key == "moe.capacity_factor" && !(config.model.moe.capacity_factor > 0)) continue;
     if (std::string_view(section) != f.section) {
       section = f.section;
       group = "";

@@ -171,9 +171,9 @@ def cmd_make(a):
     write_hf(os.path.join(a.out, "tied"), make_state_dict(a), hf_config(a), True)
 
 
-def hf_llama_logits(w, c, idx):
+def hf_llama_logits(w, c, idx, mlp=None):
     """LlamaForCausalLM's forward in eval mode, by the HF names (no prefix): idx (B, T) ->
-    logits (B, T, V)."""
+    logits (B, T, V). mlp(h, layer) replaces LlamaMLP (hf_mixtral.py's sparse MoE block)."""
     import torch
     B, T = idx.shape
     C, nh = c["hidden_size"], c["num_attention_heads"]
@@ -213,6 +213,9 @@ def hf_llama_logits(w, c, idx):
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
         x = x + linear(y, p + "self_attn.o_proj.weight")
         h = rms_norm(x, p + "post_attention_layernorm.weight")
+        if mlp is not None:
+            x = x + mlp(h, l)
+            continue
         gate = linear(h, p + "mlp.gate_proj.weight")
         x = x + linear(gate * torch.sigmoid(gate) * linear(h, p + "mlp.up_proj.weight"),
                        p + "mlp.down_proj.weight")

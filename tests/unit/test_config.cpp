@@ -712,7 +712,10 @@ TEST(Config, ToYamlRoundTrips) {
                           {"device.precision=fp8", "device.fp8_format=e4m3",
                            "device.fp8_amax_history=4", "device.fp8_amax_algo=most_recent",
                            "device.fp8_margin=1", "device.fp8_head=true"});
-  for (const Config& c : {unusual_config(), parse_deck(kMinimal, "deck.yaml", {}), pp_auto, fp8}) {
+  // Dropless MoE (capacity_factor absent) and with a capacity.
+  Config moe = parse_deck(kMinimal, "deck.yaml", {"model.moe.experts=4"});
+  Config capped = parse_deck(kMinimal, "deck.yaml", {"model.moe.experts=4", "model.moe.capacity_factor=1.25"});
+  for (const Config& c : {unusual_config(), parse_deck(kMinimal, "deck.yaml", {}), pp_auto, fp8, moe, capped}) {
     std::string text = to_yaml(c);
     Config back = parse_deck(text, "resolved.yaml", {});
     expect_same(back, c);

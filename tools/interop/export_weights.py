@@ -2,11 +2,13 @@
 """Exports a tessera checkpoint's model in a Hugging Face layout.
 
 Usage:
-  export_weights.py CKPT --out DIR [--format auto|hf-gpt2|hf-llama] [--torch-bin]
+  export_weights.py CKPT --out DIR [--format auto|hf-gpt2|hf-llama|hf-mixtral] [--torch-bin]
 
 CKPT is a checkpoint file or a checkpoint directory (its `latest`, else its newest
 step_*.h5). The format follows the model (auto): hf-gpt2 for model.arch gpt2, hf-llama for
-llama. DIR receives
+llama, hf-mixtral for a llama with model.moe (every layer an MoE layer, routed as Mixtral routes:
+the checkpoint's deck has score softmax, renormalize true, no shared experts, no bias_rate).
+DIR receives
   model.safetensors   the weights (float32), written by tools/interop/safetensors_io.py, with the names
                       save_pretrained gives them and __metadata__ {"format": "pt"}, which
                       transformers requires:
@@ -17,8 +19,13 @@ llama. DIR receives
                           ..., "lm_head.weight" when untied), every tensor as tessera holds it:
                           q_proj and k_proj are not permuted (tessera's rotary embedding is
                           Hugging Face's rotate_half);
-  config.json         GPT2Config or LlamaConfig for the model's shape (vocab_size is the real
-                      vocabulary: the padding rows of the embedding and head are dropped);
+                        hf-mixtral: MixtralForCausalLM's: hf-llama's names outside the MLPs,
+                          each layer's router as block_sparse_moe.gate.weight and tessera's
+                          stacked experts cut into block_sparse_moe.experts.e.w1 / w3 / w2;
+  config.json         GPT2Config, LlamaConfig or MixtralConfig for the model's shape (vocab_size
+                      is the real vocabulary: the padding rows of the embedding and head are
+                      dropped; Mixtral's router_aux_loss_coef is the deck's model.moe.aux_loss
+                      x layers / top_k, the inverse of the import's);
   pytorch_model.bin   with --torch-bin: the same state dict through torch.save, a tied
                       lm_head.weight included (sharing the embedding's storage);
   tokenizer.json, tokenizer_config.json   when the checkpoint carries an hf-bpe tokenizer (from
@@ -44,7 +51,7 @@ _TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: 
 sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop")]
 import hf_tokenizer  # noqa: E402
 import safetensors_io  # noqa: E402
-from hf_layouts import LAYOUTS, get_layout  # noqa: E402
+from hf_layouts import LAYOUTS, get_layout, to_hf  # noqa: E402
 from tessera_ckpt import read_checkpoint  # noqa: E402
 from tessera_data import EXIT_IO, ToolError, run_tool  # noqa: E402
 
@@ -90,8 +97,30 @@ def special_tokens(ck, shape):
 
 def hf_state_dict(layout, shape, tensors):
     """{full HF name: float32 array} of tessera tensors, in the layout's order (no tied head)."""
-    return {layout.full(hname): np.ascontiguousarray(conv.to_hf(tensors[tname], shape), np.float32)
-            for tname, hname, conv in layout.expand(shape)}
+    return {layout.full(h): np.ascontiguousarray(a, np.float32)
+            for tname, hname, conv in layout.expand(shape)
+            for h, a in to_hf(hname, conv, tensors[tname], shape)}
+
+
+def deck_moe(ck, path, layout):
+    """The checkpoint deck's model.moe.aux_loss, after checking that the deck routes as the
+    layout's model does (the routing keys are not /model attributes: the deck has them)."""
+    import yaml
+    try:
+        moe = ((yaml.safe_load(ck["deck"]) or {}).get("model") or {}).get("moe") or {}
+    except (yaml.YAMLError, AttributeError):
+        moe = {}
+    # model.moe's defaults (config.hpp's MoeConfig) for a deck that leaves a key out.
+    routing = dict({"score": "softmax", "renormalize": True, "shared_experts": 0}, **{
+        k: moe[k] for k in layout.routing if k in moe})
+    for key, want in layout.routing.items():
+        if routing[key] != want:
+            raise ToolError(f"{path}: the deck's model.moe.{key} is {routing[key]!r}: "
+                            f"{layout.architecture} routes with {key} {want!r}")
+    if float(moe.get("bias_rate", 0.0)) > 0:
+        raise ToolError(f"{path}: the deck's model.moe.bias_rate is {moe['bias_rate']}: the experts "
+                        f"were chosen with a bias {layout.architecture} does not have")
+    return float(moe.get("aux_loss", 0.01))
 
 
 def main():
@@ -109,8 +138,13 @@ def main():
     path = resolve_checkpoint(args.checkpoint)
     ck = read_checkpoint(path)
     shape, tensors = ck["shape"], ck["model"]
+    moe = shape.get("moe_experts", 0) > 0
     if layout is None:
-        layout = next(LAYOUTS[f] for f in FORMATS if LAYOUTS[f].arch == shape["arch"])
+        layout = next((LAYOUTS[f] for f in FORMATS if LAYOUTS[f].arch == shape["arch"] and
+                       (LAYOUTS[f].routing is not None) == moe), None)
+        if layout is None:
+            raise ToolError(f"{path}: a {shape['arch']} model with {shape.get('moe_experts', 0)} "
+                            f"experts: no export format holds it ({', '.join(FORMATS)})")
     if layout.arch != shape["arch"]:
         raise ToolError(f"{path}: a {shape['arch']} model; the {layout.name} format holds "
                         f"{layout.arch} models ({layout.architecture})")
@@ -118,6 +152,8 @@ def main():
         state = hf_state_dict(layout, shape, tensors)
     except ToolError as e:
         raise ToolError(f"{path}: {e}") from None
+    if layout.routing is not None:
+        shape = dict(shape, moe_aux_loss=deck_moe(ck, path, layout))
     config = layout.config_json(shape, ck["eot"])
     config.update(special_tokens(ck, shape))
     if os.path.exists(args.out) and not os.path.isdir(args.out):

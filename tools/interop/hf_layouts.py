@@ -9,18 +9,28 @@ layer index. The conversion says how a tessera tensor and the HF one relate:
               (c_attn's output columns are q, k, v, each heads-major, so the transpose gives
               tessera's q, k, v rows as they are);
   VOCAB_ROWS  the token embedding: HF has V rows, tessera Vp (V padded up to
-              model.vocab_multiple); the padding rows are zeros on import, dropped on export.
+              model.vocab_multiple); the padding rows are zeros on import, dropped on export;
+  STACK       one tessera tensor of an MoE layer's experts, whose HF name is a tuple of
+              templates in "{E}" (the expert): the HF tensors of expert 0 (each template in
+              turn), then expert 1, ..., stacked by rows in that order (hf_parts, to_tessera,
+              to_hf).
 
 import_weights.py and export_weights.py walk the table, so a layout is added by adding an entry
 to LAYOUTS (names, conversions, how to read the model shape from the tensors and config.json,
-and the config.json to write). Three layouts:
+and the config.json to write). Four layouts:
 
   hf-gpt2     GPT2LMHeadModel: Conv1D weights transposed, the tied head left out;
   hf-llama    LlamaForCausalLM: every tensor copied as it is (tessera keeps q, k, v and gate,
               up as separate tensors by the same names), the embedding and an untied lm_head
               padded;
   meta-llama  (import only) Meta's original LLaMA files: llama/model.py's names, params.json,
-              and the rows of wq and wk permuted within each head.
+              and the rows of wq and wk permuted within each head;
+  hf-mixtral  MixtralForCausalLM: LLaMA's attention and norms, every layer's MLP a router
+              (block_sparse_moe.gate) and experts w1, w3, w2 (gate, up, down) stacked into
+              tessera's experts.gate_up_proj and experts.down_proj.
+
+Other Hugging Face models with experts are refused by name (UNSUPPORTED): Qwen3-MoE normalises
+each head's q and k (q_norm, k_norm), Qwen2-MoE has a shared expert and q/k/v biases.
 
 No Hugging Face LLaMA row is permuted. The checkpoints Meta published rotate interleaved pairs
 (2i, 2i + 1) of each head, so Hugging Face's convert_llama_weights_to_hf.py permutes the rows of
@@ -60,13 +70,36 @@ CONV1D = Conversion("conv1d", lambda t, s: (t[1], t[0]),
                     lambda a, s: np.ascontiguousarray(a.T), lambda a, s: np.ascontiguousarray(a.T))
 VOCAB_ROWS = Conversion("vocab_rows", lambda t, s: (s["vocab_size"],) + tuple(t[1:]),
                         _pad_rows, lambda a, s: np.ascontiguousarray(a[:s["vocab_size"]]))
+# The parts' shapes and values depend on how many there are: hf_parts, to_tessera and to_hf.
+STACK = Conversion("stack", None, None, None)
+
+
+def hf_parts(hname, conv, dims, shape):
+    """[(HF name, HF shape)] of a tessera tensor of shape `dims` as expand gives it: its one HF
+    tensor, or (STACK) the equal blocks of rows it is stacked from."""
+    if conv is STACK:
+        return [(h, (dims[0] // len(hname),) + tuple(dims[1:])) for h in hname]
+    return [(hname, tuple(conv.hf_shape(dims, shape)))]
+
+
+def to_tessera(arrays, conv, shape):
+    """The tessera tensor of its HF parts' float32 arrays (hf_parts' order)."""
+    return np.concatenate(arrays) if conv is STACK else conv.to_tessera(arrays[0], shape)
+
+
+def to_hf(hname, conv, a, shape):
+    """[(HF name, array)] of tessera tensor `a`."""
+    if conv is STACK:
+        return [(h, np.ascontiguousarray(part)) for h, part in zip(hname, np.split(a, len(hname)))]
+    return [(hname, conv.to_hf(a, shape))]
 
 
 class Layout:
     """One HF layout: its table and what surrounds it."""
 
     def __init__(self, name, arch, model_type, architecture, prefix, rows, detect, embed, head,
-                 buffers, shape_from, config_json, config_file="config.json"):
+                 buffers, shape_from, config_json, config_file="config.json", routing=None,
+                 fits=None):
         self.name = name
         self.arch = arch                  # tessera's model.arch of this layout
         self.model_type = model_type      # config.json "model_type"
@@ -80,6 +113,9 @@ class Layout:
         self.shape_from = shape_from      # (hf tensors, config dict, hints) -> model shape
         self.config_json = config_json    # (model shape, eot) -> config.json dict; None: import only
         self.config_file = config_file    # the shape's file beside the weights
+        # An MoE layout: the deck's model.moe routing keys its HF model computes; None: dense.
+        self.routing = routing
+        self.fits = fits                  # (model shape) -> None, or a ToolError: not this layout's
 
     def full(self, hname):
         """The name a file gives HF tensor `hname`: the head as it is, the rest with the prefix."""
@@ -87,13 +123,22 @@ class Layout:
 
     def expand(self, shape):
         """[(tessera name, HF name without prefix, Conversion)] for every tensor of `shape`, in
-        tessera's order. A tensor the table does not hold (the untied head of a GPT-2) is an
-        error: this layout cannot carry the model."""
+        tessera's order; a STACK row's HF name is the tuple of its parts' names (hf_parts). A
+        tensor the table does not hold (the untied head of a GPT-2) is an error: this layout
+        cannot carry the model."""
+        if self.fits:
+            self.fits(shape)
+        elif shape.get("moe_experts", 0):
+            raise ToolError(f"a mixture-of-experts model ({shape['moe_experts']} experts): the "
+                            f"{self.name} layout ({self.architecture}) has none")
+        experts = range(shape.get("moe_experts", 0))
         table = {}
         for tname, hname, conv in self.rows:
             if "{L}" in tname:
                 for l in range(shape["n_layer"]):
-                    table[tname.format(L=l)] = (hname.format(L=l), conv)
+                    h = (tuple(t.format(L=l, E=e) for e in experts for t in hname)
+                         if conv is STACK else hname.format(L=l))
+                    table[tname.format(L=l)] = (h, conv)
             else:
                 table[tname] = (hname, conv)
         out = []
@@ -486,6 +531,154 @@ def _meta_shape(meta, params, hints):
         shape["evidence"]["block_size"] = "the deck"
     return shape
 
+
+# --------------------------------------------------------------------------------------------
+# hf-mixtral: MixtralForCausalLM (transformers' modeling_mixtral.py): LLaMA's embedding,
+# attention, norms and head, every layer's MLP a sparse mixture of experts
+# (block_sparse_moe): router logits x gate^T over the E experts, softmax over all E, the top
+# num_experts_per_tok, their weights divided by their sum (tessera's model.moe with score
+# softmax and renormalize), each expert w2(silu(w1 x) * w3 x). tessera stacks the experts:
+# gate_up_proj's block e is expert e's w1 rows then its w3 rows, down_proj's block e its w2.
+
+MIXTRAL_ROWS = [r for r in LLAMA_ROWS if ".mlp." not in r[0]] + [
+    ("layers.{L}.mlp.router.weight", "layers.{L}.block_sparse_moe.gate.weight", COPY),
+    ("layers.{L}.mlp.experts.gate_up_proj.weight",
+     ("layers.{L}.block_sparse_moe.experts.{E}.w1.weight",
+      "layers.{L}.block_sparse_moe.experts.{E}.w3.weight"), STACK),
+    ("layers.{L}.mlp.experts.down_proj.weight",
+     ("layers.{L}.block_sparse_moe.experts.{E}.w2.weight",), STACK),
+]
+# MixtralConfig's defaults (transformers' configuration_mixtral.py) where they are not
+# LlamaConfig's, and its MoE keys.
+MIXTRAL_CONFIG_DEFAULTS = dict(LLAMA_CONFIG_DEFAULTS, max_position_embeddings=4096 * 32,
+                               rms_norm_eps=1e-5, rope_theta=1e6, num_key_value_heads=8,
+                               num_local_experts=8, num_experts_per_tok=2,
+                               router_aux_loss_coef=0.001, sliding_window=None)
+MIXTRAL_EXPERT0 = "layers.0.block_sparse_moe.experts.0.w1.weight"  # gives the expert width
+# _llama_shape reads the width from the MLP's gate: Mixtral's is expert 0's w1.
+_MIXTRAL_SOURCE = _Source(
+    "hf-mixtral", "config.json",
+    lambda n: "model." + n.replace("mlp.gate_proj.weight", "block_sparse_moe.experts.0.w1.weight"),
+    lambda k: k)
+
+
+def aux_loss_from_hf(coef, top_k, moe_layers):
+    """model.moe.aux_loss for Mixtral's router_aux_loss_coef. Mixtral's balancing loss is one
+    over all layers' tokens together, E sum_e f_e P_e with f_e the fraction of tokens choosing
+    e (summing to k over e), k at a perfect balance; tessera's is one per MoE layer, 1 at a
+    balance, summed. With aux_loss = coef k / layers both are the same at a balance and give
+    each router the same gradient where the layers route alike. Kept to 12 digits and brought
+    back (aux_loss_to_hf) to 10, which gives config.json's number again when it has 10 or fewer."""
+    return float(f"{coef * top_k / moe_layers:.12g}")
+
+
+def aux_loss_to_hf(aux, top_k, moe_layers):
+    return float(f"{aux * moe_layers / top_k:.10g}")
+
+
+def _mixtral_shape(hf, config, hints):
+    """The model shape of Mixtral tensors `hf` (no "model." prefix) and config.json `config`
+    (MixtralConfig's keys, its defaults where absent): LLaMA's by _llama_shape (the expert width
+    from expert 0's w1, checked against intermediate_size), then the experts: E from layer 0's
+    router, which config.json's num_local_experts and the experts' tensors must agree with;
+    top_k from num_experts_per_tok (the deck's model.moe.top_k without a config.json)."""
+    view = dict(hf)
+    if MIXTRAL_EXPERT0 in hf:
+        view["layers.0.mlp.gate_proj.weight"] = hf[MIXTRAL_EXPERT0]
+    c = None
+    if config is not None:
+        c = dict(MIXTRAL_CONFIG_DEFAULTS)
+        c.update({key: v for key, v in config.items() if v is not None})
+    shape = _llama_shape(view, c, hints, _MIXTRAL_SOURCE)
+    C, ev = shape["n_embd"], shape["evidence"]
+    router = "layers.0.block_sparse_moe.gate.weight"
+    if router not in hf:
+        raise ToolError(f"missing tensor model.{router} (hf-mixtral layout)")
+    r = tuple(hf[router].shape)
+    r_s = f"model.{router} {list(r)}"
+    if len(r) != 2 or r[1] != C or r[0] < 1:
+        raise ToolError(f"{r_s} is not a router of hidden_size {C} ([experts, {C}])")
+    E = r[0]
+    named = set()
+    for name in hf:
+        parts = name.split(".")
+        if name.startswith("layers.0.block_sparse_moe.experts.") and parts[4].isdigit():
+            named.add(int(parts[4]))
+    if c is not None:
+        if c["num_local_experts"] != E:
+            raise ToolError(f"config.json num_local_experts = {c['num_local_experts']}, but {r_s} "
+                            f"routes to {E} experts")
+        top_k = c["num_experts_per_tok"]
+        ev.update(moe_experts=f"config.json num_local_experts, {r_s}",
+                  moe_top_k="config.json num_experts_per_tok")
+        if c["sliding_window"] is not None and c["sliding_window"] < shape["block_size"]:
+            raise ToolError(f"config.json sliding_window = {c['sliding_window']}: tessera's "
+                            "attention sees the whole sequence (max_position_embeddings "
+                            f"{shape['block_size']}), not a window")
+    else:
+        top_k = hints["deck"]["moe"]["top_k"]
+        ev.update(moe_experts=r_s, moe_top_k="the deck")
+    if named != set(range(E)):
+        have = ("none" if not named else f"0 .. {max(named)}" if named == set(range(len(named)))
+                else ", ".join(map(str, sorted(named))))
+        raise ToolError(f"{r_s} routes to {E} experts, but layer 0 has the tensors of experts "
+                        f"{have} (model.layers.0.block_sparse_moe.experts.N)")
+    if not 1 <= top_k <= E:
+        raise ToolError(f"num_experts_per_tok = {top_k} ({ev['moe_top_k']}): must be 1 .. "
+                        f"num_local_experts = {E}")
+    shape.update(moe_experts=E, moe_top_k=top_k, moe_ffn=shape["ffn_hidden"], moe_every=1,
+                 moe_first_dense=0)
+    ev.update(moe_ffn=ev["ffn_hidden"], moe_every="MixtralForCausalLM: every layer",
+              moe_first_dense="MixtralForCausalLM: every layer")
+    if c is not None:
+        shape["moe_aux_loss"] = aux_loss_from_hf(float(c["router_aux_loss_coef"]), top_k,
+                                                 shape["n_layer"])
+    return shape
+
+
+def _mixtral_fits(shape):
+    if not shape.get("moe_experts", 0):
+        raise ToolError("a dense model: the hf-mixtral layout (MixtralForCausalLM) has experts in "
+                        "every layer (hf-llama holds this one)")
+    if shape["moe_every"] != 1 or shape["moe_first_dense"] != 0:
+        raise ToolError(f"model.moe.every {shape['moe_every']} and first_dense "
+                        f"{shape['moe_first_dense']} leave dense layers: MixtralForCausalLM routes "
+                        "every layer through experts")
+
+
+def _mixtral_config(shape, eot):
+    c = _llama_config(shape, eot)
+    for key in ("attention_bias", "mlp_bias", "pretraining_tp", "rope_scaling"):  # not Mixtral's
+        del c[key]
+    E, k = shape["moe_experts"], shape["moe_top_k"]
+    c.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+             intermediate_size=shape["moe_ffn"], num_local_experts=E, num_experts_per_tok=k,
+             sliding_window=None, output_router_logits=False,
+             router_aux_loss_coef=aux_loss_to_hf(shape.get("moe_aux_loss", 0.01), k, shape["n_layer"]),
+             router_jitter_noise=0.0)
+    return c
+
+
+# Hugging Face models tessera's blocks cannot compute, by config.json model_type: why, in a line.
+_QK_NORM = "Qwen3 q_norm/k_norm: not supported (tessera's attention has no RMSNorm of each head's q and k)"
+UNSUPPORTED = {
+    "qwen3_moe": "Qwen3MoeForCausalLM: " + _QK_NORM,
+    "qwen3": "Qwen3ForCausalLM: " + _QK_NORM,
+    "qwen2_moe": "Qwen2MoeForCausalLM: its shared expert and q/k/v biases: not supported "
+                 "(tessera's model.moe.shared_experts is not trained yet; its LLaMA has no biases)",
+}
+
+
+def refuse_unsupported(names, config, config_path):
+    """A ToolError for a model of UNSUPPORTED (by config.json, or its q_norm/k_norm tensors)."""
+    model_type = (config or {}).get("model_type")
+    if model_type in UNSUPPORTED:
+        raise ToolError(f"{config_path}: model_type {model_type!r} ({UNSUPPORTED[model_type]})")
+    for name in sorted(names):
+        if name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+            raise ToolError(f"tensor {name}: {_QK_NORM}")
+
+
 LAYOUTS = {
     "hf-gpt2": Layout(
         name="hf-gpt2", arch="gpt2", model_type="gpt2", architecture="GPT2LMHeadModel",
@@ -508,6 +701,14 @@ LAYOUTS = {
         # The rotary frequencies LLaMA 1's files carry.
         buffers=("rope.freqs",),
         shape_from=_meta_shape, config_json=None, config_file="params.json"),
+    "hf-mixtral": Layout(
+        name="hf-mixtral", arch="llama", model_type="mixtral", architecture="MixtralForCausalLM",
+        prefix="model.", rows=MIXTRAL_ROWS, detect="layers.0.block_sparse_moe.gate.weight",
+        embed="embed_tokens.weight", head="lm_head.weight",
+        buffers=(".self_attn.rotary_emb.inv_freq",),
+        shape_from=_mixtral_shape, config_json=_mixtral_config,
+        routing={"score": "softmax", "renormalize": True, "shared_experts": 0},
+        fits=_mixtral_fits),
 }
 
 
@@ -516,7 +717,8 @@ def detect_layout(names, model_type=None):
     for layout in LAYOUTS.values():
         if model_type and model_type == layout.model_type:
             return layout.name
-    for layout in LAYOUTS.values():
+    # An MoE layout first: its files have its dense family's names too.
+    for layout in sorted(LAYOUTS.values(), key=lambda l: l.routing is None):
         if layout.detect in names or layout.prefix + layout.detect in names:
             return layout.name
     sample = ", ".join(sorted(names)[:3])

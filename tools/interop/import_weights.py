@@ -2,7 +2,7 @@
 """Imports published Hugging Face or Meta LLaMA weights into a tessera checkpoint to start from.
 
 Usage:
-  import_weights.py SRC --out FILE.h5 [--layout auto|hf-gpt2|hf-llama|meta-llama]
+  import_weights.py SRC --out FILE.h5 [--layout auto|hf-gpt2|hf-llama|meta-llama|hf-mixtral]
                     [--config config.json|params.json]
                     [--deck DECK.yaml] [--n-head N] [--vocab-multiple 64]
                     [--tokenizer auto|none|tokenizer.json|vocab.json|DIR]
@@ -35,6 +35,19 @@ config.json's model_type or the tensor names (tools/interop/hf_layouts.py):
             permuted within each head from Meta's pairs (2i, 2i + 1) to rotate_half's
             (i, i + hs/2), as convert_llama_weights_to_hf.py does: the checkpoint equals the one
             imported from that script's output. use_scaled_rope (Llama 3.1) is refused.
+  hf-mixtral  MixtralForCausalLM: hf-llama's attention, norms and head (the same rules), every
+            layer's MLP a router (block_sparse_moe.gate [E, C]) and E experts (experts.e.w1,
+            w3, w2: gate, up, down), which become tessera's model.moe (arch llama, score
+            softmax, renormalize: Mixtral's softmax over all experts, top num_experts_per_tok,
+            divided by their sum): router.weight as it is, experts.gate_up_proj the experts'
+            w1 then w3 rows, expert by expert, experts.down_proj their w2 rows. E is the
+            router's rows; num_local_experts and the experts' tensors must agree with it;
+            intermediate_size is each expert's width. router_aux_loss_coef c becomes
+            model.moe.aux_loss c top_k / layers (Mixtral's loss is one over all layers; tessera
+            sums one a layer). sliding_window shorter than max_position_embeddings is refused.
+  Refused by name: Qwen3-MoE and Qwen3 (model_type qwen3_moe, qwen3, or q_norm/k_norm tensors:
+            their attention normalises each head's q and k, tessera's does not), Qwen2-MoE (a
+            shared expert, q/k/v biases).
 
 The tensors are converted to float32 (F16, BF16 and F32 exactly) and to tessera's names and
 shapes; the embedding (and an untied head) gets zero padding rows up to model.vocab_multiple.
@@ -58,7 +71,9 @@ made with the same tokenizer: tools/data/prepare_data.py --tokenizer (see docs/i
 resolves it, and the vocabulary: model.vocab_size, or the vocab_size of an HDF5 data.train)
 before anything is written, and gives n_head and vocab_multiple when the weights do not (and,
 for hf-llama without a config.json or meta-llama without params.json, norm_eps, rope_theta,
-block_size and the head's tying).
+block_size and the head's tying; for hf-mixtral, model.moe.top_k). An MoE model's model.moe
+keys are checked too: experts, top_k, ffn, every, first_dense, and the routing the layout's
+model computes (score, renormalize, shared_experts).
 
 Exit status: 0 done; 2 bad input (unknown layout, a missing, extra or misshapen tensor, a shape
 or config.json setting tessera's model cannot take, a shape that disagrees with config.json or
@@ -76,7 +91,8 @@ import numpy as np
 _TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
 sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop")]
 import safetensors_io  # noqa: E402
-from hf_layouts import LAYOUTS, detect_layout, get_layout  # noqa: E402
+from hf_layouts import (LAYOUTS, detect_layout, get_layout, hf_parts, refuse_unsupported,  # noqa: E402
+                        to_tessera)
 from tessera_ckpt import ARCHES, model_tensors, write_model_checkpoint  # noqa: E402
 import hf_tokenizer  # noqa: E402
 from tessera_data import EXIT_IO, ToolError, run_tool  # noqa: E402
@@ -86,6 +102,12 @@ DECK_DEFAULTS = {"arch": "gpt2", "n_layer": 4, "n_head": 4, "n_kv_head": 0, "n_e
                  "ffn_hidden": 0, "ffn_multiple": 256, "block_size": 256, "vocab_size": 0,
                  "vocab_multiple": 64, "tie_embeddings": "auto", "norm_eps": 1e-5,
                  "rope_theta": 10000.0}
+# model.moe's defaults (config.hpp's MoeConfig), the keys that decide the tensors and the routing.
+MOE_DEFAULTS = {"experts": 0, "top_k": 2, "ffn": 0, "shared_experts": 0, "every": 1,
+                "first_dense": 0, "score": "softmax", "renormalize": True}
+# The /model attributes of an MoE shape and the deck keys they come from, in the order checked.
+MOE_CHECKS = (("moe_top_k", "top_k"), ("moe_ffn", "ffn"), ("moe_every", "every"),
+              ("moe_first_dense", "first_dense"))
 # The model keys a deck and the weights must agree on, in the order they are checked.
 SHAPE_CHECKS = ("n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "block_size",
                 "tie_embeddings", "norm_eps", "rope_theta")
@@ -252,10 +274,21 @@ def resolve_model(section, path):
     if tie not in ("auto", "true", "false"):
         raise ToolError(f"{path}: model.tie_embeddings = {tie!r}: must be auto, true or false")
     out["tie_embeddings"] = int(out["arch"] == "gpt2" if tie == "auto" else tie == "true")
+    moe = dict(MOE_DEFAULTS)
+    section = model.get("moe") or {}
+    if not isinstance(section, dict):
+        raise ToolError(f"{path}: model.moe is not a map")
+    moe.update({k: v for k, v in section.items() if k in MOE_DEFAULTS})
+    for key, default in MOE_DEFAULTS.items():
+        if type(moe[key]) is not type(default):
+            raise ToolError(f"{path}: model.moe.{key} = {moe[key]!r} is not "
+                            f"{type(default).__name__}")
+    moe["ffn"] = moe["ffn"] or out["ffn_hidden"]
+    out["moe"] = moe
     return out
 
 
-def check_against_deck(shape, deck_path, model, data_vocab, src):
+def check_against_deck(shape, deck_path, model, data_vocab, src, layout):
     ev = shape["evidence"]
     if model["arch"] != shape["arch"]:
         raise ToolError(f"{deck_path}: model.arch = {model['arch']}, but {src} holds a "
@@ -264,6 +297,19 @@ def check_against_deck(shape, deck_path, model, data_vocab, src):
         if model[key] != shape[key]:
             raise ToolError(f"{deck_path}: model.{key} = {yaml_value(model[key], key)}, but {src} "
                             f"has {key} {yaml_value(shape[key], key)} ({ev[key]})")
+    moe, experts = model["moe"], shape.get("moe_experts", 0)
+    if moe["experts"] != experts:
+        raise ToolError(f"{deck_path}: model.moe.experts = {moe['experts']}, but {src} has "
+                        f"{experts} experts ({ev.get('moe_experts', ev['arch'] + ': a dense model')})")
+    if experts:
+        for ours, key in MOE_CHECKS:
+            if moe[key] != shape[ours]:
+                raise ToolError(f"{deck_path}: model.moe.{key} = {moe[key]}, but {src} has "
+                                f"{key} {shape[ours]} ({ev[ours]})")
+        for key, want in layout.routing.items():
+            if moe[key] != want:
+                raise ToolError(f"{deck_path}: model.moe.{key} = {yaml_value(moe[key], key)}, but "
+                                f"{layout.architecture} routes with {key} {yaml_value(want, key)}")
     vocab = model["vocab_size"] or data_vocab
     if not vocab:
         raise ToolError(f"{deck_path}: model.vocab_size is not set and data.train records none: "
@@ -277,7 +323,7 @@ def check_against_deck(shape, deck_path, model, data_vocab, src):
 def yaml_value(v, key):
     """A model value as a deck writes it, read back the same by yaml-cpp and PyYAML: tying as
     true/false, reals with a decimal point in the mantissa (PyYAML reads 1e-05 as a string)."""
-    if key == "tie_embeddings":
+    if key == "tie_embeddings" or isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
         text = repr(v)
@@ -291,7 +337,16 @@ def deck_model_section(shape):
     if shape["arch"] == "llama":
         keys = ("arch", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "block_size",
                 "vocab_size", "vocab_multiple", "tie_embeddings", "norm_eps", "rope_theta")
-    return "model:\n" + "".join(f"  {k}: {yaml_value(shape[k], k)}\n" for k in keys)
+    text = "model:\n" + "".join(f"  {k}: {yaml_value(shape[k], k)}\n" for k in keys)
+    if shape.get("moe_experts", 0):
+        moe = [("experts", shape["moe_experts"]), ("top_k", shape["moe_top_k"]),
+               ("ffn", shape["moe_ffn"]), ("every", shape["moe_every"]),
+               ("first_dense", shape["moe_first_dense"]), ("score", "softmax"),
+               ("renormalize", True)]
+        if "moe_aux_loss" in shape:
+            moe.append(("aux_loss", shape["moe_aux_loss"]))
+        text += "  moe:\n" + "".join(f"    {k}: {yaml_value(v, k)}\n" for k, v in moe)
+    return text
 
 
 def shown(dims):
@@ -303,34 +358,38 @@ def convert(tensors, layout, shape, src):
     the prefix), after checking that they are exactly the layout's for this shape: the values
     are read and converted one tensor at a time, as the checkpoint is written."""
     rows = layout.expand(shape)
-    wanted = {hname: (tname, conv) for tname, hname, conv in rows}
     tessera_dims = dict(model_tensors(shape))
+    parts = {tname: hf_parts(hname, conv, tessera_dims[tname], shape) for tname, hname, conv in rows}
+    wanted = {h for tname in parts for h, _ in parts[tname]}
+    experts = (f", {shape['moe_experts']} experts of width {shape['moe_ffn']}"
+               if shape.get("moe_experts", 0) else "")
     # Every expected tensor present with its shape, then nothing else.
-    for tname, hname, conv in rows:
-        need = tuple(conv.hf_shape(tessera_dims[tname], shape))
-        full = layout.full(hname)
-        if hname not in tensors:
-            raise ToolError(f"{src}: missing tensor {full} {shown(need)} ({layout.name}, "
-                            f"n_layer {shape['n_layer']})")
-        t = tensors[hname]
-        if t.shape != need:
-            raise ToolError(f"{src}: {full} is {shown(t.shape)}, the {layout.name} layout with "
-                            f"n_embd {shape['n_embd']}, vocab {shape['vocab_size']}, block "
-                            f"{shape['block_size']} needs {shown(need)}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise ToolError(f"{src}: {full} {shown(t.shape)} is {t.dtype}, not a floating-point "
-                            f"tensor ({', '.join(FLOAT_DTYPES)})")
+    for tname, _, _ in rows:
+        for hname, need in parts[tname]:
+            full = layout.full(hname)
+            if hname not in tensors:
+                raise ToolError(f"{src}: missing tensor {full} {shown(need)} ({layout.name}, "
+                                f"n_layer {shape['n_layer']}{experts})")
+            t = tensors[hname]
+            if t.shape != need:
+                raise ToolError(f"{src}: {full} is {shown(t.shape)}, the {layout.name} layout with "
+                                f"n_embd {shape['n_embd']}, vocab {shape['vocab_size']}, block "
+                                f"{shape['block_size']}{experts} needs {shown(need)}")
+            if t.dtype not in FLOAT_DTYPES:
+                raise ToolError(f"{src}: {full} {shown(t.shape)} is {t.dtype}, not a "
+                                f"floating-point tensor ({', '.join(FLOAT_DTYPES)})")
     for hname, t in tensors.items():
         if hname in wanted or hname == layout.head:
             continue
         if any(hname.endswith(b) for b in layout.buffers):
             continue
         raise ToolError(f"{src}: unexpected tensor {hname} {shown(t.shape)}: not part of the "
-                        f"{layout.name} layout with n_layer {shape['n_layer']}")
+                        f"{layout.name} layout with n_layer {shape['n_layer']}{experts}")
     out = {}
-    for tname, hname, conv in rows:
-        def load(t=tensors[hname], conv=conv, dims=tessera_dims[tname]):
-            a = np.ascontiguousarray(conv.to_tessera(t.float32(), shape), dtype=np.float32)
+    for tname, _, conv in rows:
+        def load(ts=[tensors[h] for h, _ in parts[tname]], conv=conv, dims=tessera_dims[tname]):
+            a = np.ascontiguousarray(to_tessera([t.float32() for t in ts], conv, shape),
+                                     dtype=np.float32)
             assert a.shape == dims
             return a
         out[tname] = load
@@ -402,6 +461,10 @@ def main():
         config = read_config(config_path) if (args.config or os.path.isfile(config_path)) else None
 
         deck_model, deck_text, data_vocab = (read_deck(args.deck) if args.deck else (None, None, 0))
+        try:
+            refuse_unsupported(tensors, config, config_path)
+        except ToolError as e:
+            raise ToolError(f"{args.src}: {e}") from None
         name = args.layout
         if name == "auto":
             name = detect_layout(set(tensors), (config or {}).get("model_type"))
@@ -431,7 +494,7 @@ def main():
         except ToolError as e:
             raise ToolError(f"{args.src}: {e}") from None
         if deck_model:
-            check_against_deck(shape, args.deck, deck_model, data_vocab, args.src)
+            check_against_deck(shape, args.deck, deck_model, data_vocab, args.src, layout)
         model = convert(plain, layout, shape, args.src)
         n_params = sum(int(np.prod(d)) for _, d in model_tensors(shape))
         if deck_text is None:
@@ -460,8 +523,10 @@ def main():
             f.close()
     sys.stdout.write(deck_model_section(shape))
     kv = f" ({shape['n_kv_head']} key/value)" if shape["n_kv_head"] != shape["n_head"] else ""
+    moe = (f", {shape['moe_experts']} experts (top {shape['moe_top_k']}) of width {shape['moe_ffn']}"
+           if shape.get("moe_experts", 0) else "")
     print(f"import_weights: {args.src}: {layout.name}, {shape['n_layer']} layers, {shape['n_head']} "
-          f"heads{kv}, n_embd {shape['n_embd']}, vocab {shape['vocab_size']} (padded "
+          f"heads{kv}{moe}, n_embd {shape['n_embd']}, vocab {shape['vocab_size']} (padded "
           f"{shape['padded_vocab']}), block {shape['block_size']}: {n_params / 1e6:.2f}M parameters; "
           f"wrote {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB) in {time.time() - t0:.2f} s",
           file=sys.stderr)
