@@ -44,6 +44,20 @@ if $PLOT old --out old.png --series-out old.json >/dev/null 2>&1 &&
 else
   fail "metrics without tokens"
 fi
+# A mixture of experts gains the expert-load row: each point the worst layer's moe_load.
+"$TESSERA" train "$deck" train.steps=4 model.moe.experts=4 model.moe.top_k=2 run.dir="$WORK/pm" \
+  >pm.log 2>&1 || fail "train run pm"
+if $PLOT pa pm --out moe.png --series-out moe.json >/dev/null 2>&1 &&
+   "$PYTHON" - <<'PY'
+import json
+s = json.load(open("moe.json"))
+logged = [json.loads(l) for l in open("pm/metrics.jsonl")]
+want = [max(r["moe_load"]) for r in logged if r.get("type") == "train"]
+assert [p[2] for p in s["pm"]["moe_load_max"]] == want, (s["pm"]["moe_load_max"], want)
+assert s["pa"]["moe_load_max"] == [], s["pa"]
+PY
+then pass "an MoE run's expert-load row: the worst layer's max/mean at every logged step"
+else fail "expert-load row"; fi
 mkdir -p empty bad && cp pa/metrics.jsonl bad/ && echo '{"type": "train", "step"' >>bad/metrics.jsonl
 expect_error "no metrics.jsonl" 2 "empty: no metrics.jsonl" $PLOT empty --out x.png
 expect_error "a broken JSON line" 2 "bad/metrics.jsonl:[0-9]+: not a JSON line" $PLOT bad --out x.png

@@ -7,7 +7,8 @@ Usage:
 Each RUN_DIR is a run.dir (its metrics.jsonl; the deck.yaml beside it gives the tokens per step
 when the metrics predate the "tokens" field). Left column against the optimizer step, right
 column against the training tokens: train and validation loss, learning rate, gradient norm
-(before clipping), tokens/s, MFU and the data loader's wait (share of step time). A step logged
+(before clipping), tokens/s, MFU and the data loader's wait (share of step time), and for a
+mixture of experts the busiest expert's load over the mean in the worst layer. A step logged
 twice (a restart from an earlier checkpoint) counts as last logged. --series-out writes the
 plotted points as JSON ({run: {quantity: [[step, tokens, value], ...]}}).
 
@@ -31,6 +32,8 @@ QUANTITIES = [
     ("mfu", "MFU (%)", 100.0, False),
     ("data_wait", "data wait (% of step)", 100.0, False),
 ]
+# A mixture-of-experts run's extra row: the worst layer's busiest expert over the mean (1: even).
+MOE_LOAD = ("moe_load_max", "expert load (max / mean)", 1.0, False)
 
 
 def tokens_per_step(run_dir):
@@ -70,6 +73,8 @@ def read_run(run_dir):
                     raise ToolError(f"{path}:{n}: no tokens field and no deck.yaml beside it to "
                                     "count them (train.batch_size x data.seq_len)")
                 r["tokens"] = r["step"] * per_step
+            if isinstance(r.get("moe_load"), list) and r["moe_load"]:
+                r["moe_load_max"] = max(r["moe_load"])
             runs[kind][r["step"]] = r
     if not runs["train"] and not runs["eval"]:
         raise ToolError(f"{path}: no train or eval lines to plot")
@@ -92,11 +97,13 @@ def main():
     if len(set(names)) < len(names):
         names = [os.path.normpath(r) for r in args.runs]
     data = {name: read_run(run) for name, run in zip(names, args.runs)}
+    moe = any("moe_load_max" in r for runs in data.values() for r in runs["train"].values())
+    quantities = QUANTITIES + ([MOE_LOAD] if moe else [])
     points = {}
     for name, runs in data.items():
         p = {"loss": series(runs["train"], "loss", 1.0),
              "val_loss": series(runs["eval"], "val_loss", 1.0)}
-        for key, _, scale, _ in QUANTITIES:
+        for key, _, scale, _ in quantities:
             p[key] = series(runs["train"], key, scale)
         points[name] = p
 
@@ -105,7 +112,7 @@ def main():
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    rows = 1 + len(QUANTITIES)
+    rows = 1 + len(quantities)
     fig, axes = plt.subplots(rows, 2, figsize=(10, 2.1 * rows), sharex="col", squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (name, p) in enumerate(points.items()):
@@ -118,12 +125,12 @@ def main():
             if p["val_loss"]:
                 ax.plot([q[col] for q in p["val_loss"]], [q[2] for q in p["val_loss"]], color=color,
                         lw=1.2, ls="--", marker="o", ms=3, label=f"{name} val")
-            for row, (key, _, _, _) in enumerate(QUANTITIES, 1):
+            for row, (key, _, _, _) in enumerate(quantities, 1):
                 if p[key]:
                     axes[row][col].plot([q[col] for q in p[key]], [q[2] for q in p[key]],
                                         color=color, lw=1.0, label=name)
     axes[0][0].set_ylabel("loss")
-    for row, (key, label, _, log) in enumerate(QUANTITIES, 1):
+    for row, (key, label, _, log) in enumerate(quantities, 1):
         axes[row][0].set_ylabel(label)
         values = [q[2] for p in points.values() for q in p[key]]
         # A log axis only where the values span a wide range (a spiky gradient norm).
