@@ -43,6 +43,13 @@ void* Arena::pointer(size_t handle) const {
   return base_ + buffers_.at(handle).offset;
 }
 
+size_t Arena::bytes_named(const std::string& name) const {
+  size_t n = 0;
+  for (const Buffer& b : buffers_)
+    if (b.name == name) n += b.bytes;
+  return n;
+}
+
 std::string Arena::report() const {
   std::string out;
   char line[256];

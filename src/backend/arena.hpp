@@ -40,6 +40,9 @@ class Arena {
   }
   size_t bytes(size_t handle) const { return buffers_.at(handle).bytes; }
   size_t total_bytes() const { return total_; }
+  // The bytes of every buffer declared as `name` (one per model chunk where each declares its
+  // own).
+  size_t bytes_named(const std::string& name) const;
   // One line per buffer, "  name: 123.4 MB", and a total line: what rank 0 logs at start.
   std::string report() const;
 

@@ -36,6 +36,15 @@ struct RankMemory {
   uint64_t checkpoint = 0;   // host copies for a checkpoint: the rule's state, and the parameters
                              // too for an asynchronous one (checkpoint.async)
   int in_flight = 0;         // micro-batch activation sets the schedule keeps (summed over chunks)
+  // model.moe: of param_elems, the experts' (their fc1 and fc2 tensors; the router is dense,
+  // replicated as the dense layers are); and the MoE layers' own buffers by their arena names
+  // (model/moe_layer.cpp), the kept ones among the activations, the scratch among `other`.
+  uint64_t expert_elems = 0;
+  static constexpr int kMoeBuffers = 6;
+  static constexpr const char* kMoeBufferNames[kMoeBuffers] = {
+      "experts' activations", "router scores and gates", "dispatch maps",
+      "experts' scratch",     "router scratch",          "router statistics"};
+  uint64_t moe_buffers[kMoeBuffers] = {};
   uint64_t host() const { return engine_host + loader + checkpoint; }
 };
 

@@ -4,7 +4,7 @@
 
 namespace tessera {
 
-BlockCost block_cost(const ModelShape& s, int tp) {
+BlockCost block_cost(const ModelShape& s, int tp, bool moe) {
   BlockCost c;
   const BlockWidths& w = c.width = block_widths(s, tp);
   const int C = s.n_embd;
@@ -18,7 +18,31 @@ BlockCost block_cost(const ModelShape& s, int tp) {
   c.gemm_out_elems = 2 * (double(w.qkv) + C + w.fc1);
   c.activation_elems = 2 * double(w.f);
   c.activation_exps = w.f;
+  if (!moe) return c;
+  // The experts' fc1, activation and fc2 on k rows a token; the dense MLP's three launches
+  // replaced by the router's and dispatch's seven and each expert's three.
+  MoeCost& m = c.moe;
+  m.experts = s.moe.experts;
+  m.top_k = s.moe.top_k;
+  const double k = m.top_k, E = m.experts;
+  m.router = {-1, kRouterW, m.experts, C};
+  m.expert = {{-1, kExpertFc1W, w.efc1, C}, {-1, kExpertFc2W, C, w.ef}};
+  m.dispatch_elems = 2 * (2 * k * C);
+  m.route_elems = 2 * E;
+  m.route_exps = E;
+  m.forward_kernels = 7 + 3 * m.experts;
+  c.gemms.resize(2);
+  c.gemm_out_elems = 2 * (double(w.qkv) + C + k * w.efc1);
+  c.activation_elems = 2 * k * w.ef;
+  c.activation_exps = k * w.ef;
+  c.forward_kernels += m.forward_kernels - 3;
   return c;
+}
+
+int moe_layers(const ModelShape& s, int begin, int end) {
+  int n = 0;
+  for (int l = begin; l < end; ++l) n += s.moe.layer(l) ? 1 : 0;
+  return n;
 }
 
 int tp_collectives(const BlockCost& cost, bool sequence_parallel, bool full_recompute) {
@@ -35,15 +59,37 @@ double layer_matmul_params(const ModelShape& s) {
 }
 
 double active_matmul_params(const ModelShape& s) {
+  // Dense layers are alike, and MoE layers: one table of each kind (the planner's search asks
+  // this for thousands of layouts).
+  const int moe = moe_layers(s, 0, s.n_layer);
   double n = 0;
-  for (int l = 0; l < s.n_layer; ++l)
+  for (bool routed : {false, true}) {
+    const int layers = routed ? moe : s.n_layer - moe;
+    int l = 0;
+    while (l < s.n_layer && s.moe.layer(l) != routed) ++l;
+    if (layers == 0) continue;
     for (const LayerParam& p : layer_params(s, l)) {
       if (p.shape.size() != 2) continue;
       const double all = double(p.shape[0]) * double(p.shape[1]);
       const bool expert = p.role == kExpertFc1W || p.role == kExpertFc2W;
-      n += expert ? all * s.moe.top_k / s.moe.experts : all;
+      n += layers * (expert ? all * s.moe.top_k / s.moe.experts : all);
     }
+  }
   return n;
+}
+
+ParamCounts param_counts(const ModelShape& s) {
+  ParamCounts c;
+  const ParamLayout p = make_param_layout(s);
+  for (const ParamTensor& t : p.tensors) {
+    const double n = double(t.numel);
+    const bool expert = t.role == kExpertFc1W || t.role == kExpertFc1B ||
+                        t.role == kExpertFc2W || t.role == kExpertFc2B;
+    c.total += n;
+    c.expert += expert ? n : 0;
+    c.active += expert ? n * s.moe.top_k / s.moe.experts : n;
+  }
+  return c;
 }
 
 double layer_norm_params(const ModelShape& s) {

@@ -73,8 +73,11 @@ CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout
   // T: this rank's tokens of each sequence (T / cp under context parallelism).
   const double b = run.micro_batch, T = double(cfg.data.seq_len) / l.cp, C = shape.n_embd;
   const double m = run.n_micro;
-  double L = 0;
-  for (const LayerRange& r : run.stage_chunks[size_t(pp_rank)]) L += r.end - r.begin;
+  double L = 0, moe = 0;
+  for (const LayerRange& r : run.stage_chunks[size_t(pp_rank)]) {
+    L += r.end - r.begin;
+    moe += moe_layers(shape, r.begin, r.end);
+  }
   const bool first = pp_rank == 0, last = pp_rank == l.pp - 1;
   const bool full = cfg.train.recompute == Recompute::Full;
   const bool sp = cfg.parallel.sequence_parallel && l.tp > 1;
@@ -100,6 +103,12 @@ CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout
     out.payload[Traffic::tp] +=
         4 * (L * per_layer + (last ? final_norm : 0)) * (cfg.parallel.zero >= 2 ? m : 1);
   }
+  // An MoE layer's gates' gradient reads the whole expert output: each tp rank's partial dots
+  // summed (model/moe_layer.hpp), this rank's b T tokens x top_k.
+  if (l.tp > 1 && moe > 0) {
+    out.moe_gates = m * moe * 4.0 * b * T * shape.moe.top_k;
+    out.payload[Traffic::tp] += out.moe_gates;
+  }
   if (l.dpcp() > 1) dp_bytes(cfg, shape, run, pp_rank, param_buffer, act_bytes, &out);
   // cp, per micro-batch and layer (model/context_attention.hpp): blocks of this rank's K/V
   // heads, b T 2 C_kv: the ring passes cp - 1 forward and 2 (cp - 1) backward, the all-gather
@@ -111,6 +120,9 @@ CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout
     const double fwd = ring ? l.cp - 1.0 : l.cp, bwd = ring ? 2.0 * (l.cp - 1) : 2.0 * l.cp;
     const double rerun = cfg.train.recompute == Recompute::None ? 0 : fwd;
     out.payload[Traffic::cp] = m * L * block * (fwd + bwd + rerun);
+    // An MoE layer's balancing losses read the whole micro-batch's router statistics.
+    out.moe_stats = m * moe * 8.0 * (2 * shape.moe.experts + 2) * (full ? 2 : 1);
+    out.payload[Traffic::cp] += out.moe_stats;
   }
   // pp: each (micro-batch, chunk) sends its output forward and its input's gradient back, except
   // at the model's two ends; sequence parallelism sends this rank's rows only.

@@ -20,6 +20,10 @@ struct CommBytes {
   // The dp payload by collective: reduce-scattered or all-gathered over the ZeRO shard group (n
   // ranks), and all-reduced over the dp group (ZeRO-0, or no sharding) or across replicas (r).
   double dp_sharded = 0, dp_all_reduce = 0;
+  // Of the tp payload, the MoE layers' gates' gradients (fp32, N k a layer and micro-batch, summed
+  // in the backward); of the cp payload, their router statistics (2 E + 2 doubles, summed in
+  // each forward, a full recompute's rerun too).
+  double moe_gates = 0, moe_stats = 0;
 };
 
 // The rank at (tp_rank, pp_rank) of `run` (dp ranks alike); act_bytes: an activation's size (4,

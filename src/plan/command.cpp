@@ -13,6 +13,7 @@
 #include "common/memory.hpp"
 #include "engine/memory.hpp"
 #include "io/token_source.hpp"
+#include "model/cost.hpp"
 #include "plan/comm.hpp"
 #include "plan/machine.hpp"
 #include "plan/step_time.hpp"
@@ -50,6 +51,7 @@ struct Options {
 // One candidate: a deck with its parallel and train keys set, and what the plan makes of it.
 struct Candidate {
   Config cfg;
+  ModelShape shape;
   RunLayout run;
   std::vector<RankMemory> roles;  // distinct (pp, tp) roles, dp rank 0
   std::vector<CommBytes> comm;    // by role
@@ -60,6 +62,28 @@ struct Candidate {
 };
 
 std::string gb(double bytes) { return human_bytes(bytes); }
+
+// "1.24 B", "350.2 M", "786.4 K": a parameter count.
+std::string count(double n) {
+  char buf[32];
+  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.2f B", n / 1e9);
+  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.1f M", n / 1e6);
+  else if (n >= 1e3) std::snprintf(buf, sizeof buf, "%.1f K", n / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", n);
+  return buf;
+}
+
+// A rank's parameter, gradient and optimizer bytes split between the experts' tensors and the
+// dense ones by their share of its parameters (every parameter carries the same state).
+struct StateSplit {
+  double dense = 0, expert = 0;
+};
+StateSplit state_split(const RankMemory& m) {
+  const double state = double(m.params) + double(m.grads) + double(m.optimizer) +
+                       double(m.transient);
+  const double share = m.param_elems ? double(m.expert_elems) / double(m.param_elems) : 0;
+  return {state * (1 - share), state * share};
+}
 
 // "activations 42.2 GB the largest": which of a rank's buffers dominates its need.
 std::string largest_term(const RankMemory& m) {
@@ -92,15 +116,12 @@ Candidate plan(const Config& cfg, const ModelShape& shape, const ParallelLayout&
                const Machine& machine, bool all_roles) {
   Candidate c;
   c.cfg = cfg;
+  c.shape = shape;
   // The trainer's engine on this machine (fp8 on a GPU: bf16 beside the FP8 GEMMs).
   const EngineKind kind = engine_kind(cfg, machine.gpu);
   const bool bf16 = bf16_activations(kind);
+  // MoE decks the trainer refuses (parallel.ep > 1 among them) are refused here by the same words.
   std::string refused = make_run_layout(cfg, shape, layout, &c.run);
-  // The trainer runs MoE layers; the planner's prices of their GEMMs, dispatch and memory are
-  // the next step (docs/status.md).
-  if (refused.empty() && shape.moe.experts > 0)
-    refused = "model.moe.experts = " + std::to_string(shape.moe.experts) +
-              ": tessera plan does not price mixture-of-experts layers yet (docs/status.md)";
   if (!refused.empty()) {
     c.refused = refused;
     c.run.layout = layout;
@@ -173,6 +194,20 @@ std::string json_role(const RankMemory& m, const CommBytes& b) {
                 (unsigned long long)m.arena, (unsigned long long)m.engine_host,
                 (unsigned long long)m.loader, (unsigned long long)m.checkpoint);
   std::string out = buf;
+  // model.moe: dense and expert parameters and their state, the MoE layers' buffers by name.
+  const StateSplit split = state_split(m);
+  std::snprintf(buf, sizeof buf,
+                ",\"dense_param_elems\":%llu,\"expert_param_elems\":%llu,"
+                "\"dense_state_bytes\":%.0f,\"expert_state_bytes\":%.0f,\"moe_buffer_bytes\":{",
+                (unsigned long long)(m.param_elems - m.expert_elems),
+                (unsigned long long)m.expert_elems, split.dense, split.expert);
+  out += buf;
+  for (int k = 0; k < RankMemory::kMoeBuffers; ++k) {
+    std::snprintf(buf, sizeof buf, "%s\"%s\":%llu", k ? "," : "", RankMemory::kMoeBufferNames[k],
+                  (unsigned long long)m.moe_buffers[k]);
+    out += buf;
+  }
+  out += "}";
   // Each group's payload, by the names the trainer's per-rank lines use (parallel/traffic.hpp).
   for (int k = 0; k < kTraffic; ++k) {
     std::snprintf(buf, sizeof buf, ",\"%s_bytes_per_step\":%.0f", kTrafficNames[k],
@@ -200,6 +235,15 @@ void print_plan(const Candidate& c, const Machine& machine, long ranks) {
   std::printf("plan: %ld ranks on %s: %s, schedule %s, %d micro-batch%s per step\n", ranks,
               machine.name.c_str(), layout_text(c.cfg, c.run).c_str(),
               deck_word(c.cfg.parallel.schedule), c.run.n_micro, c.run.n_micro > 1 ? "es" : "");
+  const ModelShape& shape = c.shape;
+  if (shape.moe.experts > 0) {
+    const ParamCounts p = param_counts(shape);
+    std::printf("  model: %s parameters, %s active per token (top-%d of %d experts in %d of %d "
+                "layers; experts %s, dense %s); FLOPs and MFU on the active ones\n",
+                count(p.total).c_str(), count(p.active).c_str(), shape.moe.top_k,
+                shape.moe.experts, moe_layers(shape, 0, shape.n_layer), shape.n_layer,
+                count(p.expert).c_str(), count(p.total - p.expert).c_str());
+  }
   // Roles with identical counts (tp ranks usually are) share a line.
   for (size_t i = 0; i < c.roles.size(); ++i) {
     size_t j = i;
@@ -215,6 +259,23 @@ void print_plan(const Candidate& c, const Machine& machine, long ranks) {
     if (j > i) line.replace(line.find(" tp ") + 4, std::to_string(m.tp_rank).size(),
                             std::to_string(m.tp_rank) + "-" + std::to_string(c.roles[j].tp_rank));
     std::printf("  %s\n", line.c_str());
+    if (shape.moe.experts > 0) {
+      // Dense and expert state, and the dispatch's buffers (kept with the activations, the
+      // scratch with `other`).
+      const StateSplit split = state_split(m);
+      std::string buffers;
+      double total = 0;
+      for (int k = 0; k < RankMemory::kMoeBuffers; ++k) {
+        buffers += std::string(k ? ", " : "") + RankMemory::kMoeBufferNames[k] + " " +
+                   gb(double(m.moe_buffers[k]));
+        total += double(m.moe_buffers[k]);
+      }
+      std::printf("    dense: %s parameters, %s with gradients and optimizer; experts: %s "
+                  "parameters, %s; MoE buffers %s (%s)\n",
+                  count(double(m.param_elems - m.expert_elems)).c_str(), gb(split.dense).c_str(),
+                  count(double(m.expert_elems)).c_str(), gb(split.expert).c_str(),
+                  gb(total).c_str(), buffers.c_str());
+    }
     // Each group's payload (cp only where there is context parallelism).
     std::string bytes;
     for (int k = 0; k < kTraffic; ++k) {
@@ -373,11 +434,16 @@ int plan_command(const std::vector<std::string>& args) {
       std::string roles;
       for (size_t i = 0; i < c.roles.size(); ++i)
         roles += (i ? "," : "") + json_role(c.roles[i], c.comm[i]);
+      const ParamCounts p = param_counts(shape);
       std::printf("{\"ranks\":%ld,\"machine\":\"%s\",\"dp\":%d,\"tp\":%d,\"pp\":%d,\"cp\":%d,"
-                  "\"micro_batches\":%d,\"fits\":%s,%s,\"roles\":[%s]}\n",
+                  "\"micro_batches\":%d,\"fits\":%s,\"params_total\":%.0f,"
+                  "\"params_active\":%.0f,\"params_expert\":%.0f,\"moe_layers\":%d,"
+                  "\"experts\":%d,\"top_k\":%d,%s,\"roles\":[%s]}\n",
                   o.ranks, machine.name.c_str(), layout.dp, layout.tp, layout.pp, layout.cp,
-                  c.run.n_micro,
-                  c.refused.empty() ? "true" : "false", json_time(c).c_str(), roles.c_str());
+                  c.run.n_micro, c.refused.empty() ? "true" : "false", p.total, p.active, p.expert,
+                  moe_layers(shape, 0, shape.n_layer), shape.moe.experts,
+                  shape.moe.experts > 0 ? shape.moe.top_k : 0, json_time(c).c_str(),
+                  roles.c_str());
     } else {
       if (!note.empty()) std::printf("note: %s\n", note.c_str());
       print_plan(c, machine, o.ranks);

@@ -114,42 +114,61 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   // parallelism, whose causal attention work is 1 / cp of the whole sequence's on every rank).
   const double b = run.micro_batch, T = cfg.data.seq_len, C = shape.n_embd, n = b * T / l.cp;
   const double tp = l.tp;
-  // The layer as its family describes it (model/cost.hpp): its GEMMs, streaming ops, sections.
+  // The layer as its family describes it (model/cost.hpp): its GEMMs, streaming ops, sections;
+  // an MoE layer's (model.moe) in place of the dense MLP, its router, experts and dispatch.
   const BlockCost cost = block_cost(shape, l.tp);
   const BlockWidths& w = cost.width;
   const double hs = w.hs, nh = w.nh, QKV = w.qkv;
   const bool gemm_attention = cfg.model.attention != Attention::Fused;
   const Recompute rc = cfg.train.recompute;
-  // One layer, one micro-batch: forward and backward GEMMs.
-  const LinearTimes linear = linear_times(lin, n, cost.gemms);
-  const double fwd_layer = linear.fwd;
   AttentionCost att = attention_gemms(c, b, T, nh, w.nkv, hs);
   att.fwd /= l.cp;
   att.bwd /= l.cp;
-  const double layer_gemm = linear.fwd_bwd + att.fwd + att.bwd;
-  // Streaming ops of a layer, forward bytes (the backward reads and writes about twice as much):
-  // the norms and residual adds on the residual stream's rows, a pass over the GEMMs' outputs;
-  // the MLP's activation (an exp per element each way: GELU's tanh, SwiGLU's SiLU); the
-  // attention's T x T softmax (an exp per causal score), or, fused, its q, k, v read once per
-  // block of rows and the scores' exps again in the backward.
-  const double rows = cfg.parallel.sequence_parallel && tp > 1 ? n / tp : n;
-  const double other = a * (rows * cost.residual_elems + n * cost.gemm_out_elems);
-  const double act = a * n * cost.activation_elems, act_exps = n * cost.activation_exps;
-  const double soft = gemm_attention ? 3 * a * b * nh * T * T : 4 * a * n * QKV;
-  const double soft_exps = b * nh * T * (T + 1) / 2 / l.cp;
-  const double layer_mem = c.stream(3 * other, 0) + c.stream(3 * act, 2 * act_exps) +
-                           c.stream(3 * soft, (gemm_attention ? 1 : 2) * soft_exps);
-  const double fwd_mem = c.stream(other, 0) + c.stream(act, act_exps) + c.stream(soft, soft_exps);
-  const double recompute = rc == Recompute::Full ? fwd_layer + att.fwd + fwd_mem
-                           : rc == Recompute::Selective
-                               ? att.fwd + (gemm_attention ? c.stream(soft, soft_exps) : 0)
-                               : 0;
-  // Kernel launches of a layer: its forward's, and twice that backward, the full recompute's
-  // forward again.
-  const double launches = double(cost.forward_kernels) * (3 + (rc == Recompute::Full ? 1 : 0));
-  const double per_layer = layer_gemm + layer_mem + recompute +
-                           (fp8 ? fp8_cast_seconds(c, n, cost.gemms, a, run.n_micro) : 0) +
-                           (machine.measured ? 0 : launches * machine.kernel_overhead);
+  // One layer of `k`'s kind, one micro-batch: forward and backward.
+  auto layer_seconds = [&](const BlockCost& k) {
+    LinearTimes linear = linear_times(lin, n, k.gemms);
+    // The MoE MLP: the router on all n rows, each of the E experts on its balanced n k / E.
+    const MoeCost& moe = k.moe;
+    double dispatch = 0, dispatch_exps = 0;  // forward elements and exps
+    if (moe.experts > 0) {
+      const LinearTimes router = linear_times(c, n, {moe.router});
+      const LinearTimes expert = linear_times(c, n * moe.top_k / moe.experts, moe.expert);
+      linear.fwd += router.fwd + moe.experts * expert.fwd;
+      linear.fwd_bwd += router.fwd_bwd + moe.experts * expert.fwd_bwd;
+      dispatch = n * (moe.dispatch_elems + moe.route_elems);
+      dispatch_exps = n * moe.route_exps;
+    }
+    const double layer_gemm = linear.fwd_bwd + att.fwd + att.bwd;
+    // Streaming ops of a layer, forward bytes (the backward reads and writes about twice as
+    // much): the norms and residual adds on the residual stream's rows, a pass over the GEMMs'
+    // outputs; the MLP's activation (an exp per element each way: GELU's tanh, SwiGLU's SiLU);
+    // the attention's T x T softmax (an exp per causal score), or, fused, its q, k, v read once
+    // per block of rows and the scores' exps again in the backward; an MoE layer's routing and
+    // its rows gathered and combined.
+    const double rows = cfg.parallel.sequence_parallel && tp > 1 ? n / tp : n;
+    const double other = a * (rows * k.residual_elems + n * k.gemm_out_elems);
+    const double act = a * n * k.activation_elems, act_exps = n * k.activation_exps;
+    const double soft = gemm_attention ? 3 * a * b * nh * T * T : 4 * a * n * QKV;
+    const double soft_exps = b * nh * T * (T + 1) / 2 / l.cp;
+    const double layer_mem = c.stream(3 * other, 0) + c.stream(3 * act, 2 * act_exps) +
+                             c.stream(3 * soft, (gemm_attention ? 1 : 2) * soft_exps) +
+                             c.stream(3 * a * dispatch, dispatch_exps);
+    const double fwd_mem = c.stream(other, 0) + c.stream(act, act_exps) +
+                           c.stream(soft, soft_exps) + c.stream(a * dispatch, dispatch_exps);
+    const double recompute = rc == Recompute::Full ? linear.fwd + att.fwd + fwd_mem
+                             : rc == Recompute::Selective
+                                 ? att.fwd + (gemm_attention ? c.stream(soft, soft_exps) : 0)
+                                 : 0;
+    // Kernel launches of a layer: its forward's, and twice that backward, the full recompute's
+    // forward again.
+    const double launches = double(k.forward_kernels) * (3 + (rc == Recompute::Full ? 1 : 0));
+    return layer_gemm + layer_mem + recompute +
+           (fp8 ? fp8_cast_seconds(c, n, k.gemms, a, run.n_micro) : 0) +
+           (machine.measured ? 0 : launches * machine.kernel_overhead);
+  };
+  const double per_layer = layer_seconds(cost);
+  const double per_moe_layer =
+      shape.moe.experts > 0 ? layer_seconds(block_cost(shape, l.tp, true)) : 0;
   // Where a rank's peers are (plan/network.hpp): ranks are numbered tp fastest, then cp, dp, pp.
   const Network net = machine.network();
   const Placement tp_group = place(net, l.tp, 1);
@@ -160,9 +179,12 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   double slowest = 0, slowest_bwd = 0;
   CommBytes slowest_comm;
   for (int s = 0; s < l.pp; ++s) {
-    double layers = 0;
-    for (const LayerRange& r : run.stage_chunks[size_t(s)]) layers += r.end - r.begin;
-    double t = layers * per_layer;
+    double layers = 0, moe = 0;
+    for (const LayerRange& r : run.stage_chunks[size_t(s)]) {
+      layers += r.end - r.begin;
+      moe += moe_layers(shape, r.begin, r.end);
+    }
+    double t = (layers - moe) * per_layer + moe * per_moe_layer;
     if (s == l.pp - 1)  // the LM head and the loss
       t += (cfg.device.fp8_head ? lin : c).gemm_fwd_bwd(n, double(shape.padded_vocab) / tp, C) +
            c.stream(3 * 4.0 * n * shape.padded_vocab / tp, double(n) * shape.padded_vocab / tp);
@@ -170,26 +192,37 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
     const CommBytes bytes = comm_bytes(cfg, shape, run, s, param_buffer, int(a));
     // tp: blocking collectives inside the layers, each with its latency (model/cost.hpp's
     // tp_collectives: 4 all-reduces per layer and micro-batch, 6 with a full recompute, or under
-    // sequence parallelism 10 (14) all-gathers and reduce-scatters).
-    const double tp_bytes = bytes.payload[Traffic::tp] / run.n_micro, ops = tp_ops * std::max(1.0, layers);
-    const double tp_time = l.tp <= 1 ? 0
-                           : sp_on   ? ring_half(net, tp_group, tp_bytes, ops)
-                                     : all_reduce(net, tp_group, tp_bytes, ops).seconds;
+    // sequence parallelism 10 (14) all-gathers and reduce-scatters); an MoE layer's backward
+    // all-reduces its gates' gradient besides.
+    const double gates = bytes.moe_gates / run.n_micro;
+    const double tp_bytes = bytes.payload[Traffic::tp] / run.n_micro - gates,
+                 ops = tp_ops * std::max(1.0, layers);
+    const double tp_time =
+        l.tp <= 1 ? 0
+                  : (sp_on ? ring_half(net, tp_group, tp_bytes, ops)
+                           : all_reduce(net, tp_group, tp_bytes, ops).seconds) +
+                        (moe > 0 ? all_reduce(net, tp_group, gates, moe).seconds : 0);
     // pp: a micro-batch's sends and receives, not overlapped with compute.
     const double pp_time =
         l.pp > 1 ? send(net, l.tp * l.cp * l.dp, bytes.payload[Traffic::pp] / run.n_micro, 2) : 0;
     // cp: the ring's K/V transfers (to the next cp rank, tp apart) overlap the attention of the
     // block in hand; what the attention (forward, backward, a rerun) does not cover is exposed,
     // with each hop's latency. The all-gather's collectives wait before the attention: exposed
-    // whole.
+    // whole. An MoE layer's forward sums its router statistics over cp, blocking.
     const double att_time = layers * (att.fwd + att.bwd + (rc == Recompute::None ? 0 : att.fwd));
     const bool ring = cfg.parallel.cp_comm != CpComm::AllGather;
     const double hops = layers * (ring ? 3.0 * (l.cp - 1) : 3.0);
-    const double cp_payload = bytes.payload[Traffic::cp] / run.n_micro * (ring ? 1.0 : (l.cp - 1.0) / l.cp);
+    const double stats = bytes.moe_stats / run.n_micro;
+    const double cp_payload = (bytes.payload[Traffic::cp] / run.n_micro - stats) *
+                              (ring ? 1.0 : (l.cp - 1.0) / l.cp);
     const double cp_wire = send(net, l.tp, cp_payload, hops);
     const double cp_latency = send(net, l.tp, 0, hops);
     const double cp_time =
-        l.cp > 1 ? (ring ? std::max(cp_latency, cp_wire - att_time) : cp_wire) : 0;
+        l.cp > 1 ? (ring ? std::max(cp_latency, cp_wire - att_time) : cp_wire) +
+                       (moe > 0 ? all_reduce(net, place(net, l.cp, l.tp), stats,
+                                             moe * (rc == Recompute::Full ? 2 : 1)).seconds
+                                : 0)
+                 : 0;
     const double mb = t + tp_time + pp_time + cp_time;
     if (mb > slowest) {
       out.cp = cp_time * run.n_micro;
@@ -240,9 +273,9 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
                       : c.bytes(28 * shard + (bf16 ? 2 * shard : 0) + 8.0 * double(param_buffer));
   out.total = out.compute + out.tp + out.pp + out.cp + out.bubble + out.dp + out.embed +
               out.optimizer;
-  // Model FLOPs: FORMULAS.md's 6 N_matmul + 12 L C T per token (attention not halved for causal).
-  const double n_matmul =
-      shape.n_layer * layer_matmul_params(shape) + double(shape.padded_vocab) * C;
+  // Model FLOPs: FORMULAS.md's 6 N_matmul + 12 L C T per token (attention not halved for causal),
+  // N_matmul the active parameters' (an MoE layer's router and top_k of its experts).
+  const double n_matmul = active_matmul_params(shape) + double(shape.padded_vocab) * C;
   const double tokens = double(cfg.train.batch_size) * T;
   out.model_flops = tokens * (6 * n_matmul + 12.0 * shape.n_layer * C * T);
   out.tokens_per_s = tokens / out.total;

@@ -300,3 +300,57 @@ TEST(Cost, PlannerPricesTheWeightsGemms) {
     EXPECT_EQ(t.model_flops, 4 * T * (6 * (3 * layer_matmul_params(s) + Vp * C) + 12 * 3 * C * T));
   }
 }
+
+// The same for MoE layers (model.moe): an MoE layer's GEMMs are its attention's, the router's on
+// every row and each of the E experts' on its balanced n k / E rows, i.e. 6 n per active weight
+// element (the router and k experts); model FLOPs count the active parameters.
+TEST(Cost, PlannerPricesTheMoeLayersActiveGemms) {
+  for (Arch arch : {Arch::Gpt2, Arch::Llama}) {
+    Config cfg;
+    cfg.model.arch = arch;
+    cfg.model.n_layer = 3, cfg.model.n_head = 4, cfg.model.n_embd = 64, cfg.model.block_size = 32;
+    cfg.model.moe.experts = 4, cfg.model.moe.top_k = 2, cfg.model.moe.ffn = 32;
+    cfg.model.moe.every = 2;  // layer 1
+    cfg.data.seq_len = 32;
+    cfg.train.batch_size = 4, cfg.train.micro_batch = 2;
+    const ModelShape s = make_model_shape(cfg.model, 100);
+    ASSERT_TRUE(s.moe.layer(1) && !s.moe.layer(0) && !s.moe.layer(2));
+    EXPECT_EQ(moe_layers(s, 0, 3), 1);
+    RunLayout run;
+    ASSERT_EQ(make_run_layout(cfg, s, ParallelLayout{}, &run), "");
+    Machine m;
+    m.peak_fp32 = 1e12, m.memory_bw = 1e30, m.gemm_efficiency = 1, m.gemm_tile = 0;
+    m.kernel_overhead = 0, m.memory = 1e12, m.intra_bw = m.inter_bw = 1e30;
+    const StepTime t = step_time(cfg, s, run, m, false, 0);
+    const ParamLayout p = make_param_layout(s);
+    auto weights = [&](int l, bool active) {  // layer l's 2-D tensors, experts' by k / E
+      double w = 0;
+      for (int i = p.layer_begin(l); i < p.layer_begin(l) + p.layer_tensors(l); ++i) {
+        const ParamTensor& x = p.tensors[size_t(i)];
+        if (x.shape.size() != 2) continue;
+        const bool expert = x.role == kExpertFc1W || x.role == kExpertFc2W;
+        w += double(x.numel) * (expert && active ? 2.0 / 4 : 1.0);
+      }
+      return w;
+    };
+    const double n = 2 * 32, T = 32, hs = 16, C = 64, Vp = 128, peak = 1e12;
+    const double attention = 3 * 2 * 4 * (2 * T * T * hs * 2) / peak;
+    const double layers = 6 * n * (weights(0, true) + weights(1, true) + weights(2, true)) / peak;
+    const double want = run.n_micro * (layers + 3 * attention + 6 * n * Vp * C / peak);
+    EXPECT_NEAR(t.compute, want, 1e-9 * want) << deck_word(arch);
+    EXPECT_EQ(t.model_flops, 4 * T * (6 * (active_matmul_params(s) + Vp * C) + 12 * 3 * C * T));
+    EXPECT_LT(weights(1, true), weights(1, false));
+    // The cost's own description: its router and one expert are the tile's weights.
+    const BlockCost moe = block_cost(s, 1, true);
+    EXPECT_EQ(moe.gemms.size(), 2u);
+    EXPECT_EQ(moe.moe.router.out, 4);
+    EXPECT_EQ(moe.moe.router.in, 64);
+    EXPECT_EQ(double(moe.moe.expert[0].out) * moe.moe.expert[0].in * 4,
+              double(p.tensors[size_t(p.layer(1, kExpertFc1W))].numel));
+    EXPECT_EQ(double(moe.moe.expert[1].out) * moe.moe.expert[1].in * 4,
+              double(p.tensors[size_t(p.layer(1, kExpertFc2W))].numel));
+    const ParamCounts counts = param_counts(s);
+    EXPECT_EQ(counts.total, double(p.total));
+    EXPECT_DOUBLE_EQ(counts.total - counts.active, counts.expert / 2);
+  }
+}
