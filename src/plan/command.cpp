@@ -120,8 +120,13 @@ Candidate plan(const Config& cfg, const ModelShape& shape, const ParallelLayout&
   // The trainer's engine on this machine (fp8 on a GPU: bf16 beside the FP8 GEMMs).
   const EngineKind kind = engine_kind(cfg, machine.gpu);
   const bool bf16 = bf16_activations(kind);
-  // MoE decks the trainer refuses (parallel.ep > 1 among them) are refused here by the same words.
+  // MoE decks the trainer refuses are refused here by the same words; expert parallelism, which
+  // the trainer runs, is not priced yet (its exchange on the network tiers).
   std::string refused = make_run_layout(cfg, shape, layout, &c.run);
+  if (refused.empty() && layout.ep > 1)
+    refused = "parallel.ep = " + std::to_string(layout.ep) +
+              ": tessera plan does not price expert parallelism's all-to-all yet "
+              "(docs/status.md); plan the deck at parallel.ep = 1";
   if (!refused.empty()) {
     c.refused = refused;
     c.run.layout = layout;
