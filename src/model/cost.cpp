@@ -59,23 +59,24 @@ double layer_matmul_params(const ModelShape& s) {
 }
 
 double active_matmul_params(const ModelShape& s) {
-  // Dense layers are alike, and MoE layers: one table of each kind (the planner's search asks
-  // this for thousands of layouts).
-  const int moe = moe_layers(s, 0, s.n_layer);
-  double n = 0;
-  for (bool routed : {false, true}) {
-    const int layers = routed ? moe : s.n_layer - moe;
-    int l = 0;
-    while (l < s.n_layer && s.moe.layer(l) != routed) ++l;
-    if (layers == 0) continue;
+  // Each kind of layer's table once (dense, MoE), times its layers.
+  int moe_layers = 0;
+  for (int l = 0; l < s.n_layer; ++l) moe_layers += s.moe.layer(l) ? 1 : 0;
+  auto active = [&](int l) {
+    double n = 0;
     for (const LayerParam& p : layer_params(s, l)) {
       if (p.shape.size() != 2) continue;
       const double all = double(p.shape[0]) * double(p.shape[1]);
       const bool expert = p.role == kExpertFc1W || p.role == kExpertFc2W;
-      n += layers * (expert ? all * s.moe.top_k / s.moe.experts : all);
+      n += expert ? all * s.moe.top_k / s.moe.experts : all;
     }
-  }
-  return n;
+    return n;
+  };
+  int first_moe = -1;
+  for (int l = 0; l < s.n_layer && first_moe < 0; ++l)
+    if (s.moe.layer(l)) first_moe = l;
+  const double dense = (s.n_layer - moe_layers) * active(-1);
+  return dense + (moe_layers > 0 ? moe_layers * active(first_moe) : 0);
 }
 
 ParamCounts param_counts(const ModelShape& s) {

@@ -67,12 +67,14 @@ ParamLayout make_param_layout(const ModelShape& s) {
     layout.tensors.push_back(std::move(t));
     return int(layout.tensors.size()) - 1;
   };
-  // Each kind of layer's table (dense: layer -1; an MoE layer's where the model has one).
+  // Each kind of layer's table (dense: layer -1; an MoE layer's where the model has one), built
+  // once: the planner's search lays out thousands of tiles.
+  std::vector<LayerParam> tables[2];
   for (int kind = 0; kind < 2; ++kind) {
     int l = -1;
     for (int m = 0; m < s.n_layer && kind == 1 && l < 0; ++m)
       if (s.moe.layer(m)) l = m;
-    const std::vector<LayerParam> block = layer_params(s, l);
+    const std::vector<LayerParam>& block = tables[kind] = layer_params(s, l);
     for (int& p : layout.role_position_[kind]) p = -1;
     for (size_t k = block.size(); k-- > 0;) layout.role_position_[kind][block[k].role] = int(k);
     layout.kind_tensors_[kind] = int(block.size());
@@ -87,7 +89,7 @@ ParamLayout make_param_layout(const ModelShape& s) {
   for (int l = 0; l < s.n_layer; ++l) {
     layout.layer_first_.push_back(int(layout.tensors.size()));
     const std::string prefix = f.layers + std::to_string(l) + ".";
-    for (const LayerParam& p : layer_params(s, l)) {
+    for (const LayerParam& p : tables[layout.kind(l)]) {
       add(prefix + p.name, p.shape, p.init, p.split, p.parts);
       layout.tensors.back().role = p.role;
     }

@@ -100,6 +100,62 @@ double fp8_cast_seconds(const Costs& c, double n, const std::vector<LinearGemm>&
   return c.stream(inputs + grads + weights, 0);
 }
 
+// The step's parts after the pipeline's (dp, the tied embedding's sum, the optimizer), its
+// total, model FLOPs, tokens/s and MFU into *out, whose compute is set.
+void finish_step(const Config& cfg, const ModelShape& shape, const RunLayout& run,
+                 const Machine& machine, bool bf16, uint64_t param_buffer, const Costs& lin,
+                 double slowest_bwd, const CommBytes& slowest_comm, StepTime* out_ptr) {
+  StepTime& out = *out_ptr;
+  const ParallelLayout& l = run.layout;
+  const Costs c{machine, machine.peak(bf16), machine.compute(bf16)};
+  const Network net = machine.network();
+  const double C = shape.n_embd, T = cfg.data.seq_len;
+  // dp: without ZeRO each layer's sum starts once the step's last backward has it; a GPU's
+  // collectives run on their own stream meanwhile, MPI's progress only inside MPI calls, so on
+  // the CPU nothing overlaps. ZeRO-1's reduce-scatter and all-gather follow the backward. ZeRO-2's
+  // reduce-scatters and ZeRO-3's gathers run beside every micro-batch's compute on a GPU (the
+  // next unit's gather while this one computes); ZeRO-2's gather after the update does not.
+  const int zero = cfg.parallel.zero;
+  // The shard group's reduce-scatters and all-gathers (n ranks, tp apart), the all-reduce over
+  // dp x cp (no sharding) or across replicas (dp x cp / n ranks, n tp apart): the gradients'
+  // group is dp x cp, cp ranks nearest.
+  const int n_shard = zero >= 1 ? l.shard_size() : 1;
+  const int n_reduce = n_shard > 1 ? l.dpcp() / n_shard : l.dpcp();
+  const double dp_time =
+      l.dpcp() <= 1 ? 0
+                    : ring_half(net, place(net, n_shard, l.tp), slowest_comm.dp_sharded) +
+                          all_reduce(net, place(net, n_reduce, l.tp * n_shard),
+                                     slowest_comm.dp_all_reduce).seconds;
+  if (!machine.gpu || zero == 1)
+    out.dp = dp_time;
+  else if (zero == 0)
+    out.dp = std::max(0.0, dp_time - slowest_bwd);
+  else
+    out.dp = std::max(0.0, dp_time - out.compute);
+  // The tied embedding's sum between the first and the last stage.
+  out.embed = all_reduce(net, place(net, 2, l.tp * l.cp * l.dp * (l.pp - 1)), slowest_comm.payload[Traffic::embed]).seconds;
+  // AdamW: parameter, gradient, two moments read, three written (fp32), over this rank's shard;
+  // zeroing the gradients and the norm's read over the whole buffer.
+  // On `cpu` each pass at its measured rate: dp rank 0 sums the norm over the shard, clipping
+  // scales it (charged always: early in training the norm is above the clip), AdamW updates it,
+  // and the whole gradient buffer is zeroed at the step's start.
+  const double shard = zero >= 1 ? double(param_buffer) / l.shard_size() : double(param_buffer);
+  const OptimizerRates& o = machine.optimizer;
+  out.optimizer = machine.measured
+                      ? shard * (o.adamw + o.norm + o.scale) + double(param_buffer) * o.zero
+                      : c.bytes(28 * shard + (bf16 ? 2 * shard : 0) + 8.0 * double(param_buffer));
+  out.total = out.compute + out.tp + out.pp + out.cp + out.bubble + out.dp + out.embed +
+              out.optimizer;
+  // Model FLOPs: FORMULAS.md's 6 N_matmul + 12 L C T per token (attention not halved for causal),
+  // N_matmul the active parameters' (an MoE layer's router and top_k of its experts).
+  const double n_matmul = active_matmul_params(shape) + double(shape.padded_vocab) * C;
+  const double tokens = double(cfg.train.batch_size) * T;
+  out.model_flops = tokens * (6 * n_matmul + 12.0 * shape.n_layer * C * T);
+  out.tokens_per_s = tokens / out.total;
+  // MFU against the peak of the precision the linear layers run at (FP8's under fp8).
+  out.mfu = out.model_flops / out.total / (double(l.dp) * l.cp * l.tp * l.pp * lin.peak);
+}
+
 }  // namespace
 
 StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& run,
@@ -237,50 +293,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   }
   const double v = run.virtual_stages;
   out.bubble = (l.pp - 1) / v * slowest;
-  // dp: without ZeRO each layer's sum starts once the step's last backward has it; a GPU's
-  // collectives run on their own stream meanwhile, MPI's progress only inside MPI calls, so on
-  // the CPU nothing overlaps. ZeRO-1's reduce-scatter and all-gather follow the backward. ZeRO-2's
-  // reduce-scatters and ZeRO-3's gathers run beside every micro-batch's compute on a GPU (the
-  // next unit's gather while this one computes); ZeRO-2's gather after the update does not.
-  const int zero = cfg.parallel.zero;
-  // The shard group's reduce-scatters and all-gathers (n ranks, tp apart), the all-reduce over
-  // dp x cp (no sharding) or across replicas (dp x cp / n ranks, n tp apart): the gradients'
-  // group is dp x cp, cp ranks nearest.
-  const int n_shard = zero >= 1 ? l.shard_size() : 1;
-  const int n_reduce = n_shard > 1 ? l.dpcp() / n_shard : l.dpcp();
-  const double dp_time =
-      l.dpcp() <= 1 ? 0
-                    : ring_half(net, place(net, n_shard, l.tp), slowest_comm.dp_sharded) +
-                          all_reduce(net, place(net, n_reduce, l.tp * n_shard),
-                                     slowest_comm.dp_all_reduce).seconds;
-  if (!machine.gpu || zero == 1)
-    out.dp = dp_time;
-  else if (zero == 0)
-    out.dp = std::max(0.0, dp_time - slowest_bwd);
-  else
-    out.dp = std::max(0.0, dp_time - out.compute);
-  // The tied embedding's sum between the first and the last stage.
-  out.embed = all_reduce(net, place(net, 2, l.tp * l.cp * l.dp * (l.pp - 1)), slowest_comm.payload[Traffic::embed]).seconds;
-  // AdamW: parameter, gradient, two moments read, three written (fp32), over this rank's shard;
-  // zeroing the gradients and the norm's read over the whole buffer.
-  // On `cpu` each pass at its measured rate: dp rank 0 sums the norm over the shard, clipping
-  // scales it (charged always: early in training the norm is above the clip), AdamW updates it,
-  // and the whole gradient buffer is zeroed at the step's start.
-  const double shard = zero >= 1 ? double(param_buffer) / l.shard_size() : double(param_buffer);
-  const OptimizerRates& o = machine.optimizer;
-  out.optimizer = machine.measured
-                      ? shard * (o.adamw + o.norm + o.scale) + double(param_buffer) * o.zero
-                      : c.bytes(28 * shard + (bf16 ? 2 * shard : 0) + 8.0 * double(param_buffer));
-  out.total = out.compute + out.tp + out.pp + out.cp + out.bubble + out.dp + out.embed +
-              out.optimizer;
-  // Model FLOPs: FORMULAS.md's 6 N_matmul + 12 L C T per token (attention not halved for causal),
-  // N_matmul the active parameters' (an MoE layer's router and top_k of its experts).
-  const double n_matmul = active_matmul_params(shape) + double(shape.padded_vocab) * C;
-  const double tokens = double(cfg.train.batch_size) * T;
-  out.model_flops = tokens * (6 * n_matmul + 12.0 * shape.n_layer * C * T);
-  out.tokens_per_s = tokens / out.total;
-  // MFU against the peak of the precision the linear layers run at (FP8's under fp8).
-  out.mfu = out.model_flops / out.total / (double(l.dp) * l.cp * l.tp * l.pp * lin.peak);
+  finish_step(cfg, shape, run, machine, bf16, param_buffer, lin, slowest_bwd, slowest_comm, &out);
   return out;
 }
 
