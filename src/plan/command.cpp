@@ -29,8 +29,9 @@ role (pipeline stage, tensor-parallel rank) the bytes of parameters, gradients, 
 activations (for the schedule, recompute and sequence parallelism), other buffers and the data
 loader's ring, counted from the trainer's own buffer declarations; the bytes per step on each
 communicator (tp, dp, pp, embed); the pipeline bubble; the step time, tokens/s and MFU.
-  --machine NAME       a100-40gb, a100-80gb, h100-sxm, h200, gh200, or cpu (this machine,
-                       measured now); default cpu for device.backend cpu, else h100-sxm
+  --machine NAME       a100-40gb, a100-80gb, h100-sxm-700w, h100-sxm-500w (power-capped),
+                       h100-sxm (= h100-sxm-700w), h200, gh200, or cpu (this machine, measured
+                       now); default cpu for device.backend cpu, else h100-sxm
   --machine-file FILE  a YAML machine description (input/README.md, "Machine files")
   --search             every layout of N ranks (dp, tp, pp, virtual stages, micro-batch, ZeRO
                        stage, recompute, sequence parallelism) that fits, fastest first, and why
@@ -223,16 +224,17 @@ std::string json_role(const RankMemory& m, const CommBytes& b) {
 }
 
 std::string json_time(const Candidate& c) {
-  char buf[512];
+  char buf[1024];
   const StepTime& t = c.time;
   std::snprintf(buf, sizeof buf,
                 "\"bubble\":%.6g,\"step_seconds\":%.6g,\"compute_seconds\":%.6g,\"tp_seconds\":%.6g,"
                 "\"pp_seconds\":%.6g,\"bubble_seconds\":%.6g,\"dp_seconds\":%.6g,"
                 "\"embed_seconds\":%.6g,\"optimizer_seconds\":%.6g,\"tokens_per_s\":%.6g,"
                 "\"mfu\":%.6g,\"model_flops_per_step\":%.6g,\"max_rank_bytes\":%.0f,"
-                "\"cp_seconds\":%.6g,\"attention_seconds\":%.6g",
+                "\"cp_seconds\":%.6g,\"attention_seconds\":%.6g,\"recompute_flops_per_step\":%.6g",
                 pipeline_bubble(c.run), t.total, t.compute, t.tp, t.pp, t.bubble, t.dp, t.embed,
-                t.optimizer, t.tokens_per_s, t.mfu, t.model_flops, c.need, t.cp, t.attention);
+                t.optimizer, t.tokens_per_s, t.mfu, t.model_flops, c.need, t.cp, t.attention,
+                t.recompute_flops);
   return buf;
 }
 

@@ -21,23 +21,28 @@ constexpr double kGB = 1e9, kGiB = 1024.0 * 1024 * 1024, kT = 1e12;
 // datasheet figure is per GPU, both directions together, halved here; inter-node: per NIC, one NIC
 // per GPU in every node built in). Latencies: 5 us a step between nodes (an InfiniBand message), 1 us
 // inside a node (NVLink); NCCL's own tuner (src/graph/tuning.cc) charges steps of that order.
-// The compute model's constants (plan/compute.hpp), one set per GPU generation, fitted once by
-// tools/reference/plan_fit.py against the published runs of tools/reference/plan_published.py held to the model
-// (docs/planning.md), the same for every row: the efficiency of a large tile-aligned bf16
-// GEMM and a kernel launch's fixed cost (the grid's best: A100 0.76 and 10 us over 14 rows of
-// Narayanan et al. 2021, Korthikanti et al. 2022 and torchtitan, 0.92-1.07 of published; H100
-// with the launch cost held at A100's, 0.50 over torchtitan's two H100 rows, eager PyTorch on
-// H100s capped at 500 W). Stated, not fitted: the tile (cuBLAS's and CUTLASS's bf16 thread-block
-// tiles are 128 or 256 wide: 128), and 0.7 of the HBM bandwidth for elementwise and normalisation
-// kernels (unfused PyTorch/Megatron ops; STREAM-like copies reach 0.85-0.9 on both GPUs).
+// The compute model's constants (plan/compute.hpp), one set per GPU and power class, fitted once
+// by tools/reference/plan_fit.py against the published runs of tools/reference/plan_published.py
+// held to the model (docs/planning.md), the same for every row: the efficiency of a large
+// tile-aligned bf16 GEMM, its shape dependence (a GEMM whose smallest dimension is d runs at
+// d / (d + gemm_half) of it: attention's head-size products and narrow layers' GEMMs are
+// slower), and a kernel launch's fixed cost. The grid's best over A100's 14 rows (Narayanan et
+// al. 2021, Korthikanti et al. 2022, torchtitan): 0.86, 256, 5 us, 0.91-1.10 of published. The
+// H100 by power class, the shape and launch cost held at A100's: at 700 W (NVIDIA's DGX H100
+// recipes, NeMo on Megatron-Core: 4 rows, 0.98-1.03) 0.87; capped at 500 W (torchtitan's two
+// rows, eager PyTorch) 0.48 (0.98-1.00). Stated, not fitted: the tile (cuBLAS's and CUTLASS's
+// bf16 thread-block tiles are 128 or 256 wide: 128), and 0.7 of the HBM bandwidth for
+// elementwise and normalisation kernels (unfused PyTorch/Megatron ops; STREAM-like copies reach
+// 0.85-0.9 on both GPUs).
 struct ComputeConstants {
-  double gemm_efficiency, gemm_tile, memory_efficiency, kernel_us;
+  double gemm_efficiency, gemm_half, gemm_tile, memory_efficiency, kernel_us;
 };
-constexpr ComputeConstants kA100{0.76, 128, 0.70, 10};
-constexpr ComputeConstants kH100{0.50, 128, 0.70, 10};
+constexpr ComputeConstants kA100{0.86, 256, 128, 0.70, 5};
+constexpr ComputeConstants kH100Full{0.87, 256, 128, 0.70, 5};
+constexpr ComputeConstants kH100Capped{0.48, 256, 128, 0.70, 5};
 void compute_constants(Machine& m, const ComputeConstants& k) {
   m.gemm_efficiency = k.gemm_efficiency;
-  m.gemm_half = 0;
+  m.gemm_half = k.gemm_half;
   m.gemm_tile = k.gemm_tile;
   m.memory_efficiency = k.memory_efficiency;
   m.kernel_overhead = k.kernel_us * 1e-6;
@@ -50,7 +55,7 @@ std::vector<Machine> builtins() {
   // 200 Gb/s HDR InfiniBand port per GPU.
   const GpuPeaks a100 = datasheet_peaks(8, 0, false), hopper = datasheet_peaks(9, 0, false);
   Machine a40{"a100-40gb", true, a100.fp32, a100.tf32, a100.bf16, 40 * kGiB, 1555 * kGB, 8,
-              300 * kGB, 25 * kGB, 5e-6, 2 * kGiB, 0.85, 64};
+              300 * kGB, 25 * kGB, 5e-6, 2 * kGiB};
   compute_constants(a40, kA100);
   Machine a80 = a40;
   a80.name = "a100-80gb";
@@ -58,13 +63,22 @@ std::vector<Machine> builtins() {
   a80.memory_bw = 2039 * kGB;
   // NVIDIA H100 Tensor Core GPU datasheet (SXM): FP32 67, TF32 494.5, BF16 989.5 TFLOP/s
   // (989 "with sparsity" halved); 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s. DGX H100: 8 GPUs,
-  // one 400 Gb/s NDR port per GPU.
-  Machine h100{"h100-sxm", true, hopper.fp32, hopper.tf32, hopper.bf16, 80 * kGiB, 3350 * kGB, 8,
-               450 * kGB, 50 * kGB, 5e-6, 2 * kGiB, 0.75, 64};
-  compute_constants(h100, kH100);
+  // one 400 Gb/s NDR port per GPU. Its "Max TDP up to 700W (configurable)": a DGX H100 runs at
+  // 700 W; sites cap it lower (torchtitan's published H100s at 500 W), same datasheet, slower
+  // GEMMs. `h100-sxm` is the datasheet part as shipped: the 700 W class.
+  Machine h100{"h100-sxm-700w", true, hopper.fp32, hopper.tf32, hopper.bf16, 80 * kGiB,
+               3350 * kGB, 8, 450 * kGB, 50 * kGB, 5e-6, 2 * kGiB};
+  compute_constants(h100, kH100Full);
   // FP8 (E4M3/E5M2) Tensor Core: 3,958 TFLOP/s "with sparsity", 1,979 dense; the H200 and GH200
   // below have the H100's. The A100 has none (FP8 needs sm_89 or later).
   h100.peak_fp8 = hopper.fp8;
+  Machine h100_capped = h100;
+  h100_capped.name = "h100-sxm-500w";
+  compute_constants(h100_capped, kH100Capped);
+  Machine h100_datasheet = h100;
+  h100_datasheet.name = "h100-sxm";
+  // The H200 (up to 700 W) and GH200 below take the full-power class's constants: no published
+  // row of either is held to the model yet.
   // NVIDIA H200 datasheet (SXM): the H100's compute; 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s.
   Machine h200 = h100;
   h200.name = "h200";
@@ -81,7 +95,7 @@ std::vector<Machine> builtins() {
   gh200.devices_per_node = 4;
   gh200.intra_bw = 150 * kGB;
   gh200.inter_bw = 25 * kGB;
-  return {a40, a80, h100, h200, gh200};
+  return {a40, a80, h100, h100_capped, h100_datasheet, h200, gh200};
 }
 
 // This machine, measured now, as the run would use it: one device is `threads` OpenMP threads

@@ -26,7 +26,7 @@ struct Machine {
   double reserved = 0;         // bytes the runtime takes besides the arena (context, NCCL, cuBLAS)
   // The compute model's constants (plan/compute.hpp; each built-in one's source in machine.cpp):
   double gemm_efficiency = 0.8;  // the fraction of peak a large, tile-aligned GEMM reaches
-  double gemm_half = 0;        // optional: a GEMM dimension of this size halves the efficiency
+  double gemm_half = 0;        // optional: a GEMM whose smallest dimension is this halves it
   double gemm_tile = 128;      // GEMM rows and columns rounded up to this
   double memory_efficiency = 0.7;  // the fraction of memory_bw streaming ops reach
   double kernel_overhead = 5e-6;   // seconds per kernel launch (launch gap, framework)

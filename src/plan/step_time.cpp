@@ -37,14 +37,20 @@ struct Costs {
 // Causal attention's products for b sequences of nh query heads (nkv kv heads) of size hs,
 // forward and backward. On `cpu` as backend/cpu/attention.cpp runs them: one single-threaded
 // product per (sequence, head) and thread, query rows in blocks of 64 that skip the masked keys;
-// elsewhere the full T x T products at the device's efficiency for their shape.
+// elsewhere the T x T products at the device's efficiency for their shape: whole for the GEMM
+// attention (its scores are a full product, masked after), the causal half of the tiles for the
+// fused one (backend/cuda/attention_fused.cu never loads a tile above the diagonal, nor do
+// FlashAttention and cuDNN).
 struct AttentionCost {
   double fwd = 0, bwd = 0;
 };
-AttentionCost attention_gemms(const Costs& c, double b, double T, double nh, double nkv, double hs) {
+AttentionCost attention_gemms(const Costs& c, double b, double T, double nh, double nkv, double hs,
+                              bool fused) {
   AttentionCost a;
   if (!c.m.measured) {
-    a.fwd = b * nh * (c.gemm(T, T, hs) + c.gemm(T, hs, T));
+    const double tile = c.m.gemm_tile > 0 ? c.m.gemm_tile : 1;
+    const double share = fused ? std::min(1.0, 0.5 * (1 + tile / T)) : 1.0;
+    a.fwd = share * b * nh * (c.gemm(T, T, hs) + c.gemm(T, hs, T));
     a.bwd = 2 * a.fwd;
     return a;
   }
@@ -151,6 +157,12 @@ void finish_step(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   const double n_matmul = active_matmul_params(shape) + double(shape.padded_vocab) * C;
   const double tokens = double(cfg.train.batch_size) * T;
   out.model_flops = tokens * (6 * n_matmul + 12.0 * shape.n_layer * C * T);
+  const double attention_fwd = 4.0 * shape.n_layer * C * T;
+  const Recompute rc = cfg.train.recompute;
+  out.recompute_flops =
+      tokens * (rc == Recompute::Full ? 2 * active_matmul_params(shape) + attention_fwd
+                : rc == Recompute::Selective ? attention_fwd
+                                             : 0);
   out.tokens_per_s = tokens / out.total;
   // MFU against the peak of the precision the linear layers run at (FP8's under fp8).
   out.mfu = out.model_flops / out.total / (double(l.dp) * l.cp * l.tp * l.pp * lin.peak);
@@ -177,7 +189,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   const double hs = w.hs, nh = w.nh, QKV = w.qkv;
   const bool gemm_attention = cfg.model.attention != Attention::Fused;
   const Recompute rc = cfg.train.recompute;
-  AttentionCost att = attention_gemms(c, b, T, nh, w.nkv, hs);
+  AttentionCost att = attention_gemms(c, b, T, nh, w.nkv, hs, !gemm_attention);
   att.fwd /= l.cp;
   att.bwd /= l.cp;
   // One layer of `k`'s kind, one micro-batch: forward and backward.

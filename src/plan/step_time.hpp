@@ -23,6 +23,9 @@ struct StepTime {
   double total = 0;
   double tokens_per_s = 0;
   double model_flops = 0;  // per step, FORMULAS.md: 6 N_matmul + 12 L C T per token
+  // per step, what the recompute reruns besides: full, the layers' forward (2 N_matmul of the
+  // layers + 4 L C T per token; never the head's); selective, the attention core's 4 L C T
+  double recompute_flops = 0;
   double mfu = 0;          // model FLOP/s over (ranks x peak)
   double attention = 0;    // the slowest stage's attention (cp: this rank's blocks), all micro-batches
 };

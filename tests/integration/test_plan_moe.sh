@@ -12,7 +12,7 @@ cd "$WORK" || exit 1
 export OMP_NUM_THREADS=1
 host_machine host.yaml
 common=(model.n_layer=4 model.n_head=4 model.n_embd=32 train.batch_size=8 train.micro_batch=2
-        train.steps=2 eval.batches=1 log.peak_gflops=50 model.moe.experts=4 model.moe.top_k=2
+        train.steps=2 eval.batches=1 log.peak_gflops=0.0005 model.moe.experts=4 model.moe.top_k=2
         model.moe.ffn=64 model.moe.every=2)
 # NAME DP TP PP [key=value ...]
 for layout in "dp2 2 1 1" "tp2 1 2 1" "pp2 1 1 2" \
@@ -34,10 +34,11 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 plan = json.load(open(sys.argv[2]))
 step = [r for r in rows if r["type"] == "train"][-1]
-# The trainer's FLOPs per token, from its MFU against the deck's 50 GFLOP/s a rank.
-run = step["mfu"] * int(sys.argv[3]) * 50e9 / step["tokens_per_s"]
+# The trainer's FLOPs per token, from its MFU against the deck's 0.5 MFLOP/s a rank (an MFU
+# far above 1: its five decimals are then many digits).
+run = step["mfu"] * int(sys.argv[3]) * 0.5e6 / step["tokens_per_s"]
 planned = plan["model_flops_per_step"] / (8 * 16)
-assert abs(planned / run - 1) < 2e-3, (planned, run)
+assert abs(planned / run - 1) < 5e-4, (planned, run)
 assert plan["params_active"] < plan["params_total"] and plan["experts"] == 4, plan
 for r in plan["roles"]:
     assert r["expert_param_elems"] > 0 and r["expert_state_bytes"] > 0, r

@@ -55,3 +55,16 @@ TEST(Compute, StreamsAtTheirFraction) {
   EXPECT_NEAR(stream_seconds(a100(), 1e9), 1e9 / (0.7 * 2039e9), 1e-15);
   EXPECT_EQ(gemm_seconds(a100(), 0, 10, 10), 0);
 }
+
+TEST(Compute, ShortSmallestDimensionRunsSlower) {
+  // gemm_half 256: 8192 x 8192 x 128 (attention's head size as K) runs at 128 / (128 + 256) of
+  // the efficiency, 8192^3 at 8192 / 8448 of it; without gemm_half both at 0.76.
+  ComputeModel c = a100();
+  c.gemm_half = 256;
+  const double n = 8192;
+  EXPECT_NEAR(gemm_seconds(c, n, n, 128), 2 * n * n * 128 / (0.76 * 128 / 384 * 312e12), 1e-12);
+  EXPECT_NEAR(gemm_seconds(c, n, n, n), 2 * n * n * n / (0.76 * n / (n + 256) * 312e12), 1e-12);
+  // The smallest dimension, whichever it is.
+  EXPECT_NEAR(gemm_seconds(c, 128, n, n), gemm_seconds(c, n, 128, n), 1e-15);
+  EXPECT_NEAR(gemm_seconds(c, 128, n, n), gemm_seconds(c, n, n, 128), 1e-15);
+}

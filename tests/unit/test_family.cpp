@@ -298,6 +298,12 @@ TEST(Cost, PlannerPricesTheWeightsGemms) {
     const double want = run.n_micro * (3 * layer + 6 * n * Vp * C / peak);
     EXPECT_NEAR(t.compute, want, 1e-9 * want) << deck_word(arch);
     EXPECT_EQ(t.model_flops, 4 * T * (6 * (3 * layer_matmul_params(s) + Vp * C) + 12 * 3 * C * T));
+    // Fused attention computes only the causal tiles: T (T + 1) / 2 of the T^2 scores, with
+    // tiles of one element.
+    cfg.model.attention = Attention::Fused;
+    const StepTime fused = step_time(cfg, s, run, m, false, 0);
+    const double causal = run.n_micro * 3 * attention * (T + 1) / (2 * T);
+    EXPECT_NEAR(fused.compute, want - run.n_micro * 3 * attention + causal, 1e-9 * want);
   }
 }
 
