@@ -46,7 +46,38 @@ ModelShape make_model_shape(const ModelConfig& m, int vocab) {
 
 const char* arch_name(Arch arch) { return family(arch).name; }
 
+namespace {
+
+bool same_shape(const ModelShape& a, const ModelShape& b) {
+  return a.arch == b.arch && a.n_layer == b.n_layer && a.n_head == b.n_head &&
+         a.n_kv_head == b.n_kv_head && a.n_embd == b.n_embd && a.ffn_hidden == b.ffn_hidden &&
+         a.block_size == b.block_size && a.vocab_size == b.vocab_size &&
+         a.padded_vocab == b.padded_vocab && a.tied == b.tied && a.norm_eps == b.norm_eps &&
+         a.rope_theta == b.rope_theta && a.moe.experts == b.moe.experts &&
+         a.moe.top_k == b.moe.top_k && a.moe.ffn == b.moe.ffn && a.moe.every == b.moe.every &&
+         a.moe.first_dense == b.moe.first_dense;
+}
+
+ParamLayout build_param_layout(const ModelShape& s);
+
+}  // namespace
+
+// The last shape's table kept: `tessera plan --search` lays out thousands of tiles of one model.
 ParamLayout make_param_layout(const ModelShape& s) {
+  thread_local ModelShape last;
+  thread_local ParamLayout table;
+  thread_local bool have = false;
+  if (!have || !same_shape(last, s)) {
+    table = build_param_layout(s);
+    last = s;
+    have = true;
+  }
+  return table;
+}
+
+namespace {
+
+ParamLayout build_param_layout(const ModelShape& s) {
   const Family& f = family(s.arch);
   ParamLayout layout;
   layout.shape = s;
@@ -107,6 +138,8 @@ ParamLayout make_param_layout(const ModelShape& s) {
   }
   return layout;
 }
+
+}  // namespace
 
 const ParamTensor* ParamLayout::find(const std::string& name) const {
   for (const ParamTensor& t : tensors)
