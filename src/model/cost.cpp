@@ -84,8 +84,7 @@ ParamCounts param_counts(const ModelShape& s) {
   const ParamLayout p = make_param_layout(s);
   for (const ParamTensor& t : p.tensors) {
     const double n = double(t.numel);
-    const bool expert = t.role == kExpertFc1W || t.role == kExpertFc1B ||
-                        t.role == kExpertFc2W || t.role == kExpertFc2B;
+    const bool expert = expert_role(t.role);
     c.total += n;
     c.expert += expert ? n : 0;
     c.active += expert ? n * s.moe.top_k / s.moe.experts : n;

@@ -87,6 +87,10 @@ std::string family_names() {
   return out;
 }
 
+bool expert_role(LayerRole role) {
+  return role == kExpertFc1W || role == kExpertFc1B || role == kExpertFc2W || role == kExpertFc2B;
+}
+
 void norm_params(const Family& f, const std::string& name, size_t C, std::vector<LayerParam>* out,
                  LayerRole weight, LayerRole bias) {
   out->push_back({weight, name + ".weight", {C}, Init::Ones, Split::Replicated});

@@ -73,6 +73,10 @@ enum LayerRole {
   kLayerRoles
 };
 
+// An MoE layer's experts' tensors (kExpertFc1W ... kExpertFc2B): split over ep, counted apart
+// from the dense ones.
+bool expert_role(LayerRole role);
+
 // One tensor of a layer's parameter table.
 struct LayerParam {
   LayerRole role;

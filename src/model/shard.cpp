@@ -34,10 +34,6 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int 
   return make_local_layout(shape, tp, tp_rank, {{layer_begin, layer_end}}, first, last);
 }
 
-bool expert_role(LayerRole role) {
-  return role == kExpertFc1W || role == kExpertFc1B || role == kExpertFc2W || role == kExpertFc2B;
-}
-
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
                               const std::vector<LayerRange>& chunks, bool first, bool last,
                               int ep, int ep_rank) {

@@ -81,8 +81,7 @@ struct LocalLayout {
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
                               const std::vector<LayerRange>& chunks, bool first, bool last,
                               int ep = 1, int ep_rank = 0);
-// An MoE layer's experts' tensors (the roles kExpertFc1W ... kExpertFc2B): split over ep.
-bool expert_role(LayerRole role);
+
 // One chunk: layers [layer_begin, layer_end).
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int layer_begin,
                               int layer_end, bool first, bool last);
