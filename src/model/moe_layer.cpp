@@ -220,7 +220,6 @@ void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int lay
   s.max_load += most;
   s.mean_load += double(Ntot) * k / E;
   s.dropped += int64_t(load[size_t(E)]);
-  s.micro_batches += 1;
 }
 
 template <class Backend>

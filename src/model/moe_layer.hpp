@@ -44,7 +44,6 @@ struct MoeLayerStats {
   double aux_loss = 0, z_loss = 0;  // the balancing losses, as added to the objective
   double max_load = 0, mean_load = 0;  // tokens of the busiest expert, and per expert
   int64_t dropped = 0;                 // choices past the capacity
-  int micro_batches = 0;
 };
 
 template <class Backend>
