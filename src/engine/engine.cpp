@@ -66,7 +66,7 @@ class Engine final : public TrainEngine {
     host_losses_.resize(step_tokens_);
     if (mem_.sharded) {
       sharded_own_ = std::make_unique<ShardedWeights<Backend>>(
-          tile_, mem_.plan, *mem_.sharded, shard_, optimizer_.stage(), prefetch_, arena_);
+          tile_, mem_.plan, *mem_.sharded, shard_, edp_, optimizer_.stage(), prefetch_, arena_);
       sharded_ = sharded_own_.get();
       // ZeRO-2 gathers from the full parameters, ZeRO-3 from this rank's parts of them.
       sharded_->bind(model_params(), grads_);

@@ -36,8 +36,10 @@ struct EngineMemory {
   EngineMemory(const EngineSetup& s, Arena& arena, const EngineComms<Comm>& comms,
                ::tessera::Comm* world)
       : models(make_models(s, arena, comms.tp, comms.cp, comms.ep)),
-        plan(make_shard_plan(s.tile, s.zero >= 2 ? comms.shard->size() : 1,
-                             s.zero >= 2 ? comms.shard->rank() : 0)),
+        plan(s.zero >= 2 ? make_shard_plan(s.tile, comms.shard->size(), comms.shard->rank(),
+                                           comms.expert_grads->size(),
+                                           comms.expert_grads->rank())
+                         : make_shard_plan(s.tile, 1, 0)),
         optimizer(s.tile, {comms.grads, comms.shard, comms.replica, world, comms.tp,
                            comms.expert_grads}, s.zero,
                   &plan, s.hyper, arena),

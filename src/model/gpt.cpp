@@ -287,7 +287,10 @@ std::vector<int> Gpt<Backend>::pass_units(bool forward) const {
     in.push_back(unit(lay.embed));
     if (lay.positions >= 0) in.push_back(unit(lay.positions));
   }
-  for (int l = begin_; l < end_; ++l) layers.push_back(lay.layer_unit(l));
+  for (int l = begin_; l < end_; ++l) {
+    layers.push_back(lay.layer_unit(l));
+    if (lay.expert_unit(l) >= 0) layers.push_back(lay.expert_unit(l));
+  }
   if (last_) {
     out.push_back(unit(lay.norm_weight));
     if (lay.norm_bias >= 0) out.push_back(unit(lay.norm_bias));
@@ -298,7 +301,10 @@ std::vector<int> Gpt<Backend>::pass_units(bool forward) const {
     // top; the embedding's backward reads no parameters.
     std::vector<int> back;
     if (last_) back = {unit(lay.head), unit(lay.norm_weight)};
-    back.insert(back.end(), layers.rbegin(), layers.rend());
+    for (int l = end_ - 1; l >= begin_; --l) {
+      back.push_back(lay.layer_unit(l));
+      if (lay.expert_unit(l) >= 0) back.push_back(lay.expert_unit(l));
+    }
     return back;
   }
   in.insert(in.end(), layers.begin(), layers.end());
@@ -332,9 +338,13 @@ void Gpt<Backend>::forward(Weights<Act>& weights, int slot, const int32_t* token
     block_.reduce_rows(partial, act(kEncoded, slot), N);
   }
   for (int l = begin_; l < end_; ++l) {
-    const int u = lay.layer_unit(l);
-    block_.forward(weights.params(u), l, layer_acts(slot, l - begin_, false), B, T);
+    const int u = lay.layer_unit(l), e = lay.expert_unit(l);
+    typename Blk::LayerUnits w;
+    w.params = weights.params(u);
+    if (e >= 0) w.expert_params = weights.params(e);
+    block_.forward(w, l, layer_acts(slot, l - begin_, false), B, T);
     weights.params_done(u);
+    if (e >= 0) weights.params_done(e);
   }
   if (!last_) return;
 
@@ -410,21 +420,30 @@ void Gpt<Backend>::backward(Weights<Act>& weights, int slot, const int32_t* toke
     done(lay.norm_bias, false);
   }
   for (int l = end_ - 1; l >= begin_; --l) {
-    const int i = l - begin_, u = lay.layer_unit(l);
-    const Act* params = weights.params(u);
-    float* grads = weights.grads(u);
+    const int i = l - begin_, u = lay.layer_unit(l), e = lay.expert_unit(l);
+    typename Blk::LayerUnits w;
+    w.params = weights.params(u);
+    w.grads = weights.grads(u);
+    if (e >= 0) {
+      w.expert_params = weights.params(e);
+      w.expert_grads = weights.grads(e);
+    }
     if (options_.recompute == Recompute::Full) {
       // Rerun the layer's forward from its kept input, then its backward reads what it wrote.
       const typename Blk::Acts a = layer_acts(slot, i, true);
-      block_.forward(params, l, a, B, T);
-      block_.backward(params, grads, l, a, B, T);
+      block_.forward(w, l, a, B, T);
+      block_.backward(w, l, a, B, T);
     } else {
       const typename Blk::Acts a = layer_acts(slot, i, false);
       if (options_.recompute == Recompute::Selective) block_.attention_core(a, B, T);
-      block_.backward(params, grads, l, a, B, T);
+      block_.backward(w, l, a, B, T);
     }
     weights.params_done(u);
     weights.grads_done(u);
+    if (e >= 0) {
+      weights.params_done(e);
+      weights.grads_done(e);
+    }
     if (layer_done) layer_done(l);
   }
   if (first_) {

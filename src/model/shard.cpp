@@ -84,9 +84,11 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
         }
         t.blocks = kept;
       } else {
+        t.ep_copy = ep_rank > 0 && owner;
         owner = owner && ep_rank == 0;
       }
     } else if (ep > 1) {
+      t.ep_copy = ep_rank > 0 && owner;
       owner = owner && ep_rank == 0;
     }
     size_t local_rows = 0;
@@ -97,6 +99,7 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
     t.numel = local_rows * local_cols;
     t.offset = L.total;
     t.owner = owner && (split != Split::Replicated || tp_rank == 0);
+    t.ep_copy = t.ep_copy && (split != Split::Replicated || tp_rank == 0);
     L.total += t.numel;
     L.tensors.push_back(std::move(t));
     return int(L.tensors.size()) - 1;
@@ -123,15 +126,24 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
     if (P.norm_bias >= 0) L.norm_bias = add(size_t(P.norm_bias), split(P.norm_bias), true);
     L.head = tied ? L.embed : add(size_t(P.head), split(P.head), true);  // vocab-parallel
   }
-  // Each layer one unit, each tensor outside the layers one of its own.
+  // Each layer one unit (with ep, an MoE layer's experts a second), each tensor outside the
+  // layers one of its own.
   std::vector<int> layer_of(L.tensors.size(), -1);
   for (int l = 0; l < shape.n_layer; ++l)
     if (L.layer_first_tensor_[size_t(l)] >= 0) layer_of[size_t(L.layer_first_tensor_[size_t(l)])] = l;
   L.unit_of_tensor.assign(L.tensors.size(), -1);
-  for (size_t i = 0; i < L.tensors.size();) {
-    const size_t n = layer_of[i] >= 0 ? size_t(P.layer_tensors(layer_of[i])) : 1;
-    L.units.push_back({L.tensors[i].offset, L.tensors[i + n - 1].offset + L.tensors[i + n - 1].numel});
+  auto unit = [&](size_t i, size_t n, bool experts) {
+    L.units.push_back({L.tensors[i].offset, L.tensors[i + n - 1].offset + L.tensors[i + n - 1].numel,
+                       experts});
     for (size_t k = i; k < i + n; ++k) L.unit_of_tensor[k] = int(L.units.size()) - 1;
+  };
+  for (size_t i = 0; i < L.tensors.size();) {
+    const int l = layer_of[i];
+    const size_t n = l >= 0 ? size_t(P.layer_tensors(l)) : 1;
+    // The experts' tensors are the layer's last (model/mlp.cpp).
+    const size_t dense = ep > 1 && l >= 0 && shape.moe.layer(l) ? size_t(P.position(l, kExpertFc1W)) : n;
+    unit(i, dense, false);
+    if (dense < n) unit(i + dense, n - dense, true);
     i += n;
   }
   return L;
@@ -165,19 +177,23 @@ std::vector<Block> rectangles(const LocalTensor& t, size_t i0, size_t i1) {
 
 std::pair<size_t, size_t> ShardPlan::range(const LocalLayout& tile, int u) const {
   const Unit& unit = tile.units[size_t(u)];
-  const size_t first = std::min(unit.end, unit.begin + size_t(rank) * part[size_t(u)]);
+  const size_t first =
+      std::min(unit.end, unit.begin + size_t(member[size_t(u)]) * part[size_t(u)]);
   return {first, std::min(unit.end, first + part[size_t(u)])};
 }
 
-ShardPlan make_shard_plan(const LocalLayout& tile, int n, int rank) {
+ShardPlan make_shard_plan(const LocalLayout& tile, int n, int rank, int expert_n,
+                          int expert_rank) {
   ShardPlan p;
-  p.n = n;
-  p.rank = rank;
   for (const Unit& u : tile.units) {
-    p.part.push_back((u.size() + size_t(n) - 1) / size_t(n));
+    const int g = u.experts ? expert_n : n;
+    p.group.push_back(g);
+    p.member.push_back(u.experts ? expert_rank : rank);
+    p.part.push_back((u.size() + size_t(g) - 1) / size_t(g));
     p.offset.push_back(p.total);
     p.total += p.part.back();
     p.largest_part = std::max(p.largest_part, p.part.back());
+    p.largest_unit = std::max(p.largest_unit, size_t(g) * p.part.back());
   }
   return p;
 }
@@ -205,7 +221,7 @@ LocalLayout shard_layout(const LocalLayout& tile, const ShardPlan& p) {
     piece.numel = b - a;
     piece.shape = {piece.numel};
     piece.blocks = rectangles(t, a - t.offset, b - t.offset);
-    piece.owner = t.owner;
+    piece.owner = t.owner || t.ep_copy;
     L.tensors.push_back(std::move(piece));
   }
   return L;

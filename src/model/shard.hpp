@@ -24,6 +24,10 @@ struct LocalTensor {
   std::vector<Block> blocks;     // stacked by local rows, in increasing canonical row order
   bool owner = true;  // the copy that counts (norm, checkpoint): tp rank 0 of replicated tensors,
                       // and stage 0's embedding, not the last stage's tied copy
+  // Expert parallelism: a dense tensor's copy on an ep rank but the first, which would own it
+  // otherwise. Under ZeRO-2/3 the dense parts spread over the whole dp x cp group, the ep ranks
+  // included: each part is then its holder's alone (shard_layout).
+  bool ep_copy = false;
 };
 
 // Layers [begin, end) of the model.
@@ -33,9 +37,12 @@ struct LayerRange {
 
 // A unit of the parameters, as sharded data parallelism (ZeRO-2 and 3) gathers and reduces them:
 // one layer (its tensors are consecutive in the local buffer) or one tensor outside the layers
-// (embedding, positions, final norm, untied head). [begin, end) of the local buffer.
+// (embedding, positions, final norm, untied head). [begin, end) of the local buffer. With expert
+// parallelism an MoE layer is two units, its experts' tensors (the layer's last) apart: ZeRO
+// shards them over the ranks holding the same experts, the rest of the layer over dp x cp.
 struct Unit {
   size_t begin = 0, end = 0;
+  bool experts = false;  // an MoE layer's experts under expert parallelism
   size_t size() const { return end - begin; }
 };
 
@@ -68,6 +75,11 @@ struct LocalLayout {
   std::vector<Unit> units;
   std::vector<int> unit_of_tensor;
   int layer_unit(int l) const { return unit_of_tensor[size_t(layer_first_tensor_[size_t(l)])]; }
+  // Layer l's experts' unit where they are a unit of their own (expert parallelism), else -1.
+  int expert_unit(int l) const {
+    const size_t u = size_t(layer_unit(l)) + 1;
+    return u < units.size() && units[u].experts ? int(u) : -1;
+  }
 
   const ParamTensor& canon(const LocalTensor& t) const { return canonical.tensors[t.canonical]; }
   // Row-major canonical element index of local element i of tensor t.
@@ -86,21 +98,30 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int layer_begin,
                               int layer_end, bool first, bool last);
 
-// Sharded data parallelism (ZeRO-2 and 3, docs/parallelism.md): each unit of the tile split into n equal
-// parts, the last padded, rank `rank` of the shard group holding part `rank` of every unit, one
-// after another in its shard buffer. The same split on every stage and tp rank of a tile shape,
-// so that the tied embedding's parts on the first and last stage match element for element.
+// Sharded data parallelism (ZeRO-2 and 3, docs/parallelism.md): each unit of the tile split into
+// equal parts over its group, the last padded, the group's rank r holding part r of every unit,
+// one after another in its shard buffer. The group: the shard group (n ranks), or for an
+// experts' unit the ranks holding the same experts (expert_n). The same split on every stage
+// and tp rank of a tile shape, so that the tied embedding's parts on the first and last stage
+// match element for element.
 struct ShardPlan {
-  int n = 1, rank = 0;
-  std::vector<size_t> part;    // by unit: elements of each part, ceil(unit size / n)
+  std::vector<int> group;      // by unit: the ranks it is split over
+  std::vector<int> member;     // by unit: this rank's place among them
+  std::vector<size_t> part;    // by unit: elements of each part, ceil(unit size / group)
   std::vector<size_t> offset;  // by unit: where this rank's part starts in the shard buffer
   size_t total = 0;            // elements of the shard buffer: the sum of the parts
   size_t largest_part = 0;     // the largest part of any unit
+  size_t largest_unit = 0;     // the largest padded unit: group x part
+  // Unit u padded: its group's parts one after another.
+  size_t whole(int u) const { return size_t(group[size_t(u)]) * part[size_t(u)]; }
   // This rank's part of unit u as local elements [first, second): at most part[u] of them, fewer
   // (or none) where the part runs past the unit's end into the padding.
   std::pair<size_t, size_t> range(const LocalLayout& tile, int u) const;
 };
-ShardPlan make_shard_plan(const LocalLayout& tile, int n, int rank);
+// n, rank: the shard group; expert_n, expert_rank: the experts' group (where the tile has
+// experts' units).
+ShardPlan make_shard_plan(const LocalLayout& tile, int n, int rank, int expert_n = 1,
+                          int expert_rank = 0);
 
 // The tensors' pieces in this rank's parts as a layout whose buffer is the shard buffer: each
 // piece a LocalTensor of the canonical tensor, its blocks the canonical rectangles it covers

@@ -60,13 +60,17 @@ typename Backend::Act* TransformerBlock<Backend>::reduce_rows(Act* partial, Act*
 
 template <class Backend>
 typename TransformerBlock<Backend>::Params TransformerBlock<Backend>::params_of(
-    const Act* params, float* grads, int l) const {
+    const LayerUnits& u, int l) const {
   const LocalLayout& lay = *layout_;
-  const size_t begin = lay.units[size_t(lay.layer_unit(l))].begin;
+  const int experts = lay.expert_unit(l);
   Params w;
   for (int r = 0; r < kLayerRoles; ++r) {
     const LayerRole role = LayerRole(r);
     const bool has = lay.canonical.has(l, role);
+    const bool apart = experts >= 0 && expert_role(role);
+    const Act* params = apart ? u.expert_params : u.params;
+    float* grads = apart ? u.expert_grads : u.grads;
+    const size_t begin = lay.units[size_t(apart ? experts : lay.layer_unit(l))].begin;
     const size_t at = has ? lay.tensors[size_t(lay.layer(l, role))].offset - begin : 0;
     w.p[r] = has ? params + at : nullptr;
     w.g[r] = has && grads != nullptr ? grads + at : nullptr;
@@ -117,11 +121,11 @@ void TransformerBlock<Backend>::attention_core(const Acts& a, int B, int T) {
 // N = B*T rows pass the column-parallel GEMMs and the attention; Nr = N / seq_split() rows pass
 // the norms, biases and residual adds (all of them without sequence parallelism).
 template <class Backend>
-void TransformerBlock<Backend>::forward(const Act* params, int l, const Acts& a, int B, int T) {
+void TransformerBlock<Backend>::forward(const LayerUnits& u, int l, const Acts& a, int B, int T) {
   const int C = n_embd(), N = B * T, Nr = N / seq_split();
   const size_t NrC = size_t(Nr) * C;
   const bool sp = options_.sequence_parallel;
-  const Params w = params_of(params, nullptr, l);
+  const Params w = params_of({u.params, nullptr, u.expert_params, nullptr}, l);
   norm_forward(a.norm1, a.norm1_mean, a.norm1_rstd, a.in, w.p[kNorm1W], w.p[kNorm1B], Nr);
   Act* partial = sp ? scratch(kPartial) : a.attproj;
   attention_forward(l, partial, gather_rows(a.norm1, scratch(kGather), N), w, a, B, T);
@@ -179,10 +183,10 @@ void TransformerBlock<Backend>::mlp_forward(int l, Act* out, const Act* x, const
 }
 
 template <class Backend>
-void TransformerBlock<Backend>::backward(const Act* params, float* grads, int l, const Acts& a,
-                                         int B, int T) {
+void TransformerBlock<Backend>::backward(const LayerUnits& u, int l, const Acts& a, int B,
+                                         int T) {
   const int N = B * T, Nr = N / seq_split();
-  const Params w = params_of(params, grads, l);
+  const Params w = params_of(u, l);
   // dres holds the gradient of the layer's output (this rank's rows); the residual path passes
   // it through unchanged, so each section's backward only adds its input gradient into it. The
   // row-parallel GEMMs read it whole (all-gathered), and the column-parallel GEMMs' input

@@ -70,11 +70,19 @@ class TransformerBlock {
   const BlockCost& cost() const { return cost_; }
   const BlockWidths& width() const { return cost_.width; }
 
-  // Layer l from a.in to a.out; params points to its unit (model/weights.hpp).
-  void forward(const Act* params, int l, const Acts& a, int B, int T);
+  // A layer's parameters and gradients as Weights hands them out (model/weights.hpp): its unit,
+  // and its experts' unit where they are one of their own (LocalLayout::expert_unit), else null.
+  struct LayerUnits {
+    const Act* params = nullptr;
+    float* grads = nullptr;  // null for the forward
+    const Act* expert_params = nullptr;
+    float* expert_grads = nullptr;
+  };
+  // Layer l from a.in to a.out.
+  void forward(const LayerUnits& u, int l, const Acts& a, int B, int T);
   // Its backward from kDRes (the gradient of its output, this rank's rows), which it leaves
-  // holding the gradient of its input; adds its parameter gradients (fp32) to grads.
-  void backward(const Act* params, float* grads, int l, const Acts& a, int B, int T);
+  // holding the gradient of its input; adds its parameter gradients (fp32) to u's grads.
+  void backward(const LayerUnits& u, int l, const Acts& a, int B, int T);
   // The attention core alone (selective recompute reruns it before the backward).
   void attention_core(const Acts& a, int B, int T);
 
@@ -116,7 +124,7 @@ class TransformerBlock {
     const Act* p[kLayerRoles];
     float* g[kLayerRoles];
   };
-  Params params_of(const Act* params, float* grads, int l) const;
+  Params params_of(const LayerUnits& u, int l) const;
   // Layer l's linear layer `gemm` at its shape in the family's cost (N rows).
   void linear_forward(int l, int gemm, Act* out, const Act* in, const Act* weight,
                       const Act* bias, int N) {

@@ -188,7 +188,7 @@ double DistributedOptimizer<Backend>::grad_norm(const float* grads) const {
   if (speaks) {
     const float* g = stage_ == 1 ? grad_shard_ : grads;
     for (const Piece& p : pieces_)
-      if (layout_.tensors[size_t(p.tensor)].owner)
+      if (counts(layout_.tensors[size_t(p.tensor)]))
         Backend::sum_of_squares(norm_, g + (stage_ == 0 ? p.local : p.state), p.n);
   }
   double local = 0.0;

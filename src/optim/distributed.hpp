@@ -128,6 +128,9 @@ class DistributedOptimizer {
   // element (one rank of the shard group does).
   size_t tile_tensor(const LocalTensor& t) const;
   bool holds_first(size_t i) const;
+  // Whether this rank's pieces of tile tensor t count in the norm: its owner's, and under
+  // ZeRO-2/3 also an ep rank's copy of a dense tensor, whose parts are its own (model/shard.hpp).
+  bool counts(const LocalTensor& t) const { return t.owner || (stage_ >= 2 && t.ep_copy); }
 
   const LocalLayout& layout_;
   Comms comms_;

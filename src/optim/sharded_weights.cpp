@@ -12,13 +12,11 @@ namespace tessera {
 
 ShardedBuffers::ShardedBuffers(const ShardPlan& plan, int stage, bool reshard_after_forward,
                                size_t act_bytes, Arena& arena)
-    : keep(stage == 3 && !reshard_after_forward), arena(&arena) {
-  const size_t n = size_t(plan.n);
+    : keep(stage == 3 && !reshard_after_forward), largest(plan.largest_unit), arena(&arena) {
   size_t every = 0;
-  for (size_t part : plan.part) {
-    largest = std::max(largest, n * part);
+  for (size_t u = 0; u < plan.part.size(); ++u) {
     kept_offset.push_back(every);
-    every += n * part;
+    every += plan.whole(int(u));
   }
   h_grads = arena.add("ZeRO unit gradients (2 units)", 2 * largest * sizeof(float));
   h_parts = arena.add("ZeRO reduced parts (2)", 2 * plan.largest_part * sizeof(float));
@@ -36,9 +34,10 @@ size_t ShardedBuffers::bytes() const {
 
 template <class Backend>
 ShardedWeights<Backend>::ShardedWeights(const LocalLayout& tile, const ShardPlan& plan,
-                                        const ShardedBuffers& buffers, Comm* shard, int stage,
-                                        bool prefetch, Arena& arena)
-    : tile_(tile), plan_(plan), shard_(shard), stage_(stage), keep_(buffers.keep),
+                                        const ShardedBuffers& buffers, Comm* shard,
+                                        Comm* expert_shard, int stage, bool prefetch, Arena& arena)
+    : tile_(tile), plan_(plan), shard_(shard), expert_shard_(expert_shard), stage_(stage),
+      keep_(buffers.keep),
       prefetch_(prefetch),
       largest_(buffers.largest), kept_offset_(buffers.kept_offset),
       gathered_(arena.get<Act>(buffers.h_params)),
@@ -71,7 +70,7 @@ void ShardedWeights<Backend>::finish() {
 template <class Backend>
 void ShardedWeights<Backend>::end_step() {
   for (Gathered& g : gathered_state_) {
-    shard_->wait(g.ticket);
+    if (g.unit >= 0) comm(g.unit)->wait(g.ticket);
     g = Gathered{};
   }
   order_.clear();
@@ -86,7 +85,7 @@ void ShardedWeights<Backend>::start_gather(int unit, size_t buffer) {
   Act* at = gathered_ + (keep_ ? kept_offset_[size_t(unit)] : buffer * largest_);
   gathered_state_[buffer].unit = unit;
   gathered_state_[buffer].ticket =
-      shard_->start_all_gather(source_ + plan_.offset[size_t(unit)], at, part);
+      comm(unit)->start_all_gather(source_ + plan_.offset[size_t(unit)], at, part);
 }
 
 template <class Backend>
@@ -129,7 +128,7 @@ void ShardedWeights<Backend>::pass(const std::vector<int>& units) {
   if (!keep_)
     for (Gathered& g : gathered_state_) {
       if (g.in_use) throw std::logic_error("ZeRO-3: a pass began with a unit still in use");
-      shard_->wait(g.ticket);
+      if (g.unit >= 0) comm(g.unit)->wait(g.ticket);
       g = Gathered{};
     }
   order_ = units;
@@ -152,7 +151,7 @@ const typename Backend::Act* ShardedWeights<Backend>::params(int unit) {
     start_gather(unit, size_t(b));
   }
   Gathered& g = gathered_state_[size_t(b)];
-  shard_->wait(g.ticket);
+  comm(unit)->wait(g.ticket);
   g.ticket = -1;
   g.in_use = true;
   start_next_gather();
@@ -169,7 +168,7 @@ void ShardedWeights<Backend>::params_done(int unit) {
       break;
     }
   start_next_gather();
-  shard_->progress();
+  comm(unit)->progress();
 }
 
 // --- gradients ---
@@ -182,7 +181,7 @@ float* ShardedWeights<Backend>::grads(int unit) {
   if (r.unit >= 0 && !r.busy) throw std::logic_error("ZeRO: a third unit's gradients at once");
   if (r.busy) retire(b);
   float* at = unit_grads_ + b * largest_;
-  Backend::zero(at, size_t(plan_.n) * plan_.part[size_t(unit)] * sizeof(float));
+  Backend::zero(at, plan_.whole(unit) * sizeof(float));
   r.unit = unit;
   return at;
 }
@@ -194,10 +193,11 @@ void ShardedWeights<Backend>::grads_done(int unit) {
     if (r.unit != unit || r.busy) continue;
     const size_t part = plan_.part[size_t(unit)];
     if (before_reduce) before_reduce(unit, unit_grads_ + b * largest_);
-    r.ticket = shard_->start_reduce_scatter_sum(static_cast<const float*>(unit_grads_ + b * largest_),
-                                                parts_ + b * plan_.largest_part, part);
+    r.ticket = comm(unit)->start_reduce_scatter_sum(
+        static_cast<const float*>(unit_grads_ + b * largest_), parts_ + b * plan_.largest_part,
+        part);
     r.busy = true;
-    shard_->progress();
+    comm(unit)->progress();
     return;
   }
   throw std::logic_error("ZeRO: gradients released that were not handed out");
@@ -206,7 +206,7 @@ void ShardedWeights<Backend>::grads_done(int unit) {
 template <class Backend>
 void ShardedWeights<Backend>::retire(size_t b) {
   Reducing& r = reducing_[b];
-  shard_->wait(r.ticket);
+  comm(r.unit)->wait(r.ticket);
   const size_t u = size_t(r.unit);
   Backend::add_inplace(sums_ + plan_.offset[u], static_cast<const float*>(parts_ + b * plan_.largest_part),
                        plan_.part[u]);
@@ -223,10 +223,11 @@ void ShardedWeights<Backend>::gather_full(Act* full) {
     const auto [lo, hi] = plan_.range(tile_, int(u));
     // This rank's part in place in the gather buffer (zero past the unit's end), gathered, and
     // the unit copied back into the full buffer.
-    Act* mine = gathered_ + size_t(plan_.rank) * part;
+    Act* mine = gathered_ + size_t(plan_.member[u]) * part;
     Backend::zero(mine, part * sizeof(Act));
     if (hi > lo) Backend::copy(mine, full + lo, (hi - lo) * sizeof(Act));
-    shard_->wait(shard_->start_all_gather(static_cast<const Act*>(mine), gathered_, part));
+    Comm* c = comm(int(u));
+    c->wait(c->start_all_gather(static_cast<const Act*>(mine), gathered_, part));
     Backend::copy(full + unit.begin, gathered_, unit.size() * sizeof(Act));
   }
 }

@@ -46,11 +46,11 @@ class ShardedWeights final : public Weights<typename Backend::Act> {
   using Act = typename Backend::Act;
   using Comm = typename Backend::Comm;
 
-  // stage 2 or 3; shard: the ZeRO group (plan.n ranks); buffers declared in `arena`, which must
-  // be allocated.
+  // stage 2 or 3; shard: the ZeRO group, expert_shard: the ranks holding the same experts (the
+  // experts' units' group, ShardPlan); buffers declared in `arena`, which must be allocated.
   // prefetch: start the pass's next gathers ahead (parallel.zero_prefetch).
   ShardedWeights(const LocalLayout& tile, const ShardPlan& plan, const ShardedBuffers& buffers,
-                 Comm* shard, int stage, bool prefetch, Arena& arena);
+                 Comm* shard, Comm* expert_shard, int stage, bool prefetch, Arena& arena);
   // params: ZeRO-2's full parameter buffer (the layout's offsets), or ZeRO-3's shard of them
   // (the gather source, plan.total); grads: this rank's gradient sums (plan.total).
   void bind(const Act* params, float* grads);
@@ -97,6 +97,8 @@ class ShardedWeights final : public Weights<typename Backend::Act> {
   const LocalLayout& tile_;
   const ShardPlan& plan_;
   Comm* shard_;
+  Comm* expert_shard_;
+  Comm* comm(int unit) const { return tile_.units[size_t(unit)].experts ? expert_shard_ : shard_; }
   int stage_;
   bool keep_;  // reshard_after_forward = false
   bool prefetch_;

@@ -34,7 +34,7 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
   const LocalLayout tile = rank_tile(run, shape, 0, pp_rank);
   const ShardPlan plan = make_shard_plan(tile, n, 0);
   auto unit_of = [&](int tensor) { return tile.unit_of_tensor[size_t(tensor)]; };
-  auto whole = [&](int u) { return double(n) * double(plan.part[size_t(u)]); };  // padded unit
+  auto whole = [&](int u) { return double(plan.whole(u)); };  // padded unit
   double gathered = 0, reduced = 0;  // elements per micro-batch
   for (size_t c = 0; c < tile.chunks.size(); ++c) {
     const bool first = tile.first && c == 0, last = tile.last && c + 1 == tile.chunks.size();

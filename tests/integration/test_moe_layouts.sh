@@ -52,8 +52,14 @@ suite gpt "ep2 2 1 1 parallel.ep=2" "ep4 4 1 1 parallel.ep=4" "ep2_edp2 4 1 1 pa
   "ep2_tp2_sp 2 2 1 parallel.ep=2 parallel.sequence_parallel=true" \
   "ep2_pp2 2 1 2 parallel.ep=2 parallel.schedule=1f1b" \
   "ep2_cp2 1 1 1 parallel.cp=2 parallel.ep=2 model.attention=fused"
+# Under ZeRO-2/3 the experts shard over the ranks holding the same experts (each MoE layer's
+# experts a unit of their own), the rest over dp x cp.
+suite gpt "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
+  "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2" \
+  "ep2_edp2_zero3_keep 4 1 1 parallel.ep=2 parallel.zero=3 parallel.reshard_after_forward=false"
 suite capacity "dp2 2 1 1" "tp2_pp2 1 2 2 parallel.zero=1" "ep2 2 1 1 parallel.ep=2"
 suite llama "dp2_tp2 2 2 1 parallel.zero=1" "ep2_tp2 2 2 1 parallel.ep=2" \
+  "ep2_tp2_zero3 2 2 1 parallel.ep=2 parallel.zero=3" \
   "pp2_cp2 1 1 2 parallel.cp=2 parallel.schedule=1f1b model.attention=fused"
 
 # The capacity run dropped choices (else it checks nothing the dropless runs do not).
@@ -64,33 +70,33 @@ else
 fi
 
 # Checkpoints hold each layer's experts whole: 5 steps on (1,2,2) with sequence parallelism,
-# continued to 10 on (2,1,1) under ZeRO-3, are the 1-rank run's steps 6-10.
+# continued to 10 on (2,1,1) with ep = 2 under ZeRO-3, are the 1-rank run's steps 6-10.
 run restart_saved 1 2 2 "${gpt[@]}" train.steps=5 parallel.sequence_parallel=true &&
-  run restart_dp2 2 1 1 "${gpt[@]}" parallel.zero=3 \
+  run restart_dp2 2 1 1 "${gpt[@]}" parallel.zero=3 parallel.ep=2 \
     checkpoint.restart="$WORK/restart_saved/checkpoints/step_00000005.h5"
 if [ -f "$WORK/restart_dp2/checkpoints/step_00000010.h5" ]; then
   if out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/gpt_ref/metrics.jsonl" \
        "$WORK/gpt_ref/checkpoints/step_00000010.h5" "$WORK/restart_dp2/metrics.jsonl" \
        "$WORK/restart_dp2/checkpoints/step_00000010.h5" --steps 6:10); then
-    pass "restart (1,2,2) step 5 -> (2,1,1) ZeRO-3: $out"
+    pass "restart (1,2,2) step 5 -> (2,1,1) ep = 2 ZeRO-3: $out"
   else
-    fail "restart (1,2,2) -> (2,1,1): $out"
+    fail "restart (1,2,2) -> (2,1,1) ep = 2 ZeRO-3: $out"
   fi
 else
   fail "restart chain"; tail -3 "$WORK/restart_dp2.log" "$WORK/restart_saved.log" 2>/dev/null
 fi
-# Across expert parallelism: saved on ep = 4 (each rank writing its experts), continued on ep = 2
-# x tp = 2.
-run ep_saved 4 1 1 "${gpt[@]}" parallel.ep=4 train.steps=5 &&
+# Across expert parallelism: saved on ep = 4 under ZeRO-2 (each rank writing its parts),
+# continued on ep = 2 x tp = 2.
+run ep_saved 4 1 1 "${gpt[@]}" parallel.ep=4 parallel.zero=2 train.steps=5 &&
   run ep_restart 2 2 1 "${gpt[@]}" parallel.ep=2 \
     checkpoint.restart="$WORK/ep_saved/checkpoints/step_00000005.h5"
 if [ -f "$WORK/ep_restart/checkpoints/step_00000010.h5" ] &&
    out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/gpt_ref/metrics.jsonl" \
        "$WORK/gpt_ref/checkpoints/step_00000010.h5" "$WORK/ep_restart/metrics.jsonl" \
        "$WORK/ep_restart/checkpoints/step_00000010.h5" --steps 6:10); then
-  pass "restart ep = 4 step 5 -> ep = 2 x tp = 2: $out"
+  pass "restart ep = 4 ZeRO-2 step 5 -> ep = 2 x tp = 2: $out"
 else
-  fail "restart ep = 4 -> ep = 2 x tp = 2: ${out:-no checkpoint}"; tail -3 "$WORK/ep_restart.log"
+  fail "restart ep = 4 ZeRO-2 -> ep = 2 x tp = 2: ${out:-no checkpoint}"; tail -3 "$WORK/ep_restart.log"
 fi
 # A dense checkpoint does not restart as an MoE model: the shapes named.
 timeout 120 "$TESSERA" train "$deck" "${common[@]:0:10}" train.steps=2 run.dir="$WORK/dense_saved" \
@@ -138,6 +144,8 @@ refuse capacity_cp "which parallel.cp = 2" 2 parallel.cp=2 model.attention=fused
   model.moe.capacity_factor=1.25
 refuse capacity "model.moe.capacity_factor" 1 model.moe.capacity_factor=-1
 refuse ep_zero "parallel.ep = 2 with parallel.zero = 1" 2 parallel.dp=2 parallel.ep=2 parallel.zero=1
+refuse ep_hybrid "hybrid sharding is not combined with expert parallelism" 4 parallel.dp=4 \
+  parallel.ep=2 parallel.zero=2 parallel.zero_group=2
 refuse ep_adafactor "with optim.name = adafactor" 2 parallel.dp=2 parallel.ep=2 \
   optim.name=adafactor
 refuse ep_experts "model.moe.experts = 4 is not divisible by parallel.ep = 3" 3 parallel.dp=3 \
