@@ -276,12 +276,14 @@ class Engine final : public TrainEngine {
   Counters counters() const override {
     Counters c;
     c.payload[Traffic::tp] = double(tp_.payload_bytes);
-    c.payload[Traffic::dp] =
-        double(dp_.payload_bytes + own_shard_.payload_bytes + replica_.payload_bytes);
+    c.payload[Traffic::dp] = double(dp_.payload_bytes + own_shard_.payload_bytes +
+                                    replica_.payload_bytes + own_edp_.payload_bytes);
     c.payload[Traffic::pp] = double(pp_.payload_bytes);
     c.payload[Traffic::embed] = double(embed_.payload_bytes);
     c.payload[Traffic::cp] = double(cp_.payload_bytes);
-    c.dp_wait = dp_.busy_seconds + own_shard_.busy_seconds + replica_.busy_seconds;
+    c.payload[Traffic::ep] = double(ep_.payload_bytes);
+    c.dp_wait = dp_.busy_seconds + own_shard_.busy_seconds + replica_.busy_seconds +
+                own_edp_.busy_seconds;
     c.cp_wait = cp_.busy_seconds;
     for (const auto& model : models_) c.cp_attention += model->context_seconds();
     c.pipeline_wait = executor_.wait_seconds();

@@ -7,12 +7,14 @@
 //   pp     the pipeline's sends {pp}
 //   embed  the tied embedding's pair of pipeline ends (Mesh::embed)
 //   cp     context parallelism's K/V blocks {cp}
-// A new axis adds its name here where its traffic is its own (expert parallelism's all-to-all).
+//   ep     expert parallelism's all-to-all of the routed rows {ep} (the experts' gradient sum over
+//          edp is the data-parallel reduction's: dp)
+// A new axis adds its name here where its traffic is its own.
 namespace tessera {
 
-enum class Traffic { tp, dp, pp, embed, cp };
-inline constexpr int kTraffic = 5;
-inline constexpr const char* kTrafficNames[kTraffic] = {"tp", "dp", "pp", "embed", "cp"};
+enum class Traffic { tp, dp, pp, embed, cp, ep };
+inline constexpr int kTraffic = 6;
+inline constexpr const char* kTrafficNames[kTraffic] = {"tp", "dp", "pp", "embed", "cp", "ep"};
 inline const char* traffic_name(Traffic t) { return kTrafficNames[int(t)]; }
 
 // Payload bytes by group.

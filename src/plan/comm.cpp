@@ -1,12 +1,23 @@
 #include "plan/comm.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/cost.hpp"
+#include "model/family.hpp"
+#include "model/moe_dispatch.hpp"
 
 namespace tessera {
 
 namespace {
+
+// The elements of a tile's experts' tensors (model/family.hpp's expert roles).
+double expert_elems(const LocalLayout& tile) {
+  double n = 0;
+  for (const LocalTensor& t : tile.tensors)
+    if (expert_role(tile.canon(t).role)) n += double(t.numel);
+  return n;
+}
 
 // The data-parallel payload and traffic (comm.hpp gives them by ZeRO stage).
 void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, int pp_rank,
@@ -19,8 +30,14 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
     return ranks > 1 ? (ranks - 1.0) / ranks * payload : 0;
   };
   if (zero == 0 || (zero == 1 && n == 1)) {
-    out->payload[Traffic::dp] = out->dp_all_reduce = 4 * P;
-    out->dp_traffic = 2 * ring(4 * P, l.dpcp());
+    // Expert parallelism: the experts' ranges sum over edp (once more than one rank holds them),
+    // the rest over dp x cp (optim/distributed.cpp).
+    const double experts = l.ep > 1 ? expert_elems(rank_tile(run, shape, 0, pp_rank)) : 0;
+    const int edp = l.dpcp() / l.ep;
+    out->dp_all_reduce = 4 * (P - experts);
+    out->dp_experts = edp > 1 ? 4 * experts : 0;
+    out->payload[Traffic::dp] = out->dp_all_reduce + out->dp_experts;
+    out->dp_traffic = 2 * ring(out->dp_all_reduce, l.dpcp()) + 2 * ring(out->dp_experts, edp);
     return;
   }
   if (zero == 1) {
@@ -32,15 +49,19 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
     return;
   }
   const LocalLayout tile = rank_tile(run, shape, 0, pp_rank);
-  const ShardPlan plan = make_shard_plan(tile, n, 0);
+  // Expert parallelism: an MoE layer's experts are a unit of their own, sharded over edp.
+  const ShardPlan plan = make_shard_plan(tile, n, 0, l.dpcp() / l.ep, 0);
   auto unit_of = [&](int tensor) { return tile.unit_of_tensor[size_t(tensor)]; };
-  auto whole = [&](int u) { return double(plan.whole(u)); };  // padded unit
+  // A unit padded to its group's parts; nothing travels for a group of one.
+  auto whole = [&](int u) { return plan.group[size_t(u)] > 1 ? double(plan.whole(u)) : 0.0; };
   double gathered = 0, reduced = 0;  // elements per micro-batch
   for (size_t c = 0; c < tile.chunks.size(); ++c) {
     const bool first = tile.first && c == 0, last = tile.last && c + 1 == tile.chunks.size();
     double layers = 0;
-    for (int k = tile.chunks[c].begin; k < tile.chunks[c].end; ++k)
+    for (int k = tile.chunks[c].begin; k < tile.chunks[c].end; ++k) {
       layers += whole(tile.layer_unit(k));
+      if (tile.expert_unit(k) >= 0) layers += whole(tile.expert_unit(k));
+    }
     gathered += 2 * layers;  // forward and backward
     reduced += layers;
     if (first) {  // the embedding's forward reads embed and positions; its backward none
@@ -123,6 +144,17 @@ CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout
     // An MoE layer's balancing losses read the whole micro-batch's router statistics.
     out.moe_stats = m * moe * 8.0 * (2 * shape.moe.experts + 2) * (full ? 2 : 1);
     out.payload[Traffic::cp] += out.moe_stats;
+  }
+  // ep: the all-to-alls of the rows routed to the other ep ranks' experts (comm.hpp).
+  if (l.ep > 1 && moe > 0) {
+    const MoeShape& e = shape.moe;
+    const int N = int(b * T);
+    const double per_expert = std::min(double(N) * e.top_k / e.experts,
+                                       double(moe_capacity(cfg.model.moe.capacity_factor, N,
+                                                           e.top_k, e.experts)));
+    const double sent = per_expert * e.experts * (l.ep - 1.0) / l.ep;
+    out.ep_exchanges = moe * (full ? 6 : 4);
+    out.payload[Traffic::ep] = m * out.ep_exchanges * sent * C * act_bytes;
   }
   // pp: each (micro-batch, chunk) sends its output forward and its input's gradient back, except
   // at the model's two ends; sequence parallelism sends this rank's rows only.

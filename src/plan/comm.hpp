@@ -24,6 +24,10 @@ struct CommBytes {
   // in the backward); of the cp payload, their router statistics (2 E + 2 doubles, summed in
   // each forward, a full recompute's rerun too).
   double moe_gates = 0, moe_stats = 0;
+  // Expert parallelism: of the dp payload, the experts' gradients, all-reduced over the edp ranks
+  // holding the same experts (dp x cp / ep of them) where the rest sums over dp x cp; and the ep
+  // payload's all-to-alls (exchanges) per micro-batch.
+  double dp_experts = 0, ep_exchanges = 0;
 };
 
 // The rank at (tp_rank, pp_rank) of `run` (dp ranks alike); act_bytes: an activation's size (4,
@@ -37,6 +41,12 @@ struct CommBytes {
 //   3  per micro-batch every unit's parameters gathered for its forward and again for its
 //      backward (not with reshard_after_forward = false: once per step), and its gradients
 //      reduce-scattered; 2 and 3 then all-reduce S across replicas
+// (Expert parallelism runs with ZeRO 0 only: the experts' part of P sums over edp.)
+// ep, per MoE layer and micro-batch (model/moe_layer.hpp): the rows routed to the other ep
+// ranks' experts sent out and their outputs received back, the backward the same with gradients,
+// a full recompute's rerun its forward's two again: (ep - 1) / ep of the k b T rows of C
+// activations each way when the load is balanced (at most each expert's capacity), the trainer's
+// own rows not counted (FORMULAS.md).
 CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, int pp_rank,
                      uint64_t param_buffer, int act_bytes);
 

@@ -28,7 +28,7 @@ Predicts, without launching anything, what `tessera train DECK` would take on N 
 role (pipeline stage, tensor-parallel rank) the bytes of parameters, gradients, optimizer state,
 activations (for the schedule, recompute and sequence parallelism), other buffers and the data
 loader's ring, counted from the trainer's own buffer declarations; the bytes per step on each
-communicator (tp, dp, pp, embed); the pipeline bubble; the step time, tokens/s and MFU.
+communicator (tp, dp, pp, embed, cp, ep); the pipeline bubble; the step time, tokens/s and MFU.
   --machine NAME       a100-40gb, a100-80gb, h100-sxm-700w, h100-sxm-500w (power-capped),
                        h100-sxm (= h100-sxm-700w), h200, gh200, or cpu (this machine, measured
                        now); default cpu for device.backend cpu, else h100-sxm
@@ -100,9 +100,10 @@ std::string largest_term(const RankMemory& m) {
 
 std::string layout_text(const Config& c, const RunLayout& r) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "dp=%d%s tp=%d pp=%d v=%d mb=%d zero=%d recompute=%s sp=%d",
+  std::snprintf(buf, sizeof buf, "dp=%d%s%s tp=%d pp=%d v=%d mb=%d zero=%d recompute=%s sp=%d",
                 r.layout.dp,
                 r.layout.cp > 1 ? (" cp=" + std::to_string(r.layout.cp)).c_str() : "",
+                r.layout.ep > 1 ? (" ep=" + std::to_string(r.layout.ep)).c_str() : "",
                 r.layout.tp, r.layout.pp, r.virtual_stages, r.micro_batch,
                 c.parallel.zero, deck_word(c.train.recompute),
                 int(c.parallel.sequence_parallel && r.layout.tp > 1));
@@ -121,13 +122,8 @@ Candidate plan(const Config& cfg, const ModelShape& shape, const ParallelLayout&
   // The trainer's engine on this machine (fp8 on a GPU: bf16 beside the FP8 GEMMs).
   const EngineKind kind = engine_kind(cfg, machine.gpu);
   const bool bf16 = bf16_activations(kind);
-  // MoE decks the trainer refuses are refused here by the same words; expert parallelism, which
-  // the trainer runs, is not priced yet (its exchange on the network tiers).
-  std::string refused = make_run_layout(cfg, shape, layout, &c.run);
-  if (refused.empty() && layout.ep > 1)
-    refused = "parallel.ep = " + std::to_string(layout.ep) +
-              ": tessera plan does not price expert parallelism's all-to-all yet "
-              "(docs/status.md); plan the deck at parallel.ep = 1";
+  // MoE decks the trainer refuses are refused here by the same words.
+  const std::string refused = make_run_layout(cfg, shape, layout, &c.run);
   if (!refused.empty()) {
     c.refused = refused;
     c.run.layout = layout;
@@ -231,10 +227,11 @@ std::string json_time(const Candidate& c) {
                 "\"pp_seconds\":%.6g,\"bubble_seconds\":%.6g,\"dp_seconds\":%.6g,"
                 "\"embed_seconds\":%.6g,\"optimizer_seconds\":%.6g,\"tokens_per_s\":%.6g,"
                 "\"mfu\":%.6g,\"model_flops_per_step\":%.6g,\"max_rank_bytes\":%.0f,"
-                "\"cp_seconds\":%.6g,\"attention_seconds\":%.6g,\"recompute_flops_per_step\":%.6g",
+                "\"cp_seconds\":%.6g,\"attention_seconds\":%.6g,\"recompute_flops_per_step\":%.6g,"
+                "\"ep_seconds\":%.6g",
                 pipeline_bubble(c.run), t.total, t.compute, t.tp, t.pp, t.bubble, t.dp, t.embed,
                 t.optimizer, t.tokens_per_s, t.mfu, t.model_flops, c.need, t.cp, t.attention,
-                t.recompute_flops);
+                t.recompute_flops, t.ep);
   return buf;
 }
 
@@ -283,21 +280,23 @@ void print_plan(const Candidate& c, const Machine& machine, long ranks) {
                   count(double(m.expert_elems)).c_str(), gb(split.expert).c_str(),
                   gb(total).c_str(), buffers.c_str());
     }
-    // Each group's payload (cp only where there is context parallelism).
+    // Each group's payload (cp and ep only where there is context or expert parallelism).
     std::string bytes;
     for (int k = 0; k < kTraffic; ++k) {
       const double b = c.comm[i].payload.bytes[k];
-      if (Traffic(k) != Traffic::cp || b > 0)
+      if ((Traffic(k) != Traffic::cp && Traffic(k) != Traffic::ep) || b > 0)
         bytes += std::string(bytes.empty() ? "" : ", ") + kTrafficNames[k] + " " + gb(b);
     }
     std::printf("    bytes per step: %s\n", bytes.c_str());
     i = j;
   }
   const StepTime& t = c.time;
-  std::printf("  bubble %.3f; step %.4g s = compute %.4g + tp %.3g + pp %.3g + bubble %.3g + "
+  char ep[32] = "";  // expert parallelism's all-to-alls, where there are any
+  if (c.run.layout.ep > 1) std::snprintf(ep, sizeof ep, " + ep %.3g", t.ep);
+  std::printf("  bubble %.3f; step %.4g s = compute %.4g + tp %.3g + pp %.3g%s + bubble %.3g + "
               "dp %.3g + embed %.3g + optimizer %.3g; %.4g tokens/s, MFU %.1f%%\n",
-              pipeline_bubble(c.run), t.total, t.compute, t.tp, t.pp, t.bubble, t.dp, t.embed,
-              t.optimizer, t.tokens_per_s, 100 * t.mfu);
+              pipeline_bubble(c.run), t.total, t.compute, t.tp, t.pp, ep, t.bubble, t.dp,
+              t.embed, t.optimizer, t.tokens_per_s, 100 * t.mfu);
   if (c.run.layout.cp > 1)
     std::printf("  context parallelism: cp %d, K/V by %s; attention %.4g s, exposed cp "
                 "communication %.3g s (in the step above)\n",
@@ -306,12 +305,13 @@ void print_plan(const Candidate& c, const Machine& machine, long ranks) {
 }
 
 // Every layout the search tries: (dp, tp, pp) of `ranks`, virtual stages, micro-batches (powers
-// of two), the ZeRO stages, recompute, sequence parallelism; the deck's schedule, zero_group and
-// other keys kept.
+// of two), the ZeRO stages, recompute, sequence parallelism; the deck's schedule, zero_group,
+// expert parallelism and other keys kept (ep > 1 at ZeRO 0, 2 and 3, all the trainer runs).
 std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long ranks,
                               const Machine& machine) {
   std::vector<Candidate> out;
   const int cp = std::max(1, deck.parallel.cp);  // the deck's context parallelism, kept
+  const int ep = std::max(1, deck.parallel.ep);  // and its expert parallelism
   for (int tp = 1; tp <= ranks; ++tp) {
     if (ranks % (tp * cp)) continue;
     for (int pp = 1; pp <= ranks / tp / cp; ++pp) {
@@ -320,7 +320,7 @@ std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long 
       const int group = deck.parallel.zero_group > 0 && dp % deck.parallel.zero_group == 0
                             ? deck.parallel.zero_group
                             : 0;
-      const ParallelLayout layout{dp, tp, pp, group, cp};
+      const ParallelLayout layout{dp, tp, pp, group, cp, ep};
       Config base = deck;
       base.parallel.dp = dp;
       base.parallel.tp = tp;
@@ -334,7 +334,8 @@ std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long 
           for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
             for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full})
               for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
-                if (deck.train.batch_size % dp || per_dp % mb) continue;
+                if (deck.train.batch_size % dp || per_dp % mb || dp * cp % ep) continue;
+                if (ep > 1 && zero == 1) continue;  // refused by the trainer (run_layout.cpp)
                 Config cfg = base;
                 cfg.train.micro_batch = mb;
                 cfg.parallel.virtual_stages = v;
@@ -348,8 +349,10 @@ std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long 
         Candidate c;
         c.cfg = base;
         c.run.layout = layout;
-        c.refused = "train.batch_size = " + std::to_string(deck.train.batch_size) +
-                    " is not a multiple of dp = " + std::to_string(dp);
+        c.refused = dp * cp % ep ? "parallel.ep = " + std::to_string(ep) +
+                                       " does not divide dp x cp = " + std::to_string(dp * cp)
+                                 : "train.batch_size = " + std::to_string(deck.train.batch_size) +
+                                       " is not a multiple of dp = " + std::to_string(dp);
         out.push_back(std::move(c));
       }
     }

@@ -58,6 +58,16 @@ double ring_half(const Network& net, const Placement& g, double bytes, double op
   return ring(net, g, bytes, (n - 1) / n, ops * (n - 1));
 }
 
+double all_to_all(const Network& net, const Placement& g, double bytes, double ops) {
+  if (g.n <= 1 || bytes <= 0) return 0;
+  // Every member sends at once: the shares for members on its node over NVLink, the rest of the
+  // node's members' shares through the NICs this group has of the node (the same wire both ways).
+  const double inside = bytes * (g.per_node - 1) / (g.n - 1.0), outside = bytes - inside;
+  double t = inside / net.intra_bw;
+  if (outside > 0) t = std::max(t, g.per_node * outside / node_share(net, g));
+  return t + ops * (g.nodes > 1 ? net.latency : net.intra_latency);
+}
+
 double send(const Network& net, int stride, double bytes, double ops) {
   if (bytes <= 0) return 0;
   if (stride < net.devices_per_node) return bytes / net.intra_bw + ops * net.intra_latency;

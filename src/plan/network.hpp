@@ -6,7 +6,7 @@
 // per node (one per node once stride reaches a node), and the node's other devices run their
 // own groups of the same kind at the same time, sharing its NICs. All-reduces take NCCL's ring
 // or tree, whichever is faster (as NCCL's tuner does); reduce-scatters, all-gathers and sends
-// the ring.
+// the ring; all-to-alls (expert parallelism) send each member its share directly.
 namespace tessera {
 
 struct Network {
@@ -37,6 +37,9 @@ struct CollectiveTime {
 CollectiveTime all_reduce(const Network& net, const Placement& g, double bytes, double ops = 1);
 // A reduce-scatter or an all-gather of `bytes` (the whole buffer's payload), ring.
 double ring_half(const Network& net, const Placement& g, double bytes, double ops = 1);
+// An all-to-all in which each member sends `bytes` in all, an equal share to each other member
+// (those on its node over the node's links, the rest through its NICs), in `ops` exchanges.
+double all_to_all(const Network& net, const Placement& g, double bytes, double ops = 1);
 // A point-to-point send of `bytes` between ranks `stride` apart, every device of a node sending
 // at once (a pipeline's stages).
 double send(const Network& net, int stride, double bytes, double ops = 1);

@@ -127,11 +127,15 @@ void finish_step(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   // group is dp x cp, cp ranks nearest.
   const int n_shard = zero >= 1 ? l.shard_size() : 1;
   const int n_reduce = n_shard > 1 ? l.dpcp() / n_shard : l.dpcp();
+  // Expert parallelism: the experts' gradients over the edp ranks holding the same experts
+  // (ep groups of consecutive dp x cp ranks: edp members tp ep apart).
   const double dp_time =
       l.dpcp() <= 1 ? 0
                     : ring_half(net, place(net, n_shard, l.tp), slowest_comm.dp_sharded) +
                           all_reduce(net, place(net, n_reduce, l.tp * n_shard),
-                                     slowest_comm.dp_all_reduce).seconds;
+                                     slowest_comm.dp_all_reduce).seconds +
+                          all_reduce(net, place(net, l.dpcp() / l.ep, l.tp * l.ep),
+                                     slowest_comm.dp_experts).seconds;
   if (!machine.gpu || zero == 1)
     out.dp = dp_time;
   else if (zero == 0)
@@ -150,7 +154,7 @@ void finish_step(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   out.optimizer = machine.measured
                       ? shard * (o.adamw + o.norm + o.scale) + double(param_buffer) * o.zero
                       : c.bytes(28 * shard + (bf16 ? 2 * shard : 0) + 8.0 * double(param_buffer));
-  out.total = out.compute + out.tp + out.pp + out.cp + out.bubble + out.dp + out.embed +
+  out.total = out.compute + out.tp + out.pp + out.cp + out.ep + out.bubble + out.dp + out.embed +
               out.optimizer;
   // Model FLOPs: FORMULAS.md's 6 N_matmul + 12 L C T per token (attention not halved for causal),
   // N_matmul the active parameters' (an MoE layer's router and top_k of its experts).
@@ -291,8 +295,13 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
                                              moe * (rc == Recompute::Full ? 2 : 1)).seconds
                                 : 0)
                  : 0;
-    const double mb = t + tp_time + pp_time + cp_time;
+    // ep: each MoE layer's all-to-alls (ep members of consecutive dp x cp ranks, tp apart),
+    // blocking: the experts wait for their rows, the next layer for their outputs.
+    const double ep_time = all_to_all(net, place(net, l.ep, l.tp),
+                                      bytes.payload[Traffic::ep] / run.n_micro, bytes.ep_exchanges);
+    const double mb = t + tp_time + pp_time + cp_time + ep_time;
     if (mb > slowest) {
+      out.ep = ep_time * run.n_micro;
       out.cp = cp_time * run.n_micro;
       out.attention = att_time * run.n_micro;
       slowest = mb;

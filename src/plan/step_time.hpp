@@ -19,6 +19,7 @@ struct StepTime {
   double dp = 0;        // the exposed data-parallel reduction (and ZeRO-1's all-gather)
   double embed = 0;     // the tied embedding's gradient sum
   double cp = 0;        // context parallelism's K/V transfers the attention does not hide
+  double ep = 0;        // expert parallelism's all-to-alls (blocking: nothing overlaps them)
   double optimizer = 0; // AdamW over the largest tile
   double total = 0;
   double tokens_per_s = 0;

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# `tessera plan` on mixture-of-experts decks (model.moe, parallel.ep = 1): every rank's measured
-# bytes (parameters, gradients, moments, activations with the experts' kept rows, the arena) and
-# the bytes it hands to each communicator per step, the MoE gates' tp all-reduce and the router
-# statistics' cp sum among them, equal `tessera plan --json` of the same deck
-# (tools/reference/plan_check.py), as test_comm_volume.sh holds dense decks; its model FLOPs are
-# the trainer's (active parameters: the router and top_k of E experts); the dense, expert and
-# dispatch-buffer split is reported, and an ep > 1 deck is refused (the trainer runs it; the plan does not price its exchange yet).
+# `tessera plan` on mixture-of-experts decks (model.moe): every rank's measured bytes
+# (parameters, gradients, moments, activations with the experts' kept rows, the arena) and the
+# bytes it hands to each communicator per step, the MoE gates' tp all-reduce, the router
+# statistics' cp sum, expert parallelism's all-to-alls (ep) and its experts' gradient sum over
+# edp (dp) among them, equal `tessera plan --json` of the same deck
+# (tools/reference/plan_check.py), as test_comm_volume.sh holds dense decks, on eleven layouts (ep = 2 under ZeRO-3 and ZeRO-2 among them).
+# Four have ep > 1 (one with two ranks holding each expert, edp = 2): their expert bytes a rank
+# fall by ep, and the step's all-to-all bytes in metrics.jsonl (moe_a2a_bytes) equal the plan's;
+# they route every token to every expert (top_k = E), so the load is balanced as the plan assumes.
+# Its model FLOPs are the trainer's (active parameters: the router and top_k of E experts); the
+# dense, expert and dispatch-buffer split is reported; input/mixtral-8x7b.yaml plans on a named
+# cluster (46.7 B parameters, 12.9 B active) and its search finds a layout that fits 80 GB; ZeRO
+# with ep > 1 is refused as the trainer refuses it.
 source "$(dirname "$0")/lib.sh"
 deck=$(tiny_deck plan_moe)
 cd "$WORK" || exit 1
@@ -17,7 +23,13 @@ common=(model.n_layer=4 model.n_head=4 model.n_embd=32 train.batch_size=8 train.
 # NAME DP TP PP [key=value ...]
 for layout in "dp2 2 1 1" "tp2 1 2 1" "pp2 1 1 2" \
               "cp2_full 1 1 1 parallel.cp=2 model.attention=fused train.recompute=full" \
-              "tp2_pp2_sp 1 2 2 parallel.sequence_parallel=true parallel.zero=1 model.arch=llama model.n_kv_head=2 model.moe.every=1"; do
+              "tp2_pp2_sp 1 2 2 parallel.sequence_parallel=true parallel.zero=1 model.arch=llama model.n_kv_head=2 model.moe.every=1" \
+              "ep2 2 1 1 parallel.ep=2 model.moe.top_k=4" \
+              "ep2_tp2_full 2 2 1 parallel.ep=2 model.moe.top_k=4 train.recompute=full" \
+              "ep4 4 1 1 parallel.ep=4 model.moe.top_k=4 model.arch=llama model.n_kv_head=2" \
+              "ep2_edp2 4 1 1 parallel.ep=2 model.moe.top_k=4" \
+              "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3 model.moe.top_k=4" \
+              "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2 model.moe.top_k=4"; do
   set -- $layout
   name=$1 cp=1
   for arg in "${@:5}"; do [[ $arg == parallel.cp=* ]] && cp=${arg#parallel.cp=}; done
@@ -39,10 +51,17 @@ step = [r for r in rows if r["type"] == "train"][-1]
 run = step["mfu"] * int(sys.argv[3]) * 0.5e6 / step["tokens_per_s"]
 planned = plan["model_flops_per_step"] / (8 * 16)
 assert abs(planned / run - 1) < 5e-4, (planned, run)
-assert plan["params_active"] < plan["params_total"] and plan["experts"] == 4, plan
+assert plan["experts"] == 4 and (plan["params_active"] < plan["params_total"] or
+                                 plan["top_k"] == 4), plan
 for r in plan["roles"]:
     assert r["expert_param_elems"] > 0 and r["expert_state_bytes"] > 0, r
     assert all(v > 0 for v in r["moe_buffer_bytes"].values()), r["moe_buffer_bytes"]
+# Expert parallelism: the step's all-to-all bytes a rank (metrics.jsonl), the plan's ep payload.
+ep = [r["ep_bytes_per_step"] for r in plan["roles"]]
+if max(ep) > 0:
+    assert step["moe_a2a_bytes"] == ep[0] > 0, (step["moe_a2a_bytes"], ep)
+    print(f"a2a {step['moe_a2a_bytes'] / 1e3:.1f} kB a step = plan, experts "
+          f"{plan['roles'][0]['expert_param_elems']} a rank;", end=" ")
 print(f"{planned:.0f} FLOPs a token (run {run:.0f})")
 PY
 ); then
@@ -69,7 +88,43 @@ assert r["expert_param_elems"] == 0 and not any(r["moe_buffer_bytes"].values())'
 else
   fail "a dense deck's MoE figures"
 fi
-ALLOW_STDOUT=1 expect_error "expert parallelism refused, not yet priced" 2 \
-  "parallel.ep = 2: tessera plan does not price expert parallelism's all-to-all yet" \
-  "$TESSERA" plan "$deck" "${common[@]}" parallel.dp=2 parallel.ep=2 --ranks 2 --machine-file host.yaml
+# Expert parallelism splits the experts, not the dense weights: at ep = 4 a rank holds a
+# quarter of the experts' parameters and all the dense ones.
+if "$TESSERA" plan "$deck" "${common[@]}" parallel.dp=4 --ranks 4 --machine-file host.yaml --json \
+     >ep1.json && "$TESSERA" plan "$deck" "${common[@]}" parallel.dp=4 parallel.ep=4 --ranks 4 \
+     --machine-file host.yaml --json >ep4.json &&
+   out=$("$PYTHON" -c 'import json; a=json.load(open("ep1.json"))["roles"][0]; b=json.load(open("ep4.json"))["roles"][0]
+assert a["expert_param_elems"] == 4 * b["expert_param_elems"] > 0, (a["expert_param_elems"], b["expert_param_elems"])
+assert a["dense_param_elems"] == b["dense_param_elems"] and a["ep_bytes_per_step"] == 0 < b["ep_bytes_per_step"]
+print(a["expert_param_elems"], b["expert_param_elems"])'); then
+  pass "ep = 4 holds a quarter of the experts a rank: $out expert parameters at ep 1, 4"
+else
+  fail "experts split by ep: $out"
+fi
+# input/mixtral-8x7b.yaml on 64 H100s (8 nodes of 8): Mixtral's 46.7 B parameters, 12.9 B active,
+# the deck's layout fits 80 GB with its all-to-all priced, and the search finds a layout that fits.
+if "$TESSERA" plan "$ROOT/input/mixtral-8x7b.yaml" --machine h100-sxm --ranks 64 --json \
+     >mixtral.json 2>mixtral.err &&
+   "$TESSERA" plan "$ROOT/input/mixtral-8x7b.yaml" --machine h100-sxm --ranks 64 --search --json \
+     >mixtral_search.json 2>>mixtral.err &&
+   out=$("$PYTHON" - <<'PY' 2>&1
+import json
+p, s = json.load(open("mixtral.json")), json.load(open("mixtral_search.json"))
+assert abs(p["params_total"] / 46.7e9 - 1) < 0.01 and abs(p["params_active"] / 12.9e9 - 1) < 0.01, p
+assert p["fits"] and p["max_rank_bytes"] < 80e9 and p["ep_seconds"] > 0, p
+assert all(r["ep_bytes_per_step"] > 0 for r in p["roles"])
+best = [l for l in s["layouts"] if l["fits"] and l["max_rank_bytes"] < 80e9][0]
+print(f"{p['params_total'] / 1e9:.2f} B, {p['params_active'] / 1e9:.2f} B active, "
+      f"{p['max_rank_bytes'] / 1e9:.1f} GB a rank, MFU {p['mfu']:.1%}, all-to-all "
+      f"{p['ep_seconds']:.3f} s of {p['step_seconds']:.2f} s; search: {best['layout']}")
+PY
+); then
+  pass "mixtral-8x7b on 64 H100s: $out"
+else
+  fail "mixtral-8x7b: $out $(head -c 300 mixtral.err)"
+fi
+# The trainer's refusals of expert parallelism are the plan's, word for word.
+ALLOW_STDOUT=1 expect_error "ZeRO with expert parallelism refused" 2 \
+  "parallel.ep = 2 with parallel.zero = 1: ZeRO-1's flat slices would mix different experts' rows" \
+  "$TESSERA" plan "$deck" "${common[@]}" parallel.dp=2 parallel.ep=2 parallel.zero=1 --ranks 2 --machine-file host.yaml
 finish

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # `tessera plan` against published large runs (tools/reference/plan_published.py, docs/planning.md's table):
 # every row held to the model (not marked as staying outside, with its reason) must predict the
-# published throughput within +-10% (A100, and H100 by power class): a change to the step-time
-# model, a built-in machine or the FLOP counting that moves a row further fails here. And the
-# check can fail: planned on a machine 30% faster than the row's, the rows fall outside.
+# published throughput within +-10% (A100, and H100 by power class), and every mixture-of-experts
+# row so held (Megatron-Core's Mixtral 8x7B, expert parallelism's all-to-all priced) within +-15%:
+# a change to the step-time model, a built-in machine or the FLOP counting that moves a row
+# further fails here. And the check can fail: planned on a machine 30% faster than the row's, the
+# rows fall outside.
 source "$(dirname "$0")/lib.sh"
 cd "$WORK" || exit 1
 if out=$("$PYTHON" "$ROOT/tools/reference/plan_published.py" --tessera "$TESSERA" --check \
-           --tolerance 0.10 2>&1); then
+           --tolerance 0.10 --moe-tolerance 0.15 2>&1); then
   pass "published runs: $(echo "$out" | grep -A9 "rows held to the model" | tr '\n' ' ')"
 else
   fail "published runs: $(echo "$out" | tail -5 | tr '\n' ' ')"

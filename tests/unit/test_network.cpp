@@ -86,3 +86,18 @@ TEST(Network, HalvesAndSends) {
   // One rank: nothing to move.
   EXPECT_EQ(all_reduce(net, place(net, 1, 1), 1e9).seconds, 0);
 }
+
+TEST(Network, AllToAllInsideOneNode) {
+  // ep = 8 with tp = 1: every member's 1 GB goes to the 7 others over NVLink at once.
+  EXPECT_NEAR(all_to_all(dgx(), place(dgx(), 8, 1), 1e9, 4), 1e9 / 300e9 + 4 * 1e-6, 1e-12);
+}
+
+TEST(Network, AllToAllAcrossNodes) {
+  // ep = 4 with tp = 8, one member a node: all of it through the group's share of the NICs,
+  // the node's 8 groups sharing 200 GB/s: 1 GB / 25 GB/s + one inter-node step.
+  EXPECT_NEAR(all_to_all(dgx(), place(dgx(), 4, 8), 1e9), 0.040 + 5e-6, 1e-12);
+  // ep = 8 with tp = 4, two members a node on 4 nodes: 6 of each member's 7 shares leave the
+  // node, both members' through the group's 50 GB/s (34.3 ms; the NVLink share's 0.5 ms hides).
+  EXPECT_NEAR(all_to_all(dgx(), place(dgx(), 8, 4), 1e9), 2 * 6.0 / 7 * 1e9 / 50e9 + 5e-6, 1e-12);
+  EXPECT_EQ(all_to_all(dgx(), place(dgx(), 1, 1), 1e9), 0);
+}

@@ -12,7 +12,7 @@ import sys
 KEYS = ("param_bytes", "grad_bytes", "optim_bytes", "activation_bytes", "tp_bytes_per_step",
         "dp_bytes_per_step", "pp_bytes_per_step", "embed_bytes_per_step", "param_buffer_bytes",
         "grad_buffer_bytes", "optimizer_buffer_bytes", "transient_bytes", "pipeline_buffer_bytes",
-        "arena_bytes", "cp_bytes_per_step")
+        "arena_bytes", "cp_bytes_per_step", "ep_bytes_per_step")
 
 
 def main(metrics_path, plan_path):
@@ -23,7 +23,8 @@ def main(metrics_path, plan_path):
     for r in ranks:
         want = roles[(int(r["pp_rank"]), int(r["tp_rank"]))]
         for key in KEYS:
-            # (cp_bytes_per_step: runs and plans from before context parallelism have none)
+            # (cp_ and ep_bytes_per_step: runs and plans from before context and expert
+            # parallelism have none)
             if r.get(key, 0) != want.get(key, 0):
                 print(f"rank {r['rank']}: {key} measured {r.get(key, 0):.0f}, plan "
                       f"{want.get(key, 0):.0f}")
