@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "backend/cpu/backend.hpp"
@@ -177,6 +178,9 @@ class Engine final : public TrainEngine {
   StepResult train_step(const std::vector<HostMicroBatch>& batches, float dloss, double grad_clip,
                         double lr, long t, const StepCheck& check) override {
     for (auto& model : models_) model->poison_transient();
+    for (auto& model : models_)
+      if (MoeLayer<Backend>* moe = model->moe())
+        std::fill(moe->step_loads().begin(), moe->step_loads().end(), 0.0);
     const std::vector<MicroBatch> inputs = upload(batches);
     if (sharded_) backward_sharded(inputs, dloss);
     else backward_flat(inputs, dloss);
@@ -204,6 +208,7 @@ class Engine final : public TrainEngine {
       optimizer_.step(master_, copy_, grads_, grad_clip > 0 ? clip_factor(norm, grad_clip) : 1.0,
                       lr, t);
       if (stage() == 2) sharded_->gather_full(full_params());
+      move_moe_bias();
     }
     for (Fp8State* s : fp8_states()) apply ? s->commit() : s->discard();
     if (sharded_) sharded_->end_step();
@@ -264,6 +269,29 @@ class Engine final : public TrainEngine {
       }
     }
     return out;
+  }
+
+  std::vector<float> moe_bias(int n_layer) const override {
+    const size_t E = size_t(tile_.canonical.shape.moe.experts);
+    std::vector<float> table(size_t(n_layer) * E, std::numeric_limits<float>::lowest());
+    for (const auto& model : models_)
+      if (const MoeLayer<Backend>* moe = model->moe(); moe && !moe->bias().empty())
+        for (size_t i = 0; i < moe->layers().size(); ++i)
+          std::copy_n(moe->bias().begin() + long(i * E), E,
+                      table.begin() + long(size_t(moe->layers()[i]) * E));
+    return table;
+  }
+  void set_moe_bias(const std::vector<float>& table) override {
+    const size_t E = size_t(tile_.canonical.shape.moe.experts);
+    for (auto& model : models_) {
+      MoeLayer<Backend>* moe = model->moe();
+      if (moe == nullptr || moe->bias().empty()) continue;
+      std::vector<float> bias(moe->bias().size());
+      for (size_t i = 0; i < moe->layers().size(); ++i)
+        std::copy_n(table.begin() + long(size_t(moe->layers()[i]) * E), E,
+                    bias.begin() + long(i * E));
+      moe->set_bias(bias);
+    }
   }
 
   size_t moe_buffer_bytes() const override {
@@ -363,6 +391,27 @@ class Engine final : public TrainEngine {
   }
 
   // ZeRO-2/3: the gradients reduce-scattered unit by unit as each backward produces them
+  // model.moe.bias_rate: the step's loads of every chunk's MoE layers summed over dp x cp (every
+  // micro-batch of the step's batch; tp ranks route alike, stages hold other layers), then each
+  // layer's bias moved.
+  void move_moe_bias() {
+    std::vector<double> loads;
+    for (auto& model : models_)
+      if (MoeLayer<Backend>* moe = model->moe())
+        loads.insert(loads.end(), moe->step_loads().begin(), moe->step_loads().end());
+    if (loads.empty()) return;
+    if (dp_.active())
+      MPI_Allreduce(MPI_IN_PLACE, loads.data(), int(loads.size()), MPI_DOUBLE, MPI_SUM,
+                    dp_.mpi());
+    size_t at = 0;
+    for (auto& model : models_)
+      if (MoeLayer<Backend>* moe = model->moe(); moe && !moe->step_loads().empty()) {
+        const size_t n = moe->step_loads().size();
+        moe->move_bias(std::vector<double>(loads.begin() + long(at), loads.begin() + long(at + n)));
+        at += n;
+      }
+  }
+
   // (optim/sharded_weights.hpp; the sequence-parallel partial sums before, see allocate).
   void backward_sharded(const std::vector<MicroBatch>& inputs, float dloss) {
     sharded_->begin_step();

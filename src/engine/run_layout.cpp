@@ -31,10 +31,6 @@ std::string moe_layout_problem(const Config& cfg, const ModelShape& shape,
   if (m.shared_experts > 0)
     return "model.moe.shared_experts = " + std::to_string(m.shared_experts) +
            ": shared experts are not trained by this tessera yet (docs/status.md)";
-  if (m.bias_rate > 0)
-    return "model.moe.bias_rate = " + std::to_string(m.bias_rate) +
-           ": the auxiliary-loss-free balancing is not trained by this tessera yet "
-           "(docs/status.md); use model.moe.aux_loss";
   if (cfg.device.precision == Precision::Fp8)
     return "device.precision = fp8: " + moe + " runs its experts in bf16 or fp32 only "
            "(docs/status.md)";

@@ -42,6 +42,9 @@ struct TrainState {
   // row newest first, -1 where no step has been. Empty without FP8.
   int fp8_history = 0;
   std::vector<float> fp8_amax;
+  // model.moe.bias_rate (model/moe_layer.hpp): every MoE layer's selection bias, layout-free, as
+  // /train/moe_bias [MoE layers, experts] in layer order. Empty without the bias.
+  std::vector<float> moe_bias = {};
   // Steps the optimizer's state has taken (/optim attribute step: the rule's t): -1 = step, as
   // it is unless a restart started the state afresh (optim.reset_state).
   int64_t optim_step = -1;

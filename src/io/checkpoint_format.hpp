@@ -48,6 +48,12 @@ H5FD_mpio_xfer_t transfer_mode(const ParamTensor& c, long collective_bytes);
 void write_fp8_history(hid_t train, const TrainState& state, bool write_data);
 // n_layer: the checkpoint's, whose rows the dataset must have (Fp8State's per layer, the head's).
 void read_fp8_history(hid_t train, const std::string& path, int n_layer, TrainState& state);
+// TrainState::moe_bias as /train/moe_bias under `train` (io/checkpoint_moe.cpp), the same way:
+// written by every rank's metadata and one rank's data, read back (nothing where the checkpoint
+// has none) with its shape (the model's MoE layers by its experts), checksum and values checked.
+void write_moe_bias(hid_t train, const TrainState& state, int experts, bool write_data);
+void read_moe_bias(hid_t train, const std::string& path, const ModelShape& shape,
+                   TrainState& state);
 
 // The local tensor holding canonical tensor i on this rank, or null.
 std::vector<const LocalTensor*> tiles_by_canonical(const LocalLayout& layout);

@@ -247,6 +247,7 @@ CheckpointInfo read_info_here(const std::string& path) {
   info.state.data_sources = h5_read_string_attr(train.get(), "data_sources").value_or("");
   info.state.data_position = h5_read_string_attr(train.get(), "data_position").value_or("");
   ckpt::read_fp8_history(train.get(), path, info.shape.n_layer, info.state);
+  ckpt::read_moe_bias(train.get(), path, info.shape, info.state);
   if (!std::isfinite(info.state.lr) || info.state.lr < 0)
     throw UserError(path + ": /train attribute lr " + std::to_string(info.state.lr) +
                     " is not a learning rate (finite, >= 0)");

@@ -279,6 +279,7 @@ void write_metadata(hid_t root, const LocalLayout& layout, const TrainState& sta
     h5_write_string_attr(train.get(), "data_sources", state.data_sources);
     h5_write_string_attr(train.get(), "data_position", state.data_position);
     ckpt::write_fp8_history(train.get(), state, rank == 0);
+    ckpt::write_moe_bias(train.get(), state, s.moe.experts, rank == 0);
     H5Handle tok = make_group(root, "tokenizer", failure);
     h5_write_string_attr(tok.get(), "type", tokenizer.type);
     h5_write_int_attr(tok.get(), "vocab_size", tokenizer.vocab_size);

@@ -45,6 +45,11 @@ MoeLayer<Backend>::MoeLayer(const ModelShape& shape, const BlockWidths& width,
   host_choice_.resize(N * k);
   host_stats_.resize(2 * E + 2);
   stats_.resize(layers_.size());
+  if (options_.bias_rate > 0) {
+    h_bias_ = arena.add("router selection bias (fp32)", layers_.size() * E * sizeof(float));
+    host_bias_.assign(layers_.size() * E, 0.0f);
+    step_loads_.assign(layers_.size() * E, 0.0);
+  }
 }
 
 template <class Backend>
@@ -55,6 +60,36 @@ void MoeLayer<Backend>::bind() {
   scratch_ = arena_->get<Act>(h_scratch_);
   fscratch_ = arena_->get<float>(h_fscratch_);
   router_stats_ = arena_->get<double>(h_stats_);
+  if (options_.bias_rate > 0) {
+    bias_ = arena_->get<float>(h_bias_);
+    set_bias(host_bias_);
+  }
+}
+
+template <class Backend>
+void MoeLayer<Backend>::set_bias(const std::vector<float>& bias) {
+  if (bias.size() != host_bias_.size())
+    throw std::logic_error("moe: a bias of " + std::to_string(bias.size()) + " values for " +
+                           std::to_string(host_bias_.size()));
+  host_bias_ = bias;
+  if (bias_ != nullptr) Backend::to_device(bias_, host_bias_.data(), bias.size() * sizeof(float));
+}
+
+template <class Backend>
+void MoeLayer<Backend>::move_bias(const std::vector<double>& loads) {
+  const size_t E = size_t(shape_.moe.experts);
+  const float rate = float(options_.bias_rate);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    double mean = 0;
+    for (size_t e = 0; e < E; ++e) mean += loads[i * E + e];
+    mean /= double(E);
+    // Integer counts (times a common factor): the comparison is exact on every rank.
+    for (size_t e = 0; e < E; ++e) {
+      const double load = loads[i * E + e];
+      host_bias_[i * E + e] += load < mean ? rate : load > mean ? -rate : 0.0f;
+    }
+  }
+  set_bias(host_bias_);
 }
 
 template <class Backend>
@@ -149,7 +184,8 @@ void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int lay
   const Kept p = kept(layer, slot);
   Backend::matmul_forward(p.logits, x, w.router, static_cast<const Act*>(nullptr), N, C, E);
   Backend::moe_route_forward(p.choice, p.gates, p.scores, p.logits,
-                             static_cast<const float*>(nullptr), N, options_.routing);
+                             bias_ ? bias_ + size_t(index_of(layer)) * E : nullptr, N,
+                             options_.routing);
   Backend::to_host(host_choice_.data(), p.choice, size_t(N) * k * sizeof(int32_t));
   MoeDispatch& d = plans_[at(layer, slot)];
   d = plan_dispatch(host_choice_.data(), N, k, E,
@@ -209,6 +245,8 @@ void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int lay
   Backend::to_host(host_stats_.data(), router_stats_, (2 * size_t(E) + 2) * sizeof(double));
   for (int e = 0; e <= E; ++e) load[size_t(e)] = host_stats_[size_t(E + 1 + e)];
   if (!record) return;
+  if (!step_loads_.empty())
+    for (int e = 0; e < E; ++e) step_loads_[size_t(index_of(layer) * E + e)] += load[size_t(e)];
   MoeLayerStats& s = stats_[size_t(index_of(layer))];
   double dot = 0, most = 0;
   for (int e = 0; e < E; ++e) {

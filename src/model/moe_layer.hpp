@@ -24,6 +24,13 @@
 // received rows are put in expert order (by expert, then by source rank, then in the source's
 // order), so every layout gives an expert the same rows in the same order.
 //
+// DeepSeek-V3's auxiliary-loss-free balancing (model.moe.bias_rate > 0; DeepSeek-V3 report
+// §2.1.2): each layer's selection bias b (E floats, fp32) is added to the scores for the choice
+// only, not the gates. After every applied step it moves bias_rate toward balance: b_e += rate
+// sign(mean load - load_e), the loads counted over the step's whole batch (every micro-batch of
+// every data-parallel rank: the engine sums step_loads() over dp x cp), so every rank holds the
+// same bias. It is state, not a parameter: checkpoints keep it (/train/moe_bias).
+//
 // The choice is read back to the host once per layer and micro-batch (the dispatch plan is host
 // code); the plan and the exchange's are kept per slot and layer for the backward.
 #include <cstddef>
@@ -79,6 +86,15 @@ class MoeLayer {
   std::vector<MoeLayerStats>& stats() { return stats_; }  // by this chunk's MoE layer
   const std::vector<int>& layers() const { return layers_; }
 
+  // The auxiliary-loss-free bias (bias_rate > 0): each layer's choices this step, by this
+  // chunk's MoE layer then expert (zeroed by the caller at the step's start; recomputed
+  // forwards not counted); move_bias takes them summed over the step's batch and moves the bias.
+  std::vector<double>& step_loads() { return step_loads_; }
+  void move_bias(const std::vector<double>& loads);
+  // The bias by this chunk's MoE layer then expert (zero at the start), and set from a checkpoint.
+  const std::vector<float>& bias() const { return host_bias_; }
+  void set_bias(const std::vector<float>& bias);
+
  private:
   // One slot and layer's kept activations: in token order the logits; in this rank's expert
   // order the rows sent (xs) and their outputs received back (y); in the held experts' order
@@ -125,6 +141,10 @@ class MoeLayer {
   std::vector<int32_t> host_choice_;
   std::vector<double> host_stats_;
   std::vector<MoeLayerStats> stats_;
+  size_t h_bias_ = 0;
+  float* bias_ = nullptr;            // bias_rate > 0: the device's copy of host_bias_
+  std::vector<float> host_bias_;     // by layer then expert
+  std::vector<double> step_loads_;   // by layer then expert
 };
 
 }  // namespace tessera

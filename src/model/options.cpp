@@ -23,6 +23,7 @@ ModelOptions model_options(const Config& c) {
   o.moe.aux_loss = m.aux_loss;
   o.moe.z_loss = m.z_loss;
   o.moe.capacity_factor = m.capacity_factor;
+  o.moe.bias_rate = m.bias_rate;
   return o;
 }
 

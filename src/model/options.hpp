@@ -28,6 +28,7 @@ struct MoeOptions {
   double aux_loss = 0;         // the auxiliary loss's coefficient
   double z_loss = 0;           // the z-loss's coefficient
   double capacity_factor = 0;  // 0: dropless
+  double bias_rate = 0;        // the auxiliary-loss-free balancing's step (0: no bias)
 };
 
 struct ModelOptions {

@@ -15,6 +15,9 @@ common=(model.n_layer=4 model.n_head=4 model.n_embd=32 train.batch_size=8 train.
         model.moe.z_loss=0.001)
 gpt=(model.moe.every=2)
 llama=(model.arch=llama model.n_kv_head=2 model.moe.score=sigmoid model.moe.renormalize=false)
+# DeepSeek-V3's auxiliary-loss-free balancing: the selection bias moved each step from the loads
+# of the whole batch (summed over dp x cp), the same on every rank.
+bias=(model.arch=llama model.n_kv_head=2 model.moe.score=sigmoid model.moe.bias_rate=0.02)
 # A capacity of 1.0 token per expert and choice: about a tenth of the choices dropped.
 capacity=(model.moe.every=2 model.moe.capacity_factor=1.0)
 
@@ -57,6 +60,8 @@ suite gpt "ep2 2 1 1 parallel.ep=2" "ep4 4 1 1 parallel.ep=4" "ep2_edp2 4 1 1 pa
 suite gpt "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
   "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2" \
   "ep2_edp2_zero3_keep 4 1 1 parallel.ep=2 parallel.zero=3 parallel.reshard_after_forward=false"
+suite bias "dp2 2 1 1" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" "tp2_pp2 1 2 2" \
+  "cp2 1 1 1 parallel.cp=2 model.attention=fused"
 suite capacity "dp2 2 1 1" "tp2_pp2 1 2 2 parallel.zero=1" "ep2 2 1 1 parallel.ep=2"
 suite llama "dp2_tp2 2 2 1 parallel.zero=1" "ep2_tp2 2 2 1 parallel.ep=2" \
   "ep2_tp2_zero3 2 2 1 parallel.ep=2 parallel.zero=3" \
@@ -97,6 +102,19 @@ if [ -f "$WORK/ep_restart/checkpoints/step_00000010.h5" ] &&
   pass "restart ep = 4 ZeRO-2 step 5 -> ep = 2 x tp = 2: $out"
 else
   fail "restart ep = 4 ZeRO-2 -> ep = 2 x tp = 2: ${out:-no checkpoint}"; tail -3 "$WORK/ep_restart.log"
+fi
+# The bias is state: 5 steps on dp = 2, continued to 10 on ep = 2 x tp = 2, are the 1-rank
+# run's steps 6-10 (a bias restarted at zero routes differently).
+run bias_saved 2 1 1 "${bias[@]}" train.steps=5 &&
+  run bias_restart 2 2 1 "${bias[@]}" parallel.ep=2 \
+    checkpoint.restart="$WORK/bias_saved/checkpoints/step_00000005.h5"
+if [ -f "$WORK/bias_restart/checkpoints/step_00000010.h5" ] &&
+   out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/bias_ref/metrics.jsonl" \
+       "$WORK/bias_ref/checkpoints/step_00000010.h5" "$WORK/bias_restart/metrics.jsonl" \
+       "$WORK/bias_restart/checkpoints/step_00000010.h5" --steps 6:10); then
+  pass "bias: restart dp = 2 step 5 -> ep = 2 x tp = 2: $out"
+else
+  fail "bias: restart dp = 2 -> ep = 2 x tp = 2: ${out:-no checkpoint}"; tail -3 "$WORK/bias_restart.log"
 fi
 # A dense checkpoint does not restart as an MoE model: the shapes named.
 timeout 120 "$TESSERA" train "$deck" "${common[@]:0:10}" train.steps=2 run.dir="$WORK/dense_saved" \

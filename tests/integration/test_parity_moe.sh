@@ -7,7 +7,8 @@
 # batches; every step's loss (the cross-entropy, without the balancing losses) agrees to a
 # relative 1e-5 and every final tensor to 1e-4 of its largest magnitude, for GPT-2 with every
 # layer MoE (softmax router, aux and z losses), LLaMA with MoE on every second layer (sigmoid
-# router), and GPT-2 with a capacity that drops pairs.
+# router), GPT-2 with a capacity that drops pairs, and LLaMA with DeepSeek-V3's
+# auxiliary-loss-free selection bias.
 source "$(dirname "$0")/lib.sh"
 cd "$WORK" || exit 1
 
@@ -287,5 +288,42 @@ PY
   pass "gpt_capacity: $out of step 1's 1024 (token, choice) pairs dropped"
 elif [ -n "${out:-}" ]; then
   fail "gpt_capacity: no pair dropped, the capacity is untested: $(tail -1 <<<"$out")"
+fi
+
+# (d) DeepSeek-V3's auxiliary-loss-free balancing: LLaMA with both layers MoE, sigmoid scores,
+# no auxiliary loss, each expert's selection bias moved 0.02 a step toward the mean load. The
+# bias changes the choices: a reference without it disagrees; the checkpoint keeps it.
+bias=("${llama[@]}" model.moe.every=1 model.moe.aux_loss=0 model.moe.bias_rate=0.02)
+if moe_parity llama_bias reference_llama.py "${bias[@]}"; then
+  ck=$WORK/llama_bias/checkpoints/step_00000010.h5
+  if out=$("$PYTHON" - "$ck" <<'PY' 2>&1
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r") as f:
+    b = f["train/moe_bias"][...]
+steps = b / 0.02
+assert b.shape == (2, 4), b.shape
+assert np.abs(steps - np.round(steps)).max() < 1e-4 and np.abs(b).max() > 0, b
+print(f"/train/moe_bias {list(b.shape)}, from {b.min():.2f} to {b.max():.2f}")
+PY
+  ); then
+    pass "llama_bias: the step-10 checkpoint keeps the biases: $out"
+  else
+    fail "llama_bias: /train/moe_bias: $(tail -1 <<<"$out")"
+  fi
+  cp "$WORK/llama_bias_init/checkpoints/step_00000000.h5" nobias.h5
+  "$PYTHON" -c 'import h5py, sys, yaml
+f = h5py.File(sys.argv[1], "r+")
+deck = yaml.safe_load(f.attrs["deck"])
+deck["model"]["moe"].update(bias_rate=0.0)
+f.attrs["deck"] = yaml.safe_dump(deck)' nobias.h5
+  "$PYTHON" "$ROOT/tools/reference/reference_llama.py" --checkpoint nobias.h5 --steps 10 \
+    --threads 2 --out nobias.ref.h5 --losses-out nobias.ref.json >nobias.log 2>&1
+  if "$PYTHON" "$ROOT/tools/reference/compare_parity.py" --metrics "$WORK/llama_bias/metrics.jsonl" \
+       --losses nobias.ref.json --checkpoint "$ck" --reference nobias.ref.h5 --loss-rtol 1e-5 \
+       --param-tol 1e-4 >/dev/null 2>&1; then
+    fail "llama_bias: a reference without the bias still agrees: the bias is untested"
+  else
+    pass "llama_bias: a reference without the bias disagrees"
+  fi
 fi
 finish

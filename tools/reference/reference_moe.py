@@ -27,8 +27,9 @@ N = B*T tokens:
              L_aux = aux_loss * E / (k * N^2) * sum_e (sum_t p[t, e]) * c_e
              L_z   = z_loss / N * sum_t (logsumexp_e l[t, e])^2
 Layer l (0-based) is MoE when l >= first_dense and (l + 1) % every == 0; the others keep the
-family's dense MLP. shared_experts and bias_rate (DeepSeek's shared experts and loss-free
-balancing bias) are not modelled here: a deck with either nonzero is refused.
+family's dense MLP. bias_rate: DeepSeek-V3's auxiliary-loss-free balancing (choice_bias, moved by
+move_bias after each step, which reference_train.train_step calls). shared_experts (DeepSeek's
+always-on experts) are not modelled here: a deck with them is refused.
 
 The tensors, under the layer's "mlp." prefix (tessera's canonical names):
   router.weight [E, C]
@@ -85,10 +86,11 @@ def moe_config(section, where):
                         f"model.moe.first_dense = {cfg['first_dense']} >= 0")
     if cfg["score"] not in ("softmax", "sigmoid"):
         raise ToolError(f"{where}: model.moe.score = {cfg['score']!r} is neither softmax nor sigmoid")
-    for key in ("shared_experts", "bias_rate"):
-        if cfg[key] != 0:
-            raise ToolError(f"{where}: model.moe.{key} = {cfg[key]}: this reference has no "
-                            f"{key.replace('_', ' ')} (it must be 0)")
+    if cfg["shared_experts"] != 0:
+        raise ToolError(f"{where}: model.moe.shared_experts = {cfg['shared_experts']}: this "
+                        f"reference has no shared experts (it must be 0)")
+    if cfg["bias_rate"] < 0:
+        raise ToolError(f"{where}: model.moe.bias_rate = {cfg['bias_rate']} is negative")
     if cfg["capacity_factor"] < 0:
         raise ToolError(f"{where}: model.moe.capacity_factor = {cfg['capacity_factor']} is negative")
     return cfg
@@ -134,6 +136,13 @@ class MoeMlp(nn.Module):
         self.renormalize = cfg["renormalize"]
         self.aux_coef, self.z_coef = cfg["aux_loss"], cfg["z_loss"]
         self.capacity_factor = cfg["capacity_factor"]
+        # DeepSeek-V3's auxiliary-loss-free balancing (its report, section 2.1.2): a bias added
+        # to the scores for the choice only, moved by bias_rate toward balance after each
+        # optimizer step (move_bias) from the step's loads. float32, as tessera keeps it; a
+        # plain attribute, not a buffer, so that the state_dict stays the weights'.
+        self.bias_rate = cfg["bias_rate"]
+        self.choice_bias = torch.zeros(E, dtype=torch.float32)
+        self.step_load = torch.zeros(E, dtype=torch.float64)
         self.router = nn.Linear(C, E, bias=False)
         self.experts = nn.Module()
         if kind == "gelu":
@@ -164,8 +173,10 @@ class MoeMlp(nn.Module):
         N, E, k = x.shape[0], self.E, self.k
         logits = self.router(x)                                              # (N, E)
         s = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
-        # Ascending stable sort of -s: equal scores keep index order, so the lower index wins.
-        choice = torch.sort(-s.detach(), dim=-1, stable=True).indices[:, :k]  # (N, k)
+        # Ascending stable sort of -(s + bias): equal keys keep index order, so the lower index
+        # wins. The bias (zero without bias_rate) moves the choice, not the gates.
+        key = s.detach() + self.choice_bias.to(s.dtype)
+        choice = torch.sort(-key, dim=-1, stable=True).indices[:, :k]  # (N, k)
         g = s.gather(1, choice)
         if self.renormalize:
             g = g / g.sum(dim=-1, keepdim=True)
@@ -177,6 +188,8 @@ class MoeMlp(nn.Module):
         kept = place < self.capacity(N)
         routed = onehot.sum(0)                                               # c_e, (E)
         self.routed, self.dropped = routed, int((~kept).sum())
+        if self.training:
+            self.step_load += routed.to(torch.float64)
 
         out = torch.zeros_like(x)
         gates = g.reshape(-1)
@@ -197,6 +210,18 @@ class MoeMlp(nn.Module):
             loss = loss + self.z_coef / N * torch.logsumexp(logits, dim=-1).pow(2).sum()
         self.loss = loss
         return out.reshape(shape)
+
+
+    def begin_step(self):
+        self.step_load.zero_()
+
+    def move_bias(self):
+        """After an optimizer step: each expert's bias up by bias_rate where the step gave it fewer
+        choices than the mean over the experts, down where more."""
+        if self.bias_rate > 0:
+            mean = self.step_load.sum() / self.E
+            self.choice_bias += (self.bias_rate * torch.sign(mean - self.step_load)).float()
+        self.step_load.zero_()
 
 
 class _Experts(nn.Module):

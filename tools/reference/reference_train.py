@@ -102,6 +102,10 @@ def train_step(model, opt, micro_batches, lr, grad_clip):
     """One optimizer step over [(inputs, targets)] micro-batches; returns (loss, pre-clip norm),
     the loss the cross-entropy's mean (model.last_ce where the model keeps it)."""
     opt.zero_grad(set_to_none=False)
+    # Mixture-of-experts layers with a selection bias count the step's loads (reference_moe.py).
+    balancing = [m for m in model.modules() if hasattr(m, "move_bias")]
+    for m in balancing:
+        m.begin_step()
     n_micro = len(micro_batches)
     loss = 0.0
     for x, y in micro_batches:
@@ -117,6 +121,8 @@ def train_step(model, opt, micro_batches, lr, grad_clip):
     for group in opt.param_groups:
         group["lr"] = lr
     opt.step()
+    for m in balancing:
+        m.move_bias()
     return loss, norm
 
 
