@@ -16,7 +16,8 @@
 # LLaMA) and with 4 GPUs (cp2, tp2) with sequence parallelism and full recompute and (dp2, cp2)
 # with ZeRO-3 and selective recompute, against the 1-rank CPU run too. Mixture-of-experts layers
 # (GPT-2 every second layer, LLaMA every layer) in fp32 and bf16, and with 2 GPUs on dp=2,
-# tp=2, ep=2 and ep=2 under ZeRO-3 (fp32 and bf16). Without a GPU: skipped,
+# tp=2, ep=2 and ep=2 under ZeRO-3 (fp32 and bf16), and with the auxiliary-loss-free bias.
+# Without a GPU: skipped,
 # exit 0.
 #
 # TESSERA names the binary (bin/tessera-emu for the emulated build) and TESSERA_GPUS the number
@@ -186,6 +187,10 @@ if train cpu_moe 1 device.backend=cpu "${moe[@]}"; then
     cmp cuda_moe_matches_cpu cpu_moe cuda_moe --loss-rtol 1e-5 --param-tol 1e-4
   train bf16_moe 1 device.backend=cuda device.precision=bf16 "${moe[@]}" &&
     cmp bf16_moe_near_cpu cpu_moe bf16_moe --loss-rtol 2e-2 --param-norm-tol 2e-2
+  # The auxiliary-loss-free selection bias: the CUDA router adds it for the choice.
+  train cpu_moe_bias 1 device.backend=cpu "${moe[@]}" model.moe.bias_rate=0.02 &&
+    train cuda_moe_bias 1 device.backend=cuda "${moe[@]}" model.moe.bias_rate=0.02 &&
+    cmp cuda_moe_bias_matches_cpu cpu_moe_bias cuda_moe_bias --loss-rtol 1e-5 --param-tol 1e-4
   if [ "$gpus" -ge 2 ]; then
     train cuda_moe_dp2 2 device.backend=cuda parallel.dp=2 parallel.zero=1 "${moe[@]}" &&
       cmp cuda_moe_dp2 cpu_moe cuda_moe_dp2 --loss-rtol 1e-5 --param-tol 1e-4
