@@ -313,7 +313,7 @@ std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long 
   std::vector<Candidate> out;
   const int cp = std::max(1, deck.parallel.cp);  // the deck's context parallelism, kept
   for (int tp = 1; tp <= ranks; ++tp) {
-    if (ranks % (tp * cp)) continue;
+    if (ranks % (long(tp) * cp)) continue;
     for (int pp = 1; pp <= ranks / tp / cp; ++pp) {
       if ((ranks / tp / cp) % pp) continue;
       const int dp = int(ranks / tp / cp / pp);

@@ -112,6 +112,10 @@ for bad in "nics_per_node: 0|nics_per_node: must be >= 1" "nics_per_node: 1.5|ni
   expect_error "machine file: $line" 2 "bad4.yaml:[0-9]*:[0-9]*: $want" \
     "$TESSERA" plan "$deck" --ranks 1 --machine-file bad4.yaml
 done
+# Layout sizes near the int's limit: the numbers in the message are the true ones (2 x 2^30 was
+# -2147483648, a signed overflow).
+expect_error "parallel.cp = 2^30" 2 "parallel.cp=1073741824: data.seq_len = 16 is not divisible by 2 x parallel.cp = 2147483648 " \
+  "$TESSERA" plan "$deck" --ranks 1 model.attention=fused parallel.cp=1073741824
 expect_error "unknown machine" 2 "--machine dgx9: no such machine" \
   "$TESSERA" plan "$deck" --ranks 1 --machine dgx9
 expect_error "bad --ranks" 2 "--ranks: expected an integer" "$TESSERA" plan "$deck" --ranks x

@@ -1121,6 +1121,23 @@ TEST(Config, MoeKeysNestUnderModel) {
   EXPECT_EQ(to_yaml(dense).find("moe"), std::string::npos);
 }
 
+// Layout sizes near the int's limit: their products are taken in 64 bits, so the message names
+// the true numbers (2 x 2^30 was -2147483648) and no check divides by a product that wrapped to 0
+// (pp 4 x virtual_stages 2^30).
+TEST(Config, LayoutProductsDoNotOverflow) {
+  EXPECT_EQ(deck_error(kMinimal, {"model.attention=fused", "parallel.cp=1073741824"}),
+            "command line: parallel.cp=1073741824: data.seq_len = 128 is not divisible by 2 x "
+            "parallel.cp = 2147483648 (each sequence is cut into 2 x cp equal chunks)");
+  EXPECT_EQ(deck_error(kMinimal, {"parallel.pp=4", "parallel.virtual_stages=1073741824"}),
+            "command line: parallel.virtual_stages=1073741824: parallel.virtual_stages = "
+            "1073741824 does not divide the layers of each stage (model.n_layer = 4 over "
+            "parallel.pp = 4): every virtual stage needs the same number of layers");
+  EXPECT_NE(deck_error(kMinimal, {"model.attention=fused", "data.seq_len=2048", "parallel.dp=2",
+                                  "parallel.cp=1073741824", "parallel.zero_group=3"})
+                .find("does not divide parallel.dp x parallel.cp = 2 x 1073741824"),
+            std::string::npos);
+}
+
 TEST(Config, MoeRulesNameTheNumbers) {
   const std::string m = std::string(kMinimal) + "model:\n  n_layer: 4\n  moe:\n";
   EXPECT_EQ(deck_error(m + "    experts: 4\n    top_k: 5\n"),
