@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/fp8_format.hpp"
 #include "common/limits.hpp"
 #include "config/blend.hpp"
 #include "config/deck.hpp"
@@ -208,7 +209,10 @@ void validate_fp8(const Config& c, const Deck& deck) {
   at_most(deck, "device.fp8_amax_history", d.fp8_amax_history, 1024,
           "Transformer Engine's recipes keep 16 to 1024 steps");
   at_least(deck, "device.fp8_margin", d.fp8_margin, 0);
-  at_most(deck, "device.fp8_margin", d.fp8_margin, 64, "a scale of 2^-64 leaves no FP8 value");
+  // Both recipes quantize the forward's tensors to E4M3, the narrower format: its bound.
+  at_most(deck, "device.fp8_margin", d.fp8_margin, fp8_max_margin(Fp8Format::E4M3),
+          "beyond it a tensor's largest values are subnormal in E4M3, and from 19 on every value "
+          "rounds to zero");
 }
 
 void validate_device(const Config& c, const Deck& deck) {

@@ -930,6 +930,13 @@ TEST(Config, Fp8Keys) {
             std::string::npos);
   EXPECT_NE(deck_error(fp8 + "  fp8_amax_history: 1025\n").find("1024"), std::string::npos);
   EXPECT_NE(deck_error(fp8 + "  fp8_margin: -1\n").find("device.fp8_margin"), std::string::npos);
+  // Past 14 an E4M3 tensor's amax is subnormal; at 30 or 64 every code would be zero.
+  EXPECT_EQ(parse_deck(fp8 + "  fp8_margin: 14\n", "deck.yaml", {}).device.fp8_margin, 14);
+  for (const char* margin : {"15", "30", "64"})
+    EXPECT_EQ(deck_error(fp8 + "  fp8_margin: " + margin + "\n"),
+              "deck.yaml:5:15: device.fp8_margin: must be <= 14 (beyond it a tensor's largest "
+              "values are subnormal in E4M3, and from 19 on every value rounds to zero), got " +
+                  std::string(margin));
   EXPECT_EQ(deck_error(deck + "device:\n  precision: fp4\n"),
             "deck.yaml:4:14: device.precision: must be fp32, bf16 or fp8, got 'fp4'");
   // On both backends (the CPU in fp32, CUDA in bf16 around the FP8 GEMM inputs).
