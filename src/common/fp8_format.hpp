@@ -34,6 +34,20 @@ constexpr Fp8Traits fp8_traits(Fp8Format f) {
 
 constexpr float fp8_max(Fp8Format f) { return fp8_traits(f).max; }
 
+// The largest device.fp8_margin that keeps a tensor's amax, scaled to max / 2^margin, a normal
+// number of the format, with its whole mantissa: E4M3 14 (448 / 2^14 >= 2^-6), E5M2 29. Beyond
+// it the largest values are subnormal, and from E4M3's 19 on every value rounds to zero: a run
+// would train on nothing.
+constexpr int fp8_max_margin(Fp8Format f) {
+  const Fp8Traits t = fp8_traits(f);
+  double smallest_normal = 1, v = t.max;
+  for (int e = t.min_exp; e < 0; ++e) smallest_normal /= 2;
+  int margin = 0;
+  for (; v / 2 >= smallest_normal; v /= 2) ++margin;
+  return margin;
+}
+static_assert(fp8_max_margin(Fp8Format::E4M3) == 14 && fp8_max_margin(Fp8Format::E5M2) == 29);
+
 // x on the format's grid (see the top of the file).
 inline float fp8_round(float x, Fp8Format f) {
   const Fp8Traits t = fp8_traits(f);

@@ -139,7 +139,9 @@ struct Deck {
 
 // The deck's one YAML document. Refused by position: a control character, a quoted value not
 // closed on its line, a YAML syntax error, a second document.
-YAML::Node load_yaml(const std::string& text, const std::string& origin);
+// `what` names the text in the message about a control character.
+YAML::Node load_yaml(const std::string& text, const std::string& origin,
+                     const char* what = "a deck");
 
 // Walks the document's sections and keys, recording where each known key's value is. Refuses
 // what is not a map of maps, unknown names and duplicates (which yaml-cpp keeps silently).

@@ -15,6 +15,7 @@
 
 #include "common/error.hpp"
 #include "config/deck.hpp"
+#include "config/yaml_map.hpp"
 
 namespace tessera::deck_internal {
 namespace {
@@ -248,7 +249,7 @@ struct Documents : YAML::EventHandler {
   throw UserError(where + ": " + problem, kExitBadInput);
 }
 
-YAML::Node load_yaml(const std::string& text, const std::string& origin) {
+YAML::Node load_yaml(const std::string& text, const std::string& origin, const char* what) {
   // yaml-cpp 0.7 loops, allocating without bound, on a NUL byte and on other control characters
   // (found by tests/fuzz). YAML allows none but tab, line feed and carriage return, so a deck
   // holding one is refused, by position, before it reaches the parser.
@@ -265,8 +266,8 @@ YAML::Node load_yaml(const std::string& text, const std::string& origin) {
     std::snprintf(code, sizeof code, "0x%02X", static_cast<unsigned char>(*control));
     fail(one_line(origin) + ":" + std::to_string(line) + ":" + std::to_string(column),
          std::string(*control == '\0' ? "a NUL byte" : "control character ") +
-             (*control == '\0' ? "" : code) + ": a deck is text (YAML allows tab, line feed "
-             "and carriage return, no other control character)");
+             (*control == '\0' ? "" : code) + ": " + what + " is text (YAML allows tab, line "
+             "feed and carriage return, no other control character)");
   }
   check_quotes(text, origin);
   // yaml-cpp 0.7's LoadAll never ends, allocating a null document per turn, on a token that no
@@ -442,3 +443,46 @@ void convert_values(Deck& deck) {
 }
 
 }  // namespace tessera::deck_internal
+
+namespace tessera {
+
+using namespace deck_internal;
+
+std::vector<YamlEntry> read_yaml_map(const std::string& text, const std::string& origin,
+                                     const char* what) {
+  const YAML::Node root = load_yaml(text, origin, what);
+  std::vector<YamlEntry> entries;
+  std::vector<int> lines;  // each entry's key's, for a duplicate's message
+  if (root.IsNull()) return entries;
+  if (!root.IsMap()) fail(at(origin, root.Mark()), "expected a map of keys, got " + kind_of(root));
+  for (const auto& entry : root) {
+    const YAML::Node& key = entry.first;
+    if (!key.IsScalar()) fail(at(origin, key.Mark()), "expected a key name, got " + kind_of(key));
+    YamlEntry e{key.Scalar(), entry.second, at(origin, key.Mark()) + ": " + one_line(key.Scalar()),
+                ""};
+    for (size_t i = 0; i < entries.size(); ++i)
+      if (entries[i].key == e.key)
+        fail(e.key_where, "duplicate key (first at line " + std::to_string(lines[i]) + ")");
+    // An empty value's mark is wherever the next token starts: its key is where it is.
+    e.where = e.value.IsNull() ? e.key_where
+                               : at(origin, e.value.Mark()) + ": " + one_line(e.key);
+    entries.push_back(std::move(e));
+    lines.push_back(key.Mark().line + 1);
+  }
+  return entries;
+}
+
+namespace {
+// The deck's conversions take a Source: the entry as one.
+Source source_of(const YamlEntry& e) { return {true, e.value, e.where, 0, 0}; }
+}  // namespace
+
+double yaml_number(const YamlEntry& e) { return to_double(source_of(e)); }
+int yaml_int(const YamlEntry& e) { return to_int(source_of(e)); }
+bool yaml_bool(const YamlEntry& e) { return to_bool(source_of(e)); }
+std::string yaml_string(const YamlEntry& e) { return scalar_text(source_of(e), "a string"); }
+
+std::string yaml_shown(std::string_view s) { return shown(s); }
+std::string yaml_shortest(double v) { return shortest(v); }
+
+}  // namespace tessera

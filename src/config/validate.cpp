@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/fp8_format.hpp"
 #include "common/limits.hpp"
 #include "config/blend.hpp"
 #include "config/deck.hpp"
@@ -208,7 +209,10 @@ void validate_fp8(const Config& c, const Deck& deck) {
   at_most(deck, "device.fp8_amax_history", d.fp8_amax_history, 1024,
           "Transformer Engine's recipes keep 16 to 1024 steps");
   at_least(deck, "device.fp8_margin", d.fp8_margin, 0);
-  at_most(deck, "device.fp8_margin", d.fp8_margin, 64, "a scale of 2^-64 leaves no FP8 value");
+  // Both recipes quantize the forward's tensors to E4M3, the narrower format: its bound.
+  at_most(deck, "device.fp8_margin", d.fp8_margin, fp8_max_margin(Fp8Format::E4M3),
+          "beyond it a tensor's largest values are subnormal in E4M3, and from 19 on every value "
+          "rounds to zero");
 }
 
 void validate_device(const Config& c, const Deck& deck) {
@@ -284,10 +288,11 @@ void validate_context_parallel(const Config& c, const Deck& deck) {
   const ParallelConfig& p = c.parallel;
   at_least(deck, "parallel.cp", p.cp, 1);
   if (p.cp <= 1) return;
-  if (c.data.seq_len % (2 * p.cp) != 0)
+  const long long chunks = 2LL * p.cp;  // 64 bits: cp alone may be near the int's limit
+  if (c.data.seq_len % chunks != 0)
     deck.fail_later("data.seq_len", "parallel.cp",
                     "data.seq_len = " + num(c.data.seq_len) + " is not divisible by 2 x parallel.cp = " +
-                        num(2 * p.cp) + " (each sequence is cut into 2 x cp equal chunks)");
+                        num(chunks) + " (each sequence is cut into 2 x cp equal chunks)");
   if (c.model.attention != Attention::Fused)
     deck.fail_later("model.attention", "parallel.cp",
                     "parallel.cp = " + num(p.cp) + " needs model.attention: fused (got " +
@@ -324,7 +329,8 @@ void validate_parallel(const Config& c, const Deck& deck) {
                     "parallel.zero_group = " + num(p.zero_group) + " does not divide parallel.dp = " +
                         num(p.dp) + " (the dp ranks are sharded in groups of zero_group)");
   }
-  if (p.dp > 0 && p.cp > 1 && p.zero_group > 0 && (p.dp * p.cp) % p.zero_group != 0) {
+  const long long dpcp = static_cast<long long>(p.dp) * p.cp;  // 64 bits, as every product here
+  if (p.dp > 0 && p.cp > 1 && p.zero_group > 0 && dpcp % p.zero_group != 0) {
     deck.fail_later("parallel.dp", "parallel.zero_group",
                     "parallel.zero_group = " + num(p.zero_group) +
                         " does not divide parallel.dp x parallel.cp = " + num(p.dp) + " x " +
@@ -368,7 +374,7 @@ void validate_parallel(const Config& c, const Deck& deck) {
       deck.fail_later("parallel.pp", "parallel.virtual_stages",
                       "parallel.virtual_stages = " + num(p.virtual_stages) +
                           " needs parallel.pp >= 2 (one stage has nothing to interleave)");
-    if (p.pp > 1 && m.n_layer % (p.pp * p.virtual_stages) != 0)
+    if (p.pp > 1 && m.n_layer % (static_cast<long long>(p.pp) * p.virtual_stages) != 0)
       deck.fail_later("model.n_layer", "parallel.virtual_stages",
                       "parallel.virtual_stages = " + num(p.virtual_stages) +
                           " does not divide the layers of each stage (model.n_layer = " +

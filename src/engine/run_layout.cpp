@@ -61,24 +61,26 @@ std::string make_run_layout(const Config& cfg, const ModelShape& shape,
   if (shape.n_kv_head % layout.tp != 0)
     return "parallel.tp = " + std::to_string(layout.tp) + " does not divide model.n_kv_head = " +
            std::to_string(shape.n_kv_head) + " (each rank needs whole key/value heads)";
-  if (layout.cp > 1 && T % (2 * layout.cp) != 0)
+  if (layout.cp > 1 && T % (2LL * layout.cp) != 0)
     return "data.seq_len = " + std::to_string(T) + " is not divisible by 2 x parallel.cp = " +
-           std::to_string(2 * layout.cp) + " (each sequence is cut into 2 x cp equal chunks)";
+           std::to_string(2LL * layout.cp) + " (each sequence is cut into 2 x cp equal chunks)";
   const int Tl = T / layout.cp;  // each rank's tokens of a sequence
-  if (cfg.parallel.sequence_parallel && layout.tp > 1 && (mb * Tl) % layout.tp != 0)
-    return "parallel.sequence_parallel splits the " + std::to_string(mb * Tl) +
+  // Products of deck values in 64 bits: each may be near the int's limit on its own.
+  const long long rows = static_cast<long long>(mb) * Tl;
+  if (cfg.parallel.sequence_parallel && layout.tp > 1 && rows % layout.tp != 0)
+    return "parallel.sequence_parallel splits the " + std::to_string(rows) +
            " rows of a micro-batch (train.micro_batch x data.seq_len / parallel.cp) over "
            "parallel.tp = " + std::to_string(layout.tp) + ", which does not divide them";
   if (shape.ffn_hidden % layout.tp != 0)
     return "parallel.tp = " + std::to_string(layout.tp) + " does not divide model.ffn_hidden = " +
            std::to_string(shape.ffn_hidden);
-  const int n_micro = B / (layout.dp * mb);
+  const int n_micro = int(B / (static_cast<long long>(layout.dp) * mb));
   // Virtual stages: the rules the deck could not check before pp and the micro-batches were known.
   const int v = cfg.parallel.virtual_stages;
   if (v > 1 && layout.pp < 2)
     return "parallel.virtual_stages = " + std::to_string(v) +
            " needs parallel.pp >= 2 (one stage has nothing to interleave)";
-  if (v > 1 && shape.n_layer % (layout.pp * v) != 0)
+  if (v > 1 && shape.n_layer % (static_cast<long long>(layout.pp) * v) != 0)
     return "parallel.virtual_stages = " + std::to_string(v) +
            " does not divide the layers of each stage (model.n_layer = " +
            std::to_string(shape.n_layer) + " over parallel.pp = " + std::to_string(layout.pp) +

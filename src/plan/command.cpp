@@ -10,6 +10,7 @@
 #include "common/cli.hpp"
 #include "common/error.hpp"
 #include "common/files.hpp"
+#include "common/json.hpp"
 #include "common/memory.hpp"
 #include "engine/memory.hpp"
 #include "io/token_source.hpp"
@@ -235,6 +236,20 @@ std::string json_time(const Candidate& c) {
   return buf;
 }
 
+// --search --json's list: every layout tried, with its time or why it was refused.
+std::string json_layouts(const std::vector<Candidate>& all) {
+  // Appended piece by piece: g++ 12 sees an overlap (-Wrestrict) in "..." + std::string&&.
+  std::string items;
+  for (const Candidate& c : all) {
+    items += items.empty() ? "{\"layout\":" : ",{\"layout\":";
+    items += json_string(layout_text(c.cfg, c.run));
+    items += c.refused.empty() ? ",\"fits\":true," + json_time(c)
+                               : ",\"fits\":false,\"refused\":" + json_string(c.refused);
+    items += "}";
+  }
+  return items;
+}
+
 void print_plan(const Candidate& c, const Machine& machine, long ranks) {
   std::printf("plan: %ld ranks on %s: %s, schedule %s, %d micro-batch%s per step\n", ranks,
               machine.name.c_str(), layout_text(c.cfg, c.run).c_str(),
@@ -313,7 +328,7 @@ std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long 
   const int cp = std::max(1, deck.parallel.cp);  // the deck's context parallelism, kept
   const int ep = std::max(1, deck.parallel.ep);  // and its expert parallelism
   for (int tp = 1; tp <= ranks; ++tp) {
-    if (ranks % (tp * cp)) continue;
+    if (ranks % (long(tp) * cp)) continue;
     for (int pp = 1; pp <= ranks / tp / cp; ++pp) {
       if ((ranks / tp / cp) % pp) continue;
       const int dp = int(ranks / tp / cp / pp);
@@ -445,11 +460,11 @@ int plan_command(const std::vector<std::string>& args) {
       for (size_t i = 0; i < c.roles.size(); ++i)
         roles += (i ? "," : "") + json_role(c.roles[i], c.comm[i]);
       const ParamCounts p = param_counts(shape);
-      std::printf("{\"ranks\":%ld,\"machine\":\"%s\",\"dp\":%d,\"tp\":%d,\"pp\":%d,\"cp\":%d,"
+      std::printf("{\"ranks\":%ld,\"machine\":%s,\"dp\":%d,\"tp\":%d,\"pp\":%d,\"cp\":%d,"
                   "\"micro_batches\":%d,\"fits\":%s,\"params_total\":%.0f,"
                   "\"params_active\":%.0f,\"params_expert\":%.0f,\"moe_layers\":%d,"
                   "\"experts\":%d,\"top_k\":%d,%s,\"roles\":[%s]}\n",
-                  o.ranks, machine.name.c_str(), layout.dp, layout.tp, layout.pp, layout.cp,
+                  o.ranks, json_string(machine.name).c_str(), layout.dp, layout.tp, layout.pp, layout.cp,
                   c.run.n_micro, c.refused.empty() ? "true" : "false", p.total, p.active, p.expert,
                   moe_layers(shape, 0, shape.n_layer), shape.moe.experts,
                   shape.moe.experts > 0 ? shape.moe.top_k : 0, json_time(c).c_str(),
@@ -474,17 +489,10 @@ int plan_command(const std::vector<std::string>& args) {
   size_t fits = 0;
   while (fits < all.size() && all[fits].refused.empty()) ++fits;
   if (o.json) {
-    std::string items;
-    for (const Candidate& c : all) {
-      items += std::string(items.empty() ? "" : ",") + "{\"layout\":\"" + layout_text(c.cfg, c.run) +
-               "\",\"fits\":" + (c.refused.empty() ? "true" : "false");
-      if (c.refused.empty()) items += "," + json_time(c);
-      else items += ",\"refused\":\"" + c.refused + "\"";
-      items += "}";
-    }
-    std::printf("{\"ranks\":%ld,\"machine\":\"%s\",\"fits\":%zu,\"seconds\":%.3f,"
+    std::printf("{\"ranks\":%ld,\"machine\":%s,\"fits\":%zu,\"seconds\":%.3f,"
                 "\"cpu_seconds\":%.3f,\"layouts\":[%s]}\n",
-                o.ranks, machine.name.c_str(), fits, seconds, cpu_seconds, items.c_str());
+                o.ranks, json_string(machine.name).c_str(), fits, seconds, cpu_seconds,
+                json_layouts(all).c_str());
   } else {
     if (!note.empty()) std::printf("note: %s\n", note.c_str());
     std::printf("search: %zu layouts of %ld ranks on %s, %zu fit (%.3f s, %.3f s of CPU); fastest "

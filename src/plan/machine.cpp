@@ -1,7 +1,6 @@
 #include "plan/machine.hpp"
 
 #include <omp.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +8,10 @@
 
 #include "backend/peak.hpp"
 #include "common/error.hpp"
+#include "common/files.hpp"
 #include "common/gpu_datasheet.hpp"
+#include "common/limits.hpp"
+#include "config/yaml_map.hpp"
 
 namespace tessera {
 
@@ -132,10 +134,6 @@ Machine measured_cpu(int threads, long ranks) {
   return m;
 }
 
-std::string where(const std::string& path, const YAML::Mark& mark) {
-  return path + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
-}
-
 }  // namespace
 
 std::vector<std::string> machine_names() {
@@ -155,92 +153,93 @@ Machine builtin_machine(const std::string& name, int threads, long ranks) {
                   "; or --machine-file FILE)");
 }
 
-Machine load_machine(const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw UserError(path + ": cannot read the machine file");
-  } catch (const YAML::ParserException& e) {
-    throw UserError(where(path, e.mark) + ": " + e.msg);
-  }
-  if (!root.IsMap())
-    throw UserError(where(path, root.Mark()) + ": expected a mapping of machine keys");
+Machine parse_machine(const std::string& text, const std::string& origin) {
   Machine m;
-  m.name = path;
+  m.name = origin;
   m.reserved = 2 * kGiB;
-  // key, scale to SI units, where it goes, required, lowest allowed value
+  // Each number's range, with why it ends there: far beyond any device built, and near enough
+  // that no plan's arithmetic leaves the doubles (a tile or half-width of 1e300 made a NaN plan).
   struct Key {
     const char* name;
-    double scale;
+    double scale;  // to SI units
     double* value;
     bool required;
-    double low;
+    double low, high;
+    const char* why;  // of high
   };
-  double per_node = 0, gpu = 1, nics = 0;
+  constexpr double kMost = 1e6;  // TFLOP/s, GB, GB/s, microseconds
+  constexpr const char* kMostWhy = "over a hundred times any device's";
   const Key keys[] = {
-      {"peak_tflops_fp32", kT, &m.peak_fp32, true, 1e-6},
-      {"peak_tflops_tf32", kT, &m.peak_tf32, false, 0},
-      {"peak_tflops_bf16", kT, &m.peak_bf16, false, 0},
-      {"peak_tflops_fp8", kT, &m.peak_fp8, false, 0},
-      {"memory_gb", kGB, &m.memory, true, 1e-3},
-      {"memory_bandwidth_gbs", kGB, &m.memory_bw, true, 1e-3},
-      {"gpus_per_node", 1, &per_node, true, 1},
-      {"intra_node_gbs", kGB, &m.intra_bw, true, 1e-3},
-      {"inter_node_gbs", kGB, &m.inter_bw, true, 1e-3},
-      {"nics_per_node", 1, &nics, false, 1},
-      {"latency_us", 1e-6, &m.latency, false, 0},
-      {"intra_latency_us", 1e-6, &m.intra_latency, false, 0},
-      {"reserved_gb", kGB, &m.reserved, false, 0},
-      {"gemm_efficiency", 1, &m.gemm_efficiency, false, 1e-3},
-      {"gemm_half", 1, &m.gemm_half, false, 0},
-      {"gemm_tile", 1, &m.gemm_tile, false, 0},
-      {"memory_efficiency", 1, &m.memory_efficiency, false, 1e-3},
-      {"kernel_us", 1e-6, &m.kernel_overhead, false, 0},
-      {"gpu", 1, &gpu, false, 0},
+      {"peak_tflops_fp32", kT, &m.peak_fp32, true, 1e-6, kMost, kMostWhy},
+      {"peak_tflops_tf32", kT, &m.peak_tf32, false, 0, kMost, kMostWhy},
+      {"peak_tflops_bf16", kT, &m.peak_bf16, false, 0, kMost, kMostWhy},
+      {"peak_tflops_fp8", kT, &m.peak_fp8, false, 0, kMost, kMostWhy},
+      {"memory_gb", kGB, &m.memory, true, 1e-3, kMost, kMostWhy},
+      {"memory_bandwidth_gbs", kGB, &m.memory_bw, true, 1e-3, kMost, kMostWhy},
+      {"intra_node_gbs", kGB, &m.intra_bw, true, 1e-3, kMost, kMostWhy},
+      {"inter_node_gbs", kGB, &m.inter_bw, true, 1e-3, kMost, kMostWhy},
+      {"latency_us", 1e-6, &m.latency, false, 0, kMost, "a second a step"},
+      {"intra_latency_us", 1e-6, &m.intra_latency, false, 0, kMost, "a second a step"},
+      {"reserved_gb", kGB, &m.reserved, false, 0, kMost, kMostWhy},
+      {"gemm_efficiency", 1, &m.gemm_efficiency, false, 1e-3, 1, "a fraction of the peak"},
+      {"gemm_half", 1, &m.gemm_half, false, 0, kMost,
+       "over ten times a published model's widest GEMM dimension, 53248"},
+      {"gemm_tile", 1, &m.gemm_tile, false, 0, 4096, "GEMM kernels' tiles are 64 to 256 wide"},
+      {"memory_efficiency", 1, &m.memory_efficiency, false, 1e-3, 1, "a fraction of the bandwidth"},
+      {"kernel_us", 1e-6, &m.kernel_overhead, false, 0, kMost, "a second a launch"},
   };
-  for (const auto& entry : root) {
-    const std::string key = entry.first.as<std::string>();
-    const std::string at = where(path, entry.first.Mark()) + ": " + key;
-    if (key == "name") {
-      if (!entry.second.IsScalar()) throw UserError(at + ": expected a name");
-      m.name = entry.second.as<std::string>();
-      continue;
+  // Whole numbers, as the deck's integers: decimal digits only (3e9 and 1.5 are refused).
+  constexpr int kMostDevices = 1 << 20;  // tessera plan's largest --ranks
+  bool per_node = false;
+  std::vector<YamlEntry> entries = read_yaml_map(text, origin, "a machine file");
+  for (const YamlEntry& e : entries) {
+    if (e.key == "name") {
+      m.name = yaml_string(e);
+      // A plan's first line and its messages show the name: one line of text.
+      if (m.name.empty() || std::any_of(m.name.begin(), m.name.end(), [](char c) {
+            return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+          }))
+        throw UserError(e.where + ": expected one line of text, got " + yaml_shown(m.name));
+    } else if (e.key == "gpu") {
+      m.gpu = yaml_bool(e);
+    } else if (e.key == "gpus_per_node" || e.key == "nics_per_node") {
+      const int n = yaml_int(e);
+      if (n < 1) throw UserError(e.where + ": must be >= 1, got " + std::to_string(n));
+      if (n > kMostDevices)
+        throw UserError(e.where + ": must be <= " + std::to_string(kMostDevices) +
+                        " (the most ranks tessera plan takes), got " + std::to_string(n));
+      (e.key == "gpus_per_node" ? m.devices_per_node : m.nics_per_node) = n;
+      per_node = per_node || e.key == "gpus_per_node";
+    } else {
+      const Key* k = nullptr;
+      for (const Key& candidate : keys)
+        if (e.key == candidate.name) k = &candidate;
+      if (!k)
+        throw UserError(e.key_where + ": unknown key (see input/README.md, \"Machine files\")");
+      const double x = yaml_number(e);
+      if (x < k->low)
+        throw UserError(e.where + ": must be >= " + yaml_shortest(k->low) + ", got " +
+                        yaml_shortest(x));
+      if (x > k->high)
+        throw UserError(e.where + ": must be <= " + yaml_shortest(k->high) + " (" + k->why +
+                        "), got " + yaml_shortest(x));
+      *k->value = x * k->scale;
     }
-    const Key* k = nullptr;
-    for (const Key& candidate : keys)
-      if (key == candidate.name) k = &candidate;
-    if (!k) throw UserError(at + ": unknown key (see input/README.md, \"Machine files\")");
-    const YAML::Node& v = entry.second;
-    const std::string vat = where(path, v.Mark()) + ": " + key;
-    double x = 0;
-    if (key == "gpu") {
-      if (!v.IsScalar() || (v.Scalar() != "true" && v.Scalar() != "false"))
-        throw UserError(vat + ": expected true or false");
-      gpu = v.Scalar() == "true";
-      continue;
-    }
-    try {
-      x = v.IsScalar() ? v.as<double>() : NAN;
-    } catch (const YAML::Exception&) {
-      x = NAN;
-    }
-    if (!std::isfinite(x)) throw UserError(vat + ": expected a number, got '" +
-                                           (v.IsScalar() ? v.Scalar() : "a non-scalar") + "'");
-    if (x < k->low) throw UserError(vat + ": must be >= " + std::to_string(k->low));
-    if ((key == "gpus_per_node" || key == "nics_per_node") && x != std::floor(x))
-      throw UserError(vat + ": expected a whole number");
-    if ((key == "gemm_efficiency" || key == "memory_efficiency") && x > 1)
-      throw UserError(vat + ": must be <= 1");
-    *k->value = x * k->scale;
   }
+  auto given = [&](const char* key) {
+    return std::any_of(entries.begin(), entries.end(),
+                       [&](const YamlEntry& e) { return e.key == key; });
+  };
   for (const Key& k : keys)
-    if (k.required && !root[k.name])
-      throw UserError(where(path, root.Mark()) + ": " + k.name + ": missing (required)");
-  m.devices_per_node = int(per_node);
-  m.nics_per_node = int(nics);
-  m.gpu = gpu != 0;
+    if (k.required && !given(k.name))
+      throw UserError(origin + ":1:1: " + k.name + ": missing (required)");
+  if (!per_node) throw UserError(origin + ":1:1: gpus_per_node: missing (required)");
   return m;
+}
+
+Machine load_machine(const std::string& path) {
+  // A FIFO, a directory or a device is refused by what it is before anything opens it.
+  return parse_machine(read_regular_file(path, "machine file", size_t(limits::kDeckBytes)), path);
 }
 
 }  // namespace tessera

@@ -63,7 +63,12 @@ std::vector<std::string> machine_names();
 // device.threads; 0: the runtime's default), `ranks` of them sharing this node's cores and memory
 // bandwidth. Throws UserError (exit 2) for an unknown name.
 Machine builtin_machine(const std::string& name, int threads, long ranks);
-// A YAML machine file; errors read "FILE:LINE:COL: key: problem" (UserError, exit 2).
+// A YAML machine file, read by the deck's rules (config/yaml_map.hpp): errors read
+// "FILE:LINE:COL: key: problem" (UserError, exit 2), every number within its range, a key given
+// twice refused. Only a regular file is opened: a FIFO, a directory or a device is named as such
+// (exit 2), a missing or unreadable file is exit 1, as for a deck.
 Machine load_machine(const std::string& path);
+// The same from the file's text (tests/fuzz's `machine` target); `origin` names it in messages.
+Machine parse_machine(const std::string& text, const std::string& origin);
 
 }  // namespace tessera

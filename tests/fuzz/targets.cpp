@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -16,6 +18,7 @@
 #include "io/contained.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/token_source.hpp"
+#include "plan/machine.hpp"
 
 namespace tessera::fuzz {
 
@@ -59,6 +62,24 @@ void init() {
 int deck(const uint8_t* data, size_t size) {
   try {
     parse_deck(std::string(reinterpret_cast<const char*>(data), size), "fuzz.yaml", {});
+  } catch (const UserError&) {
+  }
+  return 0;
+}
+
+// A machine file it accepts must make a machine a plan can price: every figure finite and in
+// its range (a NaN plan was found this way), anything else is a finding.
+int machine(const uint8_t* data, size_t size) {
+  try {
+    const Machine m = parse_machine(std::string(reinterpret_cast<const char*>(data), size),
+                                    "fuzz_machine.yaml");
+    const double figures[] = {m.peak_fp32, m.peak_bf16, m.peak_fp8, m.memory, m.memory_bw,
+                              m.intra_bw, m.inter_bw, m.latency, m.intra_latency, m.reserved,
+                              m.gemm_efficiency, m.gemm_half, m.gemm_tile,
+                              m.memory_efficiency, m.kernel_overhead};
+    for (double x : figures)
+      if (!std::isfinite(x) || x < 0) std::abort();
+    if (m.peak_fp32 <= 0 || m.devices_per_node < 1 || m.nics_per_node < 0) std::abort();
   } catch (const UserError&) {
   }
   return 0;
@@ -109,8 +130,9 @@ int token_raw(const uint8_t* data, size_t size) {
 
 Target target(const char* name) {
   const std::pair<const char*, Target> all[] = {
-      {"deck", deck},           {"checkpoint", checkpoint}, {"token_hdf5", token_hdf5},
-      {"token_llmc", token_llmc}, {"token_megatron", token_megatron}, {"token_raw", token_raw}};
+      {"deck", deck},           {"machine", machine},       {"checkpoint", checkpoint},
+      {"token_hdf5", token_hdf5}, {"token_llmc", token_llmc}, {"token_megatron", token_megatron},
+      {"token_raw", token_raw}};
   for (const auto& [n, t] : all)
     if (std::strcmp(n, name) == 0) return t;
   return nullptr;

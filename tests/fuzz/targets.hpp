@@ -11,6 +11,7 @@ namespace tessera::fuzz {
 using Target = int (*)(const uint8_t* data, size_t size);
 
 int deck(const uint8_t* data, size_t size);          // the YAML deck reader
+int machine(const uint8_t* data, size_t size);       // tessera plan's machine-file reader
 int checkpoint(const uint8_t* data, size_t size);    // the checkpoint reader (ckpt verify's walk)
 int token_hdf5(const uint8_t* data, size_t size);    // the token-file readers, one per format
 int token_llmc(const uint8_t* data, size_t size);

@@ -103,4 +103,7 @@ expect_error "fp8 key without fp8" 2 "device.fp8_margin=1: device.fp8_margin nee
   "$TESSERA" train "$deck" device.fp8_margin=1
 expect_error "bad fp8 format" 2 "device.fp8_format=e5m2: must be hybrid or e4m3, got 'e5m2'$" \
   "$TESSERA" train "$deck" device.precision=fp8 device.fp8_format=e5m2
+# A margin that would scale every E4M3 code to zero (from 19 on) is refused, naming the bound.
+expect_error "fp8 margin past E4M3's range" 2 "device.fp8_margin=30: must be <= 14 \(beyond it a tensor's largest values are subnormal in E4M3, and from 19 on every value rounds to zero\), got 30$" \
+  "$TESSERA" train "$deck" device.precision=fp8 device.fp8_margin=30
 finish

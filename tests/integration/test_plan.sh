@@ -2,8 +2,9 @@
 # `tessera plan`: docs/planning.md's two searches complete in under a second each, without mpiexec;
 # a plan's memory equals what the trainer counts for its own rank (the run refuses to start
 # otherwise; test_comm_volume.sh holds every rank's bytes equal to the plan's on ten layouts);
-# a layout that cannot fit is refused with its numbers; bad machine files and arguments are one
-# line, exit 2.
+# a layout that cannot fit is refused with its numbers; bad machine files (a bad value, a key
+# twice, a FIFO, a directory, a device) and arguments are one line, exit 2; an odd machine name
+# leaves --json valid.
 source "$(dirname "$0")/lib.sh"
 deck=$(tiny_deck plan)
 cd "$WORK" || exit 1
@@ -104,7 +105,7 @@ grep -v inter_node node.yaml >bad3.yaml
 expect_error "machine file: a missing key" 2 "bad3.yaml:1:1: inter_node_gbs: missing" \
   "$TESSERA" plan "$deck" --ranks 1 --machine-file bad3.yaml
 # The network's tiers: non-positive NICs, bandwidths and efficiencies named by their key.
-for bad in "nics_per_node: 0|nics_per_node: must be >= 1" "nics_per_node: 1.5|nics_per_node: expected a whole number" \
+for bad in "nics_per_node: 0|nics_per_node: must be >= 1" "nics_per_node: 1.5|nics_per_node: expected an integer, got '1.5'" \
            "intra_node_gbs: 0|intra_node_gbs: must be >= 0.001" "inter_node_gbs: -25|inter_node_gbs: must be >= 0.001" \
            "gemm_efficiency: 0|gemm_efficiency: must be >= 0.001" "memory_efficiency: 1.5|memory_efficiency: must be <= 1"; do
   key=${bad%%:*} line=${bad%%|*} want=${bad#*|}
@@ -112,6 +113,53 @@ for bad in "nics_per_node: 0|nics_per_node: must be >= 1" "nics_per_node: 1.5|ni
   expect_error "machine file: $line" 2 "bad4.yaml:[0-9]*:[0-9]*: $want" \
     "$TESSERA" plan "$deck" --ranks 1 --machine-file bad4.yaml
 done
+# Read as strictly as a deck: every number within a range (1e300 made a NaN plan, 3e9 GPUs a node
+# of -2147483648), a key given twice refused, a sequence or a map where a number belongs named at
+# its place; each one line naming the file, exit 2.
+for bad in "gemm_tile: 1e300|gemm_tile: must be <= 4096 \(.*\), got 1e\+300" \
+           "gemm_half: 1e300|gemm_half: must be <= 1e\+06 \(.*\), got 1e\+300" \
+           "gpus_per_node: 3e9|gpus_per_node: expected an integer, got '3e9'" \
+           "gpus_per_node: 3000000000|gpus_per_node: expected an integer from -2147483648 to 2147483647, got '3000000000'" \
+           "memory_gb: [64, 80]|memory_gb: expected a number, got a sequence" \
+           "memory_gb: {a: 1}|memory_gb: expected a number, got a map" \
+           "name: [a]|name: expected a string, got a sequence"; do
+  key=${bad%%:*} line=${bad%%|*} want=${bad#*|}
+  { grep -v "^$key:" node.yaml; echo "$line"; } >bad5.yaml
+  expect_error "machine file: $line" 2 "^bad5.yaml:[0-9]+:[0-9]+: $want$" \
+    "$TESSERA" plan "$deck" --ranks 1 --machine-file bad5.yaml
+done
+{ cat node.yaml; echo "memory_gb: 80"; } >twice.yaml
+expect_error "machine file: a key given twice" 2 "^twice.yaml:9:1: memory_gb: duplicate key \(first at line 4\)$" \
+  "$TESSERA" plan "$deck" --ranks 1 --machine-file twice.yaml
+# Only a regular file is read: a FIFO (which no one writes: opening it to read would wait for
+# ever), a directory and a device are named as such before anything opens them.
+mkfifo node.fifo
+mkdir node.dir
+for what in "node.fifo|a FIFO \(named pipe\)" "node.dir|a directory" "/dev/zero|a character device"; do
+  path=${what%%|*} kind=${what#*|}
+  expect_error "machine file: $path" 2 "^machine file $path is $kind, not a file$" \
+    timeout 20 "$TESSERA" plan "$deck" --ranks 1 --machine-file "$path"
+done
+# A name with a quote, a backslash and non-ASCII text leaves --json valid JSON, the name intact;
+# a name of more than one line is refused.
+{ grep -v "^name:" node.yaml; echo 'name: "odd \"node\" \\ caf\u00e9"'; } >odd.yaml
+if out=$("$TESSERA" plan "$ROOT/input/gpt2-124m.yaml" --ranks 4 --machine-file odd.yaml parallel.dp=4 \
+           --json 2>&1) &&
+   name=$(echo "$out" | "$PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["machine"])') &&
+   [ "$name" = 'odd "node" \ café' ] &&
+   s=$("$TESSERA" plan "$ROOT/input/gpt2-124m.yaml" --ranks 4 --machine-file odd.yaml --json \
+         --search 2>&1 | "$PYTHON" -c 'import json,sys; d=json.load(sys.stdin); print(d["machine"], len(d["layouts"]))'); then
+  pass "plan --json with an odd machine name: $name; --search: $s"
+else
+  fail "plan --json with an odd machine name: ${out:0:300}"
+fi
+{ grep -v "^name:" node.yaml; echo 'name: "two\nlines"'; } >lines.yaml
+expect_error "machine file: a name of two lines" 2 "^lines.yaml:8:7: name: expected one line of text, got 'two\\\\nlines'$" \
+  "$TESSERA" plan "$deck" --ranks 1 --machine-file lines.yaml
+# Layout sizes near the int's limit: the numbers in the message are the true ones (2 x 2^30 was
+# -2147483648, a signed overflow).
+expect_error "parallel.cp = 2^30" 2 "parallel.cp=1073741824: data.seq_len = 16 is not divisible by 2 x parallel.cp = 2147483648 " \
+  "$TESSERA" plan "$deck" --ranks 1 model.attention=fused parallel.cp=1073741824
 expect_error "unknown machine" 2 "--machine dgx9: no such machine" \
   "$TESSERA" plan "$deck" --ranks 1 --machine dgx9
 expect_error "bad --ranks" 2 "--ranks: expected an integer" "$TESSERA" plan "$deck" --ranks x

@@ -930,6 +930,13 @@ TEST(Config, Fp8Keys) {
             std::string::npos);
   EXPECT_NE(deck_error(fp8 + "  fp8_amax_history: 1025\n").find("1024"), std::string::npos);
   EXPECT_NE(deck_error(fp8 + "  fp8_margin: -1\n").find("device.fp8_margin"), std::string::npos);
+  // Past 14 an E4M3 tensor's amax is subnormal; at 30 or 64 every code would be zero.
+  EXPECT_EQ(parse_deck(fp8 + "  fp8_margin: 14\n", "deck.yaml", {}).device.fp8_margin, 14);
+  for (const char* margin : {"15", "30", "64"})
+    EXPECT_EQ(deck_error(fp8 + "  fp8_margin: " + margin + "\n"),
+              "deck.yaml:5:15: device.fp8_margin: must be <= 14 (beyond it a tensor's largest "
+              "values are subnormal in E4M3, and from 19 on every value rounds to zero), got " +
+                  std::string(margin));
   EXPECT_EQ(deck_error(deck + "device:\n  precision: fp4\n"),
             "deck.yaml:4:14: device.precision: must be fp32, bf16 or fp8, got 'fp4'");
   // On both backends (the CPU in fp32, CUDA in bf16 around the FP8 GEMM inputs).
@@ -1119,6 +1126,23 @@ TEST(Config, MoeKeysNestUnderModel) {
   // A dense deck writes no moe key, and reads back.
   const Config dense = parse_deck(kMinimal, "deck.yaml", {});
   EXPECT_EQ(to_yaml(dense).find("moe"), std::string::npos);
+}
+
+// Layout sizes near the int's limit: their products are taken in 64 bits, so the message names
+// the true numbers (2 x 2^30 was -2147483648) and no check divides by a product that wrapped to 0
+// (pp 4 x virtual_stages 2^30).
+TEST(Config, LayoutProductsDoNotOverflow) {
+  EXPECT_EQ(deck_error(kMinimal, {"model.attention=fused", "parallel.cp=1073741824"}),
+            "command line: parallel.cp=1073741824: data.seq_len = 128 is not divisible by 2 x "
+            "parallel.cp = 2147483648 (each sequence is cut into 2 x cp equal chunks)");
+  EXPECT_EQ(deck_error(kMinimal, {"parallel.pp=4", "parallel.virtual_stages=1073741824"}),
+            "command line: parallel.virtual_stages=1073741824: parallel.virtual_stages = "
+            "1073741824 does not divide the layers of each stage (model.n_layer = 4 over "
+            "parallel.pp = 4): every virtual stage needs the same number of layers");
+  EXPECT_NE(deck_error(kMinimal, {"model.attention=fused", "data.seq_len=2048", "parallel.dp=2",
+                                  "parallel.cp=1073741824", "parallel.zero_group=3"})
+                .find("does not divide parallel.dp x parallel.cp = 2 x 1073741824"),
+            std::string::npos);
 }
 
 TEST(Config, MoeRulesNameTheNumbers) {

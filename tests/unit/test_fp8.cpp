@@ -165,6 +165,22 @@ TEST(Fp8, SubnormalsAndTheSmallest) {
   }
 }
 
+// device.fp8_margin's bound (fp8_max_margin): at it a tensor's amax, scaled to max / 2^margin,
+// is still a normal number of the format (a code with an exponent); one more and it is below the
+// smallest normal. E4M3 from 19 on: zero.
+TEST(Fp8, MarginBoundKeepsTheAmaxNormal) {
+  for (const Case& c : kCases) {
+    const Fp8Traits t = fp8_traits(c.format);
+    const int bound = fp8_max_margin(c.format);
+    const uint8_t code = fp8_encode(std::ldexp(t.max, -bound), c.format);
+    EXPECT_GT((code & 0x7f) >> t.mantissa_bits, 0) << c.name;
+    EXPECT_LT(std::ldexp(t.max, -(bound + 1)), std::ldexp(1.0f, t.min_exp)) << c.name;
+  }
+  EXPECT_EQ(fp8_max_margin(Fp8Format::E4M3), 14);
+  EXPECT_NE(fp8_round(std::ldexp(448.0f, -18), Fp8Format::E4M3), 0.0f);
+  EXPECT_EQ(fp8_round(std::ldexp(448.0f, -19), Fp8Format::E4M3), 0.0f);
+}
+
 TEST(Fp8, RandomValuesOverTheWholeRange) {
   std::mt19937 rng(29);
   std::uniform_real_distribution<float> exponent(-20.0f, 18.0f), sign(-1.0f, 1.0f);
