@@ -1139,7 +1139,8 @@ TEST(Config, LayoutProductsDoNotOverflow) {
             "command line: parallel.virtual_stages=1073741824: parallel.virtual_stages = "
             "1073741824 does not divide the layers of each stage (model.n_layer = 4 over "
             "parallel.pp = 4): every virtual stage needs the same number of layers");
-  EXPECT_NE(deck_error(kMinimal, {"model.attention=fused", "data.seq_len=2048", "parallel.dp=2",
+  EXPECT_NE(deck_error(kMinimal, {"model.attention=fused", "data.seq_len=2048",
+                                  "model.block_size=2048", "parallel.dp=2",
                                   "parallel.cp=1073741824", "parallel.zero_group=3"})
                 .find("does not divide parallel.dp x parallel.cp = 2 x 1073741824"),
             std::string::npos);
