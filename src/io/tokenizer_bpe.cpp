@@ -130,6 +130,7 @@ class ByteLevelBpe::Scratch {
   std::vector<int32_t> ids;
   std::vector<int> prev, next;
   std::vector<std::pair<uint32_t, uint32_t>> heap;  // (rank, position)
+  std::vector<std::pair<size_t, std::string_view>> todo;  // split's (pattern, part), next on top
 };
 
 namespace {
@@ -425,48 +426,56 @@ void ByteLevelBpe::encode_piece(std::string_view piece, Scratch& sc, std::vector
   }
 }
 
-// Splits text by pattern `level` (the matches and the text between them), each part by the next
-// pattern, and encodes the parts of the last.
-void ByteLevelBpe::split(size_t level, std::string_view text, Scratch& sc,
-                         std::vector<int32_t>* out) const {
-  if (text.empty()) return;
-  if (level == patterns_.size()) {
-    encode_piece(text, sc, out);
-    return;
-  }
-  pcre2_code* code = patterns_[level]->code;
-  pcre2_match_data* md = sc.match[level];
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  size_t gap = 0, from = 0;  // the text not yet emitted starts at gap; the search at from
-  while (from <= text.size()) {
-    const int rc = pcre2_match(code, subject, text.size(), from, 0, md, sc.context);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(rc, message, sizeof message);
-      throw UserError(where_ + ": the pre-tokenizer pattern " + patterns_[level]->source +
-                      " failed on the text: " + reinterpret_cast<const char*>(message));
-    }
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    const size_t start = ov[0], end = ov[1];
-    if (end == start) {  // an empty match: search again one byte on (the byte stays in the gap)
-      from = start + 1;
+// Splits text by the first pattern (the matches and the text between them), each part by the
+// next pattern, and encodes the parts of the last: depth first, left to right, off a stack of
+// (pattern, part) rather than a call per pattern.
+void ByteLevelBpe::split(std::string_view text, Scratch& sc, std::vector<int32_t>* out) const {
+  auto& todo = sc.todo;
+  todo.assign(1, {0, text});
+  while (!todo.empty()) {
+    const auto [level, part] = todo.back();
+    todo.pop_back();
+    if (part.empty()) continue;
+    if (level == patterns_.size()) {
+      encode_piece(part, sc, out);
       continue;
     }
-    if (start > gap) split(level + 1, text.substr(gap, start - gap), sc, out);
-    split(level + 1, text.substr(start, end - start), sc, out);
-    gap = from = end;
+    pcre2_code* code = patterns_[level]->code;
+    pcre2_match_data* md = sc.match[level];
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(part.data());
+    const size_t first = todo.size();
+    size_t gap = 0, from = 0;  // the text not yet cut off starts at gap; the search at from
+    while (from <= part.size()) {
+      const int rc = pcre2_match(code, subject, part.size(), from, 0, md, sc.context);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(rc, message, sizeof message);
+        throw UserError(where_ + ": the pre-tokenizer pattern " + patterns_[level]->source +
+                        " failed on the text: " + reinterpret_cast<const char*>(message));
+      }
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      const size_t start = ov[0], end = ov[1];
+      if (end == start) {  // an empty match: search again one byte on (the byte stays in the gap)
+        from = start + 1;
+        continue;
+      }
+      if (start > gap) todo.emplace_back(level + 1, part.substr(gap, start - gap));
+      todo.emplace_back(level + 1, part.substr(start, end - start));
+      gap = from = end;
+    }
+    if (gap < part.size()) todo.emplace_back(level + 1, part.substr(gap));
+    std::reverse(todo.begin() + long(first), todo.end());  // the leftmost part on top
   }
-  if (gap < text.size()) split(level + 1, text.substr(gap), sc, out);
 }
 
 void ByteLevelBpe::encode(std::string_view text, Scratch& scratch, std::vector<int32_t>* out) const {
   if (add_prefix_space_ && !text.empty() && text[0] != ' ') {
     std::string spaced(text.size() + 1, ' ');
     text.copy(spaced.data() + 1, text.size());
-    split(0, spaced, scratch, out);
+    split(spaced, scratch, out);
   } else {
-    split(0, text, scratch, out);
+    split(text, scratch, out);
   }
 }
 

@@ -70,7 +70,7 @@ class ByteLevelBpe {
                        std::unordered_map<std::string, int32_t>* spelled);
   void read_merges(const JsonValue& model, const std::unordered_map<std::string, int32_t>& spelled);
   void encode_piece(std::string_view piece, Scratch& scratch, std::vector<int32_t>* out) const;
-  void split(size_t level, std::string_view text, Scratch& scratch, std::vector<int32_t>* out) const;
+  void split(std::string_view text, Scratch& scratch, std::vector<int32_t>* out) const;
 
   std::vector<std::unique_ptr<Regex>> patterns_;  // applied in turn: each piece is split again
   bool add_prefix_space_ = false;
