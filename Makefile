@@ -396,7 +396,7 @@ test: deps
 # A damaged HDF5 file can make libhdf5 itself ask malloc for terabytes: as without ASan, the
 # allocation fails (allocator_may_return_null) and HDF5 reports an error, which must reach us as
 # a UserError; an allocation of tessera's own that large still ends as an uncaught bad_alloc.
-FUZZ_TARGETS := deck checkpoint token_hdf5 token_llmc token_megatron token_raw
+FUZZ_TARGETS := deck checkpoint token_hdf5 token_llmc token_megatron token_raw tokenizer_json
 FUZZ_TIME    ?= 60
 FUZZ_CXX     ?= clang++-14
 bin/fuzz_replay: $(OBJ) $(BUILD)/tests/fuzz/targets.o $(BUILD)/tests/fuzz/replay.o
