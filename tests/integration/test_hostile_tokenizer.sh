@@ -7,7 +7,7 @@
 # with one line naming the file: no traceback, no crash. The C++ reader and the Python one
 # (tools/data/tokenizer_json.py) refuse the same files, with the same line wherever the fault is
 # a value's (its JSON path and what was expected there). A good file beside them is read by all
-# three.
+# three; a config.json nested 100,000 deep beside it is one line from prepare_data.py.
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
 deck=$(tiny_deck ht)
@@ -123,6 +123,13 @@ if out=$("$TESSERA" sample good.h5 --prompt "ab" --tokens 3 --seed 1 2>&1); then
 else
   fail "good.json: tessera sample: $out"
 fi
+
+# config.json beside a good tokenizer.json (its special ids) is read with the same bounds.
+mkdir -p deep_config && cp good.json deep_config/tokenizer.json
+"$PYTHON" -c 'open("deep_config/config.json", "w").write("[" * 100000 + "]" * 100000)'
+expect_error "config.json nested 100,000 deep beside tokenizer.json: prepare_data.py" 2 \
+  "^prepare_data\.py: [^ ]*deep_config/config\.json: not valid JSON here: nested more than 128 levels deep" \
+  "$PYTHON" "$ROOT/tools/data/prepare_data.py" docs --tokenizer deep_config --val-every 2 --out-dir out_deep_config
 
 for f in bad/*.json; do
   name=$(basename "$f" .json)
