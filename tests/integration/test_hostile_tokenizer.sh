@@ -2,9 +2,9 @@
 # Hostile tokenizer.json files (issue 38): values of the wrong kind (a Split pattern as a bare
 # string, added_tokens or pretokenizers an integer, ...), nesting 100,000 deep, 100,000 Split
 # steps, a file over the size bound, ids beyond the vocabulary bound, numbers beyond a double,
-# lone surrogates, invalid UTF-8. For each: `tessera data encode FILE`, `tessera sample` on a
-# checkpoint carrying it as its hf-bpe tokenizer, and prepare_data.py --tokenizer FILE exit 2
-# with one line naming the file: no traceback, no crash. The C++ reader and the Python one
+# lone surrogates, invalid UTF-8. For each: `tessera data encode FILE`, `tessera sample` and
+# export_weights.py on a checkpoint carrying it as its hf-bpe tokenizer, and prepare_data.py
+# --tokenizer FILE exit 2 with one line naming the file, writing nothing: no traceback, no crash. The C++ reader and the Python one
 # (tools/data/tokenizer_json.py) refuse the same files, with the same line wherever the fault is
 # a value's (its JSON path and what was expected there). A good file beside them is read by all
 # three; a config.json nested 100,000 deep beside it is one line from prepare_data.py.
@@ -123,6 +123,13 @@ if out=$("$TESSERA" sample good.h5 --prompt "ab" --tokens 3 --seed 1 2>&1); then
 else
   fail "good.json: tessera sample: $out"
 fi
+if "$PYTHON" "$ROOT/tools/interop/export_weights.py" good.h5 --out exp_good >exp_good.out 2>&1 &&
+   cmp -s <("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["pre_tokenizer"])' good.json) \
+          <("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["pre_tokenizer"])' exp_good/tokenizer.json); then
+  pass "good.json: export_weights.py gives it back from the checkpoint"
+else
+  fail "good.json: export_weights.py"; tail -3 exp_good.out | sed 's/^/    /'
+fi
 
 # config.json beside a good tokenizer.json (its special ids) is read with the same bounds.
 mkdir -p deep_config && cp good.json deep_config/tokenizer.json
@@ -148,6 +155,9 @@ for f in bad/*.json; do
   carry "$f" "ck_$name.h5"
   expect_error "$name: tessera sample" 2 "^ck_$name\.h5 \(its hf-bpe tokenizer\.json\): " \
     "$TESSERA" sample "ck_$name.h5" --prompt "ab" --tokens 2
+  expect_error "$name: export_weights.py" 2 "^export_weights\.py: ck_$name\.h5 \(its hf-bpe tokenizer\.json\): " \
+    "$PYTHON" "$ROOT/tools/interop/export_weights.py" "ck_$name.h5" --out "exp_$name"
+  [ ! -e "exp_$name" ] || fail "$name: export_weights.py wrote $(ls "exp_$name")"
   rm -f "ck_$name.h5"
 done
 finish

@@ -201,18 +201,23 @@ def load(path):
     return Loaded(blob, obj, source)
 
 
-def parse_blob(blob):
-    return json.loads(bytes(blob).decode("utf-8"))
+def parse_blob(blob, where="the stored tokenizer.json", checked=True):
+    """A stored tokenizer.json, bounded as a file is; checked (the rules of check_kind) unless the
+    caller only decodes."""
+    obj = tokenizer_json.loads(blob, where)
+    if checked:
+        check_kind(obj, where)
+    return obj
 
 
-def blob_specials(blob):
+def blob_specials(blob, where="the stored tokenizer.json"):
     """The tessera member of a stored tokenizer: bos/eos/pad ids."""
-    return parse_blob(blob).get("tessera", {})
+    return parse_blob(blob, where).get("tessera", {})
 
 
 def decode(blob, ids):
     """The bytes of ids with a stored tokenizer.json; special tokens decode to nothing."""
-    obj = parse_blob(blob) if not isinstance(blob, dict) else blob
+    obj = parse_blob(blob, checked=False) if not isinstance(blob, dict) else blob
     inverse = {c: b for b, c in bytes_to_unicode().items()}
     table = {}
     for token, i in obj["model"]["vocab"].items():
@@ -222,10 +227,10 @@ def decode(blob, ids):
     return b"".join(table.get(int(i), b"") for i in ids)
 
 
-def export(blob, out_dir):
+def export(blob, out_dir, where="the stored tokenizer.json"):
     """tokenizer.json and tokenizer_config.json of a stored tokenizer into out_dir; returns the
     paths written and the special ids."""
-    obj = parse_blob(blob)
+    obj = parse_blob(blob, where)
     ids = obj.pop("tessera", {})
     names = {}
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):

@@ -5,6 +5,7 @@ expected there. tests/integration/test_hostile_tokenizer.sh holds the two to the
 
   read_json(path, what)  the JSON document of a file, within JSON_BYTES and JSON_DEPTH, numbers
                          within a double, strings without lone surrogates (as nlohmann::json)
+  loads(data, where)     the same of bytes (a tokenizer.json stored in a token file or checkpoint)
   check(obj, path)       ToolError unless obj is a byte-level BPE tokenizer.json tessera reads
 
 The one rule only C++ applies: a Split pattern must compile in PCRE2 (the encoder, which
@@ -82,8 +83,15 @@ def read_json(path, what="tokenizer.json"):
             data = f.read(JSON_BYTES + 1)
     except OSError as e:
         raise ToolError(f"{path}: cannot read ({e.strerror})", EXIT_IO) from None
+    return loads(data, path, what)
+
+
+def loads(data, path, what="tokenizer.json"):
+    if len(data) > JSON_BYTES:
+        raise ToolError(f"{path}: {len(data)} bytes, more than the {JSON_BYTES} a {what} may have "
+                        f"({JSON_BYTES_WHY})")
     try:
-        obj = json.loads(data.decode("utf-8"), parse_int=_number, parse_float=_number,
+        obj = json.loads(bytes(data).decode("utf-8"), parse_int=_number, parse_float=_number,
                          parse_constant=_constant)
     except UnicodeDecodeError as e:
         raise ToolError(f"{path}: not UTF-8 text (byte {e.start}): expected a JSON file") from None
