@@ -38,8 +38,8 @@ std::string member_step(const std::string& path, const std::string& key) {
   return out + "\"]";
 }
 
-// nlohmann's DOM builder with the nesting counted: a parser callback would do it too, 50 times
-// slower (it is called with a copy of every value).
+// nlohmann's own DOM builder (nlohmann::detail, as 3.9 to 3.11 have it) with the nesting counted.
+// A parser callback could count it too, but parsed a 7 MB file 50 times slower (7 s, not 0.1 s).
 class DepthBoundDom : public nlohmann::detail::json_sax_dom_parser<Json> {
  public:
   using Dom = nlohmann::detail::json_sax_dom_parser<Json>;
@@ -59,7 +59,7 @@ class DepthBoundDom : public nlohmann::detail::json_sax_dom_parser<Json> {
  private:
   bool enter() {
     if (++depth_ > limits::kJsonDepth)
-      throw UserError(where_ + ": not valid JSON here: nested more than " +
+      throw UserError(where_ + ": not JSON tessera reads: nested more than " +
                       std::to_string(limits::kJsonDepth) + " levels deep (a " + what_ +
                       " nests a few)");
     return true;
@@ -114,7 +114,7 @@ Json parse_json(std::string_view text, const std::string& where, const std::stri
     // A number beyond a double (out_of_range 406): "[json.exception.out_of_range.406] number ..."
     std::string why = e.what();
     const size_t at = why.find("] ");
-    throw UserError(where + ": not valid JSON here: " +
+    throw UserError(where + ": not JSON tessera reads: " +
                     (at == std::string::npos ? why : why.substr(at + 2)));
   }
 }

@@ -135,7 +135,7 @@ fi
 mkdir -p deep_config && cp good.json deep_config/tokenizer.json
 "$PYTHON" -c 'open("deep_config/config.json", "w").write("[" * 100000 + "]" * 100000)'
 expect_error "config.json nested 100,000 deep beside tokenizer.json: prepare_data.py" 2 \
-  "^prepare_data\.py: [^ ]*deep_config/config\.json: not valid JSON here: nested more than 128 levels deep" \
+  "^prepare_data\.py: [^ ]*deep_config/config\.json: not JSON tessera reads: nested more than 128 levels deep" \
   "$PYTHON" "$ROOT/tools/data/prepare_data.py" docs --tokenizer deep_config --val-every 2 --out-dir out_deep_config
 
 for f in bad/*.json; do

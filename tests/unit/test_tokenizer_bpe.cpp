@@ -101,7 +101,7 @@ TEST(TokenizerJson, ErrorsNameLineColumnAndPath) {
   EXPECT_EQ(error("[]"), "t.json: the document: expected an object, found an array");
   EXPECT_EQ(error("{\"a\": {\"b c\": [0, \"x\"]}}"), "");
   // A number beyond a double, a byte-order mark, a lone surrogate, invalid UTF-8: refused.
-  EXPECT_NE(error("[1e400]").find("t.json: not valid JSON here: number overflow"), std::string::npos);
+  EXPECT_NE(error("[1e400]").find("t.json: not JSON tessera reads: number overflow"), std::string::npos);
   EXPECT_NE(error("\xEF\xBB\xBF{}").find("byte-order mark"), std::string::npos);
   EXPECT_NE(error("[\"\\ud800\"]").find("t.json: not valid JSON at line 1"), std::string::npos);
   EXPECT_NE(error("[\"\xff\"]").find("t.json: not valid JSON at line 1"), std::string::npos);
@@ -118,7 +118,7 @@ TEST(TokenizerJson, Bounded) {
   };
   const std::string deep = std::string(limits::kJsonDepth, '[') + std::string(limits::kJsonDepth, ']');
   EXPECT_EQ(error(deep), "");
-  EXPECT_EQ(error("[" + deep + "]"), "t.json: not valid JSON here: nested more than " +
+  EXPECT_EQ(error("[" + deep + "]"), "t.json: not JSON tessera reads: nested more than " +
                                          std::to_string(limits::kJsonDepth) +
                                          " levels deep (a tokenizer.json nests a few)");
   // 100,000 levels: refused without a deep stack (the parser iterates; the depth check stops it).

@@ -58,7 +58,7 @@ def _depth_and_strings(obj, path, what):
         v, depth = stack.pop()
         if isinstance(v, (dict, list)):
             if depth >= JSON_DEPTH:
-                raise ToolError(f"{path}: not valid JSON here: nested more than {JSON_DEPTH} levels deep "
+                raise ToolError(f"{path}: not JSON tessera reads: nested more than {JSON_DEPTH} levels deep "
                                 f"(a {what} nests a few)")
             items = v.items() if isinstance(v, dict) else enumerate(v)
             for k, x in items:
@@ -69,7 +69,7 @@ def _depth_and_strings(obj, path, what):
             try:
                 v.encode("utf-8")
             except UnicodeEncodeError:
-                raise ToolError(f"{path}: not valid JSON here: a string holds a lone surrogate "
+                raise ToolError(f"{path}: not JSON tessera reads: a string holds a lone surrogate "
                                 f"{v[:40]!a}") from None
 
 
@@ -98,9 +98,9 @@ def loads(data, path, what="tokenizer.json"):
     except json.JSONDecodeError as e:
         raise ToolError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except _Refused as e:
-        raise ToolError(f"{path}: not valid JSON here: {e}") from None
+        raise ToolError(f"{path}: not JSON tessera reads: {e}") from None
     except RecursionError:
-        raise ToolError(f"{path}: not valid JSON here: nested more than {JSON_DEPTH} levels deep "
+        raise ToolError(f"{path}: not JSON tessera reads: nested more than {JSON_DEPTH} levels deep "
                         f"(a {what} nests a few)") from None
     _depth_and_strings(obj, path, what)
     return obj
