@@ -24,6 +24,7 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -54,8 +55,8 @@ def bytes_to_unicode():
 
 
 class Loaded:
-    def __init__(self, blob, obj, source):
-        self.blob, self.source = blob, source
+    def __init__(self, blob, obj, source, path):
+        self.blob, self.source, self.path = blob, source, path
         t = obj["tessera"]
         self.kind, self.bos, self.pad = t["kind"], t["bos_token_id"], t["pad_token_id"]
         eos = t["eos_token_id"]
@@ -198,7 +199,7 @@ def load(path):
     obj.pop("tessera", None)
     obj["tessera"] = dict(ids, kind=kind_of(obj), source=source)
     blob = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    return Loaded(blob, obj, source)
+    return Loaded(blob, obj, source, path)
 
 
 def parse_blob(blob, where="the stored tokenizer.json", checked=True):
@@ -275,6 +276,21 @@ def find_tessera(explicit=None):
         raise ToolError(f"{path}: no tessera binary: byte-level BPE is encoded by tessera's own encoder; "
                         "build it (make bin/tessera) or give --tessera PATH", EXIT_IO)
     return path
+
+
+def check_with_tessera(loaded, tessera):
+    """The C++ reader's verdict on a loaded tokenizer, before any document: it alone compiles the
+    Split patterns (PCRE2). ToolError as it words it, naming the tokenizer's file."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        f.write(loaded.blob)
+        f.flush()
+        r = subprocess.run([tessera, "data", "encode", f.name, "--text", ""], capture_output=True)
+    if r.returncode != 0:
+        lines = r.stderr.decode("utf-8", "replace").strip().splitlines() or [f"exit {r.returncode}"]
+        line = lines[-1]
+        if line.startswith(f.name + ":"):
+            line = loaded.path + line[len(f.name):]
+        raise ToolError(line, r.returncode if r.returncode == EXIT_IO else 2)
 
 
 class Encoder:

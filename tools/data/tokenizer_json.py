@@ -8,8 +8,8 @@ expected there. tests/integration/test_hostile_tokenizer.sh holds the two to the
   loads(data, where)     the same of bytes (a tokenizer.json stored in a token file or checkpoint)
   check(obj, path)       ToolError unless obj is a byte-level BPE tokenizer.json tessera reads
 
-The one rule only C++ applies: a Split pattern must compile in PCRE2 (the encoder, which
-prepare_data.py runs, refuses it with one line).
+The one rule only C++ applies: a Split pattern must compile in PCRE2 (prepare_data.py asks
+tessera, hf_tokenizer.check_with_tessera, before any document).
 """
 import json
 import math
