@@ -7,6 +7,7 @@
 # YAML_HOME  yaml-cpp prefix; default: pkg-config yaml-cpp
 # SENTENCEPIECE_HOME  sentencepiece prefix (the BPE tokenizer); default: pkg-config sentencepiece
 # PCRE2_HOME PCRE2 prefix (the pre-tokenizer patterns of byte-level BPE); default: pkg-config libpcre2-8
+# JSON_HOME  nlohmann-json prefix (header-only: tokenizer.json); default: pkg-config nlohmann_json
 # BLAS_LIBS  link line of a CBLAS library; default: pkg-config openblas
 # BLAS_CFLAGS include flags for cblas.h
 # CXX, CXXFLAGS, LDFLAGS as usual; ARCH=native adds -march=native (off by default: a binary
@@ -68,6 +69,11 @@ else
 PCRE2_CFLAGS := $(shell pkg-config --cflags libpcre2-8 2>/dev/null)
 PCRE2_LIBS   := $(shell pkg-config --libs libpcre2-8 2>/dev/null || echo -lpcre2-8)
 endif
+ifdef JSON_HOME
+JSON_CFLAGS := -I$(JSON_HOME)/include
+else
+JSON_CFLAGS := $(shell pkg-config --cflags nlohmann_json 2>/dev/null)
+endif
 # The OpenMP build of OpenBLAS: called from inside our OpenMP loops it runs single-threaded
 # instead of oversubscribing the cores as the pthread build does.
 OPENBLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
@@ -78,7 +84,7 @@ ARCH_FLAGS := $(if $(filter native,$(ARCH)),-march=native,)
 WARN       := -Wall -Wextra -Werror
 BASE_FLAGS := -std=c++20 $(OPT) -g $(ARCH_FLAGS) -fopenmp $(WARN) -MMD -MP -Isrc
 ALL_CFLAGS := $(BASE_FLAGS) $(MPI_CFLAGS) $(HDF5_CFLAGS) $(YAML_CFLAGS) $(SPM_CFLAGS) $(PCRE2_CFLAGS) \
-              $(BLAS_CFLAGS) $(CXXFLAGS)
+              $(JSON_CFLAGS) $(BLAS_CFLAGS) $(CXXFLAGS)
 ALL_LIBS   := $(HDF5_LIBS) $(YAML_LIBS) $(SPM_LIBS) $(PCRE2_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -fopenmp -lm \
               $(LDFLAGS)
 
@@ -321,13 +327,14 @@ test-cuda-host: deps
 # ------------------------------------------------------------------------------------------------
 
 # Debian packages, installed only where missing (apt-get; as root, or with sudo). `make run` needs
-# DEB_RUN_PKGS: the build (compiler, MPI, parallel HDF5, yaml-cpp, sentencepiece, PCRE2, OpenBLAS)
+# DEB_RUN_PKGS: the build (compiler, MPI, parallel HDF5, yaml-cpp, sentencepiece, PCRE2,
+# nlohmann-json, OpenBLAS)
 # and the Python of data preparation and the plot. `make test` (and bench, asan, fuzz) adds
 # DEB_TEST_PKGS: GoogleTest, PyTorch (the parity references), h5dump, PyYAML, Slurm (the job
 # script tests), shellcheck, npm; and the npm packages of NPM_TEST_PKGS (independent reference
 # implementations, under build/npm).
 DEB_RUN_PKGS  := g++ make pkg-config mpich libmpich-dev libhdf5-mpich-dev libyaml-cpp-dev \
-                 libsentencepiece-dev python3-sentencepiece libpcre2-dev \
+                 libsentencepiece-dev python3-sentencepiece libpcre2-dev nlohmann-json3-dev \
                  libopenblas-dev libopenblas-openmp-dev python3 python3-h5py python3-numpy \
                  python3-yaml python3-matplotlib
 DEB_TEST_PKGS := libgtest-dev hdf5-tools python3-torch munge slurmctld slurmd slurm-client shellcheck
@@ -389,7 +396,7 @@ test: deps
 # A damaged HDF5 file can make libhdf5 itself ask malloc for terabytes: as without ASan, the
 # allocation fails (allocator_may_return_null) and HDF5 reports an error, which must reach us as
 # a UserError; an allocation of tessera's own that large still ends as an uncaught bad_alloc.
-FUZZ_TARGETS := deck machine checkpoint token_hdf5 token_llmc token_megatron token_raw
+FUZZ_TARGETS := deck machine checkpoint token_hdf5 token_llmc token_megatron token_raw tokenizer_json
 FUZZ_TIME    ?= 60
 FUZZ_CXX     ?= clang++-14
 bin/fuzz_replay: $(OBJ) $(BUILD)/tests/fuzz/targets.o $(BUILD)/tests/fuzz/replay.o

@@ -46,6 +46,18 @@ inline constexpr int kFusedHeadSize = 128;
 inline constexpr int64_t kDeckBytes = 1 << 20;
 // A serialized sentencepiece model is a few MB.
 inline constexpr int64_t kTokenizerModelBytes = int64_t(1) << 30;
+// A Hugging Face tokenizer.json: the largest byte-level BPE files published (BLOOM's 250k
+// tokens, Qwen's 151k) are 7-15 MB; nlohmann::json holds one in about ten times its size.
+inline constexpr int64_t kTokenizerJsonBytes = int64_t(64) << 20;
+inline constexpr const char* kTokenizerJsonBytesWhy =
+    "the largest published byte-level BPE tokenizer.json files are about 15 MB";
+// Nesting of a JSON file tessera reads (tokenizer.json nests 5 deep). Bounded because copying,
+// comparing or printing a JSON value recurses once per level.
+inline constexpr int kJsonDepth = 128;
+// Pre-tokenizer steps of a tokenizer.json (Split patterns and ByteLevel): each is one more regular
+// expression every piece of text goes through.
+inline constexpr int kPreTokenizerSteps = 64;
+inline constexpr const char* kPreTokenizerStepsWhy = "published tokenizers chain at most 4";
 // tessera sample --tokens: each token is a forward pass.
 inline constexpr int64_t kSampleTokens = int64_t(1) << 30;
 

@@ -4,13 +4,12 @@
 #include <pcre2.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <functional>
 
 #include "common/error.hpp"
 #include "common/limits.hpp"
-#include "io/tokenizer_json.hpp"
+#include "io/json.hpp"
 
 namespace tessera {
 
@@ -80,19 +79,6 @@ std::string white_space_as_property(const std::string& pattern) {
   return out;
 }
 
-int64_t int_of(const JsonValue& v, const std::string& where, const std::string& what) {
-  if (v.kind != JsonValue::Kind::number || v.number != std::floor(v.number) || v.number < 0 ||
-      v.number >= double(limits::kVocab))
-    throw UserError(where + ": " + what + " must be a token id from 0 to " +
-                    std::to_string(limits::kVocab - 1) + ", got " + v.kind_name());
-  return int64_t(v.number);
-}
-
-std::string type_of(const JsonValue& v) {
-  const JsonValue* t = v.get("type");
-  return t && t->is_string() ? t->string : std::string("?");
-}
-
 struct StringViewHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -130,101 +116,93 @@ class ByteLevelBpe::Scratch {
   std::vector<int32_t> ids;
   std::vector<int> prev, next;
   std::vector<std::pair<uint32_t, uint32_t>> heap;  // (rank, position)
+  std::vector<std::pair<size_t, std::string_view>> todo;  // split's (pattern, part), next on top
 };
 
 namespace {
 
 // The pre-tokenizer's patterns and its add_prefix_space, or UserError naming the kind found.
-void read_pre_tokenizer(const JsonValue* pre, const std::string& where,
-                        std::vector<std::string>* patterns, bool* prefix_space) {
+void read_pre_tokenizer(const JsonAt& pre, std::vector<std::string>* patterns, bool* prefix_space) {
   const std::string expect =
       " (tessera reads byte-level BPE: a ByteLevel pre-tokenizer, alone or after Split patterns, "
       "as GPT-2 and LLaMA 3 have)";
-  if (!pre || pre->is_null()) throw UserError(where + ": no pre_tokenizer" + expect);
-  std::vector<const JsonValue*> steps;
-  if (type_of(*pre) == "Sequence") {
-    const JsonValue* list = pre->get("pretokenizers");
-    if (!list || !list->is_array()) throw UserError(where + ": pre_tokenizer Sequence without its pretokenizers list");
-    for (const JsonValue& s : list->array) steps.push_back(&s);
+  if (pre.is_null()) pre.refuse(": none" + expect);
+  std::vector<JsonAt> steps;
+  if (pre.type() == "Sequence") {
+    const JsonAt list = pre["pretokenizers"];
+    if (!list->is_array()) list.fail("an array of pre-tokenizers");
+    const size_t n = list.size(limits::kPreTokenizerSteps, limits::kPreTokenizerStepsWhy);
+    for (size_t i = 0; i < n; ++i) steps.push_back(list[i]);
   } else {
     steps.push_back(pre);
   }
   bool byte_level = false;
-  for (const JsonValue* s : steps) {
-    const std::string type = type_of(*s);
+  for (const JsonAt& s : steps) {
+    if (!s->is_object()) s.fail("a pre-tokenizer object");
+    const std::string type = s.type();
     if (type == "ByteLevel") {
       byte_level = true;
-      const JsonValue* regex = s->get("use_regex");
-      if (!regex || regex->is_null() || regex->boolean) patterns->push_back(kGpt2Pattern);
-      const JsonValue* space = s->get("add_prefix_space");
-      *prefix_space = space && space->boolean;
+      if (s["use_regex"].boolean(true)) patterns->push_back(kGpt2Pattern);
+      *prefix_space = s["add_prefix_space"].boolean(false);
     } else if (type == "Split") {
-      const JsonValue* pattern = s->get("pattern");
-      const JsonValue* regex = pattern ? pattern->get("Regex") : nullptr;
-      const JsonValue* behavior = s->get("behavior");
-      const JsonValue* invert = s->get("invert");
-      if (!regex || !regex->is_string())
-        throw UserError(where + ": a Split pre-tokenizer without a {\"Regex\": ...} pattern" + expect);
-      if (!behavior || behavior->string != "Isolated" || (invert && invert->boolean))
-        throw UserError(where + ": a Split pre-tokenizer of behavior '" +
-                        (behavior ? behavior->string : std::string("?")) +
-                        "'" + (invert && invert->boolean ? " inverted" : "") +
-                        ": tessera reads Isolated, not inverted (as GPT-2 and LLaMA 3 have)");
-      patterns->push_back(regex->string);
+      const JsonAt pattern = s["pattern"];
+      if (!pattern->is_object() || !pattern->contains("Regex"))
+        pattern.fail("{\"Regex\": \"...\"}" + expect);
+      patterns->push_back(pattern["Regex"].string());
+      const std::string& behavior = s["behavior"].string();
+      const bool invert = s["invert"].boolean(false);
+      if (behavior != "Isolated" || invert)
+        s.refuse(": a Split pre-tokenizer of behavior '" + behavior + "'" + (invert ? " inverted" : "") +
+                 ": tessera reads Isolated, not inverted (as GPT-2 and LLaMA 3 have)");
     } else {
-      throw UserError(where + ": pre-tokenizer '" + type + "'" + expect);
+      s.refuse(": type '" + type + "'" + expect);
     }
   }
-  if (!byte_level) throw UserError(where + ": the pre-tokenizer has no ByteLevel step" + expect);
+  if (!byte_level) pre.refuse(": no ByteLevel step" + expect);
 }
 
 // The kind checks of the model, the normalizer and the decoder.
-void check_kind(const JsonValue& root, const std::string& where) {
+void check_kind(const JsonAt& root) {
   const std::string expect =
       " (tessera reads byte-level BPE tokenizer.json files, as GPT-2 and LLaMA 3 have)";
-  if (!root.is_object()) throw UserError(where + ": the document is " + root.kind_name() + ", not an object" + expect);
-  const JsonValue* model = root.get("model");
-  if (!model || !model->is_object()) throw UserError(where + ": no \"model\" object" + expect);
-  if (type_of(*model) != "BPE")
-    throw UserError(where + ": model type '" + type_of(*model) + "'" + expect);
-  const JsonValue* fallback = model->get("byte_fallback");
-  if (fallback && fallback->boolean)
-    throw UserError(where + ": a BPE with byte_fallback (sentencepiece-style, as LLaMA 2's)" + expect);
+  if (!root->is_object()) root.fail("an object" + expect);
+  const JsonAt model = root["model"];
+  if (!model->is_object()) model.fail("an object" + expect);
+  // Files of older Hugging Face tokenizers leave the type out of a BPE (it has merges).
+  const std::string type = model["type"].is_null() && model->contains("merges") ? "BPE" : model.type();
+  if (type != "BPE") throw UserError(model.where() + ": model type '" + type + "'" + expect);
+  if (model["byte_fallback"].boolean(false))
+    model.refuse(": a BPE with byte_fallback (sentencepiece-style, as LLaMA 2's)" + expect);
   for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    const JsonValue* a = model->get(affix);
-    if (a && a->is_string() && !a->string.empty())
-      throw UserError(where + ": model." + affix + " '" + a->string + "'" + expect);
+    const JsonAt a = model[affix];
+    if (!a.is_null() && !a.string().empty()) a.refuse(": '" + a.string() + "'" + expect);
   }
-  if (const JsonValue* n = root.get("normalizer"); n && !n->is_null())
-    throw UserError(where + ": normalizer '" + type_of(*n) + "'" + expect);
-  if (const JsonValue* d = root.get("decoder"); d && !d->is_null() && type_of(*d) != "ByteLevel")
-    throw UserError(where + ": decoder '" + type_of(*d) + "'" + expect);
+  if (const JsonAt n = root["normalizer"]; !n.is_null())
+    n.refuse(": type '" + n.type() + "'" + expect);
+  if (const JsonAt d = root["decoder"]; !d.is_null() && d.type() != "ByteLevel")
+    d.refuse(": type '" + d.type() + "'" + expect);
 }
 
 }  // namespace
 
 ByteLevelBpe::ByteLevelBpe(const std::string& json, const std::string& where) : where_(where) {
-  const JsonValue root = parse_json(json, where);
-  check_kind(root, where);
+  const Json doc = parse_json(json, where_, "tokenizer.json", limits::kTokenizerJsonBytes,
+                              limits::kTokenizerJsonBytesWhy);
+  const JsonAt root(doc, where_);
+  check_kind(root);
   std::vector<std::string> sources;
-  read_pre_tokenizer(root.get("pre_tokenizer"), where, &sources, &add_prefix_space_);
+  read_pre_tokenizer(root["pre_tokenizer"], &sources, &add_prefix_space_);
   for (const std::string& source : sources) compile_pattern(source);
-  const JsonValue& model = *root.get("model");
-  const JsonValue* ignore = model.get("ignore_merges");
-  ignore_merges_ = ignore && ignore->boolean;
+  const JsonAt model = root["model"];
+  ignore_merges_ = model["ignore_merges"].boolean(false);
   std::unordered_map<std::string, int32_t> spelled;  // the vocabulary as the file spells it
-  read_vocabulary(model, root.get("added_tokens"), &spelled);
+  read_vocabulary(model, root["added_tokens"], &spelled);
   read_merges(model, spelled);
-  if (const JsonValue* t = root.get("tessera"); t && t->is_object()) {
+  if (const JsonAt t = root["tessera"]; t->is_object()) {
     auto id = [&](const char* key) -> int64_t {
-      const JsonValue* v = t->get(key);
-      if (v && v->is_array() && !v->array.empty()) v = &v->array[0];  // eos as a list
-      if (!v || v->is_null()) return -1;
-      const int64_t i = int_of(*v, where, std::string("tessera.") + key);
-      if (i >= vocab_size())
-        throw UserError(where + ": tessera." + key + " " + std::to_string(i) + " is not an id of the " +
-                        std::to_string(vocab_size()) + "-token vocabulary");
-      return i;
+      JsonAt v = t[key];
+      if (v->is_array() && !v->empty()) v = v[size_t(0)];  // eos as a list
+      return v.is_null() ? -1 : v.integer(0, vocab_size() - 1);
     };
     bos_ = id("bos_token_id");
     eos_ = id("eos_token_id");
@@ -251,27 +229,26 @@ void ByteLevelBpe::compile_pattern(const std::string& source) {
 }
 
 // model.vocab and added_tokens: every id's bytes, the special ones, and the token of each byte.
-void ByteLevelBpe::read_vocabulary(const JsonValue& model, const JsonValue* added,
+void ByteLevelBpe::read_vocabulary(const JsonAt& model, const JsonAt& added,
                                    std::unordered_map<std::string, int32_t>* spelled) {
-  const JsonValue* vocab = model.get("vocab");
-  if (!vocab || !vocab->is_object() || vocab->object.empty())
-    throw UserError(where_ + ": model.vocab must be a non-empty object of token -> id");
+  const JsonAt vocab = model["vocab"];
+  if (!vocab->is_object() || vocab->empty()) vocab.fail("a non-empty object of token -> id");
+  vocab.size(size_t(limits::kVocab), limits::kVocabWhy);
   int64_t size = 0;
-  for (const auto& [token, id] : vocab->object) {
-    const int64_t i = int_of(id, where_, "model.vocab[\"" + token + "\"]");
-    spelled->emplace(token, int32_t(i));
+  for (auto it = vocab->begin(); it != vocab->end(); ++it) {
+    const int64_t i = vocab[it.key()].integer(0, limits::kVocab - 1);
+    spelled->emplace(it.key(), int32_t(i));
     size = std::max(size, i + 1);
   }
-  if (added && !added->is_null() && !added->is_array())
-    throw UserError(where_ + ": added_tokens must be an array");
-  if (added)
-    for (const JsonValue& a : added->array) {
-      const JsonValue* content = a.get("content");
-      const JsonValue* id = a.get("id");
-      if (!content || !content->is_string() || !id)
-        throw UserError(where_ + ": each of added_tokens needs an id and a content string");
-      size = std::max(size, int_of(*id, where_, "added token '" + content->string + "'") + 1);
-    }
+  if (!added.is_null() && !added->is_array()) added.fail("an array of tokens");
+  const size_t n_added = added.size(size_t(limits::kVocab), limits::kVocabWhy);
+  for (size_t k = 0; k < n_added; ++k) {
+    const JsonAt a = added[k];
+    if (!a->is_object()) a.fail("a token {\"id\": ..., \"content\": ...}");
+    a["content"].string();
+    a["special"].boolean(false);
+    size = std::max(size, a["id"].integer(0, limits::kVocab - 1) + 1);
+  }
   token_bytes_.assign(size_t(size), std::string());
   special_.assign(size_t(size), 0);
   std::string bytes;
@@ -280,61 +257,59 @@ void ByteLevelBpe::read_vocabulary(const JsonValue& model, const JsonValue* adde
     token_bytes_[size_t(id)] = bytes;
     vocab_.emplace(bytes, id);
   }
-  if (added)
-    for (const JsonValue& a : added->array) {
-      const int32_t id = int32_t(a.get("id")->number);
-      const JsonValue* special = a.get("special");
-      added_.emplace_back(a.get("content")->string, id);
-      if (special && special->boolean) {
-        special_[size_t(id)] = 1;
-        token_bytes_[size_t(id)].clear();
-      } else if (!spelled->count(a.get("content")->string)) {
-        token_bytes_[size_t(id)] = a.get("content")->string;
-      }
+  for (size_t k = 0; k < n_added; ++k) {
+    const JsonAt a = added[k];
+    const int32_t id = int32_t(a["id"]->get<int64_t>());
+    const std::string& content = a["content"].string();
+    added_.emplace_back(content, id);
+    if (a["special"].boolean(false)) {
+      special_[size_t(id)] = 1;
+      token_bytes_[size_t(id)].clear();
+    } else if (!spelled->count(content)) {
+      token_bytes_[size_t(id)] = content;
     }
+  }
   for (int b = 0; b < 256; ++b) {
     auto it = vocab_.find(std::string(1, char(b)));
     if (it == vocab_.end()) {
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02X", b);
-      throw UserError(where_ + ": byte " + hex + " (spelled U+" +
-                      std::to_string(byte_map().to_char[b]) +
-                      ") has no token in model.vocab: not a byte-level BPE vocabulary");
+      vocab.refuse(": byte " + std::string(hex) + " (spelled U+" + std::to_string(byte_map().to_char[b]) +
+                   ") has no token: not a byte-level BPE vocabulary");
     }
     byte_token_[b] = it->second;
   }
 }
 
 // model.merges, "a b" strings or ["a", "b"] pairs, ranked by their order.
-void ByteLevelBpe::read_merges(const JsonValue& model,
+void ByteLevelBpe::read_merges(const JsonAt& model,
                                const std::unordered_map<std::string, int32_t>& spelled) {
-  const JsonValue* merges = model.get("merges");
-  if (!merges || !merges->is_array()) throw UserError(where_ + ": model.merges must be an array");
-  uint32_t rank = 0;
-  for (const JsonValue& m : merges->array) {
+  const JsonAt merges = model["merges"];
+  if (!merges->is_array()) merges.fail("an array of merges");
+  const size_t n = merges.size(size_t(limits::kVocab), limits::kVocabWhy);
+  for (uint32_t rank = 0; rank < n; ++rank) {
+    const JsonAt m = merges[rank];
     std::string left, right;
-    if (m.is_string()) {
-      const size_t space = m.string.find(' ');
-      if (space == std::string::npos || m.string.find(' ', space + 1) != std::string::npos)
-        throw UserError(where_ + ": merge " + std::to_string(rank) + " '" + m.string +
-                        "' is not two tokens separated by one space");
-      left = m.string.substr(0, space);
-      right = m.string.substr(space + 1);
-    } else if (m.is_array() && m.array.size() == 2 && m.array[0].is_string() && m.array[1].is_string()) {
-      left = m.array[0].string;
-      right = m.array[1].string;
+    if (m->is_string()) {
+      const std::string& s = m.string();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
+        m.refuse(": '" + s + "' is not two tokens separated by one space");
+      left = s.substr(0, space);
+      right = s.substr(space + 1);
+    } else if (m->is_array() && m->size() == 2 && (*m)[0].is_string() && (*m)[1].is_string()) {
+      left = (*m)[0].get<std::string>();
+      right = (*m)[1].get<std::string>();
     } else {
-      throw UserError(where_ + ": merge " + std::to_string(rank) +
-                      " must be a string \"a b\" or a pair [\"a\", \"b\"], got " + m.kind_name());
+      m.fail("a string \"a b\" or a pair [\"a\", \"b\"]");
     }
     auto l = spelled.find(left), r = spelled.find(right), lr = spelled.find(left + right);
     if (l == spelled.end() || r == spelled.end() || lr == spelled.end())
-      throw UserError(where_ + ": merge " + std::to_string(rank) + " '" + left + " " + right +
-                      "': '" + (l == spelled.end() ? left : r == spelled.end() ? right : left + right) +
-                      "' is not in model.vocab");
+      m.refuse(": '" + left + " " + right + "': '" +
+               (l == spelled.end() ? left : r == spelled.end() ? right : left + right) +
+               "' is not in model.vocab");
     const uint64_t pair = (uint64_t(uint32_t(l->second)) << 32) | uint32_t(r->second);
     merges_.emplace(pair, (uint64_t(rank) << 32) | uint32_t(lr->second));
-    ++rank;
   }
 }
 
@@ -425,48 +400,56 @@ void ByteLevelBpe::encode_piece(std::string_view piece, Scratch& sc, std::vector
   }
 }
 
-// Splits text by pattern `level` (the matches and the text between them), each part by the next
-// pattern, and encodes the parts of the last.
-void ByteLevelBpe::split(size_t level, std::string_view text, Scratch& sc,
-                         std::vector<int32_t>* out) const {
-  if (text.empty()) return;
-  if (level == patterns_.size()) {
-    encode_piece(text, sc, out);
-    return;
-  }
-  pcre2_code* code = patterns_[level]->code;
-  pcre2_match_data* md = sc.match[level];
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  size_t gap = 0, from = 0;  // the text not yet emitted starts at gap; the search at from
-  while (from <= text.size()) {
-    const int rc = pcre2_match(code, subject, text.size(), from, 0, md, sc.context);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(rc, message, sizeof message);
-      throw UserError(where_ + ": the pre-tokenizer pattern " + patterns_[level]->source +
-                      " failed on the text: " + reinterpret_cast<const char*>(message));
-    }
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    const size_t start = ov[0], end = ov[1];
-    if (end == start) {  // an empty match: search again one byte on (the byte stays in the gap)
-      from = start + 1;
+// Splits text by the first pattern (the matches and the text between them), each part by the
+// next pattern, and encodes the parts of the last: depth first, left to right, off a stack of
+// (pattern, part) rather than a call per pattern.
+void ByteLevelBpe::split(std::string_view text, Scratch& sc, std::vector<int32_t>* out) const {
+  auto& todo = sc.todo;
+  todo.assign(1, {0, text});
+  while (!todo.empty()) {
+    const auto [level, part] = todo.back();
+    todo.pop_back();
+    if (part.empty()) continue;
+    if (level == patterns_.size()) {
+      encode_piece(part, sc, out);
       continue;
     }
-    if (start > gap) split(level + 1, text.substr(gap, start - gap), sc, out);
-    split(level + 1, text.substr(start, end - start), sc, out);
-    gap = from = end;
+    pcre2_code* code = patterns_[level]->code;
+    pcre2_match_data* md = sc.match[level];
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(part.data());
+    const size_t first = todo.size();
+    size_t gap = 0, from = 0;  // the text not yet cut off starts at gap; the search at from
+    while (from <= part.size()) {
+      const int rc = pcre2_match(code, subject, part.size(), from, 0, md, sc.context);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(rc, message, sizeof message);
+        throw UserError(where_ + ": the pre-tokenizer pattern " + patterns_[level]->source +
+                        " failed on the text: " + reinterpret_cast<const char*>(message));
+      }
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      const size_t start = ov[0], end = ov[1];
+      if (end == start) {  // an empty match: search again one byte on (the byte stays in the gap)
+        from = start + 1;
+        continue;
+      }
+      if (start > gap) todo.emplace_back(level + 1, part.substr(gap, start - gap));
+      todo.emplace_back(level + 1, part.substr(start, end - start));
+      gap = from = end;
+    }
+    if (gap < part.size()) todo.emplace_back(level + 1, part.substr(gap));
+    std::reverse(todo.begin() + long(first), todo.end());  // the leftmost part on top
   }
-  if (gap < text.size()) split(level + 1, text.substr(gap), sc, out);
 }
 
 void ByteLevelBpe::encode(std::string_view text, Scratch& scratch, std::vector<int32_t>* out) const {
   if (add_prefix_space_ && !text.empty() && text[0] != ' ') {
     std::string spaced(text.size() + 1, ' ');
     text.copy(spaced.data() + 1, text.size());
-    split(0, spaced, scratch, out);
+    split(spaced, scratch, out);
   } else {
-    split(0, text, scratch, out);
+    split(text, scratch, out);
   }
 }
 

@@ -25,13 +25,15 @@
 
 namespace tessera {
 
-struct JsonValue;
+class JsonAt;
 
 class ByteLevelBpe {
  public:
-  // Reads tokenizer.json text. UserError naming `where` for malformed JSON, a kind tessera does
-  // not read (another model type, a normalizer, byte fallback, another pre-tokenizer) or an
-  // inconsistent file (a merge whose tokens are not in the vocabulary, a byte without a token).
+  // Reads tokenizer.json text. UserError naming `where` and the JSON path for malformed JSON, a
+  // value of the wrong kind, a file beyond the limits (common/limits.hpp: its bytes, nesting,
+  // pre-tokenizer steps, vocabulary and merges), a kind tessera does not read (another model
+  // type, a normalizer, byte fallback, another pre-tokenizer) or an inconsistent file (a merge
+  // whose tokens are not in the vocabulary, a byte without a token).
   ByteLevelBpe(const std::string& json, const std::string& where);
   ~ByteLevelBpe();
   ByteLevelBpe(const ByteLevelBpe&) = delete;
@@ -66,11 +68,11 @@ class ByteLevelBpe {
  private:
   struct Regex;
   void compile_pattern(const std::string& source);
-  void read_vocabulary(const JsonValue& model, const JsonValue* added,
+  void read_vocabulary(const JsonAt& model, const JsonAt& added,
                        std::unordered_map<std::string, int32_t>* spelled);
-  void read_merges(const JsonValue& model, const std::unordered_map<std::string, int32_t>& spelled);
+  void read_merges(const JsonAt& model, const std::unordered_map<std::string, int32_t>& spelled);
   void encode_piece(std::string_view piece, Scratch& scratch, std::vector<int32_t>* out) const;
-  void split(size_t level, std::string_view text, Scratch& scratch, std::vector<int32_t>* out) const;
+  void split(std::string_view text, Scratch& scratch, std::vector<int32_t>* out) const;
 
   std::vector<std::unique_ptr<Regex>> patterns_;  // applied in turn: each piece is split again
   bool add_prefix_space_ = false;

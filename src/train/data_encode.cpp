@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 
@@ -13,6 +14,7 @@
 #include "common/error.hpp"
 #include "common/files.hpp"
 #include "common/limits.hpp"
+#include "io/json.hpp"
 #include "io/token_file.hpp"
 #include "io/tokenizer.hpp"
 #include "io/tokenizer_bpe.hpp"
@@ -31,7 +33,12 @@ TokenizerInfo tokenizer_of(const std::string& path) {
   if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
     TokenizerInfo info;
     info.type = "hf-bpe";
-    info.model = read_regular_file(path, "tokenizer", size_t(limits::kTokenizerModelBytes));
+    std::error_code error;
+    const uintmax_t bytes = std::filesystem::file_size(path, error);  // read_regular_file says why not
+    if (!error)
+      check_json_bytes(int64_t(bytes), path, "tokenizer.json", limits::kTokenizerJsonBytes,
+                       limits::kTokenizerJsonBytesWhy);
+    info.model = read_regular_file(path, "tokenizer.json", size_t(limits::kTokenizerJsonBytes));
     const ByteLevelBpe bpe(info.model, path);
     info.vocab_size = bpe.vocab_size();
     info.eot = bpe.eos();

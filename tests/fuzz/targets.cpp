@@ -18,6 +18,7 @@
 #include "io/contained.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/token_source.hpp"
+#include "io/tokenizer_bpe.hpp"
 #include "plan/machine.hpp"
 
 namespace tessera::fuzz {
@@ -128,11 +129,25 @@ int token_raw(const uint8_t* data, size_t size) {
   return 0;
 }
 
+int tokenizer_json(const uint8_t* data, size_t size) {
+  try {
+    const ByteLevelBpe bpe(std::string(reinterpret_cast<const char*>(data), size), "fuzz.json");
+    bpe.decode(bpe.encode("def f(x):\n    return x  # caf\xc3\xa9 123 \xff\xfe\n"));
+  } catch (const UserError&) {
+  }
+  return 0;
+}
+
 Target target(const char* name) {
   const std::pair<const char*, Target> all[] = {
-      {"deck", deck},           {"machine", machine},       {"checkpoint", checkpoint},
-      {"token_hdf5", token_hdf5}, {"token_llmc", token_llmc}, {"token_megatron", token_megatron},
-      {"token_raw", token_raw}};
+      {"deck", deck},
+      {"machine", machine},
+      {"checkpoint", checkpoint},
+      {"token_hdf5", token_hdf5},
+      {"token_llmc", token_llmc},
+      {"token_megatron", token_megatron},
+      {"token_raw", token_raw},
+      {"tokenizer_json", tokenizer_json}};
   for (const auto& [n, t] : all)
     if (std::strcmp(n, name) == 0) return t;
   return nullptr;

@@ -17,6 +17,7 @@ int token_hdf5(const uint8_t* data, size_t size);    // the token-file readers, 
 int token_llmc(const uint8_t* data, size_t size);
 int token_megatron(const uint8_t* data, size_t size);  // the input is the .idx; the .bin, 4 KiB
 int token_raw(const uint8_t* data, size_t size);
+int tokenizer_json(const uint8_t* data, size_t size);  // ByteLevelBpe: tokenizer.json, then an encode
 
 // name -> target; nullptr for an unknown name.
 Target target(const char* name);

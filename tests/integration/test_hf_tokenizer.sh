@@ -193,22 +193,22 @@ printf '{"model": {"type": "BPE",\n  "vocab": {"a": 0,}}}\n' >bad.json
 expect_error "malformed JSON (prepare_data)" 2 'bad\.json: not valid JSON at line 2, column 20' \
   "$PYTHON" "$ROOT/tools/data/prepare_data.py" corpus --tokenizer bad.json --out-dir nothing
 [ ! -e nothing/train.h5 ] || fail "malformed JSON: a token file was written"
-expect_error "malformed JSON (tessera)" 2 'bad\.json: not valid JSON at line 2, column 20: expected a member name' \
+expect_error "malformed JSON (tessera)" 2 'bad\.json: not valid JSON at line 2, column 20: syntax error while parsing object key' \
   "$TESSERA" data encode bad.json --text x
 printf '{"model": {"type": "WordPiece", "vocab": {"a": 0}}, "normalizer": null}' >wordpiece.json
-expect_error "another kind (prepare_data)" 2 "wordpiece\.json: model type 'WordPiece': tessera reads byte-level BPE" \
+expect_error "another kind (prepare_data)" 2 "wordpiece\.json: model type 'WordPiece' \(tessera reads byte-level BPE" \
   "$PYTHON" "$ROOT/tools/data/prepare_data.py" corpus --tokenizer wordpiece.json --out-dir nothing
 expect_error "another kind (tessera)" 2 "wordpiece\.json: model type 'WordPiece' \(tessera reads byte-level BPE" \
   "$TESSERA" data encode wordpiece.json --text x
 "$PYTHON" -c 'import json; t = json.load(open("gpt2/tokenizer.json")); t["normalizer"] = {"type": "NFC"}
 json.dump(t, open("nfc.json", "w"))'
-expect_error "a normalizer" 2 "nfc\.json: normalizer 'NFC'" \
+expect_error "a normalizer" 2 "nfc\.json: normalizer: type 'NFC' \(tessera reads" \
   "$PYTHON" "$ROOT/tools/data/prepare_data.py" corpus --tokenizer nfc.json --out-dir nothing
 mkdir -p only_vocab && cp gpt2/vocab.json only_vocab/
 expect_error "vocab.json without merges.txt" 2 "vocab\.json: GPT-2's vocab\.json needs merges\.txt beside it" \
   "$PYTHON" "$ROOT/tools/data/prepare_data.py" corpus --tokenizer only_vocab/vocab.json --out-dir nothing
 "$PYTHON" -c 'import json; t = json.load(open("gpt2/tokenizer.json")); t["model"]["merges"].append("Ġzzzq Ġzzzr")
 json.dump(t, open("badmerge.json", "w"))'
-expect_error "a merge of unknown tokens" 2 "badmerge\.json: merge [0-9]+ 'Ġzzzq Ġzzzr': 'Ġzzzq' is not in model\.vocab" \
+expect_error "a merge of unknown tokens" 2 "badmerge\.json: model\.merges\[[0-9]+\]: 'Ġzzzq Ġzzzr': 'Ġzzzq' is not in model\.vocab" \
   "$TESSERA" data encode badmerge.json --text x
 finish

@@ -1,5 +1,5 @@
 // Byte-level BPE (io/tokenizer_bpe) on small hand-made tokenizer.json files whose ids are worked
-// out by hand here; the JSON reader's values and errors; the tokenizer's byte lengths (val_bpb's
+// out by hand here; the JSON reader's errors (file, line, JSON path) and bounds; the tokenizer's byte lengths (val_bpb's
 // denominator) and mismatch rules. GPT-2's and LLaMA 3's real files are compared with an
 // independent implementation in tests/integration/test_hf_tokenizer.sh.
 #include <gtest/gtest.h>
@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/limits.hpp"
 #include "io/tokenizer.hpp"
 #include "io/tokenizer_bpe.hpp"
-#include "io/tokenizer_json.hpp"
+#include "io/json.hpp"
 
 using namespace tessera;
 
@@ -82,37 +83,48 @@ std::string error_of(const std::string& json) {
 
 }  // namespace
 
-TEST(TokenizerJson, ValuesAndEscapes) {
-  const JsonValue v = parse_json(
-      R"({"a": [1, -2.5e1, true, false, null], "s": "x\"\\\/\n\u00e9\ud83d\ude00", "o": {}})", "f");
-  ASSERT_TRUE(v.is_object());
-  const JsonValue* a = v.get("a");
-  ASSERT_TRUE(a && a->is_array() && a->array.size() == 5);
-  EXPECT_EQ(a->array[0].number, 1);
-  EXPECT_EQ(a->array[1].number, -25);
-  EXPECT_TRUE(a->array[2].boolean);
-  EXPECT_TRUE(a->array[4].is_null());
-  EXPECT_EQ(v.get("s")->string, "x\"\\/\n\xC3\xA9\xF0\x9F\x98\x80");
-  EXPECT_TRUE(v.get("o")->is_object());
-  EXPECT_EQ(v.get("missing"), nullptr);
-}
-
-TEST(TokenizerJson, ErrorsNameLineAndColumn) {
+TEST(TokenizerJson, ErrorsNameLineColumnAndPath) {
   auto error = [](const std::string& text) {
     try {
-      parse_json(text, "t.json");
+      const std::string where = "t.json";
+      const Json doc = parse_json(text, where, "tokenizer.json", 1 << 20, "why");
+      const JsonAt root(doc, where);
+      root["a"]["b c"][size_t(1)].string();
     } catch (const UserError& e) {
       return std::string(e.what());
     }
     return std::string();
   };
-  EXPECT_EQ(error("{\"a\": 1,\n  }"),
-            "t.json: not valid JSON at line 2, column 3: expected a member name in double quotes, found '}'");
-  EXPECT_EQ(error("[1 2]"), "t.json: not valid JSON at line 1, column 4: expected ',' or ']' in an array, found '2'");
-  EXPECT_EQ(error("\"abc"), "t.json: not valid JSON at line 1, column 5: expected '\"' to close the string, found the end of the file");
-  EXPECT_EQ(error("{} x"), "t.json: not valid JSON at line 1, column 4: expected the end of the document after its value, found 'x'");
-  EXPECT_NE(error(std::string(200, '[')).find("at most 128 levels of nesting"), std::string::npos);
-  EXPECT_NE(error("\"\\q\"").find("one of \\\" \\\\"), std::string::npos);
+  EXPECT_EQ(error("{\"a\": 1,\n  }").rfind("t.json: not valid JSON at line 2, column 3: syntax error", 0), 0u);
+  EXPECT_EQ(error("{\"a\": {\"b c\": [0, 1]}}"), "t.json: a[\"b c\"][1]: expected a string, found an integer");
+  EXPECT_EQ(error("{\"a\": 7}"), "t.json: a: expected an object, found an integer");
+  EXPECT_EQ(error("[]"), "t.json: the document: expected an object, found an array");
+  EXPECT_EQ(error("{\"a\": {\"b c\": [0, \"x\"]}}"), "");
+  // A number beyond a double, a byte-order mark, a lone surrogate, invalid UTF-8: refused.
+  EXPECT_NE(error("[1e400]").find("t.json: not JSON tessera reads: number overflow"), std::string::npos);
+  EXPECT_NE(error("\xEF\xBB\xBF{}").find("byte-order mark"), std::string::npos);
+  EXPECT_NE(error("[\"\\ud800\"]").find("t.json: not valid JSON at line 1"), std::string::npos);
+  EXPECT_NE(error("[\"\xff\"]").find("t.json: not valid JSON at line 1"), std::string::npos);
+}
+
+TEST(TokenizerJson, Bounded) {
+  auto error = [](const std::string& text, int64_t max_bytes = 1 << 20) {
+    try {
+      parse_json(text, "t.json", "tokenizer.json", max_bytes, "why");
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string deep = std::string(limits::kJsonDepth, '[') + std::string(limits::kJsonDepth, ']');
+  EXPECT_EQ(error(deep), "");
+  EXPECT_EQ(error("[" + deep + "]"), "t.json: not JSON tessera reads: nested more than " +
+                                         std::to_string(limits::kJsonDepth) +
+                                         " levels deep (a tokenizer.json nests a few)");
+  // 100,000 levels: refused without a deep stack (the parser iterates; the depth check stops it).
+  EXPECT_NE(error(std::string(100000, '[') + std::string(100000, ']'), 1 << 21).find("nested more than"),
+            std::string::npos);
+  EXPECT_NE(error(std::string(100, ' ') + "[]", 64).find("t.json: 102 bytes, more than"), std::string::npos);
 }
 
 // "abcab": pieces by GPT-2's pattern are the whole word. Merges: "b c" (rank 0), "a b" (1),
@@ -187,17 +199,70 @@ TEST(ByteLevelBpe, UnsupportedKindsAreOneLine) {
   };
   EXPECT_EQ(with(R"("type":"BPE")", R"("type":"Unigram")"),
             "tok.json: model type 'Unigram' (tessera reads byte-level BPE tokenizer.json files, as GPT-2 and LLaMA 3 have)");
-  EXPECT_NE(with(R"("normalizer":null)", R"("normalizer":{"type":"NFC"})").find("normalizer 'NFC'"), std::string::npos);
+  EXPECT_NE(with(R"("normalizer":null)", R"("normalizer":{"type":"NFC"})").find("tok.json: normalizer: type 'NFC'"), std::string::npos);
   EXPECT_NE(with(R"("byte_fallback":false)", R"("byte_fallback":true)").find("byte_fallback"), std::string::npos);
   EXPECT_NE(with(R"({"type":"ByteLevel","add_prefix_space":false,"use_regex":true})", R"({"type":"Metaspace"})")
-                .find("pre-tokenizer 'Metaspace'"),
+                .find("tok.json: pre_tokenizer: type 'Metaspace'"),
             std::string::npos);
-  EXPECT_NE(with(R"("decoder":{"type":"ByteLevel"})", R"("decoder":{"type":"WordPiece"})").find("decoder 'WordPiece'"),
+  EXPECT_NE(with(R"("decoder":{"type":"ByteLevel"})", R"("decoder":{"type":"WordPiece"})").find("tok.json: decoder: type 'WordPiece'"),
             std::string::npos);
-  EXPECT_NE(with(R"("merges":[])", R"("merges":["a"])").find("merge 0 'a' is not two tokens"), std::string::npos);
+  EXPECT_EQ(with(R"("merges":[])", R"("merges":["a"])"),
+            "tok.json: model.merges[0]: 'a' is not two tokens separated by one space");
   EXPECT_NE(with(R"("merges":[])", R"("merges":["a qq"])").find("'qq' is not in model.vocab"), std::string::npos);
-  EXPECT_NE(with("\"a\":97,", "").find("byte 0x61"), std::string::npos);
-  EXPECT_NE(error_of("[1]").find("not an object"), std::string::npos);
+  EXPECT_NE(with("\"a\":97,", "").find("tok.json: model.vocab: byte 0x61"), std::string::npos);
+  EXPECT_EQ(error_of("[1]").rfind("tok.json: the document: expected an object", 0), 0u);
+}
+
+// Values of the wrong kind name their JSON path and what was expected there.
+TEST(ByteLevelBpe, WrongTypesNameTheirPath) {
+  const std::string pre =
+      R"({"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\d"},"behavior":"Isolated"},{"type":"ByteLevel","use_regex":false}]})";
+  const std::string ok = tokenizer_json({}, {}, pre);
+  ASSERT_EQ(error_of(ok), "");
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = ok;
+    s.replace(s.find(from), from.size(), to);
+    return error_of(s);
+  };
+  EXPECT_EQ(with(R"({"Regex":"\\d"})", R"("\\d")"),
+            "tok.json: pre_tokenizer.pretokenizers[0].pattern: expected {\"Regex\": \"...\"} (tessera reads "
+            "byte-level BPE: a ByteLevel pre-tokenizer, alone or after Split patterns, as GPT-2 and LLaMA 3 "
+            "have), found a string");
+  EXPECT_EQ(with(R"("pretokenizers":[)", R"("pretokenizers":7,"x":[)"),
+            "tok.json: pre_tokenizer.pretokenizers: expected an array of pre-tokenizers, found an integer");
+  EXPECT_EQ(with(R"("added_tokens":[)", R"("added_tokens":3,"x":[)"),
+            "tok.json: added_tokens: expected an array of tokens, found an integer");
+  EXPECT_EQ(with(R"("use_regex":false)", R"("use_regex":"no")"),
+            "tok.json: pre_tokenizer.pretokenizers[1].use_regex: expected true, false or null, found a string");
+  EXPECT_EQ(with(R"("a":97)", R"("a":97.0)"),
+            "tok.json: model.vocab.a: expected an integer from 0 to 16777215, found a number with a fraction or "
+            "exponent");
+  EXPECT_EQ(with(R"("content":"<|eot|>")", R"("content":["<|eot|>"])"),
+            "tok.json: added_tokens[0].content: expected a string, found an array");
+  EXPECT_EQ(with(R"("model":{"type":"BPE")", R"("model":{"type":5)"),
+            "tok.json: model type '?' (tessera reads byte-level BPE tokenizer.json files, as GPT-2 and LLaMA 3 have)");
+  EXPECT_EQ(with(R"("merges":[])", R"("merges":[["a"]])"),
+            "tok.json: model.merges[0]: expected a string \"a b\" or a pair [\"a\", \"b\"], found an array");
+  // A model without its type but with merges is a BPE (older Hugging Face files).
+  EXPECT_EQ(with(R"("model":{"type":"BPE",)", R"("model":{)"), "");
+}
+
+// 100,000 Split steps: refused by the step limit, and an encode through the most steps allowed
+// iterates (no call per step).
+TEST(ByteLevelBpe, PreTokenizerStepsBounded) {
+  const std::string step = R"({"type":"Split","pattern":{"Regex":"\\w+| "},"behavior":"Isolated"},)";
+  auto with_steps = [&](int n) {
+    std::string steps;
+    for (int i = 0; i < n; ++i) steps += step;
+    return tokenizer_json({}, {}, R"({"type":"Sequence","pretokenizers":[)" + steps +
+                                      R"({"type":"ByteLevel","use_regex":false}]})");
+  };
+  EXPECT_NE(error_of(with_steps(100000)).find("tok.json: pre_tokenizer.pretokenizers: 100001 entries, more than the " +
+                                              std::to_string(limits::kPreTokenizerSteps)),
+            std::string::npos);
+  const ByteLevelBpe most(with_steps(limits::kPreTokenizerSteps - 1), "t");
+  EXPECT_EQ(most.decode(most.encode("ab cd")), "ab cd");
+  EXPECT_EQ(most.encode("ab cd"), (std::vector<int32_t>{'a', 'b', ' ', 'c', 'd'}));
 }
 
 TEST(Tokenizer, ByteLengthsSumToTheText) {

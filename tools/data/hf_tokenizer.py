@@ -10,9 +10,10 @@ tokenizer_config.json, beside tokenizer.json), so that an export gives back the 
   load(PATH)        PATH: a tokenizer.json, GPT-2's vocab.json (merges.txt beside it), or a
                     directory holding either; config.json and tokenizer_config.json beside it
                     name the special tokens. Returns a Loaded (blob, vocab_size, eot, bos, pad,
-                    kind, source). What tessera does not read is one ToolError naming the file and
-                    what was expected: malformed JSON, a model other than BPE, a normalizer, byte
-                    fallback, a pre-tokenizer without ByteLevel.
+                    kind, source). What tessera does not read is one ToolError naming the file, the
+                    JSON path and what was expected (tokenizer_json.py: the C++ reader's rules and
+                    bounds): malformed JSON, a value of the wrong kind, a model other than BPE, a
+                    normalizer, byte fallback, a pre-tokenizer without ByteLevel.
   decode(blob, ids) the bytes of ids (special tokens decode to nothing).
   export(blob, dir) writes tokenizer.json (without the tessera member) and tokenizer_config.json.
   Encoder           encodes documents with tessera's own C++ encoder (`tessera data encode
@@ -23,16 +24,17 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tokenizer_json  # noqa: E402
 from tessera_data import EXIT_IO, ToolError  # noqa: E402
 
 HF_BPE = "hf-bpe"
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-EXPECTED = "tessera reads byte-level BPE tokenizers (GPT-2, LLaMA 3 kinds)"
 # End-of-text and beginning-of-text tokens by name, when no config says which they are.
 EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>")
 BOS_NAMES = ("<|begin_of_text|>", "<s>")
@@ -53,8 +55,8 @@ def bytes_to_unicode():
 
 
 class Loaded:
-    def __init__(self, blob, obj, source):
-        self.blob, self.source = blob, source
+    def __init__(self, blob, obj, source, path):
+        self.blob, self.source, self.path = blob, source, path
         t = obj["tessera"]
         self.kind, self.bos, self.pad = t["kind"], t["bos_token_id"], t["pad_token_id"]
         eos = t["eos_token_id"]
@@ -62,18 +64,8 @@ class Loaded:
         self.vocab_size = vocab_size(obj)
 
 
-def _read_json(path):
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ToolError(f"{path}: cannot read ({e.strerror})", EXIT_IO) from None
-    try:
-        return json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ToolError(f"{path}: not UTF-8 text (byte {e.start}): expected a JSON file") from None
-    except json.JSONDecodeError as e:
-        raise ToolError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+def _read_json(path, what="tokenizer.json"):
+    return tokenizer_json.read_json(path, what)
 
 
 def vocab_size(obj):
@@ -87,34 +79,7 @@ def _type(v):
 
 def check_kind(obj, path):
     """ToolError (one line) unless obj is a byte-level BPE tokenizer.json tessera reads."""
-    if not isinstance(obj, dict):
-        raise ToolError(f"{path}: the document is a {type(obj).__name__}, not an object: {EXPECTED}")
-    model = obj.get("model")
-    if not isinstance(model, dict):
-        raise ToolError(f"{path}: no \"model\" object: {EXPECTED}")
-    if model.get("type", "BPE" if "merges" in model else "?") != "BPE":
-        raise ToolError(f"{path}: model type '{model.get('type')}': {EXPECTED}")
-    if model.get("byte_fallback"):
-        raise ToolError(f"{path}: a BPE with byte_fallback (sentencepiece-style, as LLaMA 2's; use its "
-                        f"tokenizer.model): {EXPECTED}")
-    if obj.get("normalizer") is not None:
-        raise ToolError(f"{path}: normalizer '{_type(obj['normalizer'])}': {EXPECTED}")
-    pre = obj.get("pre_tokenizer")
-    steps = pre.get("pretokenizers", []) if _type(pre) == "Sequence" else [pre]
-    if not any(_type(s) == "ByteLevel" for s in steps):
-        raise ToolError(f"{path}: pre-tokenizer '{_type(pre)}' without a ByteLevel step: {EXPECTED}")
-    for s in steps:
-        if _type(s) not in ("ByteLevel", "Split"):
-            raise ToolError(f"{path}: pre-tokenizer '{_type(s)}': {EXPECTED}")
-    if not isinstance(model.get("vocab"), dict) or not model["vocab"]:
-        raise ToolError(f"{path}: model.vocab must be a non-empty object of token -> id")
-    if not isinstance(model.get("merges"), list):
-        raise ToolError(f"{path}: model.merges must be an array")
-    for a in obj.get("added_tokens") or []:
-        if not isinstance(a, dict) or not isinstance(a.get("id"), int) or not isinstance(a.get("content"), str):
-            raise ToolError(f"{path}: each of added_tokens needs an integer id and a content string")
-    if any(not isinstance(i, int) or i < 0 for i in model["vocab"].values()):
-        raise ToolError(f"{path}: model.vocab ids must be non-negative integers")
+    tokenizer_json.check(obj, path, {c: b for b, c in bytes_to_unicode().items()})
 
 
 def kind_of(obj):
@@ -131,7 +96,7 @@ def kind_of(obj):
 
 def from_vocab_merges(vocab_path, merges_path):
     """GPT-2's vocab.json + merges.txt as the tokenizer.json Hugging Face makes of them."""
-    vocab = _read_json(vocab_path)
+    vocab = _read_json(vocab_path, "vocab.json")
     if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
         raise ToolError(f"{vocab_path}: expected a JSON object of token -> integer id (GPT-2's vocab.json)")
     try:
@@ -178,14 +143,14 @@ def specials(obj, folder):
     out = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     tc_path = os.path.join(folder, "tokenizer_config.json")
     if os.path.isfile(tc_path):
-        tc = _read_json(tc_path)
+        tc = _read_json(tc_path, "tokenizer_config.json")
         for key in out:
             name = tc.get(key[:-3]) if isinstance(tc, dict) else None  # bos_token, ...
             if name is not None:
                 out[key] = _token_id(obj, name)
     cfg_path = os.path.join(folder, "config.json")
     if os.path.isfile(cfg_path):
-        cfg = _read_json(cfg_path)
+        cfg = _read_json(cfg_path, "config.json")
         for key in out:
             if isinstance(cfg, dict) and cfg.get(key) is not None:
                 out[key] = cfg[key]
@@ -195,6 +160,10 @@ def specials(obj, folder):
         out["bos_token_id"] = next((i for n in BOS_NAMES if (i := _token_id(obj, n)) is not None),
                                    out["eos_token_id"])
     return out
+
+
+def _is_id(i, size):
+    return isinstance(i, int) and not isinstance(i, bool) and 0 <= i < size
 
 
 def load(path):
@@ -221,30 +190,35 @@ def load(path):
     size = vocab_size(obj)
     eos = ids["eos_token_id"]
     first_eos = eos[0] if isinstance(eos, list) and eos else eos
-    if not isinstance(first_eos, int) or not 0 <= first_eos < size:
+    if not _is_id(first_eos, size):
         raise ToolError(f"{path}: no end-of-text token: expected eos_token_id in config.json, eos_token in "
                         f"tokenizer_config.json, or a token named {' or '.join(EOT_NAMES)}")
     for key in ("bos_token_id", "pad_token_id"):
-        if ids[key] is not None and not (isinstance(ids[key], int) and 0 <= ids[key] < size):
+        if ids[key] is not None and not _is_id(ids[key], size):
             raise ToolError(f"{path}: {key} {ids[key]!r} is not an id of the {size}-token vocabulary")
     obj.pop("tessera", None)
     obj["tessera"] = dict(ids, kind=kind_of(obj), source=source)
     blob = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    return Loaded(blob, obj, source)
+    return Loaded(blob, obj, source, path)
 
 
-def parse_blob(blob):
-    return json.loads(bytes(blob).decode("utf-8"))
+def parse_blob(blob, where="the stored tokenizer.json", checked=True):
+    """A stored tokenizer.json, bounded as a file is; checked (the rules of check_kind) unless the
+    caller only decodes."""
+    obj = tokenizer_json.loads(blob, where)
+    if checked:
+        check_kind(obj, where)
+    return obj
 
 
-def blob_specials(blob):
+def blob_specials(blob, where="the stored tokenizer.json"):
     """The tessera member of a stored tokenizer: bos/eos/pad ids."""
-    return parse_blob(blob).get("tessera", {})
+    return parse_blob(blob, where).get("tessera", {})
 
 
 def decode(blob, ids):
     """The bytes of ids with a stored tokenizer.json; special tokens decode to nothing."""
-    obj = parse_blob(blob) if not isinstance(blob, dict) else blob
+    obj = parse_blob(blob, checked=False) if not isinstance(blob, dict) else blob
     inverse = {c: b for b, c in bytes_to_unicode().items()}
     table = {}
     for token, i in obj["model"]["vocab"].items():
@@ -254,10 +228,10 @@ def decode(blob, ids):
     return b"".join(table.get(int(i), b"") for i in ids)
 
 
-def export(blob, out_dir):
+def export(blob, out_dir, where="the stored tokenizer.json"):
     """tokenizer.json and tokenizer_config.json of a stored tokenizer into out_dir; returns the
     paths written and the special ids."""
-    obj = parse_blob(blob)
+    obj = parse_blob(blob, where)
     ids = obj.pop("tessera", {})
     names = {}
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -302,6 +276,21 @@ def find_tessera(explicit=None):
         raise ToolError(f"{path}: no tessera binary: byte-level BPE is encoded by tessera's own encoder; "
                         "build it (make bin/tessera) or give --tessera PATH", EXIT_IO)
     return path
+
+
+def check_with_tessera(loaded, tessera):
+    """The C++ reader's verdict on a loaded tokenizer, before any document: it alone compiles the
+    Split patterns (PCRE2). ToolError as it words it, naming the tokenizer's file."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        f.write(loaded.blob)
+        f.flush()
+        r = subprocess.run([tessera, "data", "encode", f.name, "--text", ""], capture_output=True)
+    if r.returncode != 0:
+        lines = r.stderr.decode("utf-8", "replace").strip().splitlines() or [f"exit {r.returncode}"]
+        line = lines[-1]
+        if line.startswith(f.name + ":"):
+            line = loaded.path + line[len(f.name):]
+        raise ToolError(line, r.returncode if r.returncode == EXIT_IO else 2)
 
 
 class Encoder:

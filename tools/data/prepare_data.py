@@ -447,15 +447,17 @@ def encode_hf(tok, tessera, blob_path, paths, sizes, is_val, writers, threads, l
     progress = Progress("encode", len(paths), sum(sizes), log_seconds)
     with open(blob_path, "wb") as f:
         f.write(tok.blob)
-    encoder = hf_tokenizer.Encoder(tessera, blob_path, threads)
-    documents = (read_document(p, size) for p, size in zip(paths, sizes))
-    nbytes = tokens = 0
-    for i, ids in enumerate(encoder.run(documents)):
-        writers[is_val[i]].add(ids, True)
-        nbytes += sizes[i]
-        tokens += len(ids) + 1 + (tok.bos is not None and tok.bos != tok.eot)
-        progress.update(i + 1, nbytes, tokens)
-    os.remove(blob_path)
+    try:
+        encoder = hf_tokenizer.Encoder(tessera, blob_path, threads)
+        documents = (read_document(p, size) for p, size in zip(paths, sizes))
+        nbytes = tokens = 0
+        for i, ids in enumerate(encoder.run(documents)):
+            writers[is_val[i]].add(ids, True)
+            nbytes += sizes[i]
+            tokens += len(ids) + 1 + (tok.bos is not None and tok.bos != tok.eot)
+            progress.update(i + 1, nbytes, tokens)
+    finally:
+        os.remove(blob_path)
     print(f"prepare_data: tessera {encoder.summary}", file=sys.stderr, flush=True)
     return progress, ""
 
@@ -501,6 +503,7 @@ def main():
             raise ToolError("--threads must be >= 1")
         hf = hf_tokenizer.load(args.tokenizer)
         tessera = hf_tokenizer.find_tessera(args.tessera)
+        hf_tokenizer.check_with_tessera(hf, tessera)
         print(f"prepare_data: tokenizer {args.tokenizer} ({hf.source}, {hf.kind}): {hf.vocab_size} ids, "
               f"eos {hf.eot}, bos {hf.bos}, pad {hf.pad}", file=sys.stderr, flush=True)
     vocab_size = 4096 if args.vocab_size is None else args.vocab_size

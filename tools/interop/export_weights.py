@@ -77,12 +77,12 @@ def resolve_checkpoint(path):
     return os.path.join(path, steps[-1])
 
 
-def special_tokens(ck, shape):
+def special_tokens(ck, shape, where):
     """config.json's bos/eos/pad_token_id: those the checkpoint's tokenizer records (an hf-bpe
     tokenizer.json's tessera member; else the bos and pad attributes import_weights.py keeps, and
     eot as eos), so that import -> export gives back the original ids."""
     if ck["tokenizer"] == hf_tokenizer.HF_BPE and ck["tokenizer_model"]:
-        sp = hf_tokenizer.blob_specials(ck["tokenizer_model"])
+        sp = hf_tokenizer.blob_specials(ck["tokenizer_model"], where)
         return {k: sp[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if sp.get(k) is not None}
     out = {}
     if 0 <= ck["eot"] < shape["vocab_size"]:
@@ -155,7 +155,8 @@ def main():
     if layout.routing is not None:
         shape = dict(shape, moe_aux_loss=deck_moe(ck, path, layout))
     config = layout.config_json(shape, ck["eot"])
-    config.update(special_tokens(ck, shape))
+    stored = f"{path} (its hf-bpe tokenizer.json)"
+    config.update(special_tokens(ck, shape, stored))
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ToolError(f"{args.out}: exists and is not a directory", EXIT_IO)
     os.makedirs(args.out, exist_ok=True)
@@ -170,7 +171,7 @@ def main():
     os.replace(cfg_path + ".tmp", cfg_path)
     written.append(cfg_path)
     if ck["tokenizer"] == hf_tokenizer.HF_BPE and ck["tokenizer_model"]:
-        written += hf_tokenizer.export(ck["tokenizer_model"], args.out)[0]
+        written += hf_tokenizer.export(ck["tokenizer_model"], args.out, stored)[0]
     if args.torch_bin:
         import torch
         sd = {k: torch.from_numpy(v) for k, v in state.items()}

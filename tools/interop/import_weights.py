@@ -81,7 +81,6 @@ or config.json setting tessera's model cannot take, a shape that disagrees with 
 nothing written; 1 an I/O error.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -95,6 +94,7 @@ from hf_layouts import (LAYOUTS, detect_layout, get_layout, hf_parts, refuse_uns
                         to_tessera)
 from tessera_ckpt import ARCHES, model_tensors, write_model_checkpoint  # noqa: E402
 import hf_tokenizer  # noqa: E402
+import tokenizer_json  # noqa: E402
 from tessera_data import EXIT_IO, ToolError, run_tool  # noqa: E402
 
 # tessera's ModelConfig defaults (src/config/config.hpp): a deck that leaves a key out gets these.
@@ -182,9 +182,10 @@ def read_source(src, opened):
     folder = os.path.dirname(src) or "."
     if src.endswith(".index.json"):
         try:
-            with open(src) as f:
-                weight_map = json.load(f)["weight_map"]
-        except (ValueError, KeyError, TypeError):
+            weight_map = tokenizer_json.read_json(src, "shard index")["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError
+        except (KeyError, TypeError):
             raise ToolError(f"{src}: not a shard index (a JSON object with a weight_map)") from None
         out = {}
         for shard in sorted(set(weight_map.values())):
@@ -204,11 +205,8 @@ def read_source(src, opened):
 
 
 def read_config(path):
-    try:
-        with open(path) as f:
-            config = json.load(f)
-    except ValueError as e:
-        raise ToolError(f"{path}: not JSON: {e}") from None
+    # Bounded as a tokenizer.json is (size, nesting): json.load itself recursed out on a deep file.
+    config = tokenizer_json.read_json(path, os.path.basename(path))
     if not isinstance(config, dict):
         raise ToolError(f"{path}: not a JSON object")
     return config
