@@ -24,8 +24,8 @@ MoeLayer<Backend>::MoeLayer(const ModelShape& shape, const BlockWidths& width,
   options_.routing.top_k = shape.moe.top_k;
   const size_t N = size_t(max_n), E = size_t(shape.moe.experts), k = size_t(shape.moe.top_k);
   const size_t C = size_t(shape.n_embd), F = size_t(width.ef), FC1 = size_t(width.efc1);
-  // R: the rows this rank routes; Rin: the most its held experts compute (every ep rank's rows).
-  const size_t R = N * k, Rin = R * size_t(ep_size_), exchange = ep_size_ > 1 ? Rin : 0;
+  // R: the rows this rank routes; Rin: the most its held experts compute (rows_in()).
+  const size_t R = N * k, Rin = rows_in(), exchange = ep_size_ > 1 ? Rin : 0;
   act_per_ = N * E + 2 * R * C + 2 * exchange * C + Rin * (FC1 + F);
   float_per_ = N * E + N * k;
   int_per_ = N * k + R + N * k + 2 * exchange;
@@ -98,6 +98,17 @@ size_t MoeLayer<Backend>::activation_bytes() const {
 }
 
 template <class Backend>
+size_t MoeLayer<Backend>::rows_in() const {
+  const size_t R = size_t(max_n_) * size_t(shape_.moe.top_k);
+  if (ep_size_ == 1) return R;
+  // From each ep rank (this one too) at most its routed rows, and at most each held expert's
+  // capacity: with a capacity factor c that bounds the whole at c k N, not ep k N.
+  const size_t cap = size_t(moe_capacity(options_.capacity_factor, max_n_, shape_.moe.top_k,
+                                         shape_.moe.experts));
+  return size_t(ep_size_) * std::min(R, size_t(held()) * cap);
+}
+
+template <class Backend>
 int MoeLayer<Backend>::index_of(int layer) const {
   const auto it = std::find(layers_.begin(), layers_.end(), layer);
   return it == layers_.end() ? -1 : int(it - layers_.begin());
@@ -107,7 +118,7 @@ template <class Backend>
 typename MoeLayer<Backend>::Kept MoeLayer<Backend>::kept(int layer, int slot) const {
   const size_t i = at(layer, slot);
   const size_t N = size_t(max_n_), E = size_t(shape_.moe.experts), k = size_t(shape_.moe.top_k);
-  const size_t R = N * k, C = size_t(shape_.n_embd), Rin = R * size_t(ep_size_);
+  const size_t R = N * k, C = size_t(shape_.n_embd), Rin = rows_in();
   const bool exchange = ep_size_ > 1;
   Kept p;
   p.logits = acts_ + i * act_per_;
@@ -130,7 +141,7 @@ typename MoeLayer<Backend>::Kept MoeLayer<Backend>::kept(int layer, int slot) co
 template <class Backend>
 typename MoeLayer<Backend>::Act* MoeLayer<Backend>::exchange_scratch() const {
   // After the rows' gradients (sent and returned), the activation's and fc1's, the logits'.
-  const size_t R = size_t(max_n_) * size_t(shape_.moe.top_k), Rin = R * size_t(ep_size_);
+  const size_t R = size_t(max_n_) * size_t(shape_.moe.top_k), Rin = rows_in();
   return scratch_ + 2 * R * size_t(shape_.n_embd) + Rin * size_t(width_.ef + width_.efc1) +
          size_t(max_n_) * size_t(shape_.moe.experts);
 }
@@ -155,6 +166,9 @@ void MoeLayer<Backend>::plan_exchange(const MoeDispatch& d, const Kept& p, Excha
   // Received rows come by source rank, each source's by expert; the experts read them by expert,
   // each expert's by source rank.
   const int rows = x->offsets[size_t(El)];
+  if (size_t(rows) > rows_in())
+    throw std::logic_error("moe: " + std::to_string(rows) + " rows received for buffers of " +
+                           std::to_string(rows_in()));
   std::vector<int32_t> to_expert(static_cast<size_t>(rows)), to_source(static_cast<size_t>(rows));
   std::vector<int> source_at(size_t(P) + 1, 0);
   for (int r = 0; r < P; ++r) source_at[size_t(r) + 1] = source_at[size_t(r)] + x->recv_rows[size_t(r)];
@@ -267,7 +281,7 @@ void MoeLayer<Backend>::backward(Act* dx, const Act* dout, const Act* x, const P
   const int F = width_.ef, FC1 = width_.efc1;
   const Kept p = kept(layer, slot);
   const MoeDispatch& d = plans_[at(layer, slot)];
-  const size_t R = size_t(max_n_) * k, Rin = R * size_t(ep_size_);
+  const size_t R = size_t(max_n_) * k, Rin = rows_in();
   Act* drows = scratch_;
   Act* dxs = drows + R * C;
   Act* da = dxs + R * C;

@@ -117,6 +117,8 @@ class MoeLayer {
   // p.to_source) from the plan.
   void plan_exchange(const MoeDispatch& d, const Kept& p, Exchange* x);
   int held() const { return shape_.moe.experts / ep_size_; }  // experts on this rank
+  // The most rows the held experts compute in one layer and micro-batch (R = N k without ep).
+  size_t rows_in() const;
   Act* exchange_scratch() const;  // ep > 1: two buffers of the most rows the experts compute
 
   ModelShape shape_;

@@ -62,7 +62,8 @@ suite gpt "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
   "ep2_edp2_zero3_keep 4 1 1 parallel.ep=2 parallel.zero=3 parallel.reshard_after_forward=false"
 suite bias "dp2 2 1 1" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" "tp2_pp2 1 2 2" \
   "cp2 1 1 1 parallel.cp=2 model.attention=fused"
-suite capacity "dp2 2 1 1" "tp2_pp2 1 2 2 parallel.zero=1" "ep2 2 1 1 parallel.ep=2"
+suite capacity "dp2 2 1 1" "tp2_pp2 1 2 2 parallel.zero=1" "ep2 2 1 1 parallel.ep=2" \
+  "ep4 4 1 1 parallel.ep=4"
 suite llama "dp2_tp2 2 2 1 parallel.zero=1" "ep2_tp2 2 2 1 parallel.ep=2" \
   "ep2_tp2_zero3 2 2 1 parallel.ep=2 parallel.zero=3" \
   "pp2_cp2 1 1 2 parallel.cp=2 parallel.schedule=1f1b model.attention=fused"
