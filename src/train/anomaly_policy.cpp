@@ -1,6 +1,8 @@
 #include "train/anomaly_policy.hpp"
 
+#include <algorithm>
 #include <filesystem>
+#include <iterator>
 
 #include "common/error.hpp"
 #include "io/checkpoint.hpp"
@@ -54,7 +56,7 @@ AnomalyPolicy::Outcome AnomalyPolicy::meet(int64_t from, int64_t to, const std::
     } else {
       ++rollbacks_to_[rolled.path];
       ++rollbacks_;
-      skipped_samples_ += to - rolled.from;
+      skip(rolled.from, to);
       out.text = "rollback " + std::to_string(rollbacks_to_[rolled.path]) + " of " +
                  std::to_string(limit) + ": to " + rolled.path + " (step " +
                  std::to_string(rolled.step) + "), global samples [" +
@@ -67,6 +69,20 @@ AnomalyPolicy::Outcome AnomalyPolicy::meet(int64_t from, int64_t to, const std::
   }
   if (out.status != 0) out.action = "stop";
   return out;
+}
+
+void AnomalyPolicy::skip(int64_t from, int64_t to) {
+  // Merged with every range it touches, then the total recounted (a few ranges at most).
+  auto it = skipped_.upper_bound(from);
+  if (it != skipped_.begin() && std::prev(it)->second >= from) --it;
+  while (it != skipped_.end() && it->first <= to) {
+    from = std::min(from, it->first);
+    to = std::max(to, it->second);
+    it = skipped_.erase(it);
+  }
+  skipped_[from] = to;
+  skipped_samples_ = 0;
+  for (const auto& [a, b] : skipped_) skipped_samples_ += b - a;
 }
 
 }  // namespace tessera

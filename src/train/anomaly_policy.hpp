@@ -53,7 +53,11 @@ class AnomalyPolicy {
   int in_a_row_ = 0;
   std::map<std::string, int> rollbacks_to_;  // by checkpoint
   int rollbacks_ = 0;
+  // The global samples rollbacks skipped, as disjoint [from, to) ranges (rollbacks to the same
+  // checkpoint skip overlapping ranges: each sample is counted once), and their total.
+  std::map<int64_t, int64_t> skipped_;
   int64_t skipped_samples_ = 0;
+  void skip(int64_t from, int64_t to);
 };
 
 }  // namespace tessera

@@ -261,7 +261,10 @@ void Run::save() {
   for (const std::string& line : prune(world_comm_)) log_->say("%s", line.c_str());
 }
 
-std::string Run::kept_checkpoint() const {
+std::string Run::kept_checkpoint() {
+  // checkpoint.async: the previous checkpoint may be in its background write; it is kept once
+  // that completes, so wait for it before naming the newest.
+  finish_write();
   const std::string newest = resolve_checkpoint(ckpt_dir_);
   return newest.empty() ? std::string("no checkpoint to keep")
                         : "kept " + fs::path(newest).filename().string();

@@ -90,7 +90,7 @@ class Run {
   void finish_write();
   std::vector<std::string> prune(MPI_Comm comm);
   AnomalyPolicy::Rolled rollback();
-  std::string kept_checkpoint() const;
+  std::string kept_checkpoint();
 
   // --- the log (report.cpp) ---
   void announce_model();

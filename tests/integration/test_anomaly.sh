@@ -80,6 +80,18 @@ for entry in "${layouts[@]}"; do
   unset TESSERA_TEST_NAN_STEP TESSERA_TEST_SPIKE_STEP
 done
 
+# checkpoint.async: the step-2 checkpoint still in its background write when step 3's NaN stops
+# the run is named as kept (it completes first), not "no checkpoint to keep".
+TESSERA_TEST_NAN_STEP=3 run stop_async 1 "parallel.dp=1" train.anomaly_action=stop \
+  checkpoint.every=2 checkpoint.async=true
+if [ "$(cat stop_async.rc)" = 4 ] &&
+   grep -q "^anomaly: step 3: grad_norm .*: stop: no checkpoint written, kept step_00000002\.h5, exit 4$" stop_async.log &&
+   "$TESSERA" ckpt verify stop_async/checkpoints/step_00000002.h5 >/dev/null; then
+  pass "stop with checkpoint.async: exit 4, the step-2 checkpoint (written in the background) kept and whole"
+else
+  fail "stop with checkpoint.async: exit $(cat stop_async.rc)"; grep -E "^(anomaly|checkpoint)" stop_async.log | head -4
+fi
+
 # The parallel runs against the 1-rank runs: the same losses and final checkpoints.
 for action in skip rollback; do
   if "$TESSERA" ckpt diff "$action"1/checkpoints/step_00000006.h5 "$action"8/checkpoints/step_00000006.h5 >"$action.diff" &&

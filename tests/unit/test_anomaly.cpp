@@ -13,6 +13,7 @@
 #include "model/shard.hpp"
 #include "pipeline/schedule.hpp"
 #include "train/anomaly.hpp"
+#include "train/anomaly_policy.hpp"
 #include "engine/engine.hpp"
 #include "parallel/layout.hpp"
 
@@ -122,4 +123,29 @@ TEST(Anomaly, DroppedUpdateLeavesNothingBehind) {
     expect_same_state(*p.a, *p.b);
     EXPECT_EQ(checked, 2);
   }
+}
+
+// Rollbacks to the same checkpoint skip overlapping ranges of global samples: each skipped
+// sample is counted once (the sum of the ranges claimed 8 + 12 + 20 = 40 for 20 distinct ones).
+TEST(AnomalyPolicy, SkippedSamplesCountEachSampleOnce) {
+  TrainConfig train;
+  train.anomaly_action = AnomalyAction::Rollback;
+  train.anomaly_max_rollbacks = 100;
+  AnomalyPolicy policy(train);
+  int64_t ckpt_from = 100;
+  auto roll = [&] { return AnomalyPolicy::Rolled{"step_5.h5", 5, ckpt_from}; };
+  const std::string none = "/nonexistent-tessera-dir";
+  policy.meet(104, 108, none, roll);  // [100, 108)
+  EXPECT_EQ(policy.skipped_samples(), 8);
+  policy.meet(108, 112, none, roll);  // [100, 112): 4 new
+  EXPECT_EQ(policy.skipped_samples(), 12);
+  policy.meet(116, 120, none, roll);  // [100, 120): 8 new
+  EXPECT_EQ(policy.skipped_samples(), 20);
+  ckpt_from = 200;                    // a later checkpoint: [200, 204) apart
+  policy.meet(200, 204, none, roll);
+  EXPECT_EQ(policy.skipped_samples(), 24);
+  ckpt_from = 90;                     // one range covering both and more: [90, 210)
+  policy.meet(206, 210, none, roll);
+  EXPECT_EQ(policy.skipped_samples(), 120);
+  EXPECT_EQ(policy.rollbacks(), 5);
 }
