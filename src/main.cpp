@@ -262,6 +262,14 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, status);
     } else {
       std::fprintf(stderr, "%s\n", message.c_str());
+      // An error of this rank alone may leave state behind that the exit cannot tear down (a
+      // checkpoint whose close failed stays open in HDF5, which would close it again inside
+      // MPI_Finalize and fault): one rank ends as the job would, without it.
+      if (!every_rank) {
+        std::fflush(stderr);
+        std::fflush(stdout);
+        std::_Exit(status);
+      }
     }
   }
   MPI_Finalize();

@@ -27,6 +27,7 @@
 #include "common/version.hpp"
 #include "io/checkpoint_format.hpp"
 #include "io/hdf5_util.hpp"
+#include "io/io_error_watch.hpp"
 #include "io/tokenizer.hpp"
 #include "parallel/comm.hpp"
 
@@ -472,10 +473,17 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
                     kExitAnomaly);
 
   WriteFailure local;
+  const IoErrorWatch io_watch(  // a write error one rank alone sees (io/io_error_watch.hpp)
+      tmp_path, [&] { unlink(tmp_path.c_str()), unlink(room_path.c_str()); },
+      [&](const std::string& why) {
+        return "checkpoint step " + std::to_string(state.step) + ": " + why + ": " + kept(dir);
+      });
   H5Handle file(H5Fcreate(mpiio_name(tmp_path).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT,
                           parallel_access(comm).get()),
                 H5Fclose);
   local.note(!file.valid(), "cannot create " + tmp_path);
+  if (void* handle = nullptr; file.valid() && H5Fget_vfd_handle(file.get(), H5P_DEFAULT, &handle) >= 0)
+    IoErrorWatch::attach(*static_cast<MPI_File*>(handle));
   if (std::string why = agree(local.what); !why.empty()) give_up(why);
   bool reserved = false;
   if (rank == 0 && reserve) local.what = reserve_space(tmp_path, bytes, &reserved);
@@ -518,13 +526,16 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
     MPI_Barrier(comm);
   }  // the datasets close here, the file below
   // One close: a close that failed cannot be retried (HDF5 1.10 leaves the file half torn down).
-  if (H5Fclose(file.release()) < 0)
+  if (H5Fclose(file.release()) < 0) {
     // HDF5 still holds the file and would close it again inside MPI_Finalize, after MPI is gone:
-    // this rank ends the job instead (MPI_Abort).
+    // this rank ends the job instead (MPI_Abort), the partial file removed.
+    unlink(tmp_path.c_str());
+    unlink(room_path.c_str());
     throw UserError("checkpoint step " + std::to_string(state.step) + ": " +
                         (failure.empty() ? "" : failure + ", and ") + "the close of " + tmp_path +
                         " failed: " + h5_error_reason() + ": " + kept(dir),
                     kExitIO, /*every_rank=*/false);
+  }
   if (!failure.empty()) give_up(failure);
 
   if (rank == 0) {
