@@ -42,7 +42,7 @@ struct EngineMemory {
                                            comms.expert_grads->rank())
                  : make_shard_plan(s.tile, 1, 0)),
         optimizer(s.tile, {comms.grads, comms.shard, comms.replica, world, comms.tp,
-                           comms.expert_grads}, s.zero,
+                           comms.expert_grads, comms.ep}, s.zero,
                   &plan, s.hyper, arena),
         sharded(s.zero >= 2 ? std::make_unique<ShardedBuffers>(plan, s.zero,
                                                                s.reshard_after_forward,

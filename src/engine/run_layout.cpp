@@ -18,12 +18,6 @@ std::string moe_layout_problem(const Config& cfg, const ModelShape& shape,
     return "parallel.ep = " + std::to_string(cfg.parallel.ep) + " with parallel.zero_group = " +
            std::to_string(layout.zero_group) + ": hybrid sharding is not combined with expert "
            "parallelism yet (docs/status.md); shard over all dp x cp ranks (zero_group 0)";
-  // Adafactor's row and column statistics of an expert matrix would need sums over the ep ranks
-  // holding its other experts' rows.
-  if (cfg.parallel.ep > 1 && cfg.optim.name == OptimRule::Adafactor)
-    return "parallel.ep = " + std::to_string(cfg.parallel.ep) +
-           " with optim.name = adafactor: its factored statistics are not summed over ep yet "
-           "(docs/status.md); use adamw with expert parallelism";
   if (m.shared_experts > 0)
     return "model.moe.shared_experts = " + std::to_string(m.shared_experts) +
            ": shared experts are not trained by this tessera yet (docs/status.md)";

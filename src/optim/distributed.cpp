@@ -90,6 +90,9 @@ void DistributedOptimizer<Backend>::bind() {
   setup.pieces = &pieces_;
   setup.tp = comms_.tp;
   setup.shard = stage_ >= 1 ? comms_.shard : nullptr;
+  // By parts the shard group (dp x cp) holds every expert's rows once already: the ep ranks are
+  // in it.
+  setup.ep = stage_ == 0 && layout_.ep > 1 ? comms_.ep : nullptr;
   for (size_t h : h_work_) setup.work.push_back(arena_->get<void>(h));
   rule_ = make_rule<Backend>(hyper_, setup);
 }
@@ -354,6 +357,10 @@ size_t DistributedOptimizer<Backend>::tile_tensor(const LocalTensor& t) const {
 
 template <class Backend>
 bool DistributedOptimizer<Backend>::holds_first(size_t i) const {
+  // The ep ranks hold different local tensors of a stacked expert tensor, each with a first
+  // element: its vectors (the canonical ones, the same on every rank) count from ep rank 0.
+  const LocalTensor& t = layout_.tensors[i];
+  if (layout_.ep_rank > 0 && expert_role(layout_.canon(t).role)) return false;
   for (const Piece& p : pieces_)
     if (size_t(p.tensor) == i && p.local == layout_.tensors[i].offset) return true;
   return false;

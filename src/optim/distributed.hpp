@@ -47,7 +47,8 @@ class DistributedOptimizer {
 
   // The communicators of the tile: tp (the rule's sums over a tensor's tp shards), dp (stage 0's
   // sums), shard and replica (stages 1-3: the ZeRO group and the groups holding the same shard),
-  // world over MPI (the norm's one double).
+  // world over MPI (the norm's one double), ep (stage 0: the rule's sums over the ranks holding
+  // the other experts' rows of a stacked expert tensor).
   struct Comms {
     BComm* dp;
     BComm* shard;
@@ -57,6 +58,7 @@ class DistributedOptimizer {
     // The ranks holding the same experts: the experts' gradients reduce over them (dp without
     // expert parallelism).
     BComm* expert_dp;
+    BComm* ep;
   };
   // plan: stages 2 and 3, and stage 1 with expert parallelism: this rank's parts
   // (model/shard.hpp). Declares its buffers (the rule's
@@ -144,7 +146,7 @@ class DistributedOptimizer {
   // buffer; kNone where it has none.
   size_t state_at(size_t k, size_t index) const { return state_offset_[k][index]; }
   // The tile tensor a part's tensor belongs to; whether this rank holds tile tensor i's first
-  // element (one rank of the shard group does).
+  // element (one rank of the shard group does; of a stacked expert tensor, one at ep rank 0).
   size_t tile_tensor(const LocalTensor& t) const;
   bool holds_first(size_t i) const;
   // Whether this rank's pieces of tile tensor t count in the norm: its owner's, and by parts

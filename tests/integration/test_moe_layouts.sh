@@ -17,6 +17,9 @@ gpt=(model.moe.every=2)
 llama=(model.arch=llama model.n_kv_head=2 model.moe.score=sigmoid model.moe.renormalize=false)
 # A capacity of 1.0 token per expert and choice: about a tenth of the choices dropped.
 capacity=(model.moe.every=2 model.moe.capacity_factor=1.0)
+# Adafactor (test_optim_layouts.sh's eps): its row and column sums of an expert matrix span the
+# ep ranks holding its experts' rows.
+ada=(model.moe.every=2 optim.name=adafactor optim.adafactor_eps=1e-12)
 
 run() {  # run NAME DP TP PP [extra overrides...]
   local name=$1 dp=$2 tp=$3 pp=$4 cp=1 arg
@@ -65,6 +68,13 @@ suite llama "dp2_tp2 2 2 1 parallel.zero=1" "ep2_tp2 2 2 1 parallel.ep=2" \
   "ep2_tp2_zero3 2 2 1 parallel.ep=2 parallel.zero=3" \
   "pp2_cp2 1 1 2 parallel.cp=2 parallel.schedule=1f1b model.attention=fused"
 
+# Adafactor with ep: without ZeRO (the sums over ep, the dense tensors counted on ep rank 0),
+# by parts under ZeRO-1, 2, 3 (the dp x cp group holds every element once), and with tp.
+suite ada "ep2 2 1 1 parallel.ep=2" "ep2_edp2 4 1 1 parallel.ep=2" \
+  "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
+  "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2" "ep2_tp2 2 2 1 parallel.ep=2" \
+  "ep2_tp2_zero1 2 2 1 parallel.ep=2 parallel.zero=1"
+
 # The capacity run dropped choices (else it checks nothing the dropless runs do not).
 if grep -q '"moe_dropped":[1-9]' "$WORK/capacity_dp2/metrics.jsonl" 2>/dev/null; then
   pass "capacity 1.0 dropped choices: step 1's $(grep -o '"moe_dropped":[0-9]*' "$WORK/capacity_dp2/metrics.jsonl" | head -1)"
@@ -112,6 +122,20 @@ if [ -f "$WORK/zero1_restart/checkpoints/step_00000010.h5" ] &&
   pass "restart ep = 2 ZeRO-1 step 5 -> (1,2,1): $out"
 else
   fail "restart ep = 2 ZeRO-1 -> (1,2,1): ${out:-no checkpoint}"; tail -3 "$WORK/zero1_restart.log"
+fi
+# Adafactor's whole row and column vectors: written once per canonical tensor from ep = 2
+# without ZeRO, read into ZeRO-1 by parts on ep = 2 x edp = 2 (each vector taken from one rank).
+run ada_saved 2 1 1 "${ada[@]}" parallel.ep=2 train.steps=5 &&
+  run ada_restart 4 1 1 "${ada[@]}" parallel.ep=2 parallel.zero=1 \
+    checkpoint.restart="$WORK/ada_saved/checkpoints/step_00000005.h5"
+if [ -f "$WORK/ada_restart/checkpoints/step_00000010.h5" ] &&
+   out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/ada_ref/metrics.jsonl" \
+       "$WORK/ada_ref/checkpoints/step_00000010.h5" "$WORK/ada_restart/metrics.jsonl" \
+       "$WORK/ada_restart/checkpoints/step_00000010.h5" --steps 6:10); then
+  pass "restart Adafactor ep = 2 step 5 -> ep = 2 x edp = 2 ZeRO-1: $out"
+else
+  fail "restart Adafactor ep = 2 -> ep = 2 x edp = 2 ZeRO-1: ${out:-no checkpoint}"
+  tail -3 "$WORK/ada_restart.log"
 fi
 # A dense checkpoint does not restart as an MoE model: the shapes named.
 timeout 120 "$TESSERA" train "$deck" "${common[@]:0:10}" train.steps=2 run.dir="$WORK/dense_saved" \
@@ -162,8 +186,6 @@ refuse ep_hybrid "hybrid sharding is not combined with expert parallelism" 4 par
   parallel.ep=2 parallel.zero=2 parallel.zero_group=2
 refuse ep_hybrid_zero1 "hybrid sharding is not combined with expert parallelism" 4 \
   parallel.dp=4 parallel.ep=2 parallel.zero=1 parallel.zero_group=2
-refuse ep_adafactor "with optim.name = adafactor" 2 parallel.dp=2 parallel.ep=2 \
-  optim.name=adafactor
 refuse ep_experts "model.moe.experts = 4 is not divisible by parallel.ep = 3" 3 parallel.dp=3 \
   parallel.ep=3
 finish
