@@ -8,7 +8,8 @@
 //
 // What the parameters and gradients take by ZeRO stage (P: the tile's elements, padded to the
 // group under ZeRO-1; S: this rank's slice P/n under ZeRO-1, its parts ShardPlan::total under 2
-// and 3 and under ZeRO-1 with expert parallelism, which also gathers through one unit), beside the update rule's state (optim/distributed.hpp: AdamW's two moments S each):
+// and 3 and under ZeRO-1 with expert parallelism, which also gathers through one unit), beside
+// the update rule's state (optim/distributed.hpp: AdamW's two moments S each):
 //   0     fp32 master P, gradients P, bf16 copy P
 //   1     fp32: parameters P (the master); bf16: copy P, master S; gradients P
 //   2     fp32: parameters P (the master); bf16: copy P, master S; gradient sums S

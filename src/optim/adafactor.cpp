@@ -35,7 +35,8 @@ std::vector<std::pair<std::string, size_t>> adafactor_work(const LocalLayout& ti
 template <class Backend>
 AdafactorRule<Backend>::AdafactorRule(const AdafactorHyper& hyper,
                                       const RuleSetup<Backend>& setup)
-    : h_(hyper), tile_(*setup.tile), pieces_(*setup.pieces), tp_(setup.tp), shard_(setup.shard), ep_(setup.ep),
+    : h_(hyper), tile_(*setup.tile), pieces_(*setup.pieces), tp_(setup.tp), shard_(setup.shard),
+      ep_(setup.ep),
       sums_(static_cast<float*>(setup.work[0])), row_mean_(static_cast<float*>(setup.work[1])),
       rms_(static_cast<double*>(setup.work[2])) {
   if (h_.beta1 > 0) m_ = 0;

@@ -112,7 +112,8 @@ size_t DistributedOptimizer<Backend>::moment_bytes() const {
 
 template <class Backend>
 size_t DistributedOptimizer<Backend>::declared_bytes() const {
-  size_t bytes = arena_->bytes(h_norm_) + moment_bytes() + (units_1_ ? arena_->bytes(h_gather_) : 0);
+  size_t bytes = arena_->bytes(h_norm_) + moment_bytes();
+  if (units_1_) bytes += arena_->bytes(h_gather_);
   for (size_t h : h_work_) bytes += arena_->bytes(h);
   return bytes;
 }
@@ -280,7 +281,7 @@ void DistributedOptimizer<Backend>::get_state(std::vector<std::vector<float>>& h
     const StateSpec& spec = specs[k];
     std::vector<float>& out = host[k];
     if (spec.whole()) {
-      // Every matrix of the tile, in tile order; under ZeRO-2/3 those of the parts' tensors.
+      // Every matrix of the tile, in tile order; by parts those of the parts' tensors.
       out.assign(state_host_layout(spec, state_layout(), state_size()).total, 0.0f);
       if (!by_parts()) {
         Backend::to_host(out.data(), state_[k], state_elems_[k] * sizeof(float));

@@ -92,8 +92,8 @@ class DistributedOptimizer {
   // stages 1 and 2; every type at stage 3): the master buffer holds shard_elements().
   bool master_sharded() const;
 
-  // sums_whole(): starts summing grads[begin, end) over dp in the background (a layer whose gradients
-  // are complete, while the backward pass goes on below it).
+  // sums_whole(): starts summing grads[begin, end) over dp in the background (a layer whose
+  // gradients are complete, while the backward pass goes on below it).
   void start_reduce(float* grads, size_t begin, size_t end);
   // sums_whole(): the sums of every dp rank (the ranges not started yet, then a wait for all);
   // 1: the reduce-scatter into this rank's slice; 1-3: the slice's sums all-reduced across
@@ -150,7 +150,8 @@ class DistributedOptimizer {
   size_t tile_tensor(const LocalTensor& t) const;
   bool holds_first(size_t i) const;
   // Whether this rank's pieces of tile tensor t count in the norm: its owner's, and by parts
-  // (ZeRO-2/3, ZeRO-1 with ep) also an ep rank's copy of a dense tensor, whose parts are its own (model/shard.hpp).
+  // (ZeRO-2/3, ZeRO-1 with ep) also an ep rank's copy of a dense tensor, whose parts are its own
+  // (model/shard.hpp).
   bool counts(const LocalTensor& t) const { return t.owner || (by_parts() && t.ep_copy); }
 
   const LocalLayout& layout_;

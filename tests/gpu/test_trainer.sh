@@ -207,10 +207,12 @@ if train cpu_moe 1 device.backend=cpu "${moe[@]}"; then
     # ZeRO-1 with ep by the units' parts: the sums all-reduced whole, the updated parts (the
     # fp32 master, or the bf16 copy beside the parts' master) gathered unit by unit.
     train cuda_moe_ep2_zero1 2 device.backend=cuda parallel.dp=2 parallel.ep=2 parallel.zero=1 \
-      "${moe[@]}" && cmp cuda_moe_ep2_zero1 cpu_moe cuda_moe_ep2_zero1 --loss-rtol 1e-5 --param-tol 1e-4
+      "${moe[@]}" &&
+      cmp cuda_moe_ep2_zero1 cpu_moe cuda_moe_ep2_zero1 --loss-rtol 1e-5 --param-tol 1e-4
     train bf16_moe_ep2_zero1 2 device.backend=cuda device.precision=bf16 parallel.dp=2 \
       parallel.ep=2 parallel.zero=1 "${moe[@]}" &&
-      cmp bf16_moe_ep2_zero1_near_cpu cpu_moe bf16_moe_ep2_zero1 --loss-rtol 2e-2 --param-norm-tol 2e-2
+      cmp bf16_moe_ep2_zero1_near_cpu cpu_moe bf16_moe_ep2_zero1 --loss-rtol 2e-2 \
+        --param-norm-tol 2e-2
     # Adafactor's row and column sums of the experts' matrices over the ep group.
     ada=("${moe[@]}" optim.name=adafactor optim.adafactor_eps=1e-12)
     train cpu_moe_ada 1 device.backend=cpu "${ada[@]}" &&

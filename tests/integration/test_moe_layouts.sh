@@ -58,7 +58,8 @@ suite gpt "ep2 2 1 1 parallel.ep=2" "ep4 4 1 1 parallel.ep=4" "ep2_edp2 4 1 1 pa
 # Under ZeRO the experts shard over the ranks holding the same experts (each MoE layer's
 # experts a unit of their own), the rest over dp x cp; ZeRO-1 by the same units.
 suite gpt "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1" \
-  "ep2_edp2_zero1 4 1 1 parallel.ep=2 parallel.zero=1" "ep4_zero1 4 1 1 parallel.ep=4 parallel.zero=1" \
+  "ep2_edp2_zero1 4 1 1 parallel.ep=2 parallel.zero=1" \
+  "ep4_zero1 4 1 1 parallel.ep=4 parallel.zero=1" \
   "ep2_pp2_zero1 2 1 2 parallel.ep=2 parallel.zero=1 parallel.schedule=1f1b" \
   "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
   "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2" \
