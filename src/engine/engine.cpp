@@ -96,7 +96,7 @@ class Engine final : public TrainEngine {
   // With ep each rank of the first expert-data-parallel group writes its experts; the dense
   // tensors' owner is its ep rank 0 (model/shard.hpp).
   bool writes_state() const override {
-    return mem_.sharded ? replica_.rank() == 0 : edp_->rank() == 0;
+    return optimizer_.by_parts() ? replica_.rank() == 0 : edp_->rank() == 0;
   }
   size_t moment_bytes() const override { return optimizer_.moment_bytes(); }
   Footprint footprint() const override {
@@ -118,7 +118,7 @@ class Engine final : public TrainEngine {
   void params_to_device() override {
     if (host_params_.empty()) return;
     const float* host = host_params_.data();
-    if (stage() == 2) {
+    if (parts_in_full()) {
       // This rank's parts into the full parameters (the master itself in fp32, else the bf16
       // copy beside the parts' master), then every rank's parts gathered.
       if constexpr (kBf16) Backend::to_device(master_, host, host_params_.size() * sizeof(float));
@@ -130,7 +130,8 @@ class Engine final : public TrainEngine {
           Backend::to_device(master_ + local, host + state, n * sizeof(float));
         }
       });
-      sharded_->gather_full(full_params());
+      if (stage() == 2) sharded_->gather_full(full_params());
+      else optimizer_.gather_parts(optimizer_.master_sharded() ? nullptr : master_, copy_);
       return;
     }
     const size_t n = host_params_.size();
@@ -148,11 +149,11 @@ class Engine final : public TrainEngine {
   }
   float* params_to_host() override {
     if (host_params_.empty()) return master_;
-    if (stage() == 2 && !kBf16) {
+    if (parts_in_full() && !kBf16) {
       each_part([&](size_t local, size_t state, size_t n) {
         Backend::to_host(host_params_.data() + state, master_ + local, n * sizeof(float));
       });
-    } else if (stage() == 1 && optimizer_.master_sharded()) {
+    } else if (stage() == 1 && !optimizer_.by_parts() && optimizer_.master_sharded()) {
       // Each rank's slice of the master, gathered over the ZeRO group on the host.
       const size_t slice = optimizer_.shard_elements();
       Backend::to_host(host_params_.data() + optimizer_.shard_begin(), master_,
@@ -330,7 +331,9 @@ class Engine final : public TrainEngine {
     if constexpr (kBf16) return copy_;
     else return master_;
   }
-  // f(local, state, n) for this rank's parts of the tile (ZeRO-2/3).
+  // Where this rank's parts are kept in the full parameters: ZeRO-2, and ZeRO-1 with ep.
+  bool parts_in_full() const { return optimizer_.by_parts() && stage() < 3; }
+  // f(local, state, n) for this rank's parts of the tile (by parts: ZeRO-1 with ep, 2, 3).
   template <typename Fn>
   void each_part(Fn f) const {
     for (size_t u = 0; u < tile_.units.size(); ++u) {
@@ -372,8 +375,8 @@ class Engine final : public TrainEngine {
   }
 
   // ZeRO 0 and 1: the gradients in the full buffer. Each layer's gradient is summed over dp as
-  // soon as the step's last backward finishes it (ZeRO-0), with its sequence-parallel partial
-  // sums first; after the step's last backward the rest.
+  // soon as the step's last backward finishes it (sums_whole: ZeRO-0, ZeRO-1 with ep), with its
+  // sequence-parallel partial sums first; after the step's last backward the rest.
   void backward_flat(const std::vector<MicroBatch>& inputs, float dloss) {
     Backend::zero(grads_, optimizer_.buffer_size() * sizeof(float));
     auto layer_done = [&](int l) {
@@ -383,9 +386,9 @@ class Engine final : public TrainEngine {
     };
     FlatWeights<Act> weights(tile_, model_params(), grads_);
     executor_.run(weights, inputs, dloss,
-                  stage() == 0 ? layer_done : std::function<void(int)>{});
+                  optimizer_.sums_whole() ? layer_done : std::function<void(int)>{});
     tp_sum(-1);
-    if (stage() != 0)
+    if (!optimizer_.sums_whole())
       for (const LayerRange& chunk : tile_.chunks)
         for (int l = chunk.begin; l < chunk.end; ++l) tp_sum(l);
   }

@@ -8,7 +8,8 @@
 //
 // What the parameters and gradients take by ZeRO stage (P: the tile's elements, padded to the
 // group under ZeRO-1; S: this rank's slice P/n under ZeRO-1, its parts ShardPlan::total under 2
-// and 3), beside the update rule's state (optim/distributed.hpp: AdamW's two moments S each):
+// and 3 and under ZeRO-1 with expert parallelism, which also gathers through one unit), beside
+// the update rule's state (optim/distributed.hpp: AdamW's two moments S each):
 //   0     fp32 master P, gradients P, bf16 copy P
 //   1     fp32: parameters P (the master); bf16: copy P, master S; gradients P
 //   2     fp32: parameters P (the master); bf16: copy P, master S; gradient sums S
@@ -36,12 +37,13 @@ struct EngineMemory {
   EngineMemory(const EngineSetup& s, Arena& arena, const EngineComms<Comm>& comms,
                ::tessera::Comm* world)
       : models(make_models(s, arena, comms.tp, comms.cp, comms.ep)),
-        plan(s.zero >= 2 ? make_shard_plan(s.tile, comms.shard->size(), comms.shard->rank(),
+        plan(s.zero >= 2 || (s.zero == 1 && s.tile.ep > 1)
+                 ? make_shard_plan(s.tile, comms.shard->size(), comms.shard->rank(),
                                            comms.expert_grads->size(),
                                            comms.expert_grads->rank())
-                         : make_shard_plan(s.tile, 1, 0)),
+                 : make_shard_plan(s.tile, 1, 0)),
         optimizer(s.tile, {comms.grads, comms.shard, comms.replica, world, comms.tp,
-                           comms.expert_grads}, s.zero,
+                           comms.expert_grads, comms.ep}, s.zero,
                   &plan, s.hyper, arena),
         sharded(s.zero >= 2 ? std::make_unique<ShardedBuffers>(plan, s.zero,
                                                                s.reshard_after_forward,
@@ -85,11 +87,12 @@ struct EngineMemory {
 
   // The fp32 state the host reads and writes (initialisation, checkpoints): the engine's own
   // buffer where the master is host memory laid out as the state, else a host copy of it.
+  // (ZeRO-2 and ZeRO-1 with ep keep the fp32 master whole, their state by parts.)
   bool host_state_is_master(bool host_memory) const {
-    return host_memory && optimizer.stage() != 2;
+    return host_memory && (optimizer.stage() == 3 || !optimizer.by_parts());
   }
   // TrainEngine::host_bytes: on a host backend the arena, plus the host copies of the step's
-  // losses and (off the host, or ZeRO-2's parts) of the parameters.
+  // losses and (off the host, or the parts of a whole master) of the parameters.
   size_t host_bytes(const Arena& arena, bool host_memory) const {
     return (host_memory ? arena.total_bytes() : 0) + step_tokens * sizeof(float) +
            (host_state_is_master(host_memory) ? 0 : optimizer.state_size() * sizeof(float));
@@ -97,7 +100,7 @@ struct EngineMemory {
 
   // One model per chunk of layers (virtual stages), each with the slots its chunk's schedule keeps.
   std::vector<std::unique_ptr<Gpt<Backend>>> models;
-  ShardPlan plan;  // ZeRO-2/3: this rank's parts (one part of n = 1 otherwise)
+  ShardPlan plan;  // by parts (ZeRO-2/3, 1 with ep): this rank's parts (one of n = 1 otherwise)
   DistributedOptimizer<Backend> optimizer;
   std::unique_ptr<ShardedBuffers> sharded;  // ZeRO-2/3's transient buffers
   PipelineExecutor<Backend> executor;

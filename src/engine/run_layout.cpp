@@ -12,22 +12,12 @@ std::string moe_layout_problem(const Config& cfg, const ModelShape& shape,
   const MoeConfig& m = cfg.model.moe;
   if (m.experts == 0) return "";
   const std::string moe = "model.moe.experts = " + std::to_string(m.experts);
-  // ZeRO-1 slices the flat buffer, where the ep ranks hold different experts at the same
-  // offsets; ZeRO-2/3 shard unit by unit, the experts' units over their own group.
-  if (cfg.parallel.ep > 1 && cfg.parallel.zero == 1)
-    return "parallel.ep = " + std::to_string(cfg.parallel.ep) + " with parallel.zero = 1: "
-           "ZeRO-1's flat slices would mix different experts' rows (docs/status.md); use "
-           "parallel.zero = 2 or 3 (the experts sharded over their own data-parallel group) or 0";
-  if (cfg.parallel.ep > 1 && cfg.parallel.zero >= 2 && layout.shard_size() < layout.dpcp())
+  // ZeRO-1, 2 and 3 shard unit by unit with ep, the experts' units over their own group: a
+  // zero_group would have to cut both groups.
+  if (cfg.parallel.ep > 1 && cfg.parallel.zero >= 1 && layout.shard_size() < layout.dpcp())
     return "parallel.ep = " + std::to_string(cfg.parallel.ep) + " with parallel.zero_group = " +
            std::to_string(layout.zero_group) + ": hybrid sharding is not combined with expert "
            "parallelism yet (docs/status.md); shard over all dp x cp ranks (zero_group 0)";
-  // Adafactor's row and column statistics of an expert matrix would need sums over the ep ranks
-  // holding its other experts' rows.
-  if (cfg.parallel.ep > 1 && cfg.optim.name == OptimRule::Adafactor)
-    return "parallel.ep = " + std::to_string(cfg.parallel.ep) +
-           " with optim.name = adafactor: its factored statistics are not summed over ep yet "
-           "(docs/status.md); use adamw with expert parallelism";
   if (m.shared_experts > 0)
     return "model.moe.shared_experts = " + std::to_string(m.shared_experts) +
            ": shared experts are not trained by this tessera yet (docs/status.md)";

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "backend/cpu/backend.hpp"
+#include "model/family.hpp"
 #ifdef TESSERA_CUDA
 #include "backend/cuda/backend.hpp"
 #endif
@@ -35,6 +36,7 @@ template <class Backend>
 AdafactorRule<Backend>::AdafactorRule(const AdafactorHyper& hyper,
                                       const RuleSetup<Backend>& setup)
     : h_(hyper), tile_(*setup.tile), pieces_(*setup.pieces), tp_(setup.tp), shard_(setup.shard),
+      ep_(setup.ep),
       sums_(static_cast<float*>(setup.work[0])), row_mean_(static_cast<float*>(setup.work[1])),
       rms_(static_cast<double*>(setup.work[2])) {
   if (h_.beta1 > 0) m_ = 0;
@@ -48,8 +50,13 @@ AdafactorRule<Backend>::AdafactorRule(const AdafactorHyper& hyper,
   for (size_t i = 0; i < n; ++i) {
     const LocalTensor& t = tile_.tensors[i];
     const ParamTensor& c = tile_.canon(t);
-    // Split over tp (each rank holds other elements), or its tp rank 0's copy.
-    counts_[i] = tile_.tp == 1 || tile_.tp_rank == 0 || t.numel < c.numel;
+    // Split over tp (each rank holds other elements), or its tp rank 0's copy; an expert tensor
+    // holds 1 / ep of the canonical rows before tp. Summed over ep, a dense tensor's copies on
+    // the other ep ranks stay out.
+    const bool expert = expert_role(c.role);
+    const size_t held = expert ? t.numel * size_t(tile_.ep) : t.numel;
+    counts_[i] = (tile_.tp == 1 || tile_.tp_rank == 0 || held < c.numel) &&
+                 (!ep_ || expert || tile_.ep_rank == 0);
     if (!is_matrix(tile_, t)) continue;
     row_at_[i] = rows_total_;
     col_at_[i] = cols_total_;
@@ -90,13 +97,15 @@ void AdafactorRule<Backend>::add_sums(const StepView<Backend>& view) {
   if (stats == 0) return;
   tp_->all_reduce_sum(sums_, stats);
   if (shard_) shard_->all_reduce_sum(sums_, stats);
+  if (ep_) ep_->all_reduce_sum(sums_, stats);
 }
 
-// The counted Σ U² of every tensor to the host, summed over tp and the ZeRO group (host MPI).
+// The counted Σ U² of every tensor to the host, summed over tp and the ZeRO group or ep (host
+// MPI).
 template <class Backend>
 void AdafactorRule<Backend>::reduce_rms(size_t tensors) {
   Backend::to_host(host_rms_.data(), rms_, tensors * sizeof(double));
-  for (auto* comm : {tp_, shard_})
+  for (auto* comm : {tp_, shard_, ep_})
     if (comm && comm->active())
       MPI_Allreduce(MPI_IN_PLACE, host_rms_.data(), int(tensors), MPI_DOUBLE, MPI_SUM,
                     comm->mpi());

@@ -12,6 +12,11 @@
 // counted on tp rank 0 only. Pipeline stages hold different tensors and sum nothing; the tied
 // embedding's copies see the same gradients and take the same steps. Per step: one all-reduce of
 // Σ(R + C) floats over tp and one over the ZeRO group, and one of a double per tensor each.
+// Expert parallelism: each ep rank holds its experts' rows of a stacked expert matrix. Without
+// ZeRO the sums are also summed over the ep group, where the dense tensors (copies on every ep
+// rank) count on ep rank 0 only; by parts (ZeRO-1 with ep, 2, 3) the shard group, dp x cp,
+// holds every element once (the dense parts spread over it, the experts' over edp in each ep
+// rank) and its sum is the canonical one.
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,6 +51,7 @@ class AdafactorRule final : public UpdateRule<Backend> {
   const std::vector<Piece>& pieces_;
   typename Backend::Comm* tp_;
   typename Backend::Comm* shard_;
+  typename Backend::Comm* ep_;  // without ZeRO, with expert parallelism: the ep group
   int m_ = -1, v_, row_, col_;  // the state's places in view.state (m_ -1: no first moment)
   std::vector<size_t> row_at_, col_at_;  // by tile tensor: its sums in sums_ (matrices)
   size_t rows_total_ = 0, cols_total_ = 0;

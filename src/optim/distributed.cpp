@@ -20,13 +20,18 @@ DistributedOptimizer<Backend>::DistributedOptimizer(const LocalLayout& layout, c
                                                     int stage, const ShardPlan* plan,
                                                     const OptimHyper& hyper, Arena& arena)
     : layout_(layout), comms_(comms), stage_(stage == 1 && !comms.shard->active() ? 0 : stage),
-      plan_(plan), hyper_(hyper), plan_rule_(plan_rule(hyper, layout)), arena_(&arena) {
+      plan_(plan), hyper_(hyper), plan_rule_(plan_rule(hyper, layout)),
+      units_1_(stage_ == 1 && layout.ep > 1), arena_(&arena) {
   const size_t n = size_t(comms.shard->size());
-  padded_ = stage_ == 1 ? (layout.total + n - 1) / n * n : layout.total;
-  const size_t slice = stage_ == 1 ? padded_ / n : padded_;
-  shard_begin_ = stage_ == 1 ? size_t(comms.shard->rank()) * slice : 0;
-  shard_end_ = stage_ >= 2 ? plan->total : shard_begin_ + slice;
-  if (stage_ >= 2) parts_ = shard_layout(layout, *plan);
+  const bool slices = stage_ == 1 && !units_1_;
+  padded_ = slices ? (layout.total + n - 1) / n * n : layout.total;
+  const size_t slice = slices ? padded_ / n : padded_;
+  shard_begin_ = slices ? size_t(comms.shard->rank()) * slice : 0;
+  shard_end_ = by_parts() ? plan->total : shard_begin_ + slice;
+  if (by_parts()) parts_ = shard_layout(layout, *plan);
+  // One padded unit of fp32 (or the narrower copy) where gather_parts gathers a unit.
+  if (units_1_)
+    h_gather_ = arena.add("ZeRO-1 parameter gather (one unit)", plan->largest_unit * sizeof(float));
   for_each_piece([&](size_t tensor, size_t local, size_t state, size_t count) {
     pieces_.push_back({int(tensor), local, state, count});
   });
@@ -68,6 +73,7 @@ DistributedOptimizer<Backend>::DistributedOptimizer(const LocalLayout& layout, c
 template <class Backend>
 void DistributedOptimizer<Backend>::bind() {
   norm_ = arena_->get<double>(h_norm_);
+  if (units_1_) gather_ = arena_->get<float>(h_gather_);
   state_.clear();
   state_view_.clear();
   for (size_t k = 0; k < h_state_.size(); ++k) {
@@ -84,6 +90,9 @@ void DistributedOptimizer<Backend>::bind() {
   setup.pieces = &pieces_;
   setup.tp = comms_.tp;
   setup.shard = stage_ >= 1 ? comms_.shard : nullptr;
+  // By parts the shard group (dp x cp) holds every expert's rows once already: the ep ranks are
+  // in it.
+  setup.ep = stage_ == 0 && layout_.ep > 1 ? comms_.ep : nullptr;
   for (size_t h : h_work_) setup.work.push_back(arena_->get<void>(h));
   rule_ = make_rule<Backend>(hyper_, setup);
 }
@@ -104,6 +113,7 @@ size_t DistributedOptimizer<Backend>::moment_bytes() const {
 template <class Backend>
 size_t DistributedOptimizer<Backend>::declared_bytes() const {
   size_t bytes = arena_->bytes(h_norm_) + moment_bytes();
+  if (units_1_) bytes += arena_->bytes(h_gather_);
   for (size_t h : h_work_) bytes += arena_->bytes(h);
   return bytes;
 }
@@ -118,7 +128,7 @@ void DistributedOptimizer<Backend>::for_each_piece(Fn f) const {
       if (a < b) f(i, a, state_at_lo + (a - lo), b - a);
     }
   };
-  if (stage_ < 2) {
+  if (!by_parts()) {
     pieces(shard_begin_, std::min(shard_end_, layout_.total), 0);
     return;
   }
@@ -130,9 +140,13 @@ void DistributedOptimizer<Backend>::for_each_piece(Fn f) const {
 
 template <class Backend>
 void DistributedOptimizer<Backend>::start_reduce(float* grads, size_t begin, size_t end) {
-  if (stage_ != 0 || begin >= end) return;
+  if (!sums_whole() || begin >= end) return;
   // Expert parallelism: the experts' ranges sum over the ranks holding the same experts, the
-  // rest over dp x cp.
+  // rest over dp x cp. ZeRO-1 with ep sums the whole buffer too and reads its parts of it:
+  // its units' parts are not the equal slices of the buffer that one in-place reduce-scatter
+  // gives, a reduce-scatter per unit would wait for the backward's end and stage each padded
+  // unit, while these sums start layer by layer under the backward (twice a reduce-scatter's
+  // bytes, hidden where the backward is longer).
   auto sum = [&](BComm* comm, size_t a, size_t b) {
     if (a < b && comm->active()) comm->start_all_reduce_sum(grads + a, b - a);
   };
@@ -150,7 +164,7 @@ void DistributedOptimizer<Backend>::start_reduce(float* grads, size_t begin, siz
 
 template <class Backend>
 void DistributedOptimizer<Backend>::reduce_gradients(float* grads) {
-  if (stage_ == 1) {
+  if (stage_ == 1 && !units_1_) {
     // In place: the slice's sums land in the gradient buffer (where, the communicator says).
     grad_shard_ = comms_.shard->reduce_scatter_sum_in_place(grads, shard_end_ - shard_begin_);
     comms_.replica->all_reduce_sum(grad_shard_, shard_end_ - shard_begin_);
@@ -186,10 +200,10 @@ double DistributedOptimizer<Backend>::grad_norm(const float* grads) const {
   // ep rank 0 the dense tensors (model/shard.hpp).
   const bool speaks = stage_ == 0 ? comms_.expert_dp->rank() == 0 : comms_.replica->rank() == 0;
   if (speaks) {
-    const float* g = stage_ == 1 ? grad_shard_ : grads;
+    const float* g = stage_ == 1 && !units_1_ ? grad_shard_ : grads;
     for (const Piece& p : pieces_)
       if (counts(layout_.tensors[size_t(p.tensor)]))
-        Backend::sum_of_squares(norm_, g + (stage_ == 0 ? p.local : p.state), p.n);
+        Backend::sum_of_squares(norm_, g + (sums_whole() ? p.local : p.state), p.n);
   }
   double local = 0.0;
   Backend::to_host(&local, norm_, sizeof(double));
@@ -202,8 +216,9 @@ double DistributedOptimizer<Backend>::grad_norm(const float* grads) const {
 template <class Backend>
 void DistributedOptimizer<Backend>::step(float* master, Act* copy, float* grads, double clip,
                                          double lr, long t) {
-  float* g = stage_ == 1 ? grad_shard_ : grads;
-  if (clip < 1.0) Backend::scale(g, shard_end_ - shard_begin_, float(clip));
+  float* g = stage_ == 1 && !units_1_ ? grad_shard_ : grads;
+  // (ZeRO-1 with ep scales the whole sums, of which it reads its parts.)
+  if (clip < 1.0) Backend::scale(g, units_1_ ? padded_ : shard_end_ - shard_begin_, float(clip));
   // Where each piece's master and copy are: at its local index in a full buffer, or at its
   // state index in this rank's slice or parts.
   const bool sharded = master_sharded();
@@ -216,16 +231,45 @@ void DistributedOptimizer<Backend>::step(float* master, Act* copy, float* grads,
   for (const Piece& p : pieces_) {
     view.master.push_back(master + (sharded ? p.state : p.local));
     view.copy.push_back(copy ? copy + (copy_full ? p.local : p.state) : nullptr);
-    view.grads.push_back(g + (stage_ == 0 ? p.local : p.state));
+    view.grads.push_back(g + (sums_whole() ? p.local : p.state));
   }
   rule_->step(view, lr, t - first_step_);
-  if (stage_ == 1) {
+  if (units_1_) {
+    gather_parts(sharded ? nullptr : master, copy);
+  } else if (stage_ == 1) {
     // In place: this rank's slice is already at its place in the full buffer.
     const size_t slice = shard_end_ - shard_begin_;
     if (!sharded)
       comms_.shard->all_gather(static_cast<const float*>(master + shard_begin_), master, slice);
     if (copy) comms_.shard->all_gather(static_cast<const Act*>(copy + shard_begin_), copy, slice);
   }
+}
+
+template <class Backend>
+void DistributedOptimizer<Backend>::gather_parts(float* master, Act* copy) {
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    if (master) gather_unit(master, int(u));
+    if (copy) gather_unit(copy, int(u));
+  }
+}
+
+template <class Backend>
+template <typename T>
+void DistributedOptimizer<Backend>::gather_unit(T* full, int u) {
+  const Unit& unit = layout_.units[size_t(u)];
+  const size_t part = plan_->part[size_t(u)];
+  if (plan_->group[size_t(u)] == 1) return;  // the part is the unit, in place
+  const auto [lo, hi] = plan_->range(layout_, u);
+  // This rank's part at its place in the padded unit (zero past the unit's end), gathered in
+  // place there, and the unit copied back into the full buffer (whose next unit the padding
+  // would overwrite).
+  T* padded = reinterpret_cast<T*>(gather_);
+  T* mine = padded + size_t(plan_->member[size_t(u)]) * part;
+  Backend::zero(mine, part * sizeof(T));
+  if (hi > lo) Backend::copy(mine, full + lo, (hi - lo) * sizeof(T));
+  BComm* group = unit.experts ? comms_.expert_dp : comms_.shard;
+  group->all_gather(static_cast<const T*>(mine), padded, part);
+  Backend::copy(full + unit.begin, padded, unit.size() * sizeof(T));
 }
 
 template <class Backend>
@@ -237,9 +281,9 @@ void DistributedOptimizer<Backend>::get_state(std::vector<std::vector<float>>& h
     const StateSpec& spec = specs[k];
     std::vector<float>& out = host[k];
     if (spec.whole()) {
-      // Every matrix of the tile, in tile order; under ZeRO-2/3 those of the parts' tensors.
+      // Every matrix of the tile, in tile order; by parts those of the parts' tensors.
       out.assign(state_host_layout(spec, state_layout(), state_size()).total, 0.0f);
-      if (stage_ < 2) {
+      if (!by_parts()) {
         Backend::to_host(out.data(), state_[k], state_elems_[k] * sizeof(float));
         continue;
       }
@@ -257,12 +301,12 @@ void DistributedOptimizer<Backend>::get_state(std::vector<std::vector<float>>& h
     } else {
       for (size_t p = 0; p < pieces_.size(); ++p)
         if (state_at(k, p) != StateHostLayout::kNone)
-          Backend::to_host(out.data() + (stage_ < 2 ? pieces_[p].local : pieces_[p].state),
+          Backend::to_host(out.data() + (by_parts() ? pieces_[p].state : pieces_[p].local),
                            state_[k] + state_at(k, p), pieces_[p].n * sizeof(float));
     }
     // Each rank of the shard group holds its slice: gathered on the host over the group's MPI
     // communicator (checkpoints are written from host memory).
-    if (stage_ == 1)
+    if (stage_ == 1 && !units_1_)
       MPI_Allgather(MPI_IN_PLACE, int(slice), MPI_FLOAT, out.data(), int(slice), MPI_FLOAT,
                     comms_.shard->mpi());
   }
@@ -274,7 +318,7 @@ void DistributedOptimizer<Backend>::set_state(const std::vector<std::vector<floa
   for (size_t k = 0; k < specs.size(); ++k) {
     const StateSpec& spec = specs[k];
     const std::vector<float>& in = host[k];
-    if (spec.whole() && stage_ < 2) {
+    if (spec.whole() && !by_parts()) {
       Backend::to_device(state_[k], in.data(), state_elems_[k] * sizeof(float));
     } else if (spec.whole()) {
       // Every rank keeps every matrix of the tile: the parts' tensors' vectors, each taken from
@@ -299,7 +343,7 @@ void DistributedOptimizer<Backend>::set_state(const std::vector<std::vector<floa
       for (size_t p = 0; p < pieces_.size(); ++p)
         if (state_at(k, p) != StateHostLayout::kNone)
           Backend::to_device(state_[k] + state_at(k, p),
-                             in.data() + (stage_ < 2 ? pieces_[p].local : pieces_[p].state),
+                             in.data() + (by_parts() ? pieces_[p].state : pieces_[p].local),
                              pieces_[p].n * sizeof(float));
     }
   }
@@ -314,6 +358,10 @@ size_t DistributedOptimizer<Backend>::tile_tensor(const LocalTensor& t) const {
 
 template <class Backend>
 bool DistributedOptimizer<Backend>::holds_first(size_t i) const {
+  // The ep ranks hold different local tensors of a stacked expert tensor, each with a first
+  // element: its vectors (the canonical ones, the same on every rank) count from ep rank 0.
+  const LocalTensor& t = layout_.tensors[i];
+  if (layout_.ep_rank > 0 && expert_role(layout_.canon(t).role)) return false;
   for (const Piece& p : pieces_)
     if (size_t(p.tensor) == i && p.local == layout_.tensors[i].offset) return true;
   return false;

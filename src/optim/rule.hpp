@@ -104,13 +104,15 @@ struct StepView {
 
 // What a rule is built from: the tile, this rank's pieces, the communicators over which the
 // ranks holding pieces of one canonical tensor sum (tp, and the ZeRO group where it splits the
-// buffer; nullptr where nothing is split), and its working buffers (RulePlan::work, allocated).
+// buffer; without ZeRO the ep group where the ranks hold different experts' rows; nullptr where
+// nothing is split), and its working buffers (RulePlan::work, allocated).
 template <class Backend>
 struct RuleSetup {
   const LocalLayout* tile = nullptr;
   const std::vector<Piece>* pieces = nullptr;
   typename Backend::Comm* tp = nullptr;
   typename Backend::Comm* shard = nullptr;
+  typename Backend::Comm* ep = nullptr;
   std::vector<void*> work;
 };
 

@@ -29,15 +29,28 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
   auto ring = [](double payload, int ranks) {
     return ranks > 1 ? (ranks - 1.0) / ranks * payload : 0;
   };
-  if (zero == 0 || (zero == 1 && n == 1)) {
+  if (zero == 0 || (zero == 1 && n == 1) || (zero == 1 && l.ep > 1)) {
     // Expert parallelism: the experts' ranges sum over edp (once more than one rank holds them),
     // the rest over dp x cp (optim/distributed.cpp).
-    const double experts = l.ep > 1 ? expert_elems(rank_tile(run, shape, 0, pp_rank)) : 0;
+    // (The search plans thousands of layouts: a tile only where ep splits it.)
+    const LocalLayout tile = l.ep > 1 ? rank_tile(run, shape, 0, pp_rank) : LocalLayout{};
+    const double experts = l.ep > 1 ? expert_elems(tile) : 0;
     const int edp = l.dpcp() / l.ep;
     out->dp_all_reduce = 4 * (P - experts);
     out->dp_experts = edp > 1 ? 4 * experts : 0;
     out->payload[Traffic::dp] = out->dp_all_reduce + out->dp_experts;
     out->dp_traffic = 2 * ring(out->dp_all_reduce, l.dpcp()) + 2 * ring(out->dp_experts, edp);
+    if (zero == 0 || l.ep == 1) return;
+    // ZeRO-1 with ep: the same sums, then every unit's updated parts (the master, or the bf16
+    // copy) all-gathered over its group, the experts' over edp; nothing for a group of one.
+    const ShardPlan plan = make_shard_plan(tile, n, 0, edp, 0);
+    for (size_t u = 0; u < tile.units.size(); ++u) {
+      if (plan.group[u] == 1) continue;
+      const double bytes = double(plan.whole(int(u))) * act_bytes;
+      out->dp_sharded += bytes;
+      out->dp_traffic += ring(bytes, plan.group[u]);
+    }
+    out->payload[Traffic::dp] += out->dp_sharded;
     return;
   }
   if (zero == 1) {

@@ -41,7 +41,9 @@ struct CommBytes {
 //   3  per micro-batch every unit's parameters gathered for its forward and again for its
 //      backward (not with reshard_after_forward = false: once per step), and its gradients
 //      reduce-scattered; 2 and 3 then all-reduce S across replicas
-// (Expert parallelism runs with ZeRO 0 only: the experts' part of P sums over edp.)
+// Expert parallelism: the experts' part of P sums over edp. ZeRO-1 with ep sums as 0 does, then
+// all-gathers every unit padded to its group's parts (the experts' units over edp) of the
+// parameters (act_bytes each), as 2's gather after the update.
 // ep, per MoE layer and micro-batch (model/moe_layer.hpp): the rows routed to the other ep
 // ranks' experts sent out and their outputs received back, the backward the same with gradients,
 // a full recompute's rerun its forward's two again: (ep - 1) / ep of the k b T rows of C

@@ -350,7 +350,6 @@ std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long 
             for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full})
               for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
                 if (deck.train.batch_size % dp || per_dp % mb || dp * cp % ep) continue;
-                if (ep > 1 && zero == 1) continue;  // refused by the trainer (run_layout.cpp)
                 Config cfg = base;
                 cfg.train.micro_batch = mb;
                 cfg.parallel.virtual_stages = v;

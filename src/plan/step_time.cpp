@@ -118,7 +118,8 @@ void finish_step(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   const double C = shape.n_embd, T = cfg.data.seq_len;
   // dp: without ZeRO each layer's sum starts once the step's last backward has it; a GPU's
   // collectives run on their own stream meanwhile, MPI's progress only inside MPI calls, so on
-  // the CPU nothing overlaps. ZeRO-1's reduce-scatter and all-gather follow the backward. ZeRO-2's
+  // the CPU nothing overlaps. ZeRO-1's reduce-scatter and all-gather follow the backward (with
+  // ep its sums are ZeRO-0's, its gather by unit follows the update). ZeRO-2's
   // reduce-scatters and ZeRO-3's gathers run beside every micro-batch's compute on a GPU (the
   // next unit's gather while this one computes); ZeRO-2's gather after the update does not.
   const int zero = cfg.parallel.zero;
@@ -126,20 +127,30 @@ void finish_step(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   // dp x cp (no sharding) or across replicas (dp x cp / n ranks, n tp apart): the gradients'
   // group is dp x cp, cp ranks nearest.
   const int n_shard = zero >= 1 ? l.shard_size() : 1;
-  const int n_reduce = n_shard > 1 ? l.dpcp() / n_shard : l.dpcp();
+  // (ZeRO-1 with ep all-reduces over dp x cp as ZeRO-0 does, and gathers over the shard group.)
+  const bool zero1_ep = zero == 1 && l.ep > 1;
+  const int n_reduce = n_shard > 1 && !zero1_ep ? l.dpcp() / n_shard : l.dpcp();
   // Expert parallelism: the experts' gradients over the edp ranks holding the same experts
   // (ep groups of consecutive dp x cp ranks: edp members tp ep apart).
-  const double dp_time =
-      l.dpcp() <= 1 ? 0
-                    : ring_half(net, place(net, n_shard, l.tp), slowest_comm.dp_sharded) +
-                          all_reduce(net, place(net, n_reduce, l.tp * n_shard),
-                                     slowest_comm.dp_all_reduce).seconds +
-                          all_reduce(net, place(net, l.dpcp() / l.ep, l.tp * l.ep),
-                                     slowest_comm.dp_experts).seconds;
-  if (!machine.gpu || zero == 1)
+  const bool any = l.dpcp() > 1;
+  const double sharded_time =
+      any ? ring_half(net, place(net, n_shard, l.tp), slowest_comm.dp_sharded) : 0;
+  const double dense_time =
+      any ? all_reduce(net, place(net, n_reduce, l.tp * (zero1_ep ? 1 : n_shard)),
+                       slowest_comm.dp_all_reduce).seconds
+          : 0;
+  const double experts_time =
+      any ? all_reduce(net, place(net, l.dpcp() / l.ep, l.tp * l.ep), slowest_comm.dp_experts)
+                .seconds
+          : 0;
+  const double dp_time = sharded_time + dense_time + experts_time;
+  const double reduce_time = dense_time + experts_time;
+  if (!machine.gpu || (zero == 1 && !zero1_ep))
     out.dp = dp_time;
   else if (zero == 0)
     out.dp = std::max(0.0, dp_time - slowest_bwd);
+  else if (zero1_ep)  // the sums under the backward as ZeRO-0's, the gather after the update
+    out.dp = std::max(0.0, reduce_time - slowest_bwd) + sharded_time;
   else
     out.dp = std::max(0.0, dp_time - out.compute);
   // The tied embedding's sum between the first and the last stage.

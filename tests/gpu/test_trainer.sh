@@ -16,7 +16,8 @@
 # LLaMA) and with 4 GPUs (cp2, tp2) with sequence parallelism and full recompute and (dp2, cp2)
 # with ZeRO-3 and selective recompute, against the 1-rank CPU run too. Mixture-of-experts layers
 # (GPT-2 every second layer, LLaMA every layer) in fp32 and bf16, and with 2 GPUs on dp=2,
-# tp=2, ep=2 and ep=2 under ZeRO-3 (fp32 and bf16), and with the auxiliary-loss-free bias.
+# tp=2, ep=2 and ep=2 under ZeRO-3 and ZeRO-1 (fp32 and bf16), Adafactor at ep=2 (fp32), and
+# with the auxiliary-loss-free bias.
 # Without a GPU: skipped,
 # exit 0.
 #
@@ -208,6 +209,20 @@ if train cpu_moe 1 device.backend=cpu "${moe[@]}"; then
     train bf16_moe_ep2_zero3 2 device.backend=cuda device.precision=bf16 parallel.dp=2 \
       parallel.ep=2 parallel.zero=3 "${moe[@]}" &&
       cmp bf16_moe_ep2_zero3_near_cpu cpu_moe bf16_moe_ep2_zero3 --loss-rtol 2e-2 --param-norm-tol 2e-2
+    # ZeRO-1 with ep by the units' parts: the sums all-reduced whole, the updated parts (the
+    # fp32 master, or the bf16 copy beside the parts' master) gathered unit by unit.
+    train cuda_moe_ep2_zero1 2 device.backend=cuda parallel.dp=2 parallel.ep=2 parallel.zero=1 \
+      "${moe[@]}" &&
+      cmp cuda_moe_ep2_zero1 cpu_moe cuda_moe_ep2_zero1 --loss-rtol 1e-5 --param-tol 1e-4
+    train bf16_moe_ep2_zero1 2 device.backend=cuda device.precision=bf16 parallel.dp=2 \
+      parallel.ep=2 parallel.zero=1 "${moe[@]}" &&
+      cmp bf16_moe_ep2_zero1_near_cpu cpu_moe bf16_moe_ep2_zero1 --loss-rtol 2e-2 \
+        --param-norm-tol 2e-2
+    # Adafactor's row and column sums of the experts' matrices over the ep group.
+    ada=("${moe[@]}" optim.name=adafactor optim.adafactor_eps=1e-12)
+    train cpu_moe_ada 1 device.backend=cpu "${ada[@]}" &&
+      train cuda_moe_ada_ep2 2 device.backend=cuda parallel.dp=2 parallel.ep=2 "${ada[@]}" &&
+      cmp cuda_moe_ada_ep2 cpu_moe_ada cuda_moe_ada_ep2 --loss-rtol 1e-5 --param-tol 1e-4
   fi
 fi
 llama_moe=("${llama[@]}" model.moe.experts=4 model.moe.top_k=2 model.moe.score=sigmoid)

@@ -20,6 +20,9 @@ llama=(model.arch=llama model.n_kv_head=2 model.moe.score=sigmoid model.moe.reno
 bias=(model.arch=llama model.n_kv_head=2 model.moe.score=sigmoid model.moe.bias_rate=0.02)
 # A capacity of 1.0 token per expert and choice: about a tenth of the choices dropped.
 capacity=(model.moe.every=2 model.moe.capacity_factor=1.0)
+# Adafactor (test_optim_layouts.sh's eps): its row and column sums of an expert matrix span the
+# ep ranks holding its experts' rows.
+ada=(model.moe.every=2 optim.name=adafactor optim.adafactor_eps=1e-12)
 
 run() {  # run NAME DP TP PP [extra overrides...]
   local name=$1 dp=$2 tp=$3 pp=$4 cp=1 arg
@@ -55,9 +58,13 @@ suite gpt "ep2 2 1 1 parallel.ep=2" "ep4 4 1 1 parallel.ep=4" "ep2_edp2 4 1 1 pa
   "ep2_tp2_sp 2 2 1 parallel.ep=2 parallel.sequence_parallel=true" \
   "ep2_pp2 2 1 2 parallel.ep=2 parallel.schedule=1f1b" \
   "ep2_cp2 1 1 1 parallel.cp=2 parallel.ep=2 model.attention=fused"
-# Under ZeRO-2/3 the experts shard over the ranks holding the same experts (each MoE layer's
-# experts a unit of their own), the rest over dp x cp.
-suite gpt "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
+# Under ZeRO the experts shard over the ranks holding the same experts (each MoE layer's
+# experts a unit of their own), the rest over dp x cp; ZeRO-1 by the same units.
+suite gpt "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1" \
+  "ep2_edp2_zero1 4 1 1 parallel.ep=2 parallel.zero=1" \
+  "ep4_zero1 4 1 1 parallel.ep=4 parallel.zero=1" \
+  "ep2_pp2_zero1 2 1 2 parallel.ep=2 parallel.zero=1 parallel.schedule=1f1b" \
+  "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
   "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2" \
   "ep2_edp2_zero3_keep 4 1 1 parallel.ep=2 parallel.zero=3 parallel.reshard_after_forward=false"
 suite bias "dp2 2 1 1" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" "tp2_pp2 1 2 2" \
@@ -65,8 +72,16 @@ suite bias "dp2 2 1 1" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" "tp2_pp2 
 suite capacity "dp2 2 1 1" "tp2_pp2 1 2 2 parallel.zero=1" "ep2 2 1 1 parallel.ep=2" \
   "ep4 4 1 1 parallel.ep=4"
 suite llama "dp2_tp2 2 2 1 parallel.zero=1" "ep2_tp2 2 2 1 parallel.ep=2" \
+  "ep2_tp2_zero1 2 2 1 parallel.ep=2 parallel.zero=1" \
   "ep2_tp2_zero3 2 2 1 parallel.ep=2 parallel.zero=3" \
   "pp2_cp2 1 1 2 parallel.cp=2 parallel.schedule=1f1b model.attention=fused"
+
+# Adafactor with ep: without ZeRO (the sums over ep, the dense tensors counted on ep rank 0),
+# by parts under ZeRO-1, 2, 3 (the dp x cp group holds every element once), and with tp.
+suite ada "ep2 2 1 1 parallel.ep=2" "ep2_edp2 4 1 1 parallel.ep=2" \
+  "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
+  "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2" "ep2_tp2 2 2 1 parallel.ep=2" \
+  "ep2_tp2_zero1 2 2 1 parallel.ep=2 parallel.zero=1"
 
 # The capacity run dropped choices (else it checks nothing the dropless runs do not).
 if grep -q '"moe_dropped":[1-9]' "$WORK/capacity_dp2/metrics.jsonl" 2>/dev/null; then
@@ -117,6 +132,32 @@ if [ -f "$WORK/bias_restart/checkpoints/step_00000010.h5" ] &&
 else
   fail "bias: restart dp = 2 -> ep = 2 x tp = 2: ${out:-no checkpoint}"; tail -3 "$WORK/bias_restart.log"
 fi
+# ZeRO-1 with ep = 2 (each rank writing its units' parts) continued without ep on (1,2,1).
+run zero1_saved 2 1 1 "${gpt[@]}" parallel.ep=2 parallel.zero=1 train.steps=5 &&
+  run zero1_restart 1 2 1 "${gpt[@]}" \
+    checkpoint.restart="$WORK/zero1_saved/checkpoints/step_00000005.h5"
+if [ -f "$WORK/zero1_restart/checkpoints/step_00000010.h5" ] &&
+   out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/gpt_ref/metrics.jsonl" \
+       "$WORK/gpt_ref/checkpoints/step_00000010.h5" "$WORK/zero1_restart/metrics.jsonl" \
+       "$WORK/zero1_restart/checkpoints/step_00000010.h5" --steps 6:10); then
+  pass "restart ep = 2 ZeRO-1 step 5 -> (1,2,1): $out"
+else
+  fail "restart ep = 2 ZeRO-1 -> (1,2,1): ${out:-no checkpoint}"; tail -3 "$WORK/zero1_restart.log"
+fi
+# Adafactor's whole row and column vectors: written once per canonical tensor from ep = 2
+# without ZeRO, read into ZeRO-1 by parts on ep = 2 x edp = 2 (each vector taken from one rank).
+run ada_saved 2 1 1 "${ada[@]}" parallel.ep=2 train.steps=5 &&
+  run ada_restart 4 1 1 "${ada[@]}" parallel.ep=2 parallel.zero=1 \
+    checkpoint.restart="$WORK/ada_saved/checkpoints/step_00000005.h5"
+if [ -f "$WORK/ada_restart/checkpoints/step_00000010.h5" ] &&
+   out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/ada_ref/metrics.jsonl" \
+       "$WORK/ada_ref/checkpoints/step_00000010.h5" "$WORK/ada_restart/metrics.jsonl" \
+       "$WORK/ada_restart/checkpoints/step_00000010.h5" --steps 6:10); then
+  pass "restart Adafactor ep = 2 step 5 -> ep = 2 x edp = 2 ZeRO-1: $out"
+else
+  fail "restart Adafactor ep = 2 -> ep = 2 x edp = 2 ZeRO-1: ${out:-no checkpoint}"
+  tail -3 "$WORK/ada_restart.log"
+fi
 # A dense checkpoint does not restart as an MoE model: the shapes named.
 timeout 120 "$TESSERA" train "$deck" "${common[@]:0:10}" train.steps=2 run.dir="$WORK/dense_saved" \
   >dense_saved.log 2>&1
@@ -162,11 +203,10 @@ refuse tp_ffn "does not divide model.moe.ffn = 65" 2 parallel.tp=2 model.moe.ffn
 refuse capacity_cp "which parallel.cp = 2" 2 parallel.cp=2 model.attention=fused \
   model.moe.capacity_factor=1.25
 refuse capacity "model.moe.capacity_factor" 1 model.moe.capacity_factor=-1
-refuse ep_zero "parallel.ep = 2 with parallel.zero = 1" 2 parallel.dp=2 parallel.ep=2 parallel.zero=1
 refuse ep_hybrid "hybrid sharding is not combined with expert parallelism" 4 parallel.dp=4 \
   parallel.ep=2 parallel.zero=2 parallel.zero_group=2
-refuse ep_adafactor "with optim.name = adafactor" 2 parallel.dp=2 parallel.ep=2 \
-  optim.name=adafactor
+refuse ep_hybrid_zero1 "hybrid sharding is not combined with expert parallelism" 4 \
+  parallel.dp=4 parallel.ep=2 parallel.zero=1 parallel.zero_group=2
 refuse ep_experts "model.moe.experts = 4 is not divisible by parallel.ep = 3" 3 parallel.dp=3 \
   parallel.ep=3
 finish

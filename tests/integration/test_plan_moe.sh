@@ -4,14 +4,15 @@
 # bytes it hands to each communicator per step, the MoE gates' tp all-reduce, the router
 # statistics' cp sum, expert parallelism's all-to-alls (ep) and its experts' gradient sum over
 # edp (dp) among them, equal `tessera plan --json` of the same deck
-# (tools/reference/plan_check.py), as test_comm_volume.sh holds dense decks, on eleven layouts (ep = 2 under ZeRO-3 and ZeRO-2 among them).
-# Four have ep > 1 (one with two ranks holding each expert, edp = 2): their expert bytes a rank
+# (tools/reference/plan_check.py), as test_comm_volume.sh holds dense decks, on thirteen layouts
+# (ep = 2 under ZeRO-1, 2 and 3 among them: ZeRO-1's sums as ZeRO-0's and its gather by unit).
+# Eight have ep > 1 (one with two ranks holding each expert, edp = 2): their expert bytes a rank
 # fall by ep, and the step's all-to-all bytes in metrics.jsonl (moe_a2a_bytes) equal the plan's;
 # they route every token to every expert (top_k = E), so the load is balanced as the plan assumes.
 # Its model FLOPs are the trainer's (active parameters: the router and top_k of E experts); the
 # dense, expert and dispatch-buffer split is reported; input/mixtral-8x7b.yaml plans on a named
-# cluster (46.7 B parameters, 12.9 B active) and its search finds a layout that fits 80 GB; ZeRO
-# with ep > 1 is refused as the trainer refuses it.
+# cluster (46.7 B parameters, 12.9 B active) and its search finds a layout that fits 80 GB;
+# hybrid sharding with ep > 1 is refused as the trainer refuses it.
 source "$(dirname "$0")/lib.sh"
 deck=$(tiny_deck plan_moe)
 cd "$WORK" || exit 1
@@ -29,7 +30,9 @@ for layout in "dp2 2 1 1" "tp2 1 2 1" "pp2 1 1 2" \
               "ep4 4 1 1 parallel.ep=4 model.moe.top_k=4 model.arch=llama model.n_kv_head=2" \
               "ep2_edp2 4 1 1 parallel.ep=2 model.moe.top_k=4" \
               "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3 model.moe.top_k=4" \
-              "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2 model.moe.top_k=4"; do
+              "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2 model.moe.top_k=4" \
+              "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1 model.moe.top_k=4" \
+              "ep2_edp2_zero1 4 1 1 parallel.ep=2 parallel.zero=1 model.moe.top_k=4"; do
   set -- $layout
   name=$1 cp=1
   for arg in "${@:5}"; do [[ $arg == parallel.cp=* ]] && cp=${arg#parallel.cp=}; done
@@ -124,7 +127,8 @@ else
   fail "mixtral-8x7b: $out $(head -c 300 mixtral.err)"
 fi
 # The trainer's refusals of expert parallelism are the plan's, word for word.
-ALLOW_STDOUT=1 expect_error "ZeRO with expert parallelism refused" 2 \
-  "parallel.ep = 2 with parallel.zero = 1: ZeRO-1's flat slices would mix different experts' rows" \
-  "$TESSERA" plan "$deck" "${common[@]}" parallel.dp=2 parallel.ep=2 parallel.zero=1 --ranks 2 --machine-file host.yaml
+ALLOW_STDOUT=1 expect_error "hybrid ZeRO-1 with expert parallelism refused" 2 \
+  "parallel.ep = 2 with parallel.zero_group = 2: hybrid sharding is not combined with expert parallelism" \
+  "$TESSERA" plan "$deck" "${common[@]}" parallel.dp=4 parallel.ep=2 parallel.zero=1 \
+  parallel.zero_group=2 --ranks 4 --machine-file host.yaml
 finish
