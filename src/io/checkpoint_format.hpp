@@ -41,14 +41,14 @@ H5Handle memory_space(const LocalTensor* t);
 // collective round per tensor costs more than the data. Either way each rank moves only its tile.
 H5FD_mpio_xfer_t transfer_mode(const ParamTensor& c, long collective_bytes);
 
-// TrainState::fp8_amax as /train/fp8_amax_history under `train` (io/checkpoint_fp8.cpp):
+// TrainState::fp8_amax as /train/fp8_amax_history under `train` (io/checkpoint_tables.cpp):
 // created by every rank (collective metadata), its data written where write_data; read back
 // (nothing where the checkpoint has none), its checksum and values checked, UserError naming
 // `path` otherwise.
 void write_fp8_history(hid_t train, const TrainState& state, bool write_data);
 // n_layer: the checkpoint's, whose rows the dataset must have (Fp8State's per layer, the head's).
 void read_fp8_history(hid_t train, const std::string& path, int n_layer, TrainState& state);
-// TrainState::moe_bias as /train/moe_bias under `train` (io/checkpoint_moe.cpp), the same way:
+// TrainState::moe_bias as /train/moe_bias under `train` (io/checkpoint_tables.cpp), the same way:
 // written by every rank's metadata and one rank's data, read back (nothing where the checkpoint
 // has none) with its shape (the model's MoE layers by its experts), checksum and values checked.
 void write_moe_bias(hid_t train, const TrainState& state, int experts, bool write_data);
