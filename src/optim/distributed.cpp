@@ -9,6 +9,7 @@
 
 #include "backend/cpu/backend.hpp"
 #include "backend/declare.hpp"
+#include "optim/gather_unit.hpp"
 #ifdef TESSERA_CUDA
 #include "backend/cuda/backend.hpp"
 #endif
@@ -248,28 +249,11 @@ void DistributedOptimizer<Backend>::step(float* master, Act* copy, float* grads,
 template <class Backend>
 void DistributedOptimizer<Backend>::gather_parts(float* master, Act* copy) {
   for (size_t u = 0; u < layout_.units.size(); ++u) {
-    if (master) gather_unit(master, int(u));
-    if (copy) gather_unit(copy, int(u));
+    BComm* group = layout_.units[u].experts ? comms_.expert_dp : comms_.shard;
+    if (master) gather_unit<Backend>(layout_, *plan_, int(u), master, gather_, group);
+    if (copy)
+      gather_unit<Backend>(layout_, *plan_, int(u), copy, reinterpret_cast<Act*>(gather_), group);
   }
-}
-
-template <class Backend>
-template <typename T>
-void DistributedOptimizer<Backend>::gather_unit(T* full, int u) {
-  const Unit& unit = layout_.units[size_t(u)];
-  const size_t part = plan_->part[size_t(u)];
-  if (plan_->group[size_t(u)] == 1) return;  // the part is the unit, in place
-  const auto [lo, hi] = plan_->range(layout_, u);
-  // This rank's part at its place in the padded unit (zero past the unit's end), gathered in
-  // place there, and the unit copied back into the full buffer (whose next unit the padding
-  // would overwrite).
-  T* padded = reinterpret_cast<T*>(gather_);
-  T* mine = padded + size_t(plan_->member[size_t(u)]) * part;
-  Backend::zero(mine, part * sizeof(T));
-  if (hi > lo) Backend::copy(mine, full + lo, (hi - lo) * sizeof(T));
-  BComm* group = unit.experts ? comms_.expert_dp : comms_.shard;
-  group->all_gather(static_cast<const T*>(mine), padded, part);
-  Backend::copy(full + unit.begin, padded, unit.size() * sizeof(T));
 }
 
 template <class Backend>

@@ -180,8 +180,6 @@ class DistributedOptimizer {
   // Expert parallelism: the local ranges of the experts' tensors, in buffer order.
   std::vector<std::pair<size_t, size_t>> expert_ranges_;
   bool experts_split() const { return comms_.expert_dp != comms_.dp; }
-  template <typename T>
-  void gather_unit(T* full, int u);
 };
 
 }  // namespace tessera

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "backend/cpu/backend.hpp"
+#include "optim/gather_unit.hpp"
 #ifdef TESSERA_CUDA
 #include "backend/cuda/backend.hpp"
 #endif
@@ -217,19 +218,8 @@ void ShardedWeights<Backend>::retire(size_t b) {
 
 template <class Backend>
 void ShardedWeights<Backend>::gather_full(Act* full) {
-  for (size_t u = 0; u < tile_.units.size(); ++u) {
-    const Unit& unit = tile_.units[u];
-    const size_t part = plan_.part[u];
-    const auto [lo, hi] = plan_.range(tile_, int(u));
-    // This rank's part in place in the gather buffer (zero past the unit's end), gathered, and
-    // the unit copied back into the full buffer.
-    Act* mine = gathered_ + size_t(plan_.member[u]) * part;
-    Backend::zero(mine, part * sizeof(Act));
-    if (hi > lo) Backend::copy(mine, full + lo, (hi - lo) * sizeof(Act));
-    Comm* c = comm(int(u));
-    c->wait(c->start_all_gather(static_cast<const Act*>(mine), gathered_, part));
-    Backend::copy(full + unit.begin, gathered_, unit.size() * sizeof(Act));
-  }
+  for (size_t u = 0; u < tile_.units.size(); ++u)
+    gather_unit<Backend>(tile_, plan_, int(u), full, gathered_, comm(int(u)));
 }
 
 template class ShardedWeights<CpuBackend>;
