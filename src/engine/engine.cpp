@@ -272,14 +272,16 @@ class Engine final : public TrainEngine {
     return out;
   }
 
-  std::vector<float> moe_bias(int n_layer) const override {
-    const size_t E = size_t(tile_.canonical.shape.moe.experts);
-    std::vector<float> table(size_t(n_layer) * E, std::numeric_limits<float>::lowest());
+  std::vector<float> moe_bias() const override {
+    const ModelShape& shape = tile_.canonical.shape;
+    const size_t E = size_t(shape.moe.experts);
+    std::vector<float> table(size_t(moe_layers(shape, 0, shape.n_layer)) * E,
+                             std::numeric_limits<float>::lowest());
     for (const auto& model : models_)
       if (const MoeLayer<Backend>* moe = model->moe(); moe && !moe->bias().empty())
         for (size_t i = 0; i < moe->layers().size(); ++i)
           std::copy_n(moe->bias().begin() + long(i * E), E,
-                      table.begin() + long(size_t(moe->layers()[i]) * E));
+                      table.begin() + long(moe_row(moe->layers()[i]) * E));
     return table;
   }
   void set_moe_bias(const std::vector<float>& table) override {
@@ -287,10 +289,11 @@ class Engine final : public TrainEngine {
     for (auto& model : models_) {
       MoeLayer<Backend>* moe = model->moe();
       if (moe == nullptr || moe->bias().empty()) continue;
-      std::vector<float> bias(moe->bias().size());
-      for (size_t i = 0; i < moe->layers().size(); ++i)
-        std::copy_n(table.begin() + long(size_t(moe->layers()[i]) * E), E,
-                    bias.begin() + long(i * E));
+      std::vector<float> bias(moe->bias().size(), 0.0f);
+      if (!table.empty())
+        for (size_t i = 0; i < moe->layers().size(); ++i)
+          std::copy_n(table.begin() + long(moe_row(moe->layers()[i]) * E), E,
+                      bias.begin() + long(i * E));
       moe->set_bias(bias);
     }
   }
@@ -393,28 +396,24 @@ class Engine final : public TrainEngine {
         for (int l = chunk.begin; l < chunk.end; ++l) tp_sum(l);
   }
 
-  // ZeRO-2/3: the gradients reduce-scattered unit by unit as each backward produces them
-  // model.moe.bias_rate: the step's loads of every chunk's MoE layers summed over dp x cp (every
-  // micro-batch of the step's batch; tp ranks route alike, stages hold other layers), then each
-  // layer's bias moved.
+  // model.moe.bias_rate: each chunk's MoE layers' loads of the step summed over dp x cp (every
+  // micro-batch of the step's batch; tp ranks route alike, stages hold other layers), then
+  // their biases moved.
   void move_moe_bias() {
-    std::vector<double> loads;
-    for (auto& model : models_)
-      if (MoeLayer<Backend>* moe = model->moe())
-        loads.insert(loads.end(), moe->step_loads().begin(), moe->step_loads().end());
-    if (loads.empty()) return;
-    if (dp_.active())
-      MPI_Allreduce(MPI_IN_PLACE, loads.data(), int(loads.size()), MPI_DOUBLE, MPI_SUM,
-                    dp_.mpi());
-    size_t at = 0;
-    for (auto& model : models_)
-      if (MoeLayer<Backend>* moe = model->moe(); moe && !moe->step_loads().empty()) {
-        const size_t n = moe->step_loads().size();
-        moe->move_bias(std::vector<double>(loads.begin() + long(at), loads.begin() + long(at + n)));
-        at += n;
-      }
+    for (auto& model : models_) {
+      MoeLayer<Backend>* moe = model->moe();
+      if (moe == nullptr || moe->step_loads().empty()) continue;
+      std::vector<double>& loads = moe->step_loads();
+      if (dp_.active())
+        MPI_Allreduce(MPI_IN_PLACE, loads.data(), int(loads.size()), MPI_DOUBLE, MPI_SUM,
+                      dp_.mpi());
+      moe->move_bias();
+    }
   }
+  // The row of MoE layer l in the layout-free bias table: the MoE layers before it.
+  size_t moe_row(int l) const { return size_t(moe_layers(tile_.canonical.shape, 0, l)); }
 
+  // ZeRO-2/3: the gradients reduce-scattered unit by unit as each backward produces them
   // (optim/sharded_weights.hpp; the sequence-parallel partial sums before, see allocate).
   void backward_sharded(const std::vector<MicroBatch>& inputs, float dloss) {
     sharded_->begin_step();

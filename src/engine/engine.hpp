@@ -175,10 +175,11 @@ class TrainEngine {
   virtual std::vector<double> take_moe_stats(int n_layer) = 0;
   // The MoE layers' kept activations, routing and dispatch buffers of every chunk (bytes).
   virtual size_t moe_buffer_bytes() const = 0;
-  // model.moe.bias_rate: the MoE layers' selection biases (model/moe_layer.hpp) as a table of
-  // n_layer rows of E, this rank's layers' rows filled, the others' the lowest float (a max over
-  // the ranks gathers the table); and set from such a table (this rank's rows read).
-  virtual std::vector<float> moe_bias(int n_layer) const = 0;
+  // model.moe.bias_rate: the MoE layers' selection biases (model/moe_layer.hpp) as the
+  // layout-free table TrainState::moe_bias (a row of E per MoE layer, in layer order), this
+  // rank's layers' rows filled, the others' the lowest float (a max over the ranks gathers the
+  // table); and set from such a table (this rank's rows read; an empty one: zero).
+  virtual std::vector<float> moe_bias() const = 0;
   virtual void set_moe_bias(const std::vector<float>& table) = 0;
 };
 

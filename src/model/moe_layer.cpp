@@ -76,7 +76,8 @@ void MoeLayer<Backend>::set_bias(const std::vector<float>& bias) {
 }
 
 template <class Backend>
-void MoeLayer<Backend>::move_bias(const std::vector<double>& loads) {
+void MoeLayer<Backend>::move_bias() {
+  const std::vector<double>& loads = step_loads_;
   const size_t E = size_t(shape_.moe.experts);
   const float rate = float(options_.bias_rate);
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -259,8 +260,10 @@ void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int lay
   Backend::to_host(host_stats_.data(), router_stats_, (2 * size_t(E) + 2) * sizeof(double));
   for (int e = 0; e <= E; ++e) load[size_t(e)] = host_stats_[size_t(E + 1 + e)];
   if (!record) return;
-  if (!step_loads_.empty())
-    for (int e = 0; e < E; ++e) step_loads_[size_t(index_of(layer) * E + e)] += load[size_t(e)];
+  if (!step_loads_.empty()) {
+    double* step = step_loads_.data() + size_t(index_of(layer)) * size_t(E);
+    for (int e = 0; e < E; ++e) step[e] += load[size_t(e)];
+  }
   MoeLayerStats& s = stats_[size_t(index_of(layer))];
   double dot = 0, most = 0;
   for (int e = 0; e < E; ++e) {

@@ -88,9 +88,10 @@ class MoeLayer {
 
   // The auxiliary-loss-free bias (bias_rate > 0): each layer's choices this step, by this
   // chunk's MoE layer then expert (zeroed by the caller at the step's start; recomputed
-  // forwards not counted); move_bias takes them summed over the step's batch and moves the bias.
+  // forwards not counted). The caller sums them over the step's batch in place, then move_bias
+  // moves the bias by them.
   std::vector<double>& step_loads() { return step_loads_; }
-  void move_bias(const std::vector<double>& loads);
+  void move_bias();
   // The bias by this chunk's MoE layer then expert (zero at the start), and set from a checkpoint.
   const std::vector<float>& bias() const { return host_bias_; }
   void set_bias(const std::vector<float>& bias);

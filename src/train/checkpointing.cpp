@@ -60,38 +60,21 @@ void restore_fp8(TrainEngine& engine, const Config& cfg, const TrainState& state
 }
 
 // model.moe.bias_rate: the MoE layers' selection biases of this rank's chunks into the
-// layout-free TrainState::moe_bias (the MoE layers' rows in layer order), gathered over the world
-// as a max (the ranks holding a layer hold the same bias; the others the lowest float).
-// Collective; nothing without the bias.
+// layout-free TrainState::moe_bias, gathered over the world as a max (the ranks holding a layer
+// hold the same bias; the others the lowest float). Collective; nothing without the bias.
 void gather_moe_bias(TrainEngine& engine, MPI_Comm world, const Config& cfg, TrainState& state) {
   state.moe_bias.clear();
   if (cfg.model.moe.experts == 0 || cfg.model.moe.bias_rate <= 0) return;
-  const int L = cfg.model.n_layer;
-  const size_t E = size_t(cfg.model.moe.experts);
-  std::vector<float> table = engine.moe_bias(L);
-  MPI_Allreduce(MPI_IN_PLACE, table.data(), int(table.size()), MPI_FLOAT, MPI_MAX, world);
-  const ModelShape& shape = engine.state_layout().canonical.shape;
-  for (int l = 0; l < L; ++l)
-    if (shape.moe.layer(l))
-      state.moe_bias.insert(state.moe_bias.end(), table.begin() + long(size_t(l) * E),
-                            table.begin() + long(size_t(l + 1) * E));
+  state.moe_bias = engine.moe_bias();
+  MPI_Allreduce(MPI_IN_PLACE, state.moe_bias.data(), int(state.moe_bias.size()), MPI_FLOAT,
+                MPI_MAX, world);
 }
 
 // The checkpoint's biases back into this rank's chunks; a checkpoint without them (a run
 // without the bias going on with one) starts them at zero.
 void restore_moe_bias(TrainEngine& engine, const Config& cfg, const TrainState& state) {
   if (cfg.model.moe.experts == 0 || cfg.model.moe.bias_rate <= 0) return;
-  const int L = cfg.model.n_layer;
-  const size_t E = size_t(cfg.model.moe.experts);
-  std::vector<float> table(size_t(L) * E, 0.0f);
-  const ModelShape& shape = engine.state_layout().canonical.shape;
-  size_t row = 0;
-  if (!state.moe_bias.empty())
-    for (int l = 0; l < L; ++l)
-      if (shape.moe.layer(l))
-        std::copy_n(state.moe_bias.begin() + long(row++ * E), E,
-                    table.begin() + long(size_t(l) * E));
-  engine.set_moe_bias(table);
+  engine.set_moe_bias(state.moe_bias);
 }
 
 // The engine's optimizer state as checkpoint buffers over `host` (one per declared tensor; sized
