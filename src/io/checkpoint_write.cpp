@@ -421,6 +421,12 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
   MPI_Comm_rank(comm, &rank);
   const std::string final_path = (fs::path(dir) / step_name(state.step)).string();
   const std::string tmp_path = final_path + ".tmp";
+  const std::string room_path = (fs::path(dir) / kRoomFile).string();
+  // What a write that fails leaves: the partial file, and the room held for its metadata.
+  const auto remove_partial = [&] {
+    unlink(tmp_path.c_str());
+    unlink(room_path.c_str());
+  };
   std::vector<StateSpec> specs;
   for (const StateBuffer& b : buffers.state) specs.push_back(b.spec);
   const uint64_t bytes =
@@ -439,8 +445,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
   // deadline removes the partial file and ends the job with its line (agree_on_failure).
   const auto agree = [&](const std::string& failure) {
     return agree_on_failure(comm, failure, [&](const std::string& why) {
-      unlink(tmp_path.c_str());
-      unlink((fs::path(dir) / kRoomFile).c_str());
+      remove_partial();
       return line(why, kept(dir));
     }, kExitIO);
   };
@@ -457,7 +462,6 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
   // and it is written, and flushed, before any data.
   const uint64_t metadata_bytes =
       2 * (1 + specs.size()) * layout.canonical.tensors.size() * 1024 + (64 << 10);
-  const std::string room_path = (fs::path(dir) / kRoomFile).string();
   std::string failure;
   if (rank == 0) {
     failure = make_directories(dir);
@@ -474,7 +478,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
 
   WriteFailure local;
   const IoErrorWatch io_watch(  // a write error one rank alone sees (io/io_error_watch.hpp)
-      tmp_path, [&] { unlink(tmp_path.c_str()), unlink(room_path.c_str()); },
+      tmp_path, remove_partial,
       [&](const std::string& why) {
         return "checkpoint step " + std::to_string(state.step) + ": " + why + ": " + kept(dir);
       });
@@ -489,8 +493,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
   if (rank == 0 && reserve) local.what = reserve_space(tmp_path, bytes, &reserved);
   failure = agree(local.what);
   const DiskWatch watch(rank == 0 && !reserved, dir, [&] {
-    unlink(tmp_path.c_str());
-    unlink(room_path.c_str());
+    remove_partial();
     return line("cannot write " + tmp_path + ": " + std::strerror(ENOSPC) +
                     " (the disk stayed full)",
                 kept(dir));
@@ -529,8 +532,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const LocalL
   if (H5Fclose(file.release()) < 0) {
     // HDF5 still holds the file and would close it again inside MPI_Finalize, after MPI is gone:
     // this rank ends the job instead (MPI_Abort), the partial file removed.
-    unlink(tmp_path.c_str());
-    unlink(room_path.c_str());
+    remove_partial();
     throw UserError("checkpoint step " + std::to_string(state.step) + ": " +
                         (failure.empty() ? "" : failure + ", and ") + "the close of " + tmp_path +
                         " failed: " + h5_error_reason() + ": " + kept(dir),

@@ -32,10 +32,9 @@ class IoErrorWatch {
   // Records the errors of `file` (HDF5's MPI-IO handle of the file written), then returns them
   // to HDF5 as before.
   static void attach(MPI_File file);
+ private:
   // This rank's first MPI-IO error since the watch began ("" for none), as the line says it.
   static std::string recorded();
-
- private:
   void watch();
 
   std::string file_;

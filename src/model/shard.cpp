@@ -72,21 +72,16 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
     // Expert parallelism: an expert tensor's rows are E equal blocks (one per expert, each
     // cut by tp above); this rank keeps those of its experts. Dense tensors are copies on every
     // ep rank but the first.
-    if (ep > 1 && c.role != kLayerRoles) {
-      if (expert_role(c.role)) {
-        const size_t E = size_t(shape.moe.experts), per = rows / E;
-        const size_t lo = size_t(ep_rank) * (E / size_t(ep)) * per;
-        const size_t hi = lo + E / size_t(ep) * per;
-        std::vector<Block> kept;
-        for (Block b : t.blocks) {
-          const size_t r0 = std::max(b.row0, lo), r1 = std::min(b.row0 + b.rows, hi);
-          if (r0 < r1) kept.push_back({r0, r1 - r0, b.col0, b.cols});
-        }
-        t.blocks = kept;
-      } else {
-        t.ep_copy = ep_rank > 0 && owner;
-        owner = owner && ep_rank == 0;
+    if (ep > 1 && expert_role(c.role)) {
+      const size_t E = size_t(shape.moe.experts), per = rows / E;
+      const size_t lo = size_t(ep_rank) * (E / size_t(ep)) * per;
+      const size_t hi = lo + E / size_t(ep) * per;
+      std::vector<Block> kept;
+      for (Block b : t.blocks) {
+        const size_t r0 = std::max(b.row0, lo), r1 = std::min(b.row0 + b.rows, hi);
+        if (r0 < r1) kept.push_back({r0, r1 - r0, b.col0, b.cols});
       }
+      t.blocks = kept;
     } else if (ep > 1) {
       t.ep_copy = ep_rank > 0 && owner;
       owner = owner && ep_rank == 0;
