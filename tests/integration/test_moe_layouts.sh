@@ -90,74 +90,47 @@ else
   fail "capacity 1.0 dropped nothing"
 fi
 
+# continued REF NAME LABEL: NAME, restarted from a step-5 checkpoint, is REF's steps 6-10.
+continued() {
+  local out=""
+  if [ -f "$WORK/$2/checkpoints/step_00000010.h5" ] &&
+     out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/$1/metrics.jsonl" \
+         "$WORK/$1/checkpoints/step_00000010.h5" "$WORK/$2/metrics.jsonl" \
+         "$WORK/$2/checkpoints/step_00000010.h5" --steps 6:10); then
+    pass "$3: $out"
+  else
+    fail "$3: ${out:-no checkpoint}"; tail -3 "$WORK/$2.log" 2>/dev/null
+  fi
+}
 # Checkpoints hold each layer's experts whole: 5 steps on (1,2,2) with sequence parallelism,
 # continued to 10 on (2,1,1) with ep = 2 under ZeRO-3, are the 1-rank run's steps 6-10.
 run restart_saved 1 2 2 "${gpt[@]}" train.steps=5 parallel.sequence_parallel=true &&
   run restart_dp2 2 1 1 "${gpt[@]}" parallel.zero=3 parallel.ep=2 \
     checkpoint.restart="$WORK/restart_saved/checkpoints/step_00000005.h5"
-if [ -f "$WORK/restart_dp2/checkpoints/step_00000010.h5" ]; then
-  if out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/gpt_ref/metrics.jsonl" \
-       "$WORK/gpt_ref/checkpoints/step_00000010.h5" "$WORK/restart_dp2/metrics.jsonl" \
-       "$WORK/restart_dp2/checkpoints/step_00000010.h5" --steps 6:10); then
-    pass "restart (1,2,2) step 5 -> (2,1,1) ep = 2 ZeRO-3: $out"
-  else
-    fail "restart (1,2,2) -> (2,1,1) ep = 2 ZeRO-3: $out"
-  fi
-else
-  fail "restart chain"; tail -3 "$WORK/restart_dp2.log" "$WORK/restart_saved.log" 2>/dev/null
-fi
+continued gpt_ref restart_dp2 "restart (1,2,2) step 5 -> (2,1,1) ep = 2 ZeRO-3"
 # Across expert parallelism: saved on ep = 4 under ZeRO-2 (each rank writing its parts),
 # continued on ep = 2 x tp = 2.
 run ep_saved 4 1 1 "${gpt[@]}" parallel.ep=4 parallel.zero=2 train.steps=5 &&
   run ep_restart 2 2 1 "${gpt[@]}" parallel.ep=2 \
     checkpoint.restart="$WORK/ep_saved/checkpoints/step_00000005.h5"
-if [ -f "$WORK/ep_restart/checkpoints/step_00000010.h5" ] &&
-   out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/gpt_ref/metrics.jsonl" \
-       "$WORK/gpt_ref/checkpoints/step_00000010.h5" "$WORK/ep_restart/metrics.jsonl" \
-       "$WORK/ep_restart/checkpoints/step_00000010.h5" --steps 6:10); then
-  pass "restart ep = 4 ZeRO-2 step 5 -> ep = 2 x tp = 2: $out"
-else
-  fail "restart ep = 4 ZeRO-2 -> ep = 2 x tp = 2: ${out:-no checkpoint}"; tail -3 "$WORK/ep_restart.log"
-fi
+continued gpt_ref ep_restart "restart ep = 4 ZeRO-2 step 5 -> ep = 2 x tp = 2"
 # The bias is state: 5 steps on dp = 2, continued to 10 on ep = 2 x tp = 2, are the 1-rank
 # run's steps 6-10 (a bias restarted at zero routes differently).
 run bias_saved 2 1 1 "${bias[@]}" train.steps=5 &&
   run bias_restart 2 2 1 "${bias[@]}" parallel.ep=2 \
     checkpoint.restart="$WORK/bias_saved/checkpoints/step_00000005.h5"
-if [ -f "$WORK/bias_restart/checkpoints/step_00000010.h5" ] &&
-   out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/bias_ref/metrics.jsonl" \
-       "$WORK/bias_ref/checkpoints/step_00000010.h5" "$WORK/bias_restart/metrics.jsonl" \
-       "$WORK/bias_restart/checkpoints/step_00000010.h5" --steps 6:10); then
-  pass "bias: restart dp = 2 step 5 -> ep = 2 x tp = 2: $out"
-else
-  fail "bias: restart dp = 2 -> ep = 2 x tp = 2: ${out:-no checkpoint}"; tail -3 "$WORK/bias_restart.log"
-fi
+continued bias_ref bias_restart "bias: restart dp = 2 step 5 -> ep = 2 x tp = 2"
 # ZeRO-1 with ep = 2 (each rank writing its units' parts) continued without ep on (1,2,1).
 run zero1_saved 2 1 1 "${gpt[@]}" parallel.ep=2 parallel.zero=1 train.steps=5 &&
   run zero1_restart 1 2 1 "${gpt[@]}" \
     checkpoint.restart="$WORK/zero1_saved/checkpoints/step_00000005.h5"
-if [ -f "$WORK/zero1_restart/checkpoints/step_00000010.h5" ] &&
-   out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/gpt_ref/metrics.jsonl" \
-       "$WORK/gpt_ref/checkpoints/step_00000010.h5" "$WORK/zero1_restart/metrics.jsonl" \
-       "$WORK/zero1_restart/checkpoints/step_00000010.h5" --steps 6:10); then
-  pass "restart ep = 2 ZeRO-1 step 5 -> (1,2,1): $out"
-else
-  fail "restart ep = 2 ZeRO-1 -> (1,2,1): ${out:-no checkpoint}"; tail -3 "$WORK/zero1_restart.log"
-fi
+continued gpt_ref zero1_restart "restart ep = 2 ZeRO-1 step 5 -> (1,2,1)"
 # Adafactor's whole row and column vectors: written once per canonical tensor from ep = 2
 # without ZeRO, read into ZeRO-1 by parts on ep = 2 x edp = 2 (each vector taken from one rank).
 run ada_saved 2 1 1 "${ada[@]}" parallel.ep=2 train.steps=5 &&
   run ada_restart 4 1 1 "${ada[@]}" parallel.ep=2 parallel.zero=1 \
     checkpoint.restart="$WORK/ada_saved/checkpoints/step_00000005.h5"
-if [ -f "$WORK/ada_restart/checkpoints/step_00000010.h5" ] &&
-   out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/ada_ref/metrics.jsonl" \
-       "$WORK/ada_ref/checkpoints/step_00000010.h5" "$WORK/ada_restart/metrics.jsonl" \
-       "$WORK/ada_restart/checkpoints/step_00000010.h5" --steps 6:10); then
-  pass "restart Adafactor ep = 2 step 5 -> ep = 2 x edp = 2 ZeRO-1: $out"
-else
-  fail "restart Adafactor ep = 2 -> ep = 2 x edp = 2 ZeRO-1: ${out:-no checkpoint}"
-  tail -3 "$WORK/ada_restart.log"
-fi
+continued ada_ref ada_restart "restart Adafactor ep = 2 step 5 -> ep = 2 x edp = 2 ZeRO-1"
 # A dense checkpoint does not restart as an MoE model: the shapes named.
 timeout 120 "$TESSERA" train "$deck" "${common[@]:0:10}" train.steps=2 run.dir="$WORK/dense_saved" \
   >dense_saved.log 2>&1
