@@ -207,6 +207,28 @@ with h5py.File(sys.argv[1], "r") as f:
 PY
 }
 
+# without NAME REFERENCE WHAT MOE-KEYS: the reference, from NAME's step-0 checkpoint with its deck's
+# model.moe updated by MOE-KEYS (a JSON object), must no longer agree with NAME's
+# tessera run: WHAT reaches the reference from the deck and is tested.
+without() {
+  local name=$1 ref=$2 what=$3 keys=$4
+  cp "$WORK/${name}_init/checkpoints/step_00000000.h5" "$name.without.h5"
+  "$PYTHON" -c 'import h5py, json, sys, yaml
+f = h5py.File(sys.argv[1], "r+")
+deck = yaml.safe_load(f.attrs["deck"])
+deck["model"]["moe"].update(json.loads(sys.argv[2]))
+f.attrs["deck"] = yaml.safe_dump(deck)' "$name.without.h5" "$keys"
+  "$PYTHON" "$ROOT/tools/reference/$ref" --checkpoint "$name.without.h5" --steps 10 --threads 2 \
+    --out "$name.without.ref.h5" --losses-out "$name.without.ref.json" >"$name.without.log" 2>&1
+  if "$PYTHON" "$ROOT/tools/reference/compare_parity.py" --metrics "$WORK/$name/metrics.jsonl" \
+       --losses "$name.without.ref.json" --checkpoint "$WORK/$name/checkpoints/step_00000010.h5" \
+       --reference "$name.without.ref.h5" --loss-rtol 1e-5 --param-tol 1e-4 >/dev/null 2>&1; then
+    fail "$name: a reference without $what still agrees: $what untested"
+  else
+    pass "$name: a reference without $what disagrees"
+  fi
+}
+
 # As test_parity.sh (its optim.eps = 1e-6: c_attn's key bias has a zero gradient), 2
 # micro-batches of 4 x 32 tokens: N = 128 tokens a routing.
 gpt=(model.n_embd=32 model.block_size=32 data.seq_len=32 train.batch_size=8 train.micro_batch=4
@@ -224,21 +246,7 @@ if moe_parity gpt_moe reference_gpt.py "${gpt[@]}"; then
     fail "gpt_moe: the step-0 model: $(tail -1 <<<"$out")"
   fi
   # The balancing losses reach the reference from the deck: without them it no longer agrees.
-  cp "$ck" noaux.h5
-  "$PYTHON" -c 'import h5py, sys, yaml
-f = h5py.File(sys.argv[1], "r+")
-deck = yaml.safe_load(f.attrs["deck"])
-deck["model"]["moe"].update(aux_loss=0.0, z_loss=0.0)
-f.attrs["deck"] = yaml.safe_dump(deck)' noaux.h5
-  "$PYTHON" "$ROOT/tools/reference/reference_gpt.py" --checkpoint noaux.h5 --steps 10 --threads 2 \
-    --out noaux.ref.h5 --losses-out noaux.ref.json >noaux.log 2>&1
-  if "$PYTHON" "$ROOT/tools/reference/compare_parity.py" --metrics "$WORK/gpt_moe/metrics.jsonl" \
-       --losses noaux.ref.json --checkpoint "$WORK/gpt_moe/checkpoints/step_00000010.h5" \
-       --reference noaux.ref.h5 --loss-rtol 1e-5 --param-tol 1e-4 >/dev/null 2>&1; then
-    fail "gpt_moe: a reference without the aux and z losses still agrees: they are untested"
-  else
-    pass "gpt_moe: a reference without the aux and z losses disagrees"
-  fi
+  without gpt_moe reference_gpt.py "the aux and z losses" '{"aux_loss": 0.0, "z_loss": 0.0}'
 fi
 
 # (b) LLaMA, layer 0 dense and layer 1 MoE (every = 2), sigmoid scores; grouped-query attention
@@ -310,20 +318,6 @@ PY
   else
     fail "llama_bias: /train/moe_bias: $(tail -1 <<<"$out")"
   fi
-  cp "$WORK/llama_bias_init/checkpoints/step_00000000.h5" nobias.h5
-  "$PYTHON" -c 'import h5py, sys, yaml
-f = h5py.File(sys.argv[1], "r+")
-deck = yaml.safe_load(f.attrs["deck"])
-deck["model"]["moe"].update(bias_rate=0.0)
-f.attrs["deck"] = yaml.safe_dump(deck)' nobias.h5
-  "$PYTHON" "$ROOT/tools/reference/reference_llama.py" --checkpoint nobias.h5 --steps 10 \
-    --threads 2 --out nobias.ref.h5 --losses-out nobias.ref.json >nobias.log 2>&1
-  if "$PYTHON" "$ROOT/tools/reference/compare_parity.py" --metrics "$WORK/llama_bias/metrics.jsonl" \
-       --losses nobias.ref.json --checkpoint "$ck" --reference nobias.ref.h5 --loss-rtol 1e-5 \
-       --param-tol 1e-4 >/dev/null 2>&1; then
-    fail "llama_bias: a reference without the bias still agrees: the bias is untested"
-  else
-    pass "llama_bias: a reference without the bias disagrees"
-  fi
+  without llama_bias reference_llama.py "the bias" '{"bias_rate": 0.0}'
 fi
 finish
