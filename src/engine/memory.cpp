@@ -61,8 +61,7 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   for (size_t c = 0; c < tile.chunks.size(); ++c)
     m.in_flight += mem.models[c]->slots();
   if (shape.moe.experts == 0) return m;  // (the planner's search counts thousands of layouts)
-  for (const LocalTensor& t : tile.tensors)
-    if (expert_role(tile.canon(t).role)) m.expert_elems += t.numel;
+  m.expert_elems = tile.expert_elements();
   for (int k = 0; k < RankMemory::kMoeBuffers; ++k)
     m.moe_buffers[k] = arena.bytes_named(RankMemory::kMoeBufferNames[k]);
   return m;

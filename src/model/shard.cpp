@@ -177,6 +177,13 @@ std::pair<size_t, size_t> ShardPlan::range(const LocalLayout& tile, int u) const
   return {first, std::min(unit.end, first + part[size_t(u)])};
 }
 
+size_t LocalLayout::expert_elements() const {
+  size_t n = 0;
+  for (const LocalTensor& t : tensors)
+    if (expert_role(canon(t).role)) n += t.numel;
+  return n;
+}
+
 ShardPlan make_shard_plan(const LocalLayout& tile, int n, int rank, int expert_n,
                           int expert_rank) {
   ShardPlan p;

@@ -86,6 +86,8 @@ struct LocalLayout {
   size_t canonical_index(const LocalTensor& t, size_t i) const;
   // Real (not padding) vocabulary columns of this rank's logits.
   int vocab_valid() const;
+  // Elements of the experts' tensors this tile holds (model/family.hpp's expert_role).
+  size_t expert_elements() const;
 };
 
 // tp must divide n_head, n_kv_head, ffn_hidden and padded_vocab (checked before, with a message,

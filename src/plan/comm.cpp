@@ -4,20 +4,11 @@
 #include <cmath>
 
 #include "model/cost.hpp"
-#include "model/family.hpp"
 #include "model/moe_dispatch.hpp"
 
 namespace tessera {
 
 namespace {
-
-// The elements of a tile's experts' tensors (model/family.hpp's expert roles).
-double expert_elems(const LocalLayout& tile) {
-  double n = 0;
-  for (const LocalTensor& t : tile.tensors)
-    if (expert_role(tile.canon(t).role)) n += double(t.numel);
-  return n;
-}
 
 // The data-parallel payload and traffic (comm.hpp gives them by ZeRO stage).
 void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, int pp_rank,
@@ -34,7 +25,7 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
     // the rest over dp x cp (optim/distributed.cpp).
     // (The search plans thousands of layouts: a tile only where ep splits it.)
     const LocalLayout tile = l.ep > 1 ? rank_tile(run, shape, 0, pp_rank) : LocalLayout{};
-    const double experts = l.ep > 1 ? expert_elems(tile) : 0;
+    const double experts = double(tile.expert_elements());
     const int edp = l.dpcp() / l.ep;
     out->dp_all_reduce = 4 * (P - experts);
     out->dp_experts = edp > 1 ? 4 * experts : 0;

@@ -83,9 +83,7 @@ void Run::announce_model() {
   if (shape_.moe.experts > 0) {
     // The experts' share of the parameters (their gradients and moments alike), and the
     // MoE layers' kept activations and dispatch buffers.
-    double expert = 0;
-    for (const LocalTensor& t : tile_.tensors)
-      if (expert_role(tile_.canon(t).role)) expert += double(t.numel);
+    const double expert = double(tile_.expert_elements());
     log_->say("memory (rank 0), mixture of experts: expert parameters %.1f MB of the %.1f MB "
               "(%d of %d experts a layer), dense %.1f MB; routing and dispatch buffers %.1f MB "
               "of the activations",
