@@ -80,7 +80,8 @@ Fp8Linear<Backend>::Fp8Linear(const Fp8Options& options, int begin, int end, boo
     const size_t n = is_head ? sizes.head : sizes.weight[w % Fp8State::kGemms];
     total += (2 * n + 15) / 16 * 16;
   }
-  h_slots_ = arena.add("fp8: amaxes and scales", 2 * size_t(state_.tensors()) * sizeof(float));
+  h_slots_ = arena.add("fp8: amaxes and scales",
+                       (amax_slots() + kScaleSlot * size_t(state_.tensors())) * sizeof(float));
   h_weights_ = arena.add("fp8: weights (E4M3 codes and their transposes)", total);
   h_input_ = arena.add("fp8: GEMM input codes", sizes.input);
   h_grad_ = arena.add("fp8: output gradient codes", sizes.grad);
@@ -90,7 +91,7 @@ Fp8Linear<Backend>::Fp8Linear(const Fp8Options& options, int begin, int end, boo
 template <class Backend>
 void Fp8Linear<Backend>::bind() {
   amax_ = arena_->get<float>(h_slots_);
-  scale_inv_ = amax_ + state_.tensors();
+  scale_inv_ = amax_ + amax_slots();
   weights_ = arena_->get<uint8_t>(h_weights_);
   input_ = arena_->get<uint8_t>(h_input_);
   grad_ = arena_->get<uint8_t>(h_grad_);
@@ -118,7 +119,7 @@ template <class Backend>
 void Fp8Linear<Backend>::cast(uint8_t* out, uint8_t* out_t, const Act* x, int rows, int cols,
                               int tensor, Fp8State::Role role) {
   Backend::fp8_cast(out, out_t, x, rows, cols, scale(x, size_t(rows) * size_t(cols), tensor),
-                    state_.format(role), amax_ + tensor, scale_inv_ + tensor);
+                    state_.format(role), amax_ + tensor, scale_inv(tensor));
 }
 
 template <class Backend>

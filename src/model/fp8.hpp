@@ -133,8 +133,16 @@ class Fp8Linear {
   float scale(const Act* x, size_t n, int tensor);
   void cast(uint8_t* out, uint8_t* out_t, const Act* x, int rows, int cols, int tensor,
             Fp8State::Role role);
+  // Each tensor's 1/scale in a 16-byte slot of its own: cuBLASLt wants every pointer it is given
+  // 16-byte aligned, and may refuse a scale pointer that is not.
+  static constexpr size_t kScaleSlot = 16 / sizeof(float);
+  // The amaxes, one float each, then the scales from a 16-byte boundary.
+  size_t amax_slots() const {
+    return (size_t(state_.tensors()) + kScaleSlot - 1) / kScaleSlot * kScaleSlot;
+  }
+  float* scale_inv(int tensor) const { return scale_inv_ + kScaleSlot * size_t(tensor); }
   Fp8Operand operand(const uint8_t* codes, int tensor, Fp8State::Role role) const {
-    return {codes, state_.format(role), scale_inv_ + tensor};
+    return {codes, state_.format(role), scale_inv(tensor)};
   }
   const uint8_t* weight_codes(int layer, int gemm, const Act* weight, int OC, int IC);
 

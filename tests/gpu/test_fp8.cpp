@@ -187,14 +187,17 @@ struct Fp8Bound {
 // the products' magnitudes, so that the bound's power shows: the results a wrong scale pointer
 // (1/scale of X for both operands), a dropped bias or a dropped accumulation would give are
 // computed here and must each lie at least 8 bounds away on some element.
-// `offset`: the codes placed that many bytes past a 256-byte boundary.
+// `offset`: the codes placed that many bytes past a 256-byte boundary; `scale_at`: the scales
+// that many floats past one, off 16 bytes unless a multiple of 4: cublasLtMatmul turns those
+// down, and fp8_gemm's kernel runs the call instead.
 template <typename D, typename F>
 void check_gemm(int M, int N, int K, Fp8Format fx, Fp8Format fy, bool bias, bool accumulate,
-                bool lt, size_t offset = 0) {
+                bool lt, size_t offset = 0, size_t scale_at = 0) {
   const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) +
                            " K=" + std::to_string(K) + (bias ? " bias" : "") +
                            (accumulate ? " accumulate" : "") + (lt ? " (cuBLASLt)" : " (kernel)") +
-                           (offset ? " codes at +" + std::to_string(offset) : "");
+                           (offset ? " codes at +" + std::to_string(offset) : "") +
+                           (scale_at ? " scales at +" + std::to_string(4 * scale_at) : "");
   const auto x = random_codes(size_t(M) * K, fx), y = random_codes(size_t(N) * K, fy);
   const double x_inv = 0.5, y_inv = 3.0, scale = x_inv * y_inv;
   // Each output's exact sum, the magnitudes summed (P) and the accumulation's bound, cuBLASLt's
@@ -225,14 +228,17 @@ void check_gemm(int M, int N, int K, Fp8Format fx, Fp8Format fy, bool bias, bool
   for (int n = 0; n < N; n++) b[size_t(n)] = round_to<F>(sized(size_t(M) * N + n, column_P[size_t(n)]));
   for (size_t i = 0; i < d0.size(); i++) d0[i] = round_to<D>(sized(i, P[i]));
   Dev<uint8_t> d_x(x, offset), d_y(y, offset);
-  Dev<float> d_x_inv(std::vector<double>{x_inv}), d_y_inv(std::vector<double>{y_inv});
+  Dev<float> d_x_inv(std::vector<double>(1 + scale_at, x_inv)),
+      d_y_inv(std::vector<double>(1 + scale_at, y_inv));
   Dev<F> d_bias(b);
   Dev<D> d(d0);
   const long before = gpu::fp8_lt_gemms();
-  gpu::fp8_gemm<D, F>(d, {d_x.get(), fx, d_x_inv.get()}, {d_y.get(), fy, d_y_inv.get()}, M, N, K,
+  gpu::fp8_gemm<D, F>(d, {d_x.get(), fx, d_x_inv.get() + scale_at},
+                      {d_y.get(), fy, d_y_inv.get() + scale_at}, M, N, K,
                       bias ? d_bias.get() : nullptr, accumulate);
   const std::vector<double> got = d.fetch();
-  EXPECT_EQ(gpu::fp8_lt_gemms() - before, lt ? 1 : 0) << what;
+  const bool ran_lt = gpu::fp8_lt_gemms() > before;
+  EXPECT_EQ(ran_lt, lt && scale_at % 4 == 0) << what;
   const double out_ulp = std::is_same_v<D, float> ? std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
   const Fp8Bound bound{scale, out_ulp};
   const double fp32_sum = double(K - 1) * std::ldexp(1.0, -24);  // x P
@@ -243,7 +249,7 @@ void check_gemm(int M, int N, int K, Fp8Format fx, Fp8Format fy, bool bias, bool
       const size_t at = size_t(m) * N + n;
       const double c = accumulate ? d0[at] : 0.0, bn = bias ? b[size_t(n)] : 0.0;
       const double want = scale * sum[at] + c + bn;
-      const double acc = lt ? hopper[at] : fp32_sum * P[at];
+      const double acc = ran_lt ? hopper[at] : fp32_sum * P[at];
       const double tol = bound(want, acc, P[at], c, bn), err = std::fabs(got[at] - want);
       if (!(err <= tol) && shown++ < 5)
         ADD_FAILURE() << what << ": d[" << m << "][" << n << "] = " << got[at] << ", want " << want
@@ -271,7 +277,7 @@ void check_gemm(int M, int N, int K, Fp8Format fx, Fp8Format fy, bool bias, bool
   // element lies beyond what fp32 sums would allow, the error the bound above was derived for (a
   // bf16 D's own rounding hides it).
   const char* mode = std::getenv("TESSERA_EMU_FP8_ACCUM");
-  if (lt && std::is_same_v<D, float> && (!mode || std::string(mode) != "fp32")) {
+  if (ran_lt && std::is_same_v<D, float> && (!mode || std::string(mode) != "fp32")) {
     EXPECT_GT(worst_fp32, 1.0) << what << ": the emulator's Hopper accumulation left no trace";
   }
 #endif
@@ -307,6 +313,25 @@ TEST(CudaFp8Gemm, EachAlignmentGetsAnAlgorithmChosenForIt) {
   check_gemm<bf16, bf16>(32, 128, 256, e4, e4, true, false, true, 16);
   check_gemm<bf16, bf16>(32, 128, 256, e4, e4, true, false, true, 48);
   check_gemm<bf16, bf16>(32, 128, 256, e4, e4, true, false, true);
+}
+
+// The training's GEMMs as Fp8Linear makes them: LLaMA's forward without a bias; then each with
+// its scales 4 bytes past a 16-byte boundary, as Fp8Linear once packed them: an H200's
+// cublasLtMatmul (cuBLAS 13.1) refused those calls with CUBLAS_STATUS_NOT_SUPPORTED after its
+// heuristic had chosen an algorithm, which ended the run. fp8_gemm now hands such a call to its
+// kernel (right all the same) and fp8_report names it; Fp8Linear keeps each scale in a 16-byte
+// slot (test_trainer.sh's cuda_fp8: every training GEMM on cuBLASLt, the emulator's included).
+TEST(CudaFp8Gemm, ScalesOffSixteenBytesGoToTheKernelAndAreNamed) {
+  const Fp8Format e4 = Fp8Format::E4M3, e5 = Fp8Format::E5M2;
+  check_gemm<bf16, bf16>(64, 96, 32, e4, e4, false, false, true);
+  check_gemm<bf16, bf16>(64, 96, 32, e4, e4, true, false, true, 0, 1);
+  check_gemm<bf16, bf16>(64, 32, 96, e5, e4, false, true, true, 0, 1);
+  check_gemm<float, bf16>(96, 32, 64, e5, e4, false, true, true, 0, 1);
+  const std::string report = gpu::fp8_report();
+  EXPECT_NE(report.find("cublasLtMatmul refused 64x32x96 beta=1 scales at 4,4 mod 16"),
+            std::string::npos) << report;
+  // The plan is dropped: the same key goes to the kernel without asking cuBLASLt again.
+  check_gemm<bf16, bf16>(64, 96, 32, e4, e4, true, false, false);
 }
 
 TYPED_TEST(CudaFp8, AmaxIsTheLargestMagnitudeOrNaN) {

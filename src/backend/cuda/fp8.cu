@@ -211,7 +211,8 @@ void fp8_cast(uint8_t* out, uint8_t* out_t, const F* in, int rows, int cols, flo
 namespace {
 
 long lt_gemms = 0, kernel_gemms = 0;
-std::set<std::string> refused;  // the shapes gemm_kernel ran, "MxNxK"
+std::set<std::string> refused;      // the shapes gemm_kernel ran, "MxNxK"
+std::set<std::string> run_refused;  // the calls cublasLtMatmul refused after its heuristic's yes
 
 // A GEMM shape's cuBLASLt descriptors and the algorithm its heuristic chose, made once.
 struct LtPlan {
@@ -245,7 +246,7 @@ void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t what, const T
 // Column-major, cuBLASLt's FP8 kernels take only "TN": D (N,M) = op(A)ᵀ B with A = Y stored
 // (K,N), transposed, and B = X stored (K,M); the row-major d (M,N) is that D. The bias is added
 // per row of D, so per column of d.
-const LtPlan& lt_plan(const LtKey& key) {
+LtPlan& lt_plan(const LtKey& key) {
   // Never destroyed: at exit cuBLASLt's own state may be gone before static destructors run.
   static auto* const plans = new std::map<LtKey, LtPlan>;
   auto [it, fresh] = plans->try_emplace(key);
@@ -296,19 +297,35 @@ bool lt_gemm(D* d, const Fp8Operand& x, const Fp8Operand& y, int M, int N, int K
     return false;
   if (x.format == Fp8Format::E5M2 && y.format == Fp8Format::E5M2) return false;
   // A is Y's codes, B is X's (lt_plan), each K bytes a column; C and D are d, N elements a column.
-  const LtPlan& p = lt_plan({M, N, K, x.format, y.format, data_type<D>(), bias != nullptr,
-                             alignment(y.codes, size_t(K)), alignment(x.codes, size_t(K)),
-                             alignment(d, size_t(N) * sizeof(D))});
+  LtPlan& p = lt_plan({M, N, K, x.format, y.format, data_type<D>(), bias != nullptr,
+                       alignment(y.codes, size_t(K)), alignment(x.codes, size_t(K)),
+                       alignment(d, size_t(N) * sizeof(D))});
   if (!p.supported) return false;
   set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, y.scale_inv);
   set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x.scale_inv);
   if (bias) set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  CUBLAS_CHECK(cublasLtMatmul(device::blas_lt(), p.desc, &alpha, y.codes, p.a, x.codes, p.b, &beta,
-                              d, p.c, d, p.c, &p.algo, device::blas_workspace(),
-                              device::blas_workspace_bytes(), stream()));
-  ++lt_gemms;
-  return true;
+  const cublasStatus_t status = cublasLtMatmul(
+      device::blas_lt(), p.desc, &alpha, y.codes, p.a, x.codes, p.b, &beta, d, p.c, d, p.c,
+      &p.algo, device::blas_workspace(), device::blas_workspace_bytes(), stream());
+  // The heuristic sees neither beta nor the scale and bias pointers, and cuBLASLt may still turn
+  // the call down: the plan is dropped (tessera's kernel takes this key from now on) and the call
+  // is named in fp8_report, so that a slow FP8 run says why.
+  if (status == CUBLAS_STATUS_SUCCESS) {
+    ++lt_gemms;
+    return true;
+  }
+  const std::string call =
+      std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+      (bias ? " bias" : "") + (accumulate ? " beta=1" : "") + " scales at " +
+      std::to_string(reinterpret_cast<uintptr_t>(x.scale_inv) % 16) + "," +
+      std::to_string(reinterpret_cast<uintptr_t>(y.scale_inv) % 16) + " mod 16";
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED)
+    device::fail(("cublasLtMatmul (FP8 " + call + ")").c_str(), device::cublas_reason(status),
+                 __FILE__, __LINE__);
+  p.supported = false;
+  if (run_refused.size() < 8) run_refused.insert(call);
+  return false;
 }
 
 }  // namespace
@@ -334,9 +351,12 @@ std::string fp8_report() {
   if (lt_gemms + kernel_gemms == 0) return "";
   std::string shapes;
   for (const std::string& r : refused) shapes += (shapes.empty() ? "" : ", ") + r;
+  std::string later;
+  for (const std::string& r : run_refused) later += (later.empty() ? "" : ", ") + r;
   return "fp8: " + std::to_string(lt_gemms) + " GEMMs so far on cuBLASLt's FP8 kernels, " +
          std::to_string(kernel_gemms) + " on tessera's" +
-         (shapes.empty() ? "" : " (M x N x K " + shapes + ": not multiples of 16, or fp32)");
+         (shapes.empty() ? "" : " (M x N x K " + shapes + ": not multiples of 16, or fp32)") +
+         (later.empty() ? "" : "; cublasLtMatmul refused " + later);
 }
 
 #define TESSERA_INSTANTIATE(F)                                                                     \
