@@ -96,10 +96,8 @@ NcclComm::~NcclComm() {
     last_call_ = "nccl finalize";
     issue(ncclCommFinalize(comm_), "ncclCommFinalize");
   } catch (const UserError& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    std::fflush(stderr);
     if (comm_) ncclCommAbort(comm_);
-    MPI_Abort(MPI_COMM_WORLD, e.exit_code);
+    abort_with_line(e.what(), e.exit_code);  // its pause lets the launcher forward the line
   }
   ncclCommDestroy(comm_);
 }
