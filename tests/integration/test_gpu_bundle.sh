@@ -37,14 +37,16 @@ for cxx in 0 1; do
 done
 # --plan here (no GPU): the summary's first line names what the node lacks, and the steps come
 # in the order of their value (tools/gpu/bundle_run.sh), the 480 s budget reaching the PyTorch
-# bench and leaving bench_fp8 to a second call.
+# bench; 100 s leave the benches to a second call, with the --only that runs them.
 B=$WORK/empty/tessera-gpu
 if env -i PATH=/usr/bin:/bin HOME="$HOME" bash "$B/run.sh" --plan --budget 480 --out "$WORK/plan" \
      >"$WORK/plan.log" 2>&1 &&
    head -1 "$WORK/plan/summary.md" | grep -q '^CANNOT RUN: the node lacks a GPU (nvidia-smi lists none)' &&
    [ "$(grep -o '^would run [a-z_0-9]*' "$WORK/plan.log" | cut -d' ' -f3 | grep -v '^sanitizer_' | tr '\n' ' ')" = \
-     "gpu_tests test_trainer test_device_choice bench_tessera bench_torch " ] &&
-   grep -q '^SKIP bench_fp8: [0-9]* s of the budget left, it needs about 90 s (--only bench_fp8 runs it)$' "$WORK/plan.log" &&
+     "gpu_tests test_trainer test_device_choice bench_fp8 bench_tessera bench_torch " ] &&
+   env -i PATH=/usr/bin:/bin HOME="$HOME" bash "$B/run.sh" --plan --budget 100 --out "$WORK/plan100" \
+     >"$WORK/plan100.log" 2>&1 &&
+   grep -q '^SKIP bench_tessera: [0-9]* s of the budget left, it needs about 50 s (--only bench_tessera runs it)$' "$WORK/plan100.log" &&
    grep -q '^cuda=[0-9]*\.[0-9]*$' "$B/BUILD_INFO" && grep -q '^arch=[0-9;]*$' "$B/BUILD_INFO"; then
   pass "run.sh --plan: $(head -1 "$WORK/plan/summary.md" | cut -c1-60)...; $(grep -c '^would run' "$WORK/plan.log") steps in order; $(tr '\n' ' ' <"$B/BUILD_INFO")"
 else
@@ -77,5 +79,19 @@ if grep -q "$WORK/empty/tessera-gpu/lib/libhdf5_mpich" "$WORK/smoke0/ldd_tessera
   pass "ldd: HDF5 and MPICH from the bundle"
 else
   fail "ldd: $(grep -E 'hdf5|mpich' "$WORK/smoke0/ldd_tessera.txt" | tr '\n' ';')"
+fi
+# Every script or tool the bundled scripts call by "$ROOT/..." travels with them (an H200 run
+# once lacked tests/gpu/compare_amax.py and failed that comparison).
+B=$WORK/empty/tessera-gpu
+named=$(cat "$B"/tests/gpu/*.sh "$B"/tests/integration/*.sh "$B"/run.sh |
+        grep -o '\$ROOT/\(tests\|tools\)/[A-Za-z0-9_/.-]*\.\(py\|sh\)' | sed 's|^\$ROOT/||' | sort -u)
+# These make what bundle.sh carries made (the token files, the float64 references): the node
+# runs them only where those are missing.
+made_here=" tests/gpu/floor_reference.py tools/data/prepare_data.py tools/reference/reference_gpt.py "
+missing=$(for f in $named; do [ -e "$B/$f" ] || [[ $made_here == *" $f "* ]] || echo "$f"; done)
+if [ -n "$named" ] && [ -z "$missing" ]; then
+  pass "the bundled scripts' $(echo "$named" | wc -l) named scripts and tools are all in the bundle"
+else
+  fail "named by the bundled scripts but not in the bundle: $(echo $missing)"
 fi
 finish

@@ -54,7 +54,8 @@ done
 cp "$ROOT/tools/gpu/bundle_run.sh" "$B/run.sh"
 cp "$ROOT/tools/bench/gpu_torch.py" "$ROOT/tools/bench/fp8.sh" "$B/tools/bench/"
 cp "$ROOT/tests/gpu/test_trainer.sh" "$ROOT/tests/gpu/test_device_choice.sh" \
-  "$ROOT/tests/gpu/floor_refs.sh" "$ROOT/tests/gpu/fp32_floor.py" "$B/tests/gpu/"
+  "$ROOT/tests/gpu/floor_refs.sh" "$ROOT/tests/gpu/fp32_floor.py" "$ROOT/tests/gpu/compare_amax.py" \
+  "$B/tests/gpu/"
 cp "$ROOT/tests/integration/lib.sh" "$ROOT/tests/integration/compare_runs.py" "$B/tests/integration/"
 # The token files the test decks read (lib.sh makes them with h5py, which the node may lack).
 PYTHON=${PYTHON:-/usr/bin/python3}

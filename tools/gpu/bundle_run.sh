@@ -8,28 +8,29 @@
 #       no GPU needed: every library resolves from the bundle, glibc or the node's CUDA, and
 #       tessera trains on 1 and 2 ranks of the CPU with the same losses
 #
-# The steps, with the minutes each is expected to take on one H100/H200 (estimates from the work
-# each does, never measured on a GPU yet: docs/gpu.md says how), in the order they run:
-#   gpu_tests        1.0  every CUDA op against the CPU in double, FP8 GEMMs within Hopper's
+# The steps, in the order they run, with the minutes each took on one H200 (2026-11-28, the
+# first lease; gpu_tests_2ranks and the sanitizers not yet run there: estimates):
+#   gpu_tests        0.05 every CUDA op against the CPU in double, FP8 GEMMs within Hopper's
 #                         accumulation bound, the two backends training side by side
 #   gpu_tests_2ranks 0.5  (2+ GPUs) tensor and data parallel over NCCL
-#   test_trainer     2.5  tessera train on cuda against the CPU: fp32 (and its float64-derived
+#   test_trainer     0.55 tessera train on cuda against the CPU: fp32 (and its float64-derived
 #                         bound), bf16, fp8, fused attention, recompute, LLaMA, 104-token
 #                         sequences, restarts across backends; 2+ GPUs: the multi-rank layouts,
 #                         one multi-communicator layout with device.nccl_overlap on and off
-#   test_device_choice 0.3 which GPU each rank takes, two ranks on one GPU refused
-#   bench_tessera    2.5  the trainer's step: GPT-2 124M and 1.3B, LLaMA 1B bf16 and fp8, then
-#                         the other rows; tokens/s and MFU (stops starting rows at the budget)
-#   bench_torch      3.0  PyTorch on the same shapes: sdpa, then torch.compile, then the rest
-#   sanitizer_*      1.5  each of racecheck, synccheck, memcheck, initcheck over the CUDA op
-#                         tests, boxed to 90 s (what the emulator cannot see)
-#   bench_fp8        1.5  FP8 against bf16 training curves, a small GPT-2 and LLaMA, 400 steps
+#   test_device_choice 0.02 which GPU each rank takes, two ranks on one GPU refused
+#   bench_fp8        0.3  FP8 against bf16 training curves, a small GPT-2 and LLaMA, 400 steps
+#   sanitizer_*      1.0  each of racecheck, synccheck, memcheck, initcheck over the CUDA op
+#                         tests, boxed to 60 s (what the emulator cannot see)
+#   bench_tessera    2.0  the trainer's step: GPT-2 124M and 1.3B, LLaMA 1B bf16 and fp8, then
+#                         the other rows; tokens/s and MFU (about 30 s a row; stops starting
+#                         rows at the budget)
+#   bench_torch      5.0+ PyTorch on the same shapes: sdpa, then torch.compile, then the rest
 # A step starts only when the budget left covers what it needs (a bench or sanitizer step: a
 # third of its estimate), and runs under a timeout of what is left, so run.sh ends within the
 # budget plus a few seconds and a call cut short still has DIR/summary.md up to its last finished
 # step. The benches stop starting rows when their share is spent (tessera's half of what is left
-# after the checks, PyTorch's the rest): with the default budget the sanitizers and bench_fp8 are
-# skipped, each with a SKIP line, for a second call (--only sanitizer,bench_fp8). --only and
+# after the sanitizers, PyTorch's the rest); a step the budget skipped has a SKIP line naming
+# the --only that runs it in a second call. --only and
 # --skip take step names, comma separated (sanitizer: every sanitizer_* step); --plan prints what
 # would run with the estimates standing in for the clock, and exits.
 #
@@ -241,11 +242,29 @@ fi
 export TESSERA=$HERE/bin/tessera TESSERA_GPUS=$gpus MPIEXEC=mpiexec
 export TESSERA_FLOOR_REFS=$HERE/build/floor  # the float64 references test_trainer.sh compares with
 # Correctness first.
-step gpu_tests 60 60 "$HERE/bin/gpu_tests"
+step gpu_tests 10 10 "$HERE/bin/gpu_tests"
 [ "$gpus" -ge 2 ] && step gpu_tests_2ranks 30 30 mpiexec -n 2 "$HERE/bin/gpu_tests" \
   --gtest_filter='CudaModelTp.*:CudaModelDp.*'
-step test_trainer 150 150 bash "$HERE/tests/gpu/test_trainer.sh"
-step test_device_choice 20 20 bash "$HERE/tests/gpu/test_device_choice.sh"
+step test_trainer 45 45 bash "$HERE/tests/gpu/test_trainer.sh"
+step test_device_choice 5 5 bash "$HERE/tests/gpu/test_device_choice.sh"
+# FP8 against bf16 in training: the small GPT-2 and LLaMA of tools/bench/fp8.sh on cuda, one seed
+# (the loss curves; the speed is bench_tessera's fp8 rows).
+step bench_fp8 20 20 env BACKEND=cuda PRECISIONS="bf16 fp8" SEEDS=29 DATA="$HERE/build/testdata" \
+  OUT="$OUT/fp8" PYTHON="$PYTHON" TESSERA="$HERE/bin/tessera" bash "$HERE/tools/bench/fp8.sh"
+# The sanitizers over the op tests, each boxed to a minute: what the emulator cannot see (races
+# between blocks, uninitialised device reads, barrier misuse on the hardware). Before the benches,
+# which take whatever is left.
+sanitizer=$(command -v compute-sanitizer)
+[ -n "$sanitizer" ] || [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ] ||
+  sanitizer=${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer
+if [ -n "$sanitizer" ]; then
+  for tool in racecheck synccheck memcheck initcheck; do
+    step "sanitizer_$tool" 60 30 timeout -k 5 60 "$sanitizer" --tool "$tool" --error-exitcode 1 \
+      "$HERE/bin/gpu_tests" --gtest_filter='CudaOp*:CudaFp8*:CudaBlock*'
+  done
+else
+  note "SKIP sanitizers: compute-sanitizer is not on PATH or in CUDA_HOME/bin"
+fi
 # Then the benches: each stops starting rows when its share of what is left is spent (tessera's
 # rows half of it, PyTorch's the rest; each keeps some 30 s for the row it is in).
 share=$(( ($(left) - 30) / 2 )); share=$(( share > 20 ? share : 20 ))
@@ -255,23 +274,6 @@ peak=$(grep -o 'bf16 dense peak [0-9.]*' "$OUT/bench_tessera.log" 2>/dev/null | 
 share=$(( $(left) - 40 )); share=$(( share > 20 ? share : 20 ))
 step bench_torch $(( share + 30 < 180 ? share + 30 : 180 )) 60 "$PYTHON" \
   "$HERE/tools/bench/gpu_torch.py" --peak-tflops "${peak:-989}" --budget "$share"
-# The sanitizers over the op tests, each boxed to a minute and a half: what the emulator cannot
-# see (races between blocks, uninitialised device reads, barrier misuse on the hardware).
-sanitizer=$(command -v compute-sanitizer)
-[ -n "$sanitizer" ] || [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ] ||
-  sanitizer=${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer
-if [ -n "$sanitizer" ]; then
-  for tool in racecheck synccheck memcheck initcheck; do
-    step "sanitizer_$tool" 90 30 timeout -k 5 90 "$sanitizer" --tool "$tool" --error-exitcode 1 \
-      "$HERE/bin/gpu_tests" --gtest_filter='CudaOp*:CudaFp8*:CudaBlock*'
-  done
-else
-  note "SKIP sanitizers: compute-sanitizer is not on PATH or in CUDA_HOME/bin"
-fi
-# FP8 against bf16 in training: the small GPT-2 and LLaMA of tools/bench/fp8.sh on cuda, one seed
-# (the loss curves; the speed is bench_tessera's fp8 rows).
-step bench_fp8 90 90 env BACKEND=cuda PRECISIONS="bf16 fp8" SEEDS=29 DATA="$HERE/build/testdata" \
-  OUT="$OUT/fp8" PYTHON="$PYTHON" TESSERA="$HERE/bin/tessera" bash "$HERE/tools/bench/fp8.sh"
 [ "$PLAN" = 1 ] && exit 0
 {
   echo
