@@ -68,14 +68,15 @@ template <class Backend>
 Fp8Linear<Backend>::Fp8Linear(const Fp8Options& options, int begin, int end, bool head, Comm* tp,
                               Comm* cp, const Fp8Sizes& sizes, Arena& arena)
     : state_(options, begin, end, head), tp_(tp), cp_(cp), arena_(&arena) {
-  const int weights = state_.tensors() / Fp8State::kRoles;
-  weight_at_.assign(size_t(weights), 0);
-  cast_.assign(size_t(weights), Cast{});
-  // Each weight's codes, then their transpose: 2 bytes per element. Starts 16-byte aligned
-  // (cuBLASLt's FP8 operands).
+  // Each place's codes, then their transpose: 2 bytes per element. Starts 16-byte aligned
+  // (cuBLASLt's FP8 operands). A place per weight, or under layer_codes two layers' and the head's.
+  const int layers = options.layer_codes ? std::min(2, end - begin) : end - begin;
+  const int places = layers * Fp8State::kGemms + (head ? 1 : 0);
+  weight_at_.assign(size_t(places), 0);
+  cast_.assign(size_t(places), Cast{});
   size_t total = 0;
-  for (int w = 0; w < weights; ++w) {
-    const bool is_head = head && w == weights - 1;
+  for (int w = 0; w < places; ++w) {
+    const bool is_head = head && w == places - 1;
     weight_at_[size_t(w)] = total;
     const size_t n = is_head ? sizes.head : sizes.weight[w % Fp8State::kGemms];
     total += (2 * n + 15) / 16 * 16;
@@ -126,14 +127,22 @@ template <class Backend>
 const uint8_t* Fp8Linear<Backend>::weight_codes(int layer, int gemm, const Act* weight, int OC,
                                                 int IC) {
   const int tensor = state_.tensor(layer, gemm, Fp8State::kWeight);
-  const size_t w = size_t(tensor / Fp8State::kRoles);
-  uint8_t* codes = weights_ + weight_at_[w];
-  Cast& c = cast_[w];
-  if (c.generation != state_.generation() || c.rows != OC || c.cols != IC) {
+  const int w = tensor / Fp8State::kRoles;
+  const size_t at = place(layer, gemm, w);
+  uint8_t* codes = weights_ + weight_at_[at];
+  Cast& c = cast_[at];
+  if (c.weight != w || c.generation != state_.generation() || c.rows != OC || c.cols != IC) {
     cast(codes, codes + size_t(OC) * IC, weight, OC, IC, tensor, Fp8State::kWeight);
-    c = {state_.generation(), OC, IC};
+    c = {w, state_.generation(), OC, IC};
   }
   return codes;
+}
+
+template <class Backend>
+size_t Fp8Linear<Backend>::place(int layer, int gemm, int weight) const {
+  if (!state_.options().layer_codes) return size_t(weight);
+  if (layer == Fp8State::kHead) return cast_.size() - 1;
+  return size_t((layer - state_.begin()) % 2) * Fp8State::kGemms + size_t(gemm);
 }
 
 template <class Backend>

@@ -84,6 +84,7 @@ class Fp8State {
   int begin() const { return begin_; }
   int end() const { return end_; }
   bool head() const { return head_; }
+  const Fp8Options& options() const { return options_; }
 
  private:
   int first(int layer) const { return layer == kHead ? (end_ - begin_) * kPerLayer : (layer - begin_) * kPerLayer; }
@@ -104,7 +105,11 @@ struct Fp8Sizes {
 
 // The linear layers' GEMMs of one model chunk in FP8: its Fp8State; in the arena, the codes of
 // every weight (and transpose), scratch codes for a GEMM's input and output gradient, and the
-// device slots of every tensor's amax and scale.
+// device slots of every tensor's amax and scale. A weight's codes are cast once a step and kept
+// until the step ends; under ZeRO-3 (Fp8Options::layer_codes), whose parameters exist whole only
+// while their layer computes, the layers' codes take turns in two layers' places instead (the
+// head keeps its own): cast again whenever their place held another layer's since, the same
+// codes from the same gathered weight, for 2 bytes a parameter of two layers, not of the chunk.
 template <class Backend>
 class Fp8Linear {
   using Act = typename Backend::Act;
@@ -152,10 +157,12 @@ class Fp8Linear {
   size_t h_slots_ = 0, h_weights_ = 0, h_input_ = 0, h_grad_ = 0, h_grad_t_ = 0;
   float *amax_ = nullptr, *scale_inv_ = nullptr;
   uint8_t *weights_ = nullptr, *input_ = nullptr, *grad_ = nullptr, *grad_t_ = nullptr;
-  // Per weight (tensor / kRoles): where its codes start, the generation and shape they were cast
-  // at (-1: never).
+  // Per place of codes (place()): where its codes start; the weight (tensor / kRoles), generation
+  // and shape they were cast from (-1: never).
+  size_t place(int layer, int gemm, int weight) const;
   std::vector<size_t> weight_at_;
   struct Cast {
+    int weight = -1;
     long generation = -1;
     int rows = 0, cols = 0;
   };

@@ -15,6 +15,7 @@ ModelOptions model_options(const Config& c) {
   o.fp8.most_recent = d.fp8_amax_algo == AmaxAlgo::MostRecent;
   o.fp8.margin = d.fp8_margin;
   o.fp8.head = d.fp8_head;
+  o.fp8.layer_codes = c.parallel.zero == 3;
   const MoeConfig& m = c.model.moe;
   o.moe.routing.experts = m.experts;
   o.moe.routing.top_k = m.top_k;

@@ -19,6 +19,9 @@ struct Fp8Options {
   bool most_recent = false;          // device.fp8_amax_algo == most_recent
   int margin = 0;                    // device.fp8_margin
   bool head = false;                 // device.fp8_head
+  // ZeRO-3: the layers' weight codes cast as each layer computes, into two layers' places, where
+  // whole codes of every weight would undo the sharding (Fp8Linear).
+  bool layer_codes = false;
 };
 
 // model.moe beyond the shape (model/moe_layer.hpp): the router's rule (its experts and top_k

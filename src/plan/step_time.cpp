@@ -90,10 +90,11 @@ LinearTimes linear_times(const Costs& c, double n, const std::vector<LinearGemm>
 
 // FP8's casts to one-byte codes in one layer and micro-batch (model/fp8.hpp), streaming: each
 // GEMM's input (n rows) in the forward and again transposed in the backward, its output gradient
-// into both layouts; the weights (codes and transposes) once per step, shared by the
-// micro-batches. a: bytes of an activation.
+// into both layouts; the weights (codes and transposes) `weight_casts` times: once per step,
+// shared by the micro-batches (1 / n_micro), or under ZeRO-3, whose codes take turns in two
+// layers' places, at each forward and backward (2). a: bytes of an activation.
 double fp8_cast_seconds(const Costs& c, double n, const std::vector<LinearGemm>& gemms, double a,
-                        int n_micro) {
+                        double weight_casts) {
   double in = 0, out = 0, weight = 0;  // columns, and weight elements, of the layer's GEMMs
   for (const LinearGemm& g : gemms) {
     in += g.in;
@@ -102,7 +103,7 @@ double fp8_cast_seconds(const Costs& c, double n, const std::vector<LinearGemm>&
   }
   const double inputs = 2 * n * in * (a + 1);
   const double grads = n * out * (a + 2);
-  const double weights = weight * (a + 2) / std::max(n_micro, 1);
+  const double weights = weight * (a + 2) * weight_casts;
   return c.stream(inputs + grads + weights, 0);
 }
 
@@ -246,7 +247,9 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
     // forward again.
     const double launches = double(k.forward_kernels) * (3 + (rc == Recompute::Full ? 1 : 0));
     return layer_gemm + layer_mem + recompute +
-           (fp8 ? fp8_cast_seconds(c, n, k.gemms, a, run.n_micro) : 0) +
+           (fp8 ? fp8_cast_seconds(c, n, k.gemms, a,
+                                   cfg.parallel.zero == 3 ? 2.0 : 1.0 / std::max(run.n_micro, 1))
+                : 0) +
            (machine.measured ? 0 : launches * machine.kernel_overhead);
   };
   const double per_layer = layer_seconds(cost);

@@ -98,6 +98,23 @@ EOF
 then pass "a NaN gradient: step skipped, amax histories untouched"
 else fail "NaN step"; grep anomaly nan.log | head -3; fi
 
+# Under ZeRO-3 the weights' codes take turns in two layers' places (model/fp8.hpp): LLaMA 7B's
+# FSDP deck on 64 ranks holds its parameters' shard plus two layers' codes and transposes (2 x
+# 202.4 M GEMM weights x 2 bytes), not 2 bytes for every parameter (13.6 GB a rank before).
+params_mb() {  # the `tessera plan` line's parameters of rank 0, in MB
+  "$TESSERA" plan "$ROOT/input/llama-7b-fsdp.yaml" --ranks 64 "$@" 2>&1 |
+    sed -n 's/.*stage 0 tp 0: parameters \([0-9.]*\) \([MG]\)B.*/\1 \2/p' |
+    awk '{print $2 == "G" ? $1 * 1000 : $1}'
+}
+bf16_mb=$(params_mb) fp8_mb=$(params_mb device.precision=fp8)
+layer=$(( 4 * 4096 * 4096 + 3 * 4096 * 11008 ))
+if awk -v a="$bf16_mb" -v b="$fp8_mb" -v w="$layer" \
+     'BEGIN { d = b - a; want = 2 * w * 2 / 1e6; exit !(a > 0 && d > 0.999 * want && d < 1.001 * want) }'; then
+  pass "ZeRO-3 fp8 on LLaMA 7B: parameters $fp8_mb MB a rank, bf16's $bf16_mb MB + two layers' codes"
+else
+  fail "ZeRO-3 fp8 on LLaMA 7B: parameters '$fp8_mb' MB a rank against bf16's '$bf16_mb' MB"
+fi
+
 # The deck's FP8 errors.
 expect_error "fp8 key without fp8" 2 "device.fp8_margin=1: device.fp8_margin needs device.precision: fp8 \(got 'fp32'\)$" \
   "$TESSERA" train "$deck" device.fp8_margin=1

@@ -355,3 +355,67 @@ TEST(Fp8Linear, GemmsOnTheCodesOfEachOperand) {
   for (size_t i = 0; i < out.size(); ++i)
     EXPECT_NEAR(again[i] - b[i % OC], -(out[i] - b[i % OC]), 1e-6) << i;
 }
+
+// Under ZeRO-3 (Fp8Options::layer_codes) four layers' weight codes take turns in two layers'
+// places: forward 0..3, backward 3..0, then layer 0's forward again (its place held layer 2's
+// codes since) give exactly what codes kept for every weight give, from half the bytes.
+TEST(Fp8Linear, UnderZero3TwoLayersOfCodesTakeTurns) {
+  const int N = 6, IC = 5, OC = 4, L = 4;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto random = [&](size_t n, float scale) {
+    std::vector<float> v(n);
+    for (float& x : v) x = scale * normal(rng);
+    return v;
+  };
+  std::vector<std::vector<float>> w;
+  for (int l = 0; l < L; ++l) w.push_back(random(size_t(OC) * IC, 0.05f * float(l + 1)));
+  const std::vector<float> x = random(size_t(N) * IC, 3.0f), b = random(OC, 0.1f),
+                           g = random(size_t(N) * OC, 1e-4f);
+  Comm tp(MPI_COMM_SELF);
+  Fp8Sizes sizes;
+  sizes.input = size_t(N) * IC;
+  sizes.grad = size_t(N) * OC;
+  sizes.weight[Fp8State::kFc1] = size_t(OC) * IC;
+  struct Run {
+    std::vector<std::vector<float>> out, dx, dw;
+    std::vector<float> again, amax;
+    size_t bytes = 0;
+  };
+  auto run = [&](bool layer_codes) {
+    Fp8Options o;
+    o.on = true;
+    o.layer_codes = layer_codes;
+    Arena arena(CpuBackend::memory());
+    Fp8Linear<CpuBackend> fp8(o, 0, L, false, &tp, nullptr, sizes, arena);
+    arena.allocate();
+    fp8.bind();
+    Run r;
+    r.bytes = fp8.weight_bytes();
+    for (int l = 0; l < L; ++l) {
+      r.out.emplace_back(size_t(N) * OC);
+      fp8.forward(l, Fp8State::kFc1, r.out.back().data(), x.data(), w[size_t(l)].data(), b.data(),
+                  N, IC, OC);
+    }
+    for (int l = L - 1; l >= 0; --l) {
+      r.dx.emplace_back(size_t(N) * IC, 0.0f);
+      r.dw.emplace_back(size_t(OC) * IC, 0.0f);
+      std::vector<float> db(OC);
+      fp8.backward(l, Fp8State::kFc1, r.dx.back().data(), r.dw.back().data(), db.data(),
+                   g.data(), x.data(), w[size_t(l)].data(), N, IC, OC);
+    }
+    r.again.resize(size_t(N) * OC);
+    fp8.forward(0, Fp8State::kFc1, r.again.data(), x.data(), w[0].data(), b.data(), N, IC, OC);
+    fp8.collect();
+    r.amax = fp8.state().pending();
+    return r;
+  };
+  const Run whole = run(false), turns = run(true);
+  EXPECT_EQ(turns.bytes * 2, whole.bytes);
+  EXPECT_EQ(turns.out, whole.out);
+  EXPECT_EQ(turns.dx, whole.dx);
+  EXPECT_EQ(turns.dw, whole.dw);
+  EXPECT_EQ(turns.again, whole.out[0]);
+  EXPECT_EQ(turns.amax, whole.amax);
+  EXPECT_NE(whole.out[0], whole.out[2]);  // layer 2's codes in layer 0's place would show
+}
