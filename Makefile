@@ -416,15 +416,17 @@ fuzz: deps
 	@for t in $(FUZZ_TARGETS); do bash tests/fuzz/run.sh $$t $(FUZZ_TIME) || exit 1; done
 
 # The long chaos soak (docs/checkpoints.md, "Chaos soak"): CHAOS_FAULTS seeded faults on 4 ranks (root: it
-# mounts a small tmpfs for the disk-full faults).
+# mounts a small tmpfs for the disk-full faults), one rank's write errors among them (the test shim).
 CHAOS_FAULTS ?= 24
 CHAOS_SEED   ?= 27
 chaos: deps
 	$(MAKE) -j$(JOBS) bin/tessera
 	$(MAKE) $(DATA_DIR)/train.h5
-	rm -rf build/chaos
+	rm -rf build/chaos && mkdir -p build/chaos
+	$(CC) -O1 -Wall -Wextra -Werror -shared -fPIC -o build/chaos/shim.so tests/integration/write_fail_shim.c -ldl
 	OMP_NUM_THREADS=1 MPIR_CVAR_POLLS_BEFORE_YIELD=1 $(PYTHON) tools/runs/chaos.py --tessera bin/tessera \
-	  --mpiexec $(MPIEXEC) --data $(DATA_DIR) --work build/chaos --faults $(CHAOS_FAULTS) --seed $(CHAOS_SEED)
+	  --mpiexec $(MPIEXEC) --data $(DATA_DIR) --work build/chaos/soak --faults $(CHAOS_FAULTS) \
+	  --seed $(CHAOS_SEED) --shim build/chaos/shim.so
 
 bench: deps
 	$(MAKE) -j$(JOBS) bin/tessera

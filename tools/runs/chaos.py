@@ -8,9 +8,11 @@ Faults: kill -9 of a random rank at a random time; SIGTERM to the launcher; SIGU
 the checkpoint file system (a small tmpfs this script mounts: it needs root) filled up before a
 checkpoint, with and without checkpoint.reserve; the newest checkpoint corrupted between jobs (a
 flipped byte in a tensor); a rank hung before a step (TESSERA_TEST_STALL, the watchdog's case,
-run.hang_timeout). Asserts, for each: the job ends within --limit seconds of the fault with the
+run.hang_timeout); one rank's checkpoint writes failing with EDQUOT, a project quota seen by one
+client (--shim: tests/integration/write_fail_shim.c built as a shared library, preloaded).
+Asserts, for each: the job ends within --limit seconds of the fault with the
 documented exit status (kill -9: the launcher's non-zero status; SIGTERM/SIGUSR1: 3, as
-<run.dir>/exit_status records it; disk full: 1 with one line; hang: 5), `latest` names a complete
+<run.dir>/exit_status records it; disk full and the write error: 1 with one line; hang: 5), `latest` names a complete
 checkpoint that `tessera ckpt verify` accepts, no older than before the job (nothing lost beyond
 the last checkpoint; a corrupted newest one is passed over by the restart, which says so). At the
 end: every tensor of the final checkpoint equal to the fault-free run's bit for bit when every job
@@ -19,6 +21,8 @@ value (tests/integration/compare_runs.py's rule): 1e-4, or twice the drift betwe
 runs on the layouts if larger (sums in another order drift apart over the steps).
 
   tools/runs/chaos.py --tessera bin/tessera --data build/testdata --faults 8 --seed 27
+
+--zero 3 runs every job (and the fault-free run) under ZeRO-3; --kinds names the faults drawn.
 """
 import argparse
 import os
@@ -33,7 +37,7 @@ import time
 import h5py
 import numpy as np
 
-FAULTS = ["kill9", "sigterm", "sigusr1", "disk_full", "corrupt", "hang"]
+FAULTS = ["kill9", "sigterm", "sigusr1", "disk_full", "corrupt", "hang", "write_error"]
 LAYOUTS = {"2,2,1": ["parallel.dp=2", "parallel.tp=2"], "1,2,2": ["parallel.tp=2", "parallel.pp=2"]}
 
 
@@ -117,7 +121,10 @@ class Soak:
 
     def command(self, layout, steps, extra):
         return [self.a.mpiexec, "-n", "4", self.a.tessera, "train", self.deck, f"train.steps={steps}",
-                f"run.dir={self.run_dir}", f"checkpoint.dir={self.ck}"] + LAYOUTS[layout] + extra
+                f"run.dir={self.run_dir}", f"checkpoint.dir={self.ck}"] + self.layout(layout) + extra
+
+    def layout(self, name):
+        return LAYOUTS[name] + ([f"parallel.zero={self.a.zero}"] if self.a.zero else [])
 
     def rank_pids(self, root):
         """The tessera processes under the launcher's process `root`."""
@@ -183,6 +190,11 @@ class Soak:
         if fault == "disk_full":
             reserve = self.rng.choice(["true", "false"])
             extra.append("checkpoint.reserve=" + reserve)
+        if fault == "write_error":
+            # The shim fails every checkpoint write of one rank from the job's start: its next
+            # checkpoint is the one that fails.
+            env.update(LD_PRELOAD=os.path.abspath(self.a.shim), TESSERA_SHIM_MATCH=".h5.tmp",
+                       TESSERA_SHIM_ERRNO="122", TESSERA_SHIM_RANK=str(self.rng.randrange(4)))
         # The fault hits after a random number of this job's steps (and a random fraction of one).
         after = self.rng.randint(1, 3)
         delay = self.rng.uniform(0.0, 0.4)
@@ -217,6 +229,8 @@ class Soak:
             note += f" after {after} steps + {delay:.2f} s"
         elif fault == "hang":
             note = "TESSERA_TEST_STALL=" + env["TESSERA_TEST_STALL"]
+        elif fault == "write_error":
+            note = "EDQUOT on rank " + env["TESSERA_SHIM_RANK"]
         try:
             rc = proc.wait(timeout=self.a.limit + 60)
         except subprocess.TimeoutExpired:
@@ -235,7 +249,8 @@ class Soak:
     def check(self, i, fault, before, rc, took, recorded, text, errs, note, skipped_expected):
         after, path = self.latest_step()
         done = re.search(r"^done", text, re.M) is not None
-        want = {"kill9": "non-zero", "sigterm": "3", "sigusr1": "3", "disk_full": "1", "hang": "5"}[fault]
+        want = {"kill9": "non-zero", "sigterm": "3", "sigusr1": "3", "disk_full": "1", "hang": "5",
+                "write_error": "1"}[fault]
         if done and rc == 0:
             ok_status = True  # the run reached its end before the fault
         elif rc == "hung":
@@ -246,6 +261,9 @@ class Soak:
             ok_status = recorded == "3" and rc in (0, 3)
         elif fault == "disk_full":
             ok_status = rc == 1 and any(re.search(r"checkpoint step \d+: disk full on ", l) for l in errs)
+        elif fault == "write_error":
+            ok_status = rc == 1 and any(re.search(r"checkpoint step \d+: .*Disk quota exceeded", l)
+                                        for l in errs)
         else:
             ok_status = rc == 5 and any(l.startswith("hang: ") for l in errs)
         problems = []
@@ -311,13 +329,14 @@ class Soak:
         ref_dir = os.path.join(self.work, "reference")
         t0 = time.time()
         r = subprocess.run([self.a.mpiexec, "-n", "4", self.a.tessera, "train", self.deck,
-                            f"train.steps={steps}", f"run.dir={ref_dir}"] + LAYOUTS[first],
+                            f"train.steps={steps}", f"run.dir={ref_dir}"] + self.layout(first),
                            capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             self.fail("reference run: exit %d: %s" % (r.returncode, r.stderr.strip()[:300]))
             return 1
         self.say(f"reference: {steps} steps on ({first}) without faults in {time.time() - t0:.1f} s")
-        kinds = [f for f in FAULTS if f != "disk_full" or self.mounted]
+        kinds = [f for f in (self.a.kinds.split(",") if self.a.kinds else FAULTS)
+                 if (f != "disk_full" or self.mounted) and (f != "write_error" or self.a.shim)]
         i, corrupted = 0, False
         t_soak = time.time()
         # Every kind once first (a seeded order), then any.
@@ -358,7 +377,7 @@ class Soak:
         for other in layouts[1:] if self.changed_layout else []:
             odir = os.path.join(self.work, "reference_" + other.replace(",", ""))
             subprocess.run([self.a.mpiexec, "-n", "4", self.a.tessera, "train", self.deck,
-                            f"train.steps={steps}", f"run.dir={odir}"] + LAYOUTS[other],
+                            f"train.steps={steps}", f"run.dir={odir}"] + self.layout(other),
                            capture_output=True, text=True, timeout=600)
             drift = self.weight_diff(os.path.join(odir, "checkpoints", f"step_{steps:08d}.h5"),
                                      reference)
@@ -422,7 +441,14 @@ def main():
                    "first is the fault-free run's")
     p.add_argument("--limit", type=float, default=60.0, help="seconds a faulted job may take to end")
     p.add_argument("--tmpfs-kb", type=int, default=4096)
+    p.add_argument("--zero", type=int, default=0, help="parallel.zero of every job")
+    p.add_argument("--kinds", default="", help="the faults drawn, comma separated (default: all)")
+    p.add_argument("--shim", default="", help="write_fail_shim.c built as a shared library: "
+                   "the write_error fault (left out without it)")
     a = p.parse_args()
+    unknown = set(a.kinds.split(",")) - set(FAULTS) if a.kinds else set()
+    if unknown:
+        p.error(f"--kinds: unknown {sorted(unknown)}; known: {', '.join(FAULTS)}")
     a.tessera = os.path.abspath(a.tessera)
     a.data = os.path.abspath(a.data)
     sys.exit(Soak(a).run())
