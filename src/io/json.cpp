@@ -7,6 +7,11 @@
 
 namespace tessera {
 
+std::string json_text(const JsonRow& row) {
+  return row.dump(-1, ' ', false, JsonRow::error_handler_t::replace);
+}
+
+
 namespace {
 
 const Json& null_json() {

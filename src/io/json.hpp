@@ -14,6 +14,12 @@
 namespace tessera {
 
 using Json = nlohmann::json;
+// A document tessera writes (metrics.jsonl rows, `plan --json`): its keys in the order they were
+// set, non-finite numbers written as null (JSON has no NaN or infinity).
+using JsonRow = nlohmann::ordered_json;
+// A written document on one line: text that is not well-formed UTF-8 (a name from a Latin-1
+// file) gets U+FFFD for each bad byte rather than making the whole document unreadable.
+std::string json_text(const JsonRow& row);
 
 // UserError unless bytes <= max_bytes: "where: N bytes, more than the M a <what> may have (why)".
 void check_json_bytes(int64_t bytes, const std::string& where, const std::string& what,

@@ -10,9 +10,9 @@
 #include "common/cli.hpp"
 #include "common/error.hpp"
 #include "common/files.hpp"
-#include "common/json.hpp"
 #include "common/memory.hpp"
 #include "engine/memory.hpp"
+#include "io/json.hpp"
 #include "io/token_source.hpp"
 #include "model/cost.hpp"
 #include "plan/comm.hpp"
@@ -179,73 +179,73 @@ Candidate plan(const Config& cfg, const ModelShape& shape, const ParallelLayout&
   return c;
 }
 
-std::string json_role(const RankMemory& m, const CommBytes& b) {
-  char buf[1024];
-  std::snprintf(buf, sizeof buf,
-                "{\"pp_rank\":%d,\"tp_rank\":%d,\"param_bytes\":%llu,\"grad_bytes\":%llu,"
-                "\"optim_bytes\":%llu,\"activation_bytes\":%llu,\"in_flight\":%d,"
-                "\"param_buffer_bytes\":%llu,\"grad_buffer_bytes\":%llu,\"optimizer_buffer_bytes\":%llu,"
-                "\"transient_bytes\":%llu,\"pipeline_buffer_bytes\":%llu,\"other_bytes\":%llu,"
-                "\"arena_bytes\":%llu,"
-                "\"engine_host_bytes\":%llu,"
-                "\"loader_bytes\":%llu,\"checkpoint_copy_bytes\":%llu",
-                m.pp_rank, m.tp_rank, 4ull * m.param_elems, 4ull * m.param_elems,
-                (unsigned long long)m.moments, (unsigned long long)m.activations, m.in_flight,
-                (unsigned long long)m.params, (unsigned long long)m.grads,
-                (unsigned long long)m.optimizer, (unsigned long long)m.transient,
-                (unsigned long long)m.pipeline, (unsigned long long)m.other,
-                (unsigned long long)m.arena, (unsigned long long)m.engine_host,
-                (unsigned long long)m.loader, (unsigned long long)m.checkpoint);
-  std::string out = buf;
+// A byte or element count that the planner carries as a double, written as an integer.
+int64_t whole(double v) { return std::llround(v); }
+
+JsonRow json_role(const RankMemory& m, const CommBytes& b) {
+  JsonRow r = {{"pp_rank", m.pp_rank},
+               {"tp_rank", m.tp_rank},
+               {"param_bytes", 4ull * m.param_elems},
+               {"grad_bytes", 4ull * m.param_elems},
+               {"optim_bytes", m.moments},
+               {"activation_bytes", m.activations},
+               {"in_flight", m.in_flight},
+               {"param_buffer_bytes", m.params},
+               {"grad_buffer_bytes", m.grads},
+               {"optimizer_buffer_bytes", m.optimizer},
+               {"transient_bytes", m.transient},
+               {"pipeline_buffer_bytes", m.pipeline},
+               {"other_bytes", m.other},
+               {"arena_bytes", m.arena},
+               {"engine_host_bytes", m.engine_host},
+               {"loader_bytes", m.loader},
+               {"checkpoint_copy_bytes", m.checkpoint}};
   // model.moe: dense and expert parameters and their state, the MoE layers' buffers by name.
   const StateSplit split = state_split(m);
-  std::snprintf(buf, sizeof buf,
-                ",\"dense_param_elems\":%llu,\"expert_param_elems\":%llu,"
-                "\"dense_state_bytes\":%.0f,\"expert_state_bytes\":%.0f,\"moe_buffer_bytes\":{",
-                (unsigned long long)(m.param_elems - m.expert_elems),
-                (unsigned long long)m.expert_elems, split.dense, split.expert);
-  out += buf;
-  for (int k = 0; k < RankMemory::kMoeBuffers; ++k) {
-    std::snprintf(buf, sizeof buf, "%s\"%s\":%llu", k ? "," : "", RankMemory::kMoeBufferNames[k],
-                  (unsigned long long)m.moe_buffers[k]);
-    out += buf;
-  }
-  out += "}";
+  r["dense_param_elems"] = m.param_elems - m.expert_elems;
+  r["expert_param_elems"] = m.expert_elems;
+  r["dense_state_bytes"] = whole(split.dense);
+  r["expert_state_bytes"] = whole(split.expert);
+  JsonRow buffers = JsonRow::object();
+  for (int k = 0; k < RankMemory::kMoeBuffers; ++k)
+    buffers[RankMemory::kMoeBufferNames[k]] = m.moe_buffers[k];
+  r["moe_buffer_bytes"] = buffers;
   // Each group's payload, by the names the trainer's per-rank lines use (parallel/traffic.hpp).
-  for (int k = 0; k < kTraffic; ++k) {
-    std::snprintf(buf, sizeof buf, ",\"%s_bytes_per_step\":%.0f", kTrafficNames[k],
-                  b.payload.bytes[k]);
-    out += buf;
-  }
-  return out + "}";
+  for (int k = 0; k < kTraffic; ++k)
+    r[std::string(kTrafficNames[k]) + "_bytes_per_step"] = whole(b.payload.bytes[k]);
+  return r;
 }
 
-std::string json_time(const Candidate& c) {
-  char buf[1024];
+// The step's time and its parts, added to `row`.
+void add_time(JsonRow& row, const Candidate& c) {
   const StepTime& t = c.time;
-  std::snprintf(buf, sizeof buf,
-                "\"bubble\":%.6g,\"step_seconds\":%.6g,\"compute_seconds\":%.6g,\"tp_seconds\":%.6g,"
-                "\"pp_seconds\":%.6g,\"bubble_seconds\":%.6g,\"dp_seconds\":%.6g,"
-                "\"embed_seconds\":%.6g,\"optimizer_seconds\":%.6g,\"tokens_per_s\":%.6g,"
-                "\"mfu\":%.6g,\"model_flops_per_step\":%.6g,\"max_rank_bytes\":%.0f,"
-                "\"cp_seconds\":%.6g,\"attention_seconds\":%.6g,\"recompute_flops_per_step\":%.6g,"
-                "\"ep_seconds\":%.6g",
-                pipeline_bubble(c.run), t.total, t.compute, t.tp, t.pp, t.bubble, t.dp, t.embed,
-                t.optimizer, t.tokens_per_s, t.mfu, t.model_flops, c.need, t.cp, t.attention,
-                t.recompute_flops, t.ep);
-  return buf;
+  row.update(JsonRow{{"bubble", pipeline_bubble(c.run)},
+                     {"step_seconds", t.total},
+                     {"compute_seconds", t.compute},
+                     {"tp_seconds", t.tp},
+                     {"pp_seconds", t.pp},
+                     {"bubble_seconds", t.bubble},
+                     {"dp_seconds", t.dp},
+                     {"embed_seconds", t.embed},
+                     {"optimizer_seconds", t.optimizer},
+                     {"tokens_per_s", t.tokens_per_s},
+                     {"mfu", t.mfu},
+                     {"model_flops_per_step", t.model_flops},
+                     {"max_rank_bytes", whole(c.need)},
+                     {"cp_seconds", t.cp},
+                     {"attention_seconds", t.attention},
+                     {"recompute_flops_per_step", t.recompute_flops},
+                     {"ep_seconds", t.ep}});
 }
 
 // --search --json's list: every layout tried, with its time or why it was refused.
-std::string json_layouts(const std::vector<Candidate>& all) {
-  // Appended piece by piece: g++ 12 sees an overlap (-Wrestrict) in "..." + std::string&&.
-  std::string items;
+JsonRow json_layouts(const std::vector<Candidate>& all) {
+  JsonRow items = JsonRow::array();
   for (const Candidate& c : all) {
-    items += items.empty() ? "{\"layout\":" : ",{\"layout\":";
-    items += json_string(layout_text(c.cfg, c.run));
-    items += c.refused.empty() ? ",\"fits\":true," + json_time(c)
-                               : ",\"fits\":false,\"refused\":" + json_string(c.refused);
-    items += "}";
+    JsonRow item = {{"layout", layout_text(c.cfg, c.run)}, {"fits", c.refused.empty()}};
+    if (c.refused.empty()) add_time(item, c);
+    else item["refused"] = c.refused;
+    items.push_back(item);
   }
   return items;
 }
@@ -455,19 +455,26 @@ int plan_command(const std::vector<std::string>& args) {
     const Candidate c = plan(cfg, shape, layout, machine, true);
     if (c.roles.empty()) throw UserError(o.deck + ": " + c.refused);
     if (o.json) {
-      std::string roles;
-      for (size_t i = 0; i < c.roles.size(); ++i)
-        roles += (i ? "," : "") + json_role(c.roles[i], c.comm[i]);
       const ParamCounts p = param_counts(shape);
-      std::printf("{\"ranks\":%ld,\"machine\":%s,\"dp\":%d,\"tp\":%d,\"pp\":%d,\"cp\":%d,"
-                  "\"micro_batches\":%d,\"fits\":%s,\"params_total\":%.0f,"
-                  "\"params_active\":%.0f,\"params_expert\":%.0f,\"moe_layers\":%d,"
-                  "\"experts\":%d,\"top_k\":%d,%s,\"roles\":[%s]}\n",
-                  o.ranks, json_string(machine.name).c_str(), layout.dp, layout.tp, layout.pp, layout.cp,
-                  c.run.n_micro, c.refused.empty() ? "true" : "false", p.total, p.active, p.expert,
-                  moe_layers(shape, 0, shape.n_layer), shape.moe.experts,
-                  shape.moe.experts > 0 ? shape.moe.top_k : 0, json_time(c).c_str(),
-                  roles.c_str());
+      JsonRow out = {{"ranks", o.ranks},
+                     {"machine", machine.name},
+                     {"dp", layout.dp},
+                     {"tp", layout.tp},
+                     {"pp", layout.pp},
+                     {"cp", layout.cp},
+                     {"micro_batches", c.run.n_micro},
+                     {"fits", c.refused.empty()},
+                     {"params_total", whole(p.total)},
+                     {"params_active", whole(p.active)},
+                     {"params_expert", whole(p.expert)},
+                     {"moe_layers", moe_layers(shape, 0, shape.n_layer)},
+                     {"experts", shape.moe.experts},
+                     {"top_k", shape.moe.experts > 0 ? shape.moe.top_k : 0}};
+      add_time(out, c);
+      JsonRow roles = JsonRow::array();
+      for (size_t i = 0; i < c.roles.size(); ++i) roles.push_back(json_role(c.roles[i], c.comm[i]));
+      out["roles"] = roles;
+      std::printf("%s\n", json_text(out).c_str());
     } else {
       if (!note.empty()) std::printf("note: %s\n", note.c_str());
       print_plan(c, machine, o.ranks);
@@ -488,10 +495,10 @@ int plan_command(const std::vector<std::string>& args) {
   size_t fits = 0;
   while (fits < all.size() && all[fits].refused.empty()) ++fits;
   if (o.json) {
-    std::printf("{\"ranks\":%ld,\"machine\":%s,\"fits\":%zu,\"seconds\":%.3f,"
-                "\"cpu_seconds\":%.3f,\"layouts\":[%s]}\n",
-                o.ranks, json_string(machine.name).c_str(), fits, seconds, cpu_seconds,
-                json_layouts(all).c_str());
+    const JsonRow out = {{"ranks", o.ranks},        {"machine", machine.name},
+                         {"fits", fits},            {"seconds", seconds},
+                         {"cpu_seconds", cpu_seconds}, {"layouts", json_layouts(all)}};
+    std::printf("%s\n", json_text(out).c_str());
   } else {
     if (!note.empty()) std::printf("note: %s\n", note.c_str());
     std::printf("search: %zu layouts of %ld ranks on %s, %zu fit (%.3f s, %.3f s of CPU); fastest "

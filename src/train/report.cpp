@@ -181,17 +181,20 @@ void Run::log_step(double secs, double loss, double norm) {
             mfu * 100, wait_fraction * 100, moe.line.c_str(),
             clock_time(seconds_since(t_start_)).c_str(),
             clock_time(per_step * double(cfg_.train.steps - state_.step)).c_str());
-  log_->json("{\"type\":\"train\",\"step\":" + std::to_string(state_.step) +
-             ",\"tokens\":" + std::to_string(state_.tokens_seen) +
-             ",\"elapsed_s\":" + json_number("%.3f", seconds_since(t_start_)) +
-             ",\"loss\":" + json_number("%.17g", loss) +
-             ",\"lr\":" + json_number("%.9g", state_.lr) +
-             ",\"grad_norm\":" + json_number("%.9g", norm) +
-             ",\"ms\":" + json_number("%.3f", secs * 1e3) +
-             ",\"tokens_per_s\":" + json_number("%.1f", tok_s) +
-             ",\"mfu\":" + json_number("%.5f", mfu) +
-             ",\"pipeline_wait\":" + json_number("%.5f", engine_->counters().pipeline_wait / secs) +
-             ",\"data_wait\":" + json_number("%.6f", wait_fraction) + moe.json + "}");
+  JsonRow row = {{"type", "train"},
+                 {"step", state_.step},
+                 {"tokens", state_.tokens_seen},
+                 {"elapsed_s", printed("%.3f", seconds_since(t_start_))},
+                 {"loss", loss},
+                 {"lr", printed("%.9g", state_.lr)},
+                 {"grad_norm", printed("%.9g", norm)},
+                 {"ms", printed("%.3f", secs * 1e3)},
+                 {"tokens_per_s", printed("%.1f", tok_s)},
+                 {"mfu", printed("%.5f", mfu)},
+                 {"pipeline_wait", printed("%.5f", engine_->counters().pipeline_wait / secs)},
+                 {"data_wait", printed("%.6f", wait_fraction)}};
+  row.update(moe.json);
+  log_->json(row);
 }
 
 // The step's MoE routing (moe_stats_) for the step line and metrics.jsonl: the balancing losses
@@ -205,7 +208,7 @@ Run::MoeReport Run::moe_report() const {
   // The exchange per rank (the ranks counted once: dp x pp of them).
   const double ranks = double(run_.layout.dp) * run_.layout.pp;
   const double a2a_bytes = moe_stats_[2] / ranks, a2a_s = moe_stats_[3] / ranks;
-  std::string loads;
+  std::vector<double> loads;
   double worst = 0, dropped = 0;
   for (int l = 0; l < shape_.n_layer; ++l) {
     if (!shape_.moe.layer(l)) continue;
@@ -213,8 +216,7 @@ Run::MoeReport Run::moe_report() const {
     const double ratio = moe_stats_[at + 1] > 0 ? moe_stats_[at] / moe_stats_[at + 1] : 0;
     worst = std::max(worst, ratio);
     dropped += moe_stats_[at + 2];
-    if (!loads.empty()) loads += ',';
-    loads += json_number("%.5f", ratio);
+    loads.push_back(printed("%.5f", ratio));
   }
   char line[96];
   std::snprintf(line, sizeof line, " | moe aux %.4g load %.2f", aux + z, worst);
@@ -224,10 +226,12 @@ Run::MoeReport Run::moe_report() const {
     std::snprintf(line, sizeof line, " a2a %.2f MB %.1f ms", a2a_bytes / 1e6, a2a_s * 1e3);
     r.line += line;
   }
-  r.json = ",\"moe_aux\":" + json_number("%.9g", aux) + ",\"moe_z\":" + json_number("%.9g", z) +
-           ",\"moe_load\":[" + loads + "],\"moe_dropped\":" + std::to_string(int64_t(dropped)) +
-           ",\"moe_a2a_bytes\":" + json_number("%.0f", a2a_bytes) +
-           ",\"moe_a2a_s\":" + json_number("%.6f", a2a_s);
+  r.json = {{"moe_aux", printed("%.9g", aux)},
+            {"moe_z", printed("%.9g", z)},
+            {"moe_load", loads},
+            {"moe_dropped", int64_t(dropped)},
+            {"moe_a2a_bytes", printed("%.0f", a2a_bytes)},
+            {"moe_a2a_s", printed("%.6f", a2a_s)}};
   return r;
 }
 
@@ -259,11 +263,15 @@ void Run::log_ranks() {
   for (const auto& [name, value] : stats) mine.push_back(value);
   MPI_Gather(mine.data(), kStats, MPI_DOUBLE, all.data(), kStats, MPI_DOUBLE, 0, world_comm_);
   for (int r = 0; r < world_size_; ++r) {
-    std::string line = "{\"type\":\"rank\",\"rank\":" + std::to_string(r);
-    for (int k = 0; k < kStats; ++k)
-      line += ",\"" + stats[size_t(k)].first + "\":" +
-              json_number("%.15g", all[size_t(r) * kStats + k]);
-    log_->json(line + "}");
+    JsonRow row = {{"type", "rank"}, {"rank", r}};
+    for (int k = 0; k < kStats; ++k) {
+      // Counts and byte sizes as integers, the rest (seconds, fractions) to 15 digits.
+      const double v = all[size_t(r) * kStats + k];
+      auto& cell = row[stats[size_t(k)].first];
+      if (v == std::floor(v) && std::fabs(v) < 0x1p53) cell = int64_t(v);
+      else cell = printed("%.15g", v);
+    }
+    log_->json(row);
   }
 }
 

@@ -99,7 +99,8 @@ class Run {
   void measure_peak();
   void log_step(double seconds, double loss, double norm);
   struct MoeReport {
-    std::string line, json;  // the step line's MoE part, and metrics.jsonl's keys ("" if dense)
+    std::string line;             // the step line's MoE part ("" if dense)
+    JsonRow json = JsonRow::object();  // metrics.jsonl's MoE keys (none if dense)
   };
   MoeReport moe_report() const;
   void log_ranks();

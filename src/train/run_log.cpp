@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
 namespace tessera {
@@ -11,8 +12,8 @@ RunLog::RunLog(bool active, const std::string& run_dir) : active_(active) {
     failure_ = metrics_.open((std::filesystem::path(run_dir) / "metrics.jsonl").string());
 }
 
-void RunLog::json(const std::string& line) {
-  if (active_ && failure_.empty()) failure_ = metrics_.append(line + "\n");
+void RunLog::json(const JsonRow& row) {
+  if (active_ && failure_.empty()) failure_ = metrics_.append(json_text(row) + "\n");
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -35,7 +36,9 @@ std::string clock_time(double seconds) {
   return buf;
 }
 
-std::string json_number(const char* f, double v) { return std::isfinite(v) ? fmt(f, v) : "null"; }
+double printed(const char* f, double v) {
+  return std::isfinite(v) ? std::strtod(fmt(f, v).c_str(), nullptr) : v;
+}
 
 std::string layout_name(const ParallelLayout& l) {
   return "dp=" + std::to_string(l.dp) + (l.cp > 1 ? ",cp=" + std::to_string(l.cp) : "") +

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/files.hpp"
+#include "io/json.hpp"
 #include "parallel/layout.hpp"
 
 namespace tessera {
@@ -22,7 +23,7 @@ class RunLog {
     std::printf("\n");
     std::fflush(stdout);
   }
-  void json(const std::string& line);
+  void json(const JsonRow& row);
   const std::string& failure() const { return failure_; }
 
  private:
@@ -36,8 +37,9 @@ double seconds_since(std::chrono::steady_clock::time_point t);
 std::string fmt(const char* f, double v);
 // "m:ss", or "h:mm:ss" from an hour on.
 std::string clock_time(double seconds);
-// A number in metrics.jsonl: JSON has no NaN or infinity, so a loss that blew up is null.
-std::string json_number(const char* f, double v);
+// A number in metrics.jsonl as printf writes it with `f` ("%.3f": milliseconds to the
+// microsecond), so the row stays short; NaN and infinity stay as they are (written as null).
+double printed(const char* f, double v);
 // "dp=2,tp=2,pp=2" ("dp=2,cp=2,tp=2,pp=2" with cp > 1): the layout as the log and a
 // checkpoint's saved_layout name it.
 std::string layout_name(const ParallelLayout& l);

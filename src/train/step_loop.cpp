@@ -201,12 +201,14 @@ std::optional<int> Run::meet_anomaly(const std::string& anomaly, double loss, do
   if (status != 0 && world_rank_ == 0)
     std::fprintf(stderr, "anomaly: step %lld: %s (loss %.4f, grad_norm %.4g): %s\n",
                  (long long)attempted, anomaly.c_str(), loss, norm, outcome.text.c_str());
-  log_->json("{\"type\":\"anomaly\",\"step\":" + std::to_string(attempted) +
-             ",\"loss\":" + json_number("%.17g", loss) +
-             ",\"grad_norm\":" + json_number("%.9g", norm) + ",\"reason\":\"" + anomaly +
-             "\",\"action\":\"" + outcome.action +
-             "\",\"rollbacks\":" + std::to_string(anomaly_.rollbacks()) +
-             ",\"skipped_samples\":" + std::to_string(anomaly_.skipped_samples()) + "}");
+  log_->json({{"type", "anomaly"},
+              {"step", attempted},
+              {"loss", loss},
+              {"grad_norm", printed("%.9g", norm)},
+              {"reason", anomaly},
+              {"action", outcome.action},
+              {"rollbacks", anomaly_.rollbacks()},
+              {"skipped_samples", anomaly_.skipped_samples()}});
   if (status == 0) return std::nullopt;
   finish_write();
   return write_exit_status(status);
@@ -246,13 +248,15 @@ void Run::evaluate() {
   // with different tokenizers compare.
   const double bytes = val_bytes(total);
   const double bpb = bytes > 0 ? loss * double(total) * T_ / (bytes * std::log(2.0)) : -1;
-  const std::string bpb_text = bpb >= 0 ? " val_bpb " + json_number("%.4f", bpb) : "";
+  const std::string bpb_text = bpb >= 0 ? " val_bpb " + fmt("%.4f", bpb) : "";
   log_->say("eval: step %lld val_loss %.4f%s (%.2f s)", (long long)state_.step, loss,
             bpb_text.c_str(), seconds_since(t0));
-  log_->json("{\"type\":\"eval\",\"step\":" + std::to_string(state_.step) +
-             ",\"tokens\":" + std::to_string(state_.tokens_seen) +
-             ",\"val_loss\":" + json_number("%.9g", loss) +
-             (bpb >= 0 ? ",\"val_bpb\":" + json_number("%.9g", bpb) : std::string()) + "}");
+  JsonRow row = {{"type", "eval"},
+                 {"step", state_.step},
+                 {"tokens", state_.tokens_seen},
+                 {"val_loss", printed("%.9g", loss)}};
+  if (bpb >= 0) row["val_bpb"] = printed("%.9g", bpb);
+  log_->json(row);
 }
 
 // The bytes of text of the targets of validation windows 0 .. windows-1 (tokens 1 .. windows*T

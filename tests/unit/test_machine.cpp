@@ -1,12 +1,12 @@
 // tessera plan's machine files (plan/machine.hpp), read by the deck's rules: each refusal one
 // line at FILE:LINE:COL, numbers bounded so that no plan is NaN, no key twice; and the JSON
-// strings the plan writes a machine's name into (common/json.hpp).
+// the plan writes a machine's name into (io/json.hpp's json_text).
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "common/error.hpp"
-#include "common/json.hpp"
+#include "io/json.hpp"
 #include "plan/machine.hpp"
 
 namespace tessera {
@@ -112,17 +112,27 @@ TEST(MachineFile, StructureAsTheDeck) {
   EXPECT_EQ(machine_error(kNode + "---\nname: b\n"), "m.yaml:9:1: expected one YAML document, found a second");
 }
 
-TEST(Json, StringsEscaped) {
-  EXPECT_EQ(json_string("h100"), "\"h100\"");
-  EXPECT_EQ(json_string("a \"b\" \\ c"), "\"a \\\"b\\\" \\\\ c\"");
-  EXPECT_EQ(json_string("a\nb\tc\x01"), "\"a\\u000ab\\u0009c\\u0001\"");
-  EXPECT_EQ(json_string("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
-            "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"");
-  // Not UTF-8: a Latin-1 byte, a cut sequence, an overlong '/', a surrogate.
-  EXPECT_EQ(json_string("caf\xe9"), "\"caf\\ufffd\"");
-  EXPECT_EQ(json_string("\xe2\x82"), "\"\\ufffd\\ufffd\"");
-  EXPECT_EQ(json_string("\xc0\xaf"), "\"\\ufffd\\ufffd\"");
-  EXPECT_EQ(json_string("\xed\xa0\x80"), "\"\\ufffd\\ufffd\\ufffd\"");
+// A name as `plan --json` writes it, read back by a JSON parser (which refuses malformed UTF-8).
+std::string round_trip(const std::string& name) {
+  const std::string text = json_text(JsonRow{{"machine", name}});
+  return Json::parse(text).at("machine").get<std::string>();
+}
+
+TEST(Json, NamesEscapedAndReadBack) {
+  EXPECT_EQ(json_text(JsonRow{{"machine", "h100"}}), "{\"machine\":\"h100\"}");
+  for (const std::string name : {"a \"b\" \\ c", "a\nb\tc\x01\x7f", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"})
+    EXPECT_EQ(round_trip(name), name);
+  EXPECT_EQ(json_text(JsonRow{{"m", "a\"\n\x01"}}), "{\"m\":\"a\\\"\\n\\u0001\"}");
+  // Not UTF-8: a Latin-1 byte, a cut sequence, an overlong '/', a surrogate: U+FFFD in their
+  // place, the rest kept.
+  const std::string fffd = "\xef\xbf\xbd";
+  EXPECT_EQ(round_trip("caf\xe9"), "caf" + fffd);
+  for (const std::string bad : {"\xe2\x82", "\xc0\xaf", "\xed\xa0\x80"}) {
+    const std::string back = round_trip("x" + bad + "y");
+    EXPECT_EQ(back.front(), 'x');
+    EXPECT_EQ(back.back(), 'y');
+    EXPECT_NE(back.find(fffd), std::string::npos) << back;
+  }
 }
 
 }  // namespace
