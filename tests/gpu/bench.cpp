@@ -64,6 +64,13 @@ void bench_shape(const Shape& s, Precision precision, bool fused, double bf16_pe
   const LocalLayout tile = make_local_layout(shape, 1, 0, 0, shape.n_layer, true, true);
   const Mesh mesh(MPI_COMM_SELF, mesh_shape(ParallelLayout{1, 1, 1}));
   size_t free_before = 0, free_after = 0, total = 0;
+  // Where a row's set-up goes (the first H200 lease spent about 35 s a row outside the timed
+  // steps): the engine's build, the host's initialisation, the upload, the first step.
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  const Clock::time_point t_row = Clock::now();
   ck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   ck(cudaMemGetInfo(&free_before, &total), "cudaMemGetInfo");
   const EngineSetup setup{.tile = tile,
@@ -75,8 +82,14 @@ void bench_shape(const Shape& s, Precision precision, bool fused, double bf16_pe
                           .model = bench_options(fused, precision == Precision::Fp8)};
   const std::unique_ptr<TrainEngine> engine = make_engine(
       setup, precision == Precision::Fp32 ? EngineKind::cuda_fp32 : EngineKind::cuda_bf16);
+  const double t_build = since(t_row);
+  Clock::time_point t = Clock::now();
   init_local_parameters(engine->host_params(), tile, 1337, 0.02);
+  const double t_init = since(t);
+  t = Clock::now();
   engine->params_to_device();
+  ck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const double t_upload = since(t);
   const size_t n = size_t(s.B) * s.T;
   std::vector<int32_t> tokens(n), targets(n);
   for (size_t i = 0; i < n; i++) {
@@ -85,14 +98,15 @@ void bench_shape(const Shape& s, Precision precision, bool fused, double bf16_pe
   }
   const std::vector<HostMicroBatch> batch = {{tokens.data(), targets.data()}};
   const float dloss = 1.0f / float(n);
-  long t = 1;
-  engine->train_step(batch, dloss, 1.0, 1e-4, t++);
+  long step = 1;
+  t = Clock::now();
+  engine->train_step(batch, dloss, 1.0, 1e-4, step++);
+  const double t_first = since(t);
   ck(cudaMemGetInfo(&free_after, &total), "cudaMemGetInfo");
   const int iters = 5;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; i++) engine->train_step(batch, dloss, 1.0, 1e-4, t++);
-  const double sec =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; i++) engine->train_step(batch, dloss, 1.0, 1e-4, step++);
+  const double sec = since(t0) / iters;
   const double tokens_per_s = double(n) / sec;
   const double mfu = bf16_peak > 0 ? tokens_per_s * flops_per_token(shape, s.T) / bf16_peak : 0.0;
   std::printf("| %s (L=%d C=%d NH=%d T=%d B=%d, %.2fB params) | tessera | %s | %s | %.1f | %.0f | "
@@ -101,6 +115,9 @@ void bench_shape(const Shape& s, Precision precision, bool fused, double bf16_pe
               name(precision),
               fused ? "fused" : "gemm", sec * 1e3, tokens_per_s, mfu * 100,
               double(free_before - free_after) / 1e9, double(engine->activation_bytes()) / 1e9);
+  std::printf("bench-gpu: %s %s: set-up %.1f s (engine %.1f, host initialisation %.1f, upload "
+              "%.1f, first step %.1f)\n", s.name, name(precision), since(t_row) - sec * iters,
+              t_build, t_init, t_upload, t_first);
   std::fflush(stdout);
 }
 

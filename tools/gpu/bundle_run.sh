@@ -280,7 +280,7 @@ step bench_torch $(( share + 30 < 180 ? share + 30 : 180 )) 60 "$PYTHON" \
   echo "## bench (tessera, then PyTorch, one GPU)"
   grep -h '^|' "$OUT/bench_tessera.log" 2>/dev/null
   grep -h '^| ' "$OUT/bench_torch.log" 2>/dev/null | grep -v '^| shape'
-  grep -h '^fp8: \|budget' "$OUT/bench_tessera.log" "$OUT/bench_torch.log" 2>/dev/null
+  grep -h '^fp8: \|budget\|set-up' "$OUT/bench_tessera.log" "$OUT/bench_torch.log" 2>/dev/null
   echo
   [ -f "$OUT/bench_fp8.log" ] && grep -v '^bench_fp8: ' "$OUT/bench_fp8.log"
 } >>"$SUMMARY"
