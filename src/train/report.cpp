@@ -75,9 +75,13 @@ void Run::announce_model() {
                             : "warning: parallel.sequence_parallel has no effect with tp = 1 "
                               "(%d of %d rows per rank)",
               rows / layout.tp, rows);
-  log_->say("memory (rank 0): parameters %.1f MB, gradients %.1f MB, optimizer state (%s) "
+  // What the rank holds: under ZeRO-2 its part of the gradients, under ZeRO-3 of the parameters
+  // too (the buffers the engine keeps; the gathered units are the plan line's ZeRO transient).
+  const TrainEngine::Footprint held = engine_->footprint();
+  log_->say("memory (rank 0): parameters %s, gradients %s, optimizer state (%s) "
             "%.1f MB, activations %.1f MB (%s attention, recompute %s)",
-            4.0 * tile_.total / 1e6, 4.0 * tile_.total / 1e6, engine_->optim_rule().c_str(),
+            human_bytes(double(held.params)).c_str(), human_bytes(double(held.grads)).c_str(),
+            engine_->optim_rule().c_str(),
             engine_->moment_bytes() / 1e6, engine_->activation_bytes() / 1e6,
             deck_word(cfg_.model.attention), deck_word(cfg_.train.recompute));
   if (shape_.moe.experts > 0) {

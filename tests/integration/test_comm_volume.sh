@@ -45,10 +45,14 @@ for layout in "2 2 2 0 gemm 1f1b none false" "1 2 2 0 fused gpipe selective fals
      "$TESSERA" plan "$WORK/$name/deck.yaml" --ranks $(($1 * $2 * $3)) --machine-file host.yaml --json \
        >"$name.plan.json" 2>>"$name.log" &&
      out="$out; $("$PYTHON" "$ROOT/tools/reference/plan_check.py" "$WORK/$name/metrics.jsonl" \
-                  "$name.plan.json")"; then
+                  "$name.plan.json")" &&
+     # The start-up line says what rank 0 holds, as its plan line does (ZeRO-2: part of the
+     # gradients, ZeRO-3: of the parameters too).
+     held=$(sed -n 's/^memory (rank 0): \(parameters [0-9.]* [MG]B, gradients [0-9.]* [MG]B\),.*/\1/p' "$name.log") &&
+     [ -n "$held" ] && grep -q "^plan (rank 0): stage 0 tp 0: $held, " "$name.log"; then
     pass "$name: $out"
   else
-    fail "$name: ${out:-run failed}"; tail -3 "$name.log"
+    fail "$name: ${out:-run failed}${held:+; start-up line: $held}"; grep -E '^(memory|plan) \(rank 0\)' "$name.log"; tail -3 "$name.log"
   fi
 done
 finish
