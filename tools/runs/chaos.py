@@ -260,7 +260,11 @@ class Soak:
         elif fault in ("sigterm", "sigusr1"):
             ok_status = recorded == "3" and rc in (0, 3)
         elif fault == "disk_full":
-            ok_status = rc == 1 and any(re.search(r"checkpoint step \d+: disk full on ", l) for l in errs)
+            # The disk-full watch's line, or, when a write meets the full disk before the watch
+            # sees the space go, the write error's (io/io_error_watch.hpp): both end the job.
+            ok_status = rc == 1 and any(
+                re.search(r"checkpoint step \d+: (disk full on |.*No space left on device)", l)
+                for l in errs)
         elif fault == "write_error":
             ok_status = rc == 1 and any(re.search(r"checkpoint step \d+: .*Disk quota exceeded", l)
                                         for l in errs)
