@@ -7,6 +7,7 @@
 
 #include "backend/peak.hpp"
 #include "model/cost.hpp"
+#include "model/options.hpp"
 #include "plan/compute.hpp"
 
 namespace tessera {
@@ -194,6 +195,10 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   // fp8 on a GPU: linear layers' GEMMs at the FP8 peak, the rest bf16; on a CPU fp32's.
   const bool fp8 = cfg.device.precision == Precision::Fp8 && machine.gpu && machine.peak_fp8 > 0;
   const Costs lin = fp8 ? Costs{machine, machine.peak_fp8, machine.compute_fp8()} : c;
+  // The weights' casts a micro-batch: at each forward and backward where the codes take turns
+  // (model_options' rule, Fp8Linear's places), else once per step.
+  const double weight_casts =
+      model_options(cfg).fp8.layer_codes ? 2.0 : 1.0 / std::max(run.n_micro, 1);
   // n: this rank's rows of a micro-batch (T / cp tokens of each sequence under context
   // parallelism, whose causal attention work is 1 / cp of the whole sequence's on every rank).
   const double b = run.micro_batch, T = cfg.data.seq_len, C = shape.n_embd, n = b * T / l.cp;
@@ -247,9 +252,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
     // forward again.
     const double launches = double(k.forward_kernels) * (3 + (rc == Recompute::Full ? 1 : 0));
     return layer_gemm + layer_mem + recompute +
-           (fp8 ? fp8_cast_seconds(c, n, k.gemms, a,
-                                   cfg.parallel.zero == 3 ? 2.0 : 1.0 / std::max(run.n_micro, 1))
-                : 0) +
+           (fp8 ? fp8_cast_seconds(c, n, k.gemms, a, weight_casts) : 0) +
            (machine.measured ? 0 : launches * machine.kernel_overhead);
   };
   const double per_layer = layer_seconds(cost);
