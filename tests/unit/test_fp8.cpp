@@ -259,19 +259,24 @@ TEST(Fp8Scaling, DelayedFromTheHistory) {
   EXPECT_EQ(r.scale(w, 1.0f), 1.0f);
 }
 
+// The Fp8Linear tests' operands: n values of scale x N(0, 1), one seeded stream per test.
+struct NormalValues {
+  std::mt19937 rng;
+  std::normal_distribution<float> normal{0.0f, 1.0f};
+  std::vector<float> operator()(size_t n, float scale) {
+    std::vector<float> v(n);
+    for (float& x : v) x = scale * normal(rng);
+    return v;
+  }
+};
+
 // The simulated FP8 GEMMs (Fp8Linear<CpuBackend>) against products worked out here in double
 // from the codes of fp8_encode at the scales worked out by hand: the forward on E4M3 input and
 // weight, the backward on the E5M2 output gradient, the bias gradient from the unrounded one; the
 // amaxes collected for the step; the weight's codes reused until the step ends.
 TEST(Fp8Linear, GemmsOnTheCodesOfEachOperand) {
   const int N = 6, IC = 5, OC = 4;
-  std::mt19937 rng(3);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto random = [&](size_t n, float scale) {
-    std::vector<float> v(n);
-    for (float& x : v) x = scale * normal(rng);
-    return v;
-  };
+  NormalValues random{std::mt19937(3)};
   const std::vector<float> x = random(size_t(N) * IC, 3.0f), w = random(size_t(OC) * IC, 0.05f),
                            b = random(OC, 0.1f), g = random(size_t(N) * OC, 1e-4f);
   auto amax = [](const std::vector<float>& v) {
@@ -361,13 +366,7 @@ TEST(Fp8Linear, GemmsOnTheCodesOfEachOperand) {
 // codes since) give exactly what codes kept for every weight give, from half the bytes.
 TEST(Fp8Linear, UnderZero3TwoLayersOfCodesTakeTurns) {
   const int N = 6, IC = 5, OC = 4, L = 4;
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto random = [&](size_t n, float scale) {
-    std::vector<float> v(n);
-    for (float& x : v) x = scale * normal(rng);
-    return v;
-  };
+  NormalValues random{std::mt19937(5)};
   std::vector<std::vector<float>> w;
   for (int l = 0; l < L; ++l) w.push_back(random(size_t(OC) * IC, 0.05f * float(l + 1)));
   const std::vector<float> x = random(size_t(N) * IC, 3.0f), b = random(OC, 0.1f),
