@@ -11,7 +11,6 @@ std::string json_text(const JsonRow& row) {
   return row.dump(-1, ' ', false, JsonRow::error_handler_t::replace);
 }
 
-
 namespace {
 
 const Json& null_json() {
