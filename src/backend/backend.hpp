@@ -28,7 +28,7 @@
 //                                     CUDA emulator only (a no-op elsewhere): a kernel reading
 //                                     what this step did not write reads NaN, not last step's
 //                   memory_report(arena, bf16), peak_gflops(bf16, fp8)   for the start-up log
-//                   fp8_amax, fp8_cast, fp8_gemm, fp8_report, bias_backward   the FP8 GEMMs
+//                   fp8_amax, fp8_cast, fp8_place, fp8_gemm, fp8_report, bias_backward   the FP8 GEMMs
 //                                     (device.precision fp8, model/fp8.hpp)
 //                   moe_route_forward/backward, moe_router_stats, moe_gather_rows, moe_combine,
 //                                     moe_combine_backward   mixture of experts' router and
@@ -56,6 +56,7 @@
   TESSERA_BACKEND_FORWARD(ns, bias_backward)                                                     \
   TESSERA_BACKEND_FORWARD(ns, fp8_amax)                                                          \
   TESSERA_BACKEND_FORWARD(ns, fp8_cast)                                                          \
+  TESSERA_BACKEND_FORWARD(ns, fp8_place)                                                         \
   TESSERA_BACKEND_FORWARD(ns, fp8_gemm)                                                          \
   TESSERA_BACKEND_FORWARD(ns, fp8_report)                                                        \
   TESSERA_BACKEND_FORWARD(ns, matmul_backward)                                                   \

@@ -86,6 +86,15 @@ class Engine final : public TrainEngine {
       sharded_->before_reduce = [this, partial](int u, float* grads) {
         for (const auto& [at, n] : partial[size_t(u)]) tp_.all_reduce_sum(grads + at, n);
       };
+      // FP8: a layer's weights gathered as codes, each rank casting its part with the scale of
+      // the chunk holding the layer.
+      if (!mem_.sharded->codes.empty())
+        sharded_->cast_codes = [this](int layer, int gemm, const Act* x, size_t n, uint8_t* out) {
+          for (auto& model : models_)
+            if (model->fp8() != nullptr && model->fp8()->covers(layer))
+              return model->fp8()->cast_part(layer, gemm, x, n, out, shard_);
+          throw std::logic_error("ZeRO-3: no model chunk holds FP8 layer " + std::to_string(layer));
+        };
     }
     if (!mem_.host_state_is_master(Backend::kHostMemory))
       host_params_.assign(optimizer_.state_size(), 0.0f);
@@ -100,8 +109,7 @@ class Engine final : public TrainEngine {
   }
   size_t moment_bytes() const override { return optimizer_.moment_bytes(); }
   Footprint footprint() const override {
-    return {arena_.bytes(mem_.h_master) + (mem_.h_copy ? arena_.bytes(mem_.h_copy) : 0),
-            arena_.bytes(mem_.h_grads), optimizer_.declared_bytes(), mem_.transient_bytes(),
+    return {mem_.param_bytes(arena_), arena_.bytes(mem_.h_grads), optimizer_.declared_bytes(), mem_.transient_bytes(),
             arena_.total_bytes(), executor_.send_buffer_bytes()};
   }
   size_t activation_bytes() const override { return mem_.activation_bytes(); }

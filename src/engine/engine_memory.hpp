@@ -45,9 +45,9 @@ struct EngineMemory {
         optimizer(s.tile, {comms.grads, comms.shard, comms.replica, world, comms.tp,
                            comms.expert_grads, comms.ep}, s.zero,
                   &plan, s.hyper, arena),
-        sharded(s.zero >= 2 ? std::make_unique<ShardedBuffers>(plan, s.zero,
-                                                               s.reshard_after_forward,
-                                                               sizeof(Act), arena)
+        sharded(s.zero >= 2 ? std::make_unique<ShardedBuffers>(
+                                  s.tile, plan, s.zero, s.reshard_after_forward, s.model.fp8.on,
+                                  sizeof(Act), arena)
                             : nullptr),
         executor(model_pointers(), comms.pp, s.schedule, s.micro_batch, s.seq_len, arena) {
     constexpr bool kFp32 = std::is_same_v<Act, float>;
@@ -84,6 +84,13 @@ struct EngineMemory {
   }
   // ZeRO-2/3's gathered parameters and gradient buffers (0 otherwise).
   size_t transient_bytes() const { return sharded ? sharded->bytes() : 0; }
+  // The parameters' buffers: the master, the bf16 copy, and FP8's weight codes and their
+  // transposes (model/fp8.hpp), counted with the parameters.
+  size_t param_bytes(const Arena& arena) const {
+    size_t bytes = arena.bytes(h_master) + (h_copy ? arena.bytes(h_copy) : 0);
+    for (const auto& model : models) bytes += model->fp8_weight_bytes();
+    return bytes;
+  }
 
   // The fp32 state the host reads and writes (initialisation, checkpoints): the engine's own
   // buffer where the master is host memory laid out as the state, else a host copy of it.

@@ -35,7 +35,7 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   m.tp_rank = tp_rank;
   m.dp_rank = grads.rank();
   m.param_elems = tile.total;
-  m.params = arena.bytes(mem.h_master) + (mem.h_copy ? arena.bytes(mem.h_copy) : 0);
+  m.params = mem.param_bytes(arena);
   m.grads = arena.bytes(mem.h_grads);
   m.moments = mem.optimizer.moment_bytes();
   m.activations = mem.activation_bytes();
@@ -44,10 +44,7 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   m.optimizer = mem.optimizer.declared_bytes();
   m.transient = mem.transient_bytes();
   m.pipeline = mem.executor.send_buffer_bytes();
-  // FP8: each GEMM weight's one-byte codes and their transpose (model/fp8.hpp), counted with the
-  // parameters.
   for (const auto& model : mem.models) m.fp8 += model->fp8_weight_bytes();
-  m.params += m.fp8;
   m.other = m.arena - m.params - m.grads - m.optimizer - m.activations - m.transient;
   m.loader = (tile.first || tile.last) ? loader_ring_bytes(cfg, run) : 0;
   m.buffer_size = uint64_t(mem.optimizer.buffer_size());

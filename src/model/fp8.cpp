@@ -74,6 +74,7 @@ Fp8Linear<Backend>::Fp8Linear(const Fp8Options& options, int begin, int end, boo
   const int places = layers * Fp8State::kGemms + (head ? 1 : 0);
   weight_at_.assign(size_t(places), 0);
   cast_.assign(size_t(places), Cast{});
+  part_scale_.assign(size_t(state_.tensors()), 1.0f);
   size_t total = 0;
   for (int w = 0; w < places; ++w) {
     const bool is_head = head && w == places - 1;
@@ -132,10 +133,40 @@ const uint8_t* Fp8Linear<Backend>::weight_codes(int layer, int gemm, const Act* 
   uint8_t* codes = weights_ + weight_at_[at];
   Cast& c = cast_[at];
   if (c.weight != w || c.generation != state_.generation() || c.rows != OC || c.cols != IC) {
-    cast(codes, codes + size_t(OC) * IC, weight, OC, IC, tensor, Fp8State::kWeight);
+    if (codes_ != nullptr && layer == codes_layer_)
+      Backend::fp8_place(codes, codes + size_t(OC) * IC, codes_ + (weight - codes_params_), OC, IC,
+                         1.0f / part_scale_[size_t(tensor)], scale_inv(tensor));
+    else
+      cast(codes, codes + size_t(OC) * IC, weight, OC, IC, tensor, Fp8State::kWeight);
     c = {w, state_.generation(), OC, IC};
   }
   return codes;
+}
+
+template <class Backend>
+void Fp8Linear<Backend>::cast_part(int layer, int gemm, const Act* x, size_t n, uint8_t* out,
+                                   Comm* shard) {
+  const int tensor = state_.tensor(layer, gemm, Fp8State::kWeight);
+  float current = 0;
+  if (!state_.has_history(tensor)) {
+    // Every rank of the group takes part, its part of this weight empty or not.
+    current = n > 0 ? Backend::fp8_amax(x, n) : 0.0f;
+    if (std::isnan(current)) current = INFINITY;
+    host_all_reduce_max(shard->mpi(), &current, 1);
+    host_all_reduce_max(tp_->mpi(), &current, 1);
+    if (cp_ != nullptr) host_all_reduce_max(cp_->mpi(), &current, 1);
+  }
+  const float s = state_.scale(tensor, current);
+  part_scale_[size_t(tensor)] = s;
+  // The part as rows of kRow elements and a shorter last one: the cast's 32 x 32 tiles full.
+  constexpr size_t kRow = 1024;
+  const size_t rows = n / kRow, tail = n % kRow;
+  if (rows > 0)
+    Backend::fp8_cast(out, nullptr, x, int(rows), int(kRow), s, Fp8Format::E4M3, amax_ + tensor,
+                      scale_inv(tensor));
+  if (tail > 0)
+    Backend::fp8_cast(out + rows * kRow, nullptr, x + rows * kRow, 1, int(tail), s,
+                      Fp8Format::E4M3, amax_ + tensor, scale_inv(tensor));
 }
 
 template <class Backend>

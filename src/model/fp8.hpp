@@ -134,6 +134,19 @@ class Fp8Linear {
   // The step's amaxes from the device slots into the state's pending ones; the slots restart at 0.
   void collect();
 
+  // ZeRO-3 (CodesUnit, model/shard.hpp): the weight of layer's `gemm` gathered as codes. Each rank
+  // casts its part, n elements of x, into out with the weight's scale of the step (the first
+  // step: the amax of the parts reduced over the shard group, tp and cp, as a whole weight's is
+  // over tp and cp), folding the part's amax into the step's (the engine reduces it over dp).
+  void cast_part(int layer, int gemm, const Act* x, size_t n, uint8_t* out, Comm* shard);
+  // Layer `layer`'s weights, laid out from `params`, come as the gathered codes laid out from
+  // `codes` (null: as values): its GEMMs place them (Backend::fp8_place) instead of casting.
+  void use_codes(int layer, const Act* params, const uint8_t* codes) {
+    codes_layer_ = layer;
+    codes_params_ = params;
+    codes_ = codes;
+  }
+
  private:
   float scale(const Act* x, size_t n, int tensor);
   void cast(uint8_t* out, uint8_t* out_t, const Act* x, int rows, int cols, int tensor,
@@ -167,6 +180,10 @@ class Fp8Linear {
     int rows = 0, cols = 0;
   };
   std::vector<Cast> cast_;
+  int codes_layer_ = -1;
+  const Act* codes_params_ = nullptr;
+  const uint8_t* codes_ = nullptr;
+  std::vector<float> part_scale_;  // by tensor: the scale cast_part used this step
 };
 
 }  // namespace tessera

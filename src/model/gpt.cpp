@@ -341,6 +341,7 @@ void Gpt<Backend>::forward(Weights<Act>& weights, int slot, const int32_t* token
     const int u = lay.layer_unit(l), e = lay.expert_unit(l);
     typename Blk::LayerUnits w;
     w.params = weights.params(u);
+    w.codes = weights.codes(u);
     if (e >= 0) w.expert_params = weights.params(e);
     block_.forward(w, l, layer_acts(slot, l - begin_, false), B, T);
     weights.params_done(u);
@@ -423,6 +424,7 @@ void Gpt<Backend>::backward(Weights<Act>& weights, int slot, const int32_t* toke
     const int i = l - begin_, u = lay.layer_unit(l), e = lay.expert_unit(l);
     typename Blk::LayerUnits w;
     w.params = weights.params(u);
+    w.codes = weights.codes(u);
     w.grads = weights.grads(u);
     if (e >= 0) {
       w.expert_params = weights.params(e);

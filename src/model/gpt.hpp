@@ -112,6 +112,7 @@ class Gpt {
   double context_seconds() const { return context_ ? context_->seconds : 0; }
   // device.precision fp8: the delayed-scaling state of this chunk's FP8 GEMMs, else nullptr.
   Fp8State* fp8_state() { return fp8_ ? &fp8_->state() : nullptr; }
+  Fp8Linear<Backend>* fp8() { return fp8_.get(); }
   // The step's FP8 amaxes from the device into fp8_state()'s pending ones (Fp8Linear::collect).
   void fp8_collect() {
     if (fp8_) fp8_->collect();

@@ -200,6 +200,45 @@ ShardPlan make_shard_plan(const LocalLayout& tile, int n, int rank, int expert_n
   return p;
 }
 
+std::vector<CodesUnit> fp8_codes_units(const LocalLayout& tile, const ShardPlan& plan) {
+  // The linear layers' weights in Fp8State::Gemm order (qkv, proj, fc1, fc2).
+  constexpr LayerRole kGemmWeight[] = {kQkvW, kProjW, kFc1W, kFc2W};
+  std::vector<CodesUnit> out(tile.units.size());
+  for (const LayerRange& chunk : tile.chunks)
+    for (int l = chunk.begin; l < chunk.end; ++l) {
+      const size_t u = size_t(tile.layer_unit(l));
+      const Unit& unit = tile.units[u];
+      CodesUnit& c = out[u];
+      for (int gemm = 0; gemm < 4; ++gemm) {
+        const LayerRole role = kGemmWeight[gemm];
+        if (!tile.canonical.has(l, role)) continue;
+        // A role's tensors are adjacent (LLaMA's q, k, v): one weight.
+        size_t t = size_t(tile.layer(l, role)), end = tile.tensors[t].offset;
+        const size_t begin = end;
+        for (; t < tile.tensors.size() && tile.canon(tile.tensors[t]).role == role; ++t)
+          end = tile.tensors[t].offset + tile.tensors[t].numel;
+        c.weights.push_back({begin - unit.begin, end - unit.begin, l, gemm});
+      }
+      std::sort(c.weights.begin(), c.weights.end(),
+                [](const CodesUnit::Weight& a, const CodesUnit::Weight& b) { return a.begin < b.begin; });
+      // Each rank's part [r p, (r + 1) p) of the unit, less the weights.
+      const size_t p = plan.part[u], size = unit.size();
+      c.pieces.resize(size_t(plan.group[u]));
+      for (size_t r = 0; r < c.pieces.size(); ++r) {
+        size_t at = std::min(size, r * p), count = 0;
+        const size_t stop = std::min(size, at + p);
+        for (const CodesUnit::Weight& w : c.weights) {
+          const size_t to = std::min(stop, std::max(at, w.begin));
+          if (to > at) c.pieces[r].push_back({at, to - at}), count += to - at;
+          at = std::max(at, std::min(stop, w.end));
+        }
+        if (stop > at) c.pieces[r].push_back({at, stop - at}), count += stop - at;
+        c.packed = std::max(c.packed, count);
+      }
+    }
+  return out;
+}
+
 LocalLayout shard_layout(const LocalLayout& tile, const ShardPlan& p) {
   LocalLayout L;
   L.canonical = tile.canonical;

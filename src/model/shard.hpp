@@ -125,6 +125,25 @@ struct ShardPlan {
 ShardPlan make_shard_plan(const LocalLayout& tile, int n, int rank, int expert_n = 1,
                           int expert_rank = 0);
 
+// ZeRO-3 with FP8 (optim/sharded_weights.hpp): a layer's unit gathered as the one-byte codes of
+// its FP8 GEMMs' weights, each rank casting its part, and its other elements (norms, biases) as
+// values, packed: each rank's part's ones one after another, padded to the group's largest
+// count. The codes travel in unit elements (n x part bytes), the values in n x packed elements.
+struct CodesUnit {
+  struct Weight {  // a GEMM's weight (model/fp8.hpp's Fp8State::Gemm), unit elements [begin, end)
+    size_t begin = 0, end = 0;
+    int layer = 0, gemm = 0;
+  };
+  struct Piece {  // unit elements [at, at + n)
+    size_t at = 0, n = 0;
+  };
+  std::vector<Weight> weights;             // none: the unit is gathered as values
+  std::vector<std::vector<Piece>> pieces;  // by group rank: its part's other elements, in order
+  size_t packed = 0;                       // the largest of their counts
+};
+// By unit: the layers' units (not an MoE layer's experts, never in FP8) with their weights.
+std::vector<CodesUnit> fp8_codes_units(const LocalLayout& tile, const ShardPlan& plan);
+
 // The tensors' pieces in this rank's parts as a layout whose buffer is the shard buffer: each
 // piece a LocalTensor of the canonical tensor, its blocks the canonical rectangles it covers
 // (rows split at the part's ends). Initialisation and checkpoints read and write the shard

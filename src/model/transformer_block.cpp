@@ -126,6 +126,7 @@ void TransformerBlock<Backend>::forward(const LayerUnits& u, int l, const Acts& 
   const size_t NrC = size_t(Nr) * C;
   const bool sp = options_.sequence_parallel;
   const Params w = params_of({u.params, nullptr, u.expert_params, nullptr}, l);
+  if (fp8_) fp8_->use_codes(l, u.params, u.codes);
   norm_forward(a.norm1, a.norm1_mean, a.norm1_rstd, a.in, w.p[kNorm1W], w.p[kNorm1B], Nr);
   Act* partial = sp ? scratch(kPartial) : a.attproj;
   attention_forward(l, partial, gather_rows(a.norm1, scratch(kGather), N), w, a, B, T);
@@ -187,6 +188,7 @@ void TransformerBlock<Backend>::backward(const LayerUnits& u, int l, const Acts&
                                          int T) {
   const int N = B * T, Nr = N / seq_split();
   const Params w = params_of(u, l);
+  if (fp8_) fp8_->use_codes(l, u.params, u.codes);
   // dres holds the gradient of the layer's output (this rank's rows); the residual path passes
   // it through unchanged, so each section's backward only adds its input gradient into it. The
   // row-parallel GEMMs read it whole (all-gathered), and the column-parallel GEMMs' input

@@ -77,6 +77,9 @@ class TransformerBlock {
     float* grads = nullptr;  // null for the forward
     const Act* expert_params = nullptr;
     float* expert_grads = nullptr;
+    // ZeRO-3 with FP8: the layer's GEMM weights as their gathered codes, laid out as params
+    // (Weights::codes), or null.
+    const uint8_t* codes = nullptr;
   };
   // Layer l from a.in to a.out.
   void forward(const LayerUnits& u, int l, const Acts& a, int B, int T);

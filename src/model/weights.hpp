@@ -9,6 +9,7 @@
 // gradients in a zeroed buffer and reduce-scatter them to their owners on release; ZeRO-3 also
 // gathers the unit's parameters on acquire. The pass's order (pass()) lets them start the next
 // unit's gather while this one computes.
+#include <cstdint>
 #include <vector>
 
 #include "model/shard.hpp"
@@ -24,6 +25,10 @@ class Weights {
   virtual void pass(const std::vector<int>& units) = 0;
   virtual const Act* params(int unit) = 0;
   virtual void params_done(int unit) = 0;
+  // ZeRO-3 with FP8 (CodesUnit, model/shard.hpp): the held unit's FP8 GEMM weights as their
+  // codes, one byte per element laid out as params(unit) lays out the values (which it then
+  // holds for the unit's other tensors only); null where the unit came as values.
+  virtual const uint8_t* codes(int) { return nullptr; }
   // The unit's gradients, added to by the pass; a forward-only pass never asks.
   virtual float* grads(int unit) = 0;
   virtual void grads_done(int unit) = 0;

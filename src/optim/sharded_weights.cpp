@@ -11,8 +11,9 @@
 
 namespace tessera {
 
-ShardedBuffers::ShardedBuffers(const ShardPlan& plan, int stage, bool reshard_after_forward,
-                               size_t act_bytes, Arena& arena)
+ShardedBuffers::ShardedBuffers(const LocalLayout& tile, const ShardPlan& plan, int stage,
+                               bool reshard_after_forward, bool fp8, size_t act_bytes,
+                               Arena& arena)
     : keep(stage == 3 && !reshard_after_forward), largest(plan.largest_unit), arena(&arena) {
   size_t every = 0;
   for (size_t u = 0; u < plan.part.size(); ++u) {
@@ -27,10 +28,19 @@ ShardedBuffers::ShardedBuffers(const ShardPlan& plan, int stage, bool reshard_af
     h_params = arena.add("ZeRO-3 gathered parameters (2 units)", 2 * largest * act_bytes);
   else
     h_params = arena.add("ZeRO-2 parameter gather (1 unit)", largest * act_bytes);
+  if (stage == 3 && !keep && fp8) {
+    codes = fp8_codes_units(tile, plan);
+    for (size_t u = 0; u < codes.size(); ++u)
+      packed = std::max(packed, size_t(plan.group[u]) * codes[u].packed);
+    h_codes = arena.add("ZeRO-3 gathered FP8 weight codes (2 units)", 2 * largest);
+    h_packed = arena.add("ZeRO-3 gathered norms and biases, packed (2 units)",
+                         2 * packed * act_bytes);
+  }
 }
 
 size_t ShardedBuffers::bytes() const {
-  return arena->bytes(h_params) + arena->bytes(h_grads) + arena->bytes(h_parts);
+  return arena->bytes(h_params) + arena->bytes(h_grads) + arena->bytes(h_parts) +
+         (codes.empty() ? 0 : arena->bytes(h_codes) + arena->bytes(h_packed));
 }
 
 template <class Backend>
@@ -42,6 +52,9 @@ ShardedWeights<Backend>::ShardedWeights(const LocalLayout& tile, const ShardPlan
       prefetch_(prefetch),
       largest_(buffers.largest), kept_offset_(buffers.kept_offset),
       gathered_(arena.get<Act>(buffers.h_params)),
+      codes_units_(buffers.codes), packed_(buffers.packed),
+      codes_(buffers.codes.empty() ? nullptr : arena.get<uint8_t>(buffers.h_codes)),
+      packed_values_(buffers.codes.empty() ? nullptr : arena.get<Act>(buffers.h_packed)),
       unit_grads_(arena.get<float>(buffers.h_grads)),
       parts_(arena.get<float>(buffers.h_parts)) {
   gathered_state_.resize(keep_ ? plan.part.size() : 2);
@@ -71,7 +84,7 @@ void ShardedWeights<Backend>::finish() {
 template <class Backend>
 void ShardedWeights<Backend>::end_step() {
   for (Gathered& g : gathered_state_) {
-    if (g.unit >= 0) comm(g.unit)->wait(g.ticket);
+    if (g.unit >= 0) finish_gather(g);
     g = Gathered{};
   }
   order_.clear();
@@ -82,11 +95,68 @@ void ShardedWeights<Backend>::end_step() {
 
 template <class Backend>
 void ShardedWeights<Backend>::start_gather(int unit, size_t buffer) {
+  gathered_state_[buffer] = Gathered{};
+  if (!codes_units_.empty() && !codes_units_[size_t(unit)].weights.empty())
+    return start_codes_gather(unit, buffer);
   const size_t part = plan_.part[size_t(unit)];
   Act* at = gathered_ + (keep_ ? kept_offset_[size_t(unit)] : buffer * largest_);
   gathered_state_[buffer].unit = unit;
   gathered_state_[buffer].ticket =
       comm(unit)->start_all_gather(source_ + plan_.offset[size_t(unit)], at, part);
+}
+
+template <class Backend>
+void ShardedWeights<Backend>::start_codes_gather(int unit, size_t buffer) {
+  if (!cast_codes) throw std::logic_error("ZeRO-3: FP8 codes to gather and no cast_codes");
+  const size_t u = size_t(unit), part = plan_.part[u], me = size_t(plan_.member[u]);
+  const CodesUnit& c = codes_units_[u];
+  const size_t lo = me * part;  // this rank's part in unit elements
+  const Act* mine = source_ + plan_.offset[u];
+  // Every weight's cast is called on every rank, with its part empty or not: the first step's
+  // scale is reduced over the group.
+  uint8_t* codes = codes_ + buffer * largest_;
+  for (const CodesUnit::Weight& w : c.weights) {
+    const size_t a = std::clamp(w.begin, lo, lo + part), b = std::clamp(w.end, a, lo + part);
+    cast_codes(w.layer, w.gemm, mine + (a - lo), b - a, codes + a);
+  }
+  Act* values = packed_values_ + buffer * packed_;
+  size_t k = me * c.packed;
+  for (const CodesUnit::Piece& piece : c.pieces[me]) {
+    Backend::copy(values + k, mine + (piece.at - lo), piece.n * sizeof(Act));
+    k += piece.n;
+  }
+  Gathered& g = gathered_state_[buffer];
+  g.unit = unit;
+  g.codes = true;
+  g.ticket = comm(unit)->start_all_gather(static_cast<const uint8_t*>(codes + lo), codes, part);
+  g.values_ticket =
+      c.packed > 0 ? comm(unit)->start_all_gather(static_cast<const Act*>(values + me * c.packed),
+                                                  values, c.packed)
+                   : -1;
+  g.values_pending = true;
+}
+
+template <class Backend>
+void ShardedWeights<Backend>::finish_gather(Gathered& g) {
+  Comm* group = comm(g.unit);
+  group->wait(g.ticket);
+  g.ticket = -1;
+  if (!g.values_pending) return;
+  group->wait(g.values_ticket);
+  g.values_ticket = -1;
+  g.values_pending = false;
+  // Each rank's packed values to their places in the unit's parameter buffer.
+  const size_t b = size_t(&g - gathered_state_.data());
+  const CodesUnit& c = codes_units_[size_t(g.unit)];
+  const Act* values = packed_values_ + b * packed_;
+  Act* at = gathered_ + b * largest_;
+  for (size_t r = 0; r < c.pieces.size(); ++r) {
+    size_t k = r * c.packed;
+    for (const CodesUnit::Piece& piece : c.pieces[r]) {
+      Backend::copy(at + piece.at, values + k, piece.n * sizeof(Act));
+      k += piece.n;
+    }
+  }
 }
 
 template <class Backend>
@@ -129,7 +199,7 @@ void ShardedWeights<Backend>::pass(const std::vector<int>& units) {
   if (!keep_)
     for (Gathered& g : gathered_state_) {
       if (g.in_use) throw std::logic_error("ZeRO-3: a pass began with a unit still in use");
-      if (g.unit >= 0) comm(g.unit)->wait(g.ticket);
+      if (g.unit >= 0) finish_gather(g);
       g = Gathered{};
     }
   order_ = units;
@@ -152,11 +222,19 @@ const typename Backend::Act* ShardedWeights<Backend>::params(int unit) {
     start_gather(unit, size_t(b));
   }
   Gathered& g = gathered_state_[size_t(b)];
-  comm(unit)->wait(g.ticket);
-  g.ticket = -1;
+  finish_gather(g);
   g.in_use = true;
   start_next_gather();
   return gathered_ + (keep_ ? kept_offset_[size_t(unit)] : size_t(b) * largest_);
+}
+
+template <class Backend>
+const uint8_t* ShardedWeights<Backend>::codes(int unit) {
+  for (size_t b = 0; b < gathered_state_.size(); ++b) {
+    const Gathered& g = gathered_state_[b];
+    if (g.unit == unit && g.in_use) return g.codes ? codes_ + b * largest_ : nullptr;
+  }
+  return nullptr;
 }
 
 template <class Backend>

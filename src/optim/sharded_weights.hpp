@@ -15,7 +15,15 @@
 // parameters gathered at a time. With reshard_after_forward = false every unit keeps its
 // gathered parameters from its first use until the step ends (end_step), in a buffer of its own.
 // ZeRO-2 reads the full parameter buffer the optimizer keeps up to date.
+//
+// FP8 (with resharding): a layer's GEMM weights are gathered as their one-byte codes, half a
+// bf16 gather's bytes (a quarter of fp32's), as FSDP2 with float8 does: each rank casts its part
+// (cast_codes: Fp8Linear::cast_part, the scale every rank of the tile uses) into its place in the
+// unit's codes, all-gathers them, and the GEMMs place the gathered codes (model/fp8.hpp) instead
+// of casting the whole weight. The unit's other elements (norms, biases) travel as values,
+// packed (CodesUnit, model/shard.hpp), and land at their places in the parameter buffer.
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -30,10 +38,14 @@ namespace tessera {
 // parameters (every unit's, without resharding) or under ZeRO-2 one unit's for the update's
 // gather. act_bytes: the size of the parameters' element type.
 struct ShardedBuffers {
-  ShardedBuffers(const ShardPlan& plan, int stage, bool reshard_after_forward, size_t act_bytes,
-                 Arena& arena);
+  // fp8: device.precision fp8 (the layers' weights gathered as codes under ZeRO-3).
+  ShardedBuffers(const LocalLayout& tile, const ShardPlan& plan, int stage,
+                 bool reshard_after_forward, bool fp8, size_t act_bytes, Arena& arena);
   size_t bytes() const;
   bool keep;                         // ZeRO-3 without resharding
+  std::vector<CodesUnit> codes;      // FP8 under ZeRO-3 with resharding, else empty
+  size_t packed = 0;                 // the largest packed gather of a unit (n x packed values)
+  size_t h_codes = 0, h_packed = 0;
   size_t largest = 0;                // elements of the largest gathered unit (n parts of it)
   std::vector<size_t> kept_offset;   // keep: where each unit's gathered parameters are
   size_t h_params = 0, h_grads = 0, h_parts = 0;
@@ -67,8 +79,13 @@ class ShardedWeights final : public Weights<typename Backend::Act> {
   // micro-batch, so that every rank of the group hands tp the same amount.
   std::function<void(int unit, float* grads)> before_reduce;
 
+  // FP8 (ShardedBuffers::codes): casts this rank's n elements x of layer's weight `gemm` into
+  // out with the step's scale (Fp8Linear::cast_part).
+  std::function<void(int layer, int gemm, const Act* x, size_t n, uint8_t* out)> cast_codes;
+
   void pass(const std::vector<int>& units) override;
   const Act* params(int unit) override;
+  const uint8_t* codes(int unit) override;
   void params_done(int unit) override;
   float* grads(int unit) override;
   void grads_done(int unit) override;
@@ -81,6 +98,9 @@ class ShardedWeights final : public Weights<typename Backend::Act> {
   struct Gathered {         // a parameter buffer
     int unit = -1;          // the unit it holds or gathers; -1: free
     int ticket = -1;        // its gather in flight; -1 once waited for
+    bool codes = false;     // its weights gathered as codes (CodesUnit), its other values packed
+    int values_ticket = -1; // codes: the packed values' gather
+    bool values_pending = false;  // codes: the values not at their places yet
     bool in_use = false;    // handed out by params() and not released yet
   };
   struct Reducing {         // a gradient buffer
@@ -89,6 +109,8 @@ class ShardedWeights final : public Weights<typename Backend::Act> {
     bool busy = false;      // released: the reduce-scatter is in flight
   };
   void start_gather(int unit, size_t buffer);
+  void start_codes_gather(int unit, size_t buffer);
+  void finish_gather(Gathered& g);  // waits for its gathers; codes: the values to their places
   int free_gather_buffer() const;
   int holding(int unit) const;  // the buffer holding (or gathering) unit, not handed out; or -1
   void start_next_gather();
@@ -107,6 +129,10 @@ class ShardedWeights final : public Weights<typename Backend::Act> {
   const Act* source_ = nullptr;
   float* sums_ = nullptr;
   Act* gathered_ = nullptr;  // 2 x largest_, or (keep_) every unit's n parts one after another
+  const std::vector<CodesUnit>& codes_units_;
+  size_t packed_;              // elements of each buffer's packed values
+  uint8_t* codes_ = nullptr;   // FP8: 2 x largest_ codes
+  Act* packed_values_ = nullptr;  // FP8: 2 x packed_
   float* unit_grads_ = nullptr;  // 2 x largest_
   float* parts_ = nullptr;       // 2 x plan.largest_part: what a reduce-scatter hands this rank
   std::vector<Gathered> gathered_state_;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -213,17 +214,26 @@ int Comm::ticket(MPI_Request request) {
 }
 
 int Comm::start_all_gather(const float* send, float* recv, size_t count_per_rank) {
+  return start_gather(send, recv, count_per_rank, MPI_FLOAT, sizeof(float));
+}
+
+int Comm::start_all_gather(const uint8_t* send, uint8_t* recv, size_t count_per_rank) {
+  return start_gather(send, recv, count_per_rank, MPI_BYTE, 1);
+}
+
+int Comm::start_gather(const void* send, void* recv, size_t count_per_rank, MPI_Datatype type,
+                       size_t elem) {
+  const size_t bytes = count_per_rank * elem;
   if (!active()) {
-    if (send != recv) std::copy(send, send + count_per_rank, recv);
+    if (send != recv) std::memcpy(recv, send, bytes);
     return -1;
   }
-  const bool in_place = send == recv + size_t(rank_) * count_per_rank;
-  const trace::Scope call(name_, "start_all_gather",
-                          size_t(size_) * count_per_rank * sizeof(float));
+  const bool in_place = send == static_cast<const char*>(recv) + size_t(rank_) * bytes;
+  const trace::Scope call(name_, "start_all_gather", size_t(size_) * bytes);
   MPI_Request request = MPI_REQUEST_NULL;
-  MPI_Iallgather(in_place ? MPI_IN_PLACE : send, int(count_per_rank), MPI_FLOAT, recv,
-                 int(count_per_rank), MPI_FLOAT, comm_, &request);
-  count(size_t(size_) * count_per_rank * sizeof(float));
+  MPI_Iallgather(in_place ? MPI_IN_PLACE : send, int(count_per_rank), type, recv,
+                 int(count_per_rank), type, comm_, &request);
+  count(size_t(size_) * bytes);
   return ticket(request);
 }
 

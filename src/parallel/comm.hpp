@@ -83,6 +83,8 @@ class Comm {
   // reuse. A ticket is the call's; -1 is that of a call complete at once (one rank). progress()
   // lets MPI move started calls on between computations (MPICH progresses only inside MPI calls).
   int start_all_gather(const float* send, float* recv, size_t count);
+  // ZeRO-3's FP8 weight codes (optim/sharded_weights.hpp): bytes.
+  int start_all_gather(const uint8_t* send, uint8_t* recv, size_t count);
   int start_reduce_scatter_sum(const float* send, float* recv, size_t count);
   void wait(int ticket);
   void progress();
@@ -115,6 +117,7 @@ class Comm {
 
  private:
   void reduce(void* x, size_t n, MPI_Datatype type, MPI_Op op, size_t elem);
+  int start_gather(const void* send, void* recv, size_t count, MPI_Datatype type, size_t elem);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   char name_[MPI_MAX_OBJECT_NAME] = "none";  // MPI_Comm_set_name's (the mesh's group names: tp, dpcp, pp, embed...)

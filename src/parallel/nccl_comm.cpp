@@ -26,6 +26,7 @@ ncclDataType_t nccl_type() {
   else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
   else if constexpr (std::is_same_v<T, __nv_bfloat16>) return ncclBfloat16;
   else if constexpr (std::is_same_v<T, int32_t>) return ncclInt32;
+  else if constexpr (std::is_same_v<T, uint8_t>) return ncclUint8;
   else static_assert(sizeof(T) == 0, "no NCCL type for T");
 }
 
@@ -332,5 +333,8 @@ TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
 TESSERA_INSTANTIATE(__nv_bfloat16)
 #undef TESSERA_INSTANTIATE
+// ZeRO-3's FP8 weight codes (optim/sharded_weights.hpp).
+template int NcclComm::start_all_gather<uint8_t>(const uint8_t*, uint8_t*, size_t);
+template void NcclComm::all_gather<uint8_t>(const uint8_t*, uint8_t*, size_t);
 
 }  // namespace tessera

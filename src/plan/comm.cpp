@@ -5,6 +5,7 @@
 
 #include "model/cost.hpp"
 #include "model/moe_dispatch.hpp"
+#include "model/options.hpp"
 
 namespace tessera {
 
@@ -58,32 +59,45 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
   auto unit_of = [&](int tensor) { return tile.unit_of_tensor[size_t(tensor)]; };
   // A unit padded to its group's parts; nothing travels for a group of one.
   auto whole = [&](int u) { return plan.group[size_t(u)] > 1 ? double(plan.whole(u)) : 0.0; };
-  double gathered = 0, reduced = 0;  // elements per micro-batch
+  // The bytes of a unit's gather: its elements, or under FP8 (ZeRO-3 resharding) a layer's
+  // weights as one-byte codes beside its other elements packed (CodesUnit, model/shard.hpp).
+  const bool keep = zero == 3 && !cfg.parallel.reshard_after_forward;
+  const std::vector<CodesUnit> codes =
+      zero == 3 && !keep && model_options(cfg).fp8.on ? fp8_codes_units(tile, plan)
+                                                      : std::vector<CodesUnit>{};
+  auto gather = [&](int u) {
+    if (codes.empty() || codes[size_t(u)].weights.empty()) return whole(u) * act_bytes;
+    return whole(u) > 0 ? whole(u) + double(plan.group[size_t(u)] * codes[size_t(u)].packed) *
+                                         act_bytes
+                        : 0.0;
+  };
+  double gathered = 0, reduced = 0;  // bytes gathered, elements reduced per micro-batch
   for (size_t c = 0; c < tile.chunks.size(); ++c) {
     const bool first = tile.first && c == 0, last = tile.last && c + 1 == tile.chunks.size();
-    double layers = 0;
     for (int k = tile.chunks[c].begin; k < tile.chunks[c].end; ++k) {
-      layers += whole(tile.layer_unit(k));
-      if (tile.expert_unit(k) >= 0) layers += whole(tile.expert_unit(k));
+      // forward and backward
+      gathered += 2 * gather(tile.layer_unit(k));
+      reduced += whole(tile.layer_unit(k));
+      if (tile.expert_unit(k) >= 0) {
+        gathered += 2 * gather(tile.expert_unit(k));
+        reduced += whole(tile.expert_unit(k));
+      }
     }
-    gathered += 2 * layers;  // forward and backward
-    reduced += layers;
     if (first) {  // the embedding's forward reads embed and positions; its backward none
       for (int t : {tile.embed, tile.positions})
-        if (t >= 0) gathered += whole(unit_of(t)), reduced += whole(unit_of(t));
+        if (t >= 0) gathered += gather(unit_of(t)), reduced += whole(unit_of(t));
     }
     if (last) {  // forward: the final norm and the head; backward: the head and the norm's weight
       for (int t : {tile.norm_weight, tile.norm_bias})
-        if (t >= 0) gathered += whole(unit_of(t)), reduced += whole(unit_of(t));
-      gathered += 2 * whole(unit_of(tile.head)) + whole(unit_of(tile.norm_weight));
+        if (t >= 0) gathered += gather(unit_of(t)), reduced += whole(unit_of(t));
+      gathered += 2 * gather(unit_of(tile.head)) + gather(unit_of(tile.norm_weight));
       reduced += whole(unit_of(tile.head));
     }
   }
-  double every = 0;  // every unit once
-  for (size_t u = 0; u < tile.units.size(); ++u) every += whole(int(u));
-  const bool keep = zero == 3 && !cfg.parallel.reshard_after_forward;
+  double every = 0;  // every unit once, bytes
+  for (size_t u = 0; u < tile.units.size(); ++u) every += gather(int(u));
   const double gathers = zero == 2 ? every : keep ? every : m * gathered;
-  const double payload = m * reduced * 4 + gathers * act_bytes;
+  const double payload = m * reduced * 4 + gathers;
   out->payload[Traffic::dp] = (n > 1 ? payload : 0) + (r > 1 ? 4.0 * double(plan.total) : 0);
   out->dp_traffic = ring(payload, n) + 2 * ring(4.0 * double(plan.total), r);
   out->dp_sharded = n > 1 ? payload : 0;

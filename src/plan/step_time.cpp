@@ -91,11 +91,10 @@ LinearTimes linear_times(const Costs& c, double n, const std::vector<LinearGemm>
 
 // FP8's casts to one-byte codes in one layer and micro-batch (model/fp8.hpp), streaming: each
 // GEMM's input (n rows) in the forward and again transposed in the backward, its output gradient
-// into both layouts; the weights (codes and transposes) `weight_casts` times: once per step,
-// shared by the micro-batches (1 / n_micro), or under ZeRO-3, whose codes take turns in two
-// layers' places, at each forward and backward (2). a: bytes of an activation.
+// into both layouts; the weights (codes and transposes) `weight_bytes` per weight element a
+// micro-batch (step_time says how many). a: bytes of an activation.
 double fp8_cast_seconds(const Costs& c, double n, const std::vector<LinearGemm>& gemms, double a,
-                        double weight_casts) {
+                        double weight_bytes) {
   double in = 0, out = 0, weight = 0;  // columns, and weight elements, of the layer's GEMMs
   for (const LinearGemm& g : gemms) {
     in += g.in;
@@ -104,8 +103,20 @@ double fp8_cast_seconds(const Costs& c, double n, const std::vector<LinearGemm>&
   }
   const double inputs = 2 * n * in * (a + 1);
   const double grads = n * out * (a + 2);
-  const double weights = weight * (a + 2) * weight_casts;
+  const double weights = weight * weight_bytes;
   return c.stream(inputs + grads + weights, 0);
+}
+
+// The bytes a GEMM weight element's codes move a micro-batch. A cast reads the value and writes
+// both layouts (a + 2): once per step, shared by the micro-batches, or where the codes take turns
+// (model_options' rule, Fp8Linear's places) at each forward and backward; then, gathered as codes
+// (ZeRO-3 with resharding), each rank casts its 1 / n part (a + 1) and the GEMMs place the
+// gathered codes (read 1, write 2).
+double fp8_weight_bytes(const Config& cfg, const RunLayout& run, double a) {
+  if (!model_options(cfg).fp8.layer_codes) return (a + 2) / std::max(run.n_micro, 1);
+  if (cfg.parallel.zero == 3 && cfg.parallel.reshard_after_forward)
+    return 2 * (3 + (a + 1) / run.layout.shard_size());
+  return 2 * (a + 2);
 }
 
 // The step's parts after the pipeline's (dp, the tied embedding's sum, the optimizer), its
@@ -195,10 +206,6 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   // fp8 on a GPU: linear layers' GEMMs at the FP8 peak, the rest bf16; on a CPU fp32's.
   const bool fp8 = cfg.device.precision == Precision::Fp8 && machine.gpu && machine.peak_fp8 > 0;
   const Costs lin = fp8 ? Costs{machine, machine.peak_fp8, machine.compute_fp8()} : c;
-  // The weights' casts a micro-batch: at each forward and backward where the codes take turns
-  // (model_options' rule, Fp8Linear's places), else once per step.
-  const double weight_casts =
-      model_options(cfg).fp8.layer_codes ? 2.0 : 1.0 / std::max(run.n_micro, 1);
   // n: this rank's rows of a micro-batch (T / cp tokens of each sequence under context
   // parallelism, whose causal attention work is 1 / cp of the whole sequence's on every rank).
   const double b = run.micro_batch, T = cfg.data.seq_len, C = shape.n_embd, n = b * T / l.cp;
@@ -252,7 +259,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
     // forward again.
     const double launches = double(k.forward_kernels) * (3 + (rc == Recompute::Full ? 1 : 0));
     return layer_gemm + layer_mem + recompute +
-           (fp8 ? fp8_cast_seconds(c, n, k.gemms, a, weight_casts) : 0) +
+           (fp8 ? fp8_cast_seconds(c, n, k.gemms, a, fp8_weight_bytes(cfg, run, a)) : 0) +
            (machine.measured ? 0 : launches * machine.kernel_overhead);
   };
   const double per_layer = layer_seconds(cost);

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/ops.hpp"
@@ -118,6 +119,33 @@ TYPED_TEST(CudaFp8, CastFoldsTheAmaxAndNaNSticks) {
   EXPECT_TRUE(std::isnan(d_amax.fetch()[0]));
   gpu::fp8_cast<F>(d_out, nullptr, d_x, 70, 33, 1.0f, Fp8Format::E4M3, d_amax, d_inv);
   EXPECT_TRUE(std::isnan(d_amax.fetch()[0]));
+}
+
+// ZeRO-3's gathered codes placed (fp8_place): on the device the cast's own two layouts and its
+// scale slot, and the CPU's place to the byte, for tiles cut at both edges and for more tiles
+// than the grid (a grid-stride loop).
+TEST(CudaFp8Place, GivesTheCastsTwoLayoutsAndTheCpusBytes) {
+  for (const auto& [rows, cols] : {std::pair{70, 37}, std::pair{1, 1000}, std::pair{2100, 1030}}) {
+    const size_t n = size_t(rows) * size_t(cols);
+    const std::string what = std::to_string(rows) + " x " + std::to_string(cols);
+    Dev<float> d_x(random_of<float>(n, -300.0, 300.0));
+    Dev<uint8_t> d_codes(n), d_codes_t(n), d_out(n), d_out_t(n);
+    Dev<float> d_amax(std::vector<double>{0.0}), d_inv(1), d_place_inv(1);
+    gpu::fp8_cast<float>(d_codes, d_codes_t, d_x, rows, cols, 0.37f, Fp8Format::E4M3, d_amax, d_inv);
+    gpu::fp8_place(d_out, d_out_t, d_codes, rows, cols, 1.0f / 0.37f, d_place_inv);
+    const std::vector<double> codes = d_codes.fetch(), codes_t = d_codes_t.fetch();
+    EXPECT_EQ(d_out.fetch(), codes) << what;
+    EXPECT_EQ(d_out_t.fetch(), codes_t) << what << ", transposed";
+    EXPECT_EQ(d_place_inv.fetch()[0], d_inv.fetch()[0]) << what;
+    std::vector<uint8_t> host(n), cpu_out(n), cpu_t(n);
+    for (size_t i = 0; i < n; i++) host[i] = uint8_t(codes[i]);
+    float cpu_inv = 0;
+    cpu::fp8_place(cpu_out.data(), cpu_t.data(), host.data(), rows, cols, 1.0f / 0.37f, &cpu_inv);
+    std::vector<double> cpu_t_values(cpu_t.begin(), cpu_t.end());
+    EXPECT_EQ(cpu_t_values, codes_t) << what << ": the CPU's transpose";
+    EXPECT_EQ(cpu_out, host) << what;
+    EXPECT_EQ(double(cpu_inv), d_inv.fetch()[0]) << what;
+  }
 }
 
 // Random finite codes of a format for n elements (values of both signs over most of the range).

@@ -103,6 +103,12 @@ if train cpu_fp8 1 device.backend=cpu device.precision=fp8 &&
       train "$name" 2 device.backend=cuda device.precision=fp8 "$layout" &&
         cmp "$name" cuda_fp8 "$name" --loss-rtol 2e-2 --param-norm-tol 2e-2
     done
+    # ZeRO-3 gathers the layers' FP8 codes (NCCL's byte all-gather, fp8_place): to the bit the
+    # run that gathers the values once a step and casts them.
+    z3=(device.backend=cuda device.precision=fp8 parallel.dp=2 parallel.zero=3)
+    train cuda_fp8_z3codes 2 "${z3[@]}" &&
+      train cuda_fp8_z3values 2 "${z3[@]}" parallel.reshard_after_forward=false &&
+      cmp cuda_fp8_z3codes cuda_fp8_z3values cuda_fp8_z3codes --exact
   fi
 fi
 # The fp32 bound derived rather than guessed (tests/gpu/fp32_floor.py): the CUDA run and the CPU

@@ -2,7 +2,7 @@
 # Every rank's memory (activations too, with gemm and fused attention, under both schedules,
 # every train.recompute, with and without sequence parallelism, with virtual stages; GPT-2 and
 # LLaMA; the parameters', gradients' and optimizer's buffers and the transient ones under every
-# ZeRO stage, hybrid groups among them) and
+# ZeRO stage, hybrid groups among them, FP8's codes gathered under ZeRO-3) and
 # the bytes it hands to MPI per step on each communicator equal the counts of
 # docs/formulas.md (tools/reference/parallel_counts.py) and, exactly, those of `tessera plan --json`
 # of the run's deck (tools/reference/plan_check.py): an extra, missing or oversized collective, a
@@ -27,7 +27,9 @@ for layout in "2 2 2 0 gemm 1f1b none false" "1 2 2 0 fused gpipe selective fals
               "4 1 1 2 gemm 1f1b none false" "2 2 2 3 fused 1f1b full true" \
               "4 1 2 3 gemm gpipe none false 1 gpt2 parallel.zero_group=2" \
               "4 1 1 3 gemm 1f1b selective false 1 llama parallel.reshard_after_forward=false" \
-              "4 1 2 1 gemm 1f1b none false 1 gpt2 parallel.zero_group=2"; do
+              "4 1 2 1 gemm 1f1b none false 1 gpt2 parallel.zero_group=2" \
+              "4 1 2 3 gemm 1f1b none false 1 gpt2 device.precision=fp8" \
+              "2 2 2 3 fused 1f1b full true 1 llama device.precision=fp8"; do
   set -- $layout
   v=${9:-1} arch=${10:-gpt2}
   extra=("${@:11}")

@@ -4,7 +4,8 @@
 # restart + 5 to the bit, and a restart on another layout goes on from it; tensor-parallel,
 # pipeline and data-parallel layouts equal the 1-rank fp8 run within the bf16 tolerances of
 # tests/gpu/test_trainer.sh (the FP8 grid turns a reduction-order difference into a rounding
-# step now and then); a NaN gradient is skipped by the anomaly policy and leaves the amax
+# step now and then); ZeRO-3's codes gathered equal the values gathered to the bit, and halve the
+# layers' gather bytes; a NaN gradient is skipped by the anomaly policy and leaves the amax
 # histories as they were; the deck's FP8 errors are one line each.
 source "$(dirname "$0")/lib.sh"
 deck=$(tiny_deck fp8)
@@ -114,6 +115,38 @@ if awk -v a="$bf16_mb" -v b="$fp8_mb" -v w="$layer" \
 else
   fail "ZeRO-3 fp8 on LLaMA 7B: parameters '$fp8_mb' MB a rank against bf16's '$bf16_mb' MB"
 fi
+
+# ... and gathers the layers' GEMM weights as their one-byte codes (optim/sharded_weights.hpp):
+# the bytes a step hands the dp group drop by half a bf16 gather of every layer, twice (forward
+# and backward) each micro-batch, less the norms that still travel as values.
+dp_plan() {  # the plan's rank-0 dp bytes per step and micro-batches
+  "$TESSERA" plan "$ROOT/input/llama-7b-fsdp.yaml" --ranks 64 --json "$@" 2>/dev/null |
+    "$PYTHON" -c 'import json, sys; d = json.load(sys.stdin); print(d["roles"][0]["dp_bytes_per_step"], d["micro_batches"])'
+}
+read -r bf16_dp micro <<<"$(dp_plan)"
+read -r fp8_dp _ <<<"$(dp_plan device.precision=fp8)"
+layer=$(( 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096 ))
+if awk -v a="$bf16_dp" -v b="$fp8_dp" -v m="$micro" -v w="$layer" \
+     'BEGIN { want = m * 2 * 32 * w; d = a - b; exit !(a > 0 && d > 0.995 * want && d <= want) }'; then
+  pass "ZeRO-3 fp8 on LLaMA 7B: dp bytes a step $fp8_dp against bf16's $bf16_dp (the layers' gathers in codes)"
+else
+  fail "ZeRO-3 fp8 on LLaMA 7B: dp bytes a step '$fp8_dp' against bf16's '$bf16_dp' ($micro micro-batches)"
+fi
+# The codes gathered (and the norms packed) give the run of the values gathered once a step
+# (reshard_after_forward: false) to the bit: GPT-2 with tp, LLaMA on four parts, GPT-2 in
+# hybrid groups of two.
+for layout in "2 2 gpt2" "4 1 llama" "4 1 gpt2 parallel.zero_group=2"; do
+  set -- $layout
+  name=$3$(echo "${*:4}" | tr -cd 'a-z0-9')
+  extra=(parallel.dp="$1" parallel.tp="$2" parallel.zero=3 model.arch="$3" checkpoint.every=5 "${@:4}")
+  [ "$3" = llama ] && extra+=(model.n_kv_head=2)
+  if run "z3codes_$name" $(($1 * $2)) "${extra[@]}" &&
+     run "z3values_$name" $(($1 * $2)) "${extra[@]}" parallel.reshard_after_forward=false; then
+    compare "z3values_$name" "z3codes_$name" --exact
+  else
+    fail "ZeRO-3 $name runs"; tail -3 "z3codes_$name.log" "z3values_$name.log"
+  fi
+done
 
 # The deck's FP8 errors.
 expect_error "fp8 key without fp8" 2 "device.fp8_margin=1: device.fp8_margin needs device.precision: fp8 \(got 'fp32'\)$" \

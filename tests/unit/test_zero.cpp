@@ -3,6 +3,7 @@
 // that initialisation and checkpoints through the parts' layout see the tile's values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 #include <vector>
@@ -120,4 +121,62 @@ TEST(ShardPlan, InitialisationOfThePartsEqualsTheTiles) {
       }
     }
   }
+}
+
+// FP8 under ZeRO-3 (CodesUnit): in a layer's unit every element is either in the range of the
+// one FP8 GEMM weight whose tensor holds it (Fp8State::Gemm of its role, its layer) or in a
+// piece of exactly the rank whose part holds it, pieces in order; the packed count is the
+// largest rank's; the units outside the layers have no weights.
+TEST(ShardPlan, Fp8CodesUnitsSplitEachLayerIntoWeightsAndPackedValues) {
+  const std::map<LayerRole, int> gemm_of = {{kQkvW, 0}, {kProjW, 1}, {kFc1W, 2}, {kFc2W, 3}};
+  for (const LocalLayout& tile : tiles())
+    for (int n : {1, 2, 3, 5, 7}) {
+      const ShardPlan plan = make_shard_plan(tile, n, 0);
+      const std::vector<CodesUnit> codes = fp8_codes_units(tile, plan);
+      ASSERT_EQ(codes.size(), tile.units.size());
+      std::vector<bool> layer_unit(tile.units.size(), false);
+      for (const LayerRange& chunk : tile.chunks)
+        for (int l = chunk.begin; l < chunk.end; ++l) layer_unit[size_t(tile.layer_unit(l))] = true;
+      for (size_t u = 0; u < tile.units.size(); ++u) {
+        const CodesUnit& c = codes[u];
+        if (!layer_unit[u]) {
+          EXPECT_TRUE(c.weights.empty() && c.packed == 0) << "unit " << u;
+          continue;
+        }
+        const Unit& unit = tile.units[u];
+        ASSERT_EQ(c.weights.size(), 4u) << "unit " << u;
+        std::vector<int> seen(unit.size(), 0);
+        for (const CodesUnit::Weight& w : c.weights)
+          for (size_t e = w.begin; e < w.end; ++e) {
+            const size_t x = unit.begin + e;
+            const auto t = std::find_if(tile.tensors.begin(), tile.tensors.end(), [&](const LocalTensor& t) {
+              return x >= t.offset && x < t.offset + t.numel;
+            });
+            ASSERT_NE(t, tile.tensors.end());
+            const LayerRole role = tile.canon(*t).role;
+            ASSERT_TRUE(gemm_of.count(role)) << "unit " << u << " element " << e;
+            EXPECT_EQ(gemm_of.at(role), w.gemm);
+            EXPECT_GE(x, tile.layer_range(w.layer).first);
+            EXPECT_LT(x, tile.layer_range(w.layer).second);
+            ++seen[e];
+          }
+        const size_t part = plan.part[u];
+        size_t largest = 0;
+        ASSERT_EQ(c.pieces.size(), size_t(n));
+        for (size_t r = 0; r < c.pieces.size(); ++r) {
+          size_t count = 0, last = 0;
+          for (const CodesUnit::Piece& p : c.pieces[r]) {
+            EXPECT_GE(p.at, std::max(last, r * part)) << "rank " << r << "'s pieces in its part, in order";
+            EXPECT_LE(p.at + p.n, (r + 1) * part);
+            for (size_t e = p.at; e < p.at + p.n; ++e) ++seen[e];
+            count += p.n;
+            last = p.at + p.n;
+          }
+          largest = std::max(largest, count);
+        }
+        EXPECT_EQ(c.packed, largest);
+        for (size_t e = 0; e < seen.size(); ++e)
+          ASSERT_EQ(seen[e], 1) << "unit " << u << " element " << e << ", " << n << " ranks";
+      }
+    }
 }

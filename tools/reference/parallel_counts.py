@@ -134,6 +134,39 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank, cp=1):
     keep = stage == 3 and not p.get("reshard_after_forward", True)
     gathered = g * S if keep else (2 if stage == 3 else 1) * largest
     out["transient_bytes"] = 4 * (2 * largest + 2 * max(parts) + gathered) if stage >= 2 else 0
+    # FP8 under ZeRO-3 with resharding (docs/parallelism.md): a layer's four GEMM weights are
+    # gathered as one-byte codes (g parts of the layer), its norms and biases as values, each
+    # rank's part's ones packed and padded to the largest such count q over the g parts. The
+    # layer's tensors in order, ("v", n) values or ("w", n) weight elements:
+    fp8 = deck.get("device", {}).get("precision") == "fp8" and stage == 3 and not keep
+    if llama:
+        runs = [("v", C), ("w", (C + 2 * KV) * C // tp), ("w", C * C // tp), ("v", C),
+                ("w", 2 * F * C // tp), ("w", C * F // tp)]
+    else:
+        runs = [("v", 2 * C), ("w", 3 * C * C // tp), ("v", 3 * C // tp), ("w", C * C // tp),
+                ("v", 3 * C), ("w", F * C // tp), ("v", F // tp), ("w", C * F // tp), ("v", C)]
+    assert sum(n for _, n in runs) == layer
+    part = -(-layer // g)
+    values_at, at = [], 0  # the values' element ranges in the layer
+    for kind, n in runs:
+        if kind == "v":
+            values_at.append((at, at + n))
+        at += n
+    q = max(sum(max(0, min(b, (k + 1) * part) - max(a, k * part)) for a, b in values_at)
+            for k in range(g))
+    if fp8:
+        out["transient_bytes"] += 2 * g * part + 2 * 4 * g * q
+    # FP8 (docs/fp8.md): each GEMM weight's codes and their transpose, 2 bytes an element, each
+    # place from a 16-byte boundary, counted with the parameters: a place per weight of every
+    # layer of a chunk, or under ZeRO-3 two layers' places taking turns; the head's with fp8_head.
+    if deck.get("device", {}).get("precision") == "fp8":
+        weights = [n for kind, n in runs if kind == "w"]  # qkv, proj, fc1 (gate and up), fc2
+        per_chunk = L_here // v
+        layers = min(2, per_chunk) if stage == 3 else per_chunk
+        codes = v * layers * sum(-(-2 * n // 16) * 16 for n in weights)
+        if last and deck["device"].get("fp8_head", False):
+            codes += -(-2 * (Vp * C // tp) // 16) * 16
+        out["param_buffer_bytes"] += codes
     # Communication payload per step (bytes handed to MPI), FORMULAS.md "Communication":
     # tp: per micro-batch per layer 2 all-reduces of b*T*C forward and 2 backward; the embedding's
     # all-reduce on the first stage; on the last stage the LM head's input gradient (b*T*C) and the
@@ -185,8 +218,10 @@ def counts(deck, dp, tp, pp, vocab, dp_rank, tp_rank, pp_rank, cp=1):
         reduced = layers + ins + (sum(norm) + head if last else 0)
         gathered = 2 * layers + ins + (sum(norm) + norm[0] + 2 * head if last else 0)
         every = sum(whole(u) for u in units)
-        gathers = every if stage == 2 or keep else micro * gathered
-        dp_bytes = (4 * (micro * reduced + gathers) if g > 1 else 0) + (4 * S if r > 1 else 0)
+        gathers = 4 * (every if stage == 2 or keep else micro * gathered)
+        if fp8:  # each layer's two gathers a micro-batch: g x part codes and g x q values
+            gathers -= micro * 2 * L_here * (4 * whole(layer) - (g * part + 4 * g * q))
+        dp_bytes = (4 * micro * reduced + gathers if g > 1 else 0) + (4 * S if r > 1 else 0)
     # Every (micro-batch, chunk) output goes to the next virtual stage and its input's gradient to
     # the previous one: all but the model's last and first virtual stage.
     boundary = act // tp if sp else act

@@ -1,5 +1,6 @@
 // FP8 simulated on the CPU (device.precision: fp8 with device.backend: cpu): a tensor's absolute
 // maximum, its FP8 codes at a scale, and the GEMM of two code matrices as cuBLASLt defines it.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -62,6 +63,15 @@ void fp8_cast(uint8_t* out, uint8_t* out_t, const float* in, int rows, int cols,
     }
   *amax = nan || std::isnan(*amax) ? NAN : std::fmax(*amax, m);
   *scale_inv = 1.0f / scale;
+}
+
+void fp8_place(uint8_t* out, uint8_t* out_t, const uint8_t* in, int rows, int cols, float scale_inv,
+               float* scale_inv_slot) {
+  std::copy(in, in + size_t(rows) * size_t(cols), out);
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) out_t[size_t(c) * rows + r] = in[size_t(r) * cols + c];
+  *scale_inv_slot = scale_inv;
 }
 
 void fp8_gemm(float* d, const Fp8Operand& x, const Fp8Operand& y, int M, int N, int K,

@@ -239,6 +239,9 @@ void adafactor_update(float* params, float* params_copy, const float* g, float* 
 // fp8_cast: the codes of in (rows, cols) * scale, rounded to nearest even and saturating, into
 // out (rows, cols) and out_t (cols, rows), either may be nullptr; *amax = max(*amax, max |in|)
 // (NaN sticks), *scale_inv = 1 / scale.
+// fp8_place: codes already cast (in, rows x cols) copied to out and transposed into out_t, and
+// *scale_inv = scale_inv: fp8_cast's two outputs from codes that ZeRO-3 gathered
+// (optim/sharded_weights.hpp).
 // fp8_gemm: d (M,N) = x.scale_inv y.scale_inv · X (M,K) · Y (N,K)ᵀ [+ d where accumulate]
 // [+ bias (N) per row]: cuBLASLt's FP8 GEMM, the codes' values multiplied exactly in fp32 and
 // summed, the two factors applied to the sum.
@@ -247,6 +250,8 @@ void adafactor_update(float* params, float* params_copy, const float* g, float* 
 float fp8_amax(const float* x, size_t n);
 void fp8_cast(uint8_t* out, uint8_t* out_t, const float* in, int rows, int cols, float scale,
               Fp8Format format, float* amax, float* scale_inv);
+void fp8_place(uint8_t* out, uint8_t* out_t, const uint8_t* in, int rows, int cols, float scale_inv,
+               float* scale_inv_slot);
 void fp8_gemm(float* d, const Fp8Operand& x, const Fp8Operand& y, int M, int N, int K,
               const float* bias, bool accumulate);
 // The GPU's line of where its FP8 GEMMs ran; the CPU has one way: "".

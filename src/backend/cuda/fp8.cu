@@ -80,36 +80,23 @@ __device__ __forceinline__ float fp8_value(uint8_t code, __nv_fp8_interpretation
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, f)));
 }
 
-// fp8_cast's pass 1: 32 x 32 tiles of in, a block of 256 threads taking one tile at a time (a
-// warp reads one row's 32 columns: coalesced) and writing the tile's codes to out as read and,
-// through shared memory, to out_t transposed (a warp writes one row of out_t: coalesced); each
-// block's largest |in| and count of NaNs into partial[2b], [2b+1].
+// The 32 x 32 tiles of a (rows, cols) matrix, a block of 256 threads taking one tile at a time:
+// code(at) gives element at's code (a warp reads one row's 32 columns: coalesced), and through
+// shared memory the tile goes to out_t transposed (a warp writes one row of out_t: coalesced),
+// unless out_t is null.
 constexpr int kTile = 32;
 constexpr int kCastThreads = 256;
-template <typename F, __nv_fp8_interpretation_t kFormat>
-__global__ void cast_kernel(uint8_t* out, uint8_t* out_t, const F* in, int rows, int cols,
-                            float scale, double* partial) {
-  TESSERA_SHARED(uint8_t, tile, [kTile][kTile + 1]);
-  TESSERA_SHARED(float, shared_max, [kWarp]);
-  TESSERA_SHARED(double, shared_nan, [kWarp]);
+template <typename Code>
+__device__ void transpose_tiles(uint8_t* out_t, int rows, int cols,
+                                uint8_t (&tile)[kTile][kTile + 1], Code code) {
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile, step = kCastThreads / kTile;
   const int tile_cols = (cols + kTile - 1) / kTile;
   const int tiles = tile_cols * ((rows + kTile - 1) / kTile);
-  float m = 0.0f;
-  double nan = 0.0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int r0 = t / tile_cols * kTile, c0 = t % tile_cols * kTile;
     for (int i = ty; i < kTile; i += step) {
       const int r = r0 + i, c = c0 + tx;
-      if (r >= rows || c >= cols) continue;
-      const size_t at = size_t(r) * cols + c;
-      const float v = to_float(in[at]);
-      const float a = fabsf(v);
-      if (a != a) nan += 1.0;
-      else m = fmaxf(m, a);
-      const uint8_t code = __nv_cvt_float_to_fp8(v * scale, __NV_SATFINITE, kFormat);
-      if (out) out[at] = code;
-      tile[i][tx] = code;
+      if (r < rows && c < cols) tile[i][tx] = code(size_t(r) * cols + c);
     }
     if (out_t == nullptr) continue;  // the same for the whole block
     __syncthreads();
@@ -119,12 +106,45 @@ __global__ void cast_kernel(uint8_t* out, uint8_t* out_t, const F* in, int rows,
     }
     __syncthreads();  // the tile is read before the next one overwrites it
   }
+}
+
+// fp8_cast's pass 1: the tiles of in cast, each code to out as read and to out_t transposed;
+// each block's largest |in| and count of NaNs into partial[2b], [2b+1].
+template <typename F, __nv_fp8_interpretation_t kFormat>
+__global__ void cast_kernel(uint8_t* out, uint8_t* out_t, const F* in, int rows, int cols,
+                            float scale, double* partial) {
+  TESSERA_SHARED(uint8_t, tile, [kTile][kTile + 1]);
+  TESSERA_SHARED(float, shared_max, [kWarp]);
+  TESSERA_SHARED(double, shared_nan, [kWarp]);
+  float m = 0.0f;
+  double nan = 0.0;
+  transpose_tiles(out_t, rows, cols, tile, [&](size_t at) {
+    const float v = to_float(in[at]);
+    const float a = fabsf(v);
+    if (a != a) nan += 1.0;
+    else m = fmaxf(m, a);
+    const uint8_t code = __nv_cvt_float_to_fp8(v * scale, __NV_SATFINITE, kFormat);
+    if (out) out[at] = code;
+    return code;
+  });
   m = block_max(m, shared_max);
   nan = block_sum(nan, shared_nan);
   if (threadIdx.x == 0) {
     partial[2 * blockIdx.x] = m;
     partial[2 * blockIdx.x + 1] = nan;
   }
+}
+
+// fp8_place: the tiles of codes already cast, copied to out as read and to out_t transposed;
+// block 0 writes the operand's scale.
+__global__ void place_kernel(uint8_t* out, uint8_t* out_t, const uint8_t* in, int rows, int cols,
+                             float scale_inv, float* scale_inv_slot) {
+  TESSERA_SHARED(uint8_t, tile, [kTile][kTile + 1]);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv_slot = scale_inv;
+  transpose_tiles(out_t, rows, cols, tile, [&](size_t at) {
+    out[at] = in[at];
+    return in[at];
+  });
 }
 
 // fp8_cast's pass 2: one block folds the partials into *amax, and writes the operand's scale.
@@ -205,6 +225,15 @@ void fp8_cast(uint8_t* out, uint8_t* out_t, const F* in, int rows, int cols, flo
   }
   launch<cast_finish_kernel>(1, kReduceThreads, 0, stream(), amax, scale_inv,
                              static_cast<const double*>(partial), grid, 1.0f / scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_place(uint8_t* out, uint8_t* out_t, const uint8_t* in, int rows, int cols, float scale_inv,
+               float* scale_inv_slot) {
+  const int tiles = rows > 0 && cols > 0 ? ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile) : 0;
+  const int grid = tiles < 1 ? 1 : tiles < 65535 ? tiles : 65535;
+  launch<place_kernel>(grid, kCastThreads, 0, stream(), out, out_t, in, rows, cols, scale_inv,
+                       scale_inv_slot);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -90,6 +90,9 @@ void bias_backward(float* dbias, const F* dout, int N, int OC);
 // nearest even, saturating) into out (rows, cols) and out_t (cols, rows), either may be
 // nullptr, in one pass that also folds max |in| into *amax (device; NaN sticks) and writes
 // *scale_inv = 1 / scale (device), the operand's scale for the GEMM.
+// fp8_place: codes already cast (in, rows x cols) copied to out and transposed into out_t, and
+// *scale_inv_slot = scale_inv (device): fp8_cast's two outputs from codes that ZeRO-3 gathered
+// (optim/sharded_weights.hpp).
 // fp8_gemm: d (M,N) = x.scale_inv y.scale_inv · X (M,K) · Y (N,K)ᵀ [+ d where accumulate]
 // [+ bias (N) per row], fp32 sums, d in D (F or fp32). cuBLASLt's FP8 GEMM where it takes the
 // shape (bf16 bias, M, N, K multiples of 16, 16-byte aligned), else tessera's tiled kernel.
@@ -100,6 +103,8 @@ float fp8_amax(const F* x, size_t n);
 template <typename F>
 void fp8_cast(uint8_t* out, uint8_t* out_t, const F* in, int rows, int cols, float scale,
               Fp8Format format, float* amax, float* scale_inv);
+void fp8_place(uint8_t* out, uint8_t* out_t, const uint8_t* in, int rows, int cols, float scale_inv,
+               float* scale_inv_slot);
 template <typename D, typename F>
 void fp8_gemm(D* d, const Fp8Operand& x, const Fp8Operand& y, int M, int N, int K, const F* bias,
               bool accumulate);

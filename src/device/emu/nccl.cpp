@@ -122,6 +122,7 @@ MPI_Datatype mpi_type(ncclDataType_t t, size_t* bytes) {
     case ncclFloat64: *bytes = 8; return MPI_DOUBLE;
     case ncclInt32: *bytes = 4; return MPI_INT32_T;
     case ncclBfloat16: *bytes = 2; return MPI_UINT16_T;
+    case ncclUint8: *bytes = 1; return MPI_UINT8_T;
     default: *bytes = 0; return MPI_DATATYPE_NULL;
   }
 }
