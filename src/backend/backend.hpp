@@ -38,63 +38,74 @@
 
 #include <utility>
 
+#include "backend/op_clock.hpp"
+
 #define TESSERA_BACKEND_FORWARD(ns, fn)                                                          \
   template <typename... A>                                                                       \
   static decltype(auto) fn(A&&... a) {                                                           \
     return ns::fn(std::forward<A>(a)...);                                                        \
   }
 
+// The same, timed into the op clock's slot (backend/op_clock.hpp: kGemm, the GEMMs of the linear
+// layer the model named).
+#define TESSERA_BACKEND_TIMED(ns, fn, slot)                                                      \
+  template <typename... A>                                                                       \
+  static decltype(auto) fn(A&&... a) {                                                           \
+    const ::tessera::op_clock::Scope timed(::tessera::op_clock::slot);                           \
+    return ns::fn(std::forward<A>(a)...);                                                        \
+  }
+
 #define TESSERA_BACKEND_FUNCTIONS(ns)                                                            \
-  TESSERA_BACKEND_FORWARD(ns, encoder_forward)                                                   \
-  TESSERA_BACKEND_FORWARD(ns, encoder_backward)                                                  \
-  TESSERA_BACKEND_FORWARD(ns, layernorm_forward)                                                 \
-  TESSERA_BACKEND_FORWARD(ns, layernorm_backward)                                                \
-  TESSERA_BACKEND_FORWARD(ns, rmsnorm_forward)                                                   \
-  TESSERA_BACKEND_FORWARD(ns, rmsnorm_backward)                                                  \
-  TESSERA_BACKEND_FORWARD(ns, matmul_forward)                                                    \
-  TESSERA_BACKEND_FORWARD(ns, bias_add)                                                          \
-  TESSERA_BACKEND_FORWARD(ns, bias_backward)                                                     \
-  TESSERA_BACKEND_FORWARD(ns, fp8_amax)                                                          \
-  TESSERA_BACKEND_FORWARD(ns, fp8_cast)                                                          \
-  TESSERA_BACKEND_FORWARD(ns, fp8_place)                                                         \
-  TESSERA_BACKEND_FORWARD(ns, fp8_gemm)                                                          \
+  TESSERA_BACKEND_TIMED(ns, encoder_forward, kEmbedding)                                         \
+  TESSERA_BACKEND_TIMED(ns, encoder_backward, kEmbedding)                                        \
+  TESSERA_BACKEND_TIMED(ns, layernorm_forward, kNorms)                                           \
+  TESSERA_BACKEND_TIMED(ns, layernorm_backward, kNorms)                                          \
+  TESSERA_BACKEND_TIMED(ns, rmsnorm_forward, kNorms)                                             \
+  TESSERA_BACKEND_TIMED(ns, rmsnorm_backward, kNorms)                                            \
+  TESSERA_BACKEND_TIMED(ns, matmul_forward, kGemm)                                               \
+  TESSERA_BACKEND_TIMED(ns, bias_add, kElementwise)                                              \
+  TESSERA_BACKEND_TIMED(ns, bias_backward, kElementwise)                                         \
+  TESSERA_BACKEND_TIMED(ns, fp8_amax, kFp8Casts)                                                 \
+  TESSERA_BACKEND_TIMED(ns, fp8_cast, kFp8Casts)                                                 \
+  TESSERA_BACKEND_TIMED(ns, fp8_place, kFp8Casts)                                                \
+  TESSERA_BACKEND_TIMED(ns, fp8_gemm, kGemm)                                                     \
   TESSERA_BACKEND_FORWARD(ns, fp8_report)                                                        \
-  TESSERA_BACKEND_FORWARD(ns, matmul_backward)                                                   \
-  TESSERA_BACKEND_FORWARD(ns, attention_forward)                                                 \
-  TESSERA_BACKEND_FORWARD(ns, attention_backward)                                                \
-  TESSERA_BACKEND_FORWARD(ns, attention_fused_forward)                                           \
-  TESSERA_BACKEND_FORWARD(ns, attention_fused_backward)                                          \
-  TESSERA_BACKEND_FORWARD(ns, attention_block_forward)                                           \
-  TESSERA_BACKEND_FORWARD(ns, attention_delta)                                                   \
-  TESSERA_BACKEND_FORWARD(ns, attention_block_backward)                                          \
-  TESSERA_BACKEND_FORWARD(ns, rope_forward)                                                      \
-  TESSERA_BACKEND_FORWARD(ns, rope_backward)                                                     \
-  TESSERA_BACKEND_FORWARD(ns, gelu_forward)                                                      \
-  TESSERA_BACKEND_FORWARD(ns, gelu_backward)                                                     \
-  TESSERA_BACKEND_FORWARD(ns, swiglu_forward)                                                    \
-  TESSERA_BACKEND_FORWARD(ns, swiglu_backward)                                                   \
-  TESSERA_BACKEND_FORWARD(ns, moe_route_forward)                                                 \
-  TESSERA_BACKEND_FORWARD(ns, moe_route_backward)                                                \
-  TESSERA_BACKEND_FORWARD(ns, moe_router_stats)                                                  \
-  TESSERA_BACKEND_FORWARD(ns, moe_gather_rows)                                                   \
-  TESSERA_BACKEND_FORWARD(ns, moe_combine)                                                       \
-  TESSERA_BACKEND_FORWARD(ns, moe_combine_backward)                                              \
-  TESSERA_BACKEND_FORWARD(ns, residual_forward)                                                  \
-  TESSERA_BACKEND_FORWARD(ns, add_inplace)                                                       \
-  TESSERA_BACKEND_FORWARD(ns, copy_columns)                                                      \
-  TESSERA_BACKEND_FORWARD(ns, add_columns)                                                       \
-  TESSERA_BACKEND_FORWARD(ns, fill)                                                              \
-  TESSERA_BACKEND_FORWARD(ns, crossentropy_row_max)                                              \
-  TESSERA_BACKEND_FORWARD(ns, crossentropy_exp_sums)                                             \
-  TESSERA_BACKEND_FORWARD(ns, crossentropy_finish)                                               \
-  TESSERA_BACKEND_FORWARD(ns, crossentropy_backward)                                             \
-  TESSERA_BACKEND_FORWARD(ns, adamw_update)                                                      \
-  TESSERA_BACKEND_FORWARD(ns, adafactor_sums)                                                    \
-  TESSERA_BACKEND_FORWARD(ns, adafactor_factors)                                                 \
-  TESSERA_BACKEND_FORWARD(ns, adafactor_rms)                                                     \
-  TESSERA_BACKEND_FORWARD(ns, adafactor_update)                                                  \
-  TESSERA_BACKEND_FORWARD(ns, sum_of_squares)                                                    \
-  TESSERA_BACKEND_FORWARD(ns, scale)                                                             \
+  TESSERA_BACKEND_TIMED(ns, matmul_backward, kGemm)                                              \
+  TESSERA_BACKEND_TIMED(ns, attention_forward, kAttention)                                       \
+  TESSERA_BACKEND_TIMED(ns, attention_backward, kAttention)                                      \
+  TESSERA_BACKEND_TIMED(ns, attention_fused_forward, kAttention)                                 \
+  TESSERA_BACKEND_TIMED(ns, attention_fused_backward, kAttention)                                \
+  TESSERA_BACKEND_TIMED(ns, attention_block_forward, kAttention)                                 \
+  TESSERA_BACKEND_TIMED(ns, attention_delta, kAttention)                                         \
+  TESSERA_BACKEND_TIMED(ns, attention_block_backward, kAttention)                                \
+  TESSERA_BACKEND_TIMED(ns, rope_forward, kElementwise)                                          \
+  TESSERA_BACKEND_TIMED(ns, rope_backward, kElementwise)                                         \
+  TESSERA_BACKEND_TIMED(ns, gelu_forward, kElementwise)                                          \
+  TESSERA_BACKEND_TIMED(ns, gelu_backward, kElementwise)                                         \
+  TESSERA_BACKEND_TIMED(ns, swiglu_forward, kElementwise)                                        \
+  TESSERA_BACKEND_TIMED(ns, swiglu_backward, kElementwise)                                       \
+  TESSERA_BACKEND_TIMED(ns, moe_route_forward, kRouting)                                         \
+  TESSERA_BACKEND_TIMED(ns, moe_route_backward, kRouting)                                        \
+  TESSERA_BACKEND_TIMED(ns, moe_router_stats, kRouting)                                          \
+  TESSERA_BACKEND_TIMED(ns, moe_gather_rows, kRouting)                                           \
+  TESSERA_BACKEND_TIMED(ns, moe_combine, kRouting)                                               \
+  TESSERA_BACKEND_TIMED(ns, moe_combine_backward, kRouting)                                      \
+  TESSERA_BACKEND_TIMED(ns, residual_forward, kElementwise)                                      \
+  TESSERA_BACKEND_TIMED(ns, add_inplace, kElementwise)                                           \
+  TESSERA_BACKEND_TIMED(ns, copy_columns, kElementwise)                                          \
+  TESSERA_BACKEND_TIMED(ns, add_columns, kElementwise)                                           \
+  TESSERA_BACKEND_TIMED(ns, fill, kElementwise)                                                  \
+  TESSERA_BACKEND_TIMED(ns, crossentropy_row_max, kCrossEntropy)                                 \
+  TESSERA_BACKEND_TIMED(ns, crossentropy_exp_sums, kCrossEntropy)                                \
+  TESSERA_BACKEND_TIMED(ns, crossentropy_finish, kCrossEntropy)                                  \
+  TESSERA_BACKEND_TIMED(ns, crossentropy_backward, kCrossEntropy)                                \
+  TESSERA_BACKEND_TIMED(ns, adamw_update, kOptimizer)                                            \
+  TESSERA_BACKEND_TIMED(ns, adafactor_sums, kOptimizer)                                          \
+  TESSERA_BACKEND_TIMED(ns, adafactor_factors, kOptimizer)                                       \
+  TESSERA_BACKEND_TIMED(ns, adafactor_rms, kOptimizer)                                           \
+  TESSERA_BACKEND_TIMED(ns, adafactor_update, kOptimizer)                                        \
+  TESSERA_BACKEND_TIMED(ns, sum_of_squares, kOptimizer)                                          \
+  TESSERA_BACKEND_TIMED(ns, scale, kElementwise)                                                 \
   TESSERA_BACKEND_FORWARD(ns, memory)                                                            \
   TESSERA_BACKEND_FORWARD(ns, loader_memory)                                                     \
   TESSERA_BACKEND_FORWARD(ns, zero)                                                              \

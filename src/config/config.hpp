@@ -164,6 +164,7 @@ RestartFrom restart_from(const CheckpointConfig& c);
 struct LogConfig {
   int every = 10;
   double peak_gflops = 0;    // 0 = measure sgemm at start-up, as `make bench` does
+  bool breakdown = true;     // time the ops by kind (backend/op_clock.hpp)
 };
 
 struct RunConfig {

@@ -189,6 +189,7 @@ std::vector<Field> fields_of(Config& c) {
       {"checkpoint", "async", &c.checkpoint.async},
       {"log", "every", &c.log.every},
       {"log", "peak_gflops", &c.log.peak_gflops},
+      {"log", "breakdown", &c.log.breakdown},
       {"run", "dir", &c.run.dir},
       {"run", "max_minutes", &c.run.max_minutes},
       {"run", "hang_timeout", &c.run.hang_timeout},

@@ -47,6 +47,8 @@ class Engine final : public TrainEngine {
         mem_(s, arena_, {&tp_, &dp_, &pp_, shard_, &replica_, &cp_, &ep_, edp_}, &world_),
         models_(mem_.models), optimizer_(mem_.optimizer), executor_(mem_.executor) {
     step_tokens_ = mem_.step_tokens;
+    // The step breakdown's op clock: host clocks time a host backend's (synchronous) ops.
+    op_clock::enable(s.breakdown && Backend::kHostMemory);
     if (cp_size_ > 1) staging_.resize(2 * step_tokens_);
     if (allocate_now) allocate();
   }
@@ -328,6 +330,10 @@ class Engine final : public TrainEngine {
     for (const auto& model : models_) c.cp_attention += model->context_seconds();
     c.pipeline_wait = executor_.wait_seconds();
     c.pipeline_run = executor_.run_seconds();
+    c.tp_wait = tp_.busy_seconds;
+    c.ep_wait = ep_.busy_seconds;
+    c.embed_wait = embed_.busy_seconds;
+    c.ops = op_clock::seconds();
     return c;
   }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/arena.hpp"
+#include "backend/op_clock.hpp"
 #include "config/config.hpp"
 #include "io/token_source.hpp"
 #include "model/fp8.hpp"
@@ -51,6 +52,7 @@ struct EngineSetup {
   bool reshard_after_forward = true;  // ZeRO-3 (parallel.reshard_after_forward)
   bool zero_prefetch = true;          // ZeRO-3 (parallel.zero_prefetch)
   bool nccl_overlap = true;           // device.nccl_overlap: dp and ZeRO collectives on own streams
+  bool breakdown = true;              // log.breakdown: time the ops by kind (backend/op_clock.hpp)
 };
 
 // The communicators an engine's parts use (its model chunks, optimizer, executor), each the
@@ -165,6 +167,10 @@ class TrainEngine {
     double cp_wait = 0, cp_attention = 0;
     // The pipeline's blocked and total seconds of the last train_step (PipelineExecutor).
     double pipeline_wait = 0, pipeline_run = 0;
+    // Seconds blocked on the tensor-parallel, expert-parallel and tied-embedding communicators so
+    // far, and in each kind of op (backend/op_clock.hpp; zeros where the clock is off).
+    double tp_wait = 0, ep_wait = 0, embed_wait = 0;
+    op_clock::Seconds ops{};
   };
   virtual Counters counters() const = 0;
   // The MoE layers' routing since the last call (model/moe_layer.hpp), summed over this rank's

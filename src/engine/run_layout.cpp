@@ -128,7 +128,8 @@ EngineSetup engine_setup(const Config& cfg, const RunLayout& run, const LocalLay
           .model = model_options(cfg),
           .reshard_after_forward = cfg.parallel.reshard_after_forward,
           .zero_prefetch = cfg.parallel.zero_prefetch,
-          .nccl_overlap = cfg.device.nccl_overlap};
+          .nccl_overlap = cfg.device.nccl_overlap,
+          .breakdown = cfg.log.breakdown};
 }
 
 uint64_t loader_ring_bytes(const Config& cfg, const RunLayout& run) {

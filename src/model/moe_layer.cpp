@@ -7,6 +7,7 @@
 
 #include "backend/cpu/backend.hpp"
 #include "backend/declare.hpp"
+#include "backend/op_clock.hpp"
 #ifdef TESSERA_CUDA
 #include "backend/cuda/backend.hpp"
 #endif
@@ -197,6 +198,8 @@ void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int lay
   const int E = shape_.moe.experts, k = shape_.moe.top_k, C = shape_.n_embd;
   const int F = width_.ef, FC1 = width_.efc1;
   const Kept p = kept(layer, slot);
+  // The router's GEMM with the routing (the breakdown's moe_routing), the experts' their own.
+  op_clock::set_gemm(op_clock::kRouting);
   Backend::matmul_forward(p.logits, x, w.router, static_cast<const Act*>(nullptr), N, C, E);
   Backend::moe_route_forward(p.choice, p.gates, p.scores, p.logits,
                              bias_ ? bias_ + size_t(index_of(layer)) * E : nullptr, N,
@@ -223,6 +226,7 @@ void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int lay
   }
   // Each held expert on its block of rows (its fc1 rows, its fc2 rows in the local tensors).
   const bool bias_here = tp_ == nullptr || tp_->rank() == 0;
+  op_clock::set_gemm(op_clock::kExperts);
   for (int e = 0; e < held(); ++e) {
     const int n = (*counts)[size_t(e)];
     if (n == 0) continue;
@@ -315,6 +319,7 @@ void MoeLayer<Backend>::backward(Act* dx, const Act* dout, const Act* x, const P
   Backend::zero(da, size_t(rows) * F * sizeof(Act));
   Backend::zero(dh, size_t(rows) * FC1 * sizeof(Act));
   Backend::zero(dxe, size_t(rows) * C * sizeof(Act));
+  op_clock::set_gemm(op_clock::kExperts);
   for (int e = 0; e < held(); ++e) {
     const int n = (*counts)[size_t(e)];
     if (n == 0) continue;
@@ -359,6 +364,7 @@ void MoeLayer<Backend>::backward(Act* dx, const Act* dout, const Act* x, const P
                               with_aux ? aux : static_cast<const float*>(nullptr),
                               weight * options_.z_loss * N / Ntot, N, options_.routing);
   const bool dx_here = tp_ == nullptr || tp_->rank() == 0;
+  op_clock::set_gemm(op_clock::kRouting);
   Backend::matmul_backward(dx_here ? dx : nullptr, w.drouter, static_cast<float*>(nullptr),
                            dlogits, x, w.router, N, C, E);
 }

@@ -13,6 +13,7 @@
 // the block's scratch, collectives, norm and (FP8-aware) linear layers for its embedding and head.
 #include <cstddef>
 
+#include "backend/op_clock.hpp"
 #include "model/context_attention.hpp"
 #include "model/cost.hpp"
 #include "model/fp8.hpp"
@@ -99,6 +100,7 @@ class TransformerBlock {
   // chunk's GEMM `gemm` (Fp8State::Gemm) of `layer` (Fp8State::kHead: the LM head) is in FP8.
   void linear_forward(int layer, int gemm, Act* out, const Act* in, const Act* weight,
                       const Act* bias, int N, int IC, int OC) {
+    op_clock::set_gemm(gemm_slot(layer, gemm));
     if (fp8_ && fp8_->covers(layer))
       fp8_->forward(layer, gemm, out, in, weight, bias, N, IC, OC);
     else
@@ -106,10 +108,17 @@ class TransformerBlock {
   }
   void linear_backward(int layer, int gemm, Act* din, float* dweight, float* dbias,
                        const Act* dout, const Act* in, const Act* weight, int N, int IC, int OC) {
+    op_clock::set_gemm(gemm_slot(layer, gemm));
     if (fp8_ && fp8_->covers(layer))
       fp8_->backward(layer, gemm, din, dweight, dbias, dout, in, weight, N, IC, OC);
     else
       Backend::matmul_backward(din, dweight, dbias, dout, in, weight, N, IC, OC);
+  }
+  // The step breakdown's slot of layer's linear layer `gemm` (Fp8State::Gemm; the head's: kHead).
+  static op_clock::Slot gemm_slot(int layer, int gemm) {
+    constexpr op_clock::Slot kSlot[] = {op_clock::kQkv, op_clock::kProj, op_clock::kFc1,
+                                        op_clock::kFc2};
+    return layer == Fp8State::kHead ? op_clock::kHead : kSlot[gemm];
   }
   // A norm output of this rank's rows as the (N,C) a column-parallel GEMM reads: all-gathered
   // into `full`, or the argument itself without sequence parallelism.

@@ -216,9 +216,35 @@ JsonRow json_role(const RankMemory& m, const CommBytes& b) {
   return r;
 }
 
+// x to 4 significant digits.
+std::string fixed(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.4g", x);
+  return text;
+}
+
+// The predicted step by the kinds of the trainer's step breakdown (metrics.jsonl's breakdown_ms,
+// docs/running.md#step-breakdown), ms a step: the slowest stage's ops, the waits, the launches
+// as `other`, the step; their sum is the step.
+std::vector<std::pair<std::string, double>> breakdown_ms(const StepTime& t) {
+  std::vector<std::pair<std::string, double>> out;
+  for (int k = 0; k < op_clock::kSlots; ++k)
+    out.emplace_back(op_clock::kSlotNames[k],
+                     1e3 * (k == op_clock::kOptimizer ? t.optimizer : t.ops[size_t(k)]));
+  const std::pair<const char*, double> waits[] = {
+      {"tp_wait", t.tp}, {"dp_wait", t.dp},  {"cp_wait", t.cp},           {"ep_wait", t.ep},
+      {"pp_wait", t.pp + t.bubble},          {"embed_wait", t.embed},     {"data_wait", 0.0},
+      {"other", t.launches},                 {"step", t.total}};
+  for (const auto& [name, s] : waits) out.emplace_back(name, 1e3 * s);
+  return out;
+}
+
 // The step's time and its parts, added to `row`.
 void add_time(JsonRow& row, const Candidate& c) {
   const StepTime& t = c.time;
+  JsonRow breakdown;
+  for (const auto& [name, ms] : breakdown_ms(t)) breakdown[name] = ms;
+  row["breakdown_ms"] = breakdown;
   row.update(JsonRow{{"bubble", pipeline_bubble(c.run)},
                      {"step_seconds", t.total},
                      {"compute_seconds", t.compute},
@@ -312,6 +338,15 @@ void print_plan(const Candidate& c, const Machine& machine, long ranks) {
               "dp %.3g + embed %.3g + optimizer %.3g; %.4g tokens/s, MFU %.1f%%\n",
               pipeline_bubble(c.run), t.total, t.compute, t.tp, t.pp, ep, t.bubble, t.dp,
               t.embed, t.optimizer, t.tokens_per_s, 100 * t.mfu);
+  std::string kinds;  // the breakdown's largest kinds, as the trainer's table names them
+  std::vector<std::pair<std::string, double>> parts = breakdown_ms(t);
+  parts.pop_back();  // the step
+  std::stable_sort(parts.begin(), parts.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  for (const auto& [name, ms] : parts)
+    if (ms >= 0.005 * 1e3 * t.total)
+      kinds += std::string(kinds.empty() ? "" : ", ") + name + " " + fixed(ms);
+  std::printf("  by kind (ms, as the run's breakdown): %s\n", kinds.c_str());
   if (c.run.layout.cp > 1)
     std::printf("  context parallelism: cp %d, K/V by %s; attention %.4g s, exposed cp "
                 "communication %.3g s (in the step above)\n",

@@ -76,18 +76,35 @@ AttentionCost attention_gemms(const Costs& c, double b, double T, double nh, dou
 }
 
 // A layer's linear layers (model/cost.hpp) for n rows: their forwards, and their forwards and
-// backwards.
+// backwards, in all and each (each timed once: on `cpu` a time is a measurement).
 struct LinearTimes {
   double fwd = 0, fwd_bwd = 0;
+  std::vector<double> each_fwd, each_fwd_bwd;
 };
 LinearTimes linear_times(const Costs& c, double n, const std::vector<LinearGemm>& gemms) {
   LinearTimes t;
   for (const LinearGemm& g : gemms) {
-    t.fwd += c.gemm(n, g.out, g.in);
-    t.fwd_bwd += c.gemm_fwd_bwd(n, g.out, g.in);
+    t.each_fwd.push_back(c.gemm(n, g.out, g.in));
+    t.each_fwd_bwd.push_back(c.gemm_fwd_bwd(n, g.out, g.in));
+    t.fwd += t.each_fwd.back();
+    t.fwd_bwd += t.each_fwd_bwd.back();
   }
   return t;
 }
+
+// The step breakdown's slot of a layer's linear layer (backend/op_clock.hpp).
+op_clock::Slot gemm_slot(int gemm) {
+  constexpr op_clock::Slot kSlot[] = {op_clock::kQkv, op_clock::kProj, op_clock::kFc1,
+                                      op_clock::kFc2};
+  return kSlot[gemm];
+}
+
+// One layer, one micro-batch, forward and backward: the seconds, and the same by the kind of op
+// the trainer's breakdown times (what has no slot, the kernel launches, in `other`).
+struct LayerTime {
+  double total = 0, other = 0;
+  op_clock::Seconds ops{};
+};
 
 // FP8's casts to one-byte codes in one layer and micro-batch (model/fp8.hpp), streaming: each
 // GEMM's input (n rows) in the forward and again transposed in the backward, its output gradient
@@ -196,6 +213,90 @@ void finish_step(const Config& cfg, const ModelShape& shape, const RunLayout& ru
   out.mfu = out.model_flops / out.total / (double(l.dp) * l.cp * l.tp * l.pp * lin.peak);
 }
 
+// What one layer's time depends on besides its kind (step_time's locals).
+struct LayerInputs {
+  const Config& cfg;
+  const RunLayout& run;
+  const Machine& machine;
+  const Costs &c, &lin;   // the device's costs, and the linear layers' (FP8's peak)
+  double a, b, T, n, tp;  // activation bytes, micro-batch, sequence, this rank's rows, tp
+  double nh, QKV;         // query heads, the qkv width (per tp rank)
+  int cp;
+  bool gemm_attention, fp8;
+  Recompute rc;
+  AttentionCost att;      // this rank's attention products (per cp rank)
+};
+
+// One layer of `k`'s kind, one micro-batch: forward and backward.
+LayerTime layer_time(const LayerInputs& x, const BlockCost& k) {
+  const Costs &c = x.c, &lin = x.lin;
+  const double a = x.a, b = x.b, T = x.T, n = x.n, tp = x.tp, nh = x.nh, QKV = x.QKV;
+  const bool gemm_attention = x.gemm_attention;
+  const Recompute rc = x.rc;
+  const AttentionCost& att = x.att;
+  LayerTime out;
+  LinearTimes linear = linear_times(lin, n, k.gemms);
+  const bool full = rc == Recompute::Full;
+  for (size_t i = 0; i < k.gemms.size(); ++i)
+    out.ops[gemm_slot(k.gemms[i].gemm)] +=
+        linear.each_fwd_bwd[i] + (full ? linear.each_fwd[i] : 0);
+  // The MoE MLP: the router on all n rows, each of the E experts on its balanced n k / E.
+  const MoeCost& moe = k.moe;
+  double dispatch = 0, dispatch_exps = 0;  // forward elements and exps
+  if (moe.experts > 0) {
+    const LinearTimes router = linear_times(c, n, {moe.router});
+    const LinearTimes expert = linear_times(c, n * moe.top_k / moe.experts, moe.expert);
+    linear.fwd += router.fwd + moe.experts * expert.fwd;
+    linear.fwd_bwd += router.fwd_bwd + moe.experts * expert.fwd_bwd;
+    out.ops[op_clock::kRouting] += router.fwd_bwd + (full ? router.fwd : 0);
+    out.ops[op_clock::kExperts] += moe.experts * (expert.fwd_bwd + (full ? expert.fwd : 0));
+    dispatch = n * (moe.dispatch_elems + moe.route_elems);
+    dispatch_exps = n * moe.route_exps;
+  }
+  const double layer_gemm = linear.fwd_bwd + att.fwd + att.bwd;
+  // Streaming ops of a layer, forward bytes (the backward reads and writes about twice as
+  // much): the norms and residual adds on the residual stream's rows, a pass over the GEMMs'
+  // outputs; the MLP's activation (an exp per element each way: GELU's tanh, SwiGLU's SiLU);
+  // the attention's T x T softmax (an exp per causal score), or, fused, its q, k, v read once
+  // per block of rows and the scores' exps again in the backward; an MoE layer's routing and
+  // its rows gathered and combined.
+  const double rows = x.cfg.parallel.sequence_parallel && tp > 1 ? n / tp : n;
+  const double other = a * (rows * k.residual_elems + n * k.gemm_out_elems);
+  const double act = a * n * k.activation_elems, act_exps = n * k.activation_exps;
+  const double soft = gemm_attention ? 3 * a * b * nh * T * T : 4 * a * n * QKV;
+  const double soft_exps = b * nh * T * (T + 1) / 2 / x.cp;
+  const double layer_mem = c.stream(3 * other, 0) + c.stream(3 * act, 2 * act_exps) +
+                           c.stream(3 * soft, (gemm_attention ? 1 : 2) * soft_exps) +
+                           c.stream(3 * a * dispatch, dispatch_exps);
+  const double fwd_mem = c.stream(other, 0) + c.stream(act, act_exps) +
+                         c.stream(soft, soft_exps) + c.stream(a * dispatch, dispatch_exps);
+  const double recompute = rc == Recompute::Full ? linear.fwd + att.fwd + fwd_mem
+                           : rc == Recompute::Selective
+                               ? att.fwd + (gemm_attention ? c.stream(soft, soft_exps) : 0)
+                               : 0;
+  // Kernel launches of a layer: its forward's, and twice that backward, the full recompute's
+  // forward again.
+  const double launches = double(k.forward_kernels) * (3 + (x.rc == Recompute::Full ? 1 : 0));
+  const double casts = x.fp8 ? fp8_cast_seconds(c, n, k.gemms, a, fp8_weight_bytes(x.cfg, x.run, a)) : 0;
+  out.other = x.machine.measured ? 0 : launches * x.machine.kernel_overhead;
+  out.total = layer_gemm + layer_mem + recompute + casts + out.other;
+  // The attention's products and softmax passes (a selective recompute reruns them), the
+  // routing's dispatch; the rest of the streaming ops (norms, residuals, activations,
+  // biases) are elementwise.
+  const double soft_time = c.stream(3 * soft, (gemm_attention ? 1 : 2) * soft_exps);
+  const double soft_fwd = c.stream(soft, soft_exps);
+  out.ops[op_clock::kAttention] +=
+      att.fwd + att.bwd + soft_time +
+      (rc == Recompute::None ? 0 : att.fwd + (full || gemm_attention ? soft_fwd : 0));
+  out.ops[op_clock::kRouting] += c.stream(3 * a * dispatch, dispatch_exps) +
+                                 (full ? c.stream(a * dispatch, dispatch_exps) : 0);
+  out.ops[op_clock::kFp8Casts] += casts;
+  double named = out.other;
+  for (double x : out.ops) named += x;
+  out.ops[op_clock::kElementwise] += out.total - named;
+  return out;
+}
+
 }  // namespace
 
 StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& run,
@@ -220,51 +321,11 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
   AttentionCost att = attention_gemms(c, b, T, nh, w.nkv, hs, !gemm_attention);
   att.fwd /= l.cp;
   att.bwd /= l.cp;
-  // One layer of `k`'s kind, one micro-batch: forward and backward.
-  auto layer_seconds = [&](const BlockCost& k) {
-    LinearTimes linear = linear_times(lin, n, k.gemms);
-    // The MoE MLP: the router on all n rows, each of the E experts on its balanced n k / E.
-    const MoeCost& moe = k.moe;
-    double dispatch = 0, dispatch_exps = 0;  // forward elements and exps
-    if (moe.experts > 0) {
-      const LinearTimes router = linear_times(c, n, {moe.router});
-      const LinearTimes expert = linear_times(c, n * moe.top_k / moe.experts, moe.expert);
-      linear.fwd += router.fwd + moe.experts * expert.fwd;
-      linear.fwd_bwd += router.fwd_bwd + moe.experts * expert.fwd_bwd;
-      dispatch = n * (moe.dispatch_elems + moe.route_elems);
-      dispatch_exps = n * moe.route_exps;
-    }
-    const double layer_gemm = linear.fwd_bwd + att.fwd + att.bwd;
-    // Streaming ops of a layer, forward bytes (the backward reads and writes about twice as
-    // much): the norms and residual adds on the residual stream's rows, a pass over the GEMMs'
-    // outputs; the MLP's activation (an exp per element each way: GELU's tanh, SwiGLU's SiLU);
-    // the attention's T x T softmax (an exp per causal score), or, fused, its q, k, v read once
-    // per block of rows and the scores' exps again in the backward; an MoE layer's routing and
-    // its rows gathered and combined.
-    const double rows = cfg.parallel.sequence_parallel && tp > 1 ? n / tp : n;
-    const double other = a * (rows * k.residual_elems + n * k.gemm_out_elems);
-    const double act = a * n * k.activation_elems, act_exps = n * k.activation_exps;
-    const double soft = gemm_attention ? 3 * a * b * nh * T * T : 4 * a * n * QKV;
-    const double soft_exps = b * nh * T * (T + 1) / 2 / l.cp;
-    const double layer_mem = c.stream(3 * other, 0) + c.stream(3 * act, 2 * act_exps) +
-                             c.stream(3 * soft, (gemm_attention ? 1 : 2) * soft_exps) +
-                             c.stream(3 * a * dispatch, dispatch_exps);
-    const double fwd_mem = c.stream(other, 0) + c.stream(act, act_exps) +
-                           c.stream(soft, soft_exps) + c.stream(a * dispatch, dispatch_exps);
-    const double recompute = rc == Recompute::Full ? linear.fwd + att.fwd + fwd_mem
-                             : rc == Recompute::Selective
-                                 ? att.fwd + (gemm_attention ? c.stream(soft, soft_exps) : 0)
-                                 : 0;
-    // Kernel launches of a layer: its forward's, and twice that backward, the full recompute's
-    // forward again.
-    const double launches = double(k.forward_kernels) * (3 + (rc == Recompute::Full ? 1 : 0));
-    return layer_gemm + layer_mem + recompute +
-           (fp8 ? fp8_cast_seconds(c, n, k.gemms, a, fp8_weight_bytes(cfg, run, a)) : 0) +
-           (machine.measured ? 0 : launches * machine.kernel_overhead);
-  };
-  const double per_layer = layer_seconds(cost);
-  const double per_moe_layer =
-      shape.moe.experts > 0 ? layer_seconds(block_cost(shape, l.tp, true)) : 0;
+  const LayerInputs inputs{cfg, run, machine, c, lin, a, b, T, n, tp, nh, QKV, l.cp,
+                           gemm_attention, fp8, rc, att};
+  const LayerTime per_layer = layer_time(inputs, cost);
+  const LayerTime per_moe_layer =
+      shape.moe.experts > 0 ? layer_time(inputs, block_cost(shape, l.tp, true)) : LayerTime{};
   // Where a rank's peers are (plan/network.hpp): ranks are numbered tp fastest, then cp, dp, pp.
   const Network net = machine.network();
   const Placement tp_group = place(net, l.tp, 1);
@@ -280,11 +341,23 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
       layers += r.end - r.begin;
       moe += moe_layers(shape, r.begin, r.end);
     }
-    double t = (layers - moe) * per_layer + moe * per_moe_layer;
-    if (s == l.pp - 1)  // the LM head and the loss
-      t += (cfg.device.fp8_head ? lin : c).gemm_fwd_bwd(n, double(shape.padded_vocab) / tp, C) +
-           c.stream(3 * 4.0 * n * shape.padded_vocab / tp, double(n) * shape.padded_vocab / tp);
-    if (s == 0) t += c.bytes(2 * a * n * C * 2);  // embedding and its gradient
+    double t = (layers - moe) * per_layer.total + moe * per_moe_layer.total;
+    LayerTime stage;  // this stage's breakdown, one micro-batch
+    for (int k = 0; k < op_clock::kSlots; ++k)
+      stage.ops[size_t(k)] = (layers - moe) * per_layer.ops[size_t(k)] +
+                             moe * per_moe_layer.ops[size_t(k)];
+    stage.other = (layers - moe) * per_layer.other + moe * per_moe_layer.other;
+    if (s == l.pp - 1) {  // the LM head and the loss
+      stage.ops[op_clock::kHead] =
+          (cfg.device.fp8_head ? lin : c).gemm_fwd_bwd(n, double(shape.padded_vocab) / tp, C);
+      stage.ops[op_clock::kCrossEntropy] =
+          c.stream(3 * 4.0 * n * shape.padded_vocab / tp, double(n) * shape.padded_vocab / tp);
+      t += stage.ops[op_clock::kHead] + stage.ops[op_clock::kCrossEntropy];
+    }
+    if (s == 0) {  // embedding and its gradient
+      stage.ops[op_clock::kEmbedding] = c.bytes(2 * a * n * C * 2);
+      t += stage.ops[op_clock::kEmbedding];
+    }
     const CommBytes bytes = comm_bytes(cfg, shape, run, s, param_buffer, int(a));
     // tp: blocking collectives inside the layers, each with its latency (model/cost.hpp's
     // tp_collectives: 4 all-reduces per layer and micro-batch, 6 with a full recompute, or under
@@ -334,6 +407,9 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
       out.tp = tp_time * run.n_micro;
       out.pp = pp_time * run.n_micro;
       out.compute = t * run.n_micro;
+      for (int k = 0; k < op_clock::kSlots; ++k)
+        out.ops[size_t(k)] = stage.ops[size_t(k)] * run.n_micro;
+      out.launches = stage.other * run.n_micro;
     }
   }
   const double v = run.virtual_stages;

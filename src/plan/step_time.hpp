@@ -4,6 +4,7 @@
 // memory-bound ops at the memory bandwidth, tensor-parallel collectives on the node's link,
 // pipeline and data-parallel traffic on the link their ranks share (inside a node or not), the
 // pipeline's fill and drain, and the overlap the trainer really has.
+#include "backend/op_clock.hpp"
 #include "config/config.hpp"
 #include "engine/run_layout.hpp"
 #include "plan/comm.hpp"
@@ -29,6 +30,11 @@ struct StepTime {
   double recompute_flops = 0;
   double mfu = 0;          // model FLOP/s over (ranks x peak)
   double attention = 0;    // the slowest stage's attention (cp: this rank's blocks), all micro-batches
+  // The slowest stage's compute by the kinds the trainer's step breakdown times
+  // (backend/op_clock.hpp; the optimizer is `optimizer` above), all micro-batches, and its kernel
+  // launches: compute = their sum.
+  op_clock::Seconds ops{};
+  double launches = 0;
 };
 
 // param_buffer: the gradient buffer's elements on the largest tile (DistributedOptimizer).

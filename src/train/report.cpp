@@ -198,7 +198,34 @@ void Run::log_step(double secs, double loss, double norm) {
                  {"pipeline_wait", printed("%.5f", engine_->counters().pipeline_wait / secs)},
                  {"data_wait", printed("%.6f", wait_fraction)}};
   row.update(moe.json);
+  // Where the interval's steps went (rank 0's), ms a step.
+  JsonRow breakdown;
+  for (const auto& [name, ms] : telemetry_.take_interval_breakdown().ms_per_step())
+    breakdown[name] = printed("%.4f", ms);
+  if (!breakdown.empty()) row["breakdown_ms"] = breakdown;
   log_->json(row);
+}
+
+// The run's step breakdown after the first step (rank 0's): a table in the log, the largest first.
+void Run::log_breakdown() {
+  std::vector<std::pair<std::string, double>> rows = telemetry_.run_breakdown().ms_per_step();
+  if (rows.empty()) return;
+  const double step = rows.back().second;
+  rows.pop_back();
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string table;
+  for (const auto& [name, ms] : rows) {
+    if (ms <= 0) continue;
+    char line[96];
+    std::snprintf(line, sizeof line, "\n  %-14s %10.2f ms %6.1f%%", name.c_str(), ms,
+                  step > 0 ? 100 * ms / step : 0.0);
+    table += line;
+  }
+  const char* untimed = "; ops not timed: log.breakdown is false, or the backend queues them (a GPU)";
+  log_->say("breakdown (rank 0, a step after the first, %ld steps%s): %.2f ms%s",
+            telemetry_.run_breakdown().steps, op_clock::enabled() ? "" : untimed, step,
+            table.c_str());
 }
 
 // The step's MoE routing (moe_stats_) for the step line and metrics.jsonl: the balancing losses

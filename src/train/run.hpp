@@ -104,6 +104,7 @@ class Run {
   };
   MoeReport moe_report() const;
   void log_ranks();
+  void log_breakdown();
 
   // --- the step loop (step_loop.cpp) ---
   void start_loop();

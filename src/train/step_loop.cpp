@@ -285,6 +285,7 @@ int Run::finish() {
   finish_write();
   watchdog_.reset();
   log_ranks();
+  log_breakdown();
   log_->say("done: %lld steps, %.1f s", (long long)state_.step, seconds_since(t_start_));
   return write_exit_status(0);
 }

@@ -4,17 +4,63 @@
 
 namespace tessera {
 
+std::vector<std::pair<std::string, double>> StepBreakdown::ms_per_step() const {
+  std::vector<std::pair<std::string, double>> out;
+  if (steps == 0) return out;
+  const double ms = 1e3 / double(steps);
+  double sum = 0;
+  for (int k = 0; k < op_clock::kSlots; ++k) {
+    out.emplace_back(op_clock::kSlotNames[k], ops[size_t(k)] * ms);
+    sum += ops[size_t(k)];
+  }
+  const std::pair<const char*, double> waits[] = {{"tp_wait", tp}, {"dp_wait", dp},
+                                                  {"cp_wait", cp}, {"ep_wait", ep},
+                                                  {"pp_wait", pp}, {"embed_wait", embed},
+                                                  {"data_wait", data}};
+  for (const auto& [name, s] : waits) {
+    out.emplace_back(name, s * ms);
+    sum += s;
+  }
+  out.emplace_back("other", std::max(0.0, step - sum) * ms);
+  out.emplace_back("step", step * ms);
+  return out;
+}
+
 void StepTelemetry::before_step(const TrainEngine& engine) { before_ = engine.counters(); }
 
 void StepTelemetry::after_step(const TrainEngine& engine) {
   const TrainEngine::Counters now = engine.counters();
   bytes_ += now.payload - before_.payload;
-  if (measured_steps_++ == 0) return;  // the first step warms up
+  for (StepBreakdown* b : {&interval_, &run_}) {
+    if (b == &run_ && measured_steps_ == 0) continue;  // the first step warms up
+    for (size_t k = 0; k < now.ops.size(); ++k) b->ops[k] += now.ops[k] - before_.ops[k];
+    b->tp += now.tp_wait - before_.tp_wait;
+    b->dp += now.dp_wait - before_.dp_wait;
+    b->cp += now.cp_wait - before_.cp_wait;
+    b->ep += now.ep_wait - before_.ep_wait;
+    b->embed += now.embed_wait - before_.embed_wait;
+    b->pp += now.pipeline_wait;
+    ++b->steps;
+  }
+  if (measured_steps_++ == 0) return;
   wait_ += now.pipeline_wait;
-  run_ += now.pipeline_run;
+  run_seconds_ += now.pipeline_run;
   dp_wait_ += now.dp_wait - before_.dp_wait;
   cp_wait_ += now.cp_wait - before_.cp_wait;
   cp_attention_ += now.cp_attention - before_.cp_attention;
+}
+
+// The loader's wait comes before its step's after_step, the step's wall time after it.
+void StepTelemetry::add_data_wait(double seconds) {
+  data_wait_ += seconds;
+  interval_.data += seconds;
+  if (measured_steps_ > 0) run_.data += seconds;
+}
+
+void StepTelemetry::add_step_seconds(double seconds) {
+  interval_seconds_ += seconds;
+  interval_.step += seconds;
+  if (measured_steps_ > 1) run_.step += seconds;
 }
 
 double StepTelemetry::take_data_wait_fraction() {
@@ -23,11 +69,17 @@ double StepTelemetry::take_data_wait_fraction() {
   return fraction;
 }
 
+StepBreakdown StepTelemetry::take_interval_breakdown() {
+  StepBreakdown b = interval_;
+  interval_ = StepBreakdown{};
+  return b;
+}
+
 std::vector<std::pair<std::string, double>> StepTelemetry::per_step() const {
   const double steps = double(std::max(1L, measured_steps_));
   const double after_first = double(std::max(1L, measured_steps_ - 1));
   std::vector<std::pair<std::string, double>> out = {
-      {"pipeline_bubble", run_ > 0 ? wait_ / run_ : 0.0},
+      {"pipeline_bubble", run_seconds_ > 0 ? wait_ / run_seconds_ : 0.0},
       {"dp_wait_s_per_step", dp_wait_ / after_first},
       {"cp_wait_s_per_step", cp_wait_ / after_first},
       {"cp_attention_s_per_step", cp_attention_ / after_first}};

@@ -19,7 +19,7 @@ import json, struct, sys
 png = open(sys.argv[1], "rb").read()
 assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR", "not a PNG"
 w, h = struct.unpack(">II", png[16:24])
-assert (w, h) == (720, 907), (w, h)       # 10 x 12.6 inches at 72 dpi: 6 rows, 2 columns
+assert (w, h) == (720, 1058), (w, h)      # 10 x 14.7 inches at 72 dpi: 7 rows (the breakdown's last), 2 columns
 series = json.load(open(sys.argv[2]))
 for name, metrics in zip(("pa", "pb"), sys.argv[3:]):
     rec = [json.loads(l) for l in open(metrics)]
@@ -32,9 +32,13 @@ for name, metrics in zip(("pa", "pb"), sys.argv[3:]):
     assert [p[2] for p in s["mfu"]] == [100 * r["mfu"] for r in train]
     for key in ("lr", "grad_norm", "tokens_per_s", "data_wait"):
         assert len(s[key]) == 6, key
+    # The breakdown row's points: every kind of every line, the step's own time left out.
+    for kind in train[-1]["breakdown_ms"]:
+        points = s["breakdown_ms"].get(kind, [])
+        assert kind == "step" or [p[2] for p in points] == [r["breakdown_ms"][kind] for r in train], kind
 assert series["pa"]["lr"] != series["pb"]["lr"]
 PY
-then pass "the PNG is 720x907, and every plotted point is a logged one (loss, val_loss, tokens, MFU)"
+then pass "the PNG is 720x1058, and every plotted point is a logged one (loss, val_loss, tokens, MFU, breakdown)"
 else fail "plotted points"; fi
 # Metrics from before the tokens field: tokens come from deck.yaml (batch_size x seq_len).
 mkdir -p old && cp pa/deck.yaml old/ && sed 's/"tokens":[0-9]*,//' pa/metrics.jsonl >old/metrics.jsonl

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: sgemm peak, tessera's training throughput on a GPT-2 124M shape, and the PyTorch
-# reference's on the same shape, threads and batch, measured side by side in one run; then the
+# reference's on the same shape, threads and batch, measured side by side in one run; the step
+# against sgemm at two shapes with where its time goes (tools/bench/step.sh); then the
 # parallel layouts (tools/bench/parallel.py), the ZeRO stages (tools/bench/zero.sh), context
 # parallelism (tools/bench/cp.sh), FP8 convergence against fp32 (tools/bench/fp8.sh), the update
 # rules' convergence side by side (tools/bench/optim.sh: AdamW, Adafactor), mixture of experts
@@ -66,6 +67,8 @@ print(f"| PyTorch {version} reference, same shape | {torch_tps:.0f} tokens/s |")
 print(f"| tessera / PyTorch | {tps / torch_tps:.2f}x (target >= 1.5x) |")
 print("\nMFU counts 6*N_matmul + 12*L*C*T FLOPs per token (FORMULAS.md), against the sgemm rate above.")
 PY
+echo "bench: the step against sgemm at T=64 B=4 and T=1024 B=1, with its breakdown (tools/bench/step.sh)" >&2
+{ echo; OUT=$OUT PYTHON=$PYTHON THREADS=$THREADS TOKENS=$OUT/tokens.h5 PEAK=$peak bash "$ROOT/tools/bench/step.sh"; } >>"$OUT/results.md"
 echo "bench: parallel layouts (memory, communication, bubble, dp throughput)" >&2
 { echo; "$PYTHON" "$ROOT/tools/bench/parallel.py" --tessera "$ROOT/bin/tessera" --data "$ROOT/data/default" \
     --out "$OUT"; } >>"$OUT/results.md"

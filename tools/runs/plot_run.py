@@ -9,8 +9,12 @@ when the metrics predate the "tokens" field). Left column against the optimizer 
 column against the training tokens: train and validation loss, learning rate, gradient norm
 (before clipping), tokens/s, MFU and the data loader's wait (share of step time), and for a
 mixture of experts the busiest expert's load over the mean in the worst layer. A step logged
-twice (a restart from an earlier checkpoint) counts as last logged. --series-out writes the
-plotted points as JSON ({run: {quantity: [[step, tokens, value], ...]}}).
+twice (a restart from an earlier checkpoint) counts as last logged. Where the lines carry a step
+breakdown (`breakdown_ms`, log.breakdown), a last row: the first run's ms a step by kind of op
+and wait, stacked, at each logged step (left), and each run's mean over its logged steps after
+the first, one stacked bar a run (right). --series-out writes the plotted points as JSON
+({run: {quantity: [[step, tokens, value], ...], "breakdown_ms": {kind: [[step, tokens, ms],
+...]}}}).
 
 Uses matplotlib's Agg backend (no display needed; Debian's python3-matplotlib).
 Exit status: 0 done, 2 bad input (no metrics.jsonl, a line that is not JSON, nothing to plot), 1 I/O.
@@ -86,6 +90,52 @@ def series(records, key, scale):
             if isinstance(r.get(key), (int, float))]
 
 
+def breakdown_series(records):
+    """{kind: [[step, tokens, ms a step], ...]} from the train lines' breakdown_ms, the step's
+    own wall time ("step") left out."""
+    out = {}
+    for s, r in sorted(records.items()):
+        for kind, ms in (r.get("breakdown_ms") or {}).items():
+            if kind != "step" and isinstance(ms, (int, float)):
+                out.setdefault(kind, []).append([s, r["tokens"], ms])
+    return out
+
+
+def plot_breakdown(fig, grid, row, points, kinds, plt):
+    """The breakdown row: the first run's kinds stacked at each logged step (left), each run's
+    mean over its logged steps after the first, one horizontal stacked bar a run (right)."""
+    cmap = plt.get_cmap("tab20")
+    color = {k: cmap(i % 20) for i, k in enumerate(kinds)}
+    left = fig.add_subplot(grid[row, 0])
+    first = next(iter(points.values()))["breakdown_ms"]
+    steps = sorted({q[0] for k in kinds for q in first.get(k, [])})
+    bottom = [0.0] * len(steps)
+    width = 0.8 * (min(b - a for a, b in zip(steps, steps[1:])) if len(steps) > 1 else 1)
+    for k in kinds:
+        at = {q[0]: q[2] for q in first.get(k, [])}
+        values = [at.get(s, 0.0) for s in steps]
+        left.bar(steps, values, width, bottom=bottom, color=color[k], label=k)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    left.set_ylabel("ms a step")
+    left.set_xlabel("step")
+    left.set_title(f"{next(iter(points))}: where a step goes", fontsize=9)
+    right = fig.add_subplot(grid[row, 1])
+    for i, (name, p) in enumerate(points.items()):
+        start = 0.0
+        for k in kinds:
+            values = [q[2] for q in p["breakdown_ms"].get(k, [])][1:] or [0.0]
+            mean = sum(values) / len(values)
+            right.barh(i, mean, left=start, color=color[k])
+            start += mean
+    right.set_yticks(range(len(points)))
+    right.set_yticklabels(list(points), fontsize=7)
+    right.set_xlabel("ms a step (mean after the first logged step)")
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+        ax.tick_params(labelsize=8)
+    left.legend(fontsize=6, ncol=3, loc="upper left", bbox_to_anchor=(0, -0.35))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", metavar="RUN_DIR")
@@ -105,7 +155,10 @@ def main():
              "val_loss": series(runs["eval"], "val_loss", 1.0)}
         for key, _, scale, _ in quantities:
             p[key] = series(runs["train"], key, scale)
+        p["breakdown_ms"] = breakdown_series(runs["train"])
         points[name] = p
+    kinds = [k for k in dict.fromkeys(k for p in points.values() for k in p["breakdown_ms"])
+             if any(q[2] > 0 for p in points.values() for q in p["breakdown_ms"].get(k, []))]
 
     import matplotlib
     matplotlib.use("Agg")
@@ -113,7 +166,15 @@ def main():
     import matplotlib.ticker
 
     rows = 1 + len(quantities)
-    fig, axes = plt.subplots(rows, 2, figsize=(10, 2.1 * rows), sharex="col", squeeze=False)
+    fig = plt.figure(figsize=(10, 2.1 * (rows + (1 if kinds else 0))))
+    grid = fig.add_gridspec(rows + (1 if kinds else 0), 2)
+    axes = [[None, None] for _ in range(rows)]
+    for row in range(rows):
+        for col in range(2):
+            axes[row][col] = fig.add_subplot(grid[row, col],
+                                             sharex=axes[0][col] if row > 0 else None)
+    import numpy as np
+    axes = np.array(axes)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (name, p) in enumerate(points.items()):
         color = colors[i % len(colors)]
@@ -137,7 +198,12 @@ def main():
         if log and values and min(values) > 0 and max(values) > 20 * min(values):
             for col in range(2):
                 axes[row][col].set_yscale("log")
+    for row in range(rows - 1):
+        for col in range(2):
+            axes[row][col].tick_params(labelbottom=False)
     axes[-1][1].xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))
+    if kinds:
+        plot_breakdown(fig, grid, rows, points, kinds, plt)
     for col, label in enumerate(("step", "tokens")):
         axes[-1][col].set_xlabel(label)
         axes[0][col].set_title(f"against {label}", fontsize=10)
