@@ -24,6 +24,8 @@
 //                   upload(dst, src, bytes), await_uploads()   the step's tokens from the loader
 //                                                              ring, overlapped with compute
 //                   sync()            waits for everything queued (a no-op on the CPU)
+//                   op_events(on)     the step breakdown's ops timed by events on the stream
+//                                     (a GPU's), or by host clocks (the CPU's: a no-op)
 //                   poison(p, bytes)  0xFF (NaN) over a buffer every step overwrites, in the
 //                                     CUDA emulator only (a no-op elsewhere): a kernel reading
 //                                     what this step did not write reads NaN, not last step's
@@ -115,6 +117,7 @@
   TESSERA_BACKEND_FORWARD(ns, upload)                                                            \
   TESSERA_BACKEND_FORWARD(ns, await_uploads)                                                     \
   TESSERA_BACKEND_FORWARD(ns, sync)                                                              \
+  TESSERA_BACKEND_FORWARD(ns, op_events)                                                         \
   TESSERA_BACKEND_FORWARD(ns, poison)                                                            \
   TESSERA_BACKEND_FORWARD(ns, memory_report)                                                     \
   TESSERA_BACKEND_FORWARD(ns, peak_gflops)

@@ -3,8 +3,9 @@
 // backend runs is timed where it is forwarded (backend/backend.hpp, TESSERA_BACKEND_TIMED): a
 // GEMM counts for the linear layer the model named before it (set_gemm), the other ops for their
 // kind. The CPU's ops are synchronous, so host clocks around each call are the op's time (two
-// clock reads an op: about 0.05 us, some 400 ops a step of GPT-2 124M); a GPU's ops are queued,
-// so there the clock is off (enabled() false) until the breakdown reads events on the stream.
+// clock reads an op: about 0.05 us, some 400 ops a step of GPT-2 124M). A GPU's ops are queued:
+// there a Recorder (backend/cuda/op_events.cu) puts an event on the stream before and after
+// each op and reads the times between them once a step.
 #include <array>
 #include <chrono>
 
@@ -24,20 +25,38 @@ inline constexpr const char* kSlotNames[kSlots] = {
 
 using Seconds = std::array<double, kSlots>;
 
-// This thread's clock: on (the engine of a host backend switches it on), the slot of the GEMMs
-// that follow, the seconds of each slot so far.
+// Times the ops a device queues: begin and end around each op (ops never nest), collect adds the
+// seconds of those recorded since its last call into `seconds`, waiting for them to finish.
+class Recorder {
+ public:
+  virtual ~Recorder() = default;
+  virtual void begin(int slot) = 0;
+  virtual void end() = 0;
+  virtual void collect(Seconds& seconds) = 0;
+};
+
+// This thread's clock: on (the engine switches it on, log.breakdown), the slot of the GEMMs that
+// follow, the seconds of each slot so far, the recorder of a device's queued ops (null: host
+// clocks).
 struct State {
   bool enabled = false;
   int gemm = kOtherGemm;
   Seconds seconds{};
+  Recorder* recorder = nullptr;
 };
 State& state();
 
 inline void enable(bool on) { state().enabled = on; }
 inline bool enabled() { return state().enabled; }
+inline void use(Recorder* recorder) { state().recorder = recorder; }
 // The linear layer whose GEMMs follow (a GEMM slot).
 inline void set_gemm(Slot slot) { state().gemm = slot; }
-inline const Seconds& seconds() { return state().seconds; }
+// Each slot's seconds so far (a recorder's ops waited for and added first).
+inline const Seconds& seconds() {
+  State& s = state();
+  if (s.recorder != nullptr) s.recorder->collect(s.seconds);
+  return s.seconds;
+}
 
 // Times one op into its slot while the clock is on.
 class Scope {
@@ -46,12 +65,18 @@ class Scope {
     State& s = state();
     if (!s.enabled) return;
     slot_ = slot == kGemm ? s.gemm : slot;
-    start_ = std::chrono::steady_clock::now();
+    if (s.recorder != nullptr) s.recorder->begin(slot_);
+    else start_ = std::chrono::steady_clock::now();
   }
   ~Scope() {
     if (slot_ < 0) return;
-    const std::chrono::duration<double> d = std::chrono::steady_clock::now() - start_;
-    state().seconds[size_t(slot_)] += d.count();
+    State& s = state();
+    if (s.recorder != nullptr) {
+      s.recorder->end();
+    } else {
+      const std::chrono::duration<double> d = std::chrono::steady_clock::now() - start_;
+      s.seconds[size_t(slot_)] += d.count();
+    }
   }
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;

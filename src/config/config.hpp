@@ -30,6 +30,8 @@ enum class ScheduleKind { GPipe, OneFOneB };
 enum class CpComm { Ring, AllGather };  // parallel.cp_comm
 enum class OptimRule { AdamW, Adafactor };  // optim.name (optim/rule.hpp)
 enum class MoeScore { Softmax, Sigmoid };   // model.moe.score (backend/moe_routing.hpp)
+// log.breakdown: time the ops by kind; auto: where their cost is measured (the CPU), not on a GPU.
+enum class Breakdown { Auto, On, Off };
 
 // The deck's spelling of each word ("fused", "1f1b"), for logs and messages.
 const char* deck_word(Arch v);
@@ -164,7 +166,7 @@ RestartFrom restart_from(const CheckpointConfig& c);
 struct LogConfig {
   int every = 10;
   double peak_gflops = 0;    // 0 = measure sgemm at start-up, as `make bench` does
-  bool breakdown = true;     // time the ops by kind (backend/op_clock.hpp)
+  Breakdown breakdown = Breakdown::Auto;  // time the ops by kind (backend/op_clock.hpp)
 };
 
 struct RunConfig {

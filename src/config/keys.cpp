@@ -97,6 +97,7 @@ TESSERA_WORDS(ScheduleKind, "gpipe", "1f1b")
 TESSERA_WORDS(CpComm, "ring", "allgather")
 TESSERA_WORDS(OptimRule, "adamw", "adafactor")
 TESSERA_WORDS(MoeScore, "softmax", "sigmoid")
+TESSERA_WORDS(Breakdown, "auto", "true", "false")
 #undef TESSERA_WORDS
 
 template <class E>
@@ -189,7 +190,7 @@ std::vector<Field> fields_of(Config& c) {
       {"checkpoint", "async", &c.checkpoint.async},
       {"log", "every", &c.log.every},
       {"log", "peak_gflops", &c.log.peak_gflops},
-      {"log", "breakdown", &c.log.breakdown},
+      {"log", "breakdown", choice(&c.log.breakdown)},
       {"run", "dir", &c.run.dir},
       {"run", "max_minutes", &c.run.max_minutes},
       {"run", "hang_timeout", &c.run.hang_timeout},

@@ -47,8 +47,12 @@ class Engine final : public TrainEngine {
         mem_(s, arena_, {&tp_, &dp_, &pp_, shard_, &replica_, &cp_, &ep_, edp_}, &world_),
         models_(mem_.models), optimizer_(mem_.optimizer), executor_(mem_.executor) {
     step_tokens_ = mem_.step_tokens;
-    // The step breakdown's op clock: host clocks time a host backend's (synchronous) ops.
-    op_clock::enable(s.breakdown && Backend::kHostMemory);
+    // The step breakdown's op clock (log.breakdown): host clocks time a host backend's
+    // synchronous ops, events a GPU's queued ones; auto: on where its cost is measured (the CPU).
+    const bool timed = s.breakdown == Breakdown::On ||
+                       (s.breakdown == Breakdown::Auto && Backend::kHostMemory);
+    Backend::op_events(timed);
+    op_clock::enable(timed);
     if (cp_size_ > 1) staging_.resize(2 * step_tokens_);
     if (allocate_now) allocate();
   }

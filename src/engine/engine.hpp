@@ -52,7 +52,7 @@ struct EngineSetup {
   bool reshard_after_forward = true;  // ZeRO-3 (parallel.reshard_after_forward)
   bool zero_prefetch = true;          // ZeRO-3 (parallel.zero_prefetch)
   bool nccl_overlap = true;           // device.nccl_overlap: dp and ZeRO collectives on own streams
-  bool breakdown = true;              // log.breakdown: time the ops by kind (backend/op_clock.hpp)
+  Breakdown breakdown = Breakdown::Auto;  // log.breakdown: time the ops by kind (op_clock)
 };
 
 // The communicators an engine's parts use (its model chunks, optimizer, executor), each the

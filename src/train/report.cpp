@@ -222,7 +222,7 @@ void Run::log_breakdown() {
                   step > 0 ? 100 * ms / step : 0.0);
     table += line;
   }
-  const char* untimed = "; ops not timed: log.breakdown is false, or the backend queues them (a GPU)";
+  const char* untimed = "; ops not timed: log.breakdown false (or auto on a GPU)";
   log_->say("breakdown (rank 0, a step after the first, %ld steps%s): %.2f ms%s",
             telemetry_.run_breakdown().steps, op_clock::enabled() ? "" : untimed, step,
             table.c_str());

@@ -166,6 +166,28 @@ train cuda_selective 1 device.backend=cuda train.recompute=selective &&
   cmp cuda_selective_matches_cpu cpu cuda_selective --loss-rtol 1e-5 --param-tol 1e-4
 train cuda_full_fused 1 device.backend=cuda train.recompute=full model.attention=fused &&
   cmp cuda_full_fused_matches_cpu cpu cuda_full_fused --loss-rtol 1e-5 --param-tol 1e-4
+# The step breakdown from the CUDA backend's events (log.breakdown: true; auto leaves a GPU's ops
+# untimed, and the default run's table says so): every kind, each linear layer's GEMMs in their
+# own slot, the parts within the step (their shape: the emulator's times are not a GPU's), and
+# the same training as without them to the bit.
+if train cuda_breakdown 1 device.backend=cuda log.breakdown=true; then
+  cmp cuda_breakdown_same_training cuda cuda_breakdown --exact
+  if out=$("$PYTHON" - cuda_breakdown/metrics.jsonl 2>&1 <<'EOF'
+import json, sys
+rows = [json.loads(l)["breakdown_ms"] for l in open(sys.argv[1]) if '"train"' in l][1:]
+assert rows, "no train lines after the first"
+for b in rows:
+    assert all(b[k] > 0 for k in ("qkv", "attn_proj", "mlp_up", "mlp_down", "lm_head", "attention",
+                                  "norms", "elementwise", "embedding", "cross_entropy", "optimizer")), b
+    assert b["other_gemm"] == 0 and b["experts"] == b["moe_routing"] == b["fp8_casts"] == 0, b
+    parts = sum(v for k, v in b.items() if k not in ("other", "step"))
+    assert parts <= 1.01 * b["step"], (parts, b["step"])
+print(", ".join(f"{k} {v:.1f}" for k, v in rows[-1].items() if v > 0))
+EOF
+  ); then pass "cuda_breakdown: $out"; else fail "cuda_breakdown: $out"; fi
+  grep -q "^breakdown (rank 0, .*; ops not timed: log.breakdown false (or auto on a GPU)" cuda.log &&
+    pass "cuda: auto leaves a GPU's ops untimed, and says so" || fail "cuda: the untimed table's note"
+fi
 # LLaMA blocks on the device (RMSNorm, rotary, SwiGLU, grouped-query attention, untied head)
 # against the same on the CPU: fp32 with gemm and fused attention, bf16.
 llama=(model.arch=llama model.n_head=4 model.n_kv_head=2 model.n_embd=64 model.ffn_multiple=32)

@@ -748,8 +748,8 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 78);  // with device.nccl_overlap, anomaly_max_rollbacks, parallel.cp, cp_comm,
-                       // optim.name and reset_state, parallel.ep; the five device.fp8_* keys only
+  EXPECT_EQ(keys, 79);  // with device.nccl_overlap, anomaly_max_rollbacks, parallel.cp, cp_comm,
+                       // optim.name and reset_state, parallel.ep, log.breakdown; the five device.fp8_* keys only
                        // with precision fp8 (Config.Fp8Keys), the three optim.adafactor_* keys
                        // only with optim.name adafactor (Config.OptimRuleKeys), the twelve
                        // model.moe.* keys only with experts (Config.MoeKeysNestUnderModel)

@@ -270,6 +270,9 @@ void to_device(void* dst, const void* src, size_t bytes);
 void upload(void* dst, const void* src, size_t bytes);
 void await_uploads();
 void sync();
+// The step breakdown's ops are synchronous here: host clocks time them, no events (the CUDA
+// backend's op_events).
+inline void op_events(bool) {}
 void poison(void* p, size_t bytes);
 // "" (the trainer's own memory line says it all) and 0 (MFU is measured against sgemm).
 std::string memory_report(const Arena& arena, bool bf16);

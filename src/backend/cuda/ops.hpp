@@ -266,6 +266,9 @@ void to_device(void* dst, const void* src, size_t bytes);
 void upload(void* dst, const void* src, size_t bytes);
 void await_uploads();
 void sync();
+// op_events(on): the step breakdown's ops timed by events on the rank's stream (op_events.cu,
+// backend/op_clock.hpp), or not.
+void op_events(bool on);
 void poison(void* p, size_t bytes);
 // "device memory (rank 0, bf16):" and the arena's buffers; the datasheet's dense peak of this
 // GPU for the precision (0 for a GPU not in the table: the trainer then measures the CPU's).

@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -417,6 +418,11 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   return cudaSuccess;
 }
 
+// When each event's stream reached it (the host's clock as the emulator runs the stream's work):
+// what cudaEventElapsedTime reads. Their own lock: the stamp runs inside a drain.
+std::mutex g_times_mutex;
+std::map<cudaEvent_t, std::chrono::steady_clock::time_point> g_times;
+
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   (void)flags;
   auto* h = new Handle{2};
@@ -432,6 +438,10 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_events.erase(event)) return cudaErrorInvalidResourceHandle;
   forget_event(event);
+  {
+    std::lock_guard<std::mutex> times(g_times_mutex);
+    g_times.erase(event);
+  }
   races_forget_event(event);
   delete reinterpret_cast<Handle*>(event);
   return cudaSuccess;
@@ -446,6 +456,20 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!valid_event(event) || !valid_stream(stream)) return cudaErrorInvalidResourceHandle;
   record(event, stream);
   races_record(event, stream);
+  enqueue(stream, [event] {
+    std::lock_guard<std::mutex> lock(g_times_mutex);
+    g_times[event] = std::chrono::steady_clock::now();
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!valid_event(start) || !valid_event(end)) return cudaErrorInvalidResourceHandle;
+  drain();
+  std::lock_guard<std::mutex> lock(g_times_mutex);
+  const auto a = g_times.find(start), b = g_times.find(end);
+  if (a == g_times.end() || b == g_times.end()) return cudaErrorInvalidResourceHandle;
+  *ms = std::chrono::duration<float, std::milli>(b->second - a->second).count();
   return cudaSuccess;
 }
 
