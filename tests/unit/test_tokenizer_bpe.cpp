@@ -177,6 +177,21 @@ TEST(ByteLevelBpe, AnyBytesRoundTrip) {
   EXPECT_EQ(bpe.decode(bpe.encode(all + all)), all + all);
 }
 
+// Bytes that are not UTF-8 (the pattern cannot match them) are pieces of their own between the
+// valid text's pieces, and go through the same merges: adjacent invalid bytes may merge (GPT-2's
+// truncated emoji prefix F0 9F 98 is its token 47249), an invalid byte no merge takes stays a
+// token of its own, and decoding gives every byte back.
+TEST(ByteLevelBpe, InvalidBytesMergeAsAnyBytes) {
+  const std::string f0 = spell(0xF0), x9f = spell(0x9F);
+  const ByteLevelBpe bpe(tokenizer_json({f0 + x9f}, {f0 + " " + x9f}), "t");
+  const std::string text = "a\xF0\x9F\x98" "b";
+  const std::vector<int32_t> ids = bpe.encode(text);
+  EXPECT_EQ(ids, (std::vector<int32_t>{'a', 256, 0x98, 'b'}));
+  EXPECT_EQ(bpe.decode(ids), text);
+  // A lone invalid byte, and two no merge takes, stay bytes.
+  EXPECT_EQ(bpe.encode("\x9F\xF0"), (std::vector<int32_t>{0x9F, 0xF0}));
+}
+
 TEST(ByteLevelBpe, SpecialTokens) {
   const ByteLevelBpe bpe(tokenizer_json({"ab"}, {"a b"}, R"({"type":"ByteLevel"})", false,
                                         R"({"bos_token_id":null,"eos_token_id":[257, 3],"pad_token_id":0})"),

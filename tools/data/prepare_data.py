@@ -27,7 +27,8 @@ Tokenizers:
         (with merges.txt beside it), or a model directory holding either. config.json and
         tokenizer_config.json beside it name the special tokens (bos, eos, pad), else the tokens
         named <|endoftext|> / <|end_of_text|> and <|begin_of_text|>. Every document is encoded as
-        bytes (text that is not UTF-8 included: an invalid byte is a token of its own), by
+        bytes (text that is not UTF-8 included: its invalid bytes are pieces of their own that
+        the merges may join, as any bytes; docs/data.md), by
         tessera's own encoder (`tessera data encode --stream`, the one `tessera sample` encodes
         prompts with; --tessera BIN, default bin/tessera of this checkout) on --threads threads,
         preceded by bos when the tokenizer's bos differs from its eos (LLaMA 3) and followed by
