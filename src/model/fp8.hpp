@@ -110,6 +110,8 @@ struct Fp8Sizes {
 // while their layer computes, the layers' codes take turns in two layers' places instead (the
 // head keeps its own): cast again whenever their place held another layer's since, the same
 // codes from the same gathered weight, for 2 bytes a parameter of two layers, not of the chunk.
+// With resharding the layers' weights come gathered as codes (cast_part on each rank, use_codes):
+// their place is then filled from those codes (Backend::fp8_place) instead of a cast.
 template <class Backend>
 class Fp8Linear {
   using Act = typename Backend::Act;
