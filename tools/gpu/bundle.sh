@@ -52,7 +52,8 @@ for m in "$ucx"/*.so.?; do
 done
 
 cp "$ROOT/tools/gpu/bundle_run.sh" "$B/run.sh"
-cp "$ROOT/tools/bench/gpu_torch.py" "$ROOT/tools/bench/fp8.sh" "$B/tools/bench/"
+cp "$ROOT/tools/bench/gpu_torch.py" "$ROOT/tools/bench/fp8.sh" "$ROOT/tools/bench/breakdown.sh" \
+  "$B/tools/bench/"
 cp "$ROOT/tests/gpu/test_trainer.sh" "$ROOT/tests/gpu/test_device_choice.sh" \
   "$ROOT/tests/gpu/floor_refs.sh" "$ROOT/tests/gpu/fp32_floor.py" "$ROOT/tests/gpu/compare_amax.py" \
   "$B/tests/gpu/"

@@ -25,6 +25,10 @@
 #                         the other rows; tokens/s and MFU (about 30 s a row; stops starting
 #                         rows at the budget)
 #   bench_torch      5.0+ PyTorch on the same shapes: sdpa, then torch.compile, then the rest
+#   breakdown        0.5  (estimate) the step breakdown from events on the stream, and their cost:
+#                         a GPT-2 12 x 768 at T=256 trained 60 steps untimed, timed, timed,
+#                         untimed (log.breakdown's auto stays off on a GPU until this measures
+#                         it); after the benches take the budget: --only breakdown in a second call
 # A step starts only when the budget left covers what it needs (a bench or sanitizer step: a
 # third of its estimate), and runs under a timeout of what is left, so run.sh ends within the
 # budget plus a few seconds and a call cut short still has DIR/summary.md up to its last finished
@@ -55,7 +59,7 @@ while [ $# -gt 0 ]; do
     --only) ONLY=$2; shift ;;
     --skip) SKIP=$2; shift ;;
     --plan) PLAN=1 ;;
-    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -274,6 +278,10 @@ peak=$(grep -o 'bf16 dense peak [0-9.]*' "$OUT/bench_tessera.log" 2>/dev/null | 
 share=$(( $(left) - 40 )); share=$(( share > 20 ? share : 20 ))
 step bench_torch $(( share + 30 < 180 ? share + 30 : 180 )) 60 "$PYTHON" \
   "$HERE/tools/bench/gpu_torch.py" --peak-tflops "${peak:-989}" --budget "$share"
+# Where a GPU step goes (events on the stream) and what timing it costs (tools/bench/breakdown.sh):
+# new, so last (the benches' rows were measured before); a second call runs it with --only.
+step breakdown 30 30 env BACKEND=cuda DATA="$HERE/build/testdata" OUT="$OUT" PYTHON="$PYTHON" \
+  TESSERA="$HERE/bin/tessera" bash "$HERE/tools/bench/breakdown.sh"
 [ "$PLAN" = 1 ] && exit 0
 {
   echo
@@ -283,6 +291,7 @@ step bench_torch $(( share + 30 < 180 ? share + 30 : 180 )) 60 "$PYTHON" \
   grep -h '^fp8: \|budget\|set-up' "$OUT/bench_tessera.log" "$OUT/bench_torch.log" 2>/dev/null
   echo
   [ -f "$OUT/bench_fp8.log" ] && grep -v '^bench_fp8: ' "$OUT/bench_fp8.log"
+  [ -f "$OUT/breakdown.log" ] && { echo; cat "$OUT/breakdown.log"; }
 } >>"$SUMMARY"
 note "gpu checks: $fails failed, $(( $(date +%s) - START )) s of a $BUDGET s budget; results in $OUT"
 [ $fails -eq 0 ]
