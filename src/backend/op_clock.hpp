@@ -3,7 +3,7 @@
 // backend runs is timed where it is forwarded (backend/backend.hpp, TESSERA_BACKEND_TIMED): a
 // GEMM counts for the linear layer the model named before it (set_gemm), the other ops for their
 // kind. The CPU's ops are synchronous, so host clocks around each call are the op's time (two
-// clock reads an op: about 0.05 us, some 400 ops a step of GPT-2 124M). A GPU's ops are queued:
+// clock reads an op: about 0.05 us, a few hundred ops a step of GPT-2 124M). A GPU's ops are queued:
 // there a Recorder (backend/cuda/op_events.cu) puts an event on the stream before and after
 // each op and reads the times between them once a step.
 #include <array>
