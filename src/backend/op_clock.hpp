@@ -8,6 +8,10 @@
 // each op and reads the times between them once a step.
 #include <array>
 #include <chrono>
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace tessera::op_clock {
 
@@ -24,6 +28,26 @@ inline constexpr const char* kSlotNames[kSlots] = {
     "moe_routing", "fp8_casts", "optimizer"};
 
 using Seconds = std::array<double, kSlots>;
+
+// The slot of a layer's linear layer `gemm` in model/cost.hpp's order (qkv, proj, fc1, fc2: the
+// slots' own order).
+inline Slot linear_slot(int gemm) { return Slot(kQkv + gemm); }
+
+// The breakdown's rows after the op slots, in the order metrics.jsonl and `tessera plan --json`
+// both write them: each group's waits, then "other" (the rest of the step) and "step".
+inline constexpr const char* kWaitNames[] = {"tp_wait", "dp_wait", "cp_wait", "ep_wait",
+                                             "pp_wait", "embed_wait", "data_wait"};
+using Waits = std::array<double, std::size(kWaitNames)>;
+// (name, value x scale) for every row: the slots, the waits, other, step.
+inline std::vector<std::pair<std::string, double>> rows(const Seconds& ops, const Waits& waits,
+                                                       double other, double step, double scale) {
+  std::vector<std::pair<std::string, double>> out;
+  for (int k = 0; k < kSlots; ++k) out.emplace_back(kSlotNames[k], ops[size_t(k)] * scale);
+  for (size_t k = 0; k < waits.size(); ++k) out.emplace_back(kWaitNames[k], waits[k] * scale);
+  out.emplace_back("other", other * scale);
+  out.emplace_back("step", step * scale);
+  return out;
+}
 
 // Times the ops a device queues: begin and end around each op (ops never nest), collect adds the
 // seconds of those recorded since its last call into `seconds`, waiting for them to finish.

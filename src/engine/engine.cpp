@@ -115,8 +115,8 @@ class Engine final : public TrainEngine {
   }
   size_t moment_bytes() const override { return optimizer_.moment_bytes(); }
   Footprint footprint() const override {
-    return {mem_.param_bytes(arena_), arena_.bytes(mem_.h_grads), optimizer_.declared_bytes(), mem_.transient_bytes(),
-            arena_.total_bytes(), executor_.send_buffer_bytes()};
+    return {mem_.param_bytes(arena_), arena_.bytes(mem_.h_grads), optimizer_.declared_bytes(),
+            mem_.transient_bytes(), arena_.total_bytes(), executor_.send_buffer_bytes()};
   }
   size_t activation_bytes() const override { return mem_.activation_bytes(); }
   std::string memory_report() const override { return Backend::memory_report(arena_, kBf16); }

@@ -104,17 +104,19 @@ void Fp8Linear<Backend>::bind() {
 
 template <class Backend>
 float Fp8Linear<Backend>::scale(const Act* x, size_t n, int tensor) {
-  float current = 0;
-  if (!state_.has_history(tensor)) {
-    // The first step: this tensor's own amax, the same on every rank of the tile (MPI's max of
-    // a NaN is unspecified: infinity stands in, and the step is judged at its end). A host read
-    // per cast, in this step only.
-    current = Backend::fp8_amax(x, n);
-    if (std::isnan(current)) current = INFINITY;
-    host_all_reduce_max(tp_->mpi(), &current, 1);
-    if (cp_ != nullptr) host_all_reduce_max(cp_->mpi(), &current, 1);
-  }
+  // The first step: this tensor's own amax, the same on every rank of the tile. A host read per
+  // cast, in this step only.
+  const float current = state_.has_history(tensor) ? 0.0f : tile_amax(Backend::fp8_amax(x, n));
   return state_.scale(tensor, current);
+}
+
+template <class Backend>
+float Fp8Linear<Backend>::tile_amax(float amax, Comm* shard) {
+  if (std::isnan(amax)) amax = INFINITY;  // MPI's max of a NaN is unspecified; judged at the end
+  if (shard != nullptr) host_all_reduce_max(shard->mpi(), &amax, 1);
+  host_all_reduce_max(tp_->mpi(), &amax, 1);
+  if (cp_ != nullptr) host_all_reduce_max(cp_->mpi(), &amax, 1);
+  return amax;
 }
 
 template <class Backend>
@@ -147,15 +149,10 @@ template <class Backend>
 void Fp8Linear<Backend>::cast_part(int layer, int gemm, const Act* x, size_t n, uint8_t* out,
                                    Comm* shard) {
   const int tensor = state_.tensor(layer, gemm, Fp8State::kWeight);
-  float current = 0;
-  if (!state_.has_history(tensor)) {
-    // Every rank of the group takes part, its part of this weight empty or not.
-    current = n > 0 ? Backend::fp8_amax(x, n) : 0.0f;
-    if (std::isnan(current)) current = INFINITY;
-    host_all_reduce_max(shard->mpi(), &current, 1);
-    host_all_reduce_max(tp_->mpi(), &current, 1);
-    if (cp_ != nullptr) host_all_reduce_max(cp_->mpi(), &current, 1);
-  }
+  // Every rank of the group takes part, its part of this weight empty or not.
+  const float current = state_.has_history(tensor)
+                            ? 0.0f
+                            : tile_amax(n > 0 ? Backend::fp8_amax(x, n) : 0.0f, shard);
   const float s = state_.scale(tensor, current);
   part_scale_[size_t(tensor)] = s;
   // The part as rows of kRow elements and a shorter last one: the cast's 32 x 32 tiles full.

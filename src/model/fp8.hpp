@@ -151,6 +151,9 @@ class Fp8Linear {
 
  private:
   float scale(const Act* x, size_t n, int tensor);
+  // A first step's amax of this rank's piece reduced over the shard group (null: none), tp and
+  // cp: the whole tensor's, the same on every rank holding part of it.
+  float tile_amax(float amax, Comm* shard = nullptr);
   void cast(uint8_t* out, uint8_t* out_t, const Act* x, int rows, int cols, int tensor,
             Fp8State::Role role);
   // Each tensor's 1/scale in a 16-byte slot of its own: cuBLASLt wants every pointer it is given

@@ -116,9 +116,7 @@ class TransformerBlock {
   }
   // The step breakdown's slot of layer's linear layer `gemm` (Fp8State::Gemm; the head's: kHead).
   static op_clock::Slot gemm_slot(int layer, int gemm) {
-    constexpr op_clock::Slot kSlot[] = {op_clock::kQkv, op_clock::kProj, op_clock::kFc1,
-                                        op_clock::kFc2};
-    return layer == Fp8State::kHead ? op_clock::kHead : kSlot[gemm];
+    return layer == Fp8State::kHead ? op_clock::kHead : op_clock::linear_slot(gemm);
   }
   // A norm output of this rank's rows as the (N,C) a column-parallel GEMM reads: all-gathered
   // into `full`, or the argument itself without sequence parallelism.

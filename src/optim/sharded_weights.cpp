@@ -96,8 +96,7 @@ void ShardedWeights<Backend>::end_step() {
 template <class Backend>
 void ShardedWeights<Backend>::start_gather(int unit, size_t buffer) {
   gathered_state_[buffer] = Gathered{};
-  if (!codes_units_.empty() && !codes_units_[size_t(unit)].weights.empty())
-    return start_codes_gather(unit, buffer);
+  if (gathers_codes(unit)) return start_codes_gather(unit, buffer);
   const size_t part = plan_.part[size_t(unit)];
   Act* at = gathered_ + (keep_ ? kept_offset_[size_t(unit)] : buffer * largest_);
   gathered_state_[buffer].unit = unit;
@@ -127,7 +126,6 @@ void ShardedWeights<Backend>::start_codes_gather(int unit, size_t buffer) {
   }
   Gathered& g = gathered_state_[buffer];
   g.unit = unit;
-  g.codes = true;
   g.ticket = comm(unit)->start_all_gather(static_cast<const uint8_t*>(codes + lo), codes, part);
   g.values_ticket =
       c.packed > 0 ? comm(unit)->start_all_gather(static_cast<const Act*>(values + me * c.packed),
@@ -232,7 +230,7 @@ template <class Backend>
 const uint8_t* ShardedWeights<Backend>::codes(int unit) {
   for (size_t b = 0; b < gathered_state_.size(); ++b) {
     const Gathered& g = gathered_state_[b];
-    if (g.unit == unit && g.in_use) return g.codes ? codes_ + b * largest_ : nullptr;
+    if (g.unit == unit && g.in_use) return gathers_codes(unit) ? codes_ + b * largest_ : nullptr;
   }
   return nullptr;
 }

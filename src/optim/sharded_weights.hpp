@@ -98,7 +98,6 @@ class ShardedWeights final : public Weights<typename Backend::Act> {
   struct Gathered {         // a parameter buffer
     int unit = -1;          // the unit it holds or gathers; -1: free
     int ticket = -1;        // its gather in flight; -1 once waited for
-    bool codes = false;     // its weights gathered as codes (CodesUnit), its other values packed
     int values_ticket = -1; // codes: the packed values' gather
     bool values_pending = false;  // codes: the values not at their places yet
     bool in_use = false;    // handed out by params() and not released yet
@@ -110,6 +109,10 @@ class ShardedWeights final : public Weights<typename Backend::Act> {
   };
   void start_gather(int unit, size_t buffer);
   void start_codes_gather(int unit, size_t buffer);
+  // The unit's weights gathered as codes (CodesUnit), its other values packed.
+  bool gathers_codes(int unit) const {
+    return !codes_units_.empty() && !codes_units_[size_t(unit)].weights.empty();
+  }
   void finish_gather(Gathered& g);  // waits for its gathers; codes: the values to their places
   int free_gather_buffer() const;
   int holding(int unit) const;  // the buffer holding (or gathering) unit, not handed out; or -1

@@ -227,16 +227,10 @@ std::string fixed(double x) {
 // docs/running.md#step-breakdown), ms a step: the slowest stage's ops, the waits, the launches
 // as `other`, the step; their sum is the step.
 std::vector<std::pair<std::string, double>> breakdown_ms(const StepTime& t) {
-  std::vector<std::pair<std::string, double>> out;
-  for (int k = 0; k < op_clock::kSlots; ++k)
-    out.emplace_back(op_clock::kSlotNames[k],
-                     1e3 * (k == op_clock::kOptimizer ? t.optimizer : t.ops[size_t(k)]));
-  const std::pair<const char*, double> waits[] = {
-      {"tp_wait", t.tp}, {"dp_wait", t.dp},  {"cp_wait", t.cp},           {"ep_wait", t.ep},
-      {"pp_wait", t.pp + t.bubble},          {"embed_wait", t.embed},     {"data_wait", 0.0},
-      {"other", t.launches},                 {"step", t.total}};
-  for (const auto& [name, s] : waits) out.emplace_back(name, 1e3 * s);
-  return out;
+  op_clock::Seconds ops = t.ops;
+  ops[op_clock::kOptimizer] = t.optimizer;
+  return op_clock::rows(ops, {t.tp, t.dp, t.cp, t.ep, t.pp + t.bubble, t.embed, 0.0}, t.launches,
+                        t.total, 1e3);
 }
 
 // The step's time and its parts, added to `row`.

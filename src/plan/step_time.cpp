@@ -92,13 +92,6 @@ LinearTimes linear_times(const Costs& c, double n, const std::vector<LinearGemm>
   return t;
 }
 
-// The step breakdown's slot of a layer's linear layer (backend/op_clock.hpp).
-op_clock::Slot gemm_slot(int gemm) {
-  constexpr op_clock::Slot kSlot[] = {op_clock::kQkv, op_clock::kProj, op_clock::kFc1,
-                                      op_clock::kFc2};
-  return kSlot[gemm];
-}
-
 // One layer, one micro-batch, forward and backward: the seconds, and the same by the kind of op
 // the trainer's breakdown times (what has no slot, the kernel launches, in `other`).
 struct LayerTime {
@@ -238,7 +231,7 @@ LayerTime layer_time(const LayerInputs& x, const BlockCost& k) {
   LinearTimes linear = linear_times(lin, n, k.gemms);
   const bool full = rc == Recompute::Full;
   for (size_t i = 0; i < k.gemms.size(); ++i)
-    out.ops[gemm_slot(k.gemms[i].gemm)] +=
+    out.ops[op_clock::linear_slot(k.gemms[i].gemm)] +=
         linear.each_fwd_bwd[i] + (full ? linear.each_fwd[i] : 0);
   // The MoE MLP: the router on all n rows, each of the E experts on its balanced n k / E.
   const MoeCost& moe = k.moe;
@@ -265,34 +258,35 @@ LayerTime layer_time(const LayerInputs& x, const BlockCost& k) {
   const double act = a * n * k.activation_elems, act_exps = n * k.activation_exps;
   const double soft = gemm_attention ? 3 * a * b * nh * T * T : 4 * a * n * QKV;
   const double soft_exps = b * nh * T * (T + 1) / 2 / x.cp;
-  const double layer_mem = c.stream(3 * other, 0) + c.stream(3 * act, 2 * act_exps) +
-                           c.stream(3 * soft, (gemm_attention ? 1 : 2) * soft_exps) +
-                           c.stream(3 * a * dispatch, dispatch_exps);
-  const double fwd_mem = c.stream(other, 0) + c.stream(act, act_exps) +
-                         c.stream(soft, soft_exps) + c.stream(a * dispatch, dispatch_exps);
-  const double recompute = rc == Recompute::Full ? linear.fwd + att.fwd + fwd_mem
-                           : rc == Recompute::Selective
-                               ? att.fwd + (gemm_attention ? c.stream(soft, soft_exps) : 0)
-                               : 0;
+  // Each streaming term forward and backward, and forward alone (what a rerun costs).
+  const double other_time = c.stream(3 * other, 0), other_fwd = c.stream(other, 0);
+  const double act_time = c.stream(3 * act, 2 * act_exps), act_fwd = c.stream(act, act_exps);
+  const double soft_time = c.stream(3 * soft, (gemm_attention ? 1 : 2) * soft_exps);
+  const double soft_fwd = c.stream(soft, soft_exps);
+  const double dispatch_time = c.stream(3 * a * dispatch, dispatch_exps);
+  const double dispatch_fwd = c.stream(a * dispatch, dispatch_exps);
+  const double layer_mem = other_time + act_time + soft_time + dispatch_time;
+  const double fwd_mem = other_fwd + act_fwd + soft_fwd + dispatch_fwd;
+  const double recompute = full                            ? linear.fwd + att.fwd + fwd_mem
+                           : rc == Recompute::Selective ? att.fwd + (gemm_attention ? soft_fwd : 0)
+                                                        : 0;
   // Kernel launches of a layer: its forward's, and twice that backward, the full recompute's
   // forward again.
-  const double launches = double(k.forward_kernels) * (3 + (x.rc == Recompute::Full ? 1 : 0));
-  const double casts = x.fp8 ? fp8_cast_seconds(c, n, k.gemms, a, fp8_weight_bytes(x.cfg, x.run, a)) : 0;
+  const double launches = double(k.forward_kernels) * (3 + (full ? 1 : 0));
+  const double casts =
+      x.fp8 ? fp8_cast_seconds(c, n, k.gemms, a, fp8_weight_bytes(x.cfg, x.run, a)) : 0;
   out.other = x.machine.measured ? 0 : launches * x.machine.kernel_overhead;
   out.total = layer_gemm + layer_mem + recompute + casts + out.other;
   // The attention's products and softmax passes (a selective recompute reruns them), the
   // routing's dispatch; the rest of the streaming ops (norms, residuals, activations,
   // biases) are elementwise.
-  const double soft_time = c.stream(3 * soft, (gemm_attention ? 1 : 2) * soft_exps);
-  const double soft_fwd = c.stream(soft, soft_exps);
   out.ops[op_clock::kAttention] +=
       att.fwd + att.bwd + soft_time +
       (rc == Recompute::None ? 0 : att.fwd + (full || gemm_attention ? soft_fwd : 0));
-  out.ops[op_clock::kRouting] += c.stream(3 * a * dispatch, dispatch_exps) +
-                                 (full ? c.stream(a * dispatch, dispatch_exps) : 0);
+  out.ops[op_clock::kRouting] += dispatch_time + (full ? dispatch_fwd : 0);
   out.ops[op_clock::kFp8Casts] += casts;
   double named = out.other;
-  for (double x : out.ops) named += x;
+  for (double slot : out.ops) named += slot;
   out.ops[op_clock::kElementwise] += out.total - named;
   return out;
 }

@@ -5,25 +5,12 @@
 namespace tessera {
 
 std::vector<std::pair<std::string, double>> StepBreakdown::ms_per_step() const {
-  std::vector<std::pair<std::string, double>> out;
-  if (steps == 0) return out;
-  const double ms = 1e3 / double(steps);
+  if (steps == 0) return {};
+  const op_clock::Waits waits = {tp, dp, cp, ep, pp, embed, data};
   double sum = 0;
-  for (int k = 0; k < op_clock::kSlots; ++k) {
-    out.emplace_back(op_clock::kSlotNames[k], ops[size_t(k)] * ms);
-    sum += ops[size_t(k)];
-  }
-  const std::pair<const char*, double> waits[] = {{"tp_wait", tp}, {"dp_wait", dp},
-                                                  {"cp_wait", cp}, {"ep_wait", ep},
-                                                  {"pp_wait", pp}, {"embed_wait", embed},
-                                                  {"data_wait", data}};
-  for (const auto& [name, s] : waits) {
-    out.emplace_back(name, s * ms);
-    sum += s;
-  }
-  out.emplace_back("other", std::max(0.0, step - sum) * ms);
-  out.emplace_back("step", step * ms);
-  return out;
+  for (double s : ops) sum += s;
+  for (double s : waits) sum += s;
+  return op_clock::rows(ops, waits, std::max(0.0, step - sum), step, 1e3 / double(steps));
 }
 
 void StepTelemetry::before_step(const TrainEngine& engine) { before_ = engine.counters(); }

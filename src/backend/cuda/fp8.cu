@@ -86,6 +86,11 @@ __device__ __forceinline__ float fp8_value(uint8_t code, __nv_fp8_interpretation
 // unless out_t is null.
 constexpr int kTile = 32;
 constexpr int kCastThreads = 256;
+// The 32 x 32 tiles of a (rows, cols) matrix (0 for an empty one).
+inline int tile_count(int rows, int cols) {
+  return rows > 0 && cols > 0 ? ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile) : 0;
+}
+
 template <typename Code>
 __device__ void transpose_tiles(uint8_t* out_t, int rows, int cols,
                                 uint8_t (&tile)[kTile][kTile + 1], Code code) {
@@ -211,7 +216,7 @@ float fp8_amax(const F* x, size_t n) {
 template <typename F>
 void fp8_cast(uint8_t* out, uint8_t* out_t, const F* in, int rows, int cols, float scale,
               Fp8Format format, float* amax, float* scale_inv) {
-  const int tiles = rows > 0 && cols > 0 ? ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile) : 0;
+  const int tiles = tile_count(rows, cols);
   const int grid = tiles < kScratchDoubles / 2 ? tiles : kScratchDoubles / 2;
   double* partial = scratch();
   if (grid > 0) {
@@ -230,7 +235,7 @@ void fp8_cast(uint8_t* out, uint8_t* out_t, const F* in, int rows, int cols, flo
 
 void fp8_place(uint8_t* out, uint8_t* out_t, const uint8_t* in, int rows, int cols, float scale_inv,
                float* scale_inv_slot) {
-  const int tiles = rows > 0 && cols > 0 ? ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile) : 0;
+  const int tiles = tile_count(rows, cols);
   const int grid = tiles < 1 ? 1 : tiles < 65535 ? tiles : 65535;
   launch<place_kernel>(grid, kCastThreads, 0, stream(), out, out_t, in, rows, cols, scale_inv,
                        scale_inv_slot);

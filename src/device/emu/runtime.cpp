@@ -418,10 +418,12 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   return cudaSuccess;
 }
 
+namespace {
 // When each event's stream reached it (the host's clock as the emulator runs the stream's work):
 // what cudaEventElapsedTime reads. Their own lock: the stamp runs inside a drain.
 std::mutex g_times_mutex;
 std::map<cudaEvent_t, std::chrono::steady_clock::time_point> g_times;
+}  // namespace
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   (void)flags;
