@@ -7,7 +7,12 @@
 // heads] (ldkv, bkv); lse and delta are (B, NH, t_lse), pointed at the query chunk's first row.
 // diagonal: the chunks are the same positions (key j visible to query i iff j <= i); otherwise
 // every key is visible (the caller skips blocks wholly above the diagonal).
+// q_start (data.document_mask; else nullptr): the first position of each query row's document,
+// q_start[b * bstart + i], pointed at the query chunk's first row; key j, at position
+// k_pos + j, is visible only from it on. A query row may see no key of a block: its block
+// log-sum-exp is -inf and it merges nothing.
 #include <cstddef>
+#include <cstdint>
 
 namespace tessera {
 
@@ -15,6 +20,9 @@ struct AttentionBlock {
   int B, rows, NH, NKV, hs, ldq, ldo, ldkv, t_lse;
   size_t bq, bo, bkv;
   bool diagonal;
+  const int32_t* q_start = nullptr;
+  size_t bstart = 0;
+  int k_pos = 0;
 };
 
 }  // namespace tessera

@@ -32,6 +32,9 @@ enum class OptimRule { AdamW, Adafactor };  // optim.name (optim/rule.hpp)
 enum class MoeScore { Softmax, Sigmoid };   // model.moe.score (backend/moe_routing.hpp)
 // log.breakdown: time the ops by kind; auto: where their cost is measured (the CPU), not on a GPU.
 enum class Breakdown { Auto, On, Off };
+// data.windows: where training windows start; stride: every T tokens; documents: at each document's
+// start (the token file's /document_offsets index).
+enum class Windows { Stride, Documents };
 
 // The deck's spelling of each word ("fused", "1f1b"), for logs and messages.
 const char* deck_word(Arch v);
@@ -47,6 +50,7 @@ const char* deck_word(ScheduleKind v);
 const char* deck_word(CpComm v);
 const char* deck_word(OptimRule v);
 const char* deck_word(MoeScore v);
+const char* deck_word(Windows v);
 
 // model.moe: a mixture-of-experts MLP (a router and `experts` copies of the family's MLP, each
 // token through top_k of them) in place of the dense MLP of some layers; written as a map under
@@ -103,6 +107,10 @@ struct DataConfig {
   bool direct_io = true;     // O_DIRECT reads where the file system allows them
   bool check_tokens = true;  // scan every token id against the vocabulary before training
   bool trace = false;        // <run.dir>/data_trace.rankN.txt: the token ids of every sample
+  // Attention causal within documents only: a token sees the tokens of its own document (those
+  // after the last end-of-text before it), not the tail of the one before.
+  bool document_mask = false;
+  Windows windows = Windows::Stride;
 };
 
 struct TrainConfig {

@@ -98,6 +98,7 @@ TESSERA_WORDS(CpComm, "ring", "allgather")
 TESSERA_WORDS(OptimRule, "adamw", "adafactor")
 TESSERA_WORDS(MoeScore, "softmax", "sigmoid")
 TESSERA_WORDS(Breakdown, "auto", "true", "false")
+TESSERA_WORDS(Windows, "stride", "documents")
 #undef TESSERA_WORDS
 
 template <class E>
@@ -155,6 +156,8 @@ std::vector<Field> fields_of(Config& c) {
       {"data", "direct_io", &c.data.direct_io},
       {"data", "check_tokens", &c.data.check_tokens},
       {"data", "trace", &c.data.trace},
+      {"data", "document_mask", &c.data.document_mask},
+      {"data", "windows", choice(&c.data.windows)},
       {"train", "steps", &c.train.steps},
       {"train", "batch_size", &c.train.batch_size},
       {"train", "micro_batch", &c.train.micro_batch},
@@ -319,6 +322,7 @@ TESSERA_DECK_WORD(ScheduleKind)
 TESSERA_DECK_WORD(CpComm)
 TESSERA_DECK_WORD(OptimRule)
 TESSERA_DECK_WORD(MoeScore)
+TESSERA_DECK_WORD(Windows)
 #undef TESSERA_DECK_WORD
 
 RestartFrom restart_from(const CheckpointConfig& c) {

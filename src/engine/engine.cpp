@@ -54,6 +54,13 @@ class Engine final : public TrainEngine {
     Backend::op_events(timed);
     op_clock::enable(timed);
     if (cp_size_ > 1) staging_.resize(2 * step_tokens_);
+    if (s.model.document_mask) {
+      if (s.document_eot < 0)
+        throw std::logic_error("data.document_mask without the data's end-of-text id");
+      document_eot_ = s.document_eot;
+      doc_full_.resize(step_tokens_ * size_t(cp_size_));
+      if (cp_size_ > 1) doc_own_.resize(step_tokens_);
+    }
     if (allocate_now) allocate();
   }
 
@@ -68,6 +75,7 @@ class Engine final : public TrainEngine {
     grads_ = arena_.get<float>(mem_.h_grads);
     if constexpr (kBf16) copy_ = arena_.get<Act>(mem_.h_copy);
     tokens_ = arena_.get<int32_t>(mem_.h_tokens);
+    if (document_eot_ >= 0) doc_start_ = arena_.get<int32_t>(mem_.h_doc_start);
     targets_ = arena_.get<int32_t>(mem_.h_targets);
     losses_ = arena_.get<float>(mem_.h_losses);
     host_losses_.resize(step_tokens_);
@@ -245,7 +253,12 @@ class Engine final : public TrainEngine {
       read_eval_batch(file, first + i * uint64_t(mb_), vocab, batch);
       Backend::to_device(tokens_, own_chunks(batch.inputs.data(), 0), bytes);
       Backend::to_device(targets_, own_chunks(batch.targets.data(), 1), bytes);
-      executor_.forward_only(weights, {MicroBatch{tokens_, targets_, losses_}});
+      const int32_t* doc_start = nullptr;
+      if (document_eot_ >= 0) {
+        Backend::to_device(doc_start_, document_starts(batch.inputs.data(), 0), bytes);
+        doc_start = doc_start_;
+      }
+      executor_.forward_only(weights, {MicroBatch{tokens_, targets_, losses_, doc_start}});
       if (tile_.last) sum += mean_losses(1);
     }
     if (sharded_) sharded_->end_step();
@@ -458,15 +471,34 @@ class Engine final : public TrainEngine {
   // sequences (mb_, T_ * cp_size_) of `full`, copied into staging area `k` (it stays untouched
   // until the step's uploads are complete); `full` itself without it.
   const int32_t* own_chunks(const int32_t* full, size_t k) {
+    return own_chunks_into(full, cp_size_ == 1 ? nullptr : staging_.data() + k * size_t(mb_) * T_);
+  }
+  const int32_t* own_chunks_into(const int32_t* full, int32_t* out) {
     if (cp_size_ == 1) return full;
-    const size_t n = size_t(mb_) * T_, Tc = size_t(T_) / 2, Tf = size_t(T_) * cp_size_;
-    int32_t* out = staging_.data() + k * n;
+    const size_t Tc = size_t(T_) / 2, Tf = size_t(T_) * cp_size_;
     const size_t chunks[2] = {size_t(cp_rank_), size_t(2 * cp_size_ - 1 - cp_rank_)};
     for (size_t b = 0; b < size_t(mb_); ++b)
       for (size_t h = 0; h < 2; ++h)
         std::copy(full + b * Tf + chunks[h] * Tc, full + b * Tf + (chunks[h] + 1) * Tc,
                   out + b * T_ + h * Tc);
     return out;
+  }
+
+  // data.document_mask: each token's document start in the micro-batch's whole sequences of
+  // `inputs` (the position after the last end-of-text before it, else 0), then this rank's
+  // chunks of them (true positions, as the attention compares them), in host area k: it stays
+  // untouched until the step's uploads are complete.
+  const int32_t* document_starts(const int32_t* inputs, size_t k) {
+    const size_t Tf = size_t(T_) * cp_size_, n = size_t(mb_) * Tf;
+    int32_t* full = doc_full_.data() + k * n;
+    for (size_t b = 0; b < size_t(mb_); ++b) {
+      int32_t start = 0;
+      for (size_t t = 0; t < Tf; ++t) {
+        if (t > 0 && inputs[b * Tf + t - 1] == document_eot_) start = int32_t(t);
+        full[b * Tf + t] = start;
+      }
+    }
+    return own_chunks_into(full, cp_size_ == 1 ? nullptr : doc_own_.data() + k * size_t(mb_) * T_);
   }
 
   // The step's micro-batches from the loader's ring into the token buffers, overlapped with the
@@ -483,6 +515,10 @@ class Engine final : public TrainEngine {
       Backend::upload(targets_ + k * n, targets, n * sizeof(int32_t));
       out[k].tokens = tokens_ + k * n;
       out[k].targets = targets_ + k * n;
+      if (document_eot_ < 0) continue;
+      Backend::upload(doc_start_ + k * n, document_starts(batches[k].tokens, k),
+                      n * sizeof(int32_t));
+      out[k].doc_start = doc_start_ + k * n;
     }
     Backend::await_uploads();
     return out;
@@ -502,6 +538,11 @@ class Engine final : public TrainEngine {
   int mb_, T_;  // T_: this rank's tokens of each sequence (T / cp)
   int cp_size_, cp_rank_;
   std::vector<int32_t> staging_;  // cp > 1: this rank's chunks of the step's tokens and targets
+  // data.document_mask: the end-of-text id; the step's document starts (whole sequences, and
+  // under cp this rank's chunks of them) and their device copy.
+  int64_t document_eot_ = -1;
+  std::vector<int32_t> doc_full_, doc_own_;
+  int32_t* doc_start_ = nullptr;
   size_t step_tokens_ = 0;
   bool embed_sum_, prefetch_;
   // The arena before the communicators, so that on an error the communicators go first (their

@@ -53,6 +53,8 @@ struct EngineSetup {
   bool zero_prefetch = true;          // ZeRO-3 (parallel.zero_prefetch)
   bool nccl_overlap = true;           // device.nccl_overlap: dp and ZeRO collectives on own streams
   Breakdown breakdown = Breakdown::Auto;  // log.breakdown: time the ops by kind (op_clock)
+  // model.document_mask: the data's end-of-text id, after which a document starts.
+  int64_t document_eot = -1;
 };
 
 // The communicators an engine's parts use (its model chunks, optimizer, executor), each the
@@ -70,7 +72,9 @@ struct EngineComms {
 };
 
 // A micro-batch's tokens and targets (B,T) in host memory (the loader's ring), nullptr where the
-// stage reads no tokens. Whole sequences: under context parallelism the engine takes its chunks.
+// stage reads no tokens (under data.document_mask every stage reads them: the attention's mask
+// comes from the tokens). Whole sequences: under context parallelism the engine takes its
+// chunks.
 struct HostMicroBatch {
   const int32_t* tokens = nullptr;
   const int32_t* targets = nullptr;

@@ -74,6 +74,8 @@ struct EngineMemory {
     h_tokens = arena.add("step input tokens", step_tokens * sizeof(int32_t));
     h_targets = arena.add("step target tokens", step_tokens * sizeof(int32_t));
     h_losses = arena.add("step losses", step_tokens * sizeof(float));
+    if (s.model.document_mask)
+      h_doc_start = arena.add("step document starts", step_tokens * sizeof(int32_t));
   }
 
   // The activations and statistics of every chunk (Gpt::activation_bytes).
@@ -113,6 +115,7 @@ struct EngineMemory {
   PipelineExecutor<Backend> executor;
   size_t step_tokens = 0;
   size_t h_master = 0, h_grads = 0, h_copy = 0, h_tokens = 0, h_targets = 0, h_losses = 0;
+  size_t h_doc_start = 0;
 
  private:
   std::vector<std::unique_ptr<Gpt<Backend>>> make_models(const EngineSetup& s, Arena& arena,

@@ -117,6 +117,11 @@ Dataset::Dataset(const std::string& blend_text, const std::string& format,
       seq_len_(seq_len),
       seed_(seed) {}
 
+void Dataset::use_document_windows() {
+  for (TokenSource& s : sources_) s.use_document_windows(seq_len_);
+  blend_ = Blend(weights_of(entries_), windows_of(sources_, seq_len_), seed_);
+}
+
 void Dataset::reseed(uint64_t seed) {
   seed_ = seed;
   blend_ = Blend(weights_of(entries_), windows_of(sources_, seq_len_), seed);
@@ -126,7 +131,7 @@ void Dataset::read_sample(uint64_t g, int vocab, int32_t* inputs, int32_t* targe
   const SampleRef r = blend_.at(g);
   const TokenSource& s = sources_[size_t(r.source)];
   std::vector<uint32_t> buf(size_t(seq_len_) + 1);
-  const uint64_t first = r.window * uint64_t(seq_len_);
+  const uint64_t first = s.window_start(r.window, seq_len_);
   s.read(first, buf.size(), buf.data());
   s.to_sample(buf.data(), first, seq_len_, vocab, inputs, targets);
 }

@@ -17,7 +17,7 @@ namespace tessera {
 
 struct SampleRef {
   int source = 0;
-  uint64_t window = 0;         // window of that source: tokens [window*T, window*T + T + 1)
+  uint64_t window = 0;         // window of that source: T + 1 tokens from its window_start()
   uint64_t source_sample = 0;  // k: the sample's place in its source's own sequence
 };
 
@@ -55,6 +55,9 @@ class Dataset {
   SampleRef sample(uint64_t g) const { return blend_.at(g); }
   // A restart keeps the checkpoint's seed, whatever the deck says.
   void reseed(uint64_t seed);
+  // data.windows: documents: every source's windows start at its documents' starts
+  // (TokenSource::use_document_windows), and the blend deals those out.
+  void use_document_windows();
   // Reads global sample g: inputs (T) and targets (T); ids must be below vocab (else UserError
   // naming the file and byte offset). Main thread (HDF5).
   void read_sample(uint64_t g, int vocab, int32_t* inputs, int32_t* targets) const;

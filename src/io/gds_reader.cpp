@@ -106,7 +106,7 @@ double gds_window_read_mbs(const Dataset& data, int batch, double seconds) {
       const TokenSource& src = data.sources()[size_t(r.source)];
       const uint64_t width = uint64_t(src.token_bytes());
       char* dst = static_cast<char*>(device) + size_t(i) * window_bytes;
-      src.for_each_piece(r.window * uint64_t(T), uint64_t(T) + 1,
+      src.for_each_piece(src.window_start(r.window, T), uint64_t(T) + 1,
                          [&](const TokenExtent& x, uint64_t offset, uint64_t n) {
                            reader.read(x.file, offset, n * width, dst);
                            dst += n * width;

@@ -140,7 +140,7 @@ void Prefetcher::fill(StepSamples& slot, uint64_t step, Worker& worker, bool dir
     slot.refs[size_t(i)] = data_.sample(g);
     const SampleRef& r = slot.refs[size_t(i)];
     const TokenSource& src = data_.sources()[size_t(r.source)];
-    const uint64_t first = r.window * uint64_t(T);
+    const uint64_t first = src.window_start(r.window, T);
     if (direct) {
       uint32_t* out = tokens.data();
       src.for_each_piece(first, uint64_t(T) + 1,

@@ -13,6 +13,7 @@
 
 #include "common/error.hpp"
 #include "common/files.hpp"
+#include "io/document_index.hpp"
 
 namespace tessera {
 
@@ -380,6 +381,30 @@ TokenSource::TokenSource(const std::string& spec, const std::string& format,
   }
   if (!hdf5_) num_tokens_ = total;
   for (const TokenExtent& e : extents_) fds_.push_back(open_read(e.file));
+}
+
+void TokenSource::use_document_windows(int seq_len) {
+  if (format_ != TokenFormat::hdf5)
+    throw UserError(spec_ + ": data.windows: documents reads the document index of tessera's HDF5 "
+                    "token files; this source is " + format_name(format_) +
+                    " (tessera data prepare makes a token file of it)");
+  std::vector<uint64_t> starts;
+  uint64_t base = 0;
+  for (size_t f = 0; f < files_.size(); ++f) {
+    // A glob's files follow each other, each one contiguous extent (a chunked file is alone).
+    const uint64_t tokens = hdf5_ ? num_tokens_ : extents_[f].tokens;
+    const int64_t documents = hdf5_ ? hdf5_->num_documents() : -1;
+    const std::vector<uint64_t> offsets = read_document_offsets(files_[f], tokens, documents);
+    for (size_t d = 0; d + 1 < offsets.size(); ++d)
+      if (offsets[d] < offsets[d + 1] && base + offsets[d] + uint64_t(seq_len) < num_tokens_)
+        starts.push_back(base + offsets[d]);
+    base += tokens;
+  }
+  if (starts.empty())
+    throw UserError(spec_ + ": data.windows: documents: no document starts a window of data.seq_len "
+                    "+ 1 = " + std::to_string(seq_len + 1) + " tokens");
+  window_starts_ = std::move(starts);
+  document_windows_ = true;
 }
 
 TokenSource::TokenSource(TokenSource&&) noexcept = default;

@@ -51,10 +51,21 @@ class TokenSource {
   // vocab_size 0 where the format does not say (Megatron, raw): the deck's model.vocab_size rules.
   const TokenizerInfo& tokenizer() const { return tokenizer_; }
 
-  // Windows of seq_len + 1 tokens at stride seq_len.
+  // Windows of seq_len + 1 tokens: at stride seq_len, or after use_document_windows() one at
+  // each document start with seq_len tokens after it.
   uint64_t num_windows(int seq_len) const {
+    if (document_windows_) return window_starts_.size();
     return num_tokens_ < 2 ? 0 : (num_tokens_ - 1) / uint64_t(seq_len);
   }
+  // The first token of window w.
+  uint64_t window_start(uint64_t w, int seq_len) const {
+    return document_windows_ ? window_starts_[w] : w * uint64_t(seq_len);
+  }
+  // data.windows: documents: windows start at the documents' starts, from the HDF5 files' index
+  // (io/document_index.hpp); a window runs on into the next documents where its own is shorter.
+  // UserError for a source of another format, a file without the index, or no document with
+  // seq_len tokens after its start.
+  void use_document_windows(int seq_len);
   // Tokens [first, first + count) as uint32, with plain pread (or HDF5 for a chunked dataset, which
   // only the main thread may do: HDF5 is not thread-safe).
   void read(uint64_t first, uint64_t count, uint32_t* out) const;
@@ -84,6 +95,8 @@ class TokenSource {
   std::vector<int> fds_;                 // one per extent, O_RDONLY
   TokenizerInfo tokenizer_;
   std::unique_ptr<TokenFile> hdf5_;      // a chunked HDF5 dataset
+  bool document_windows_ = false;
+  std::vector<uint64_t> window_starts_;  // document windows' first tokens
 };
 
 template <typename Fn>

@@ -65,7 +65,9 @@ void ContextAttention<Backend>::each_block(int src, int B, F f) const {
       const int ck = kh == 0 ? src : 2 * P_ - 1 - src;
       if (ck > cq) continue;  // wholly above the causal diagonal
       const AttentionBlock s{B, Tc, nh_, nkv_, hs_, C3, Cq, W, Tl_,
-                             size_t(Tl_) * C3, size_t(Tl_) * Cq, size_t(Tl_) * W, ck == cq};
+                             size_t(Tl_) * C3, size_t(Tl_) * Cq, size_t(Tl_) * W, ck == cq,
+                             doc_start_ ? doc_start_ + size_t(qh) * Tc : nullptr, size_t(Tl_),
+                             ck * Tc};
       f(size_t(qh) * Tc, size_t(kh) * Tc, s);
     }
   }
@@ -98,8 +100,10 @@ void ContextAttention<Backend>::wait_ring() {
 }
 
 template <class Backend>
-void ContextAttention<Backend>::forward(Act* out, float* lse, const Act* qkv, int B) {
+void ContextAttention<Backend>::forward(Act* out, float* lse, const Act* qkv, int B,
+                                        const int32_t* doc_start) {
   const double start = trace::now();
+  doc_start_ = doc_start;
   struct Add {
     double& total;
     double start;
@@ -138,7 +142,9 @@ void ContextAttention<Backend>::forward(Act* out, float* lse, const Act* qkv, in
 // after it. After cp - 1 hops each block's sums are back with its owner: 2 (cp - 1) blocks sent.
 template <class Backend>
 void ContextAttention<Backend>::backward(Act* dqkv, const Act* dout, const Act* qkv,
-                                         const Act* out, const float* lse, int B) {
+                                         const Act* out, const float* lse, int B,
+                                         const int32_t* doc_start) {
+  doc_start_ = doc_start;
   struct Add {
     double& total;
     double start;

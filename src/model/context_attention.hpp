@@ -17,6 +17,7 @@
 // CUDA kernels of backend/cuda/attention_block.cu in fp32 or bf16, the log-sum-exps and the
 // backward's delta in fp32), the transfers the cp communicator's (MPI, or NCCL queued on the
 // stream).
+#include <cstdint>
 #include <vector>
 
 #include "backend/arena.hpp"
@@ -52,10 +53,12 @@ class ContextAttention {
 
   // qkv (B,Tl,(nh+2nkv)hs) of this rank's tokens (in its chunk order, rotated by their true
   // positions); out (B,Tl,nh*hs) and lse (B,nh,Tl) overwritten, as the fused attention's.
-  void forward(Act* out, float* lse, const Act* qkv, int B);
+  // doc_start (B,Tl) or nullptr (data.document_mask): the true position of each of this rank's
+  // tokens' document start (backend/attention_block.hpp's q_start).
+  void forward(Act* out, float* lse, const Act* qkv, int B, const int32_t* doc_start);
   // Accumulates dqkv from dout, with the forward's out and lse.
   void backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out, const float* lse,
-                int B);
+                int B, const int32_t* doc_start);
 
   // Seconds spent in forward and backward so far (the attention, its transfers' waits among
   // them); the waits are added to the cp communicator's busy_seconds (the exposed communication).
@@ -74,6 +77,7 @@ class ContextAttention {
   // f(q, k, s) for each block of this rank's queries against src's keys (context_attention.cpp).
   template <class F>
   void each_block(int src, int B, F f) const;
+  const int32_t* doc_start_ = nullptr;  // the pass's, for each_block
   void blocks_forward(Act* out, float* lse, const Act* qkv, const Act* kv, int src, int B) const;
   void blocks_backward(Act* dqkv, Act* dkv, const Act* dout, const Act* qkv, const Act* kv,
                        const float* lse, int src, int B) const;

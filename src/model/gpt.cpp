@@ -47,7 +47,8 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     : layout_(layout), tp_(tp), arena_(&arena), max_n_(max_batch * max_seq),
       max_batch_(max_batch), options_(stage_options(options, layout.tp)),
       block_(layout_, options_, tp, max_batch, max_seq),
-      slots_(slots), begin_(layout.chunks.at(size_t(chunk)).begin),
+      slots_(slots), doc_start_(size_t(slots), nullptr),
+      begin_(layout.chunks.at(size_t(chunk)).begin),
       end_(layout.chunks.at(size_t(chunk)).end), first_(layout.first && chunk == 0),
       last_(layout.last && chunk + 1 == int(layout.chunks.size())) {
   const Family& family = tessera::family(layout.canonical.shape.arch);
@@ -228,6 +229,7 @@ typename TransformerBlock<Backend>::Acts Gpt<Backend>::layer_acts(int slot, int 
   a.out = recomputing ? work(kOut) : act(kOut, slot, i);
   a.norm1_mean = S(kNorm1Mean), a.norm1_rstd = S(kNorm1Rstd), a.norm2_mean = S(kNorm2Mean);
   a.norm2_rstd = S(kNorm2Rstd), a.lse = S(kAttLse);
+  a.doc_start = doc_start_[size_t(slot)];
   a.slot = slot;
   a.recomputing = recomputing;
   return a;
@@ -314,8 +316,10 @@ std::vector<int> Gpt<Backend>::pass_units(bool forward) const {
 
 template <class Backend>
 void Gpt<Backend>::forward(Weights<Act>& weights, int slot, const int32_t* tokens,
-                           const int32_t* targets, float* losses, int B, int T) {
+                           const int32_t* targets, float* losses, int B, int T,
+                           const int32_t* doc_start) {
   const LocalLayout& lay = layout_;
+  doc_start_[size_t(slot)] = doc_start;
   const int C = n_embd(), N = B * T, Nr = N / seq_split();
   const Act* none = nullptr;
   weights.pass(pass_units(true));

@@ -71,11 +71,13 @@ class Gpt {
   std::vector<std::pair<size_t, size_t>> tp_partial_gradients(int l) const;
 
   // tokens (B,T); targets (B,T) on the last stage, or nullptr for logits only; both in backend
-  // memory. On the last stage with targets, losses (B*T, backend memory) receives each position's
+  // memory. doc_start (B,T, backend memory) under data.document_mask, on every stage: each
+  // token's document start, which the attention masks by (kept for the slot's backward);
+  // nullptr without. On the last stage with targets, losses (B*T, backend memory) receives each position's
   // cross-entropy; nothing waits for it (the engine reads a step's losses once, at its end). The
   // parameters come unit by unit from `weights` (model/weights.hpp).
   void forward(Weights<Act>& weights, int slot, const int32_t* tokens, const int32_t* targets,
-               float* losses, int B, int T);
+               float* losses, int B, int T, const int32_t* doc_start = nullptr);
 
   // Stages before the last: the gradient of the output (B,T,C), filled by the caller (received
   // from the next stage) before backward.
@@ -182,6 +184,7 @@ class Gpt {
   ModelOptions options_;  // sequence_parallel off with tp = 1
   Blk block_;             // the layers' ops, scratch, collectives, norm and linear layers
   int slots_;
+  std::vector<const int32_t*> doc_start_;  // by slot: the forward's document starts
   int begin_, end_;  // this chunk's layers
   bool first_, last_;
   size_t offset_[kSlotKinds] = {}, size_[kSlotKinds] = {}, slot_stride_ = 0;

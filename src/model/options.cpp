@@ -25,6 +25,7 @@ ModelOptions model_options(const Config& c) {
   o.moe.z_loss = m.z_loss;
   o.moe.capacity_factor = m.capacity_factor;
   o.moe.bias_rate = m.bias_rate;
+  o.document_mask = c.data.document_mask;
   return o;
 }
 

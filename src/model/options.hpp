@@ -46,6 +46,9 @@ struct ModelOptions {
   bool cp_allgather = false;
   Fp8Options fp8 = {};
   MoeOptions moe = {};
+  // data.document_mask: the attention sees each token's own document only; the engine hands
+  // every stage each micro-batch's document starts (Gpt::forward's doc_start).
+  bool document_mask = false;
 };
 
 // The options a deck asks for (its keys are validated by the deck reader).

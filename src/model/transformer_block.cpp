@@ -111,11 +111,11 @@ template <class Backend>
 void TransformerBlock<Backend>::attention_core(const Acts& a, int B, int T) {
   const BlockWidths& w = cost_.width;
   if (context_)
-    context_->forward(a.atty, a.lse, a.qkv, B);
+    context_->forward(a.atty, a.lse, a.qkv, B, a.doc_start);
   else if (options_.fused_attention)
-    Backend::attention_fused_forward(a.atty, a.lse, a.qkv, B, T, w.nh, w.nkv, w.hs);
+    Backend::attention_fused_forward(a.atty, a.lse, a.qkv, B, T, w.nh, w.nkv, w.hs, a.doc_start);
   else
-    Backend::attention_forward(a.atty, a.att, a.qkv, B, T, w.nh, w.nkv, w.hs);
+    Backend::attention_forward(a.atty, a.att, a.qkv, B, T, w.nh, w.nkv, w.hs, a.doc_start);
 }
 
 // N = B*T rows pass the column-parallel GEMMs and the attention; Nr = N / seq_split() rows pass
@@ -242,10 +242,10 @@ void TransformerBlock<Backend>::attention_backward(int l, const Params& w, const
                   gather_rows(scratch(kDRes), scratch(kDFull), N), a.atty, w.p[kProjW], N);
   zero(scratch(kDQkv), size_t(N) * wd.qkv);
   if (context_)
-    context_->backward(scratch(kDQkv), scratch(kDAttY), a.qkv, a.atty, a.lse, B);
+    context_->backward(scratch(kDQkv), scratch(kDAttY), a.qkv, a.atty, a.lse, B, a.doc_start);
   else if (options_.fused_attention)
     Backend::attention_fused_backward(scratch(kDQkv), scratch(kDAttY), a.qkv, a.atty, a.lse, B, T,
-                                      wd.nh, wd.nkv, wd.hs);
+                                      wd.nh, wd.nkv, wd.hs, a.doc_start);
   else
     Backend::attention_backward(scratch(kDQkv), scratch(kDAtt), scratch(kDAttY), a.qkv, a.att, B,
                                 T, wd.nh, wd.nkv, wd.hs);

@@ -49,6 +49,9 @@ class TransformerBlock {
     const Act* in;
     Act *norm1, *qkv, *att, *atty, *attproj, *res2, *norm2, *fc1, *mlp_act, *fc2, *out;
     float *norm1_mean, *norm1_rstd, *norm2_mean, *norm2_rstd, *lse;
+    // data.document_mask: each token's document start (B,T; true positions under context
+    // parallelism), which the attention masks by; nullptr without.
+    const int32_t* doc_start;
     int slot;          // the micro-batch's slot: an MoE layer keeps its own activations by it
     bool recomputing;  // a rerun of the forward (full recompute): the MoE stats not counted again
   };

@@ -103,10 +103,11 @@ void Run::announce_model() {
 void Run::announce_data() {
   for (size_t s = 0; s < train_data_->sources().size(); ++s) {
     const TokenSource& src = train_data_->sources()[s];
-    log_->say("data: %s: %s, %d-bit, %llu tokens in %zu file%s, %llu windows of %d, weight %.4g",
+    log_->say("data: %s: %s, %d-bit, %llu tokens in %zu file%s, %llu %swindows of %d, weight %.4g",
               src.spec().c_str(), format_name(src.format()), 8 * src.token_bytes(),
               (unsigned long long)src.num_tokens(), src.files().size(),
-              src.files().size() == 1 ? "" : "s", (unsigned long long)src.num_windows(T_), T_ + 1,
+              src.files().size() == 1 ? "" : "s", (unsigned long long)src.num_windows(T_),
+              cfg_.data.windows == Windows::Documents ? "document-start " : "", T_ + 1,
               train_data_->entries()[s].weight);
   }
   if (val_data_)

@@ -96,6 +96,7 @@ Run::Run(MPI_Comm world, const Config& cfg)
 void Run::open_data() {
   train_data_ = std::make_unique<Dataset>(cfg_.data.train, cfg_.data.format, cfg_.data.dtype, T_,
                                           cfg_.train.seed);
+  if (cfg_.data.windows == Windows::Documents) train_data_->use_document_windows();
   if (!cfg_.data.val.empty())
     val_data_ = std::make_unique<TokenSource>(cfg_.data.val, cfg_.data.format, cfg_.data.dtype);
   const TokenSource& first = train_data_->sources().front();
@@ -113,6 +114,10 @@ void Run::open_data() {
     throw UserError(cfg_.data.val + ": tokenizer vocab_size " +
                     std::to_string(val_data_->tokenizer().vocab_size) +
                     " differs from data.train's " + std::to_string(data_vocab));
+  // The document mask finds documents by their end-of-text token.
+  if (cfg_.data.document_mask && tokenizer().eot < 0)
+    throw UserError(cfg_.deck_path + ": data.document_mask: " + cfg_.data.train +
+                    " records no end-of-text token (eot), so its documents cannot be told apart");
   shape_ = make_model_shape(cfg_.model, vocab_);
 }
 
@@ -129,7 +134,8 @@ void Run::lay_out() {
   tile_ = rank_tile(run_, shape_, mesh_->coord("tp"), mesh_->coord("pp"),
                     mesh_->shape().has("ep") ? mesh_->coord("ep") : 0);
   schedule_ = rank_schedule(cfg_, run_, mesh_->coord("pp"));
-  reads_tokens_ = tile_.first || tile_.last;
+  // The document mask comes from the tokens, and every stage's attention needs it.
+  reads_tokens_ = tile_.first || tile_.last || cfg_.data.document_mask;
   speaks_loss_ = tile_.last && mesh_->coord("tp") == 0;
   schedule_lr_ = {cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps,
                   cfg_.optim.decay_steps > 0 ? cfg_.optim.decay_steps : cfg_.train.steps};
@@ -202,6 +208,7 @@ void Run::find_checkpoints() {
 void Run::declare_engine() {
   EngineSetup setup = engine_setup(cfg_, run_, tile_, mesh_->coord("pp"));
   setup.mesh = mesh_.get();
+  if (cfg_.data.document_mask) setup.document_eot = tokenizer().eot;
   const EngineKind kind = engine_kind(cfg_, backend_.cuda);
   engine_ = make_engine(setup, kind, Allocation::later);
   planned_ = rank_memory(cfg_, shape_, run_, mesh_->rank(), kind);

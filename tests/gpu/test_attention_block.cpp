@@ -11,7 +11,7 @@
 // size 12 take the 32-wide tile's masked dimensions; grouped-query heads sum dK/dV over their
 // query heads. Chunks of 33 and 65 rows end with a query tile whose last row is the first key of a
 // key tile (32, 64): a causal skip of key tiles off by one key drops that key there, as a 1-row
-// chunk's does at key 0.
+// chunk's does at key 0. Each shape also runs under a document mask (AttentionBlock::q_start).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,8 +53,9 @@ TYPED_TEST(CudaBlock, ForwardAndBackward) {
   using F = TypeParam;
   for (BlockShape s : {BlockShape{2, 70, 4, 2, 64}, BlockShape{2, 37, 3, 3, 12},
                        BlockShape{1, 45, 2, 1, 128}, BlockShape{1, 1, 2, 2, 32},
-                       BlockShape{1, 33, 2, 1, 64}, BlockShape{2, 65, 2, 2, 32}}) {
-    const std::string shape = s.name();
+                       BlockShape{1, 33, 2, 1, 64}, BlockShape{2, 65, 2, 2, 32}})
+    for (bool docs : {false, true}) {  // without and with a document mask
+    const std::string shape = s.name() + (docs ? " documents" : "");
     const int Tl = 2 * s.rows, C3 = (s.NH + 2 * s.NKV) * s.hs, Cq = s.NH * s.hs;
     const int W = 2 * s.NKV * s.hs;
     const size_t n_qkv = size_t(s.B) * Tl * C3, n_out = size_t(s.B) * Tl * Cq;
@@ -64,6 +65,31 @@ TYPED_TEST(CudaBlock, ForwardAndBackward) {
     const size_t k0 = size_t(s.rows) * W;
     AttentionBlock blk{s.B, s.rows, s.NH, s.NKV, s.hs, C3, Cq, W, Tl,
                        size_t(Tl) * C3, size_t(Tl) * Cq, size_t(Tl) * W, false};
+    // Under a document mask the off-diagonal keys sit at positions 0 .. rows - 1 and the query
+    // chunk (the diagonal block's keys) at rows .. 2 rows - 1; documents of 1 to 24 tokens over
+    // them, so many query rows see none of the off-diagonal block and some see part of it.
+    std::vector<int32_t> start(size_t(s.B) * Tl);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    auto next_len = [&] {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      return 1 + int(x % 24);
+    };
+    for (int b = 0; b < s.B; b++)
+      for (int t = 0, at = 0, next = next_len(); t < Tl; t++) {
+        if (t == next) at = t, next = t + next_len();
+        start[size_t(b) * Tl + size_t(t)] = at;
+      }
+    const DevInts d_start(start);
+    // The block as each side reads it: the query rows' starts in its own memory.
+    auto on = [&](bool gpu_side) {
+      AttentionBlock b = blk;
+      if (docs) {
+        b.q_start = (gpu_side ? static_cast<const int32_t*>(d_start) : start.data()) + s.rows;
+        b.bstart = size_t(Tl);
+        b.k_pos = blk.diagonal ? s.rows : 0;
+      }
+      return b;
+    };
 
     auto qkv = random_of<F>(n_qkv, -2.0, 2.0);
     auto kv_off = random_of<F>(n_kv, -2.0, 2.0), kv_diag = random_of<F>(n_kv, -2.0, 2.0);
@@ -78,12 +104,21 @@ TYPED_TEST(CudaBlock, ForwardAndBackward) {
       blk.diagonal = diagonal == 1;
       const std::vector<double>& kv = diagonal ? kv_diag : kv_off;
       gpu::attention_block_forward<F>(d_out + o0, d_lse + l0, d_qkv + q0,
-                                      (diagonal ? d_kv_diag : d_kv_off) + k0, blk);
+                                      (diagonal ? d_kv_diag : d_kv_off) + k0, on(true));
       cpu::attention_block_forward<double>(out.data() + o0, lse.data() + l0, qkv.data() + q0,
-                                           kv.data() + k0, blk);
+                                           kv.data() + k0, on(false));
       const std::string what = (diagonal ? " after the diagonal block" : " off-diagonal") + shape;
       EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "attention_block_forward out" + what);
-      EXPECT_CLOSE(d_lse.fetch(), lse, floored(lse), "attention_block_forward lse" + what);
+      // Rows a document mask hid from every key so far keep their -inf: the same rows on both
+      // sides, then the rest compared.
+      std::vector<double> got_lse = d_lse.fetch(), want_lse = lse;
+      size_t differ = 0;
+      for (size_t i = 0; i < got_lse.size(); i++) {
+        differ += (got_lse[i] == -INFINITY) != (want_lse[i] == -INFINITY);
+        if (want_lse[i] == -INFINITY) got_lse[i] = want_lse[i] = 0.0;
+      }
+      EXPECT_EQ(differ, 0u) << "attention_block_forward lse: rows left at -inf" << what;
+      EXPECT_CLOSE(got_lse, want_lse, floored(want_lse), "attention_block_forward lse" + what);
     }
 
     // The backward reads the forward's out and lse; both sides get the reference's, rounded.
@@ -108,11 +143,12 @@ TYPED_TEST(CudaBlock, ForwardAndBackward) {
       std::vector<double>& dkv = diagonal ? dkv_diag : dkv_off;
       gpu::attention_block_backward<F>(d_dqkv + q0, (diagonal ? d_dkv_diag : d_dkv_off) + k0,
                                        d_dout + o0, d_delta + l0, d_qkv + q0,
-                                       (diagonal ? d_kv_diag : d_kv_off) + k0, d_lse + l0, blk);
+                                       (diagonal ? d_kv_diag : d_kv_off) + k0, d_lse + l0,
+                                       on(true));
       cpu::attention_block_backward<double>(dqkv.data() + q0, dkv.data() + k0, dout.data() + o0,
                                             delta.data() + l0, qkv.data() + q0,
                                             (diagonal ? kv_diag : kv_off).data() + k0,
-                                            lse.data() + l0, blk);
+                                            lse.data() + l0, on(false));
     }
     EXPECT_CLOSE(d_dqkv.fetch(), dqkv, tolerance<F>(), "attention_block_backward dq" + shape);
     EXPECT_CLOSE(d_dkv_off.fetch(), dkv_off, tolerance<F>(),

@@ -289,24 +289,48 @@ struct AttentionShape {
   }
 };
 
+// data.document_mask's document starts (B,T) of documents 1 to 40 tokens long, drawn from a fixed
+// seed: rows whose document starts past a key tile see nothing of it, and some documents start
+// inside a query tile.
+std::vector<int32_t> document_starts(const AttentionShape& s) {
+  std::vector<int32_t> start(size_t(s.B) * s.T);
+  uint64_t x = 88172645463325252ull;
+  auto next_len = [&] {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return 1 + int(x % 40);
+  };
+  for (int b = 0; b < s.B; b++)
+    for (int t = 0, at = 0, next = next_len(); t < s.T; t++) {
+      if (t == next) at = t, next = t + next_len();
+      start[size_t(b) * s.T + size_t(t)] = at;
+    }
+  return start;
+}
+
 // Multi-head (NKV = NH, GPT-2's) and grouped-query shapes: two query heads per kv head (the
-// batches over kv heads), four or more (the kv head broadcast over its group), one kv head for all.
+// batches over kv heads), four or more (the kv head broadcast over its group), one kv head for all;
+// each without and with a document mask.
 TYPED_TEST(CudaOp, Attention) {
   using F = TypeParam;
   // T = 32: the softmax's 16-byte path; 37 and 33: the scalar one.
   for (AttentionShape s : {AttentionShape{2, 37, 3, 3, 16}, AttentionShape{1, 33, 2, 2, 18},
                            AttentionShape{2, 32, 4, 4, 16}, AttentionShape{2, 37, 4, 2, 64},
-                           AttentionShape{1, 33, 8, 2, 64}, AttentionShape{1, 35, 4, 1, 128}}) {
-    const std::string shape = s.name();
+                           AttentionShape{1, 33, 8, 2, 64}, AttentionShape{1, 35, 4, 1, 128},
+                           AttentionShape{2, 70, 4, 2, 16}})
+    for (bool docs : {false, true}) {  // without and with a document mask
+    const std::string shape = s.name() + (docs ? " documents" : "");
     const size_t n_qkv = size_t(s.B) * s.T * (s.NH + 2 * s.NKV) * s.hs;
     const size_t n_out = size_t(s.B) * s.T * s.NH * s.hs;
     const size_t n_att = size_t(s.B) * s.NH * s.T * s.T;
+    const std::vector<int32_t> start = document_starts(s);
+    const DevInts d_start(start);
+    const int32_t* dev_start = docs ? static_cast<const int32_t*>(d_start) : nullptr;
     auto qkv = random_of<F>(n_qkv, -2.0, 2.0);
     Dev<F> d_qkv(qkv), d_out(n_out), d_att(n_att);
     std::vector<double> out(n_out), att(n_att);
-    gpu::attention_forward<F>(d_out, d_att, d_qkv, s.B, s.T, s.NH, s.NKV, s.hs);
+    gpu::attention_forward<F>(d_out, d_att, d_qkv, s.B, s.T, s.NH, s.NKV, s.hs, dev_start);
     cpu::attention_forward<double>(out.data(), att.data(), qkv.data(), s.B, s.T, s.NH, s.NKV,
-                                   s.hs);
+                                   s.hs, docs ? start.data() : nullptr);
     EXPECT_CLOSE(d_att.fetch(), att, tolerance<F>(), "attention_forward att" + shape);
     EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "attention_forward out" + shape);
 
@@ -327,24 +351,30 @@ TYPED_TEST(CudaOp, Attention) {
 // The fused (flash-style) kernels against the CPU's fused attention in double: odd T, T not a
 // multiple of a key tile (32) or a query tile (8 or 16 rows), head sizes 12 (a 32-wide tile), 64
 // and 128, heads whose columns start off a 16-byte boundary; multi-head, and grouped-query with
-// 2 and 4 query heads per kv head (dK and dV summed over them).
+// 2 and 4 query heads per kv head (dK and dV summed over them); each without and with a document
+// mask (whole key tiles hidden from some rows).
 TYPED_TEST(CudaOp, AttentionFused) {
   using F = TypeParam;
   for (AttentionShape s : {AttentionShape{2, 37, 3, 3, 12}, AttentionShape{1, 70, 2, 2, 64},
                            AttentionShape{1, 45, 1, 1, 128}, AttentionShape{2, 33, 2, 2, 128},
                            AttentionShape{1, 1, 1, 1, 64}, AttentionShape{2, 37, 4, 2, 64},
-                           AttentionShape{1, 35, 4, 1, 128}}) {
-    const std::string shape = s.name();
+                           AttentionShape{1, 35, 4, 1, 128}, AttentionShape{2, 100, 2, 1, 32}})
+    for (bool docs : {false, true}) {  // without and with a document mask
+    const std::string shape = s.name() + (docs ? " documents" : "");
     const size_t n_qkv = size_t(s.B) * s.T * (s.NH + 2 * s.NKV) * s.hs;
     const size_t n_out = size_t(s.B) * s.T * s.NH * s.hs;
     const size_t n_lse = size_t(s.B) * s.NH * s.T;
+    const std::vector<int32_t> start = document_starts(s);
+    const DevInts d_start(start);
+    const int32_t* dev_start = docs ? static_cast<const int32_t*>(d_start) : nullptr;
+    const int32_t* host_start = docs ? start.data() : nullptr;
     auto qkv = random_of<F>(n_qkv, -2.0, 2.0);
     Dev<F> d_qkv(qkv), d_out(n_out);
     Dev<float> d_lse(n_lse);
     std::vector<double> out(n_out), lse(n_lse);
-    gpu::attention_fused_forward<F>(d_out, d_lse, d_qkv, s.B, s.T, s.NH, s.NKV, s.hs);
+    gpu::attention_fused_forward<F>(d_out, d_lse, d_qkv, s.B, s.T, s.NH, s.NKV, s.hs, dev_start);
     cpu::attention_fused_forward<double>(out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.NKV,
-                                         s.hs);
+                                         s.hs, host_start);
     EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "attention_fused_forward out" + shape);
     // The log-sum-exps within 1e-5 of max(1, their largest): a single key (T = 1) makes one a
     // plain dot product of 64 terms of up to 4, which can cancel to 0.01, and fp32's 1e-7 of the
@@ -362,9 +392,9 @@ TYPED_TEST(CudaOp, AttentionFused) {
     auto dout = random_of<F>(n_out), dqkv = random_of<F>(n_qkv);
     Dev<F> d_dout(dout), d_dqkv(dqkv);
     gpu::attention_fused_backward<F>(d_dqkv, d_dout, d_qkv, d_out, d_lse, s.B, s.T, s.NH, s.NKV,
-                                     s.hs);
+                                     s.hs, dev_start);
     cpu::attention_fused_backward<double>(dqkv.data(), dout.data(), qkv.data(), out.data(),
-                                          lse.data(), s.B, s.T, s.NH, s.NKV, s.hs);
+                                          lse.data(), s.B, s.T, s.NH, s.NKV, s.hs, host_start);
     EXPECT_CLOSE(d_dqkv.fetch(), dqkv, tolerance<F>(), "attention_fused_backward dqkv" + shape);
   }
 }

@@ -67,6 +67,8 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.data.direct_io, b.data.direct_io);
   EXPECT_EQ(a.data.check_tokens, b.data.check_tokens);
   EXPECT_EQ(a.data.trace, b.data.trace);
+  EXPECT_EQ(a.data.document_mask, b.data.document_mask);
+  EXPECT_EQ(a.data.windows, b.data.windows);
   EXPECT_EQ(a.train.steps, b.train.steps);
   EXPECT_EQ(a.train.batch_size, b.train.batch_size);
   EXPECT_EQ(a.train.micro_batch, b.train.micro_batch);
@@ -142,6 +144,7 @@ TEST(Config, EveryKeyReachesItsField) {
       "  vocab_multiple: 32\n  init_std: 0.01\n"
       "data:\n  train: a.h5\n  val: b.h5\n  format: raw\n  dtype: uint32\n  seq_len: 48\n"
       "  prefetch: 2\n  readers: 3\n  direct_io: false\n  check_tokens: false\n  trace: true\n"
+      "  document_mask: true\n  windows: documents\n"
       "train:\n  steps: 7\n  batch_size: 12\n  micro_batch: 4\n  seed: 42\n"
       "  anomaly_window: 9\n  anomaly_sigma: 2.5\n  anomaly_action: rollback\n  anomaly_max_rollbacks: 7\n"
       "optim:\n  lr: 6e-4\n  min_lr: 6e-5\n  warmup_steps: 5\n  decay_steps: 70\n"
@@ -169,6 +172,8 @@ TEST(Config, EveryKeyReachesItsField) {
   e.data.direct_io = false;
   e.data.check_tokens = false;
   e.data.trace = true;
+  e.data.document_mask = true;
+  e.data.windows = Windows::Documents;
   e.train = {7, 12, 4, 42};
   e.train.anomaly_window = 9;
   e.train.anomaly_sigma = 2.5;
@@ -332,7 +337,7 @@ TEST(Config, WrongTypes) {
 
 TEST(Config, MessagesStayOnOneLine) {
   EXPECT_EQ(deck_error("data:\n  train: t\n  \"x\\ny\": 1\n"),
-            "deck.yaml:3:3: data.x\\ny: unknown key (data has: train, val, format, dtype, seq_len, prefetch, readers, direct_io, check_tokens, trace)");
+            "deck.yaml:3:3: data.x\\ny: unknown key (data has: train, val, format, dtype, seq_len, prefetch, readers, direct_io, check_tokens, trace, document_mask, windows)");
   EXPECT_EQ(deck_error("data:\n  train: t\ndevice:\n  backend: \"g\\tp\\x01u\"\n"),
             "deck.yaml:4:12: device.backend: must be cpu, cuda or auto, got 'g\\tp\\x01u'");
 }
@@ -627,7 +632,7 @@ TEST(Config, LoadDeckReadsTheFile) {
   } catch (const UserError& e) {
     EXPECT_EQ(e.exit_code, kExitBadInput);
     EXPECT_EQ(std::string(e.what()),
-              bad + ":3:3: data.sequence_len: unknown key (data has: train, val, format, dtype, seq_len, prefetch, readers, direct_io, check_tokens, trace)");
+              bad + ":3:3: data.sequence_len: unknown key (data has: train, val, format, dtype, seq_len, prefetch, readers, direct_io, check_tokens, trace, document_mask, windows)");
   }
 }
 
@@ -748,8 +753,9 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 79);  // with device.nccl_overlap, anomaly_max_rollbacks, parallel.cp, cp_comm,
-                       // optim.name and reset_state, parallel.ep, log.breakdown; the five device.fp8_* keys only
+  EXPECT_EQ(keys, 81);  // with device.nccl_overlap, anomaly_max_rollbacks, parallel.cp, cp_comm,
+                       // optim.name and reset_state, parallel.ep, log.breakdown,
+                       // data.document_mask and windows; the five device.fp8_* keys only
                        // with precision fp8 (Config.Fp8Keys), the three optim.adafactor_* keys
                        // only with optim.name adafactor (Config.OptimRuleKeys), the twelve
                        // model.moe.* keys only with experts (Config.MoeKeysNestUnderModel)

@@ -1,7 +1,8 @@
 // Context parallelism's attention blocks (backend/cpu/attention_block.cpp) against the one-rank
 // fused attention (double): every cp rank's two chunks, merged block by block from every source
 // rank in the ring's order, give the fused attention's output, log-sum-exp and q, k, v gradients
-// at those positions, for cp = 1, 2, 4 and grouped-query heads.
+// at those positions, for cp = 1, 2, 4 and grouped-query heads, with and without a document
+// mask.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,17 +19,31 @@ using namespace tessera::cpu;
 using tessera::AttentionBlock;
 using Vec = std::vector<double>;
 
-void check_cp(int P, int B, int T, int NH, int NKV, int hs) {
+// docs: under a document mask of random documents (1 to 6 tokens: many query rows see no key
+// of some blocks).
+void check_cp(int P, int B, int T, int NH, int NKV, int hs, bool docs = false) {
   std::mt19937_64 rng(P * 100 + NKV);
   std::uniform_real_distribution<double> u(-1, 1);
   const int C3 = (NH + 2 * NKV) * hs, Cq = NH * hs, W = 2 * NKV * hs, Tl = T / P, Tc = Tl / 2;
   Vec qkv(size_t(B) * T * C3), dout(size_t(B) * T * Cq);
   for (double& x : qkv) x = u(rng);
   for (double& x : dout) x = u(rng);
+  Vec start(size_t(B) * T, 0.0);  // document starts, as doubles for local() below
+  std::vector<int32_t> start_ids(start.size(), 0);
+  if (docs) {
+    std::uniform_int_distribution<int> len(1, 6);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0, at = 0, next = len(rng); t < T; ++t) {
+        if (t == next) at = t, next = t + len(rng);
+        start[size_t(b) * T + t] = at;
+        start_ids[size_t(b) * T + t] = at;
+      }
+  }
+  const int32_t* full_start = docs ? start_ids.data() : nullptr;
   Vec out(size_t(B) * T * Cq), lse(size_t(B) * NH * T), dqkv(qkv.size(), 0.0);
-  attention_fused_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, hs);
+  attention_fused_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, hs, full_start);
   attention_fused_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH,
-                           NKV, hs);
+                           NKV, hs, full_start);
   // Each rank's rows of a (B,T,width) tensor, in its chunk order.
   auto local = [&](const Vec& full, int r, int width) {
     Vec v(size_t(B) * Tl * width);
@@ -52,6 +67,8 @@ void check_cp(int P, int B, int T, int NH, int NKV, int hs) {
   for (int r = 0; r < P; ++r) {
     Vec o(size_t(B) * Tl * Cq, 0.0), l(size_t(B) * NH * Tl, -std::numeric_limits<double>::infinity());
     Vec lout = local(dout, r, Cq);
+    const Vec lstart = local(start, r, 1);
+    const std::vector<int32_t> lstart_ids(lstart.begin(), lstart.end());
     for (int pass = 0; pass < 2; ++pass) {
       Vec delta(size_t(B) * NH * Tl);
       if (pass == 1) attention_delta(delta.data(), lout.data(), o.data(), B, Tl, NH, hs, Cq);
@@ -61,9 +78,10 @@ void check_cp(int P, int B, int T, int NH, int NKV, int hs) {
           for (int kh = 0; kh < 2; ++kh) {
             const int cq = qh ? 2 * P - 1 - r : r, ck = kh ? 2 * P - 1 - src : src;
             if (ck > cq) continue;
-            const AttentionBlock s{B, Tc, NH, NKV, hs, C3, Cq, W, Tl, size_t(Tl) * C3,
-                                   size_t(Tl) * Cq, size_t(Tl) * W, ck == cq};
             const size_t q = size_t(qh) * Tc, k = size_t(kh) * Tc * W;
+            const AttentionBlock s{B, Tc, NH, NKV, hs, C3, Cq, W, Tl, size_t(Tl) * C3,
+                                   size_t(Tl) * Cq, size_t(Tl) * W, ck == cq,
+                                   docs ? lstart_ids.data() + q : nullptr, size_t(Tl), ck * Tc};
             if (pass == 0)
               attention_block_forward(o.data() + q * Cq, l.data() + q, lq[r].data() + q * C3,
                                       kv[src].data() + k, s);
@@ -84,7 +102,7 @@ void check_cp(int P, int B, int T, int NH, int NKV, int hs) {
                                            lse[(size_t(b) * NH + h) * T + at]));
         }
   }
-  EXPECT_LT(worst, 1e-12) << "forward, cp " << P;
+  EXPECT_LT(worst, 1e-12) << "forward, cp " << P << (docs ? ", documents" : "");
   // Gradients: q's from each rank, k's and v's summed over the ranks into their owner's rows.
   double gworst = 0;
   for (int r = 0; r < P; ++r) {
@@ -96,13 +114,20 @@ void check_cp(int P, int B, int T, int NH, int NKV, int hs) {
         gworst = std::max(gworst, std::abs(dkv[r][row * W + c] - want[row * C3 + Cq + c]));
     }
   }
-  EXPECT_LT(gworst, 1e-12) << "backward, cp " << P;
+  EXPECT_LT(gworst, 1e-12) << "backward, cp " << P << (docs ? ", documents" : "");
 }
 
 TEST(ContextAttention, BlocksEqualFusedAttention) {
   for (int P : {1, 2, 4}) {
     check_cp(P, 2, 16, 4, 4, 8);
     check_cp(P, 1, 24, 4, 2, 4);  // grouped-query heads
+  }
+}
+
+TEST(ContextAttention, BlocksEqualFusedAttentionUnderDocumentMask) {
+  for (int P : {1, 2, 4}) {
+    check_cp(P, 2, 32, 4, 4, 8, true);
+    check_cp(P, 1, 48, 4, 2, 4, true);  // grouped-query heads
   }
 }
 

@@ -39,7 +39,7 @@ import time
 _TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
 sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop", "reference")]
 from reference_moe import MoeMlp, is_moe_layer, layer_config, moe_config, moe_loss  # noqa: E402
-from reference_train import (make_optimizer, run_training, set_threads,  # noqa: E402
+from reference_train import (attention_hidden, make_optimizer, run_training, set_threads,  # noqa: E402
                              train_step, training_arguments)
 from tessera_data import ToolError, run_tool  # noqa: E402
 
@@ -58,8 +58,8 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)   # rows: q, k, v; each heads-major
         self.c_proj = nn.Linear(n_embd, n_embd)
 
-    def forward(self, x):
-        # x (B, T, C) -> (B, T, C)
+    def forward(self, x, hidden):
+        # x (B, T, C) -> (B, T, C); hidden (B|1, 1, T, T): the keys each query does not see
         B, T, C = x.shape
         hs = C // self.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -68,8 +68,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))            # (B, nh, T, T)
-        future = torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), diagonal=1)
-        att = att.masked_fill(future, float("-inf"))
+        att = att.masked_fill(hidden, float("-inf"))
         att = F.softmax(att, dim=-1)
         y = att @ v                                                          # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -95,8 +94,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(n_embd, eps=1e-5)
         self.mlp = MLP(n_embd) if moe is None else MoeMlp(n_embd, moe, "gelu")
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, hidden):
+        x = x + self.attn(self.ln_1(x), hidden)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -124,8 +123,9 @@ class GPT(nn.Module):
         # balancing losses
         B, T = idx.shape
         x = self.wte[idx] + self.wpe[torch.arange(T, device=idx.device)]
+        hidden = attention_hidden(idx, getattr(self, "document_eot", None))
         for block in self.h:
-            x = block(x)
+            x = block(x, hidden)
         x = self.ln_f(x)
         logits = x @ self.wte[:self.vocab_size].t()                          # (B, T, V)
         ce = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))

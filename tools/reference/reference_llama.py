@@ -45,7 +45,8 @@ import sys
 _TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
 sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop", "reference")]
 from reference_moe import MoeMlp, is_moe_layer, layer_config, moe_config, moe_loss  # noqa: E402
-from reference_train import run_training, set_threads, training_arguments  # noqa: E402
+from reference_train import (attention_hidden, run_training, set_threads,  # noqa: E402
+                             training_arguments)
 from tessera_data import ToolError, run_tool  # noqa: E402
 
 import torch  # noqa: E402
@@ -89,7 +90,7 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(n_embd, n_kv_head * self.hs, bias=False)
         self.o_proj = nn.Linear(n_head * self.hs, n_embd, bias=False)
 
-    def forward(self, x):
+    def forward(self, x, hidden):
         B, T, _ = x.shape
         hs = self.hs
         q = self.q_proj(x).view(B, T, self.n_head, hs).transpose(1, 2)       # (B, nh, T, hs)
@@ -103,8 +104,7 @@ class LlamaAttention(nn.Module):
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)                       # (B, nh, T, T)
-        future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-        att = F.softmax(att.masked_fill(future, float("-inf")), dim=-1)
+        att = F.softmax(att.masked_fill(hidden, float("-inf")), dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, self.n_head * hs)
         return self.o_proj(y)
 
@@ -130,8 +130,8 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = (LlamaMLP(m["n_embd"], m["ffn_hidden"]) if moe is None
                     else MoeMlp(m["n_embd"], moe, "swiglu"))
 
-    def forward(self, x):
-        x = x + self.self_attn(self.input_layernorm(x))
+    def forward(self, x, hidden):
+        x = x + self.self_attn(self.input_layernorm(x), hidden)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -161,8 +161,9 @@ class Llama(nn.Module):
         # all B*T tokens (also kept as self.last_ce, the loss reported), plus the MoE layers'
         # balancing losses
         x = self.embed_tokens(idx)
+        hidden = attention_hidden(idx, getattr(self, "document_eot", None))
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, hidden)
         x = self.norm(x)
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         logits = x @ head[:self.vocab_size].t()                              # (B, T, V)

@@ -98,6 +98,20 @@ def load_optimizer_state(opt, model, ck, where):
         opt.state[p] = st
 
 
+def attention_hidden(idx, eot):
+    """The keys each query may not see, (B, 1, T, T) bool: those after it (causal) and, with eot
+    given (data.document_mask), those of other documents. A document ends with its eot token, so
+    a position's document is the number of eot tokens before it: the mask is block-diagonal."""
+    B, T = idx.shape
+    hidden = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)[None, None]
+    if eot is None:
+        return hidden
+    ends = (idx == eot).to(torch.int64)
+    doc = torch.cumsum(ends, dim=1) - ends                                 # (B, T)
+    other = doc[:, :, None] != doc[:, None, :]                             # (B, T, T)
+    return hidden | other[:, None]
+
+
 def train_step(model, opt, micro_batches, lr, grad_clip):
     """One optimizer step over [(inputs, targets)] micro-batches; returns (loss, pre-clip norm),
     the loss the cross-entropy's mean (model.last_ce where the model keeps it)."""
@@ -160,7 +174,8 @@ def parse_deck(text, where):
     if not isinstance(deck, dict):
         raise ToolError(f"{where}: the deck attribute is not a YAML mapping")
     return {
-        "data": _section(deck, "data", {"train": str, "val": str, "seq_len": int}, where),
+        "data": dict(_section(deck, "data", {"train": str, "val": str, "seq_len": int}, where),
+                     document_mask=bool((deck.get("data") or {}).get("document_mask", False))),
         "train": _section(deck, "train", {"steps": int, "batch_size": int, "micro_batch": int,
                                           "seed": int}, where),
         "optim": optim_section(deck, where),
@@ -275,6 +290,8 @@ def run_training(args, build_model):
     if not data_path:
         raise ToolError(f"{args.checkpoint}: the deck has no data.train; give --data")
     tokens, meta = read_token_file(data_path)
+    # data.document_mask: every attention masked by document (attention_hidden).
+    model.document_eot = meta["eot"] if deck["data"]["document_mask"] else None
     if meta["vocab_size"] > ck["vocab_size"]:
         raise ToolError(f"{data_path}: vocab_size {meta['vocab_size']} exceeds the model's "
                         f"{ck['vocab_size']} (/train vocab_size in {args.checkpoint})")

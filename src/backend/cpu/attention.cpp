@@ -13,11 +13,13 @@ static constexpr int kRowBlock = 64;
 
 // qkv (B,T,(NH+2*NKV)*hs): q heads, then k heads, then v heads (backend/cpu/ops.hpp); query head
 // h reads kv head h / (NH/NKV). att (B,NH,T,T) = causal softmax(q·kᵀ/sqrt(hs)), exactly 0 above
-// the diagonal. out (B,T,NH*hs) = att·v with query head h in cols [h*hs,(h+1)*hs). Overwrites out
-// and att. One (b,h) pair per task: query heads write disjoint columns and att slabs, so there
-// is nothing to reduce across them.
+// the diagonal and, with doc_start (B,T), before the query's document start. out (B,T,NH*hs) =
+// att·v with query head h in cols [h*hs,(h+1)*hs). Overwrites out and att. One (b,h) pair per
+// task: query heads write disjoint columns and att slabs, so there is nothing to reduce across
+// them.
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int NKV, int hs) {
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int NKV, int hs,
+                       const int32_t* doc_start) {
   const int G = NH / NKV, C3 = (NH + 2 * NKV) * hs, Cq = NH * hs;
   const F scale = F(1.0 / std::sqrt((double)hs));
 #pragma omp parallel for collapse(2) schedule(static)
@@ -36,16 +38,18 @@ void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int N
                 a + (size_t)i0 * T, T);
         for (int i = i0; i < i1; i++) {
           F* arow = a + (size_t)i * T;
-          F mx = arow[0];
+          const int s0 = doc_start ? doc_start[(size_t)b * T + i] : 0;
+          F mx = arow[s0];
 #pragma omp simd reduction(max : mx)
-          for (int j = 1; j <= i; j++) mx = std::max(mx, arow[j]);
+          for (int j = s0 + 1; j <= i; j++) mx = std::max(mx, arow[j]);
           double sum = 0.0;
-          for (int j = 0; j <= i; j++) {
+          for (int j = s0; j <= i; j++) {
             arow[j] = std::exp(arow[j] - mx);
             sum += arow[j];
           }
           const F inv = F(1.0 / sum);
-          for (int j = 0; j <= i; j++) arow[j] *= inv;
+          for (int j = s0; j <= i; j++) arow[j] *= inv;
+          std::fill(arow, arow + s0, F(0));
           std::fill(arow + i + 1, arow + T, F(0));
         }
         // o[i0:i1] = a[i0:i1, 0:i1] · v[0:i1]
@@ -57,7 +61,8 @@ void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int N
 }
 
 // dout (B,T,NH*hs), qkv and att (B,NH,T,T) from the forward. Accumulates dqkv; datt (B,NH,T,T)
-// is scratch: it first holds d(att), then d(pre-softmax scores).
+// is scratch: it first holds d(att), then d(pre-softmax scores). A document mask needs nothing
+// here: the probabilities it hid are 0 in att, and so are their score gradients.
 // Two passes: dq by (b, query head), then dk and dv by (b, kv head), each kv head summing its
 // query heads in order, so no two tasks write one element and every sum has a fixed order.
 template <typename F>
@@ -124,7 +129,7 @@ void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* 
 }
 
 #define TESSERA_INSTANTIATE(F)                                                                     \
-  template void attention_forward<F>(F*, F*, const F*, int, int, int, int, int);                  \
+  template void attention_forward<F>(F*, F*, const F*, int, int, int, int, int, const int32_t*);  \
   template void attention_backward<F>(F*, F*, const F*, const F*, const F*, int, int, int, int,    \
                                       int);
 TESSERA_INSTANTIATE(float)

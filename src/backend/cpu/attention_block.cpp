@@ -13,6 +13,13 @@ namespace tessera::cpu {
 // Query rows per piece: a piece's scores (kRows x rows) are the only chunk-long temporaries.
 static constexpr int kRows = 64;
 
+// The block's first key query row i of sequence b sees: 0, or under a document mask the key at
+// its document's start (past the block's end when the document starts after it).
+static int first_key(const AttentionBlock& s, int b, int i) {
+  if (!s.q_start) return 0;
+  return std::max(0, s.q_start[(size_t)b * s.bstart + i] - s.k_pos);
+}
+
 template <typename F>
 void attention_block_forward(F* out, F* lse, const F* q, const F* kv, const AttentionBlock& s) {
   const int G = s.NH / s.NKV, hs = s.hs, T = s.rows;
@@ -33,16 +40,22 @@ void attention_block_forward(F* out, F* lse, const F* q, const F* kv, const Atte
         std::vector<F> blk_lse(size_t(i1 - i0));
         for (int i = i0; i < i1; i++) {
           F* prow = p.data() + (size_t)(i - i0) * nk;
-          const int last = s.diagonal ? i : T - 1;
-          F mx = prow[0];
-          for (int j = 1; j <= last; j++) mx = std::max(mx, prow[j]);
+          const int first = first_key(s, b, i), last = s.diagonal ? i : T - 1;
+          std::fill(prow, prow + std::min(first, nk), F(0));
+          if (first > last) {  // the query's document starts after this block
+            std::fill(prow, prow + nk, F(0));
+            blk_lse[size_t(i - i0)] = -std::numeric_limits<F>::infinity();
+            continue;
+          }
+          F mx = prow[first];
+          for (int j = first + 1; j <= last; j++) mx = std::max(mx, prow[j]);
           double sum = 0.0;
-          for (int j = 0; j <= last; j++) {
+          for (int j = first; j <= last; j++) {
             prow[j] = std::exp(prow[j] - mx);
             sum += prow[j];
           }
           const F inv = F(1.0 / sum);
-          for (int j = 0; j <= last; j++) prow[j] *= inv;
+          for (int j = first; j <= last; j++) prow[j] *= inv;
           std::fill(prow + last + 1, prow + nk, F(0));
           blk_lse[size_t(i - i0)] = F(mx + std::log(sum));
         }
@@ -51,6 +64,7 @@ void attention_block_forward(F* out, F* lse, const F* q, const F* kv, const Atte
         // out = out * exp(lse - new) + block * exp(block_lse - new), new = log(e^lse + e^block)
         for (int i = i0; i < i1; i++) {
           const double a = row_lse[i], c = blk_lse[size_t(i - i0)];
+          if (c == -std::numeric_limits<double>::infinity()) continue;
           const double m = std::max(a, c);
           const double wa = std::exp(a - m), wc = std::exp(c - m), tot = wa + wc;
           const F fa = F(wa / tot), fc = F(wc / tot);
@@ -110,13 +124,15 @@ void attention_block_backward(F* dq, F* dkv, const F* dout, const F* delta, cons
           for (int i = i0; i < i1; i++) {
             F* prow = p.data() + (size_t)(i - i0) * nk;
             F* drow = ds.data() + (size_t)(i - i0) * nk;
-            const int last = s.diagonal ? i : T - 1;
-            for (int j = 0; j <= last; j++) {
+            const int first = std::min(first_key(s, b, i), nk), last = s.diagonal ? i : T - 1;
+            for (int j = first; j <= last; j++) {
               prow[j] = std::exp(prow[j] - row_lse[i]);
               drow[j] = prow[j] * (drow[j] - row_delta[i]);
             }
-            std::fill(prow + last + 1, prow + nk, F(0));
-            std::fill(drow + last + 1, drow + nk, F(0));
+            std::fill(prow, prow + first, F(0));
+            std::fill(drow, drow + first, F(0));
+            std::fill(prow + std::max(first, last + 1), prow + nk, F(0));
+            std::fill(drow + std::max(first, last + 1), drow + nk, F(0));
           }
           gemm<F>(false, false, i1 - i0, hs, nk, scale, ds.data(), nk, k, s.ldkv, F(1),
                   dqh + (size_t)i0 * s.ldq, s.ldq);

@@ -14,9 +14,11 @@ namespace tessera::cpu {
 static constexpr int kRowBlock = 64;
 
 // qkv (B,T,(NH+2*NKV)*hs) as attention_forward. out (B,T,NH*hs) = softmax(q·kᵀ/sqrt(hs),
-// causal)·v; lse (B,NH,T) = log Σ_{j<=i} exp(q_i·k_j/sqrt(hs)). Overwrites out and lse.
+// causal)·v; lse (B,NH,T) = log Σ_{s<=j<=i} exp(q_i·k_j/sqrt(hs)), s the query's document start
+// (doc_start, else 0). Overwrites out and lse.
 template <typename F>
-void attention_fused_forward(F* out, F* lse, const F* qkv, int B, int T, int NH, int NKV, int hs) {
+void attention_fused_forward(F* out, F* lse, const F* qkv, int B, int T, int NH, int NKV, int hs,
+                             const int32_t* doc_start) {
   const int G = NH / NKV, C3 = (NH + 2 * NKV) * hs, Cq = NH * hs;
   const F scale = F(1.0 / std::sqrt((double)hs));
 #pragma omp parallel for collapse(2) schedule(static)
@@ -36,15 +38,17 @@ void attention_fused_forward(F* out, F* lse, const F* qkv, int B, int T, int NH,
                 p.data(), i1);
         for (int i = i0; i < i1; i++) {
           F* prow = p.data() + (size_t)(i - i0) * i1;
-          F mx = prow[0];
-          for (int j = 1; j <= i; j++) mx = std::max(mx, prow[j]);
+          const int s0 = doc_start ? doc_start[(size_t)b * T + i] : 0;
+          F mx = prow[s0];
+          for (int j = s0 + 1; j <= i; j++) mx = std::max(mx, prow[j]);
           double sum = 0.0;
-          for (int j = 0; j <= i; j++) {
+          for (int j = s0; j <= i; j++) {
             prow[j] = std::exp(prow[j] - mx);
             sum += prow[j];
           }
           const F inv = F(1.0 / sum);
-          for (int j = 0; j <= i; j++) prow[j] *= inv;
+          for (int j = s0; j <= i; j++) prow[j] *= inv;
+          std::fill(prow, prow + s0, F(0));
           std::fill(prow + i + 1, prow + i1, F(0));
           row_lse[i] = F(mx + std::log(sum));
         }
@@ -61,7 +65,7 @@ void attention_fused_forward(F* out, F* lse, const F* qkv, int B, int T, int NH,
 // one writer and a fixed order of additions, and each query head's dq is written by one task.
 template <typename F>
 void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
-                              int B, int T, int NH, int NKV, int hs) {
+                              int B, int T, int NH, int NKV, int hs, const int32_t* doc_start) {
   const int G = NH / NKV, C3 = (NH + 2 * NKV) * hs, Cq = NH * hs;
   const F scale = F(1.0 / std::sqrt((double)hs));
 #pragma omp parallel for collapse(2) schedule(static)
@@ -95,10 +99,13 @@ void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out
             for (int c = 0; c < hs; c++)
               dot += (double)d[(size_t)i * Cq + c] * o[(size_t)i * Cq + c];
             const F dotf = F(dot);
-            for (int j = 0; j <= i; j++) {
+            const int s0 = doc_start ? doc_start[(size_t)b * T + i] : 0;
+            for (int j = s0; j <= i; j++) {
               prow[j] = std::exp(prow[j] - row_lse[i]);
               drow[j] = prow[j] * (drow[j] - dotf);
             }
+            std::fill(prow, prow + s0, F(0));
+            std::fill(drow, drow + s0, F(0));
             std::fill(prow + i + 1, prow + i1, F(0));
             std::fill(drow + i + 1, drow + i1, F(0));
           }
@@ -117,9 +124,10 @@ void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out
 }
 
 #define TESSERA_INSTANTIATE(F)                                                                     \
-  template void attention_fused_forward<F>(F*, F*, const F*, int, int, int, int, int);            \
+  template void attention_fused_forward<F>(F*, F*, const F*, int, int, int, int, int,             \
+                                           const int32_t*);                                        \
   template void attention_fused_backward<F>(F*, const F*, const F*, const F*, const F*, int, int,  \
-                                            int, int, int);
+                                            int, int, int, const int32_t*);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
 #undef TESSERA_INSTANTIATE

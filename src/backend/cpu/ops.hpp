@@ -71,8 +71,12 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
 // NH; NKV = NH, hs = C/NH is GPT-2's multi-head attention, qkv (B,T,3C)).
 // att (B,NH,T,T) = causal softmax(q·kᵀ/sqrt(hs)), exactly 0 above the diagonal.
 // out (B,T,NH*hs) = att·v, query head h in cols [h*hs,(h+1)*hs). Overwrites out and att.
+// doc_start (B,T) or nullptr (data.document_mask): the first position of each query's document,
+// whose keys are the only ones it sees (s <= j <= i); att is 0 on the others, so the backward
+// needs no mask.
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int NKV, int hs);
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int NKV, int hs,
+                       const int32_t* doc_start = nullptr);
 // Accumulates dqkv (B,T,(NH+2*NKV)*hs) from dout (B,T,NH*hs): a kv head's dk and dv sum over its
 // query heads in their order; datt (B,NH,T,T) is scratch, overwritten.
 template <typename F>
@@ -82,11 +86,13 @@ void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* 
 // lse (B,NH,T), each query row's log Σ_{j<=i} exp(q_i·k_j/sqrt(hs)), and overwrites out and lse;
 // the backward recomputes the probabilities from q, k and lse and accumulates dqkv from dout,
 // using out (B,T,NH*hs) of the forward.
+// doc_start as attention_forward's, in both.
 template <typename F>
-void attention_fused_forward(F* out, F* lse, const F* qkv, int B, int T, int NH, int NKV, int hs);
+void attention_fused_forward(F* out, F* lse, const F* qkv, int B, int T, int NH, int NKV, int hs,
+                             const int32_t* doc_start = nullptr);
 template <typename F>
 void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
-                              int B, int T, int NH, int NKV, int hs);
+                              int B, int T, int NH, int NKV, int hs, const int32_t* doc_start = nullptr);
 
 // Context parallelism (model/context_attention.hpp): one block of causal attention, its shape
 // in backend/attention_block.hpp.

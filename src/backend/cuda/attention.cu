@@ -18,22 +18,24 @@ constexpr int kThreads = 256;
 constexpr int kRowsPerBlock = kThreads / kWarp;
 
 // att rows (B*NH*T of length T) hold the scaled scores on entry; each becomes the causal softmax:
-// row i of a (b,h) pair over columns j <= i, exactly 0 above the diagonal. One warp per row,
+// row i of a (b,h) pair over columns s <= j <= i (s: its document start, doc_start (B,T), else
+// 0), exactly 0 elsewhere. One warp per row,
 // lanes over packs of W columns (coalesced; W = 16 bytes when T is a multiple of it and att is
 // aligned, else 1), three passes (max, sum of exp, write) so nothing but the row is stored.
 template <typename F, int W>
-__global__ void softmax_causal_kernel(F* att, int rows, int T) {
+__global__ void softmax_causal_kernel(F* att, int rows, int T, int NH, const int32_t* doc_start) {
   const int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
-  const int i = r % T;  // the query position: keys 0..i are visible
+  const int i = r % T;  // the query position: keys s..i are visible
+  const int s = doc_start ? doc_start[size_t(r / (T * NH)) * T + i] : 0;
   F* row = att + size_t(r) * T;
   float mx = -INFINITY;
   for (int c = lane * W; c <= i; c += kWarp * W) {
     const Pack<F, W> p = load_pack<F, W>(row + c);
 #pragma unroll
     for (int k = 0; k < W; k++)
-      if (c + k <= i) mx = fmaxf(mx, to_float(p.v[k]));
+      if (c + k >= s && c + k <= i) mx = fmaxf(mx, to_float(p.v[k]));
   }
   mx = warp_max(mx);
   float sum = 0.0f;
@@ -41,21 +43,21 @@ __global__ void softmax_causal_kernel(F* att, int rows, int T) {
     const Pack<F, W> p = load_pack<F, W>(row + c);
 #pragma unroll
     for (int k = 0; k < W; k++)
-      if (c + k <= i) sum += expf(to_float(p.v[k]) - mx);
+      if (c + k >= s && c + k <= i) sum += expf(to_float(p.v[k]) - mx);
   }
   const float inv = 1.0f / warp_sum(sum);
   for (int c = lane * W; c < T; c += kWarp * W) {
     Pack<F, W> p = load_pack<F, W>(row + c);
 #pragma unroll
     for (int k = 0; k < W; k++)
-      p.v[k] = from_float<F>(c + k <= i ? expf(to_float(p.v[k]) - mx) * inv : 0.0f);
+      p.v[k] = from_float<F>(c + k >= s && c + k <= i ? expf(to_float(p.v[k]) - mx) * inv : 0.0f);
     store_pack<F, W>(row + c, p);
   }
 }
 
 // Softmax backward in place: on entry datt holds d(att); on exit d(scores) =
 // att * (datt - Σ_j att·datt) for j <= i, 0 above the diagonal, so the full products below add
-// nothing from the masked half.
+// nothing from the masked half (nor, att being 0 there, from before a document start).
 template <typename F, int W>
 __global__ void softmax_causal_backward_kernel(F* datt, const F* att, int rows, int T) {
   const int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
@@ -84,13 +86,13 @@ __global__ void softmax_causal_backward_kernel(F* datt, const F* att, int rows, 
 }
 
 template <typename F>
-void softmax_causal(F* att, int rows, int T) {
+void softmax_causal(F* att, int rows, int T, int NH, const int32_t* doc_start) {
   constexpr int W = kPack<F>;
   const unsigned grid = blocks_for(size_t(rows), kRowsPerBlock);
   if (T % W == 0 && aligned16(att))
-    launch<softmax_causal_kernel<F, W>>(grid, kThreads, 0, stream(), att, rows, T);
+    launch<softmax_causal_kernel<F, W>>(grid, kThreads, 0, stream(), att, rows, T, NH, doc_start);
   else
-    launch<softmax_causal_kernel<F, 1>>(grid, kThreads, 0, stream(), att, rows, T);
+    launch<softmax_causal_kernel<F, 1>>(grid, kThreads, 0, stream(), att, rows, T, NH, doc_start);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -132,7 +134,8 @@ void for_head_batches(int NH, int NKV, bool writes_kv, const Body& body) {
 
 // qkv (B,T,(NH+2*NKV)*hs), att (B,NH,T,T), out (B,T,NH*hs). Overwrites out and att.
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int NKV, int hs) {
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int NKV, int hs,
+                       const int32_t* doc_start) {
   if (B <= 0 || T <= 0) return;
   const int C3 = (NH + 2 * NKV) * hs, Cq = NH * hs;
   const float scale = float(1.0 / std::sqrt(double(hs)));
@@ -148,7 +151,7 @@ void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int N
                            att + (size_t(b) * NH + hb.h0) * TT, T, hb.h_step * TT, t, hb.count);
     });
   }
-  softmax_causal(att, B * NH * T, T);
+  softmax_causal(att, B * NH * T, T, NH, doc_start);
   for (int b = 0; b < B; b++) {
     const F* row = qkv + size_t(b) * T * C3;
     for_head_batches(NH, NKV, false, [&](const HeadBatch& hb) {
@@ -213,7 +216,7 @@ void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* 
 }
 
 #define TESSERA_INSTANTIATE(F)                                                                     \
-  template void attention_forward<F>(F*, F*, const F*, int, int, int, int, int);                  \
+  template void attention_forward<F>(F*, F*, const F*, int, int, int, int, int, const int32_t*);  \
   template void attention_backward<F>(F*, F*, const F*, const F*, const F*, int, int, int, int,    \
                                       int);
 TESSERA_INSTANTIATE(float)

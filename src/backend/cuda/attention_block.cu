@@ -25,10 +25,12 @@ namespace {
 
 using namespace flash;
 
-// Key `key` is visible to query row i of a block of T rows: a real key, and on a diagonal block
-// at or before the query.
-__device__ inline bool visible(const AttentionBlock& s, int i, int key) {
-  return key < s.rows && (!s.diagonal || key <= i);
+// Key `key` is visible to query row i (of sequence b) of a block of T rows: a real key, on a
+// diagonal block at or before the query, and under a document mask at or after the start of the
+// query's document.
+__device__ inline bool visible(const AttentionBlock& s, int b, int i, int key) {
+  return key < s.rows && (!s.diagonal || key <= i) &&
+         (!s.q_start || s.k_pos + key >= s.q_start[size_t(b) * s.bstart + i]);
 }
 
 // The last key a tile of query rows [q0, q0 + rows) sees.
@@ -73,13 +75,14 @@ __global__ void block_forward_kernel(F* out, float* lse, const F* q, const F* kv
       const int row = warp * R + r, i = q0 + row;
       if (i >= T) break;  // the same for every lane of the warp
       online_softmax_tile<Dmax>(m[r], l[r], o[r], ps[row], qs[row], ks, vs,
-                                visible(s, i, k0 + lane), scale, hs);
+                                visible(s, b, i, k0 + lane), scale, hs);
     }
   }
 #pragma unroll
   for (int r = 0; r < R; r++) {
     const int i = q0 + warp * R + r;
     if (i >= T) break;
+    if (l[r] == 0.0f) continue;  // the row's document starts after this block: nothing to merge
     float* row_lse = lse + (size_t(b) * s.NH + h) * s.t_lse + i;
     F* y = out + b * s.bo + size_t(i) * s.ldo + size_t(h) * hs;
     const float a = *row_lse, c = m[r] + logf(l[r]);
@@ -155,7 +158,7 @@ __global__ void block_dkdv_kernel(F* dkv, const F* dout, const float* delta, con
       }
       __syncthreads();
       score_gradients_block<kBq, Dmax>(ps, dss, qs, dos, ks, vs, lses, Ds, i0, k0, T, scale, hs,
-                                       [&](int i, int key) { return visible(s, i, key); });
+                                       [&](int i, int key) { return visible(s, b, i, key); });
       __syncthreads();
       accumulate_dkdv<kBq, Dmax, kKeysPerWarp>(dk, dv, ps, dss, qs, dos);
     }
@@ -204,7 +207,7 @@ __global__ void block_dq_kernel(F* dq, const F* dout, const float* delta, const 
       const int row = warp * R + r, i = q0 + row;
       if (i >= T) break;  // the same for every lane of the warp
       float p, ds = 0.0f;
-      if (visible(s, i, k0 + lane))
+      if (visible(s, b, i, k0 + lane))
         ds = score_gradient<Dmax>(qs[row], dos[row], ks, vs, lse_r[r], D_r[r], scale, hs, &p);
       accumulate_dq<Dmax>(acc_q[r], dss[row], ds, ks);
     }

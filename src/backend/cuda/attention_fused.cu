@@ -37,10 +37,16 @@ struct Heads {
   __device__ int kv_of(int h) const { return h / (NH / NKV); }
 };
 
+// Key `key` is visible to query row i of sequence b: at or before it, and under a document mask
+// (doc_start (B,T)) at or after its document's start.
+__device__ inline bool seen(const int32_t* doc_start, int b, int T, int i, int key) {
+  return key <= i && (!doc_start || key >= doc_start[size_t(b) * T + i]);
+}
+
 // grid (ceil(T / kBr), B * NH), kThreads threads.
 template <typename F, int Dmax>
 __global__ void flash_forward_kernel(F* out, float* lse, const F* qkv, int T, Heads heads,
-                                     float scale) {
+                                     float scale, const int32_t* doc_start) {
   constexpr int R = kRowsPerWarp<Dmax>, kBr = kWarps * R, kDims = Dmax / kWarp;
   TESSERA_SHARED(float, qs, [kBr][Dmax]);
   TESSERA_SHARED(float, ks, [kBc][Dmax + 1]);
@@ -71,8 +77,8 @@ __global__ void flash_forward_kernel(F* out, float* lse, const F* qkv, int T, He
     for (int r = 0; r < R; r++) {
       const int row = warp * R + r, i = q0 + row;
       if (i >= T) break;  // the same for every lane of the warp
-      online_softmax_tile<Dmax>(m[r], l[r], o[r], ps[row], qs[row], ks, vs, k0 + lane <= i,
-                                scale, hs);
+      online_softmax_tile<Dmax>(m[r], l[r], o[r], ps[row], qs[row], ks, vs,
+                                seen(doc_start, b, T, i, k0 + lane), scale, hs);
     }
   }
 #pragma unroll
@@ -111,7 +117,8 @@ __device__ void row_dots(float* D, const F* dout, const F* out, int row0, int T,
 // dimensions.
 template <typename F, int Dmax>
 __global__ void flash_dkdv_kernel(F* dqkv, const F* dout, const F* qkv, const F* out,
-                                  const float* lse, int T, Heads heads, float scale) {
+                                  const float* lse, int T, Heads heads, float scale,
+                                  const int32_t* doc_start) {
   constexpr int kBq = kWarps * kRowsPerWarp<Dmax>, kDims = Dmax / kWarp;
   constexpr int kKeysPerWarp = kBc / kWarps;
   TESSERA_SHARED(float, ks, [kBc][Dmax + 1]);
@@ -148,7 +155,9 @@ __global__ void flash_dkdv_kernel(F* dqkv, const F* dout, const F* qkv, const F*
         lses[r] = i0 + r < T ? row_lse[i0 + r] : 0.0f;
       __syncthreads();
       score_gradients_block<kBq, Dmax>(ps, dss, qs, dos, ks, vs, lses, Ds, i0, k0, T, scale, hs,
-                                       [](int i, int key) { return key <= i; });
+                                       [&](int i, int key) {
+                                         return seen(doc_start, b, T, i, key);
+                                       });
       __syncthreads();
       accumulate_dkdv<kBq, Dmax, kKeysPerWarp>(dk, dv, ps, dss, qs, dos);
     }
@@ -161,7 +170,8 @@ __global__ void flash_dkdv_kernel(F* dqkv, const F* dout, const F* qkv, const F*
 // grid (ceil(T / kBr), B * NH), kThreads threads: dQ of one tile of query rows.
 template <typename F, int Dmax>
 __global__ void flash_dq_kernel(F* dqkv, const F* dout, const F* qkv, const F* out,
-                                const float* lse, int T, Heads heads, float scale) {
+                                const float* lse, int T, Heads heads, float scale,
+                                const int32_t* doc_start) {
   constexpr int R = kRowsPerWarp<Dmax>, kBr = kWarps * R, kDims = Dmax / kWarp;
   TESSERA_SHARED(float, qs, [kBr][Dmax]);
   TESSERA_SHARED(float, dos, [kBr][Dmax]);
@@ -198,7 +208,7 @@ __global__ void flash_dq_kernel(F* dqkv, const F* dout, const F* qkv, const F* o
       const int row = warp * R + r, i = q0 + row;
       if (i >= T) break;  // the same for every lane of the warp
       float p, ds = 0.0f;
-      if (k0 + lane <= i)
+      if (seen(doc_start, b, T, i, k0 + lane))
         ds = score_gradient<Dmax>(qs[row], dos[row], ks, vs, lse_r[r], Ds[row], scale, hs, &p);
       accumulate_dq<Dmax>(dq[r], dss[row], ds, ks);
     }
@@ -211,40 +221,41 @@ __global__ void flash_dq_kernel(F* dqkv, const F* dout, const F* qkv, const F* o
 
 template <typename F>
 void attention_fused_forward(F* out, float* lse, const F* qkv, int B, int T, int NH, int NKV,
-                             int hs) {
+                             int hs, const int32_t* doc_start) {
   if (B <= 0 || T <= 0) return;
   const float scale = float(1.0 / std::sqrt(double(hs)));
   const Heads heads{NH, NKV, hs};
   with_head_tile(hs, [&]<int Dmax>() {
     const dim3 grid(row_tiles<Dmax>(T), unsigned(B * NH));
     launch<flash_forward_kernel<F, Dmax>>(grid, kThreads, 0, stream(), out, lse, qkv, T, heads,
-                                          scale);
+                                          scale, doc_start);
   });
   CUDA_CHECK_LAUNCH();
 }
 
 template <typename F>
 void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const float* lse,
-                              int B, int T, int NH, int NKV, int hs) {
+                              int B, int T, int NH, int NKV, int hs, const int32_t* doc_start) {
   if (B <= 0 || T <= 0) return;
   const float scale = float(1.0 / std::sqrt(double(hs)));
   const Heads heads{NH, NKV, hs};
   with_head_tile(hs, [&]<int Dmax>() {
     const dim3 key_grid(blocks_for(size_t(T), kBc), unsigned(B * NKV));
     launch<flash_dkdv_kernel<F, Dmax>>(key_grid, kThreads, 0, stream(), dqkv, dout, qkv, out, lse,
-                                       T, heads, scale);
+                                       T, heads, scale, doc_start);
     CUDA_CHECK_LAUNCH();
     const dim3 row_grid(row_tiles<Dmax>(T), unsigned(B * NH));
     launch<flash_dq_kernel<F, Dmax>>(row_grid, kThreads, 0, stream(), dqkv, dout, qkv, out, lse, T,
-                                     heads, scale);
+                                     heads, scale, doc_start);
   });
   CUDA_CHECK_LAUNCH();
 }
 
 #define TESSERA_INSTANTIATE(F)                                                                     \
-  template void attention_fused_forward<F>(F*, float*, const F*, int, int, int, int, int);        \
+  template void attention_fused_forward<F>(F*, float*, const F*, int, int, int, int, int,         \
+                                           const int32_t*);                                        \
   template void attention_fused_backward<F>(F*, const F*, const F*, const F*, const float*, int,   \
-                                            int, int, int, int);
+                                            int, int, int, int, const int32_t*);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(bf16)
 #undef TESSERA_INSTANTIATE

@@ -49,8 +49,10 @@ __device__ __forceinline__ void online_softmax_tile(float& m, float& l, float (&
                                                     float scale, int hs) {
   const int lane = threadIdx.x % kWarp;
   const float x = seen ? scale * dot_rows(q_row, ks[lane], hs) : -INFINITY;
-  // Key 0 is visible to every row, so m is finite from the first tile on.
   const float m_new = fmaxf(m, warp_max(x));
+  // No key seen yet (a document mask hid the tiles so far): nothing to take, and exp(m - m_new)
+  // would be exp(-inf + inf). The same on every lane: the warp leaves together.
+  if (m_new == -INFINITY) return;
   const float p = seen ? expf(x - m_new) : 0.0f;
   const float rescale = expf(m - m_new);
   l = l * rescale + warp_sum(p);

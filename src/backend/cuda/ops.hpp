@@ -115,8 +115,10 @@ std::string fp8_report();
 // heads, k heads, v heads; query head h reads kv head h / (NH/NKV)).
 // att (B,NH,T,T) = causal softmax(q·kᵀ/sqrt(hs)), exactly 0 above the diagonal.
 // out (B,T,NH*hs) = att·v, query head h in cols [h*hs,(h+1)*hs). Overwrites out and att.
+// doc_start (B,T, device memory) or nullptr: each query's document start, as the CPU's.
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int NKV, int hs);
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int NH, int NKV, int hs,
+                       const int32_t* doc_start = nullptr);
 // Accumulates dqkv from dout (B,T,NH*hs); a kv head's dk and dv sum over its query heads in a
 // fixed order (no atomics); datt (B,NH,T,T) is scratch, overwritten.
 template <typename F>
@@ -130,10 +132,10 @@ void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* 
 // limits::kFusedHeadSize (common/limits.hpp); deterministic (no atomics).
 template <typename F>
 void attention_fused_forward(F* out, float* lse, const F* qkv, int B, int T, int NH, int NKV,
-                             int hs);
+                             int hs, const int32_t* doc_start = nullptr);
 template <typename F>
 void attention_fused_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const float* lse,
-                              int B, int T, int NH, int NKV, int hs);
+                              int B, int T, int NH, int NKV, int hs, const int32_t* doc_start = nullptr);
 
 // Context parallelism (model/context_attention.hpp): one block of causal attention, its shape
 // in backend/attention_block.hpp, the fused kernels' tiles on the block's strides. The forward
