@@ -253,8 +253,9 @@ int data_command(const std::vector<std::string>& args) {
   if (verb == "dump") return dump(parse(verb, args));
   if (verb == "bench") return bench(parse(verb, args));
   if (verb == "encode" || verb == "decode") return data_encode(verb, args);
+  if (verb == "prepare") return data_prepare(args);
   throw UserError("tessera data: unknown subcommand '" + verb +
-                  "' (info, dump, bench, encode or decode)");
+                  "' (info, dump, bench, encode, decode or prepare)");
 }
 
 }  // namespace tessera
