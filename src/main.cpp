@@ -39,6 +39,7 @@ usage:
                                                     generate text from a checkpoint
   tessera data info|dump|bench FILE ...             inspect token files (tessera data --help)
   tessera data encode|decode TOKENIZER ...          text <-> ids (tessera data --help)
+  tessera data prepare INPUTS... --out-dir DIR      JSON Lines / text -> token files, on every rank
   tessera ckpt diff REF OTHER                       compare two checkpoints tensor by tensor
   tessera ckpt info|verify CKPT                     what a checkpoint holds; verify every checksum
   tessera plan DECK.yaml --ranks N [--machine M] [--search]

@@ -94,25 +94,28 @@ std::vector<PrepareInput> collect_prepare_inputs(const std::vector<std::string>&
       else if (fs::is_regular_file(m)) paths.push_back(m);
     }
   }
-  std::vector<std::pair<std::string, std::string>> keyed;  // (canonical, as given)
-  for (const std::string& p : paths) {
-    std::error_code error;
-    const fs::path canonical = fs::weakly_canonical(fs::absolute(p), error);
-    keyed.emplace_back(error ? p : canonical.string(), p);
-  }
+  // Sorted and de-duplicated by absolute path, as tools/data/prepare_data.py does (symbolic
+  // links not followed), so both take the same documents in the same order.
+  std::vector<std::pair<std::string, std::string>> keyed;  // (absolute, as given)
+  for (const std::string& p : paths)
+    keyed.emplace_back(fs::absolute(p).lexically_normal().string(), p);
   std::sort(keyed.begin(), keyed.end());
   std::vector<PrepareInput> inputs;
+  std::vector<std::pair<std::pair<dev_t, ino_t>, std::string>> seen;
   uint64_t at = 0;
   for (size_t i = 0; i < keyed.size(); ++i) {
     if (i > 0 && keyed[i].first == keyed[i - 1].first) {
-      warnings->push_back(keyed[i].second + " is given more than once (as " + keyed[i - 1].second +
-                          "): read once");
+      warnings->push_back(keyed[i].second + " is given more than once: read once");
       continue;
     }
     PrepareInput in = describe(keyed[i].first);
     struct stat st {};
     if (stat(in.path.c_str(), &st) != 0)
       throw UserError(in.path + ": cannot stat: " + std::strerror(errno), kExitIO);
+    for (const auto& [id, path] : seen)
+      if (id == std::make_pair(st.st_dev, st.st_ino))
+        warnings->push_back(in.path + " is the same file as " + path + " (a link): read twice");
+    seen.emplace_back(std::make_pair(st.st_dev, st.st_ino), in.path);
     in.bytes = uint64_t(st.st_size);
     in.start = at;
     at += in.bytes;

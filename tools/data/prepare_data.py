@@ -38,7 +38,8 @@ Tokenizers:
 Documents are taken in sorted path order. Document i goes to DIR/val.h5 when
 i % val_every == val_every - 1, otherwise to DIR/train.h5. Both files hold one contiguous
 /tokens dataset (uint16; uint32 above 65536 pieces) and the attributes format, format_version,
-tokenizer, vocab_size, eot, num_documents; with --tokenizer bpe also the serialized sentencepiece
+tokenizer, vocab_size, eot, num_documents, and the int64 dataset /document_offsets (where each
+document's first token is, then the token count); with --tokenizer bpe also the serialized sentencepiece
 model in the uint8 dataset /tokenizer_model (see tools/data/tessera_data.py), with a tokenizer.json
 its text. Each is written as
 FILE.tmp and renamed when complete.
@@ -74,6 +75,7 @@ ENCODE_BATCH_CHARS = 1 << 20   # BPE: text per thread handed to sentencepiece at
 CHUNK_CHARS = 1 << 14          # BPE: a longer document is encoded in pieces cut after a newline
                                # (sentencepiece is several times slower on long strings)
 BPE_SEED = 1337
+DOCUMENT_OFFSETS = "document_offsets"
 
 
 def stdlib_files():
@@ -182,6 +184,14 @@ def create_token_file(tmp, tokenizer, vocab_size, eot, num_documents):
     return f
 
 
+def write_document_offsets(f, starts, num_tokens):
+    """/document_offsets: int64, entry d = index in /tokens of document d's first token (its bos
+    if any), then the token count; `tessera data prepare` writes the same."""
+    assert len(starts) == f.attrs["num_documents"], (len(starts), f.attrs["num_documents"])
+    f.create_dataset(DOCUMENT_OFFSETS, data=np.array(starts + [num_tokens], dtype=np.int64),
+                     track_times=False)
+
+
 def discard(f, *paths):
     """Closes f (if open) and removes the partial files."""
     try:
@@ -203,6 +213,7 @@ class SplitWriter:
         self.path, self.tmp = path, path + ".tmp"
         self.num_tokens, self.num_documents = num_tokens, num_documents
         self.pos, self.pending, self.pending_bytes = 0, [], 0
+        self.starts = []
         self.t0 = time.time()
         self.f = create_token_file(self.tmp, "byte", BYTE_VOCAB, BYTE_EOT, num_documents)
         # No chunks, no filters: tessera reads the raw bytes at the dataset's file offset.
@@ -211,6 +222,7 @@ class SplitWriter:
 
     def add(self, data):
         # data: the document's bytes; its tokens are the byte values, then EOT.
+        self.starts.append(self.pos + self.pending_bytes)
         self.pending.append(data)
         self.pending_bytes += len(data) + 1
         if self.pending_bytes >= FLUSH_BYTES:
@@ -232,6 +244,7 @@ class SplitWriter:
     def close(self):
         self.flush()
         assert self.pos == self.num_tokens, (self.pos, self.num_tokens)
+        write_document_offsets(self.f, self.starts, self.num_tokens)
         self.f.close()
         self.seconds = time.time() - self.t0
 
@@ -250,6 +263,7 @@ class EncodedSplitWriter:
         self.tokenizer, self.bos, self.at_start = tokenizer, bos, True
         self.dtype = token_dtype(vocab_size)
         self.num_tokens = 0
+        self.starts = []
         self.f = None
         self.t0 = time.time()
         try:
@@ -258,6 +272,8 @@ class EncodedSplitWriter:
             raise ToolError(f"{self.raw}: cannot create ({e.strerror})", EXIT_IO) from None
 
     def add(self, ids, end_of_document):
+        if self.at_start:
+            self.starts.append(self.num_tokens)
         head = 1 if self.bos >= 0 and self.at_start else 0
         a = np.empty(head + len(ids) + (1 if end_of_document else 0), dtype=self.dtype)
         if head:
@@ -279,6 +295,7 @@ class EncodedSplitWriter:
         for at in range(0, self.num_tokens, step):
             ds[at:at + step] = ids[at:at + step]
         del ids
+        write_document_offsets(self.f, self.starts, self.num_tokens)
         self.f.create_dataset(TOKENIZER_MODEL, data=np.frombuffer(self.model, dtype=np.uint8),
                               track_times=False)
         self.f.close()
