@@ -87,8 +87,10 @@ TokenizerInfo prepare_tokenizer(const std::string& name) {
   }
   info = tokenizer_of(name);
   if (info.eot < 0)
-    throw UserError(name + ": the tokenizer names no end-of-text token (tessera.eos_token_id): "
-                    "documents could not be told apart");
+    throw UserError(name + ": the tokenizer names no end-of-text token (no tessera.eos_token_id "
+                    "member): give a token file made with it instead (tools/data/prepare_data.py "
+                    "--tokenizer " + name + " on any small text finds the special tokens beside it, "
+                    "in config.json, and stores them), or add the member");
   return info;
 }
 
@@ -106,9 +108,12 @@ class PrepareProgress {
  public:
   PrepareProgress(bool speak, double every, uint64_t share_bytes, int ranks)
       : speak_(speak), every_(every), share_(share_bytes), ranks_(ranks) {}
-  void update(const Encoded& e, const ShareStats& s, uint64_t lo) {
+  // Called after every document, and after every encoded batch (batch_end): with every = 0 a
+  // line per batch, not per document.
+  void update(const Encoded& e, const ShareStats& s, uint64_t lo, bool batch_end) {
+    if (!speak_ || (every_ == 0 && !batch_end)) return;
     const double t = std::chrono::duration<double>(Clock::now() - t0_).count();
-    if (!speak_ || t - last_ < every_) return;
+    if (t - last_ < every_) return;
     last_ = t;
     const double done = double(std::min<uint64_t>(s.position > lo ? s.position - lo : 0, share_));
     const double eta = done > 0 ? t * (double(share_) - done) / done : 0;
@@ -286,12 +291,13 @@ int data_prepare(const std::vector<std::string>& args) {
     complete = read_share(inputs, lo, hi, a.text_key, a.strict, &stats, [&](std::string&& doc) {
       batch_bytes += doc.size() + 64;  // many empty documents are a batch too
       batch.push_back(std::move(doc));
-      if (batch_bytes < kBatchBytes) return;
+      if (batch_bytes < kBatchBytes) return progress.update(enc, stats, lo, false);
       encode_batch(encoder, tokenizer.bos(), info.eot, batch, &enc);
       batch_bytes = 0;
-      progress.update(enc, stats, lo);
+      progress.update(enc, stats, lo, true);
     });
     encode_batch(encoder, tokenizer.bos(), info.eot, batch, &enc);
+    progress.update(enc, stats, lo, true);
   } catch (const UserError& e) {
     failure = e.what();
     code = e.exit_code;
