@@ -44,6 +44,13 @@ model in the uint8 dataset /tokenizer_model (see tools/data/tessera_data.py), wi
 its text. Each is written as
 FILE.tmp and renamed when complete.
 
+With the byte tokenizer (where a tessera binary is built) and with a TOKENIZER, encoding and
+writing are `tessera data prepare`'s (the binary's one encoder and one writer; its progress lines
+pass through), given the documents found here as files; inputs whose names the binary reads as
+JSON Lines or compressed (.json, .jsonl, .gz, .zst, .parquet) stay with the Python writer, which
+makes the same files. For JSON Lines, compressed input and many ranks, run `tessera data prepare`
+itself (docs/data.md).
+
 Progress goes to stderr every --log-seconds (0: after every document): documents, MB read, tokens
 written, MB/s and tokens/s; then a summary line per phase and one per output file.
 
@@ -56,6 +63,7 @@ import io
 import math
 import os
 import re
+import subprocess
 import sys
 import sysconfig
 import time
@@ -480,6 +488,55 @@ def encode_hf(tok, tessera, blob_path, paths, sizes, is_val, writers, threads, l
     return progress, ""
 
 
+# Names `tessera data prepare` reads as JSON Lines or decompresses, where this tool takes every
+# file as one document of its bytes: such inputs stay with the Python writer.
+READ_OTHERWISE = re.compile(r"\.(jsonl|json|parquet)(\.gz|\.zst)?$|\.(gz|zst)$")
+ARG_BYTES = 1 << 20         # paths handed to the binary on its command line, at most
+
+
+def tessera_binary(explicit):
+    """The tessera binary (--tessera, $TESSERA, bin/tessera of this checkout) or None."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = explicit or os.environ.get("TESSERA") or os.path.join(root, "bin", "tessera")
+    return path if os.access(path, os.X_OK) else None
+
+
+def prepare_with_tessera(args, tessera, tokenizer, paths, sizes):
+    """Encodes and writes both files with `tessera data prepare` (the binary's one encoder and one
+    writer; the files are those the Python writer makes, /document_offsets included). Its
+    progress lines pass through. Returns the Progress to summarize, or None where it cannot take
+    these inputs (a name it reads otherwise, too many paths, a binary without `data prepare`)."""
+    if any(READ_OTHERWISE.search(os.path.basename(p)) for p in paths) or \
+            sum(len(p) + 1 for p in paths) > ARG_BYTES:
+        return None
+    progress = Progress("encode" if tokenizer != "byte" else "byte tokens", len(paths), sum(sizes),
+                        args.log_seconds)
+    cmd = [tessera, "data", "prepare", *paths, "--out-dir", args.out_dir, "--tokenizer", tokenizer,
+           "--val-every", str(args.val_every), "--threads", str(args.threads),
+           "--log-seconds", str(args.log_seconds)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    last = None
+    for line in proc.stderr:
+        if last is not None:
+            sys.stderr.write(last)
+            sys.stderr.flush()
+        last = line.decode("utf-8", "replace")
+    rc = proc.wait()
+    if rc != 0:
+        if tokenizer == "byte" and last and "unknown subcommand 'prepare'" in last:
+            return None             # an older build: the Python writer writes
+        raise ToolError((last or f"tessera data prepare: exit {rc}").strip(), rc if rc in (1, 2) else EXIT_IO)
+    if last:
+        sys.stderr.write(last)
+    import h5py
+    for v in ("train", "val"):
+        with h5py.File(os.path.join(args.out_dir, v + ".h5"), "r") as f:
+            progress.documents += int(f.attrs["num_documents"])
+            progress.tokens += f["tokens"].shape[0]
+    progress.bytes = sum(sizes)
+    return progress
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="*", metavar="FILES_OR_DIRS_OR_GLOBS")
@@ -563,6 +620,25 @@ def main():
     except OSError as e:
         raise ToolError(f"{args.out_dir}: cannot create directory ({e.strerror})", EXIT_IO)
     out = {v: os.path.join(args.out_dir, "val.h5" if v else "train.h5") for v in (False, True)}
+    if args.tokenizer != "bpe":
+        binary = tessera if hf is not None else tessera_binary(args.tessera)
+        progress = None
+        if binary is not None:
+            tokenizer = "byte"
+            if hf is not None:
+                tokenizer = os.path.join(args.out_dir, ".tokenizer.tmp.json")
+                with open(tokenizer, "wb") as f:
+                    f.write(hf.blob)
+            try:
+                progress = prepare_with_tessera(args, binary, tokenizer, paths, sizes)
+            finally:
+                if hf is not None:
+                    os.remove(tokenizer)
+        if progress is not None:
+            progress.summary(" (tessera data prepare)")
+            for v, n in (("train", n_train), ("val", n_val)):
+                print(f"prepare_data: {out[v == 'val']}: {n} documents", file=sys.stderr)
+            return 0
     writers = {}
     try:
         if hf is not None:
