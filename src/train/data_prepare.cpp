@@ -222,6 +222,7 @@ std::string check_lines(MPI_Comm comm, const PrepareArgs& a, const std::vector<P
 
 // Document g of the inputs goes to val.h5 when g % val_every == val_every - 1 (as
 // tools/data/prepare_data.py decides): by its index in the whole input, whatever the ranks.
+// The shares point into enc.tokens, which must outlive them.
 void split_documents(MPI_Comm comm, int64_t val_every, Encoded& enc, TokenFileShare split[2]) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
@@ -233,13 +234,13 @@ void split_documents(MPI_Comm comm, int64_t val_every, Encoded& enc, TokenFileSh
     const int64_t begin = enc.starts[size_t(d)];
     const int64_t end = d + 1 < local ? enc.starts[size_t(d + 1)] : int64_t(enc.tokens.size());
     TokenFileShare& s = split[val ? 1 : 0];
-    s.starts.push_back(int64_t(s.tokens.size()));
-    s.tokens.insert(s.tokens.end(), enc.tokens.begin() + begin, enc.tokens.begin() + end);
+    s.documents.emplace_back(begin, end);
+    s.local_tokens += end - begin;
   }
-  enc.tokens = {};
   enc.starts = {};
-  int64_t counts[4] = {int64_t(split[0].starts.size()), int64_t(split[0].tokens.size()),
-                       int64_t(split[1].starts.size()), int64_t(split[1].tokens.size())};
+  split[0].tokens = split[1].tokens = &enc.tokens;
+  int64_t counts[4] = {int64_t(split[0].documents.size()), split[0].local_tokens,
+                       int64_t(split[1].documents.size()), split[1].local_tokens};
   int64_t before[4] = {0, 0, 0, 0}, total[4];
   MPI_Exscan(counts, before, 4, MPI_INT64_T, MPI_SUM, comm);
   if (rank == 0) std::fill(before, before + 4, 0);

@@ -3,6 +3,8 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <cstring>
+#include <functional>
 
 #include "common/error.hpp"
 #include "io/checkpoint.hpp"
@@ -53,10 +55,13 @@ H5Handle create_dataset(hid_t file, const char* name, hid_t type, hsize_t n, Fai
   return dset;
 }
 
-// Every rank makes `rounds` collective writes of at most kRoundBytes, elements
-// [at, at + n) of its part each time (an empty selection once its part is written); `extra`
+// Fills out with elements [at, at + count) of this rank's part of a dataset.
+using Fill = std::function<void(int64_t at, int64_t count, char* out)>;
+
+// Every rank makes `rounds` collective writes of at most kRoundBytes, elements [at, at + n) of
+// its part each time, staged by fill (an empty selection once its part is written); `extra`
 // (the final /document_offsets entry, on rank 0) goes with the first round.
-void write_rounds(MPI_Comm comm, hid_t dset, hid_t mem_type, size_t elem_bytes, const void* data,
+void write_rounds(MPI_Comm comm, hid_t dset, hid_t mem_type, size_t elem_bytes, const Fill& fill,
                   int64_t n, int64_t file_offset, const int64_t* extra, int64_t extra_at,
                   Failure* failure) {
   const int64_t per_round = std::max<int64_t>(1, kRoundBytes / int64_t(elem_bytes));
@@ -74,14 +79,13 @@ void write_rounds(MPI_Comm comm, hid_t dset, hid_t mem_type, size_t elem_bytes, 
       const hsize_t start = hsize_t(file_offset + at), len = hsize_t(count);
       H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &len, nullptr);
     }
-    staged.assign(static_cast<const char*>(data) + at * int64_t(elem_bytes),
-                  static_cast<const char*>(data) + (at + count) * int64_t(elem_bytes));
+    staged.resize(size_t(count + (with_extra ? 1 : 0)) * elem_bytes);
+    if (count > 0) fill(at, count, staged.data());
     if (with_extra) {
       const hsize_t start = hsize_t(extra_at), len = 1;
       H5Sselect_hyperslab(file_space.get(), count > 0 ? H5S_SELECT_OR : H5S_SELECT_SET, &start,
                           nullptr, &len, nullptr);
-      const char* e = reinterpret_cast<const char*>(extra);
-      staged.insert(staged.end(), e, e + elem_bytes);
+      std::memcpy(staged.data() + size_t(count) * elem_bytes, extra, elem_bytes);
     }
     const hsize_t mem_n = std::max<hsize_t>(1, staged.size() / elem_bytes);
     H5Handle mem_space(H5Screate_simple(1, &mem_n, nullptr), H5Sclose);
@@ -90,6 +94,24 @@ void write_rounds(MPI_Comm comm, hid_t dset, hid_t mem_type, size_t elem_bytes, 
                            staged.empty() ? static_cast<const void*>(&mem_n) : staged.data()) < 0,
                   "collective write");
   }
+}
+
+// Fill for /tokens: the documents' tokens one after another, in the file's width. Rounds ask for
+// consecutive elements, so a cursor walks the documents once.
+template <typename T>
+Fill token_fill(const TokenFileShare& share) {
+  return [&share, d = size_t(0), in_doc = int64_t(0)](int64_t, int64_t count, char* out) mutable {
+    T* to = reinterpret_cast<T*>(out);
+    const uint32_t* tokens = share.tokens->data();
+    while (count > 0) {
+      const auto [begin, end] = share.documents[d];
+      const int64_t take = std::min(count, end - begin - in_doc);
+      for (int64_t i = 0; i < take; ++i) *to++ = T(tokens[begin + in_doc + i]);
+      count -= take;
+      in_doc += take;
+      if (begin + in_doc == end) ++d, in_doc = 0;
+    }
+  };
 }
 
 }  // namespace
@@ -121,21 +143,26 @@ std::string write_token_file(MPI_Comm comm, const std::string& tmp_path, const T
   {
     H5Handle tokens = create_dataset(root, "tokens", wide ? H5T_STD_U32LE : H5T_STD_U16LE,
                                      hsize_t(share.num_tokens), &failure);
-    std::vector<uint16_t> narrow;
-    if (!wide) narrow.assign(share.tokens.begin(), share.tokens.end());
     if (tokens.valid())
       write_rounds(comm, tokens.get(), wide ? H5T_NATIVE_UINT32 : H5T_NATIVE_UINT16, wide ? 4 : 2,
-                   wide ? static_cast<const void*>(share.tokens.data()) : narrow.data(),
-                   int64_t(share.tokens.size()), share.first_token, nullptr, 0, &failure);
+                   wide ? token_fill<uint32_t>(share) : token_fill<uint16_t>(share),
+                   share.local_tokens, share.first_token, nullptr, 0, &failure);
   }
   {
     H5Handle offsets = create_dataset(root, "document_offsets", H5T_STD_I64LE,
                                       hsize_t(share.num_documents + 1), &failure);
-    std::vector<int64_t> global(share.starts.size());
-    for (size_t d = 0; d < global.size(); ++d) global[d] = share.first_token + share.starts[d];
+    // Entry d: where document d starts in /tokens, from this rank's offset and its lengths.
+    std::vector<int64_t> starts(share.documents.size());
+    for (size_t d = 0, at = size_t(share.first_token); d < starts.size(); ++d) {
+      starts[d] = int64_t(at);
+      at += size_t(share.documents[d].second - share.documents[d].first);
+    }
+    const Fill fill = [&starts](int64_t at, int64_t count, char* out) {
+      std::memcpy(out, starts.data() + at, size_t(count) * sizeof(int64_t));
+    };
     const int64_t end = share.num_tokens;
     if (offsets.valid())
-      write_rounds(comm, offsets.get(), H5T_NATIVE_INT64, 8, global.data(), int64_t(global.size()),
+      write_rounds(comm, offsets.get(), H5T_NATIVE_INT64, 8, fill, int64_t(starts.size()),
                    share.first_document, rank == 0 ? &end : nullptr, share.num_documents, &failure);
   }
   if (!tok.model.empty()) {

@@ -6,15 +6,19 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/tokenizer.hpp"
 
 namespace tessera {
 
+// One output file's part on this rank: some of its documents, as ranges of the rank's one token
+// array (train and val documents interleave there; no copy is made per file).
 struct TokenFileShare {
-  std::vector<uint32_t> tokens;     // this rank's documents' tokens, bos/eot included
-  std::vector<int64_t> starts;      // index in `tokens` of each of its documents' first token
+  const std::vector<uint32_t>* tokens = nullptr;  // this rank's tokens, bos/eot included
+  std::vector<std::pair<int64_t, int64_t>> documents;  // [begin, end) in *tokens, in order
+  int64_t local_tokens = 0;         // the sum of their lengths
   int64_t first_token = 0;          // this rank's offset in /tokens (MPI_Exscan)
   int64_t first_document = 0;       // its first document's index in the file (MPI_Exscan)
   int64_t num_tokens = 0;           // of the whole file
