@@ -33,6 +33,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kBatchBytes = 16 << 20;  // text gathered before the threads encode it together
+constexpr int64_t kKeyCheckLines = 1000;   // lines of the first JSON Lines input checked at once
 
 struct PrepareArgs {
   std::vector<std::string> inputs;
@@ -277,6 +278,15 @@ int data_prepare(const std::vector<std::string>& args) {
   const uint64_t hi = rank == size - 1
                           ? UINT64_MAX
                           : uint64_t((unsigned __int128)total * unsigned(rank + 1) / unsigned(size));
+  std::string early;
+  int early_code = kExitBadInput;
+  try {
+    if (rank == 0) early = check_text_key(inputs, a.text_key, kKeyCheckLines);
+  } catch (const UserError& e) {
+    early = e.what();
+    early_code = e.exit_code;
+  }
+  agree_or_throw(comm, early, early_code);
   agree_or_throw(comm, rank == 0 ? make_directories(a.out_dir) : "", kExitIO);
 
   Encoded enc;

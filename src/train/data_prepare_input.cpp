@@ -317,6 +317,7 @@ bool read_lines(const PrepareInput& in, size_t f, uint64_t lo, uint64_t hi, cons
       if (owned) {
         if (!take_line(line, f, index, key, stats, on_document) && strict) return false;
         ++index;
+        if (stats->json_lines >= stats->line_limit) return true;
       }
       line.clear();
       at_start = true;
@@ -361,6 +362,25 @@ bool read_share(const std::vector<PrepareInput>& inputs, uint64_t lo, uint64_t h
     if (!read_lines(in, f, lo, hi, text_key, strict, stats, on_document)) return false;
   }
   return true;
+}
+
+std::string check_text_key(const std::vector<PrepareInput>& inputs, const std::string& text_key,
+                           int64_t lines) {
+  for (size_t f = 0; f < inputs.size(); ++f) {
+    const PrepareInput& in = inputs[f];
+    if (!in.json_lines || in.bytes == 0) continue;
+    ShareStats stats;
+    stats.lines.assign(inputs.size(), 0);
+    stats.line_limit = lines;
+    read_lines(in, f, in.start, in.start + in.bytes, text_key, false, &stats, [](std::string&&) {});
+    if (stats.json_lines == 0) continue;  // only blank lines: the next file tells
+    if (stats.with_key > 0) return "";
+    const MalformedLine& m = stats.first.front();
+    return "--text-key " + text_key + ": none of the first " + std::to_string(stats.json_lines) +
+           " JSON lines of " + in.path + " has a \"" + text_key + "\" member (e.g. " + in.path +
+           ":" + std::to_string(m.line + 1) + ": " + m.why + "): name the key holding the text";
+  }
+  return "";
 }
 
 }  // namespace tessera

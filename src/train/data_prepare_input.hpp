@@ -46,6 +46,7 @@ struct ShareStats {
   int64_t malformed = 0;            // lines not taken as documents (missing key included)
   std::vector<MalformedLine> first; // the first few of them
   uint64_t position = 0;            // how far this rank has read, for progress
+  int64_t line_limit = INT64_MAX;   // reading stops after this many JSON lines
 };
 
 // Reads the share [lo, hi) of inputs, calling on_document with each document's bytes in order.
@@ -54,5 +55,11 @@ struct ShareStats {
 bool read_share(const std::vector<PrepareInput>& inputs, uint64_t lo, uint64_t hi,
                 const std::string& text_key, bool strict, ShareStats* stats,
                 const std::function<void(std::string&&)>& on_document);
+
+// "" when one of the first `lines` JSON lines of the first JSON Lines input holds text_key (or
+// there is no such input), else the line that stops the run at once: a wrong --text-key (or a
+// file that is not JSON Lines) is seen before hours of reading. Reads on the calling rank alone.
+std::string check_text_key(const std::vector<PrepareInput>& inputs, const std::string& text_key,
+                           int64_t lines);
 
 }  // namespace tessera
