@@ -1,6 +1,7 @@
 #include "train/data_prepare_write.hpp"
 
 #include <hdf5.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include "common/error.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5_util.hpp"
+#include "io/io_error_watch.hpp"
 
 namespace tessera {
 
@@ -131,6 +133,15 @@ std::string write_token_file(MPI_Comm comm, const std::string& tmp_path, const T
   if (!file.valid())
     return "cannot create " + tmp_path + " through MPI-IO (is the directory on a file system "
            "MPI-IO can write, and writable?): " + h5_error_reason();
+  // A write error of one rank alone leaves the ranks in different HDF5 collectives, where none
+  // returns: the watch then removes the partial file and ends the job with one line.
+  const IoErrorWatch io_watch(
+      tmp_path, [&tmp_path] { unlink(tmp_path.c_str()); },
+      [&tmp_path](const std::string& why) {
+        return "tessera data prepare: " + why + ": " + tmp_path + " removed, no file written";
+      });
+  if (void* handle = nullptr; H5Fget_vfd_handle(file.get(), H5P_DEFAULT, &handle) >= 0)
+    IoErrorWatch::attach(*static_cast<MPI_File*>(handle));
   const hid_t root = file.get();
   string_attr(root, "format", "tessera-tokens", &failure);
   int_attr(root, "format_version", 1, &failure);

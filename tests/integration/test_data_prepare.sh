@@ -201,4 +201,22 @@ mkdir -p out_mpiio/train.h5.tmp
 expect_error mpiio_create 1 'cannot create .*out_mpiio/train\.h5\.tmp through MPI-IO' \
   prep 2 corpus/d.txt corpus/e.md --val-every 2 --out-dir out_mpiio
 [ ! -e out_mpiio/train.h5 ] && [ ! -e out_mpiio/val.h5 ] || fail "mpiio_create: a file left under the final name"
+
+# A write that fails on one rank alone (a full disk that rank sees, write_fail_shim.c preloaded):
+# one line naming the rank and the error, exit 1, no file under the final name, no hang.
+if ${CC:-gcc} -O1 -Wall -Wextra -Werror -shared -fPIC -o shim.so "$ROOT/tests/integration/write_fail_shim.c" -ldl 2>shim.err; then
+  timeout -k 5 90 $MPIEXEC -n 2 -env LD_PRELOAD "$WORK/shim.so" -env TESSERA_SHIM_RANK 1 \
+    -env TESSERA_SHIM_MATCH train.h5.tmp -env TESSERA_SHIM_ERRNO 28 \
+    "$TESSERA" data prepare plain --val-every 3 --out-dir out_full >full.out 2>full.err
+  rc=$?
+  if [ "$rc" -eq 1 ] && [ "$(grep -c '^tessera data prepare: ' full.err)" -eq 1 ] &&
+     grep -q '^tessera data prepare: rank 1 cannot write out_full/train\.h5\.tmp: No space left on device' full.err &&
+     none_left out_full; then
+    pass "a write failing on rank 1 alone: exit 1, $(grep '^tessera data prepare' full.err)"
+  else
+    fail "write failing on one rank: exit $rc"; sed 's/^/    /' full.err | head -5
+  fi
+else
+  fail "the shim does not build: $(head -3 shim.err)"
+fi
 finish
