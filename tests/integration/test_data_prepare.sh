@@ -96,7 +96,7 @@ fi
 # Tokens and the index against the reference documents, each encoded by `tessera data encode`.
 check_tokens() {  # check_tokens DIR TOKENIZER(byte|token file) VAL_EVERY
   "$PYTHON" - "$TESSERA" "$WORK/docs.bin" "$@" <<'PY'
-import h5py, numpy as np, struct, subprocess, sys
+import h5py, json, numpy as np, struct, subprocess, sys
 tessera, docs_bin, d, tok, val_every = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 raw = open(docs_bin, "rb").read()
 if tok == "byte":
@@ -110,17 +110,24 @@ else:
     while at < len(out):
         n = struct.unpack_from("<Q", out, at)[0]
         docs.append(list(np.frombuffer(out, "<u4", n, at + 8))); at += 8 + 4 * n
-    eot = int(h5py.File(tok, "r").attrs["eot"]); bos = None
+    t = h5py.File(tok, "r")
+    eot = int(t.attrs["eot"])
+    special = json.loads(t["tokenizer_model"][()].tobytes()).get("tessera", {})
+    bos = special.get("bos_token_id")
+    bos = None if bos is None or bos == eot else int(bos)
 for split, val in (("train", False), ("val", True)):
     f = h5py.File(f"{d}/{split}.h5", "r")
     mine = [doc for i, doc in enumerate(docs) if (i % val_every == val_every - 1) == val]
-    want = np.array([t for doc in mine for t in doc + [eot]], dtype=np.int64)
+    head = [] if bos is None else [bos]
+    want = np.array([t for doc in mine for t in head + doc + [eot]], dtype=np.int64)
     got = f["tokens"][()].astype(np.int64)
     assert got.shape == want.shape and (got == want).all(), (split, got.shape, want.shape)
     off = f["document_offsets"][()]
     assert off.dtype == np.int64 and len(off) == f.attrs["num_documents"] + 1 == len(mine) + 1
     assert off[0] == 0 and off[-1] == len(got) and (got[off[1:] - 1] == eot).all()
-    assert (np.diff(off) == [len(doc) + 1 for doc in mine]).all()
+    assert (np.diff(off) == [len(head) + len(doc) + 1 for doc in mine]).all()
+    assert bos is None or (got[off[:-1]] == bos).all()
+    assert f["tokens"].dtype == (np.uint16 if f.attrs["vocab_size"] <= 65536 else np.uint32)
 print(len(docs))
 PY
 }
@@ -152,8 +159,18 @@ if NPM=$(npm_reference) && (cd "$NPM" && node "$ROOT/tests/integration/tiktoken_
   else
     fail "GPT-2 tokenizer"; tail -3 g1.err g3.err
   fi
+  # A LLaMA 3-kind tokenizer over cl100k's ranks: uint32 ids, a bos before every document.
+  if (cd "$NPM" && node "$ROOT/tests/integration/tiktoken_ref.mjs" files cl100k_base "$WORK/llama3") >/dev/null 2>&1 &&
+     "$PYTHON" "$ROOT/tools/data/prepare_data.py" tiny --tokenizer llama3/tokenizer.json --val-every 2 --out-dir ltok >/dev/null 2>&1 &&
+     prep 1 corpus --out-dir l1 --val-every 5 --tokenizer ltok/val.h5 --threads 2 >l1.err 2>&1 &&
+     prep 2 corpus --out-dir l2 --val-every 5 --tokenizer ltok/val.h5 --threads 1 >l2.err 2>&1 &&
+     same_files l1/train.h5 l2/train.h5 && same_files l1/val.h5 l2/val.h5 && n=$(check_tokens l2 ltok/val.h5 5); then
+    pass "LLaMA 3-kind BPE (cl100k ranks): uint32 ids, bos + ids + eos per document; 1 and 2 ranks equal; $n documents as data encode gives them"
+  else
+    fail "LLaMA 3-kind tokenizer"; tail -3 l1.err l2.err
+  fi
 else
-  echo "SKIP GPT-2 tokenizer: no npm to install js-tiktoken (make deps-test)"
+  echo "SKIP GPT-2 and LLaMA 3-kind tokenizers: no npm to install js-tiktoken (make deps-test)"
 fi
 
 # Plain text: the same files as tools/data/prepare_data.py writes; and a share with no document.
