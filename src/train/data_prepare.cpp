@@ -6,22 +6,21 @@
 // flags alone, not on the number of ranks or threads.
 #include <mpi.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <unistd.h>
+#include <cstring>
 #include <filesystem>
 
 #include "common/cli.hpp"
 #include "common/error.hpp"
 #include "common/files.hpp"
 #include "io/hdf5_util.hpp"
-#include "parallel/comm.hpp"
 #include "train/data_command.hpp"
 #include "train/data_encode.hpp"
 #include "train/data_prepare_input.hpp"
@@ -149,10 +148,6 @@ void encode_batch(DocumentEncoder& encoder, int64_t bos, int64_t eot,
   }
   batch.clear();
 }
-
-}  // namespace
-
-namespace {
 
 // Every rank throws the failure of the lowest failing rank (its message and exit status), or
 // returns when no rank failed. Collective.
