@@ -80,7 +80,8 @@ PY
 
 out=()
 for run in "1 1" "2 2" "4 1"; do
-  set -- $run
+  read -r ranks threads <<<"$run"
+  set -- "$ranks" "$threads"
   if prep "$1" corpus --out-dir "r$1" --val-every 3 --threads "$2" --log-seconds 0 >"r$1.out" 2>"r$1.err"; then
     out+=("r$1")
   else
@@ -217,7 +218,7 @@ expect_error out_dir_is_file 1 'cannot create directory afile/sub' \
 mkdir -p out_mpiio/train.h5.tmp
 expect_error mpiio_create 1 'cannot create .*out_mpiio/train\.h5\.tmp through MPI-IO' \
   prep 2 corpus/d.txt corpus/e.md --val-every 2 --out-dir out_mpiio
-[ ! -e out_mpiio/train.h5 ] && [ ! -e out_mpiio/val.h5 ] || fail "mpiio_create: a file left under the final name"
+if [ -e out_mpiio/train.h5 ] || [ -e out_mpiio/val.h5 ]; then fail "mpiio_create: a file left under the final name"; fi
 
 # A write that fails on one rank alone (a full disk that rank sees, write_fail_shim.c preloaded):
 # one line naming the rank and the error, exit 1, no file under the final name, no hang.
