@@ -88,8 +88,9 @@ for run in "1 1" "2 2" "4 1"; do
     fail "prepare on $1 ranks x $2 threads (exit $?)"; sed 's/^/    /' "r$1.err" | head -5
   fi
 done
-if [ ${#out[@]} -eq 3 ] && same_files r1/train.h5 r2/train.h5 r4/train.h5 && same_files r1/val.h5 r2/val.h5 r4/val.h5; then
-  pass "1, 2 and 4 ranks (1, 2, 1 threads): the same datasets and attributes in train.h5 and val.h5 ($(grep -o '[0-9]* documents, [0-9.]* MB of input' r4.err | head -1))"
+if [ ${#out[@]} -eq 3 ] && same_files r1/train.h5 r2/train.h5 r4/train.h5 && same_files r1/val.h5 r2/val.h5 r4/val.h5 &&
+   cmp -s r1/train.h5 r4/train.h5 && cmp -s r1/val.h5 r2/val.h5; then
+  pass "1, 2 and 4 ranks (1, 2, 1 threads): the same datasets and attributes in train.h5 and val.h5, the same bytes ($(grep -o '[0-9]* documents, [0-9.]* MB of input' r4.err | head -1))"
 else
   fail "files differ between rank counts"
 fi
