@@ -12,7 +12,6 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <set>
 
 #include "common/error.hpp"
 #include "common/limits.hpp"
