@@ -85,7 +85,8 @@ WARN       := -Wall -Wextra -Werror
 BASE_FLAGS := -std=c++20 $(OPT) -g $(ARCH_FLAGS) -fopenmp $(WARN) -MMD -MP -Isrc
 ALL_CFLAGS := $(BASE_FLAGS) $(MPI_CFLAGS) $(HDF5_CFLAGS) $(YAML_CFLAGS) $(SPM_CFLAGS) $(PCRE2_CFLAGS) \
               $(JSON_CFLAGS) $(BLAS_CFLAGS) $(CXXFLAGS)
-ALL_LIBS   := $(HDF5_LIBS) $(YAML_LIBS) $(SPM_LIBS) $(PCRE2_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -fopenmp -lm \
+ALL_LIBS   := $(HDF5_LIBS) $(YAML_LIBS) $(SPM_LIBS) $(PCRE2_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -lzstd -lz \
+              -fopenmp -lm \
               $(LDFLAGS)
 
 # ---- CUDA backend ------------------------------------------------------------------------------
@@ -330,16 +331,16 @@ test-cuda-host: deps
 
 # Debian packages, installed only where missing (apt-get; as root, or with sudo). `make run` needs
 # DEB_RUN_PKGS: the build (compiler, MPI, parallel HDF5, yaml-cpp, sentencepiece, PCRE2,
-# nlohmann-json, OpenBLAS)
+# nlohmann-json, OpenBLAS, zlib and zstd for `tessera data prepare`'s compressed inputs)
 # and the Python of data preparation and the plot. `make test` (and bench, asan, fuzz) adds
 # DEB_TEST_PKGS: GoogleTest, PyTorch (the parity references), h5dump, PyYAML, Slurm (the job
-# script tests), shellcheck, npm; and the npm packages of NPM_TEST_PKGS (independent reference
-# implementations, under build/npm).
+# script tests), shellcheck, the zstd tool (data preparation's test and bench), npm; and the npm
+# packages of NPM_TEST_PKGS (independent reference implementations, under build/npm).
 DEB_RUN_PKGS  := g++ make pkg-config mpich libmpich-dev libhdf5-mpich-dev libyaml-cpp-dev \
                  libsentencepiece-dev python3-sentencepiece libpcre2-dev nlohmann-json3-dev \
-                 libopenblas-dev libopenblas-openmp-dev python3 python3-h5py python3-numpy \
+                 libopenblas-dev libopenblas-openmp-dev libzstd-dev zlib1g-dev python3 python3-h5py python3-numpy \
                  python3-yaml python3-matplotlib
-DEB_TEST_PKGS := libgtest-dev hdf5-tools python3-torch munge slurmctld slurmd slurm-client shellcheck
+DEB_TEST_PKGS := libgtest-dev hdf5-tools python3-torch munge slurmctld slurmd slurm-client shellcheck zstd
 NPM_TEST_PKGS := js-tiktoken@1.0.21
 DEB_PKGS      := $(DEB_RUN_PKGS) $(DEB_TEST_PKGS)
 define install_debs

@@ -39,6 +39,7 @@ usage:
                                                     generate text from a checkpoint
   tessera data info|dump|bench FILE ...             inspect token files (tessera data --help)
   tessera data encode|decode TOKENIZER ...          text <-> ids (tessera data --help)
+  tessera data prepare INPUTS... --out-dir DIR      JSON Lines / text -> token files, on every rank
   tessera ckpt diff REF OTHER                       compare two checkpoints tensor by tensor
   tessera ckpt info|verify CKPT                     what a checkpoint holds; verify every checksum
   tessera plan DECK.yaml --ranks N [--machine M] [--search]
@@ -219,6 +220,10 @@ int main(int argc, char** argv) {
   // flag, so they keep the default: the signal ends them at once. A write past the file-size
   // limit (ulimit -f) fails with EFBIG, reported like any failed write, instead of killing.
   const bool training = argc > 1 && std::strcmp(argv[1], "train") == 0;
+  // `data prepare` too: its write-error watch (io/io_error_watch.hpp) ends a stuck job with
+  // MPI_Abort from a thread of its own.
+  const bool preparing = argc > 2 && std::strcmp(argv[1], "data") == 0 &&
+                         std::strcmp(argv[2], "prepare") == 0;
   std::signal(SIGXFSZ, SIG_IGN);
   tessera::hdf5_no_atexit();
   if (training) tessera::install_stop_handlers();
@@ -226,7 +231,8 @@ int main(int argc, char** argv) {
   // MPI_THREAD_MULTIPLE (MPICH provides it): the hang watchdog's thread ends a hung job with
   // MPI_Abort while the training thread waits inside MPI.
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, training ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(&argc, &argv, training || preparing ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED,
+                  &provided);
   if (training) tessera::install_stop_handlers();
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -28,6 +28,8 @@ const char* const kDataUsage = R"(usage:
                     [--gds] [--format F] [--dtype D]
   tessera data encode TOKENIZER --text TEXT | --stream [--verify] [--threads N]
   tessera data decode TOKENIZER --ids "ID ID ..."
+  [mpiexec -n P] tessera data prepare INPUTS... --out-dir DIR [--tokenizer byte|TOKENIZER]
+                    [--text-key text] [--val-every 20] [--threads N] [--strict] [--log-seconds 2]
 
 FILE is anything data.train takes: an HDF5 token file, an llm.c .bin shard or a glob of them
 (quote it), a Megatron dataset (PREFIX, PREFIX.idx or PREFIX.bin), or a raw headerless file with
@@ -47,6 +49,16 @@ encode the ids of TEXT with the tokenizer of TOKENIZER (an HDF5 token file, or a
        tools/data/prepare_data.py runs it, with a summary line (MB/s, tokens/s) on standard error;
        --verify also checks that every document decodes back to its bytes
 decode the text of the ids (special tokens decode to nothing)
+prepare  DIR/train.h5 and DIR/val.h5 from INPUTS (files, directories, quoted globs): JSON Lines
+       (.jsonl, .json; plain, .gz or .zst), a document per line, its text under --text-key;
+       any other file (.txt, .md, ...) is one document. Document i (in path and line order) goes
+       to val.h5 when i % val_every == val_every - 1. Every rank reads its share of the input
+       bytes and encodes it on N threads (default: every core) with the tokenizer (byte, a
+       token file's, or a tokenizer.json), and all write one file together (MPI-IO): /tokens,
+       /document_offsets (where each document starts; the token count last) and the attributes
+       of tools/data/prepare_data.py's files, the same whatever P and N. Malformed lines are
+       counted and the first few named (--strict: stop at the first); Parquet is refused (convert
+       it to JSON Lines). Progress every S seconds (0: every batch) on standard error
 )";
 
 namespace {
@@ -253,8 +265,9 @@ int data_command(const std::vector<std::string>& args) {
   if (verb == "dump") return dump(parse(verb, args));
   if (verb == "bench") return bench(parse(verb, args));
   if (verb == "encode" || verb == "decode") return data_encode(verb, args);
+  if (verb == "prepare") return data_prepare(args);
   throw UserError("tessera data: unknown subcommand '" + verb +
-                  "' (info, dump, bench, encode or decode)");
+                  "' (info, dump, bench, encode, decode or prepare)");
 }
 
 }  // namespace tessera

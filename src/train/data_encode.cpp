@@ -19,6 +19,7 @@
 #include "io/tokenizer.hpp"
 #include "io/tokenizer_bpe.hpp"
 #include "train/data_command.hpp"
+#include "train/data_encode.hpp"
 
 namespace tessera {
 
@@ -26,26 +27,6 @@ namespace {
 
 constexpr size_t kBatchBytes = 16 << 20;  // documents read before they are encoded together
 constexpr size_t kChunkBytes = 64 << 10;  // a longer document is encoded in parts of about this
-
-// The tokenizer a file holds: a token file's, or a tokenizer.json's (hf-bpe; eot = its
-// tessera.eos_token_id, else -1).
-TokenizerInfo tokenizer_of(const std::string& path) {
-  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
-    TokenizerInfo info;
-    info.type = "hf-bpe";
-    std::error_code error;
-    const uintmax_t bytes = std::filesystem::file_size(path, error);  // read_regular_file says why not
-    if (!error)
-      check_json_bytes(int64_t(bytes), path, "tokenizer.json", limits::kTokenizerJsonBytes,
-                       limits::kTokenizerJsonBytesWhy);
-    info.model = read_regular_file(path, "tokenizer.json", size_t(limits::kTokenizerJsonBytes));
-    const ByteLevelBpe bpe(info.model, path);
-    info.vocab_size = bpe.vocab_size();
-    info.eot = bpe.eos();
-    return info;
-  }
-  return TokenFile(path).tokenizer();
-}
 
 // Where text may be cut without changing its ids: after a newline that ends a line of visible
 // text and comes before visible ASCII. Neither GPT-2's nor LLaMA 3's pattern (nor a
@@ -83,9 +64,7 @@ void write_exact(const void* data, size_t n) {
 // Documents on stdin (a little-endian uint64 byte count, then the bytes), their ids on stdout
 // (a uint64 count, then uint32 ids), in order; with verify, decode(encode(doc)) == doc checked.
 int stream(const Tokenizer& tokenizer, int threads, bool verify) {
-  const ByteLevelBpe* bpe = tokenizer.byte_level_bpe();
-  std::vector<ByteLevelBpe::ScratchPtr> scratch;
-  for (int t = 0; t < threads && bpe; ++t) scratch.push_back(bpe->make_scratch());
+  DocumentEncoder encoder(tokenizer, threads);
   uint64_t document = 0, total_bytes = 0, total_ids = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (bool more = true; more;) {
@@ -106,27 +85,10 @@ int stream(const Tokenizer& tokenizer, int threads, bool verify) {
                         std::to_string(document + docs.size() - 1));
       bytes += size_t(n);
     }
-    std::vector<std::pair<size_t, std::string_view>> parts;  // (document, part)
-    for (size_t d = 0; d < docs.size(); ++d)
-      for (std::string_view c : chunks(docs[d])) parts.emplace_back(d, c);
-    std::vector<std::vector<int32_t>> ids(parts.size());
-    std::string error;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (size_t p = 0; p < parts.size(); ++p) {
-      try {
-        if (bpe) bpe->encode(parts[p].second, *scratch[size_t(omp_get_thread_num())], &ids[p]);
-        else ids[p] = tokenizer.encode(std::string(parts[p].second));
-      } catch (const UserError& e) {
-#pragma omp critical
-        error = e.what();
-      }
-    }
-    if (!error.empty()) throw UserError(error);
-    size_t p = 0;
+    const std::vector<std::vector<int32_t>> ids =
+        encoder.encode(std::vector<std::string_view>(docs.begin(), docs.end()));
     for (size_t d = 0; d < docs.size(); ++d, ++document) {
-      std::vector<int32_t> all;
-      for (; p < parts.size() && parts[p].first == d; ++p)
-        all.insert(all.end(), ids[p].begin(), ids[p].end());
+      const std::vector<int32_t>& all = ids[d];
       if (verify && tokenizer.decode(all) != docs[d])
         throw UserError("tessera data encode --verify: document " + std::to_string(document) +
                         " does not decode back to its text");
@@ -149,6 +111,57 @@ int stream(const Tokenizer& tokenizer, int threads, bool verify) {
 }
 
 }  // namespace
+
+TokenizerInfo tokenizer_of(const std::string& path) {
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+    TokenizerInfo info;
+    info.type = "hf-bpe";
+    std::error_code error;
+    const uintmax_t bytes = std::filesystem::file_size(path, error);  // read_regular_file says why not
+    if (!error)
+      check_json_bytes(int64_t(bytes), path, "tokenizer.json", limits::kTokenizerJsonBytes,
+                       limits::kTokenizerJsonBytesWhy);
+    info.model = read_regular_file(path, "tokenizer.json", size_t(limits::kTokenizerJsonBytes));
+    const ByteLevelBpe bpe(info.model, path);
+    info.vocab_size = bpe.vocab_size();
+    info.eot = bpe.eos();
+    return info;
+  }
+  return TokenFile(path).tokenizer();
+}
+
+DocumentEncoder::DocumentEncoder(const Tokenizer& tokenizer, int threads)
+    : tokenizer_(tokenizer), threads_(threads) {
+  if (const ByteLevelBpe* bpe = tokenizer.byte_level_bpe())
+    for (int t = 0; t < threads; ++t) scratch_.push_back(bpe->make_scratch());
+}
+
+std::vector<std::vector<int32_t>> DocumentEncoder::encode(const std::vector<std::string_view>& docs) {
+  const ByteLevelBpe* bpe = tokenizer_.byte_level_bpe();
+  std::vector<std::pair<size_t, std::string_view>> parts;  // (document, part)
+  for (size_t d = 0; d < docs.size(); ++d)
+    for (std::string_view c : chunks(docs[d])) parts.emplace_back(d, c);
+  std::vector<std::vector<int32_t>> ids(parts.size());
+  std::string error;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
+  for (size_t p = 0; p < parts.size(); ++p) {
+    try {
+      if (bpe) bpe->encode(parts[p].second, *scratch_[size_t(omp_get_thread_num())], &ids[p]);
+      else ids[p] = tokenizer_.encode(std::string(parts[p].second));
+    } catch (const UserError& e) {
+#pragma omp critical
+      error = e.what();
+    }
+  }
+  if (!error.empty()) throw UserError(error);
+  std::vector<std::vector<int32_t>> out(docs.size());
+  for (size_t p = 0; p < parts.size(); ++p) {
+    std::vector<int32_t>& all = out[parts[p].first];
+    if (all.empty()) all = std::move(ids[p]);
+    else all.insert(all.end(), ids[p].begin(), ids[p].end());
+  }
+  return out;
+}
 
 int data_encode(const std::string& verb, const std::vector<std::string>& args) {
   std::string path, text, ids_text;

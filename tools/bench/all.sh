@@ -7,7 +7,8 @@
 # rules' convergence side by side (tools/bench/optim.sh: AdamW, Adafactor), mixture of experts
 # against dense and over ep (tools/bench/moe.sh), the
 # checkpoint stall synchronous and asynchronous (tools/bench/checkpoint.sh), tokenizer encoding
-# (tools/bench/tokenizer.sh), then the data loader (tools/bench/data.sh). Writes the tables to
+# (tools/bench/tokenizer.sh), data preparation on 1, 2 and 4 ranks (tools/bench/data_prepare.sh),
+# then the data loader (tools/bench/data.sh). Writes the tables to
 # build/bench/results.md and
 # prints them.
 #   THREADS (2)  STEPS (6 timed steps after one warm-up)  PYTHON (/usr/bin/python3)
@@ -86,6 +87,8 @@ echo "bench: checkpoint stall, synchronous and checkpoint.async (tools/bench/che
 { echo; DECK=$OUT/deck.yaml OUT=$OUT PYTHON=$PYTHON bash "$ROOT/tools/bench/checkpoint.sh"; } >>"$OUT/results.md"
 echo "bench: tokenizer encoding, 100 MB (tools/bench/tokenizer.sh)" >&2
 { echo; echo "## Tokenizer encoding"; echo; OUT=$OUT PYTHON=$PYTHON bash "$ROOT/tools/bench/tokenizer.sh"; } >>"$OUT/results.md"
+echo "bench: tessera data prepare, 100 MB of JSON Lines .zst on 1, 2, 4 ranks (tools/bench/data_prepare.sh)" >&2
+{ echo; echo "## Data preparation"; echo; OUT=$OUT PYTHON=$PYTHON bash "$ROOT/tools/bench/data_prepare.sh"; } >>"$OUT/results.md"
 echo "bench: data loader (1 GiB per format; tools/bench/data.sh)" >&2
 { echo; echo "## Data loader"; echo; PYTHON=$PYTHON bash "$ROOT/tools/bench/data.sh"; } >>"$OUT/results.md"
 cat "$OUT/results.md"

@@ -38,10 +38,18 @@ Tokenizers:
 Documents are taken in sorted path order. Document i goes to DIR/val.h5 when
 i % val_every == val_every - 1, otherwise to DIR/train.h5. Both files hold one contiguous
 /tokens dataset (uint16; uint32 above 65536 pieces) and the attributes format, format_version,
-tokenizer, vocab_size, eot, num_documents; with --tokenizer bpe also the serialized sentencepiece
+tokenizer, vocab_size, eot, num_documents, and the int64 dataset /document_offsets (where each
+document's first token is, then the token count); with --tokenizer bpe also the serialized sentencepiece
 model in the uint8 dataset /tokenizer_model (see tools/data/tessera_data.py), with a tokenizer.json
 its text. Each is written as
 FILE.tmp and renamed when complete.
+
+With the byte tokenizer (where a tessera binary is built) and with a TOKENIZER, encoding and
+writing are `tessera data prepare`'s (the binary's one encoder and one writer; its progress lines
+pass through), given the documents found here as files; inputs whose names the binary reads as
+JSON Lines or compressed (.json, .jsonl, .gz, .zst, .parquet) stay with the Python writer, which
+makes the same files. For JSON Lines, compressed input and many ranks, run `tessera data prepare`
+itself (docs/data.md).
 
 Progress goes to stderr every --log-seconds (0: after every document): documents, MB read, tokens
 written, MB/s and tokens/s; then a summary line per phase and one per output file.
@@ -55,6 +63,7 @@ import io
 import math
 import os
 import re
+import subprocess
 import sys
 import sysconfig
 import time
@@ -74,6 +83,7 @@ ENCODE_BATCH_CHARS = 1 << 20   # BPE: text per thread handed to sentencepiece at
 CHUNK_CHARS = 1 << 14          # BPE: a longer document is encoded in pieces cut after a newline
                                # (sentencepiece is several times slower on long strings)
 BPE_SEED = 1337
+DOCUMENT_OFFSETS = "document_offsets"
 
 
 def stdlib_files():
@@ -182,6 +192,14 @@ def create_token_file(tmp, tokenizer, vocab_size, eot, num_documents):
     return f
 
 
+def write_document_offsets(f, starts, num_tokens):
+    """/document_offsets: int64, entry d = index in /tokens of document d's first token (its bos
+    if any), then the token count; `tessera data prepare` writes the same."""
+    assert len(starts) == f.attrs["num_documents"], (len(starts), f.attrs["num_documents"])
+    f.create_dataset(DOCUMENT_OFFSETS, data=np.array(starts + [num_tokens], dtype=np.int64),
+                     track_times=False)
+
+
 def discard(f, *paths):
     """Closes f (if open) and removes the partial files."""
     try:
@@ -203,6 +221,7 @@ class SplitWriter:
         self.path, self.tmp = path, path + ".tmp"
         self.num_tokens, self.num_documents = num_tokens, num_documents
         self.pos, self.pending, self.pending_bytes = 0, [], 0
+        self.starts = []
         self.t0 = time.time()
         self.f = create_token_file(self.tmp, "byte", BYTE_VOCAB, BYTE_EOT, num_documents)
         # No chunks, no filters: tessera reads the raw bytes at the dataset's file offset.
@@ -211,6 +230,7 @@ class SplitWriter:
 
     def add(self, data):
         # data: the document's bytes; its tokens are the byte values, then EOT.
+        self.starts.append(self.pos + self.pending_bytes)
         self.pending.append(data)
         self.pending_bytes += len(data) + 1
         if self.pending_bytes >= FLUSH_BYTES:
@@ -232,6 +252,7 @@ class SplitWriter:
     def close(self):
         self.flush()
         assert self.pos == self.num_tokens, (self.pos, self.num_tokens)
+        write_document_offsets(self.f, self.starts, self.num_tokens)
         self.f.close()
         self.seconds = time.time() - self.t0
 
@@ -250,6 +271,7 @@ class EncodedSplitWriter:
         self.tokenizer, self.bos, self.at_start = tokenizer, bos, True
         self.dtype = token_dtype(vocab_size)
         self.num_tokens = 0
+        self.starts = []
         self.f = None
         self.t0 = time.time()
         try:
@@ -258,6 +280,8 @@ class EncodedSplitWriter:
             raise ToolError(f"{self.raw}: cannot create ({e.strerror})", EXIT_IO) from None
 
     def add(self, ids, end_of_document):
+        if self.at_start:
+            self.starts.append(self.num_tokens)
         head = 1 if self.bos >= 0 and self.at_start else 0
         a = np.empty(head + len(ids) + (1 if end_of_document else 0), dtype=self.dtype)
         if head:
@@ -279,6 +303,7 @@ class EncodedSplitWriter:
         for at in range(0, self.num_tokens, step):
             ds[at:at + step] = ids[at:at + step]
         del ids
+        write_document_offsets(self.f, self.starts, self.num_tokens)
         self.f.create_dataset(TOKENIZER_MODEL, data=np.frombuffer(self.model, dtype=np.uint8),
                               track_times=False)
         self.f.close()
@@ -463,6 +488,55 @@ def encode_hf(tok, tessera, blob_path, paths, sizes, is_val, writers, threads, l
     return progress, ""
 
 
+# Names `tessera data prepare` reads as JSON Lines or decompresses, where this tool takes every
+# file as one document of its bytes: such inputs stay with the Python writer.
+READ_OTHERWISE = re.compile(r"\.(jsonl|json|parquet)(\.gz|\.zst)?$|\.(gz|zst)$")
+ARG_BYTES = 1 << 20         # paths handed to the binary on its command line, at most
+
+
+def tessera_binary(explicit):
+    """The tessera binary (--tessera, $TESSERA, bin/tessera of this checkout) or None."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = explicit or os.environ.get("TESSERA") or os.path.join(root, "bin", "tessera")
+    return path if os.access(path, os.X_OK) else None
+
+
+def prepare_with_tessera(args, tessera, tokenizer, paths, sizes):
+    """Encodes and writes both files with `tessera data prepare` (the binary's one encoder and one
+    writer; the files are those the Python writer makes, /document_offsets included). Its
+    progress lines pass through. Returns the Progress to summarize, or None where it cannot take
+    these inputs (a name it reads otherwise, too many paths, a binary without `data prepare`)."""
+    if any(READ_OTHERWISE.search(os.path.basename(p)) for p in paths) or \
+            sum(len(p) + 1 for p in paths) > ARG_BYTES:
+        return None
+    progress = Progress("encode" if tokenizer != "byte" else "byte tokens", len(paths), sum(sizes),
+                        args.log_seconds)
+    cmd = [tessera, "data", "prepare", *paths, "--out-dir", args.out_dir, "--tokenizer", tokenizer,
+           "--val-every", str(args.val_every), "--threads", str(args.threads),
+           "--log-seconds", str(args.log_seconds)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    last = None
+    for line in proc.stderr:
+        if last is not None:
+            sys.stderr.write(last)
+            sys.stderr.flush()
+        last = line.decode("utf-8", "replace")
+    rc = proc.wait()
+    if rc != 0:
+        if tokenizer == "byte" and last and "unknown subcommand 'prepare'" in last:
+            return None             # an older build: the Python writer writes
+        raise ToolError((last or f"tessera data prepare: exit {rc}").strip(), rc if rc in (1, 2) else EXIT_IO)
+    if last:
+        sys.stderr.write(last)
+    import h5py
+    for v in ("train", "val"):
+        with h5py.File(os.path.join(args.out_dir, v + ".h5"), "r") as f:
+            progress.documents += int(f.attrs["num_documents"])
+            progress.tokens += f["tokens"].shape[0]
+    progress.bytes = sum(sizes)
+    return progress
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="*", metavar="FILES_OR_DIRS_OR_GLOBS")
@@ -546,6 +620,25 @@ def main():
     except OSError as e:
         raise ToolError(f"{args.out_dir}: cannot create directory ({e.strerror})", EXIT_IO)
     out = {v: os.path.join(args.out_dir, "val.h5" if v else "train.h5") for v in (False, True)}
+    if args.tokenizer != "bpe":
+        binary = tessera if hf is not None else tessera_binary(args.tessera)
+        progress = None
+        if binary is not None:
+            tokenizer = "byte"
+            if hf is not None:
+                tokenizer = os.path.join(args.out_dir, ".tokenizer.tmp.json")
+                with open(tokenizer, "wb") as f:
+                    f.write(hf.blob)
+            try:
+                progress = prepare_with_tessera(args, binary, tokenizer, paths, sizes)
+            finally:
+                if hf is not None:
+                    os.remove(tokenizer)
+        if progress is not None:
+            progress.summary(" (tessera data prepare)")
+            for v, n in (("train", n_train), ("val", n_val)):
+                print(f"prepare_data: {out[v == 'val']}: {n} documents", file=sys.stderr)
+            return 0
     writers = {}
     try:
         if hf is not None:
