@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 
 #include "common/cli.hpp"
 #include "common/error.hpp"
@@ -100,7 +101,33 @@ struct Encoded {
   std::vector<uint32_t> tokens;
   std::vector<int64_t> starts;
   uint64_t bytes = 0;
+  int64_t not_utf8 = 0;  // documents that are not well-formed UTF-8 (encoded as bytes all the same)
 };
+
+// Whether text is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above
+// U+10FFFF). The encoders take any bytes (docs/data.md); the summary counts the documents that
+// are not text.
+bool valid_utf8(std::string_view text) {
+  static constexpr uint32_t kLeast[5] = {0, 0, 0x80, 0x800, 0x10000};
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    const int n = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (n == 0 || i + size_t(n) > text.size()) return false;
+    uint32_t code = c & (0x7F >> n);
+    for (int k = 1; k < n; ++k) {
+      const unsigned char d = static_cast<unsigned char>(text[i + size_t(k)]);
+      if ((d & 0xC0) != 0x80) return false;
+      code = code << 6 | (d & 0x3F);
+    }
+    if (code < kLeast[n] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
+    i += size_t(n);
+  }
+  return true;
+}
 
 // Progress of rank 0's share on stderr every log_seconds (documents, MB, tokens/s and the time
 // its share has left: the others' shares are as large, so it stands for the job's).
@@ -145,6 +172,7 @@ void encode_batch(DocumentEncoder& encoder, int64_t bos, int64_t eot,
     out->tokens.insert(out->tokens.end(), ids[d].begin(), ids[d].end());
     out->tokens.push_back(uint32_t(eot));
     out->bytes += batch[d].size();
+    out->not_utf8 += !valid_utf8(batch[d]);
   }
   batch.clear();
 }
@@ -313,6 +341,8 @@ int data_prepare(const std::vector<std::string>& args) {
   const std::string malformed = check_lines(comm, a, inputs, stats, complete);
   uint64_t text_bytes = enc.bytes;
   MPI_Allreduce(MPI_IN_PLACE, &text_bytes, 1, MPI_UINT64_T, MPI_SUM, comm);
+  int64_t not_utf8 = enc.not_utf8;
+  MPI_Allreduce(MPI_IN_PLACE, &not_utf8, 1, MPI_INT64_T, MPI_SUM, comm);
   TokenFileShare split[2];
   split_documents(comm, a.val_every, enc, split);
 
@@ -342,11 +372,14 @@ int data_prepare(const std::vector<std::string>& args) {
     std::fprintf(stderr,
                  "prepare: %lld documents, %.1f MB of input (%.1f MB of text), %lld tokens in "
                  "%.2f s (encode %.2f s, write %.2f s) on %d ranks x %d threads: %.1f MB/s, "
-                 "%.0f tokens/s%s\n",
+                 "%.0f tokens/s%s%s\n",
                  (long long)(split[0].num_documents + split[1].num_documents), double(total) / 1e6,
                  double(text_bytes) / 1e6, (long long)tokens, s, encode_seconds, s - encode_seconds,
                  size, a.threads, double(text_bytes) / 1e6 / s, double(tokens) / s,
-                 malformed.c_str());
+                 malformed.c_str(),
+                 not_utf8 == 0 ? ""
+                               : ("; " + std::to_string(not_utf8) +
+                                  " documents not UTF-8 (encoded as bytes: docs/data.md)").c_str());
     for (int v = 0; v < 2; ++v)
       std::fprintf(stderr, "prepare: %s: %lld documents, %lld tokens\n", paths[v].c_str(),
                    (long long)split[v].num_documents, (long long)split[v].num_tokens);

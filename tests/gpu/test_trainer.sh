@@ -17,7 +17,8 @@
 # with ZeRO-3 and selective recompute, against the 1-rank CPU run too. Mixture-of-experts layers
 # (GPT-2 every second layer, LLaMA every layer) in fp32 and bf16, and with 2 GPUs on dp=2,
 # tp=2, ep=2 and ep=2 under ZeRO-3 and ZeRO-1 (fp32 and bf16), Adafactor at ep=2 (fp32), and
-# with the auxiliary-loss-free bias.
+# with the auxiliary-loss-free bias. Document-masked attention (gemm, fused, bf16, and cp=2 with 2
+# GPUs) against the CPU's masked run.
 # Without a GPU: skipped,
 # exit 0.
 #
@@ -160,6 +161,32 @@ train cuda_fused 1 device.backend=cuda model.attention=fused &&
   cmp cuda_fused_matches_cpu cpu cuda_fused --loss-rtol 1e-5 --param-tol 1e-4
 train bf16_fused 1 device.backend=cuda device.precision=bf16 model.attention=fused &&
   cmp bf16_fused_near_cpu cpu bf16_fused --loss-rtol 2e-2 --param-norm-tol 2e-2
+# Document-masked attention (data.document_mask) on the device: the softmax kernel's and the flash
+# tiles' document starts, and with 2 GPUs context parallelism's blocks (ring), against the CPU's
+# masked run, on 300 documents of 5 to 50 bytes (several to a window) that `tessera data prepare`
+# makes here.
+mkdir -p docs
+for i in $(seq 0 299); do
+  printf 'doc %d: %.*s' "$i" $((i % 43 + 1)) "the quick brown fox jumps over the lazy dog again" \
+    >"docs/d$(printf %04d "$i").txt"
+done
+if "$TESSERA" data prepare docs --out-dir docdata --log-seconds 1000 >docdata.log 2>&1; then
+  dm=(data.train="$WORK/docdata/train.h5" data.val="$WORK/docdata/val.h5" data.document_mask=true)
+  if train docmask_cpu 1 device.backend=cpu "${dm[@]}"; then
+    train docmask_cuda 1 device.backend=cuda "${dm[@]}" &&
+      cmp docmask_cuda_matches_cpu docmask_cpu docmask_cuda --loss-rtol 1e-5 --param-tol 1e-4
+    train docmask_fused 1 device.backend=cuda model.attention=fused "${dm[@]}" &&
+      cmp docmask_fused_matches_cpu docmask_cpu docmask_fused --loss-rtol 1e-5 --param-tol 1e-4
+    train docmask_bf16 1 device.backend=cuda device.precision=bf16 model.attention=fused "${dm[@]}" &&
+      cmp docmask_bf16_near_cpu docmask_cpu docmask_bf16 --loss-rtol 2e-2 --param-norm-tol 2e-2
+    if [ "$gpus" -ge 2 ]; then
+      train docmask_cp2 2 device.backend=cuda parallel.cp=2 model.attention=fused "${dm[@]}" &&
+        cmp docmask_cp2 docmask_cpu docmask_cp2 --loss-rtol 1e-5 --param-tol 1e-4
+    fi
+  fi
+else
+  fail "tessera data prepare of the short documents"; tail -3 docdata.log
+fi
 # Activation recompute on the device: the same training, the recomputed activations in the
 # workspace (bit equality with recompute none is tests/integration/test_recompute.sh's, on the CPU).
 train cuda_selective 1 device.backend=cuda train.recompute=selective &&

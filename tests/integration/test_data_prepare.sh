@@ -133,6 +133,13 @@ for split, val in (("train", False), ("val", True)):
 print(len(docs))
 PY
 }
+# The summary counts the documents that are not UTF-8 (d.txt: 0xFF 0xFE and a truncated emoji;
+# the JSON line with a raw 0xFF is a malformed line, not a document).
+if grep -q "; 1 documents not UTF-8 (encoded as bytes" r1.err && grep -q "; 1 documents not UTF-8" r4.err; then
+  pass "the summary counts 1 document that is not UTF-8, on 1 and 4 ranks"
+else
+  fail "no count of documents that are not UTF-8"; grep "prepare: [0-9]* documents" r1.err r4.err
+fi
 if n=$(check_tokens r2 byte 3); then
   pass "byte tokens = each reference document's bytes + eot, $n documents; document_offsets at the eots; document i in val.h5 iff i % 3 == 2"
 else
