@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "backend/cpu/backend.hpp"
 #include "common/error.hpp"
@@ -58,8 +59,8 @@ class Engine final : public TrainEngine {
       if (s.document_eot < 0)
         throw std::logic_error("data.document_mask without the data's end-of-text id");
       document_eot_ = s.document_eot;
-      doc_full_.resize(step_tokens_ * size_t(cp_size_));
-      if (cp_size_ > 1) doc_own_.resize(step_tokens_);
+      doc_full_.resize(2 * step_tokens_ * size_t(cp_size_));
+      if (cp_size_ > 1) doc_own_.resize(2 * step_tokens_);
     }
     if (allocate_now) allocate();
   }
@@ -254,11 +255,16 @@ class Engine final : public TrainEngine {
       Backend::to_device(tokens_, own_chunks(batch.inputs.data(), 0), bytes);
       Backend::to_device(targets_, own_chunks(batch.targets.data(), 1), bytes);
       const int32_t* doc_start = nullptr;
+      const int32_t* doc_pos = nullptr;
       if (document_eot_ >= 0) {
-        Backend::to_device(doc_start_, document_starts(batch.inputs.data(), 0), bytes);
+        const auto [start, pos] = document_ids(batch.inputs.data(), 0);
+        Backend::to_device(doc_start_, start, bytes);
+        Backend::to_device(doc_start_ + size_t(mb_) * T_, pos, bytes);
         doc_start = doc_start_;
+        doc_pos = doc_start_ + size_t(mb_) * T_;
       }
-      executor_.forward_only(weights, {MicroBatch{tokens_, targets_, losses_, doc_start}});
+      executor_.forward_only(weights,
+                             {MicroBatch{tokens_, targets_, losses_, doc_start, doc_pos}});
       if (tile_.last) sum += mean_losses(1);
     }
     if (sharded_) sharded_->end_step();
@@ -485,20 +491,24 @@ class Engine final : public TrainEngine {
   }
 
   // data.document_mask: each token's document start in the micro-batch's whole sequences of
-  // `inputs` (the position after the last end-of-text before it, else 0), then this rank's
-  // chunks of them (true positions, as the attention compares them), in host area k: it stays
-  // untouched until the step's uploads are complete.
-  const int32_t* document_starts(const int32_t* inputs, size_t k) {
-    const size_t Tf = size_t(T_) * cp_size_, n = size_t(mb_) * Tf;
-    int32_t* full = doc_full_.data() + k * n;
+  // `inputs` (the position after the last end-of-text before it, else 0) and its position in its
+  // document, then this rank's chunks of both (starts in true positions, as the attention
+  // compares them), in host area k: it stays untouched until the step's uploads are complete.
+  std::pair<const int32_t*, const int32_t*> document_ids(const int32_t* inputs, size_t k) {
+    const size_t Tf = size_t(T_) * cp_size_, n = size_t(mb_) * Tf, own = size_t(mb_) * T_;
+    int32_t* start = doc_full_.data() + 2 * k * n;
+    int32_t* pos = start + n;
     for (size_t b = 0; b < size_t(mb_); ++b) {
-      int32_t start = 0;
+      int32_t at = 0;
       for (size_t t = 0; t < Tf; ++t) {
-        if (t > 0 && inputs[b * Tf + t - 1] == document_eot_) start = int32_t(t);
-        full[b * Tf + t] = start;
+        if (t > 0 && inputs[b * Tf + t - 1] == document_eot_) at = int32_t(t);
+        start[b * Tf + t] = at;
+        pos[b * Tf + t] = int32_t(t) - at;
       }
     }
-    return own_chunks_into(full, cp_size_ == 1 ? nullptr : doc_own_.data() + k * size_t(mb_) * T_);
+    if (cp_size_ == 1) return {start, pos};
+    int32_t* mine = doc_own_.data() + 2 * k * own;
+    return {own_chunks_into(start, mine), own_chunks_into(pos, mine + own)};
   }
 
   // The step's micro-batches from the loader's ring into the token buffers, overlapped with the
@@ -516,9 +526,11 @@ class Engine final : public TrainEngine {
       out[k].tokens = tokens_ + k * n;
       out[k].targets = targets_ + k * n;
       if (document_eot_ < 0) continue;
-      Backend::upload(doc_start_ + k * n, document_starts(batches[k].tokens, k),
-                      n * sizeof(int32_t));
-      out[k].doc_start = doc_start_ + k * n;
+      const auto [start, pos] = document_ids(batches[k].tokens, k);
+      Backend::upload(doc_start_ + 2 * k * n, start, n * sizeof(int32_t));
+      Backend::upload(doc_start_ + (2 * k + 1) * n, pos, n * sizeof(int32_t));
+      out[k].doc_start = doc_start_ + 2 * k * n;
+      out[k].doc_pos = doc_start_ + (2 * k + 1) * n;
     }
     Backend::await_uploads();
     return out;
@@ -538,8 +550,9 @@ class Engine final : public TrainEngine {
   int mb_, T_;  // T_: this rank's tokens of each sequence (T / cp)
   int cp_size_, cp_rank_;
   std::vector<int32_t> staging_;  // cp > 1: this rank's chunks of the step's tokens and targets
-  // data.document_mask: the end-of-text id; the step's document starts (whole sequences, and
-  // under cp this rank's chunks of them) and their device copy.
+  // data.document_mask: the end-of-text id; the step's document starts and positions (whole
+  // sequences, and under cp this rank's chunks of them) and their device copy, micro-batch k's
+  // starts and positions in areas 2k and 2k + 1.
   int64_t document_eot_ = -1;
   std::vector<int32_t> doc_full_, doc_own_;
   int32_t* doc_start_ = nullptr;

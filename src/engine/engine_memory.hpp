@@ -75,7 +75,8 @@ struct EngineMemory {
     h_targets = arena.add("step target tokens", step_tokens * sizeof(int32_t));
     h_losses = arena.add("step losses", step_tokens * sizeof(float));
     if (s.model.document_mask)
-      h_doc_start = arena.add("step document starts", step_tokens * sizeof(int32_t));
+      h_doc_start = arena.add("step document starts and positions",
+                              2 * step_tokens * sizeof(int32_t));
   }
 
   // The activations and statistics of every chunk (Gpt::activation_bytes).

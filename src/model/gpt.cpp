@@ -47,7 +47,7 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     : layout_(layout), tp_(tp), arena_(&arena), max_n_(max_batch * max_seq),
       max_batch_(max_batch), options_(stage_options(options, layout.tp)),
       block_(layout_, options_, tp, max_batch, max_seq),
-      slots_(slots), doc_start_(size_t(slots), nullptr),
+      slots_(slots), docs_(size_t(slots)),
       begin_(layout.chunks.at(size_t(chunk)).begin),
       end_(layout.chunks.at(size_t(chunk)).end), first_(layout.first && chunk == 0),
       last_(layout.last && chunk + 1 == int(layout.chunks.size())) {
@@ -229,7 +229,7 @@ typename TransformerBlock<Backend>::Acts Gpt<Backend>::layer_acts(int slot, int 
   a.out = recomputing ? work(kOut) : act(kOut, slot, i);
   a.norm1_mean = S(kNorm1Mean), a.norm1_rstd = S(kNorm1Rstd), a.norm2_mean = S(kNorm2Mean);
   a.norm2_rstd = S(kNorm2Rstd), a.lse = S(kAttLse);
-  a.doc_start = doc_start_[size_t(slot)];
+  a.doc_start = docs_[size_t(slot)].start;
   a.slot = slot;
   a.recomputing = recomputing;
   return a;
@@ -249,12 +249,13 @@ void Gpt<Backend>::each_chunk(int B, int T, F f) const {
 
 template <class Backend>
 void Gpt<Backend>::encode(Act* out, const int32_t* tokens, const Act* embed, const Act* positions,
-                          int B, int T) {
+                          int B, int T, const int32_t* doc_pos) {
   const LocalLayout& lay = layout_;
   const int C = n_embd();
-  if (!context_) {
+  // Positions in the document name their rows themselves, under context parallelism too.
+  if (!context_ || doc_pos) {
     Backend::encoder_forward(out, tokens, embed, positions, B, T, C, lay.vocab_begin,
-                             lay.vocab_rows);
+                             lay.vocab_rows, doc_pos);
     return;
   }
   each_chunk(B, T, [&](size_t at, size_t pos, int Tc) {
@@ -266,12 +267,12 @@ void Gpt<Backend>::encode(Act* out, const int32_t* tokens, const Act* embed, con
 
 template <class Backend>
 void Gpt<Backend>::encode_backward(float* dembed, float* dpositions, const Act* dout,
-                                   const int32_t* tokens, int B, int T) {
+                                   const int32_t* tokens, int B, int T, const int32_t* doc_pos) {
   const LocalLayout& lay = layout_;
   const int C = n_embd();
-  if (!context_) {
+  if (!context_ || doc_pos) {
     Backend::encoder_backward(dembed, dpositions, dout, tokens, B, T, C, lay.vocab_begin,
-                              lay.vocab_rows);
+                              lay.vocab_rows, doc_pos);
     return;
   }
   each_chunk(B, T, [&](size_t at, size_t pos, int Tc) {
@@ -317,9 +318,9 @@ std::vector<int> Gpt<Backend>::pass_units(bool forward) const {
 template <class Backend>
 void Gpt<Backend>::forward(Weights<Act>& weights, int slot, const int32_t* tokens,
                            const int32_t* targets, float* losses, int B, int T,
-                           const int32_t* doc_start) {
+                           DocumentIds docs) {
   const LocalLayout& lay = layout_;
-  doc_start_[size_t(slot)] = doc_start;
+  docs_[size_t(slot)] = docs;
   const int C = n_embd(), N = B * T, Nr = N / seq_split();
   const Act* none = nullptr;
   weights.pass(pass_units(true));
@@ -336,7 +337,7 @@ void Gpt<Backend>::forward(Weights<Act>& weights, int slot, const int32_t* token
     Act* partial = options_.sequence_parallel ? scratch(Blk::kPartial) : act(kEncoded, slot);
     const Act* embed = P(lay.embed);
     const Act* positions = P(lay.positions);
-    encode(partial, tokens, embed, lay.tp_rank == 0 ? positions : none, B, T);
+    encode(partial, tokens, embed, lay.tp_rank == 0 ? positions : none, B, T, docs.pos);
     done(lay.embed);
     done(lay.positions);
     block_.reduce_rows(partial, act(kEncoded, slot), N);
@@ -454,7 +455,8 @@ void Gpt<Backend>::backward(Weights<Act>& weights, int slot, const int32_t* toke
   }
   if (first_) {
     encode_backward(G(lay.embed), G(lay.positions),
-                    block_.gather_rows(dres, scratch(Blk::kDFull), N), tokens, B, T);
+                    block_.gather_rows(dres, scratch(Blk::kDFull), N), tokens, B, T,
+                    docs_[size_t(slot)].pos);
     done(lay.embed, false);
     done(lay.positions, false);
   }

@@ -30,6 +30,14 @@
 
 namespace tessera {
 
+// data.document_mask's ids of a micro-batch (B,T each, backend memory; null without the mask):
+// each token's document start (true positions under context parallelism), which the attention
+// masks by, and its position in its document, which learned positions (GPT-2's wpe) read.
+struct DocumentIds {
+  const int32_t* start = nullptr;
+  const int32_t* pos = nullptr;
+};
+
 template <class Backend>
 class Gpt {
  public:
@@ -71,13 +79,12 @@ class Gpt {
   std::vector<std::pair<size_t, size_t>> tp_partial_gradients(int l) const;
 
   // tokens (B,T); targets (B,T) on the last stage, or nullptr for logits only; both in backend
-  // memory. doc_start (B,T, backend memory) under data.document_mask, on every stage: each
-  // token's document start, which the attention masks by (kept for the slot's backward);
-  // nullptr without. On the last stage with targets, losses (B*T, backend memory) receives each position's
+  // memory. docs: under data.document_mask, on every stage, the micro-batch's document ids (kept
+  // for the slot's backward). On the last stage with targets, losses (B*T, backend memory) receives each position's
   // cross-entropy; nothing waits for it (the engine reads a step's losses once, at its end). The
   // parameters come unit by unit from `weights` (model/weights.hpp).
   void forward(Weights<Act>& weights, int slot, const int32_t* tokens, const int32_t* targets,
-               float* losses, int B, int T, const int32_t* doc_start = nullptr);
+               float* losses, int B, int T, DocumentIds docs = {});
 
   // Stages before the last: the gradient of the output (B,T,C), filled by the caller (received
   // from the next stage) before backward.
@@ -149,10 +156,12 @@ class Gpt {
   int unit(int tensor) const { return layout_.unit_of_tensor[size_t(tensor)]; }
   // The token and position embedding of (B,T) tokens into out, and its backward: under context
   // parallelism chunk by chunk, each at its true positions.
+  // doc_pos: each token's position in its document (data.document_mask), the row of positions
+  // it reads; nullptr: its position in the sequence.
   void encode(Act* out, const int32_t* tokens, const Act* embed, const Act* positions, int B,
-              int T);
+              int T, const int32_t* doc_pos);
   void encode_backward(float* dembed, float* dpositions, const Act* dout, const int32_t* tokens,
-                       int B, int T);
+                       int B, int T, const int32_t* doc_pos);
   template <class F>
   void each_chunk(int B, int T, F f) const;
   // The rotary table of this rank's tokens into rope_ (model/transformer_block.hpp).
@@ -184,7 +193,7 @@ class Gpt {
   ModelOptions options_;  // sequence_parallel off with tp = 1
   Blk block_;             // the layers' ops, scratch, collectives, norm and linear layers
   int slots_;
-  std::vector<const int32_t*> doc_start_;  // by slot: the forward's document starts
+  std::vector<DocumentIds> docs_;  // by slot: the forward's document ids
   int begin_, end_;  // this chunk's layers
   bool first_, last_;
   size_t offset_[kSlotKinds] = {}, size_[kSlotKinds] = {}, slot_stride_ = 0;

@@ -22,12 +22,13 @@ namespace tessera {
 
 // A micro-batch's tokens and targets (B,T), and where its per-position losses (B*T) go on the
 // last stage, in the backend's memory; under data.document_mask each token's document start
-// (B,T), on every stage (Gpt::forward).
+// and its position in its document (B,T each), on every stage (Gpt::forward).
 struct MicroBatch {
   const int32_t* tokens = nullptr;
   const int32_t* targets = nullptr;
   float* losses = nullptr;
   const int32_t* doc_start = nullptr;
+  const int32_t* doc_pos = nullptr;
 };
 
 template <class Backend>

@@ -153,26 +153,33 @@ TYPED_TEST(CudaOp, Encoder) {
     DevInts d_tokens(tokens);
     auto wte = random_of<F>(size_t(vcount) * C), wpe = random_of<F>(size_t(T + 2) * C);
     Dev<F> d_wte(wte), d_wpe(wpe);
-    for (bool with_wpe : {true, false}) {
+    // data.document_mask's positions in the documents: rows of wpe repeat (0 most of all).
+    std::vector<int32_t> pos(size_t(B) * T);
+    for (size_t i = 0; i < pos.size(); i++) pos[i] = int32_t(i % 5 == 0 ? 0 : i % 7);
+    DevInts d_pos(pos);
+    for (int mode : {0, 1, 2}) {  // wpe by sequence position, none, wpe by document position
+      const bool with_wpe = mode != 1;
+      const int32_t* dev_pos = mode == 2 ? static_cast<const int32_t*>(d_pos) : nullptr;
+      const int32_t* host_pos = mode == 2 ? pos.data() : nullptr;
+      const std::string what = " mode=" + std::to_string(mode) + shape;
       Dev<F> d_out(size_t(B) * T * C);
       std::vector<double> out(size_t(B) * T * C);
       gpu::encoder_forward<F>(d_out, d_tokens, d_wte, with_wpe ? d_wpe.get() : nullptr, B, T, C,
-                              v0, vcount);
+                              v0, vcount, dev_pos);
       cpu::encoder_forward<double>(out.data(), tokens.data(), wte.data(),
-                                   with_wpe ? wpe.data() : nullptr, B, T, C, v0, vcount);
-      EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(),
-                   "encoder_forward wpe=" + std::to_string(with_wpe) + shape);
+                                   with_wpe ? wpe.data() : nullptr, B, T, C, v0, vcount, host_pos);
+      EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "encoder_forward" + what);
 
       auto dout = random_of<F>(size_t(B) * T * C);
       auto dwte = random_of<float>(size_t(vcount) * C), dwpe = random_of<float>(size_t(T + 2) * C);
       Dev<F> d_dout(dout);
       Dev<float> d_dwte(dwte), d_dwpe(dwpe);
       gpu::encoder_backward<F>(d_dwte, with_wpe ? d_dwpe.get() : nullptr, d_dout, d_tokens, B, T,
-                               C, v0, vcount);
+                               C, v0, vcount, dev_pos);
       cpu::encoder_backward<double>(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(),
-                                    tokens.data(), B, T, C, v0, vcount);
-      EXPECT_CLOSE(d_dwte.fetch(), dwte, tolerance<F>(), "encoder_backward dwte" + shape);
-      EXPECT_CLOSE(d_dwpe.fetch(), dwpe, tolerance<F>(), "encoder_backward dwpe" + shape);
+                                    tokens.data(), B, T, C, v0, vcount, host_pos);
+      EXPECT_CLOSE(d_dwte.fetch(), dwte, tolerance<F>(), "encoder_backward dwte" + what);
+      EXPECT_CLOSE(d_dwpe.fetch(), dwpe, tolerance<F>(), "encoder_backward dwpe" + what);
     }
   }
 }

@@ -176,6 +176,31 @@ TEST(CpuOps, EncoderForwardAndGradients) {
   expect_accumulates(pre_wpe, acc_wpe, dwpe, "encoder dwpe");
 }
 
+// data.document_mask: each token reads the wpe row of its position in its document; rows repeat
+// (every document's first token reads row 0), and the gradient sums them all.
+TEST(CpuOps, EncoderDocumentPositions) {
+  const int B = 2, T = 7, C = 6, V = 9;
+  std::mt19937_64 rng(3);
+  const std::vector<int32_t> tokens = random_ints((size_t)B * T, V, rng);
+  const std::vector<int32_t> pos = {0, 1, 2, 0, 0, 1, 2, 0, 1, 0, 1, 2, 3, 4};
+  Vec wte = random_vec((size_t)V * C, rng), wpe = random_vec((size_t)T * C, rng);
+  Vec w = random_vec((size_t)B * T * C, rng), out((size_t)B * T * C, kNaN);
+  encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, 0, V, pos.data());
+  for (int bt = 0; bt < B * T; bt++)
+    for (int c = 0; c < C; c++)
+      EXPECT_EQ(out[(size_t)bt * C + c],
+                wte[(size_t)tokens[bt] * C + c] + wpe[(size_t)pos[bt] * C + c]);
+  auto loss = [&] {
+    encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, 0, V, pos.data());
+    return weighted_sum(w, out);
+  };
+  Vec dwte(wte.size(), 0.0), dwpe(wpe.size(), 0.0);
+  encoder_backward(dwte.data(), dwpe.data(), w.data(), tokens.data(), B, T, C, 0, V, pos.data());
+  EXPECT_LE(fd_max_error(wte, dwte, loss), kTol);
+  EXPECT_LE(fd_max_error(wpe, dwpe, loss), kTol);
+  for (int c = 0; c < C; c++) EXPECT_EQ(dwpe[(size_t)6 * C + c], 0.0);  // no token at position 6
+}
+
 TEST(CpuOps, EncoderVocabShardsSumToTheWhole) {
   // Tensor parallel splits wte by rows: rank r holds [v0, v0 + vcount), adds wpe only once, and
   // the sum of the ranks' outputs (an all-reduce) is the unsplit result; each rank's dwte is its

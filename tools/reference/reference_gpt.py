@@ -39,8 +39,8 @@ import time
 _TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
 sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop", "reference")]
 from reference_moe import MoeMlp, is_moe_layer, layer_config, moe_config, moe_loss  # noqa: E402
-from reference_train import (attention_hidden, make_optimizer, run_training, set_threads,  # noqa: E402
-                             train_step, training_arguments)
+from reference_train import (attention_hidden, document_positions, make_optimizer,  # noqa: E402
+                             run_training, set_threads, train_step, training_arguments)
 from tessera_data import ToolError, run_tool  # noqa: E402
 
 import torch  # noqa: E402
@@ -58,9 +58,12 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)   # rows: q, k, v; each heads-major
         self.c_proj = nn.Linear(n_embd, n_embd)
 
-    def forward(self, x, hidden):
+    def forward(self, x, hidden=None):
         # x (B, T, C) -> (B, T, C); hidden (B|1, 1, T, T): the keys each query does not see
+        # (reference_train.attention_hidden; None: the causal mask alone)
         B, T, C = x.shape
+        if hidden is None:
+            hidden = torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), diagonal=1)
         hs = C // self.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)
         # head h takes columns [h*hs, (h+1)*hs) of q, k and v
@@ -122,8 +125,11 @@ class GPT(nn.Module):
         # all B*T tokens (also kept as self.last_ce, the loss reported), plus the MoE layers'
         # balancing losses
         B, T = idx.shape
-        x = self.wte[idx] + self.wpe[torch.arange(T, device=idx.device)]
-        hidden = attention_hidden(idx, getattr(self, "document_eot", None))
+        eot = getattr(self, "document_eot", None)
+        # data.document_mask: learned positions restart at each document.
+        pos = torch.arange(T, device=idx.device) if eot is None else document_positions(idx, eot)
+        x = self.wte[idx] + self.wpe[pos]
+        hidden = attention_hidden(idx, eot)
         for block in self.h:
             x = block(x, hidden)
         x = self.ln_f(x)

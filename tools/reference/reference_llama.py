@@ -90,9 +90,13 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(n_embd, n_kv_head * self.hs, bias=False)
         self.o_proj = nn.Linear(n_head * self.hs, n_embd, bias=False)
 
-    def forward(self, x, hidden):
+    def forward(self, x, hidden=None):
+        # hidden (B|1, 1, T, T): the keys each query does not see (reference_train.attention_hidden;
+        # None: the causal mask alone)
         B, T, _ = x.shape
         hs = self.hs
+        if hidden is None:
+            hidden = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
         q = self.q_proj(x).view(B, T, self.n_head, hs).transpose(1, 2)       # (B, nh, T, hs)
         k = self.k_proj(x).view(B, T, self.n_kv_head, hs).transpose(1, 2)    # (B, nkv, T, hs)
         v = self.v_proj(x).view(B, T, self.n_kv_head, hs).transpose(1, 2)

@@ -112,6 +112,17 @@ def attention_hidden(idx, eot):
     return hidden | other[:, None]
 
 
+def document_positions(idx, eot):
+    """Each token's position in its document (B, T) int64: its distance from the token after the
+    last eot before it, or from the window's start (data.document_mask's learned positions)."""
+    B, T = idx.shape
+    t = torch.arange(T).expand(B, T)
+    after_eot = torch.zeros(B, T, dtype=torch.int64)
+    after_eot[:, 1:] = torch.where(idx[:, :-1] == eot, t[:, 1:], 0)
+    start = torch.cummax(after_eot, dim=1).values
+    return t - start
+
+
 def train_step(model, opt, micro_batches, lr, grad_clip):
     """One optimizer step over [(inputs, targets)] micro-batches; returns (loss, pre-clip norm),
     the loss the cross-entropy's mean (model.last_ce where the model keeps it)."""

@@ -1,4 +1,6 @@
 // Token + position embedding; twin of encoder.cpp.
+#include <limits>
+
 #include "backend/cuda/common.cuh"
 
 namespace tessera::cuda {
@@ -13,7 +15,8 @@ constexpr int kBuckets = 64;
 // multiple of it and every pointer is aligned (so every row is), else 1.
 template <typename F, int W>
 __global__ void encoder_forward_kernel(F* out, const int32_t* tokens, const F* wte, const F* wpe,
-                                       int BT, int T, int C, int v0, int vcount) {
+                                       int BT, int T, int C, int v0, int vcount,
+                                       const int32_t* positions) {
   const int packs = C / W;
   const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (i >= size_t(BT) * packs) return;
@@ -29,7 +32,8 @@ __global__ void encoder_forward_kernel(F* out, const int32_t* tokens, const F* w
     for (int k = 0; k < W; k++) acc[k] += to_float(e.v[k]);
   }
   if (wpe) {
-    const Pack<F, W> p = load_pack<F, W>(wpe + size_t(bt % T) * C + c);
+    const size_t pos = positions ? size_t(positions[bt]) : size_t(bt % T);
+    const Pack<F, W> p = load_pack<F, W>(wpe + pos * C + c);
 #pragma unroll
     for (int k = 0; k < W; k++) acc[k] += to_float(p.v[k]);
   }
@@ -72,23 +76,27 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const F* dout, int B, i
 // contributes 0 (vocab-parallel: the sum over tensor-parallel ranks completes it).
 template <typename F>
 void encoder_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T, int C,
-                     int v0, int vcount) {
+                     int v0, int vcount, const int32_t* positions) {
   const int BT = B * T;
   if (BT <= 0 || C <= 0) return;
   constexpr int W = kPack<F>;
   if (C % W == 0 && aligned16(out) && aligned16(wte) && (!wpe || aligned16(wpe)))
     launch<encoder_forward_kernel<F, W>>(blocks_for(size_t(BT) * (C / W), kThreads), kThreads, 0,
-                                         stream(), out, tokens, wte, wpe, BT, T, C, v0, vcount);
+                                         stream(), out, tokens, wte, wpe, BT, T, C, v0, vcount,
+                                         positions);
   else
     launch<encoder_forward_kernel<F, 1>>(blocks_for(size_t(BT) * C, kThreads), kThreads, 0,
-                                         stream(), out, tokens, wte, wpe, BT, T, C, v0, vcount);
+                                         stream(), out, tokens, wte, wpe, BT, T, C, v0, vcount,
+                                         positions);
   CUDA_CHECK_LAUNCH();
 }
 
-// dout (B,T,C), tokens (B,T). Accumulates dwte (vcount,C) and dwpe (>=T,C) unless nullptr.
+// dout (B,T,C), tokens (B,T). Accumulates dwte (vcount,C) and dwpe unless nullptr. With
+// positions, rows of wpe repeat as tokens do: their sums take the tokens' kernel (positions in
+// order, one owner per element; every position is a row of wpe).
 template <typename F>
 void encoder_backward(float* dwte, float* dwpe, const F* dout, const int32_t* tokens, int B, int T,
-                      int C, int v0, int vcount) {
+                      int C, int v0, int vcount, const int32_t* positions) {
   if (B * T <= 0 || C <= 0) return;
   if (vcount > 0) {
     const dim3 grid(blocks_for(size_t(C), kWarp), kBuckets);
@@ -96,7 +104,12 @@ void encoder_backward(float* dwte, float* dwpe, const F* dout, const int32_t* to
                                            v0, vcount);
     CUDA_CHECK_LAUNCH();
   }
-  if (dwpe) {
+  if (dwpe && positions) {
+    const dim3 grid(blocks_for(size_t(C), kWarp), kBuckets);
+    launch<encoder_backward_wte_kernel<F>>(grid, kWarp, 0, stream(), dwpe, dout, positions, B * T,
+                                           C, 0, std::numeric_limits<int>::max());
+    CUDA_CHECK_LAUNCH();
+  } else if (dwpe) {
     launch<encoder_backward_wpe_kernel<F>>(blocks_for(size_t(T) * C, kThreads), kThreads, 0,
                                            stream(), dwpe, dout, B, T, C);
     CUDA_CHECK_LAUNCH();
@@ -104,9 +117,10 @@ void encoder_backward(float* dwte, float* dwpe, const F* dout, const int32_t* to
 }
 
 #define TESSERA_INSTANTIATE(F)                                                                     \
-  template void encoder_forward<F>(F*, const int32_t*, const F*, const F*, int, int, int, int, int); \
+  template void encoder_forward<F>(F*, const int32_t*, const F*, const F*, int, int, int, int, int,  \
+                                   const int32_t*);                                                \
   template void encoder_backward<F>(float*, float*, const F*, const int32_t*, int, int, int, int,  \
-                                    int);
+                                    int, const int32_t*);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(bf16)
 #undef TESSERA_INSTANTIATE

@@ -40,17 +40,18 @@ template <typename F>
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const F* A, int lda,
           const F* B, int ldb, float beta, F* C, int ldc);
 
-// out (B,T,C) = wte[tokens[b,t] - v0, :] + wpe[t, :]; tokens (B,T) on the device; wte (vcount,C)
-// holds rows [v0, v0 + vcount) of the vocabulary, other tokens contribute 0 (vocab-parallel);
-// wpe (>=T,C) or nullptr.
+// out (B,T,C) = wte[tokens[b,t] - v0, :] + wpe[pos(b,t), :]; tokens (B,T) on the device; wte
+// (vcount,C) holds rows [v0, v0 + vcount) of the vocabulary, other tokens contribute 0
+// (vocab-parallel); wpe (rows,C) or nullptr; pos(b,t) = positions[b*T + t] (device memory), or t
+// when positions is nullptr.
 template <typename F>
 void encoder_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T, int C,
-                     int v0, int vcount);
-// Accumulates dwte (vcount,C) for tokens in [v0, v0 + vcount) and dwpe (>=T,C) unless nullptr,
-// from dout (B,T,C). Deterministic: no atomics.
+                     int v0, int vcount, const int32_t* positions = nullptr);
+// Accumulates dwte (vcount,C) for tokens in [v0, v0 + vcount) and dwpe (rows,C) unless nullptr
+// (by the forward's positions), from dout (B,T,C). Deterministic: no atomics.
 template <typename F>
 void encoder_backward(float* dwte, float* dwpe, const F* dout, const int32_t* tokens, int B, int T,
-                      int C, int v0, int vcount);
+                      int C, int v0, int vcount, const int32_t* positions = nullptr);
 // out, inp (N,C); weight, bias (C); mean, rstd (N) saved for backward. eps = 1e-5 as torch.
 template <typename F>
 void layernorm_forward(F* out, float* mean, float* rstd, const F* inp, const F* weight,
