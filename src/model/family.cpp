@@ -107,12 +107,14 @@ std::vector<LayerParam> layer_params(const ModelShape& s, int l) {
   attention_params(f, C, Q, KV, &out);
   norm_params(f, f.norm2, C, &out, kNorm2W, kNorm2B);
   if (s.moe.layer(l)) {
-    moe_params(f.mlp, f.bias, f.out_init, C, size_t(s.moe.ffn), size_t(s.moe.experts), &out);
     // The shared experts are one dense MLP under their own names (DeepSeek's
     // mlp.shared_experts.*): the dense roles, so they shard, reduce and count as dense weights.
+    // Before the router and experts: expert parallelism cuts the layer's last tensors, the
+    // experts', into a unit of their own (model/shard.cpp).
     if (s.moe.shared > 0)
       mlp_params(f.mlp, f.bias, f.out_init, C, size_t(s.moe.shared) * size_t(s.moe.ffn), &out,
                  "mlp.shared_experts.");
+    moe_params(f.mlp, f.bias, f.out_init, C, size_t(s.moe.ffn), size_t(s.moe.experts), &out);
   } else
     mlp_params(f.mlp, f.bias, f.out_init, C, F, &out);
   return out;

@@ -52,10 +52,10 @@ def moe_layer(shape, l):
 
 
 def moe_tensors(shape, p):
-    """An MoE layer's MLP tensors (src/model/mlp.cpp moe_params): the router, then the E
-    experts' tensors stacked by rows; biases 1-D; the shared experts' (shared_tensors)."""
+    """An MoE layer's MLP tensors (src/model/family.cpp layer_params): the shared experts'
+    (shared_tensors), the router, then the E experts' tensors stacked by rows; biases 1-D."""
     C, E, F = shape["n_embd"], shape["moe_experts"], shape["moe_ffn"]
-    out = [(p + "mlp.router.weight", (E, C))]
+    out = shared_tensors(shape, p) + [(p + "mlp.router.weight", (E, C))]
     if shape["arch"] == "llama":
         out += [(p + "mlp.experts.gate_up_proj.weight", (E * 2 * F, C)),
                 (p + "mlp.experts.down_proj.weight", (E * C, F))]
@@ -63,7 +63,7 @@ def moe_tensors(shape, p):
         out += [(p + "mlp.experts.c_fc.weight", (E * F, C)), (p + "mlp.experts.c_fc.bias", (E * F,)),
                 (p + "mlp.experts.c_proj.weight", (E * C, F)),
                 (p + "mlp.experts.c_proj.bias", (E * C,))]
-    return out + shared_tensors(shape, p)
+    return out
 
 
 def shared_tensors(shape, p):
