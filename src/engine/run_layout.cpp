@@ -18,9 +18,6 @@ std::string moe_layout_problem(const Config& cfg, const ModelShape& shape,
     return "parallel.ep = " + std::to_string(cfg.parallel.ep) + " with parallel.zero_group = " +
            std::to_string(layout.zero_group) + ": hybrid sharding is not combined with expert "
            "parallelism yet (docs/status.md); shard over all dp x cp ranks (zero_group 0)";
-  if (m.shared_experts > 0)
-    return "model.moe.shared_experts = " + std::to_string(m.shared_experts) +
-           ": shared experts are not trained by this tessera yet (docs/status.md)";
   if (cfg.device.precision == Precision::Fp8)
     return "device.precision = fp8: " + moe + " runs its experts in bf16 or fp32 only "
            "(docs/status.md)";

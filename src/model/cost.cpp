@@ -31,11 +31,22 @@ BlockCost block_cost(const ModelShape& s, int tp, bool moe) {
   m.route_elems = 2 * E;
   m.route_exps = E;
   m.forward_kernels = 7 + 3 * m.experts;
-  c.gemms.resize(2);
   c.gemm_out_elems = 2 * (double(w.qkv) + C + k * w.efc1);
   c.activation_elems = 2 * k * w.ef;
   c.activation_exps = k * w.ef;
   c.forward_kernels += m.forward_kernels - 3;
+  if (s.moe.shared == 0) {
+    c.gemms.resize(2);
+    return c;
+  }
+  // The shared experts: the dense MLP's GEMMs, activation and three launches at their width, on
+  // every row.
+  c.gemms[2].out = w.sfc1;
+  c.gemms[3].in = w.sf;
+  c.gemm_out_elems += 2 * double(w.sfc1);
+  c.activation_elems += 2 * double(w.sf);
+  c.activation_exps += w.sf;
+  c.forward_kernels += 3;
   return c;
 }
 

@@ -43,8 +43,8 @@ struct MoeCost {
 
 struct BlockCost {
   BlockWidths width;
-  // In the forward's order, gemms[i].gemm == i; an MoE layer's are the attention's two, its MLP
-  // in `moe`.
+  // In the forward's order, gemms[i].gemm == i; an MoE layer's are the attention's two (and its
+  // shared experts' fc1 and fc2), its routed MLP in `moe`.
   std::vector<LinearGemm> gemms;
   MoeCost moe;  // experts == 0: a dense layer
   // The forward's streaming ops per row, elements read and written (the backward moves about

@@ -106,9 +106,16 @@ std::vector<LayerParam> layer_params(const ModelShape& s, int l) {
   norm_params(f, f.norm1, C, &out, kNorm1W, kNorm1B);
   attention_params(f, C, Q, KV, &out);
   norm_params(f, f.norm2, C, &out, kNorm2W, kNorm2B);
-  if (s.moe.layer(l))
+  if (s.moe.layer(l)) {
+    // The shared experts are one dense MLP under their own names (DeepSeek's
+    // mlp.shared_experts.*): the dense roles, so they shard, reduce and count as dense weights.
+    // Before the router and experts: expert parallelism cuts the layer's last tensors, the
+    // experts', into a unit of their own (model/shard.cpp).
+    if (s.moe.shared > 0)
+      mlp_params(f.mlp, f.bias, f.out_init, C, size_t(s.moe.shared) * size_t(s.moe.ffn), &out,
+                 "mlp.shared_experts.");
     moe_params(f.mlp, f.bias, f.out_init, C, size_t(s.moe.ffn), size_t(s.moe.experts), &out);
-  else
+  } else
     mlp_params(f.mlp, f.bias, f.out_init, C, F, &out);
   return out;
 }
@@ -124,6 +131,8 @@ BlockWidths block_widths(const ModelShape& s, int tp) {
   w.fc1 = mlp_fc1_columns(family(s.arch).mlp, w.f);
   w.ef = s.moe.experts > 0 ? s.moe.ffn / tp : 0;
   w.efc1 = mlp_fc1_columns(family(s.arch).mlp, w.ef);
+  w.sf = s.moe.experts > 0 ? s.moe.shared * s.moe.ffn / tp : 0;
+  w.sfc1 = mlp_fc1_columns(family(s.arch).mlp, w.sf);
   return w;
 }
 

@@ -128,9 +128,10 @@ std::vector<LayerParam> layer_params(const ModelShape& shape, int l);
 // This rank's widths of a layer's activations under tp ranks: head size, its heads of q and of
 // k/v, q's columns (nh hs), q, k and v's together, the MLP's activation (f) and fc1's output.
 // An MoE layer's experts: each expert's activation columns (ef) and fc1 output (efc1) on this
-// rank (the experts split over tp as the dense MLP is).
+// rank (the experts split over tp as the dense MLP is); the shared experts' MLP (sf, sfc1; 0
+// without), split as the dense MLP.
 struct BlockWidths {
-  int hs = 0, nh = 0, nkv = 0, q = 0, qkv = 0, f = 0, fc1 = 0, ef = 0, efc1 = 0;
+  int hs = 0, nh = 0, nkv = 0, q = 0, qkv = 0, f = 0, fc1 = 0, ef = 0, efc1 = 0, sf = 0, sfc1 = 0;
 };
 BlockWidths block_widths(const ModelShape& shape, int tp);
 

@@ -58,7 +58,9 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   // its MLP activations (F) and fc1's output in front of them (FC1: GPT-2's c_fc, or LLaMA's
   // gate and up).
   const BlockWidths& w = block_.width();
-  const size_t Q = size_t(w.q), QKV = size_t(w.qkv), F = size_t(w.f), FC1 = size_t(w.fc1);
+  // An MoE layer's shared experts keep theirs in the same slots: the wider of the two MLPs.
+  const size_t Q = size_t(w.q), QKV = size_t(w.qkv);
+  const size_t F = size_t(std::max(w.f, w.sf)), FC1 = size_t(std::max(w.fc1, w.sfc1));
   const size_t L = size_t(end_ - begin_);
   // The attention's (B,NH/tp,T,T) probabilities, or with fused attention each row's log-sum-exp.
   const size_t rows = size_t(max_batch) * size_t(w.nh) * max_seq;

@@ -5,14 +5,16 @@
 namespace tessera {
 
 void mlp_params(MlpKind kind, bool bias, Init out_init, size_t C, size_t F,
-                std::vector<LayerParam>* out) {
+                std::vector<LayerParam>* out, const std::string& prefix) {
   // fc1's tensors in the order its output columns take them (the local shards sit next to each
   // other, so one GEMM computes them all).
   std::vector<std::string> fc1;
   std::string fc2;
   switch (kind) {
-    case MlpKind::Gelu: fc1 = {"mlp.c_fc"}, fc2 = "mlp.c_proj"; break;
-    case MlpKind::SwiGlu: fc1 = {"mlp.gate_proj", "mlp.up_proj"}, fc2 = "mlp.down_proj"; break;
+    case MlpKind::Gelu: fc1 = {prefix + "c_fc"}, fc2 = prefix + "c_proj"; break;
+    case MlpKind::SwiGlu:
+      fc1 = {prefix + "gate_proj", prefix + "up_proj"}, fc2 = prefix + "down_proj";
+      break;
   }
   for (const std::string& name : fc1)
     out->push_back({kFc1W, name + ".weight", {F, C}, Init::Normal, Split::Rows});

@@ -8,16 +8,18 @@
 // streaming cost model/cost.cpp's. A mixture of experts (a router, E experts of the family's
 // dense kind) is a third kind: family.hpp says where each of its parts goes.
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "model/family.hpp"
 
 namespace tessera {
 
-// The MLP's tensors, named under "mlp.": fc1's weights, their biases (with `bias`), fc2's weight
-// and bias. fc1's tensors are column-parallel (rows split), fc2's weight row-parallel.
+// The MLP's tensors, named under `prefix`: fc1's weights, their biases (with `bias`), fc2's weight
+// and bias. fc1's tensors are column-parallel (rows split), fc2's weight row-parallel. An MoE
+// layer's shared experts are one such MLP under "mlp.shared_experts.".
 void mlp_params(MlpKind kind, bool bias, Init out_init, size_t C, size_t F,
-                std::vector<LayerParam>* out);
+                std::vector<LayerParam>* out, const std::string& prefix = "mlp.");
 // An MoE layer's tensors, named under "mlp.": the router [E, C] (replicated over tp: every rank
 // routes the same tokens the same way), then E experts of the dense kind, each tensor the E
 // experts' stacked by rows (expert e's rows [e R, (e + 1) R) of a tensor of E R rows), split

@@ -190,7 +190,7 @@ void MoeLayer<Backend>::plan_exchange(const MoeDispatch& d, const Kept& p, Excha
 
 template <class Backend>
 void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int layer, int slot,
-                                int N, bool record) {
+                                int N, bool record, bool accumulate) {
   if (N > max_n_ || slot >= slots_ || index_of(layer) < 0)
     throw std::logic_error("moe: layer " + std::to_string(layer) + " slot " + std::to_string(slot) +
                            " of " + std::to_string(slots_) + ", " + std::to_string(N) +
@@ -247,7 +247,7 @@ void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int lay
     Backend::moe_gather_rows(ex, p.ye, p.to_source, xc.offsets.back(), C);
     ep_->all_to_all_rows(ex, xc.recv_rows.data(), p.y, xc.send_rows.data(), size_t(C));
   }
-  Backend::moe_combine(out, p.y, p.slot_of, p.gates, N, k, C, false);
+  Backend::moe_combine(out, p.y, p.slot_of, p.gates, N, k, C, accumulate);
 
   // The balancing losses' sums over the micro-batch (all its cp ranks): Σ_t p[t,e], Σ_t lse²,
   // each expert's load, the dropped choices.

@@ -73,9 +73,11 @@ class MoeLayer {
   void bind();
   bool routed(int layer) const { return index_of(layer) >= 0; }
   // Layer `layer`'s MoE MLP on micro-batch `slot`: x (N,C) the gathered norm output; out (N,C)
-  // this rank's partial product (summed over tp by the caller). `record`: add to the step's stats
-  // (not when full recompute reruns the forward).
-  void forward(Act* out, const Act* x, const Params& w, int layer, int slot, int N, bool record);
+  // this rank's partial product (summed over tp by the caller), or with `accumulate` added to it
+  // (the shared experts' output). `record`: add to the step's stats (not when full recompute
+  // reruns the forward).
+  void forward(Act* out, const Act* x, const Params& w, int layer, int slot, int N, bool record,
+               bool accumulate = false);
   // Its backward: dout (N,C) the whole output's gradient; dx (N,C) accumulates this rank's
   // partial input gradient. weight: the objective's weight of this micro-batch's mean loss (the
   // balancing losses are scaled by it as the cross-entropy is).

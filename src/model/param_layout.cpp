@@ -40,6 +40,7 @@ ModelShape make_model_shape(const ModelConfig& m, int vocab) {
     s.moe.ffn = m.moe.ffn > 0 ? m.moe.ffn : s.ffn_hidden;
     s.moe.every = m.moe.every;
     s.moe.first_dense = m.moe.first_dense;
+    s.moe.shared = m.moe.shared_experts;
   }
   return s;
 }
@@ -55,7 +56,7 @@ bool same_shape(const ModelShape& a, const ModelShape& b) {
          a.padded_vocab == b.padded_vocab && a.tied == b.tied && a.norm_eps == b.norm_eps &&
          a.rope_theta == b.rope_theta && a.moe.experts == b.moe.experts &&
          a.moe.top_k == b.moe.top_k && a.moe.ffn == b.moe.ffn && a.moe.every == b.moe.every &&
-         a.moe.first_dense == b.moe.first_dense;
+         a.moe.first_dense == b.moe.first_dense && a.moe.shared == b.moe.shared;
 }
 
 ParamLayout build_param_layout(const ModelShape& s);

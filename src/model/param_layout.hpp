@@ -22,6 +22,7 @@ struct MoeShape {
   int ffn = 0;          // each expert's MLP width (resolved: never 0 with experts)
   int every = 1;        // layer l is MoE when l >= first_dense and (l + 1) % every == 0
   int first_dense = 0;
+  int shared = 0;       // shared experts: one always-on MLP of width shared x ffn per MoE layer
   bool layer(int l) const { return experts > 0 && l >= first_dense && (l + 1) % every == 0; }
 };
 

@@ -1,5 +1,7 @@
 #include "model/transformer_block.hpp"
 
+#include <algorithm>
+
 #include "backend/cpu/backend.hpp"
 #include "backend/declare.hpp"
 #ifdef TESSERA_CUDA
@@ -20,8 +22,10 @@ TransformerBlock<Backend>::TransformerBlock(const LocalLayout& layout, const Mod
   const size_t att =
       options.fused_attention ? 0 : size_t(max_batch) * size_t(w.nh) * max_seq * max_seq;
   const size_t sp = options_.sequence_parallel ? 1 : 0;
+  // The MLP's gradients serve the dense MLP and an MoE layer's shared experts: the wider of them.
+  const size_t F = size_t(std::max(w.f, w.sf)), FC1 = size_t(std::max(w.fc1, w.sfc1));
   const size_t sizes[kScratchKinds] = {
-      Nr * C, N * C, N * size_t(w.qkv), att, N * size_t(w.q), N * size_t(w.fc1), N * size_t(w.f),
+      Nr * C, N * C, N * size_t(w.qkv), att, N * size_t(w.q), N * FC1, N * F,
       sp * N * C, sp * N * C, sp * N * C, sp * Nr * C};
   for (int k = 0; k < kScratchKinds; ++k) {
     scratch_offset_[k] = scratch_total_;
@@ -166,21 +170,26 @@ typename MoeLayer<Backend>::Params TransformerBlock<Backend>::moe_params(const P
           w.g[kRouterW], w.g[kExpertFc1W], w.g[kExpertFc1B], w.g[kExpertFc2W], w.g[kExpertFc2B]};
 }
 
+// An MoE layer's shared experts are a dense MLP of their own width (DeepSeek's y = routed(x) +
+// shared(x)): computed into out first, the routed experts' output then added to it, so their
+// sum leaves through the section's one reduction (fc2's bias, the shared experts', after it).
 template <class Backend>
 void TransformerBlock<Backend>::mlp_forward(int l, Act* out, const Act* x, const Params& w,
                                             const Acts& a, int N) {
-  const BlockWidths& wd = cost_.width;
+  const bool routed = moe_ && moe_->routed(l);
+  const int F = routed ? cost_.width.sf : cost_.width.f;
+  const int FC1 = routed ? cost_.width.sfc1 : cost_.width.fc1;
+  const int C = n_embd();
   const Act* none = nullptr;
-  if (moe_ && moe_->routed(l)) {
-    moe_->forward(out, x, moe_params(w), l, a.slot, N, !a.recomputing);
-    return;
+  if (F > 0) {
+    linear_forward(l, Fp8State::kFc1, a.fc1, x, w.p[kFc1W], w.p[kFc1B], N, C, FC1);
+    switch (family_->mlp) {
+      case MlpKind::Gelu: Backend::gelu_forward(a.mlp_act, a.fc1, size_t(N) * F); break;
+      case MlpKind::SwiGlu: Backend::swiglu_forward(a.mlp_act, a.fc1, N, F); break;
+    }
+    linear_forward(l, Fp8State::kFc2, out, a.mlp_act, w.p[kFc2W], none, N, F, C);
   }
-  linear_forward(l, Fp8State::kFc1, a.fc1, x, w.p[kFc1W], w.p[kFc1B], N);
-  switch (family_->mlp) {
-    case MlpKind::Gelu: Backend::gelu_forward(a.mlp_act, a.fc1, size_t(N) * wd.f); break;
-    case MlpKind::SwiGlu: Backend::swiglu_forward(a.mlp_act, a.fc1, N, wd.f); break;
-  }
-  linear_forward(l, Fp8State::kFc2, out, a.mlp_act, w.p[kFc2W], none, N);
+  if (routed) moe_->forward(out, x, moe_params(w), l, a.slot, N, !a.recomputing, F > 0);
 }
 
 template <class Backend>
@@ -204,32 +213,33 @@ void TransformerBlock<Backend>::backward(const LayerUnits& u, int l, const Acts&
                 a.norm1_rstd, Nr);
 }
 
+// Both parts of an MoE layer with shared experts read the same output gradient and add their
+// input gradients into kDNorm.
 template <class Backend>
 void TransformerBlock<Backend>::mlp_backward(int l, const Params& w, const Acts& a, int N) {
-  const BlockWidths& wd = cost_.width;
+  const bool routed = moe_ && moe_->routed(l);
+  const int F = routed ? cost_.width.sf : cost_.width.f;
+  const int FC1 = routed ? cost_.width.sfc1 : cost_.width.fc1;
   const int C = n_embd();
-  if (moe_ && moe_->routed(l)) {
-    zero(scratch(kDNorm), size_t(N) * C);
-    const Act* dout = gather_rows(scratch(kDRes), scratch(kDFull), N);
-    moe_->backward(scratch(kDNorm), dout, gather_rows(a.norm2, scratch(kGather), N),
-                   moe_params(w), l, a.slot, N, loss_weight_);
-    return;
-  }
-  zero(scratch(kDMlpAct), size_t(N) * wd.f);
-  linear_backward(l, Fp8State::kFc2, scratch(kDMlpAct), w.g[kFc2W], w.g[kFc2B],
-                  gather_rows(scratch(kDRes), scratch(kDFull), N), a.mlp_act, w.p[kFc2W], N);
-  zero(scratch(kDFc1), size_t(N) * wd.fc1);
+  zero(scratch(kDNorm), size_t(N) * C);
+  const Act* dout = gather_rows(scratch(kDRes), scratch(kDFull), N);
+  const Act* x = gather_rows(a.norm2, scratch(kGather), N);
+  if (routed) moe_->backward(scratch(kDNorm), dout, x, moe_params(w), l, a.slot, N, loss_weight_);
+  if (F == 0) return;
+  zero(scratch(kDMlpAct), size_t(N) * F);
+  linear_backward(l, Fp8State::kFc2, scratch(kDMlpAct), w.g[kFc2W], w.g[kFc2B], dout, a.mlp_act,
+                  w.p[kFc2W], N, F, C);
+  zero(scratch(kDFc1), size_t(N) * FC1);
   switch (family_->mlp) {
     case MlpKind::Gelu:
-      Backend::gelu_backward(scratch(kDFc1), a.fc1, scratch(kDMlpAct), size_t(N) * wd.f);
+      Backend::gelu_backward(scratch(kDFc1), a.fc1, scratch(kDMlpAct), size_t(N) * F);
       break;
     case MlpKind::SwiGlu:
-      Backend::swiglu_backward(scratch(kDFc1), a.fc1, scratch(kDMlpAct), N, wd.f);
+      Backend::swiglu_backward(scratch(kDFc1), a.fc1, scratch(kDMlpAct), N, F);
       break;
   }
-  zero(scratch(kDNorm), size_t(N) * C);
-  linear_backward(l, Fp8State::kFc1, scratch(kDNorm), w.g[kFc1W], w.g[kFc1B], scratch(kDFc1),
-                  gather_rows(a.norm2, scratch(kGather), N), w.p[kFc1W], N);
+  linear_backward(l, Fp8State::kFc1, scratch(kDNorm), w.g[kFc1W], w.g[kFc1B], scratch(kDFc1), x,
+                  w.p[kFc1W], N, C, FC1);
 }
 
 template <class Backend>

@@ -17,8 +17,8 @@
 # with ZeRO-3 and selective recompute, against the 1-rank CPU run too. Mixture-of-experts layers
 # (GPT-2 every second layer, LLaMA every layer) in fp32 and bf16, and with 2 GPUs on dp=2,
 # tp=2, ep=2 and ep=2 under ZeRO-3 and ZeRO-1 (fp32 and bf16), Adafactor at ep=2 (fp32), and
-# with the auxiliary-loss-free bias. Document-masked attention (gemm, fused, bf16, and cp=2 with 2
-# GPUs) against the CPU's masked run.
+# with the auxiliary-loss-free bias and with shared experts (one GPU and ep=2). Document-masked
+# attention (gemm, fused, bf16, and cp=2 with 2 GPUs) against the CPU's masked run.
 # Without a GPU: skipped,
 # exit 0.
 #
@@ -247,6 +247,16 @@ if train cpu_moe 1 device.backend=cpu "${moe[@]}"; then
   train cpu_moe_bias 1 device.backend=cpu "${moe[@]}" model.moe.bias_rate=0.02 &&
     train cuda_moe_bias 1 device.backend=cuda "${moe[@]}" model.moe.bias_rate=0.02 &&
     cmp cuda_moe_bias_matches_cpu cpu_moe_bias cuda_moe_bias --loss-rtol 1e-5 --param-tol 1e-4
+  # DeepSeek's shared experts: the dense MLP's ops at their width (2 x ffn), beside the routed
+  # experts, whose combine adds to their output; with 2 GPUs on ep=2 x dp=2 too.
+  shared=("${moe[@]}" model.moe.shared_experts=2)
+  if train cpu_moe_shared 1 device.backend=cpu "${shared[@]}"; then
+    train cuda_moe_shared 1 device.backend=cuda "${shared[@]}" &&
+      cmp cuda_moe_shared_matches_cpu cpu_moe_shared cuda_moe_shared --loss-rtol 1e-5 --param-tol 1e-4
+    [ "$gpus" -ge 2 ] && train cuda_moe_shared_ep2 2 device.backend=cuda parallel.dp=2 \
+      parallel.ep=2 "${shared[@]}" &&
+      cmp cuda_moe_shared_ep2 cpu_moe_shared cuda_moe_shared_ep2 --loss-rtol 1e-5 --param-tol 1e-4
+  fi
   if [ "$gpus" -ge 2 ]; then
     train cuda_moe_dp2 2 device.backend=cuda parallel.dp=2 parallel.zero=1 "${moe[@]}" &&
       cmp cuda_moe_dp2 cpu_moe cuda_moe_dp2 --loss-rtol 1e-5 --param-tol 1e-4

@@ -3,7 +3,8 @@
 # their experts on every data-parallel rank and split over parallel.ep: each layout's 10 losses agree with
 # the 1-rank run to a relative 1e-5 and its final parameters to 1e-4 of each tensor's largest
 # magnitude, as in test_layouts.sh. GPT-2 with MoE on layers 1 and 3 (every 2nd; softmax, aux and
-# z losses) and LLaMA with every layer MoE (sigmoid, no renormalisation). Then the layouts and
+# z losses) and LLaMA with every layer MoE (sigmoid, no renormalisation), both with shared experts
+# too (restarted across layouts). Then the layouts and
 # keys refused, one line naming the numbers, nothing written.
 source "$(dirname "$0")/lib.sh"
 deck=$(tiny_deck moe_layouts)
@@ -23,6 +24,10 @@ capacity=(model.moe.every=2 model.moe.capacity_factor=1.0)
 # Adafactor (test_optim_layouts.sh's eps): its row and column sums of an expert matrix span the
 # ep ranks holding its experts' rows.
 ada=(model.moe.every=2 optim.name=adafactor optim.adafactor_eps=1e-12)
+# DeepSeek's shared experts: a dense MLP of width S x ffn beside the routed experts, its weights
+# dense ones (split over tp, replicated over ep); GPT-2 (biases) with two, LLaMA with one.
+shared=(model.moe.every=2 model.moe.shared_experts=2)
+shared_llama=("${llama[@]}" model.moe.shared_experts=1)
 
 run() {  # run NAME DP TP PP [extra overrides...]
   local name=$1 dp=$2 tp=$3 pp=$4 cp=1 arg
@@ -83,6 +88,12 @@ suite ada "ep2 2 1 1 parallel.ep=2" "ep2_edp2 4 1 1 parallel.ep=2" \
   "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2" "ep2_tp2 2 2 1 parallel.ep=2" \
   "ep2_tp2_zero1 2 2 1 parallel.ep=2 parallel.zero=1"
 
+suite shared "ep2 2 1 1 parallel.ep=2" "tp2_sp 1 2 1 parallel.sequence_parallel=true" \
+  "pp2 1 1 2 parallel.schedule=1f1b" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
+  "ep2_tp2_full 2 2 1 parallel.ep=2 train.recompute=full"
+suite shared_llama "ep2_tp2_sp 2 2 1 parallel.ep=2 parallel.sequence_parallel=true" \
+  "pp2_zero1 2 1 2 parallel.zero=1 parallel.schedule=1f1b"
+
 # The capacity run dropped choices (else it checks nothing the dropless runs do not).
 if grep -q '"moe_dropped":[1-9]' "$WORK/capacity_dp2/metrics.jsonl" 2>/dev/null; then
   pass "capacity 1.0 dropped choices: step 1's $(grep -o '"moe_dropped":[0-9]*' "$WORK/capacity_dp2/metrics.jsonl" | head -1)"
@@ -131,6 +142,12 @@ run ada_saved 2 1 1 "${ada[@]}" parallel.ep=2 train.steps=5 &&
   run ada_restart 4 1 1 "${ada[@]}" parallel.ep=2 parallel.zero=1 \
     checkpoint.restart="$WORK/ada_saved/checkpoints/step_00000005.h5"
 continued ada_ref ada_restart "restart Adafactor ep = 2 step 5 -> ep = 2 x edp = 2 ZeRO-1"
+# The shared experts' tensors are whole in a checkpoint: saved on (1,2,1) with sequence
+# parallelism, continued on ep = 2 under ZeRO-3.
+run shared_saved 1 2 1 "${shared[@]}" parallel.sequence_parallel=true train.steps=5 &&
+  run shared_restart 2 1 1 "${shared[@]}" parallel.ep=2 parallel.zero=3 \
+    checkpoint.restart="$WORK/shared_saved/checkpoints/step_00000005.h5"
+continued shared_ref shared_restart "shared experts: restart (1,2,1) SP step 5 -> ep = 2 ZeRO-3"
 # A dense checkpoint does not restart as an MoE model: the shapes named.
 timeout 120 "$TESSERA" train "$deck" "${common[@]:0:10}" train.steps=2 run.dir="$WORK/dense_saved" \
   >dense_saved.log 2>&1

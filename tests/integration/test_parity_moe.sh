@@ -7,8 +7,8 @@
 # batches; every step's loss (the cross-entropy, without the balancing losses) agrees to a
 # relative 1e-5 and every final tensor to 1e-4 of its largest magnitude, for GPT-2 with every
 # layer MoE (softmax router, aux and z losses), LLaMA with MoE on every second layer (sigmoid
-# router), GPT-2 with a capacity that drops pairs, and LLaMA with DeepSeek-V3's
-# auxiliary-loss-free selection bias.
+# router), GPT-2 with a capacity that drops pairs, LLaMA with DeepSeek-V3's auxiliary-loss-free
+# selection bias, and GPT-2 and LLaMA with DeepSeek's shared experts.
 source "$(dirname "$0")/lib.sh"
 cd "$WORK" || exit 1
 
@@ -319,5 +319,29 @@ PY
     fail "llama_bias: /train/moe_bias: $(tail -1 <<<"$out")"
   fi
   without llama_bias reference_llama.py "the bias" '{"bias_rate": 0.0}'
+fi
+
+# (e) DeepSeek's shared experts (model.moe.shared_experts): an always-on MLP of width S x ffn
+# beside the routed experts, y = routed(x) + shared(x). GPT-2 with one (every layer MoE, biases)
+# and LLaMA with two (layer 1 MoE); their tensors under mlp.shared_experts.
+if moe_parity gpt_shared reference_gpt.py "${gpt[@]}" model.moe.ffn=48 model.moe.shared_experts=1; then
+  if out=$(has_tensors "$WORK/gpt_shared_init/checkpoints/step_00000000.h5" \
+             h.0.mlp.shared_experts.c_fc.weight h.0.mlp.shared_experts.c_fc.bias \
+             h.1.mlp.shared_experts.c_proj.weight h.1.mlp.shared_experts.c_proj.bias \
+             h.1.mlp.experts.c_fc.weight '!h.0.mlp.c_fc.weight' 2>&1); then
+    pass "gpt_shared: the step-0 model's shared experts: $out"
+  else
+    fail "gpt_shared: the step-0 model: $(tail -1 <<<"$out")"
+  fi
+fi
+if moe_parity llama_shared reference_llama.py "${llama[@]}" model.moe.shared_experts=2; then
+  if out=$(has_tensors "$WORK/llama_shared_init/checkpoints/step_00000000.h5" \
+             layers.1.mlp.shared_experts.gate_proj.weight layers.1.mlp.shared_experts.up_proj.weight \
+             layers.1.mlp.shared_experts.down_proj.weight layers.0.mlp.gate_proj.weight \
+             '!layers.0.mlp.shared_experts.gate_proj.weight' 2>&1); then
+    pass "llama_shared: layer 1's shared experts, of width 2 x ffn: $out"
+  else
+    fail "llama_shared: the step-0 model: $(tail -1 <<<"$out")"
+  fi
 fi
 finish

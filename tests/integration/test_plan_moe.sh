@@ -4,8 +4,9 @@
 # bytes it hands to each communicator per step, the MoE gates' tp all-reduce, the router
 # statistics' cp sum, expert parallelism's all-to-alls (ep) and its experts' gradient sum over
 # edp (dp) among them, equal `tessera plan --json` of the same deck
-# (tools/reference/plan_check.py), as test_comm_volume.sh holds dense decks, on thirteen layouts
-# (ep = 2 under ZeRO-1, 2 and 3 among them: ZeRO-1's sums as ZeRO-0's and its gather by unit).
+# (tools/reference/plan_check.py), as test_comm_volume.sh holds dense decks, on fifteen layouts
+# (ep = 2 under ZeRO-1, 2 and 3 among them: ZeRO-1's sums as ZeRO-0's and its gather by unit;
+# two with shared experts, whose MLP is wider than the dense one: S x ffn = 128 and 192).
 # Eight have ep > 1 (one with two ranks holding each expert, edp = 2): their expert bytes a rank
 # fall by ep, and the step's all-to-all bytes in metrics.jsonl (moe_a2a_bytes) equal the plan's;
 # they route every token to every expert (top_k = E), so the load is balanced as the plan assumes.
@@ -32,7 +33,9 @@ for layout in "dp2 2 1 1" "tp2 1 2 1" "pp2 1 1 2" \
               "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3 model.moe.top_k=4" \
               "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2 model.moe.top_k=4" \
               "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1 model.moe.top_k=4" \
-              "ep2_edp2_zero1 4 1 1 parallel.ep=2 parallel.zero=1 model.moe.top_k=4"; do
+              "ep2_edp2_zero1 4 1 1 parallel.ep=2 parallel.zero=1 model.moe.top_k=4" \
+              "shared_ep2_tp2_sp 2 2 1 parallel.ep=2 model.moe.top_k=4 model.moe.shared_experts=2 parallel.sequence_parallel=true" \
+              "shared_llama_pp2_zero3 2 1 2 parallel.zero=3 model.arch=llama model.n_kv_head=2 model.moe.shared_experts=3"; do
   set -- $layout
   name=$1 cp=1
   for arg in "${@:5}"; do [[ $arg == parallel.cp=* ]] && cp=${arg#parallel.cp=}; done
@@ -81,6 +84,26 @@ if out=$("$TESSERA" plan "$deck" "${common[@]}" parallel.tp=2 --ranks 2 --machin
   pass "plan text: $(echo "$out" | grep -o "model: .* active per token")"
 else
   fail "plan text: $out"
+fi
+# Shared experts (S = 2 of ffn 64, C = 32, MoE layers 1 and 3) add their dense MLP to every
+# count: 2 x (2 x 128 x 32 + 128 + 32) parameters, all active, none an expert's, and
+# 6 x 2 x 2 x 128 x 32 model FLOPs a token.
+if "$TESSERA" plan "$deck" "${common[@]}" --ranks 1 --machine-file host.yaml --json >s0.json &&
+   "$TESSERA" plan "$deck" "${common[@]}" model.moe.shared_experts=2 --ranks 1 \
+     --machine-file host.yaml --json >s2.json &&
+   out=$("$PYTHON" -c 'import json; a=json.load(open("s0.json")); b=json.load(open("s2.json"))
+n = 2 * (2 * 128 * 32 + 128 + 32)
+assert b["params_total"] - a["params_total"] == n and b["params_active"] - a["params_active"] == n, (a["params_total"], b["params_total"])
+ra, rb = a["roles"][0], b["roles"][0]
+assert rb["dense_param_elems"] - ra["dense_param_elems"] == n and rb["expert_param_elems"] == ra["expert_param_elems"]
+d = (b["model_flops_per_step"] - a["model_flops_per_step"]) / (8 * 16)
+assert abs(d - 6 * 2 * 2 * 128 * 32) < 1e-6 * d, d
+assert b["max_rank_bytes"] > a["max_rank_bytes"]
+kb = (b["max_rank_bytes"] - a["max_rank_bytes"]) / 1e3
+print(f"+{n} parameters, +{d:.0f} FLOPs a token, +{kb:.1f} kB a rank")'); then
+  pass "shared experts in the plan's counts: $out"
+else
+  fail "shared experts in the plan's counts: $out"
 fi
 # A dense deck has no expert bytes.
 if "$TESSERA" plan "$deck" model.n_layer=4 --ranks 1 --machine-file host.yaml --json >dense.json &&

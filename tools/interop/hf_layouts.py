@@ -664,8 +664,9 @@ _QK_NORM = "Qwen3 q_norm/k_norm: not supported (tessera's attention has no RMSNo
 UNSUPPORTED = {
     "qwen3_moe": "Qwen3MoeForCausalLM: " + _QK_NORM,
     "qwen3": "Qwen3ForCausalLM: " + _QK_NORM,
-    "qwen2_moe": "Qwen2MoeForCausalLM: its shared expert and q/k/v biases: not supported "
-                 "(tessera's model.moe.shared_experts is not trained yet; its LLaMA has no biases)",
+    "qwen2_moe": "Qwen2MoeForCausalLM: its gated shared expert and q/k/v biases: not supported "
+                 "(tessera's model.moe.shared_experts are DeepSeek's, ungated, and not mapped by "
+                 "these tools yet; its LLaMA has no biases)",
 }
 
 

@@ -52,16 +52,45 @@ def moe_layer(shape, l):
 
 
 def moe_tensors(shape, p):
-    """An MoE layer's MLP tensors (src/model/mlp.cpp moe_params): the router, then the E
-    experts' tensors stacked by rows; biases 1-D."""
+    """An MoE layer's MLP tensors (src/model/family.cpp layer_params): the shared experts'
+    (shared_tensors), the router, then the E experts' tensors stacked by rows; biases 1-D."""
     C, E, F = shape["n_embd"], shape["moe_experts"], shape["moe_ffn"]
-    out = [(p + "mlp.router.weight", (E, C))]
+    out = shared_tensors(shape, p) + [(p + "mlp.router.weight", (E, C))]
     if shape["arch"] == "llama":
-        return out + [(p + "mlp.experts.gate_up_proj.weight", (E * 2 * F, C)),
-                      (p + "mlp.experts.down_proj.weight", (E * C, F))]
-    return out + [(p + "mlp.experts.c_fc.weight", (E * F, C)), (p + "mlp.experts.c_fc.bias", (E * F,)),
-                  (p + "mlp.experts.c_proj.weight", (E * C, F)),
-                  (p + "mlp.experts.c_proj.bias", (E * C,))]
+        out += [(p + "mlp.experts.gate_up_proj.weight", (E * 2 * F, C)),
+                (p + "mlp.experts.down_proj.weight", (E * C, F))]
+    else:
+        out += [(p + "mlp.experts.c_fc.weight", (E * F, C)), (p + "mlp.experts.c_fc.bias", (E * F,)),
+                (p + "mlp.experts.c_proj.weight", (E * C, F)),
+                (p + "mlp.experts.c_proj.bias", (E * C,))]
+    return out
+
+
+def shared_tensors(shape, p):
+    """An MoE layer's shared experts (model.moe.shared_experts S, shape's moe_shared): one dense
+    MLP of width S F under mlp.shared_experts. (src/model/family.cpp layer_params)."""
+    C, H = shape["n_embd"], shape.get("moe_shared", 0) * shape["moe_ffn"]
+    if H == 0:
+        return []
+    s = p + "mlp.shared_experts."
+    if shape["arch"] == "llama":
+        return [(s + "gate_proj.weight", (H, C)), (s + "up_proj.weight", (H, C)),
+                (s + "down_proj.weight", (C, H))]
+    return [(s + "c_fc.weight", (H, C)), (s + "c_fc.bias", (H,)), (s + "c_proj.weight", (C, H)),
+            (s + "c_proj.bias", (C,))]
+
+
+def read_shared(shape, group):
+    """shape's moe_shared (S) from /model: tessera's checkpoints carry no attribute of it, so
+    it is the first MoE layer's shared experts' fc2 width over moe_ffn (0 without them)."""
+    first = [l for l in range(shape["n_layer"]) if moe_layer(shape, l)]
+    if not first:
+        return shape
+    p = (f"layers.{first[0]}." if shape["arch"] == "llama" else f"h.{first[0]}.") + "mlp.shared_experts."
+    fc2 = p + ("down_proj.weight" if shape["arch"] == "llama" else "c_proj.weight")
+    if fc2 in group:
+        shape["moe_shared"] = int(group[fc2].shape[-1]) // shape["moe_ffn"]
+    return shape
 # Each update rule's state tensors and which tensors have them, with what shape: "like" the
 # parameter (every one), "vectors" (1-D parameters only, their shape), "rows" / "cols" (2-D
 # parameters only: [R] / [C]).
@@ -305,6 +334,7 @@ def read_checkpoint(path, optimizer=False):
         ck["tokenizer_model"] = bytes(tok["model"][...].tobytes()) if tok is not None and "model" in tok else None
         for key in ("bos", "pad"):
             ck[key] = attr_int(tok.attrs, key, path) if tok is not None and key in tok.attrs else -1
+        read_shared(ck["shape"], f["model"])
         dims_of = model_tensors(ck["shape"])
         ck["model"] = _read_tensors(f, "model", dims_of, path)
         train = f["train"].attrs

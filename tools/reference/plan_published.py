@@ -18,7 +18,7 @@ How each source counts (the `count` column):
              x 312; Llama 3's "BF16 model FLOPs"): compared with tessera's model FLOPs as is.
   tokens     tokens per second per GPU (torchtitan, NVIDIA's DGX H100 recipes): no FLOP count at
              all; predicted tokens/s / GPUs.
-MoE rows count model FLOPs on the active parameters (the router and top_k experts), as Megatron's
+MoE rows count model FLOPs on the active parameters (the router, top_k and shared experts), as Megatron's
 MoE FLOP count does, or tokens.
 """
 import argparse
@@ -130,15 +130,15 @@ MIXTRAL_8X7B = ("model.arch=llama model.n_layer=32 model.n_head=32 model.n_kv_he
 # docs/user-guide/parallelism-guide.md: 64 GPUs at TP 1, PP 4, EP 8).
 MIXTRAL_LAYOUT = "parallel.tp=1 parallel.pp=4 parallel.virtual_stages=8 parallel.dp=16 parallel.ep=8"
 # DeepSeek-V3 as tessera can build it: 61 layers of 7168, the first 3 dense (MLP 18432), then 256
-# routed experts of 2048 with 8 chosen, the shared expert counted as a ninth chosen one (tessera
-# does not train shared experts yet), MLA as 128 full heads of 56 (tessera has no latent
-# attention: its projections are close in size, 205 M against 187 M a layer, its score products
-# 2.9x smaller), the 129280-token vocabulary, no multi-token prediction; 669.6 B parameters,
-# 38.7 B active (the report: 671 B, 37 B).
+# routed experts of 2048 with 8 chosen and one shared expert (model.moe.shared_experts), MLA as
+# 128 full heads of 56 (tessera has no latent attention: its projections are close in size, 205 M
+# against 187 M a layer, its score products 2.9x smaller), the 129280-token vocabulary, no
+# multi-token prediction; 672.1 B parameters, 38.7 B active (the report: 671 B, 37 B).
 DEEPSEEK_V3 = ("model.arch=llama model.n_layer=61 model.n_head=128 model.n_kv_head=128 model.n_embd=7168 "
                "model.ffn_hidden=18432 model.vocab_size=129280 model.tie_embeddings=false "
                "model.block_size=4096 data.seq_len=4096 model.attention=fused model.moe.experts=256 "
-               "model.moe.top_k=9 model.moe.ffn=2048 model.moe.first_dense=3")
+               "model.moe.top_k=8 model.moe.ffn=2048 model.moe.first_dense=3 "
+               "model.moe.shared_experts=1")
 # gpt-oss-120b as tessera can build it: 36 layers of 2880, 128 experts of 2880 with 4 chosen,
 # 45 query heads of 64 sharing 9 key/value heads (the model: 64 heads of 64 on 2880, sharing 8,
 # which tessera's heads of n_embd / n_head cannot express), full causal attention in every layer
@@ -162,8 +162,7 @@ MOE_ROWS = [
      "tokens", "h800",
      "FP8 GEMMs (tessera's experts: bf16 only), DualPipe hiding the all-to-all under compute and "
      "node-limited routing (at most 4 nodes a token; tessera exposes the exchange and spreads it "
-     "over the 8 nodes of the ep group), ZeRO-1 planned at 0, MLA and the shared expert "
-     "approximated"),
+     "over the 8 nodes of the ep group), ZeRO-1 planned at 0, MLA approximated"),
 ]
 
 # The GPU family of each machine, for the summary.

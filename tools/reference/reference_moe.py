@@ -28,14 +28,21 @@ N = B*T tokens:
              L_z   = z_loss / N * sum_t (logsumexp_e l[t, e])^2
 Layer l (0-based) is MoE when l >= first_dense and (l + 1) % every == 0; the others keep the
 family's dense MLP. bias_rate: DeepSeek-V3's auxiliary-loss-free balancing (choice_bias, moved by
-move_bias after each step, which reference_train.train_step calls). shared_experts (DeepSeek's
-always-on experts) are not modelled here: a deck with them is refused.
+move_bias after each step, which reference_train.train_step calls). shared_experts S > 0
+(DeepSeek-V2/V3's always-on experts, their mlp.shared_experts): one more MLP of the family's kind
+and width S F that every token goes through, not routed, not gated, not in the losses or the
+capacity, added to the routed output: y = routed(x) + shared(x).
 
 The tensors, under the layer's "mlp." prefix (tessera's canonical names):
   router.weight [E, C]
   GPT-2: experts.c_fc.weight [E, F, C], experts.c_fc.bias [E, F],
          experts.c_proj.weight [E, C, F], experts.c_proj.bias [E, C]
   LLaMA: experts.gate_up_proj.weight [E, 2F, C], experts.down_proj.weight [E, C, F]
+  shared experts (S > 0), nn.Linear's as the dense MLP's, of width H = S F:
+  GPT-2: shared_experts.c_fc.{weight [H, C], bias [H]}, shared_experts.c_proj.{weight [C, H],
+         bias [C]}
+  LLaMA: shared_experts.gate_proj.weight [H, C], shared_experts.up_proj.weight [H, C],
+         shared_experts.down_proj.weight [C, H] (DeepSeek-V2/V3's names)
 or each the same E blocks stacked by rows ([E F, C], [E F], ...): the reference holds a tensor in
 whichever shape the checkpoint has (MoeMlp's `stacked`), so that the optimizer sees the same
 tensors (Adafactor's row and column statistics, weight decay) as tessera.
@@ -86,9 +93,8 @@ def moe_config(section, where):
                         f"model.moe.first_dense = {cfg['first_dense']} >= 0")
     if cfg["score"] not in ("softmax", "sigmoid"):
         raise ToolError(f"{where}: model.moe.score = {cfg['score']!r} is neither softmax nor sigmoid")
-    if cfg["shared_experts"] != 0:
-        raise ToolError(f"{where}: model.moe.shared_experts = {cfg['shared_experts']}: this "
-                        f"reference has no shared experts (it must be 0)")
+    if cfg["shared_experts"] < 0:
+        raise ToolError(f"{where}: model.moe.shared_experts = {cfg['shared_experts']} is negative")
     if cfg["bias_rate"] < 0:
         raise ToolError(f"{where}: model.moe.bias_rate = {cfg['bias_rate']} is negative")
     if cfg["capacity_factor"] < 0:
@@ -151,7 +157,25 @@ class MoeMlp(nn.Module):
         else:
             self.experts.gate_up_proj = _Experts(E, 2 * ffn, C, False, stacked)
             self.experts.down_proj = _Experts(E, C, ffn, False, stacked)
+        # DeepSeek's shared experts: S experts' width as one plain MLP of the family's kind.
+        self.shared = cfg["shared_experts"] * ffn
+        if self.shared > 0:
+            self.shared_experts = nn.Module()
+            sh = self.shared_experts
+            if kind == "gelu":
+                sh.c_fc, sh.c_proj = nn.Linear(C, self.shared), nn.Linear(self.shared, C)
+            else:
+                sh.gate_proj = nn.Linear(C, self.shared, bias=False)
+                sh.up_proj = nn.Linear(C, self.shared, bias=False)
+                sh.down_proj = nn.Linear(self.shared, C, bias=False)
         self.loss = None
+
+    def shared_mlp(self, x):
+        """The shared experts on rows x (n, C) -> (n, C)."""
+        sh = self.shared_experts
+        if self.kind == "gelu":
+            return sh.c_proj(F.gelu(sh.c_fc(x), approximate="tanh"))
+        return sh.down_proj(F.silu(sh.gate_proj(x)) * sh.up_proj(x))
 
     def capacity(self, N):
         if self.capacity_factor <= 0:
@@ -200,6 +224,9 @@ class MoeMlp(nn.Module):
             tokens = pairs // k
             y = self.expert(e, x[tokens]) * gates[pairs].unsqueeze(1)
             out = out.index_add(0, tokens, y)
+
+        if self.shared > 0:
+            out = out + self.shared_mlp(x)
 
         p = s / s.sum(dim=-1, keepdim=True) if self.sigmoid else s
         loss = x.new_zeros(())
