@@ -239,6 +239,8 @@ CheckpointInfo read_info_here(const std::string& path) {
     m.ffn = int(require_int(model.get(), path, "moe_ffn", 1, limits::kFfn));
     m.every = int(require_int(model.get(), path, "moe_every", 1, limits::kLayers));
     m.first_dense = int(require_int(model.get(), path, "moe_first_dense", 0, limits::kLayers));
+    if (h5_has_attr(model.get(), "moe_shared_experts"))
+      m.shared = int(require_int(model.get(), path, "moe_shared_experts", 0, limits::kExperts));
   }
   H5Handle train(H5Gopen2(root, "train", H5P_DEFAULT), H5Gclose);
   info.state.next_sample = require_int(train.get(), path, "next_sample", 0, INT64_MAX);
@@ -322,6 +324,7 @@ void check_checkpoint_shape(const CheckpointInfo& info, const LocalLayout& layou
     check("model.moe.ffn", a.moe.ffn, b.moe.ffn);
     check("model.moe.every", a.moe.every, b.moe.every);
     check("model.moe.first_dense", a.moe.first_dense, b.moe.first_dense);
+    check("model.moe.shared_experts", a.moe.shared, b.moe.shared);
   }
   if (!diff.empty()) throw UserError(info.path + ": model shape differs from the deck: " + diff);
 }

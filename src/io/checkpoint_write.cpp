@@ -265,6 +265,8 @@ void write_metadata(hid_t root, const LocalLayout& layout, const TrainState& sta
       h5_write_int_attr(model.get(), "moe_ffn", s.moe.ffn);
       h5_write_int_attr(model.get(), "moe_every", s.moe.every);
       h5_write_int_attr(model.get(), "moe_first_dense", s.moe.first_dense);
+      // Only with shared experts: the checkpoints of MoE models without them stay as they were.
+      if (s.moe.shared > 0) h5_write_int_attr(model.get(), "moe_shared_experts", s.moe.shared);
     }
 
     if (!rule.empty()) {

@@ -148,6 +148,17 @@ run shared_saved 1 2 1 "${shared[@]}" parallel.sequence_parallel=true train.step
   run shared_restart 2 1 1 "${shared[@]}" parallel.ep=2 parallel.zero=3 \
     checkpoint.restart="$WORK/shared_saved/checkpoints/step_00000005.h5"
 continued shared_ref shared_restart "shared experts: restart (1,2,1) SP step 5 -> ep = 2 ZeRO-3"
+# Nor does a checkpoint with shared experts restart without them (its /model attribute
+# moe_shared_experts), where the tensors alone would be silently left out.
+out=$(timeout 60 "$TESSERA" train "$deck" "${common[@]}" model.moe.every=2 train.steps=7 \
+      run.dir="$WORK/shared_dropped" \
+      checkpoint.restart="$WORK/shared_saved/checkpoints/step_00000005.h5" 2>&1)
+rc=$?
+if [ "$rc" = 2 ] && grep -q "model.moe.shared_experts 2 in the checkpoint, 0 in the deck" <<<"$out"; then
+  pass "a checkpoint with shared experts refused by a deck without: $(grep -o 'model shape differs.*' <<<"$out" | head -1)"
+else
+  fail "shared-expert checkpoint, deck without them (exit $rc)"; tail -3 <<<"$out" | sed 's/^/    /'
+fi
 # A dense checkpoint does not restart as an MoE model: the shapes named.
 timeout 120 "$TESSERA" train "$deck" "${common[@]:0:10}" train.steps=2 run.dir="$WORK/dense_saved" \
   >dense_saved.log 2>&1
