@@ -67,8 +67,9 @@ def moe_tensors(shape, p):
 
 
 def shared_tensors(shape, p):
-    """An MoE layer's shared experts (model.moe.shared_experts S, shape's moe_shared): one dense
-    MLP of width S F under mlp.shared_experts. (src/model/family.cpp layer_params)."""
+    """An MoE layer's shared experts (model.moe.shared_experts S: shape's moe_shared, /model's
+    moe_shared_experts): one dense MLP of width S F under mlp.shared_experts
+    (src/model/family.cpp layer_params)."""
     C, H = shape["n_embd"], shape.get("moe_shared", 0) * shape["moe_ffn"]
     if H == 0:
         return []
@@ -80,17 +81,6 @@ def shared_tensors(shape, p):
             (s + "c_proj.bias", (C,))]
 
 
-def read_shared(shape, group):
-    """shape's moe_shared (S) from /model: tessera's checkpoints carry no attribute of it, so
-    it is the first MoE layer's shared experts' fc2 width over moe_ffn (0 without them)."""
-    first = [l for l in range(shape["n_layer"]) if moe_layer(shape, l)]
-    if not first:
-        return shape
-    p = (f"layers.{first[0]}." if shape["arch"] == "llama" else f"h.{first[0]}.") + "mlp.shared_experts."
-    fc2 = p + ("down_proj.weight" if shape["arch"] == "llama" else "c_proj.weight")
-    if fc2 in group:
-        shape["moe_shared"] = int(group[fc2].shape[-1]) // shape["moe_ffn"]
-    return shape
 # Each update rule's state tensors and which tensors have them, with what shape: "like" the
 # parameter (every one), "vectors" (1-D parameters only, their shape), "rows" / "cols" (2-D
 # parameters only: [R] / [C]).
@@ -186,6 +176,9 @@ def read_shape(attrs, where):
     if "moe_experts" in attrs:
         for key in MOE_KEYS:
             shape[key] = attr_int(attrs, key, where)
+        # Written only with shared experts (model.moe.shared_experts).
+        shape["moe_shared"] = (attr_int(attrs, "moe_shared_experts", where)
+                               if "moe_shared_experts" in attrs else 0)
     shape = shape_defaults(shape)
     if shape["arch"] not in ARCHES:
         raise ToolError(f"{where}: attribute arch '{shape['arch']}' is neither gpt2 nor llama")
@@ -205,6 +198,8 @@ def write_shape(attrs, shape):
     if shape.get("moe_experts", 0) > 0:
         for key in MOE_KEYS:
             attrs[key] = np.int64(shape[key])
+        if shape.get("moe_shared", 0) > 0:
+            attrs["moe_shared_experts"] = np.int64(shape["moe_shared"])
 
 
 def checksum(values):
@@ -334,7 +329,6 @@ def read_checkpoint(path, optimizer=False):
         ck["tokenizer_model"] = bytes(tok["model"][...].tobytes()) if tok is not None and "model" in tok else None
         for key in ("bos", "pad"):
             ck[key] = attr_int(tok.attrs, key, path) if tok is not None and key in tok.attrs else -1
-        read_shared(ck["shape"], f["model"])
         dims_of = model_tensors(ck["shape"])
         ck["model"] = _read_tensors(f, "model", dims_of, path)
         train = f["train"].attrs
