@@ -9,6 +9,7 @@
 #include "backend/cpu/backend.hpp"
 #include "common/error.hpp"
 #include "engine/engine_memory.hpp"
+#include "engine/sequences.hpp"
 #include "io/eval_data.hpp"
 #include "model/gpt.hpp"
 #include "optim/clip.hpp"
@@ -481,12 +482,7 @@ class Engine final : public TrainEngine {
   }
   const int32_t* own_chunks_into(const int32_t* full, int32_t* out) {
     if (cp_size_ == 1) return full;
-    const size_t Tc = size_t(T_) / 2, Tf = size_t(T_) * cp_size_;
-    const size_t chunks[2] = {size_t(cp_rank_), size_t(2 * cp_size_ - 1 - cp_rank_)};
-    for (size_t b = 0; b < size_t(mb_); ++b)
-      for (size_t h = 0; h < 2; ++h)
-        std::copy(full + b * Tf + chunks[h] * Tc, full + b * Tf + (chunks[h] + 1) * Tc,
-                  out + b * T_ + h * Tc);
+    context_chunks(full, mb_, T_ * cp_size_, cp_size_, cp_rank_, out);
     return out;
   }
 
@@ -495,20 +491,12 @@ class Engine final : public TrainEngine {
   // document, then this rank's chunks of both (starts in true positions, as the attention
   // compares them), in host area k: it stays untouched until the step's uploads are complete.
   std::pair<const int32_t*, const int32_t*> document_ids(const int32_t* inputs, size_t k) {
-    const size_t Tf = size_t(T_) * cp_size_, n = size_t(mb_) * Tf, own = size_t(mb_) * T_;
+    const size_t n = size_t(mb_) * T_ * cp_size_, own = size_t(mb_) * T_;
     int32_t* start = doc_full_.data() + 2 * k * n;
-    int32_t* pos = start + n;
-    for (size_t b = 0; b < size_t(mb_); ++b) {
-      int32_t at = 0;
-      for (size_t t = 0; t < Tf; ++t) {
-        if (t > 0 && inputs[b * Tf + t - 1] == document_eot_) at = int32_t(t);
-        start[b * Tf + t] = at;
-        pos[b * Tf + t] = int32_t(t) - at;
-      }
-    }
-    if (cp_size_ == 1) return {start, pos};
+    tessera::document_ids(inputs, mb_, T_ * cp_size_, document_eot_, start, start + n);
+    if (cp_size_ == 1) return {start, start + n};
     int32_t* mine = doc_own_.data() + 2 * k * own;
-    return {own_chunks_into(start, mine), own_chunks_into(pos, mine + own)};
+    return {own_chunks_into(start, mine), own_chunks_into(start + n, mine + own)};
   }
 
   // The step's micro-batches from the loader's ring into the token buffers, overlapped with the

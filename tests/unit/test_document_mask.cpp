@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.hpp"
+#include "engine/sequences.hpp"
 
 namespace {
 
@@ -146,6 +147,21 @@ TEST(DocumentMask, OneDocumentIsTheCausalAttentionBitForBit) {
                           zero.data());
   EXPECT_EQ(a, b);
   EXPECT_EQ(la, lb);
+}
+
+// The engine's ids of a micro-batch: a document starts after each eot (eot 9 here), the eot
+// itself ending the one before; each sequence starts a document.
+TEST(DocumentMask, IdsFromTheEndOfTextTokens) {
+  const std::vector<int32_t> inputs = {4, 9, 5, 6, 9, 9, 7, 1,   // sequence 0
+                                       9, 3, 3, 3, 3, 3, 9, 2};  // sequence 1
+  std::vector<int32_t> start(16), pos(16);
+  tessera::document_ids(inputs.data(), 2, 8, 9, start.data(), pos.data());
+  EXPECT_EQ(start, (std::vector<int32_t>{0, 0, 2, 2, 2, 5, 6, 6, 0, 1, 1, 1, 1, 1, 1, 7}));
+  EXPECT_EQ(pos, (std::vector<int32_t>{0, 1, 0, 1, 2, 0, 0, 1, 0, 0, 1, 2, 3, 4, 5, 0}));
+  // cp = 2, rank 1 holds chunks 1 and 2 of 4 (positions 2-3 and 4-5 of each sequence).
+  std::vector<int32_t> mine(8);
+  tessera::context_chunks(start.data(), 2, 8, 2, 1, mine.data());
+  EXPECT_EQ(mine, (std::vector<int32_t>{2, 2, 2, 5, 1, 1, 1, 1}));
 }
 
 }  // namespace
