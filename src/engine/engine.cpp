@@ -255,17 +255,13 @@ class Engine final : public TrainEngine {
       read_eval_batch(file, first + i * uint64_t(mb_), vocab, batch);
       Backend::to_device(tokens_, own_chunks(batch.inputs.data(), 0), bytes);
       Backend::to_device(targets_, own_chunks(batch.targets.data(), 1), bytes);
-      const int32_t* doc_start = nullptr;
-      const int32_t* doc_pos = nullptr;
-      if (document_eot_ >= 0) {
-        const auto [start, pos] = document_ids(batch.inputs.data(), 0);
-        Backend::to_device(doc_start_, start, bytes);
-        Backend::to_device(doc_start_ + size_t(mb_) * T_, pos, bytes);
-        doc_start = doc_start_;
-        doc_pos = doc_start_ + size_t(mb_) * T_;
-      }
-      executor_.forward_only(weights,
-                             {MicroBatch{tokens_, targets_, losses_, doc_start, doc_pos}});
+      DocumentIds docs;
+      if (document_eot_ >= 0)
+        docs = upload_documents(batch.inputs.data(), 0,
+                                [](int32_t* to, const int32_t* from, size_t size) {
+                                  Backend::to_device(to, from, size);
+                                });
+      executor_.forward_only(weights, {MicroBatch{tokens_, targets_, losses_, docs}});
       if (tile_.last) sum += mean_losses(1);
     }
     if (sharded_) sharded_->end_step();
@@ -486,17 +482,21 @@ class Engine final : public TrainEngine {
     return out;
   }
 
-  // data.document_mask: each token's document start in the micro-batch's whole sequences of
-  // `inputs` (the position after the last end-of-text before it, else 0) and its position in its
-  // document, then this rank's chunks of both (starts in true positions, as the attention
-  // compares them), in host area k: it stays untouched until the step's uploads are complete.
-  std::pair<const int32_t*, const int32_t*> document_ids(const int32_t* inputs, size_t k) {
-    const size_t n = size_t(mb_) * T_ * cp_size_, own = size_t(mb_) * T_;
+  // data.document_mask: micro-batch k's document ids (engine/sequences.hpp's, of its whole
+  // sequences `inputs`, then this rank's chunks of them: starts in true positions, as the
+  // attention compares them) from host area k (untouched until the step's uploads are complete)
+  // into device memory by `copy` (Backend::to_device, or the overlapped Backend::upload).
+  template <class Copy>
+  DocumentIds upload_documents(const int32_t* inputs, size_t k, Copy copy) {
+    const size_t own = size_t(mb_) * T_, n = own * cp_size_;
     int32_t* start = doc_full_.data() + 2 * k * n;
-    tessera::document_ids(inputs, mb_, T_ * cp_size_, document_eot_, start, start + n);
-    if (cp_size_ == 1) return {start, start + n};
-    int32_t* mine = doc_own_.data() + 2 * k * own;
-    return {own_chunks_into(start, mine), own_chunks_into(start + n, mine + own)};
+    document_ids(inputs, mb_, T_ * cp_size_, document_eot_, start, start + n);
+    int32_t* mine = cp_size_ == 1 ? nullptr : doc_own_.data() + 2 * k * own;
+    int32_t* dev = doc_start_ + 2 * k * own;
+    const size_t bytes = own * sizeof(int32_t);
+    copy(dev, own_chunks_into(start, mine), bytes);
+    copy(dev + own, own_chunks_into(start + n, mine ? mine + own : nullptr), bytes);
+    return {dev, dev + own};
   }
 
   // The step's micro-batches from the loader's ring into the token buffers, overlapped with the
@@ -513,12 +513,11 @@ class Engine final : public TrainEngine {
       Backend::upload(targets_ + k * n, targets, n * sizeof(int32_t));
       out[k].tokens = tokens_ + k * n;
       out[k].targets = targets_ + k * n;
-      if (document_eot_ < 0) continue;
-      const auto [start, pos] = document_ids(batches[k].tokens, k);
-      Backend::upload(doc_start_ + 2 * k * n, start, n * sizeof(int32_t));
-      Backend::upload(doc_start_ + (2 * k + 1) * n, pos, n * sizeof(int32_t));
-      out[k].doc_start = doc_start_ + 2 * k * n;
-      out[k].doc_pos = doc_start_ + (2 * k + 1) * n;
+      if (document_eot_ >= 0)
+        out[k].docs = upload_documents(batches[k].tokens, k,
+                                       [](int32_t* to, const int32_t* from, size_t size) {
+                                         Backend::upload(to, from, size);
+                                       });
     }
     Backend::await_uploads();
     return out;

@@ -54,10 +54,11 @@ void ContextAttention<Backend>::unpack_add(Act* dqkv, const Act* dkv, int B) con
 
 // Query half qh holds chunk r (qh 0) or 2P-1-r (qh 1); key half kh of source src likewise. f(q, k,
 // s) for each block at or below the causal diagonal: q and k the first rows of its query and key
-// halves (of Tl), s its shape (leading dimensions s.ldq, s.ldo, s.ldkv).
+// halves (of Tl), s its shape (leading dimensions s.ldq, s.ldo, s.ldkv) and, under a document
+// mask, the query half's document starts.
 template <class Backend>
 template <class F>
-void ContextAttention<Backend>::each_block(int src, int B, F f) const {
+void ContextAttention<Backend>::each_block(int src, int B, const int32_t* doc_start, F f) const {
   const int Tc = Tl_ / 2, C3 = (nh_ + 2 * nkv_) * hs_, Cq = nh_ * hs_, W = 2 * nkv_ * hs_;
   for (int qh = 0; qh < 2; ++qh) {
     const int cq = qh == 0 ? r_ : 2 * P_ - 1 - r_;
@@ -66,7 +67,7 @@ void ContextAttention<Backend>::each_block(int src, int B, F f) const {
       if (ck > cq) continue;  // wholly above the causal diagonal
       const AttentionBlock s{B, Tc, nh_, nkv_, hs_, C3, Cq, W, Tl_,
                              size_t(Tl_) * C3, size_t(Tl_) * Cq, size_t(Tl_) * W, ck == cq,
-                             doc_start_ ? doc_start_ + size_t(qh) * Tc : nullptr, size_t(Tl_),
+                             doc_start ? doc_start + size_t(qh) * Tc : nullptr, size_t(Tl_),
                              ck * Tc};
       f(size_t(qh) * Tc, size_t(kh) * Tc, s);
     }
@@ -75,8 +76,8 @@ void ContextAttention<Backend>::each_block(int src, int B, F f) const {
 
 template <class Backend>
 void ContextAttention<Backend>::blocks_forward(Act* out, float* lse, const Act* qkv, const Act* kv,
-                                               int src, int B) const {
-  each_block(src, B, [&](size_t q, size_t k, const AttentionBlock& s) {
+                                               int src, int B, const int32_t* doc_start) const {
+  each_block(src, B, doc_start, [&](size_t q, size_t k, const AttentionBlock& s) {
     Backend::attention_block_forward(out + q * s.ldo, lse + q, qkv + q * s.ldq, kv + k * s.ldkv, s);
   });
 }
@@ -84,8 +85,9 @@ void ContextAttention<Backend>::blocks_forward(Act* out, float* lse, const Act* 
 template <class Backend>
 void ContextAttention<Backend>::blocks_backward(Act* dqkv, Act* dkv, const Act* dout,
                                                 const Act* qkv, const Act* kv, const float* lse,
-                                                int src, int B) const {
-  each_block(src, B, [&](size_t q, size_t k, const AttentionBlock& s) {
+                                                int src, int B,
+                                                const int32_t* doc_start) const {
+  each_block(src, B, doc_start, [&](size_t q, size_t k, const AttentionBlock& s) {
     Backend::attention_block_backward(dqkv + q * s.ldq, dkv + k * s.ldkv, dout + q * s.ldo,
                                       delta_ + q, qkv + q * s.ldq, kv + k * s.ldkv, lse + q, s);
   });
@@ -103,7 +105,6 @@ template <class Backend>
 void ContextAttention<Backend>::forward(Act* out, float* lse, const Act* qkv, int B,
                                         const int32_t* doc_start) {
   const double start = trace::now();
-  doc_start_ = doc_start;
   struct Add {
     double& total;
     double start;
@@ -117,7 +118,7 @@ void ContextAttention<Backend>::forward(Act* out, float* lse, const Act* qkv, in
     cp_->all_gather(kv_ + size_t(r_) * n, kv_, n);
     for (int step = 0; step < P_; ++step) {
       const int src = (r_ - step + P_) % P_;
-      blocks_forward(out, lse, qkv, kv_ + size_t(src) * n, src, B);
+      blocks_forward(out, lse, qkv, kv_ + size_t(src) * n, src, B, doc_start);
     }
     return;
   }
@@ -132,7 +133,7 @@ void ContextAttention<Backend>::forward(Act* out, float* lse, const Act* qkv, in
       cp_->send(held, n, next, kTagKv);
       cp_->recv(coming, n, prev, kTagKv);
     }
-    blocks_forward(out, lse, qkv, held, (r_ - step + P_) % P_, B);
+    blocks_forward(out, lse, qkv, held, (r_ - step + P_) % P_, B, doc_start);
     if (pass) wait_ring();
   }
 }
@@ -144,7 +145,6 @@ template <class Backend>
 void ContextAttention<Backend>::backward(Act* dqkv, const Act* dout, const Act* qkv,
                                          const Act* out, const float* lse, int B,
                                          const int32_t* doc_start) {
-  doc_start_ = doc_start;
   struct Add {
     double& total;
     double start;
@@ -161,7 +161,7 @@ void ContextAttention<Backend>::backward(Act* dqkv, const Act* dout, const Act* 
     for (int step = 0; step < P_; ++step) {
       const int src = (r_ - step + P_) % P_;
       blocks_backward(dqkv, dkv_ + size_t(src) * n, dout, qkv, kv_ + size_t(src) * n, lse, src,
-                      B);
+                      B, doc_start);
     }
     unpack_add(dqkv, cp_->reduce_scatter_sum_in_place(dkv_, n), B);
     return;
@@ -183,7 +183,7 @@ void ContextAttention<Backend>::backward(Act* dqkv, const Act* dout, const Act* 
       cp_->recv(coming, n, prev, kTagKv);
     }
     if (step == 1) Backend::zero(sums, n * sizeof(Act));
-    blocks_backward(dqkv, sums, dout, qkv, held, lse, (r_ - step + P_) % P_, B);
+    blocks_backward(dqkv, sums, dout, qkv, held, lse, (r_ - step + P_) % P_, B, doc_start);
     if (pass) wait_ring();
     if (step == 0) continue;
     cp_->group_start();

@@ -76,11 +76,11 @@ class ContextAttention {
   // backward (dkv: the source's gradient accumulator).
   // f(q, k, s) for each block of this rank's queries against src's keys (context_attention.cpp).
   template <class F>
-  void each_block(int src, int B, F f) const;
-  const int32_t* doc_start_ = nullptr;  // the pass's, for each_block
-  void blocks_forward(Act* out, float* lse, const Act* qkv, const Act* kv, int src, int B) const;
+  void each_block(int src, int B, const int32_t* doc_start, F f) const;
+  void blocks_forward(Act* out, float* lse, const Act* qkv, const Act* kv, int src, int B,
+                      const int32_t* doc_start) const;
   void blocks_backward(Act* dqkv, Act* dkv, const Act* dout, const Act* qkv, const Act* kv,
-                       const float* lse, int src, int B) const;
+                       const float* lse, int src, int B, const int32_t* doc_start) const;
 
   Comm* cp_;
   bool allgather_;

@@ -118,8 +118,7 @@ void PipelineExecutor<Backend>::walk(const std::vector<Action>& actions, Weights
     trace::set_micro(a.mb);
     if (a.op == Op::Forward) {
       pp_->wait_send(model.output(slot));  // the slot's output is overwritten: its send has left
-      model.forward(weights, slot, mb.tokens, mb.targets, mb.losses, B_, T_,
-                    {mb.doc_start, mb.doc_pos});
+      model.forward(weights, slot, mb.tokens, mb.targets, mb.losses, B_, T_, mb.docs);
       continue;
     }
     if (a.op == Op::Backward) {

@@ -21,14 +21,13 @@
 namespace tessera {
 
 // A micro-batch's tokens and targets (B,T), and where its per-position losses (B*T) go on the
-// last stage, in the backend's memory; under data.document_mask each token's document start
-// and its position in its document (B,T each), on every stage (Gpt::forward).
+// last stage, in the backend's memory; under data.document_mask its document ids, on every
+// stage (Gpt::forward).
 struct MicroBatch {
   const int32_t* tokens = nullptr;
   const int32_t* targets = nullptr;
   float* losses = nullptr;
-  const int32_t* doc_start = nullptr;
-  const int32_t* doc_pos = nullptr;
+  DocumentIds docs = {};
 };
 
 template <class Backend>
