@@ -148,28 +148,29 @@ run shared_saved 1 2 1 "${shared[@]}" parallel.sequence_parallel=true train.step
   run shared_restart 2 1 1 "${shared[@]}" parallel.ep=2 parallel.zero=3 \
     checkpoint.restart="$WORK/shared_saved/checkpoints/step_00000005.h5"
 continued shared_ref shared_restart "shared experts: restart (1,2,1) SP step 5 -> ep = 2 ZeRO-3"
+refused_restart() {  # refused_restart WHAT PATTERN OVERRIDES...: exit 2, the shapes named
+  local what=$1 pattern=$2 out rc
+  shift 2
+  out=$(timeout 60 "$TESSERA" train "$deck" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" = 2 ] && grep -q "$pattern" <<<"$out"; then
+    pass "$what refused: $(grep -o 'model shape differs.*' <<<"$out" | head -1)"
+  else
+    fail "$what (exit $rc)"; tail -3 <<<"$out" | sed 's/^/    /'
+  fi
+}
 # Nor does a checkpoint with shared experts restart without them (its /model attribute
 # moe_shared_experts), where the tensors alone would be silently left out.
-out=$(timeout 60 "$TESSERA" train "$deck" "${common[@]}" model.moe.every=2 train.steps=7 \
-      run.dir="$WORK/shared_dropped" \
-      checkpoint.restart="$WORK/shared_saved/checkpoints/step_00000005.h5" 2>&1)
-rc=$?
-if [ "$rc" = 2 ] && grep -q "model.moe.shared_experts 2 in the checkpoint, 0 in the deck" <<<"$out"; then
-  pass "a checkpoint with shared experts refused by a deck without: $(grep -o 'model shape differs.*' <<<"$out" | head -1)"
-else
-  fail "shared-expert checkpoint, deck without them (exit $rc)"; tail -3 <<<"$out" | sed 's/^/    /'
-fi
+refused_restart "a checkpoint with shared experts, a deck without" \
+  "model.moe.shared_experts 2 in the checkpoint, 0 in the deck" "${common[@]}" model.moe.every=2 \
+  train.steps=7 run.dir="$WORK/shared_dropped" \
+  checkpoint.restart="$WORK/shared_saved/checkpoints/step_00000005.h5"
 # A dense checkpoint does not restart as an MoE model: the shapes named.
 timeout 120 "$TESSERA" train "$deck" "${common[@]:0:10}" train.steps=2 run.dir="$WORK/dense_saved" \
   >dense_saved.log 2>&1
-out=$(timeout 60 "$TESSERA" train "$deck" "${common[@]}" train.steps=4 run.dir="$WORK/dense_moe" \
-      checkpoint.restart="$WORK/dense_saved/checkpoints/step_00000002.h5" 2>&1)
-rc=$?
-if [ "$rc" = 2 ] && grep -q "model.moe.experts 0 in the checkpoint, 4 in the deck" <<<"$out"; then
-  pass "a dense checkpoint refused by an MoE deck: $(grep -o 'model shape differs.*' <<<"$out" | head -1)"
-else
-  fail "dense checkpoint, MoE deck (exit $rc)"; tail -3 <<<"$out" | sed 's/^/    /'
-fi
+refused_restart "a dense checkpoint, an MoE deck" \
+  "model.moe.experts 0 in the checkpoint, 4 in the deck" "${common[@]}" train.steps=4 \
+  run.dir="$WORK/dense_moe" checkpoint.restart="$WORK/dense_saved/checkpoints/step_00000002.h5"
 
 # A rank stalled at step 3 (TESSERA_TEST_STALL) leaves its ep peer waiting in the exchange: the
 # watchdog ends the job within run.hang_timeout, naming the group and call, and the step-2

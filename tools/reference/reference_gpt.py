@@ -39,8 +39,9 @@ import time
 _TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
 sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop", "reference")]
 from reference_moe import MoeMlp, is_moe_layer, layer_config, moe_config, moe_loss  # noqa: E402
-from reference_train import (attention_hidden, document_positions, make_optimizer,  # noqa: E402
-                             run_training, set_threads, train_step, training_arguments)
+from reference_train import (attention_hidden, causal_hidden, document_positions,  # noqa: E402
+                             make_optimizer, run_training, set_threads, train_step,
+                             training_arguments)
 from tessera_data import ToolError, run_tool  # noqa: E402
 
 import torch  # noqa: E402
@@ -63,7 +64,7 @@ class CausalSelfAttention(nn.Module):
         # (reference_train.attention_hidden; None: the causal mask alone)
         B, T, C = x.shape
         if hidden is None:
-            hidden = torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), diagonal=1)
+            hidden = causal_hidden(T)
         hs = C // self.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)
         # head h takes columns [h*hs, (h+1)*hs) of q, k and v

@@ -45,8 +45,8 @@ import sys
 _TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/: its modules by job
 sys.path[:0] = [os.path.join(_TOOLS, d) for d in ("data", "interop", "reference")]
 from reference_moe import MoeMlp, is_moe_layer, layer_config, moe_config, moe_loss  # noqa: E402
-from reference_train import (attention_hidden, run_training, set_threads,  # noqa: E402
-                             training_arguments)
+from reference_train import (attention_hidden, causal_hidden, run_training,  # noqa: E402
+                             set_threads, training_arguments)
 from tessera_data import ToolError, run_tool  # noqa: E402
 
 import torch  # noqa: E402
@@ -96,7 +96,7 @@ class LlamaAttention(nn.Module):
         B, T, _ = x.shape
         hs = self.hs
         if hidden is None:
-            hidden = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+            hidden = causal_hidden(T)
         q = self.q_proj(x).view(B, T, self.n_head, hs).transpose(1, 2)       # (B, nh, T, hs)
         k = self.k_proj(x).view(B, T, self.n_kv_head, hs).transpose(1, 2)    # (B, nkv, T, hs)
         v = self.v_proj(x).view(B, T, self.n_kv_head, hs).transpose(1, 2)

@@ -98,12 +98,17 @@ def load_optimizer_state(opt, model, ck, where):
         opt.state[p] = st
 
 
+def causal_hidden(T):
+    """The keys after each query, (T, T) bool: what plain causal attention hides."""
+    return torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+
+
 def attention_hidden(idx, eot):
     """The keys each query may not see, (B, 1, T, T) bool: those after it (causal) and, with eot
     given (data.document_mask), those of other documents. A document ends with its eot token, so
     a position's document is the number of eot tokens before it: the mask is block-diagonal."""
     B, T = idx.shape
-    hidden = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)[None, None]
+    hidden = causal_hidden(T)[None, None]
     if eot is None:
         return hidden
     ends = (idx == eot).to(torch.int64)
