@@ -44,9 +44,12 @@ class Engine final : public TrainEngine {
         replica_(hybrid(s) ? group(s, {"replica"}) : MPI_COMM_NULL),
         cp_(group(s, {"cp"}), s.nccl_overlap), world_(s.mesh ? s.mesh->world() : MPI_COMM_NULL),
         ep_(experts_split(s) ? group(s, {"ep"}) : MPI_COMM_NULL),
-        own_edp_(experts_split(s) ? group(s, {"edp"}) : MPI_COMM_NULL),
+        own_edp_(experts_split(s) ? group(s, {"eshard", "ereplica"}) : MPI_COMM_NULL),
+        own_eshard_(experts_split(s) && hybrid(s) ? group(s, {"eshard"}) : MPI_COMM_NULL),
         shard_(hybrid(s) ? &own_shard_ : &dp_), edp_(experts_split(s) ? &own_edp_ : &dp_),
-        mem_(s, arena_, {&tp_, &dp_, &pp_, shard_, &replica_, &cp_, &ep_, edp_}, &world_),
+        eshard_(experts_split(s) && hybrid(s) ? &own_eshard_ : edp_),
+        mem_(s, arena_, {&tp_, &dp_, &pp_, shard_, &replica_, &cp_, &ep_, edp_, eshard_},
+             &world_),
         models_(mem_.models), optimizer_(mem_.optimizer), executor_(mem_.executor) {
     step_tokens_ = mem_.step_tokens;
     // The step breakdown's op clock (log.breakdown): host clocks time a host backend's
@@ -83,7 +86,7 @@ class Engine final : public TrainEngine {
     host_losses_.resize(step_tokens_);
     if (mem_.sharded) {
       sharded_own_ = std::make_unique<ShardedWeights<Backend>>(
-          tile_, mem_.plan, *mem_.sharded, shard_, edp_, optimizer_.stage(), prefetch_, arena_);
+          tile_, mem_.plan, *mem_.sharded, shard_, eshard_, optimizer_.stage(), prefetch_, arena_);
       sharded_ = sharded_own_.get();
       // ZeRO-2 gathers from the full parameters, ZeRO-3 from this rank's parts of them.
       sharded_->bind(model_params(), grads_);
@@ -118,8 +121,7 @@ class Engine final : public TrainEngine {
 
   size_t state_size() const override { return optimizer_.state_size(); }
   const LocalLayout& state_layout() const override { return optimizer_.state_layout(); }
-  // With ep each rank of the first expert-data-parallel group writes its experts; the dense
-  // tensors' owner is its ep rank 0 (model/shard.hpp).
+  // ep: the first edp group's ranks write their experts, ep rank 0 the rest (model/shard.hpp).
   bool writes_state() const override {
     return optimizer_.by_parts() ? replica_.rank() == 0 : edp_->rank() == 0;
   }
@@ -338,14 +340,14 @@ class Engine final : public TrainEngine {
   Counters counters() const override {
     Counters c;
     c.payload[Traffic::tp] = double(tp_.payload_bytes);
-    c.payload[Traffic::dp] = double(dp_.payload_bytes + own_shard_.payload_bytes +
-                                    replica_.payload_bytes + own_edp_.payload_bytes);
     c.payload[Traffic::pp] = double(pp_.payload_bytes);
     c.payload[Traffic::embed] = double(embed_.payload_bytes);
     c.payload[Traffic::cp] = double(cp_.payload_bytes);
     c.payload[Traffic::ep] = double(ep_.payload_bytes);
-    c.dp_wait = dp_.busy_seconds + own_shard_.busy_seconds + replica_.busy_seconds +
-                own_edp_.busy_seconds;
+    for (const auto* g : {&dp_, &own_shard_, &replica_, &own_edp_, &own_eshard_}) {
+      c.payload[Traffic::dp] += double(g->payload_bytes);
+      c.dp_wait += g->busy_seconds;
+    }
     c.cp_wait = cp_.busy_seconds;
     for (const auto& model : models_) c.cp_attention += model->context_seconds();
     c.pipeline_wait = executor_.wait_seconds();
@@ -553,11 +555,10 @@ class Engine final : public TrainEngine {
   typename Backend::Comm own_shard_, replica_;
   typename Backend::Comm cp_;  // context parallelism (one rank without it)
   Comm world_;                 // every rank, over MPI: the gradient norm's one double
-  // Expert parallelism: the ep group, and the ranks holding the same experts (dp_ without ep).
-  typename Backend::Comm ep_, own_edp_;
+  // Expert parallelism: ep, edp (dp_ without ep) and edp in this ZeRO group (edp_ if not hybrid).
+  typename Backend::Comm ep_, own_edp_, own_eshard_;
   double ep_bytes_ = 0, ep_seconds_ = 0;  // ep_'s counters at the last take_moe_stats
-  typename Backend::Comm* shard_;
-  typename Backend::Comm* edp_;
+  typename Backend::Comm *shard_, *edp_, *eshard_;
   EngineMemory<Backend> mem_;  // every buffer's declaration (engine/engine_memory.hpp)
   std::vector<std::unique_ptr<Gpt<Backend>>>& models_;
   DistributedOptimizer<Backend>& optimizer_;

@@ -66,9 +66,10 @@ struct EngineSetup {
 template <class C>
 struct EngineComms {
   C *tp, *grads, *pp, *shard, *replica, *cp;
-  // Expert parallelism: the ranks splitting the experts, and those holding the same experts (the
-  // experts' gradients reduce over them; grads itself without ep).
-  C *ep, *expert_grads;
+  // Expert parallelism: the ranks splitting the experts, those holding the same experts (the
+  // experts' gradients reduce over them; grads itself without ep), and those of them in one ZeRO
+  // group, which split the experts' state (expert_grads itself without hybrid sharding).
+  C *ep, *expert_grads, *expert_shard;
 };
 
 // A micro-batch's tokens and targets (B,T) in host memory (the loader's ring), nullptr where the

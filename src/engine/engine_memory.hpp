@@ -39,11 +39,10 @@ struct EngineMemory {
       : models(make_models(s, arena, comms.tp, comms.cp, comms.ep)),
         plan(s.zero >= 2 || (s.zero == 1 && s.tile.ep > 1)
                  ? make_shard_plan(s.tile, comms.shard->size(), comms.shard->rank(),
-                                           comms.expert_grads->size(),
-                                           comms.expert_grads->rank())
+                                   comms.expert_shard->size(), comms.expert_shard->rank())
                  : make_shard_plan(s.tile, 1, 0)),
         optimizer(s.tile, {comms.grads, comms.shard, comms.replica, world, comms.tp,
-                           comms.expert_grads, comms.ep}, s.zero,
+                           comms.expert_grads, comms.expert_shard, comms.ep}, s.zero,
                   &plan, s.hyper, arena),
         sharded(s.zero >= 2 ? std::make_unique<ShardedBuffers>(
                                   s.tile, plan, s.zero, s.reshard_after_forward, s.model.fp8.on,

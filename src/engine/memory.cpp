@@ -25,11 +25,14 @@ RankMemory count(const Config& cfg, const ModelShape& shape, const RunLayout& ru
        shard = group({"shard"}), replica = group({"replica"}), cp = group({"cp"});
   const bool ep_view = mesh.has("ep");
   Comm ep = ep_view ? group({"ep"}) : Comm::shape(1, 0);
-  Comm edp = ep_view ? group({"edp"}) : Comm::shape(1, 0);
+  // (The optimizer tells expert parallelism by expert_grads being another communicator.)
+  Comm edp = ep_view ? group({"eshard", "ereplica"}) : Comm::shape(1, 0);
+  Comm eshard = ep_view ? group({"eshard"}) : Comm::shape(1, 0);
   Arena arena(Backend::memory());
-  const EngineMemory<Backend> mem(
-      setup, arena, {&tp, &grads, &pp, &shard, &replica, &cp, &ep, ep_view ? &edp : &grads},
-      nullptr);
+  const EngineMemory<Backend> mem(setup, arena,
+                                  {&tp, &grads, &pp, &shard, &replica, &cp, &ep,
+                                   ep_view ? &edp : &grads, ep_view ? &eshard : &grads},
+                                  nullptr);
   RankMemory m;
   m.pp_rank = pp_rank;
   m.tp_rank = tp_rank;

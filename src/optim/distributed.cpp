@@ -249,7 +249,7 @@ void DistributedOptimizer<Backend>::step(float* master, Act* copy, float* grads,
 template <class Backend>
 void DistributedOptimizer<Backend>::gather_parts(float* master, Act* copy) {
   for (size_t u = 0; u < layout_.units.size(); ++u) {
-    BComm* group = layout_.units[u].experts ? comms_.expert_dp : comms_.shard;
+    BComm* group = layout_.units[u].experts ? comms_.expert_shard : comms_.shard;
     if (master) gather_unit<Backend>(layout_, *plan_, int(u), master, gather_, group);
     if (copy)
       gather_unit<Backend>(layout_, *plan_, int(u), copy, reinterpret_cast<Act*>(gather_), group);

@@ -56,8 +56,10 @@ class DistributedOptimizer {
     Comm* world;
     BComm* tp;
     // The ranks holding the same experts: the experts' gradients reduce over them (dp without
-    // expert parallelism).
+    // expert parallelism); expert_shard, those of them in this rank's ZeRO group, split the
+    // experts' units (expert_dp itself without hybrid sharding).
     BComm* expert_dp;
+    BComm* expert_shard;
     BComm* ep;
   };
   // plan: stages 2 and 3, and stage 1 with expert parallelism: this rank's parts

@@ -70,7 +70,7 @@ std::string resolve_layout(const ParallelConfig& cfg, int world_size, ParallelLa
     return "parallel.zero_group = " + num(cfg.zero_group) + " does not divide parallel.dp" +
            (cp > 1 ? " x cp = " + num(value[0]) + " x " + num(cp) : " = " + num(value[0])) +
            " (the dp" + (cp > 1 ? " x cp" : "") + " ranks are sharded in groups of zero_group)";
-  return "";
+  return check_expert_groups(*out);
 }
 
 std::vector<std::pair<int, int>> stage_layer_ranges(int n_layer, int pp,
@@ -137,6 +137,16 @@ std::string check_layout(const ParallelLayout& layout, int n_head, int padded_vo
   return "";
 }
 
+std::string check_expert_groups(const ParallelLayout& l) {
+  // Hybrid sharding with expert parallelism: each ZeRO group holds whole expert groups, so that
+  // the experts' state splits over the group's ranks holding the same experts.
+  if (l.zero_group > 0 && l.ep > 1 && l.zero_group % l.ep != 0)
+    return "parallel.zero_group = " + num(l.zero_group) + " is not a multiple of parallel.ep = " +
+           num(l.ep) + " (each ZeRO group must hold whole groups of the ep ranks that split "
+           "the experts)";
+  return "";
+}
+
 MeshShape mesh_shape(const ParallelLayout& l) {
   MeshShape mesh({{"tp", l.tp}, {"cp", l.cp}, {"dp", l.dp}, {"pp", l.pp}});
   const int group = l.shard_size();
@@ -144,9 +154,14 @@ MeshShape mesh_shape(const ParallelLayout& l) {
   if (std::string e = mesh.add_view({"cp", "dp"}, {{"shard", group}, {"replica", l.dpcp() / group}});
       !e.empty())
     throw std::logic_error(e);
-  // Expert parallelism (a view only where there is any: a dense run's groups stay as they were).
+  // Expert parallelism (a view only where there is any: a dense run's groups stay as they were):
+  // ep consecutive ranks split the experts; the others holding the same experts (edp)
+  // are the ZeRO group's eshard = zero_group / ep of them, which split the experts' state, times
+  // the ereplica groups holding the same parts (the replica groups: with one ZeRO group, 1).
   if (l.ep > 1)
-    if (std::string e = mesh.add_view({"cp", "dp"}, {{"ep", l.ep}, {"edp", l.dpcp() / l.ep}});
+    if (std::string e = mesh.add_view({"cp", "dp"}, {{"ep", l.ep},
+                                                     {"eshard", group / l.ep},
+                                                     {"ereplica", l.dpcp() / group}});
         !e.empty())
       throw std::logic_error(e);
   return mesh;

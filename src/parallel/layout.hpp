@@ -44,6 +44,10 @@ std::vector<std::pair<int, int>> stage_layer_ranges(int n_layer, int pp,
 std::string check_layout(const ParallelLayout& layout, int n_head, int padded_vocab, int n_layer,
                          const std::vector<int>& stage_layers, int batch_size, int micro_batch);
 
+// "" or the one line refusing ZeRO groups (parallel.zero_group) that cut an expert-parallel
+// group: resolve_layout's check, for layouts made without it (the planner's search).
+std::string check_expert_groups(const ParallelLayout& layout);
+
 // The mesh of a layout (docs/architecture.md): the one place the world's axes are named, fastest first,
 //   tp, cp, dp, pp
 // with ZeRO's view of dp x cp: `shard`, the zero_group consecutive ranks of dp x cp (cp fastest)
@@ -51,6 +55,9 @@ std::string check_layout(const ParallelLayout& layout, int n_head, int padded_vo
 // groups (with one group: shard = dp x cp, replica = 1). Adding an axis: a name here, its
 // divisibility rules (check_layout, make_run_layout), and the code that asks for its group.
 MeshShape mesh_shape(const ParallelLayout& layout);
+// With ep > 1 the mesh also cuts dp x cp into ep (fastest), eshard and ereplica: the ranks holding
+// the same experts (edp) are group({"eshard", "ereplica"}); eshard alone, the ranks of one ZeRO
+// group among them, splits the experts' ZeRO state.
 
 // One line per world rank, for rank 0 to print (no newline after the last):
 //   "rank 5: dp 0 tp 1 pp 1  layers 2-3 (+ wte copy, ln_f)"

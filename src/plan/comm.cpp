@@ -34,8 +34,9 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
     out->dp_traffic = 2 * ring(out->dp_all_reduce, l.dpcp()) + 2 * ring(out->dp_experts, edp);
     if (zero == 0 || l.ep == 1) return;
     // ZeRO-1 with ep: the same sums, then every unit's updated parts (the master, or the bf16
-    // copy) all-gathered over its group, the experts' over edp; nothing for a group of one.
-    const ShardPlan plan = make_shard_plan(tile, n, 0, edp, 0);
+    // copy) all-gathered over its group, the experts' over the ZeRO group's ranks holding the
+    // same experts (edp, or n / ep with hybrid sharding); nothing for a group of one.
+    const ShardPlan plan = make_shard_plan(tile, n, 0, n / l.ep, 0);
     for (size_t u = 0; u < tile.units.size(); ++u) {
       if (plan.group[u] == 1) continue;
       const double bytes = double(plan.whole(int(u))) * act_bytes;
@@ -54,8 +55,9 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
     return;
   }
   const LocalLayout tile = rank_tile(run, shape, 0, pp_rank);
-  // Expert parallelism: an MoE layer's experts are a unit of their own, sharded over edp.
-  const ShardPlan plan = make_shard_plan(tile, n, 0, l.dpcp() / l.ep, 0);
+  // Expert parallelism: an MoE layer's experts are a unit of their own, sharded over the ZeRO
+  // group's ranks holding the same experts (edp; n / ep with hybrid sharding).
+  const ShardPlan plan = make_shard_plan(tile, n, 0, n / l.ep, 0);
   auto unit_of = [&](int tensor) { return tile.unit_of_tensor[size_t(tensor)]; };
   // A unit padded to its group's parts; nothing travels for a group of one.
   auto whole = [&](int u) { return plan.group[size_t(u)] > 1 ? double(plan.whole(u)) : 0.0; };

@@ -350,7 +350,7 @@ void print_plan(const Candidate& c, const Machine& machine, long ranks) {
 
 // Every layout the search tries: (dp, tp, pp) of `ranks`, virtual stages, micro-batches (powers
 // of two), the ZeRO stages, recompute, sequence parallelism; the deck's schedule, zero_group,
-// expert parallelism and other keys kept (ep > 1 at ZeRO 0, 2 and 3, all the trainer runs).
+// expert parallelism and other keys kept.
 std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long ranks,
                               const Machine& machine) {
   std::vector<Candidate> out;

@@ -72,6 +72,12 @@ suite gpt "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1" \
   "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
   "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2" \
   "ep2_edp2_zero3_keep 4 1 1 parallel.ep=2 parallel.zero=3 parallel.reshard_after_forward=false"
+# Hybrid sharding with ep: ZeRO groups of zero_group ranks, each holding whole ep groups; the
+# experts' state split over the group's ranks holding the same experts (eshard = zero_group / ep),
+# the same parts replicated across the groups. dp4 x cp2 with groups of 4: eshard 2, 2 replicas.
+suite gpt "ep2_hybrid_zero1 4 1 1 parallel.ep=2 parallel.zero=1 parallel.zero_group=2" \
+  "ep2_hybrid_zero2 4 1 1 parallel.ep=2 parallel.zero=2 parallel.zero_group=2" \
+  "ep2_cp2_hybrid_zero3 4 1 1 parallel.cp=2 parallel.ep=2 parallel.zero=3 parallel.zero_group=4 model.attention=fused"
 suite bias "dp2 2 1 1" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" "tp2_pp2 1 2 2" \
   "cp2 1 1 1 parallel.cp=2 model.attention=fused"
 suite capacity "dp2 2 1 1" "tp2_pp2 1 2 2 parallel.zero=1" "ep2 2 1 1 parallel.ep=2" \
@@ -86,7 +92,8 @@ suite llama "dp2_tp2 2 2 1 parallel.zero=1" "ep2_tp2 2 2 1 parallel.ep=2" \
 suite ada "ep2 2 1 1 parallel.ep=2" "ep2_edp2 4 1 1 parallel.ep=2" \
   "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
   "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2" "ep2_tp2 2 2 1 parallel.ep=2" \
-  "ep2_tp2_zero1 2 2 1 parallel.ep=2 parallel.zero=1"
+  "ep2_tp2_zero1 2 2 1 parallel.ep=2 parallel.zero=1" \
+  "ep2_hybrid_zero1 4 1 1 parallel.ep=2 parallel.zero=1 parallel.zero_group=2"
 
 suite shared "ep2 2 1 1 parallel.ep=2" "tp2_sp 1 2 1 parallel.sequence_parallel=true" \
   "pp2 1 1 2 parallel.schedule=1f1b" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
@@ -142,6 +149,13 @@ run ada_saved 2 1 1 "${ada[@]}" parallel.ep=2 train.steps=5 &&
   run ada_restart 4 1 1 "${ada[@]}" parallel.ep=2 parallel.zero=1 \
     checkpoint.restart="$WORK/ada_saved/checkpoints/step_00000005.h5"
 continued ada_ref ada_restart "restart Adafactor ep = 2 step 5 -> ep = 2 x edp = 2 ZeRO-1"
+# Hybrid sharding with ep: saved on dp4 x cp2 ep = 2 ZeRO-3 in groups of 4 (the first group's
+# ranks writing their parts), continued on ep = 4 under ZeRO-2.
+run hybrid_saved 4 1 1 "${gpt[@]}" parallel.cp=2 parallel.ep=2 parallel.zero=3 \
+  parallel.zero_group=4 model.attention=fused train.steps=5 &&
+  run hybrid_restart 4 1 1 "${gpt[@]}" parallel.ep=4 parallel.zero=2 \
+    checkpoint.restart="$WORK/hybrid_saved/checkpoints/step_00000005.h5"
+continued gpt_ref hybrid_restart "restart ep = 2 x cp2 hybrid ZeRO-3 step 5 -> ep = 4 ZeRO-2"
 # The shared experts' tensors are whole in a checkpoint: saved on (1,2,1) with sequence
 # parallelism, continued on ep = 2 under ZeRO-3.
 run shared_saved 1 2 1 "${shared[@]}" parallel.sequence_parallel=true train.steps=5 &&
@@ -205,10 +219,8 @@ refuse tp_ffn "does not divide model.moe.ffn = 65" 2 parallel.tp=2 model.moe.ffn
 refuse capacity_cp "which parallel.cp = 2" 2 parallel.cp=2 model.attention=fused \
   model.moe.capacity_factor=1.25
 refuse capacity "model.moe.capacity_factor" 1 model.moe.capacity_factor=-1
-refuse ep_hybrid "hybrid sharding is not combined with expert parallelism" 4 parallel.dp=4 \
-  parallel.ep=2 parallel.zero=2 parallel.zero_group=2
-refuse ep_hybrid_zero1 "hybrid sharding is not combined with expert parallelism" 4 \
-  parallel.dp=4 parallel.ep=2 parallel.zero=1 parallel.zero_group=2
+refuse ep_hybrid "parallel.zero_group = 2 is not a multiple of parallel.ep = 4" 4 \
+  parallel.dp=4 parallel.ep=4 parallel.zero=2 parallel.zero_group=2
 refuse ep_experts "model.moe.experts = 4 is not divisible by parallel.ep = 3" 3 parallel.dp=3 \
   parallel.ep=3
 finish

@@ -4,16 +4,17 @@
 # bytes it hands to each communicator per step, the MoE gates' tp all-reduce, the router
 # statistics' cp sum, expert parallelism's all-to-alls (ep) and its experts' gradient sum over
 # edp (dp) among them, equal `tessera plan --json` of the same deck
-# (tools/reference/plan_check.py), as test_comm_volume.sh holds dense decks, on fifteen layouts
+# (tools/reference/plan_check.py), as test_comm_volume.sh holds dense decks, on seventeen layouts
 # (ep = 2 under ZeRO-1, 2 and 3 among them: ZeRO-1's sums as ZeRO-0's and its gather by unit;
-# two with shared experts, whose MLP is wider than the dense one: S x ffn = 128 and 192).
+# two with shared experts, whose MLP is wider than the dense one: S x ffn = 128 and 192; two
+# with hybrid sharding, the experts' state split over a ZeRO group's ranks holding them).
 # Eight have ep > 1 (one with two ranks holding each expert, edp = 2): their expert bytes a rank
 # fall by ep, and the step's all-to-all bytes in metrics.jsonl (moe_a2a_bytes) equal the plan's;
 # they route every token to every expert (top_k = E), so the load is balanced as the plan assumes.
 # Its model FLOPs are the trainer's (active parameters: the router and top_k of E experts); the
 # dense, expert and dispatch-buffer split is reported; input/mixtral-8x7b.yaml plans on a named
 # cluster (46.7 B parameters, 12.9 B active) and its search finds a layout that fits 80 GB;
-# hybrid sharding with ep > 1 is refused as the trainer refuses it.
+# ZeRO groups that would cut an ep group are refused as the trainer refuses them.
 source "$(dirname "$0")/lib.sh"
 deck=$(tiny_deck plan_moe)
 cd "$WORK" || exit 1
@@ -35,7 +36,9 @@ for layout in "dp2 2 1 1" "tp2 1 2 1" "pp2 1 1 2" \
               "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1 model.moe.top_k=4" \
               "ep2_edp2_zero1 4 1 1 parallel.ep=2 parallel.zero=1 model.moe.top_k=4" \
               "shared_ep2_tp2_sp 2 2 1 parallel.ep=2 model.moe.top_k=4 model.moe.shared_experts=2 parallel.sequence_parallel=true" \
-              "shared_llama_pp2_zero3 2 1 2 parallel.zero=3 model.arch=llama model.n_kv_head=2 model.moe.shared_experts=3"; do
+              "shared_llama_pp2_zero3 2 1 2 parallel.zero=3 model.arch=llama model.n_kv_head=2 model.moe.shared_experts=3" \
+              "ep2_hybrid_zero1 4 1 1 parallel.ep=2 parallel.zero=1 parallel.zero_group=2 model.moe.top_k=4" \
+              "ep2_cp2_hybrid_zero3 4 1 1 parallel.cp=2 parallel.ep=2 parallel.zero=3 parallel.zero_group=4 model.attention=fused model.moe.top_k=4"; do
   set -- $layout
   name=$1 cp=1
   for arg in "${@:5}"; do [[ $arg == parallel.cp=* ]] && cp=${arg#parallel.cp=}; done
@@ -150,8 +153,8 @@ else
   fail "mixtral-8x7b: $out $(head -c 300 mixtral.err)"
 fi
 # The trainer's refusals of expert parallelism are the plan's, word for word.
-ALLOW_STDOUT=1 expect_error "hybrid ZeRO-1 with expert parallelism refused" 2 \
-  "parallel.ep = 2 with parallel.zero_group = 2: hybrid sharding is not combined with expert parallelism" \
-  "$TESSERA" plan "$deck" "${common[@]}" parallel.dp=4 parallel.ep=2 parallel.zero=1 \
+ALLOW_STDOUT=1 expect_error "ZeRO groups cutting an ep group refused" 2 \
+  "parallel.zero_group = 2 is not a multiple of parallel.ep = 4" \
+  "$TESSERA" plan "$deck" "${common[@]}" parallel.dp=4 parallel.ep=4 parallel.zero=1 \
   parallel.zero_group=2 --ranks 4 --machine-file host.yaml
 finish

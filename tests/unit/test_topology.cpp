@@ -119,6 +119,37 @@ TEST(Mesh, ZeroViewCutsDpTimesCp) {
   EXPECT_EQ(mesh_shape(ParallelLayout{4, 2, 1}).size("replica"), 1);
 }
 
+TEST(Mesh, ExpertViewCutsTheHoldersOfAnExpertByZeroGroup) {
+  // dp 8, tp 1, zero_group 4, ep 2: eshard = 4 / 2 ranks of one ZeRO group hold the same experts,
+  // ereplica = 8 / 4 groups hold the same parts (the replica groups).
+  const ParallelLayout l{8, 1, 1, 4, 1, 2};
+  const MeshShape m = mesh_shape(l);
+  EXPECT_EQ(m.size("ep"), 2);
+  EXPECT_EQ(m.size("eshard"), 2);
+  EXPECT_EQ(m.size("ereplica"), 2);
+  for (long long r = 0; r < 8; ++r) {
+    EXPECT_EQ(m.coord(r, "ep"), r % 2) << r;
+    EXPECT_EQ(m.coord(r, "eshard"), (r / 2) % 2) << r;
+    EXPECT_EQ(m.coord(r, "ereplica"), r / 4) << r;
+    // The holders of the same experts (edp): every rank of the same ep coordinate.
+    EXPECT_EQ(m.group_size({"eshard", "ereplica"}), 4);
+    EXPECT_EQ(m.group_color(r, {"eshard", "ereplica"}), m.group_color(r % 2, {"eshard", "ereplica"}));
+    // An expert part's replicas are ZeRO's replica group.
+    for (long long q = 0; q < 8; ++q)
+      EXPECT_EQ(m.group_color(r, {"ereplica"}) == m.group_color(q, {"ereplica"}),
+                m.group_color(r, {"replica"}) == m.group_color(q, {"replica"}))
+          << r << " " << q;
+  }
+  // Ranks 0 and 2 split an expert's state (one ZeRO group, ep 0); 0 and 4 are replicas; 0 and 1
+  // hold different experts.
+  EXPECT_EQ(m.group_color(0, {"eshard"}), m.group_color(2, {"eshard"}));
+  EXPECT_NE(m.group_color(0, {"eshard"}), m.group_color(4, {"eshard"}));
+  EXPECT_NE(m.group_color(0, {"eshard"}), m.group_color(1, {"eshard"}));
+  // Without hybrid sharding eshard is every holder.
+  EXPECT_EQ(mesh_shape(ParallelLayout{8, 1, 1, 0, 1, 2}).size("eshard"), 4);
+  EXPECT_EQ(mesh_shape(ParallelLayout{8, 1, 1, 0, 1, 2}).size("ereplica"), 1);
+}
+
 TEST(Mesh, UnknownNamesAreOneLine) {
   const MeshShape m = mesh_shape(ParallelLayout{2, 1, 1});
   EXPECT_EQ(m.unknown({"dp", "cp"}), "");
@@ -178,6 +209,20 @@ TEST(Layout, ResolveLayoutErrorsNameTheNumbers) {
             "parallel: dp, tp and pp are auto; at most one of dp, tp, pp may be auto");
   EXPECT_EQ(resolve_layout(parallel(1, -2, 1), 2, &l), "parallel.tp = -2 must be >= 1 or auto");
   expect_layout(l, 7, 7, 7);  // untouched on error
+}
+
+TEST(Layout, ZeroGroupsHoldWholeEpGroups) {
+  ParallelConfig c = parallel(8, 1, 1);
+  c.ep = 4;
+  c.zero_group = 2;
+  ParallelLayout l;
+  EXPECT_EQ(resolve_layout(c, 8, &l),
+            "parallel.zero_group = 2 is not a multiple of parallel.ep = 4 (each ZeRO group must "
+            "hold whole groups of the ep ranks that split the experts)");
+  c.zero_group = 4;
+  EXPECT_EQ(resolve_layout(c, 8, &l), "");
+  EXPECT_EQ(l.zero_group, 4);
+  EXPECT_EQ(l.ep, 4);
 }
 
 using Ranges = std::vector<std::pair<int, int>>;
