@@ -2,10 +2,11 @@
 # `tessera plan` against published large runs (tools/reference/plan_published.py, docs/planning.md's table):
 # every row held to the model (not marked as staying outside, with its reason) must predict the
 # published throughput within +-10% (A100, and H100 by power class), and every mixture-of-experts
-# row so held (Megatron-Core's Mixtral 8x7B, expert parallelism's all-to-all priced) within +-15%:
+# row so held (Megatron-Core's Mixtral 8x7B, expert parallelism's all-to-all priced; Mixtral 8x22B
+# and the others are marked outside with their reasons) within +-15%:
 # a change to the step-time model, a built-in machine or the FLOP counting that moves a row
 # further fails here. And the check can fail: planned on a machine 30% faster than the row's, the
-# rows fall outside.
+# rows fall outside; a held MoE row's published number 30% off fails it.
 source "$(dirname "$0")/lib.sh"
 cd "$WORK" || exit 1
 if out=$("$PYTHON" "$ROOT/tools/reference/plan_published.py" --tessera "$TESSERA" --check \
@@ -36,5 +37,26 @@ then
   pass "a 1.3x faster machine puts the rows outside +-10%"
 else
   fail "the published check cannot fail"
+fi
+# And a held mixture-of-experts row is enforced at +-15%: each one's published number 30% higher
+# (one held dense row beside it, inside its tolerance) fails --check.
+if "$PYTHON" - "$ROOT/tools/reference" "$TESSERA" <<'PY' >/dev/null 2>moe_check.err
+import sys
+sys.path.insert(0, sys.argv[1])
+import plan_published as pub
+held = [r for r in pub.MOE_ROWS if not r[9]]
+if not held:
+    sys.exit("no mixture-of-experts row held")
+pub.ROWS = [r for r in pub.ROWS if not r[9]][:1]
+sys.argv = [sys.argv[0], "--tessera", sys.argv[2], "--check", "--tolerance", "0.10", "--moe-tolerance", "0.15"]
+for row in held:
+    pub.MOE_ROWS = [row[:6] + (row[6] * 1.3,) + row[7:]]
+    if pub.main() != 1:
+        sys.exit(f"{row[0]}: published x 1.3 still passes --check")
+PY
+then
+  pass "each held MoE row fails the check when its published number is 30% off"
+else
+  fail "held MoE rows not enforced: $(tail -1 moe_check.err)"
 fi
 finish

@@ -147,11 +147,37 @@ GPT_OSS_120B = ("model.arch=llama model.n_layer=36 model.n_head=45 model.n_kv_he
                 "model.ffn_hidden=2880 model.vocab_size=201088 model.tie_embeddings=false "
                 "model.block_size=4096 data.seq_len=4096 model.attention=fused model.moe.experts=128 "
                 "model.moe.top_k=4 model.moe.ffn=2880")
+# Mixtral 8x22B (Megatron-MoE-ModelZoo's model_configs/benchmarking/Mixtral-8x22B.yaml: 56 layers of
+# 6144, 48 heads sharing 8, MLP 16384, 8 experts top-2, the Llama-2 tokenizer's 32000 tokens).
+MIXTRAL_8X22B = ("model.arch=llama model.n_layer=56 model.n_head=48 model.n_kv_head=8 model.n_embd=6144 "
+                 "model.ffn_hidden=16384 model.vocab_size=32000 model.tie_embeddings=false "
+                 "model.block_size=4096 data.seq_len=4096 model.attention=fused model.moe.experts=8 "
+                 "model.moe.top_k=2 model.moe.ffn=16384")
+# Its benchmark (https://github.com/yanring/Megatron-MoE-ModelZoo, best_practice/mixtral/
+# run_mixtral_8x22B.sh, added Dec 2025 as best_practice/Mixtral/, commit b09773a): 16 nodes of H100,
+# micro-batch 1, batch 256 of 4096, bf16, dropless with the aux loss, "stable performance should be
+# around 445TFLOPS" (465 with the router forced to balance); runtime_configs/benchmarking/
+# runtime.conf: TP 2, PP 8, EP 8, VPP 7; the model's yaml: sequence parallelism, the distributed
+# optimizer, --expert-tensor-parallel-size 1.
+# Its TFLOPS are Megatron's count since its March 2025 fix (Megatron-LM commit 8873b55: the
+# attention's s^2 term halved for the causal mask), 12 L h^2 (1 + g/a + s/2h + 3/2 k f/h + V/2Lh)
+# = 242.2 GFLOP a token, where tessera's model FLOPs count the whole s^2 (250.6 G): the row is
+# compared in tokens/s, 445 TFLOP/s over Megatron's count.
+MIXTRAL_8X22B_MEGATRON_FLOPS = 12 * 56 * 6144**2 * (1 + 8 / 48 + 4096 / (2 * 6144) + 1.5 * 2 * 16384 / 6144 +
+                                                    32000 / (2 * 56 * 6144))
+MIXTRAL_8X22B_LAYOUT = ("parallel.tp=2 parallel.pp=8 parallel.virtual_stages=7 parallel.dp=8 parallel.ep=8 "
+                        "parallel.sequence_parallel=true")
 MOE_ROWS = [
     ("MoE: Mixtral 8x7B, Megatron-Core v0.9 (MoE README: 468 TFLOPS bf16)", 64, MIXTRAL_8X7B,
      MIXTRAL_LAYOUT, 256, 1, 468, "model", "h100-sxm-700w", ""),
     ("MoE: Mixtral 8x7B, Megatron-Core v0.8 (MoE README: 438 TFLOPS bf16; the layout taken as v0.9's)",
      64, MIXTRAL_8X7B, MIXTRAL_LAYOUT, 256, 1, 438, "model", "h100-sxm-700w", ""),
+    ("MoE: Mixtral 8x22B, Megatron-MoE-ModelZoo (dropless, about 445 TFLOPS bf16 by Megatron's causal count)",
+     128, MIXTRAL_8X22B, MIXTRAL_8X22B_LAYOUT, 256, 1, 445e12 / MIXTRAL_8X22B_MEGATRON_FLOPS, "tokens",
+     "h100-sxm-700w",
+     "Megatron runs the experts unsplit (expert tensor parallel 1) with EP 8 folded over TP 2 x DP 4 "
+     "inside a node; tessera splits each expert over tp = 2 and carves ep = 8 from dp, so its "
+     "all-to-all crosses two nodes with every tp rank sending whole rows: another expert layout"),
     ("MoE: gpt-oss-120b, Megatron-Bridge 26.04.01 (DGX-H100, BF16)", 64, GPT_OSS_120B,
      "parallel.tp=1 parallel.pp=4 parallel.dp=16 parallel.ep=8", 1280, 1, 5824, "tokens",
      "h100-sxm-700w",
