@@ -227,6 +227,10 @@ struct ParallelConfig {
   // Expert parallelism: each MoE layer's experts split over ep ranks carved from dp x cp (the
   // dense weights stay replicated over dp x cp, the experts' over dp x cp / ep).
   int ep = 1;
+  // The experts' split over tp: 0 (or tp) as the dense MLP's; 1 = whole experts on every tp
+  // rank, each routing its own sequence-parallel rows, the ep groups folded over tp x dp x cp
+  // (Megatron's expert tensor parallelism 1 with parallel folding).
+  int expert_tp = 0;
   CpComm cp_comm = CpComm::Ring;  // ring | allgather: how attention's K/V reach the cp ranks
 };
 

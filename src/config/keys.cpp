@@ -211,6 +211,7 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel", "pp", IntOrAuto{&c.parallel.pp}},
       {"parallel", "cp", &c.parallel.cp},
       {"parallel", "ep", &c.parallel.ep},
+      {"parallel", "expert_tp", &c.parallel.expert_tp},
       {"parallel", "cp_comm", choice(&c.parallel.cp_comm)},
       {"parallel", "schedule", choice(&c.parallel.schedule)},
       {"parallel", "zero", &c.parallel.zero},

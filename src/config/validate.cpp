@@ -240,6 +240,10 @@ void validate_moe(const Config& c, const Deck& deck) {
           deck.sources[deck.index(name)].present)
         deck.fail_key(name, name + " needs model.moe.experts > 0 (a dense model has no experts)");
     }
+    if (c.parallel.expert_tp != 0)
+      deck.fail_later("model.moe.experts", "parallel.expert_tp",
+                      "parallel.expert_tp = " + num(c.parallel.expert_tp) +
+                          " needs model.moe.experts > 0 (a dense model has no experts)");
     if (c.parallel.ep > 1)
       deck.fail_later("model.moe.experts", "parallel.ep",
                       "parallel.ep = " + num(c.parallel.ep) +
@@ -276,11 +280,19 @@ void validate_moe(const Config& c, const Deck& deck) {
                     "model.moe.experts = " + num(e.experts) + " is not divisible by parallel.ep = " +
                         num(c.parallel.ep));
   const ParallelConfig& p = c.parallel;
-  if (p.dp > 0 && (long long)p.dp * p.cp % p.ep != 0)
+  at_least(deck, "parallel.expert_tp", p.expert_tp, 0);
+  // With whole experts on every tp rank the ep groups fold over tp x dp x cp.
+  const bool folded = p.expert_tp == 1 && p.tp > 1;
+  if (p.dp > 0 && !folded && (long long)p.dp * p.cp % p.ep != 0)
     deck.fail_later("parallel.dp", "parallel.ep",
                     "parallel.ep = " + num(p.ep) + " does not divide parallel.dp x parallel.cp = " +
                         num(p.dp) + " x " + num(p.cp) +
                         " (the expert ranks are carved from the data-parallel ones)");
+  if (p.dp > 0 && folded && (long long)p.tp * p.dp * p.cp % p.ep != 0)
+    deck.fail_later("parallel.dp", "parallel.ep",
+                    "parallel.ep = " + num(p.ep) + " does not divide parallel.tp x parallel.dp x "
+                    "parallel.cp = " + num(p.tp) + " x " + num(p.dp) + " x " + num(p.cp) +
+                        " (with parallel.expert_tp = 1 the expert ranks fold over tp, dp and cp)");
 }
 
 // Context parallelism: each sequence in 2 x cp chunks, K/V passed round a ring or all-gathered.

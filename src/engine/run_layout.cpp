@@ -6,6 +6,25 @@ namespace tessera {
 
 namespace {
 
+// Whole experts on every tp rank (parallel.expert_tp = 1): each tp rank routes its own rows.
+std::string whole_experts_problem(const Config& cfg, const ParallelLayout& layout) {
+  if (!layout.experts_whole) return "";
+  const std::string whole = "parallel.expert_tp = 1 with parallel.tp = " +
+                            std::to_string(layout.tp);
+  const MoeConfig& m = cfg.model.moe;
+  if (!cfg.parallel.sequence_parallel)
+    return whole + " needs parallel.sequence_parallel: true (each tp rank routes its own rows)";
+  if (m.capacity_factor > 0)
+    return whole + " and model.moe.capacity_factor = " + std::to_string(m.capacity_factor) +
+           ": each tp rank would drop its own rows' choices; use a dropless model";
+  if (m.shared_experts > 0)
+    return whole + " and model.moe.shared_experts = " + std::to_string(m.shared_experts) +
+           ": not combined yet (docs/status.md)";
+  if (cfg.optim.name == OptimRule::Adafactor)
+    return whole + " and optim.name: adafactor: not combined yet (docs/status.md)";
+  return "";
+}
+
 // What the mixture-of-experts layers do not run on yet, and their splits over tp.
 std::string moe_layout_problem(const Config& cfg, const ModelShape& shape,
                                const ParallelLayout& layout) {
@@ -16,7 +35,12 @@ std::string moe_layout_problem(const Config& cfg, const ModelShape& shape,
   if (cfg.device.precision == Precision::Fp8)
     return "device.precision = fp8: " + moe + " runs its experts in bf16 or fp32 only "
            "(docs/status.md)";
-  if (shape.moe.ffn % layout.tp != 0)
+  if (cfg.parallel.expert_tp > 1 && cfg.parallel.expert_tp != layout.tp)
+    return "parallel.expert_tp = " + std::to_string(cfg.parallel.expert_tp) +
+           " must be 1 (whole experts on every tp rank) or parallel.tp = " +
+           std::to_string(layout.tp) + " (each expert split as the dense MLP)";
+  if (std::string e = whole_experts_problem(cfg, layout); !e.empty()) return e;
+  if (!layout.experts_whole && shape.moe.ffn % layout.tp != 0)
     return "parallel.tp = " + std::to_string(layout.tp) + " does not divide model.moe.ffn = " +
            std::to_string(shape.moe.ffn) + " (every expert splits over tp as the dense MLP)";
   // A capacity bounds an expert's rows per rank and micro-batch: with the micro-batch's tokens
@@ -90,7 +114,8 @@ std::string make_run_layout(const Config& cfg, const ModelShape& shape,
 LocalLayout rank_tile(const RunLayout& run, const ModelShape& shape, int tp_rank, int pp_rank,
                       int ep_rank) {
   return make_local_layout(shape, run.layout.tp, tp_rank, run.stage_chunks[size_t(pp_rank)],
-                           pp_rank == 0, pp_rank == run.layout.pp - 1, run.layout.ep, ep_rank);
+                           pp_rank == 0, pp_rank == run.layout.pp - 1, run.layout.ep, ep_rank,
+                           run.layout.experts_whole);
 }
 
 std::vector<Action> rank_schedule(const Config& cfg, const RunLayout& run, int pp_rank) {

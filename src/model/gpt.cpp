@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.hpp"
+#include "model/mlp.hpp"
 
 #include "backend/cpu/backend.hpp"
 #include "backend/declare.hpp"
@@ -146,9 +147,18 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   std::vector<int> routed;
   for (int l = begin_; l < end_; ++l)
     if (layout.canonical.shape.moe.layer(l)) routed.push_back(l);
-  if (!routed.empty())
+  // Whole experts on every tp rank (parallel.expert_tp = 1): each routes its own Nr rows through
+  // its experts' whole width; tp then only sums the router's statistics.
+  if (!routed.empty() && layout.experts_whole) {
+    BlockWidths whole = w;
+    whole.ef = layout.canonical.shape.moe.ffn;
+    whole.efc1 = mlp_fc1_columns(family.mlp, whole.ef);
+    moe_ = std::make_unique<MoeLayer<Backend>>(layout.canonical.shape, whole, options_.moe, routed,
+                                               slots, int(Nr), nullptr, cp, ep, arena, tp);
+  } else if (!routed.empty()) {
     moe_ = std::make_unique<MoeLayer<Backend>>(layout.canonical.shape, w, options_.moe, routed,
                                                slots, int(N), tp, cp, ep, arena);
+  }
   // Rotary positions' table: (T, hs/2) cos and sin pairs.
   if (family.position == Positions::Rotary)
     h_rope_ = arena.add("rotary table" + of, size_t(max_seq) * size_t(w.hs) * sizeof(float));
@@ -214,6 +224,8 @@ std::vector<std::pair<size_t, size_t>> Gpt<Backend>::tp_partial_gradients(int l)
   } else {
     for (LayerRole r : {kNorm1W, kNorm1B, kNorm2W, kNorm2B})
       if (lay.canonical.has(l, r)) add(lay.layer(l, r));
+    // Whole experts: each tp rank routes its own rows, so the router's gradient is partial too.
+    if (lay.experts_whole && lay.canonical.has(l, kRouterW)) add(lay.layer(l, kRouterW));
   }
   return out;
 }

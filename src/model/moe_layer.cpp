@@ -17,10 +17,11 @@ namespace tessera {
 template <class Backend>
 MoeLayer<Backend>::MoeLayer(const ModelShape& shape, const BlockWidths& width,
                             const MoeOptions& options, std::vector<int> layers, int slots,
-                            int max_n, Comm* tp, Comm* cp, Comm* ep, Arena& arena)
+                            int max_n, Comm* tp, Comm* cp, Comm* ep, Arena& arena,
+                            Comm* rows_tp)
     : shape_(shape), width_(width), options_(options), mlp_(family(shape.arch).mlp),
       layers_(std::move(layers)), slots_(slots), max_n_(max_n), tp_(tp), cp_(cp), ep_(ep),
-      ep_size_(ep != nullptr ? ep->size() : 1), arena_(&arena) {
+      rows_tp_(rows_tp), ep_size_(ep != nullptr ? ep->size() : 1), arena_(&arena) {
   options_.routing.experts = shape.moe.experts;
   options_.routing.top_k = shape.moe.top_k;
   const size_t N = size_t(max_n), E = size_t(shape.moe.experts), k = size_t(shape.moe.top_k);
@@ -92,6 +93,11 @@ void MoeLayer<Backend>::move_bias() {
     }
   }
   set_bias(host_bias_);
+}
+
+template <class Backend>
+int MoeLayer<Backend>::row_split() const {
+  return (cp_ != nullptr ? cp_->size() : 1) * (rows_tp_ != nullptr ? rows_tp_->size() : 1);
 }
 
 template <class Backend>
@@ -256,11 +262,10 @@ void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int lay
   for (int e = 0; e < E; ++e) load[size_t(e)] = d.routed[size_t(e)];
   load[size_t(E)] = double(d.dropped);
   Backend::to_device(router_stats_ + E + 1, load.data(), (size_t(E) + 1) * sizeof(double));
-  int Ntot = N;
-  if (cp_ != nullptr && cp_->size() > 1) {
-    cp_->all_reduce_sum(router_stats_, 2 * size_t(E) + 2);
-    Ntot = N * cp_->size();
-  }
+  const int Ntot = N * row_split();
+  if (cp_ != nullptr && cp_->size() > 1) cp_->all_reduce_sum(router_stats_, 2 * size_t(E) + 2);
+  if (rows_tp_ != nullptr && rows_tp_->size() > 1)
+    rows_tp_->all_reduce_sum(router_stats_, 2 * size_t(E) + 2);
   Backend::to_host(host_stats_.data(), router_stats_, (2 * size_t(E) + 2) * sizeof(double));
   for (int e = 0; e <= E; ++e) load[size_t(e)] = host_stats_[size_t(E + 1 + e)];
   if (!record) return;
@@ -351,7 +356,7 @@ void MoeLayer<Backend>::backward(Act* dx, const Act* dout, const Act* x, const P
   // the z-loss; its input gradient is whole on every tp rank, so rank 0 alone adds it to the
   // partial sum.
   const std::vector<double>& load = loads_[at(layer, slot)];
-  const int Ntot = N * (cp_ != nullptr ? cp_->size() : 1);
+  const int Ntot = N * row_split();
   const bool with_aux = options_.aux_loss != 0;
   if (with_aux) {
     std::vector<float> host(size_t(E) * 1);
@@ -373,10 +378,10 @@ template class MoeLayer<CpuBackend>;
 // Declarations only (`tessera plan`, backend/declare.hpp): the stage's constructor sizes it.
 template MoeLayer<DeclareBackend<float>>::MoeLayer(const ModelShape&, const BlockWidths&,
                                                    const MoeOptions&, std::vector<int>, int, int,
-                                                   Comm*, Comm*, Comm*, Arena&);
+                                                   Comm*, Comm*, Comm*, Arena&, Comm*);
 template MoeLayer<DeclareBackend<Bf16Bytes>>::MoeLayer(const ModelShape&, const BlockWidths&,
                                                        const MoeOptions&, std::vector<int>, int,
-                                                       int, Comm*, Comm*, Comm*, Arena&);
+                                                       int, Comm*, Comm*, Comm*, Arena&, Comm*);
 template size_t MoeLayer<DeclareBackend<float>>::activation_bytes() const;
 template size_t MoeLayer<DeclareBackend<Bf16Bytes>>::activation_bytes() const;
 #ifdef TESSERA_CUDA

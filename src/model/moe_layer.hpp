@@ -66,10 +66,14 @@ class MoeLayer {
   };
 
   // layers: this chunk's MoE layers (their model indices); slots: the micro-batches kept.
-  // Declares its buffers in `arena`. cp and ep may be nullptr (one rank).
+  // Declares its buffers in `arena`. cp and ep may be nullptr (one rank). rows_tp: with whole
+  // experts on every tp rank (parallel.expert_tp = 1; tp then nullptr), the tp group over which
+  // the micro-batch's rows are split, whose router statistics are summed as cp's.
   MoeLayer(const ModelShape& shape, const BlockWidths& width, const MoeOptions& options,
            std::vector<int> layers, int slots, int max_n, Comm* tp, Comm* cp, Comm* ep,
-           Arena& arena);
+           Arena& arena, Comm* rows_tp = nullptr);
+  // Whether it takes this rank's own rows (whole experts), not the rows gathered over tp.
+  bool own_rows() const { return rows_tp_ != nullptr; }
   void bind();
   bool routed(int layer) const { return index_of(layer) >= 0; }
   // Layer `layer`'s MoE MLP on micro-batch `slot`: x (N,C) the gathered norm output; out (N,C)
@@ -130,8 +134,10 @@ class MoeLayer {
   MlpKind mlp_;
   std::vector<int> layers_;
   int slots_, max_n_;
-  Comm *tp_, *cp_, *ep_;
+  Comm *tp_, *cp_, *ep_, *rows_tp_;
   int ep_size_ = 1;
+  // The micro-batch's rows over this rank's: cp ranks times (whole experts) tp ranks.
+  int row_split() const;
   Arena* arena_;
   size_t h_act_ = 0, h_float_ = 0, h_int_ = 0, h_scratch_ = 0, h_fscratch_ = 0, h_stats_ = 0;
   size_t act_per_ = 0, float_per_ = 0, int_per_ = 0;  // one layer and slot's kept elements

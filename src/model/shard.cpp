@@ -36,13 +36,16 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int 
 
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
                               const std::vector<LayerRange>& chunks, bool first, bool last,
-                              int ep, int ep_rank) {
+                              int ep, int ep_rank, bool experts_whole) {
   LocalLayout L;
   L.canonical = make_param_layout(shape);
   L.tp = tp;
   L.tp_rank = tp_rank;
   L.ep = ep;
   L.ep_rank = ep_rank;
+  L.experts_whole = experts_whole;
+  // The ep ranks owning the dense tensors: the first (the first tp ranks with whole experts).
+  const int dense_owners = experts_whole ? tp : 1;
   L.chunks = chunks;
   L.first = first;
   L.last = last;
@@ -51,6 +54,9 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
 
   auto add = [&](size_t canonical, Split split, bool owner) {
     const ParamTensor& c = L.canonical.tensors[canonical];
+    // Whole experts: each tp rank holds its experts' tensors whole (its own, by the folded ep).
+    const bool whole = experts_whole && expert_role(c.role);
+    if (whole) split = Split::Replicated;
     const size_t rows = c.shape[0], cols = c.shape.size() == 2 ? c.shape[1] : 1;
     LocalTensor t;
     t.canonical = canonical;
@@ -83,8 +89,8 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
       }
       t.blocks = kept;
     } else if (ep > 1) {
-      t.ep_copy = ep_rank > 0 && owner;
-      owner = owner && ep_rank == 0;
+      t.ep_copy = ep_rank >= dense_owners && owner;
+      owner = owner && ep_rank < dense_owners;
     }
     size_t local_rows = 0;
     for (const Block& b : t.blocks) local_rows += b.rows;
@@ -93,7 +99,7 @@ LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
                                   : std::vector<size_t>{local_rows};
     t.numel = local_rows * local_cols;
     t.offset = L.total;
-    t.owner = owner && (split != Split::Replicated || tp_rank == 0);
+    t.owner = owner && (split != Split::Replicated || tp_rank == 0 || whole);
     t.ep_copy = t.ep_copy && (split != Split::Replicated || tp_rank == 0);
     L.total += t.numel;
     L.tensors.push_back(std::move(t));

@@ -53,6 +53,10 @@ struct LocalLayout {
   // of each MoE layer, and owns (checkpoints, the gradient norm) its dense tensors only at
   // ep_rank 0 (the other ep ranks hold copies).
   int ep = 1, ep_rank = 0;
+  // parallel.expert_tp = 1: the experts whole on every tp rank (not cut by tp), the ep ranks
+  // folded over tp x dp x cp; a dense tensor's owners are the ep group's first tp ranks (each
+  // holding its tp slice), the other ep ranks hold copies.
+  bool experts_whole = false;
   // This stage's layers: one range, or with virtual stages one per chunk (chunk c is virtual
   // stage c * pp + stage), in the local buffer's order.
   std::vector<LayerRange> chunks;
@@ -94,7 +98,7 @@ struct LocalLayout {
 // by check_layout).
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank,
                               const std::vector<LayerRange>& chunks, bool first, bool last,
-                              int ep = 1, int ep_rank = 0);
+                              int ep = 1, int ep_rank = 0, bool experts_whole = false);
 
 // One chunk: layers [layer_begin, layer_end).
 LocalLayout make_local_layout(const ModelShape& shape, int tp, int tp_rank, int layer_begin,

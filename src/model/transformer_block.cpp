@@ -139,9 +139,14 @@ void TransformerBlock<Backend>::forward(const LayerUnits& u, int l, const Acts& 
   if (w.p[kProjB]) Backend::bias_add(a.attproj, w.p[kProjB], Nr, C);
   Backend::residual_forward(a.res2, a.in, a.attproj, NrC);
   norm_forward(a.norm2, a.norm2_mean, a.norm2_rstd, a.res2, w.p[kNorm2W], w.p[kNorm2B], Nr);
-  partial = sp ? scratch(kPartial) : a.fc2;
-  mlp_forward(l, partial, gather_rows(a.norm2, scratch(kGather), N), w, a, N);
-  reduce_rows(partial, a.fc2, N);
+  if (own_rows(l)) {
+    // Whole experts (parallel.expert_tp = 1): this rank's own rows in, their whole output out.
+    moe_->forward(a.fc2, a.norm2, moe_params(w), l, a.slot, Nr, !a.recomputing);
+  } else {
+    partial = sp ? scratch(kPartial) : a.fc2;
+    mlp_forward(l, partial, gather_rows(a.norm2, scratch(kGather), N), w, a, N);
+    reduce_rows(partial, a.fc2, N);
+  }
   if (w.p[kFc2B]) Backend::bias_add(a.fc2, w.p[kFc2B], Nr, C);
   Backend::residual_forward(a.out, a.res2, a.fc2, NrC);
 }
@@ -203,8 +208,14 @@ void TransformerBlock<Backend>::backward(const LayerUnits& u, int l, const Acts&
   // row-parallel GEMMs read it whole (all-gathered), and the column-parallel GEMMs' input
   // gradients are partial sums over tp (kDNorm), reduced back into this rank's rows.
   Act* dres = scratch(kDRes);
-  mlp_backward(l, w, a, N);
-  const Act* dnorm2 = reduce_rows(scratch(kDNorm), scratch(kDNormRows), N);
+  const Act* dnorm2 = scratch(kDNormRows);
+  if (own_rows(l)) {  // whole experts: this rank's rows' gradients are whole
+    zero(scratch(kDNormRows), size_t(Nr) * n_embd());
+    moe_->backward(scratch(kDNormRows), dres, a.norm2, moe_params(w), l, a.slot, Nr, loss_weight_);
+  } else {
+    mlp_backward(l, w, a, N);
+    dnorm2 = reduce_rows(scratch(kDNorm), scratch(kDNormRows), N);
+  }
   norm_backward(dres, w.g[kNorm2W], w.g[kNorm2B], dnorm2, a.res2, w.p[kNorm2W], a.norm2_mean,
                 a.norm2_rstd, Nr);
   attention_backward(l, w, a, B, T);

@@ -160,6 +160,8 @@ class TransformerBlock {
 
   // Sequence parallelism: the split of the B*T rows (tp, or 1 without it).
   int seq_split() const { return options_.sequence_parallel ? layout_->tp : 1; }
+  // Layer l routes this rank's own rows through whole experts (parallel.expert_tp = 1).
+  bool own_rows(int l) const { return moe_ && moe_->routed(l) && moe_->own_rows(); }
   int n_embd() const { return layout_->canonical.shape.n_embd; }
 
   const LocalLayout* layout_;

@@ -65,7 +65,8 @@ std::string resolve_layout(const ParallelConfig& cfg, int world_size, ParallelLa
     }
     value[a] = static_cast<int>(world_size / fixed);
   }
-  *out = ParallelLayout{value[0], value[1], value[2], cfg.zero_group, cp, cfg.ep < 1 ? 1 : cfg.ep};
+  *out = ParallelLayout{value[0], value[1], value[2], cfg.zero_group, cp, cfg.ep < 1 ? 1 : cfg.ep,
+                        cfg.expert_tp == 1 && value[1] > 1};
   if (cfg.zero_group > 0 && out->dpcp() % cfg.zero_group != 0)
     return "parallel.zero_group = " + num(cfg.zero_group) + " does not divide parallel.dp" +
            (cp > 1 ? " x cp = " + num(value[0]) + " x " + num(cp) : " = " + num(value[0])) +
@@ -138,6 +139,21 @@ std::string check_layout(const ParallelLayout& layout, int n_head, int padded_vo
 }
 
 std::string check_expert_groups(const ParallelLayout& l) {
+  if (l.experts_whole) {
+    // Folded over tp: each ep group takes whole tp groups, so that a dense tensor's tp slices
+    // are owned by one group's first tp ranks (model/shard.cpp).
+    if (l.ep % l.tp != 0)
+      return "parallel.ep = " + num(l.ep) + " is not a multiple of parallel.tp = " + num(l.tp) +
+             " (with parallel.expert_tp = 1 each ep group takes whole tp groups)";
+    if (static_cast<long long>(l.tp) * l.dpcp() % l.ep != 0)
+      return "parallel.ep = " + num(l.ep) + " does not divide tp x dp x cp = " +
+             num(static_cast<long long>(l.tp) * l.dpcp()) +
+             " (with parallel.expert_tp = 1 the expert ranks fold over tp, dp and cp)";
+    if (l.zero_group > 0)
+      return "parallel.zero_group = " + num(l.zero_group) + " with parallel.expert_tp = 1: hybrid "
+             "sharding is not combined with experts folded over tp yet; use zero_group 0";
+    return "";
+  }
   // Hybrid sharding with expert parallelism: each ZeRO group holds whole expert groups, so that
   // the experts' state splits over the group's ranks holding the same experts.
   if (l.zero_group > 0 && l.ep > 1 && l.zero_group % l.ep != 0)
@@ -158,7 +174,14 @@ MeshShape mesh_shape(const ParallelLayout& l) {
   // ep consecutive ranks split the experts; the others holding the same experts (edp)
   // are the ZeRO group's eshard = zero_group / ep of them, which split the experts' state, times
   // the ereplica groups holding the same parts (the replica groups: with one ZeRO group, 1).
-  if (l.ep > 1)
+  // With whole experts on every tp rank the cut takes tp x cp x dp (tp fastest; not hybrid).
+  if (l.ep > 1 && l.experts_whole)
+    if (std::string e = mesh.add_view({"tp", "cp", "dp"}, {{"ep", l.ep},
+                                                           {"eshard", l.tp * l.dpcp() / l.ep},
+                                                           {"ereplica", 1}});
+        !e.empty())
+      throw std::logic_error(e);
+  if (l.ep > 1 && !l.experts_whole)
     if (std::string e = mesh.add_view({"cp", "dp"}, {{"ep", l.ep},
                                                      {"eshard", group / l.ep},
                                                      {"ereplica", l.dpcp() / group}});

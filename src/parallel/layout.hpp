@@ -21,6 +21,10 @@ struct ParallelLayout {
   // ranks (cp fastest), each group's ranks holding E / ep of them; edp = dp x cp / ep ranks hold
   // the same experts (their gradients reduce over them).
   int ep = 1;
+  // parallel.expert_tp = 1 with tp > 1: every tp rank holds whole experts and routes its own
+  // sequence-parallel rows; the ep groups are ep consecutive ranks of tp x cp x dp (tp fastest:
+  // folded over tp), edp = tp x dp x cp / ep of them holding the same experts.
+  bool experts_whole = false;
   // The ranks holding the same parameters (same tp, pp): their gradients reduce over them.
   int dpcp() const { return dp * cp; }
   int shard_size() const { return zero_group > 0 ? zero_group : dpcp(); }

@@ -11,6 +11,12 @@ namespace tessera {
 
 namespace {
 
+// The ranks an expert unit's ZeRO state splits over: a ZeRO group's holders of the same experts
+// (edp without hybrid sharding; with whole experts the folded edp, tp x dp x cp / ep).
+int experts_group(const ParallelLayout& l) {
+  return l.experts_whole ? l.tp * l.dpcp() / l.ep : l.shard_size() / l.ep;
+}
+
 // The data-parallel payload and traffic (comm.hpp gives them by ZeRO stage).
 void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, int pp_rank,
               uint64_t param_buffer, int act_bytes, CommBytes* out) {
@@ -27,7 +33,7 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
     // (The search plans thousands of layouts: a tile only where ep splits it.)
     const LocalLayout tile = l.ep > 1 ? rank_tile(run, shape, 0, pp_rank) : LocalLayout{};
     const double experts = double(tile.expert_elements());
-    const int edp = l.dpcp() / l.ep;
+    const int edp = (l.experts_whole ? l.tp : 1) * l.dpcp() / l.ep;
     out->dp_all_reduce = 4 * (P - experts);
     out->dp_experts = edp > 1 ? 4 * experts : 0;
     out->payload[Traffic::dp] = out->dp_all_reduce + out->dp_experts;
@@ -36,7 +42,7 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
     // ZeRO-1 with ep: the same sums, then every unit's updated parts (the master, or the bf16
     // copy) all-gathered over its group, the experts' over the ZeRO group's ranks holding the
     // same experts (edp, or n / ep with hybrid sharding); nothing for a group of one.
-    const ShardPlan plan = make_shard_plan(tile, n, 0, n / l.ep, 0);
+    const ShardPlan plan = make_shard_plan(tile, n, 0, experts_group(l), 0);
     for (size_t u = 0; u < tile.units.size(); ++u) {
       if (plan.group[u] == 1) continue;
       const double bytes = double(plan.whole(int(u))) * act_bytes;
@@ -57,7 +63,7 @@ void dp_bytes(const Config& cfg, const ModelShape& shape, const RunLayout& run, 
   const LocalLayout tile = rank_tile(run, shape, 0, pp_rank);
   // Expert parallelism: an MoE layer's experts are a unit of their own, sharded over the ZeRO
   // group's ranks holding the same experts (edp; n / ep with hybrid sharding).
-  const ShardPlan plan = make_shard_plan(tile, n, 0, n / l.ep, 0);
+  const ShardPlan plan = make_shard_plan(tile, n, 0, experts_group(l), 0);
   auto unit_of = [&](int tensor) { return tile.unit_of_tensor[size_t(tensor)]; };
   // A unit padded to its group's parts; nothing travels for a group of one.
   auto whole = [&](int u) { return plan.group[size_t(u)] > 1 ? double(plan.whole(u)) : 0.0; };
@@ -137,16 +143,24 @@ CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout
     out.payload[Traffic::tp] = m * (L * tp_collectives(cost, false, full) * act +
                                      (first ? act : 0) + (last ? act + ce : 0));
   } else if (sp) {
-    out.payload[Traffic::tp] = m * (L * tp_collectives(cost, true, full) * act +
-                                     (first ? 2 * act : 0) + (last ? 3 * act + ce : 0));
+    // Whole experts (parallel.expert_tp = 1): an MoE layer's MLP section routes this rank's own
+    // rows, no gather or reduce-scatter; its router statistics summed over tp instead, and the
+    // router's gradient partial over tp as the norms'.
+    const double whole = l.experts_whole ? moe : 0;
+    out.payload[Traffic::tp] =
+        m * ((L - whole / cost.sections) * tp_collectives(cost, true, full) * act +
+             (first ? 2 * act : 0) + (last ? 3 * act + ce : 0));
     // (ZeRO-2/3 sum them in each micro-batch's unit buffers, before the reduce-scatter.)
     const double per_layer = layer_norm_params(shape), final_norm = final_norm_params(shape);
-    out.payload[Traffic::tp] +=
-        4 * (L * per_layer + (last ? final_norm : 0)) * (cfg.parallel.zero >= 2 ? m : 1);
+    const double router = double(shape.moe.experts) * C;
+    out.payload[Traffic::tp] += 4 * (L * per_layer + whole * router + (last ? final_norm : 0)) *
+                                (cfg.parallel.zero >= 2 ? m : 1);
+    out.moe_stats_tp = m * whole * 8.0 * (2 * shape.moe.experts + 2) * (full ? 2 : 1);
+    out.payload[Traffic::tp] += out.moe_stats_tp;
   }
   // An MoE layer's gates' gradient reads the whole expert output: each tp rank's partial dots
   // summed (model/moe_layer.hpp), this rank's b T tokens x top_k.
-  if (l.tp > 1 && moe > 0) {
+  if (l.tp > 1 && moe > 0 && !l.experts_whole) {
     out.moe_gates = m * moe * 4.0 * b * T * shape.moe.top_k;
     out.payload[Traffic::tp] += out.moe_gates;
   }
@@ -168,7 +182,7 @@ CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout
   // ep: the all-to-alls of the rows routed to the other ep ranks' experts (comm.hpp).
   if (l.ep > 1 && moe > 0) {
     const MoeShape& e = shape.moe;
-    const int N = int(b * T);
+    const int N = int(b * T) / (l.experts_whole ? l.tp : 1);  // the rows this rank routes
     const double per_expert = std::min(double(N) * e.top_k / e.experts,
                                        double(moe_capacity(cfg.model.moe.capacity_factor, N,
                                                            e.top_k, e.experts)));

@@ -22,8 +22,9 @@ struct CommBytes {
   double dp_sharded = 0, dp_all_reduce = 0;
   // Of the tp payload, the MoE layers' gates' gradients (fp32, N k a layer and micro-batch, summed
   // in the backward); of the cp payload, their router statistics (2 E + 2 doubles, summed in
-  // each forward, a full recompute's rerun too).
-  double moe_gates = 0, moe_stats = 0;
+  // each forward, a full recompute's rerun too); with whole experts (parallel.expert_tp = 1) of
+  // the tp payload the same statistics summed over tp (moe_stats_tp).
+  double moe_gates = 0, moe_stats = 0, moe_stats_tp = 0;
   // Expert parallelism: of the dp payload, the experts' gradients, all-reduced over the edp ranks
   // holding the same experts (dp x cp / ep of them) where the rest sums over dp x cp; and the ep
   // payload's all-to-alls (exchanges) per micro-batch.

@@ -163,7 +163,10 @@ void finish_step(const Config& cfg, const ModelShape& shape, const RunLayout& ru
                        slowest_comm.dp_all_reduce).seconds
           : 0;
   const double experts_time =
-      any ? all_reduce(net, place(net, l.dpcp() / l.ep, l.tp * l.ep), slowest_comm.dp_experts)
+      any ? all_reduce(net,
+                       l.experts_whole ? place(net, l.tp * l.dpcp() / l.ep, l.ep)
+                                       : place(net, l.dpcp() / l.ep, l.tp * l.ep),
+                       slowest_comm.dp_experts)
                 .seconds
           : 0;
   const double dp_time = sharded_time + dense_time + experts_time;
@@ -364,7 +367,7 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
         l.tp <= 1 ? 0
                   : (sp_on ? ring_half(net, tp_group, tp_bytes, ops)
                            : all_reduce(net, tp_group, tp_bytes, ops).seconds) +
-                        (moe > 0 ? all_reduce(net, tp_group, gates, moe).seconds : 0);
+                        (gates > 0 ? all_reduce(net, tp_group, gates, moe).seconds : 0);
     // pp: a micro-batch's sends and receives, not overlapped with compute.
     const double pp_time =
         l.pp > 1 ? send(net, l.tp * l.cp * l.dp, bytes.payload[Traffic::pp] / run.n_micro, 2) : 0;
@@ -388,7 +391,8 @@ StepTime step_time(const Config& cfg, const ModelShape& shape, const RunLayout& 
                  : 0;
     // ep: each MoE layer's all-to-alls (ep members of consecutive dp x cp ranks, tp apart),
     // blocking: the experts wait for their rows, the next layer for their outputs.
-    const double ep_time = all_to_all(net, place(net, l.ep, l.tp),
+    // (Whole experts: ep consecutive ranks of tp x dp x cp, 1 apart.)
+    const double ep_time = all_to_all(net, place(net, l.ep, l.experts_whole ? 1 : l.tp),
                                       bytes.payload[Traffic::ep] / run.n_micro, bytes.ep_exchanges);
     const double mb = t + tp_time + pp_time + cp_time + ep_time;
     if (mb > slowest) {

@@ -753,8 +753,8 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
     start = end + 1;
   }
   EXPECT_EQ(sections, 10);
-  EXPECT_EQ(keys, 81);  // with device.nccl_overlap, anomaly_max_rollbacks, parallel.cp, cp_comm,
-                       // optim.name and reset_state, parallel.ep, log.breakdown,
+  EXPECT_EQ(keys, 82);  // with device.nccl_overlap, anomaly_max_rollbacks, parallel.cp, cp_comm,
+                       // optim.name and reset_state, parallel.ep and expert_tp, log.breakdown,
                        // data.document_mask and windows; the five device.fp8_* keys only
                        // with precision fp8 (Config.Fp8Keys), the three optim.adafactor_* keys
                        // only with optim.name adafactor (Config.OptimRuleKeys), the twelve

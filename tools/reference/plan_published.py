@@ -158,7 +158,8 @@ MIXTRAL_8X22B = ("model.arch=llama model.n_layer=56 model.n_head=48 model.n_kv_h
 # micro-batch 1, batch 256 of 4096, bf16, dropless with the aux loss, "stable performance should be
 # around 445TFLOPS" (465 with the router forced to balance); runtime_configs/benchmarking/
 # runtime.conf: TP 2, PP 8, EP 8, VPP 7; the model's yaml: sequence parallelism, the distributed
-# optimizer, --expert-tensor-parallel-size 1.
+# optimizer, --expert-tensor-parallel-size 1: tessera's parallel.expert_tp = 1, whole experts on
+# each tp rank with the ep group of 8 folded over tp 2 x dp 4 (one node), as Megatron folds it.
 # Its TFLOPS are Megatron's count since its March 2025 fix (Megatron-LM commit 8873b55: the
 # attention's s^2 term halved for the causal mask), 12 L h^2 (1 + g/a + s/2h + 3/2 k f/h + V/2Lh)
 # = 242.2 GFLOP a token, where tessera's model FLOPs count the whole s^2 (250.6 G): the row is
@@ -166,7 +167,7 @@ MIXTRAL_8X22B = ("model.arch=llama model.n_layer=56 model.n_head=48 model.n_kv_h
 MIXTRAL_8X22B_MEGATRON_FLOPS = 12 * 56 * 6144**2 * (1 + 8 / 48 + 4096 / (2 * 6144) + 1.5 * 2 * 16384 / 6144 +
                                                     32000 / (2 * 56 * 6144))
 MIXTRAL_8X22B_LAYOUT = ("parallel.tp=2 parallel.pp=8 parallel.virtual_stages=7 parallel.dp=8 parallel.ep=8 "
-                        "parallel.sequence_parallel=true")
+                        "parallel.sequence_parallel=true parallel.expert_tp=1")
 MOE_ROWS = [
     ("MoE: Mixtral 8x7B, Megatron-Core v0.9 (MoE README: 468 TFLOPS bf16)", 64, MIXTRAL_8X7B,
      MIXTRAL_LAYOUT, 256, 1, 468, "model", "h100-sxm-700w", ""),
@@ -174,10 +175,7 @@ MOE_ROWS = [
      64, MIXTRAL_8X7B, MIXTRAL_LAYOUT, 256, 1, 438, "model", "h100-sxm-700w", ""),
     ("MoE: Mixtral 8x22B, Megatron-MoE-ModelZoo (dropless, about 445 TFLOPS bf16 by Megatron's causal count)",
      128, MIXTRAL_8X22B, MIXTRAL_8X22B_LAYOUT, 256, 1, 445e12 / MIXTRAL_8X22B_MEGATRON_FLOPS, "tokens",
-     "h100-sxm-700w",
-     "Megatron runs the experts unsplit (expert tensor parallel 1) with EP 8 folded over TP 2 x DP 4 "
-     "inside a node; tessera splits each expert over tp = 2 and carves ep = 8 from dp, so its "
-     "all-to-all crosses two nodes with every tp rank sending whole rows: another expert layout"),
+     "h100-sxm-700w", ""),
     ("MoE: gpt-oss-120b, Megatron-Bridge 26.04.01 (DGX-H100, BF16)", 64, GPT_OSS_120B,
      "parallel.tp=1 parallel.pp=4 parallel.dp=16 parallel.ep=8", 1280, 1, 5824, "tokens",
      "h100-sxm-700w",
