@@ -13,6 +13,11 @@
 // added on tp rank 0 only, so it is in the sum once. The gates' gradient reads the whole
 // expert output: its partial dot products are summed over tp (N k numbers).
 //
+// Whole experts (parallel.expert_tp = 1, with sequence parallelism): each tp rank holds its
+// experts whole and routes only its own 1/tp of the rows (the block calls it on them, before any
+// gather); nothing is summed over tp but the router's statistics (as cp's, below) and, by the
+// engine, the router's gradient.
+//
 // Context parallelism: each rank routes its own tokens; the balancing losses read sums over the
 // whole micro-batch (the router's statistics and the experts' loads summed over cp), so every
 // layout optimises the same objective.

@@ -17,7 +17,7 @@
 # with ZeRO-3 and selective recompute, against the 1-rank CPU run too. Mixture-of-experts layers
 # (GPT-2 every second layer, LLaMA every layer) in fp32 and bf16, and with 2 GPUs on dp=2,
 # tp=2, ep=2 and ep=2 under ZeRO-3 and ZeRO-1 (fp32 and bf16), hybrid ZeRO-3 with ep=2 on
-# dp2 x cp2, Adafactor at ep=2 (fp32), and
+# dp2 x cp2, whole experts on tp=2 (expert_tp=1), Adafactor at ep=2 (fp32), and
 # with the auxiliary-loss-free bias and with shared experts (one GPU and ep=2). Document-masked
 # attention (gemm, fused, bf16, and cp=2 with 2 GPUs) against the CPU's masked run.
 # Without a GPU: skipped,
@@ -284,6 +284,11 @@ if train cpu_moe 1 device.backend=cpu "${moe[@]}"; then
       parallel.ep=2 parallel.zero=1 "${moe[@]}" &&
       cmp bf16_moe_ep2_zero1_near_cpu cpu_moe bf16_moe_ep2_zero1 --loss-rtol 2e-2 \
         --param-norm-tol 2e-2
+    # Whole experts on every tp rank (parallel.expert_tp = 1): each tp rank routes its own
+    # sequence-parallel rows, ep = 2 folded over tp = 2.
+    train cuda_moe_etp1 2 device.backend=cuda parallel.tp=2 parallel.sequence_parallel=true \
+      parallel.ep=2 parallel.expert_tp=1 "${moe[@]}" &&
+      cmp cuda_moe_etp1 cpu_moe cuda_moe_etp1 --loss-rtol 1e-5 --param-tol 1e-4
     # Hybrid sharding with ep: ZeRO-3 in groups of 2 on dp2 x cp2 (each group one ep pair, its
     # experts' units whole on their rank, the parts' sums over the replicas on NCCL).
     [ "$gpus" -ge 4 ] && train cuda_moe_ep2_hybrid_zero3 4 device.backend=cuda parallel.dp=2 \

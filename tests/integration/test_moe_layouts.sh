@@ -78,6 +78,15 @@ suite gpt "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1" \
 suite gpt "ep2_hybrid_zero1 4 1 1 parallel.ep=2 parallel.zero=1 parallel.zero_group=2" \
   "ep2_hybrid_zero2 4 1 1 parallel.ep=2 parallel.zero=2 parallel.zero_group=2" \
   "ep2_cp2_hybrid_zero3 4 1 1 parallel.cp=2 parallel.ep=2 parallel.zero=3 parallel.zero_group=4 model.attention=fused"
+# Whole experts on every tp rank (parallel.expert_tp = 1, sequence parallelism): each tp rank
+# routes its own rows, the ep groups folded over tp x dp x cp (ep2 on tp2 alone; ep4 over
+# tp2 x dp2), under ZeRO-1, 2, 3, with pp2 and full recompute, with cp2.
+whole=(parallel.sequence_parallel=true parallel.expert_tp=1)
+suite gpt "etp1_tp2_ep2 1 2 1 parallel.ep=2 ${whole[*]}" \
+  "etp1_tp2_dp2_ep4_zero1 2 2 1 parallel.ep=4 parallel.zero=1 ${whole[*]}" \
+  "etp1_tp2_dp2_ep2_zero3 2 2 1 parallel.ep=2 parallel.zero=3 ${whole[*]}" \
+  "etp1_tp2_pp2_full 1 2 2 parallel.ep=2 train.recompute=full parallel.schedule=1f1b ${whole[*]}" \
+  "etp1_tp2_cp2_ep4_zero2 1 2 1 parallel.cp=2 model.attention=fused parallel.ep=4 parallel.zero=2 ${whole[*]}"
 suite bias "dp2 2 1 1" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" "tp2_pp2 1 2 2" \
   "cp2 1 1 1 parallel.cp=2 model.attention=fused"
 suite capacity "dp2 2 1 1" "tp2_pp2 1 2 2 parallel.zero=1" "ep2 2 1 1 parallel.ep=2" \
@@ -85,7 +94,8 @@ suite capacity "dp2 2 1 1" "tp2_pp2 1 2 2 parallel.zero=1" "ep2 2 1 1 parallel.e
 suite llama "dp2_tp2 2 2 1 parallel.zero=1" "ep2_tp2 2 2 1 parallel.ep=2" \
   "ep2_tp2_zero1 2 2 1 parallel.ep=2 parallel.zero=1" \
   "ep2_tp2_zero3 2 2 1 parallel.ep=2 parallel.zero=3" \
-  "pp2_cp2 1 1 2 parallel.cp=2 parallel.schedule=1f1b model.attention=fused"
+  "pp2_cp2 1 1 2 parallel.cp=2 parallel.schedule=1f1b model.attention=fused" \
+  "etp1_tp2_dp2_ep2 2 2 1 parallel.ep=2 ${whole[*]}"
 
 # Adafactor with ep: without ZeRO (the sums over ep, the dense tensors counted on ep rank 0),
 # by parts under ZeRO-1, 2, 3 (the dp x cp group holds every element once), and with tp.
@@ -156,6 +166,12 @@ run hybrid_saved 4 1 1 "${gpt[@]}" parallel.cp=2 parallel.ep=2 parallel.zero=3 \
   run hybrid_restart 4 1 1 "${gpt[@]}" parallel.ep=4 parallel.zero=2 \
     checkpoint.restart="$WORK/hybrid_saved/checkpoints/step_00000005.h5"
 continued gpt_ref hybrid_restart "restart ep = 2 x cp2 hybrid ZeRO-3 step 5 -> ep = 4 ZeRO-2"
+# Whole experts: saved on tp2 x dp2 with ep = 4 folded over them (ZeRO-1), continued on dp2
+# with ep = 2 carved from dp (each expert's rows written whole either way).
+run whole_saved 2 2 1 "${gpt[@]}" parallel.ep=4 parallel.zero=1 "${whole[@]}" train.steps=5 &&
+  run whole_restart 2 1 1 "${gpt[@]}" parallel.ep=2 \
+    checkpoint.restart="$WORK/whole_saved/checkpoints/step_00000005.h5"
+continued gpt_ref whole_restart "restart expert_tp = 1 ep = 4 over tp2 x dp2 step 5 -> ep = 2 on dp2"
 # The shared experts' tensors are whole in a checkpoint: saved on (1,2,1) with sequence
 # parallelism, continued on ep = 2 under ZeRO-3.
 run shared_saved 1 2 1 "${shared[@]}" parallel.sequence_parallel=true train.steps=5 &&
@@ -223,4 +239,12 @@ refuse ep_hybrid "parallel.zero_group = 2 is not a multiple of parallel.ep = 4" 
   parallel.dp=4 parallel.ep=4 parallel.zero=2 parallel.zero_group=2
 refuse ep_experts "model.moe.experts = 4 is not divisible by parallel.ep = 3" 3 parallel.dp=3 \
   parallel.ep=3
+refuse whole_no_sp "parallel.expert_tp = 1 with parallel.tp = 2 needs parallel.sequence_parallel" \
+  2 parallel.tp=2 parallel.ep=2 parallel.expert_tp=1
+refuse whole_capacity "each tp rank would drop its own rows' choices" 2 parallel.tp=2 \
+  parallel.ep=2 "${whole[@]}" model.moe.capacity_factor=1.0
+refuse whole_ep_tp "parallel.ep = 2 is not a multiple of parallel.tp = 4" 4 parallel.tp=4 \
+  parallel.ep=2 "${whole[@]}"
+refuse expert_tp "parallel.expert_tp = 3 must be 1 (whole experts on every tp rank) or parallel.tp = 2" \
+  2 parallel.tp=2 parallel.expert_tp=3
 finish

@@ -211,6 +211,30 @@ TEST(Layout, ResolveLayoutErrorsNameTheNumbers) {
   expect_layout(l, 7, 7, 7);  // untouched on error
 }
 
+TEST(Mesh, WholeExpertsFoldEpOverTp) {
+  // tp 2, dp 4, ep 4, whole experts: ep groups of 4 consecutive ranks of tp x dp (tp fastest).
+  ParallelLayout l{4, 2, 1, 0, 1, 4};
+  l.experts_whole = true;
+  const MeshShape m = mesh_shape(l);
+  EXPECT_EQ(m.size("ep"), 4);
+  EXPECT_EQ(m.size("eshard"), 2);
+  for (long long r = 0; r < 8; ++r) EXPECT_EQ(m.coord(r, "ep"), r % 4) << r;
+  // Ranks 0 and 4 (tp 0, dp 0 and 2) hold the same experts; 0 and 1 (tp 0 and 1) do not.
+  EXPECT_EQ(m.group_color(0, {"eshard", "ereplica"}), m.group_color(4, {"eshard", "ereplica"}));
+  EXPECT_NE(m.group_color(0, {"eshard", "ereplica"}), m.group_color(1, {"eshard", "ereplica"}));
+  // The refusals.
+  l.ep = 2;
+  l.tp = 4;
+  l.dp = 2;
+  EXPECT_EQ(check_expert_groups(l),
+            "parallel.ep = 2 is not a multiple of parallel.tp = 4 (with parallel.expert_tp = 1 "
+            "each ep group takes whole tp groups)");
+  l = ParallelLayout{4, 2, 1, 4, 1, 4};
+  l.experts_whole = true;
+  EXPECT_NE(check_expert_groups(l).find("parallel.zero_group = 4 with parallel.expert_tp = 1"),
+            std::string::npos);
+}
+
 TEST(Layout, ZeroGroupsHoldWholeEpGroups) {
   ParallelConfig c = parallel(8, 1, 1);
   c.ep = 4;
