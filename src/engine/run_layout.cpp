@@ -11,16 +11,12 @@ std::string moe_layout_problem(const Config& cfg, const ModelShape& shape,
                                const ParallelLayout& layout) {
   const MoeConfig& m = cfg.model.moe;
   if (m.experts == 0) return "";
-  const std::string moe = "model.moe.experts = " + std::to_string(m.experts);
   // ZeRO-1, 2 and 3 shard unit by unit with ep, the experts' units over their own group: a
   // zero_group would have to cut both groups.
   if (cfg.parallel.ep > 1 && cfg.parallel.zero >= 1 && layout.shard_size() < layout.dpcp())
     return "parallel.ep = " + std::to_string(cfg.parallel.ep) + " with parallel.zero_group = " +
            std::to_string(layout.zero_group) + ": hybrid sharding is not combined with expert "
            "parallelism yet (docs/status.md); shard over all dp x cp ranks (zero_group 0)";
-  if (cfg.device.precision == Precision::Fp8)
-    return "device.precision = fp8: " + moe + " runs its experts in bf16 or fp32 only "
-           "(docs/status.md)";
   if (shape.moe.ffn % layout.tp != 0)
     return "parallel.tp = " + std::to_string(layout.tp) + " does not divide model.moe.ffn = " +
            std::to_string(shape.moe.ffn) + " (every expert splits over tp as the dense MLP)";
