@@ -4,9 +4,11 @@
 # bytes it hands to each communicator per step, the MoE gates' tp all-reduce, the router
 # statistics' cp sum, expert parallelism's all-to-alls (ep) and its experts' gradient sum over
 # edp (dp) among them, equal `tessera plan --json` of the same deck
-# (tools/reference/plan_check.py), as test_comm_volume.sh holds dense decks, on fifteen layouts
+# (tools/reference/plan_check.py), as test_comm_volume.sh holds dense decks, on seventeen layouts
 # (ep = 2 under ZeRO-1, 2 and 3 among them: ZeRO-1's sums as ZeRO-0's and its gather by unit;
-# two with shared experts, whose MLP is wider than the dense one: S x ffn = 128 and 192).
+# two with shared experts, whose MLP is wider than the dense one: S x ffn = 128 and 192; two in
+# fp8, whose experts' weight codes, one place per held expert and MoE layer, count with the
+# parameters, and whose ZeRO-3 gathers the layers' GEMM weights as codes, the experts' as values).
 # Eight have ep > 1 (one with two ranks holding each expert, edp = 2): their expert bytes a rank
 # fall by ep, and the step's all-to-all bytes in metrics.jsonl (moe_a2a_bytes) equal the plan's;
 # they route every token to every expert (top_k = E), so the load is balanced as the plan assumes.
@@ -35,7 +37,9 @@ for layout in "dp2 2 1 1" "tp2 1 2 1" "pp2 1 1 2" \
               "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1 model.moe.top_k=4" \
               "ep2_edp2_zero1 4 1 1 parallel.ep=2 parallel.zero=1 model.moe.top_k=4" \
               "shared_ep2_tp2_sp 2 2 1 parallel.ep=2 model.moe.top_k=4 model.moe.shared_experts=2 parallel.sequence_parallel=true" \
-              "shared_llama_pp2_zero3 2 1 2 parallel.zero=3 model.arch=llama model.n_kv_head=2 model.moe.shared_experts=3"; do
+              "shared_llama_pp2_zero3 2 1 2 parallel.zero=3 model.arch=llama model.n_kv_head=2 model.moe.shared_experts=3" \
+              "fp8_ep2_tp2 2 2 1 parallel.ep=2 model.moe.top_k=4 device.precision=fp8 model.moe.shared_experts=2" \
+              "fp8_ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3 model.moe.top_k=4 device.precision=fp8 device.fp8_head=true"; do
   set -- $layout
   name=$1 cp=1
   for arg in "${@:5}"; do [[ $arg == parallel.cp=* ]] && cp=${arg#parallel.cp=}; done
