@@ -38,8 +38,10 @@ struct TrainState {
   std::string data_position; // the epoch of each source at next_sample
   // device.precision fp8 (model/fp8.hpp): every layer's amax histories, layout-free, as
   // /train/fp8_amax_history [rows, fp8_history]: per layer in order its 12 rows (the input,
-  // weight and output gradient of its qkv, proj, fc and down GEMMs), then the LM head's 3; each
-  // row newest first, -1 where no step has been. Empty without FP8.
+  // weight and output gradient of its qkv, proj, fc and down GEMMs), then the LM head's 3, then
+  // per MoE layer its routed experts' 2 (E + 2) (per GEMM, fc1 and fc2: the dispatched rows'
+  // input and output gradient, each expert's weight); each row newest first, -1 where no step
+  // has been. Empty without FP8.
   int fp8_history = 0;
   std::vector<float> fp8_amax;
   // model.moe.bias_rate (model/moe_layer.hpp): every MoE layer's selection bias, layout-free, as

@@ -46,8 +46,10 @@ H5FD_mpio_xfer_t transfer_mode(const ParamTensor& c, long collective_bytes);
 // (nothing where the checkpoint has none), its checksum and values checked, UserError naming
 // `path` otherwise.
 void write_fp8_history(hid_t train, const TrainState& state, bool write_data);
-// n_layer: the checkpoint's, whose rows the dataset must have (Fp8State's per layer, the head's).
-void read_fp8_history(hid_t train, const std::string& path, int n_layer, TrainState& state);
+// n_layer, moe_layers and experts: the checkpoint's, whose rows the dataset must have
+// (Fp8State::table_rows: per layer, the head's, per MoE layer its experts').
+void read_fp8_history(hid_t train, const std::string& path, int n_layer, int moe_layers,
+                      int experts, TrainState& state);
 // TrainState::moe_bias as /train/moe_bias under `train` (io/checkpoint_tables.cpp), the same way:
 // written by every rank's metadata and one rank's data, read back (nothing where the checkpoint
 // has none) with its shape (the model's MoE layers by its experts), checksum and values checked.

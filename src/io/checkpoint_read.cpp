@@ -248,7 +248,10 @@ CheckpointInfo read_info_here(const std::string& path) {
   info.state.lr = h5_read_double_attr(train.get(), "lr").value_or(0.0);
   info.state.data_sources = h5_read_string_attr(train.get(), "data_sources").value_or("");
   info.state.data_position = h5_read_string_attr(train.get(), "data_position").value_or("");
-  ckpt::read_fp8_history(train.get(), path, info.shape.n_layer, info.state);
+  int moe_layers = 0;
+  for (int l = 0; l < info.shape.n_layer; ++l) moe_layers += info.shape.moe.layer(l) ? 1 : 0;
+  ckpt::read_fp8_history(train.get(), path, info.shape.n_layer, moe_layers,
+                         info.shape.moe.experts, info.state);
   ckpt::read_moe_bias(train.get(), path, info.shape, info.state);
   if (!std::isfinite(info.state.lr) || info.state.lr < 0)
     throw UserError(path + ": /train attribute lr " + std::to_string(info.state.lr) +

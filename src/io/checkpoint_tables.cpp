@@ -79,17 +79,22 @@ void write_fp8_history(hid_t train, const TrainState& state, bool write_data) {
   write_table(train, kFp8Dataset, state.fp8_amax, size_t(state.fp8_history), write_data);
 }
 
-void read_fp8_history(hid_t train, const std::string& path, int n_layer, TrainState& state) {
+void read_fp8_history(hid_t train, const std::string& path, int n_layer, int moe_layers,
+                      int experts, TrainState& state) {
   state.fp8_history = 0;
   state.fp8_amax.clear();
-  const hsize_t rows = hsize_t(n_layer) * Fp8State::kPerLayer + Fp8State::kRoles;
+  const hsize_t rows = Fp8State::table_rows(n_layer, moe_layers, experts);
+  const std::string moe =
+      moe_layers == 0 ? ""
+                      : ", " + std::to_string(Fp8State::expert_rows(experts)) +
+                            " per MoE layer of " + std::to_string(moe_layers) + "'s experts";
   auto shape = [&](hsize_t r, hsize_t c) {
     return r == rows && c >= 1 && c <= 1024
                ? std::string()
                : "a 2-D dataset of " + std::to_string(rows) + " rows (" +
                      std::to_string(Fp8State::kPerLayer) + " per layer of " +
                      std::to_string(n_layer) + ", the head's " +
-                     std::to_string(Fp8State::kRoles) + ") of 1 to 1024 amaxes";
+                     std::to_string(Fp8State::kRoles) + moe + ") of 1 to 1024 amaxes";
   };
   auto value = [](float v) {
     return std::isnan(v) || v < -1 ? std::to_string(v) + " (an amax is >= 0, or -1: none)"

@@ -125,24 +125,6 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     context_ = std::make_unique<ContextAttention<Backend>>(
         cp, options.cp_allgather, max_batch, max_seq, w.nh, w.nkv, w.hs, arena);
   }
-  // FP8 GEMMs: the largest input and output gradient of this chunk's linear layers (the layers'
-  // GEMMs, model/cost.hpp, and the head's), each weight.
-  if (options.fp8.on) {
-    const bool head = last_ && options.fp8.head;
-    const size_t V = head ? size_t(layout.vocab_rows) : 0;
-    Fp8Sizes sizes;
-    size_t widest_in = 0, widest_out = V;
-    for (const LinearGemm& g : block_.cost().gemms) {
-      widest_in = std::max(widest_in, size_t(g.in));
-      widest_out = std::max(widest_out, size_t(g.out));
-      sizes.weight[g.gemm] = size_t(g.out) * size_t(g.in);
-    }
-    sizes.input = N * widest_in;
-    sizes.grad = N * widest_out;
-    sizes.head = V * C;
-    fp8_ = std::make_unique<Fp8Linear<Backend>>(options.fp8, begin_, end_, head, tp, cp, sizes,
-                                                arena);
-  }
   // The chunk's mixture-of-experts layers keep their own activations (model/moe_layer.hpp).
   std::vector<int> routed;
   for (int l = begin_; l < end_; ++l)
@@ -158,6 +140,38 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   } else if (!routed.empty()) {
     moe_ = std::make_unique<MoeLayer<Backend>>(layout.canonical.shape, w, options_.moe, routed,
                                                slots, int(N), tp, cp, ep, arena);
+  }
+  // FP8 GEMMs: the largest input and output gradient of this chunk's linear layers (the layers'
+  // GEMMs, model/cost.hpp, and the head's), each weight. An MoE layer's are its attention's and
+  // its shared experts' (a dense MLP of their own width, which may be the wider), and its routed
+  // experts', on the most rows its held experts compute.
+  if (options.fp8.on) {
+    const bool head = last_ && options.fp8.head;
+    const size_t V = head ? size_t(layout.vocab_rows) : 0;
+    Fp8Sizes sizes;
+    size_t widest_in = V > 0 ? C : 0, widest_out = V;  // the head's (N,C) by (V,C)
+    const ModelShape& shape = layout.canonical.shape;
+    std::vector<LinearGemm> gemms;
+    if (routed.size() < size_t(end_ - begin_)) gemms = block_.cost().gemms;
+    if (moe_)
+      for (const LinearGemm& g : block_cost(shape, layout.tp, true).gemms) gemms.push_back(g);
+    for (const LinearGemm& g : gemms) {
+      widest_in = std::max(widest_in, size_t(g.in));
+      widest_out = std::max(widest_out, size_t(g.out));
+      sizes.weight[g.gemm] = std::max(sizes.weight[g.gemm], size_t(g.out) * size_t(g.in));
+    }
+    sizes.input = N * widest_in;
+    sizes.grad = N * widest_out;
+    sizes.head = V * C;
+    Fp8Experts experts;
+    if (moe_) {
+      const size_t rows = moe_->rows_in(), F = size_t(w.ef), FC1 = size_t(w.efc1);
+      sizes.input = std::max(sizes.input, rows * std::max(C, F));
+      sizes.grad = std::max(sizes.grad, rows * std::max(C, FC1));
+      experts = {routed, shape.moe.experts, moe_->held(), moe_->first_held(), FC1 * C, C * F};
+    }
+    fp8_ = std::make_unique<Fp8Linear<Backend>>(options.fp8, begin_, end_, head, tp, cp, sizes,
+                                                arena, experts);
   }
   // Rotary positions' table: (T, hs/2) cos and sin pairs.
   if (family.position == Positions::Rotary)
@@ -182,7 +196,7 @@ void Gpt<Backend>::bind() {
   if (context_) context_->bind();
   if (fp8_) fp8_->bind();
   if (family(layout_.canonical.shape.arch).position == Positions::Rotary) fill_rope_table();
-  if (moe_) moe_->bind();
+  if (moe_) moe_->bind(fp8_.get());
   block_.bind(arena_->get<Act>(h_scratch_), rope_, context_.get(), fp8_.get(), moe_.get());
 }
 

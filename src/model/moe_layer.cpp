@@ -55,7 +55,8 @@ MoeLayer<Backend>::MoeLayer(const ModelShape& shape, const BlockWidths& width,
 }
 
 template <class Backend>
-void MoeLayer<Backend>::bind() {
+void MoeLayer<Backend>::bind(Fp8Linear<Backend>* fp8) {
+  fp8_ = fp8;
   acts_ = arena_->get<Act>(h_act_);
   floats_ = arena_->get<float>(h_float_);
   ints_ = arena_->get<int32_t>(h_int_);
@@ -195,6 +196,21 @@ void MoeLayer<Backend>::plan_exchange(const MoeDispatch& d, const Kept& p, Excha
 }
 
 template <class Backend>
+void MoeLayer<Backend>::expert_forward(int layer, int gemm, int e, Act* out, const Act* in,
+                                       const Act* weight, const Act* bias, int n, int IC, int OC) {
+  if (fp8_) fp8_->expert_forward(layer, gemm, e, out, in, weight, bias, n, IC, OC);
+  else Backend::matmul_forward(out, in, weight, bias, n, IC, OC);
+}
+
+template <class Backend>
+void MoeLayer<Backend>::expert_backward(int layer, int gemm, int e, Act* din, float* dweight,
+                                        float* dbias, const Act* dout, const Act* in,
+                                        const Act* weight, int n, int IC, int OC) {
+  if (fp8_) fp8_->expert_backward(layer, gemm, e, din, dweight, dbias, dout, in, weight, n, IC, OC);
+  else Backend::matmul_backward(din, dweight, dbias, dout, in, weight, n, IC, OC);
+}
+
+template <class Backend>
 void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int layer, int slot,
                                 int N, bool record, bool accumulate) {
   if (N > max_n_ || slot >= slots_ || index_of(layer) < 0)
@@ -230,23 +246,37 @@ void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int lay
     counts = &xc.counts;
     offsets = &xc.offsets;
   }
-  // Each held expert on its block of rows (its fc1 rows, its fc2 rows in the local tensors).
+  // Each held expert on its block of rows (its fc1 rows, its fc2 rows in the local tensors):
+  // every fc1 and activation, then every fc2 (FP8 scales the activation's rows as one).
   const bool bias_here = tp_ == nullptr || tp_->rank() == 0;
+  const int rows_e = offsets->back();
   op_clock::set_gemm(op_clock::kExperts);
+  expert_rows(layer, Fp8State::kFc1, Fp8State::kInput, p.xe, size_t(rows_e) * C);
   for (int e = 0; e < held(); ++e) {
     const int n = (*counts)[size_t(e)];
+    if (n == 0 && fp8_) {  // no rows: the weights' amaxes still go into their histories
+      fp8_->expert_weight(layer, Fp8State::kFc1, e, w.fc1 + size_t(e) * FC1 * C, FC1, C);
+      fp8_->expert_weight(layer, Fp8State::kFc2, e, w.fc2 + size_t(e) * C * F, C, F);
+    }
     if (n == 0) continue;
     const size_t r0 = size_t((*offsets)[size_t(e)]);
     Act* h = p.h + r0 * FC1;
     Act* a = p.a + r0 * F;
-    Backend::matmul_forward(h, p.xe + r0 * C, w.fc1 + size_t(e) * FC1 * C,
-                            w.fc1_bias ? w.fc1_bias + size_t(e) * FC1 : nullptr, n, C, FC1);
+    expert_forward(layer, Fp8State::kFc1, e, h, p.xe + r0 * C, w.fc1 + size_t(e) * FC1 * C,
+                   w.fc1_bias ? w.fc1_bias + size_t(e) * FC1 : nullptr, n, C, FC1);
     switch (mlp_) {
       case MlpKind::Gelu: Backend::gelu_forward(a, h, size_t(n) * F); break;
       case MlpKind::SwiGlu: Backend::swiglu_forward(a, h, n, F); break;
     }
+  }
+  expert_rows(layer, Fp8State::kFc2, Fp8State::kInput, p.a, size_t(rows_e) * F);
+  for (int e = 0; e < held(); ++e) {
+    const int n = (*counts)[size_t(e)];
+    if (n == 0) continue;
+    const size_t r0 = size_t((*offsets)[size_t(e)]);
     const Act* b2 = w.fc2_bias && bias_here ? w.fc2_bias + size_t(e) * C : nullptr;
-    Backend::matmul_forward(p.ye + r0 * C, a, w.fc2 + size_t(e) * C * F, b2, n, F, C);
+    expert_forward(layer, Fp8State::kFc2, e, p.ye + r0 * C, p.a + r0 * F,
+                   w.fc2 + size_t(e) * C * F, b2, n, F, C);
   }
   if (ep_size_ > 1) {
     const Exchange& xc = exchanges_[at(layer, slot)];
@@ -324,14 +354,17 @@ void MoeLayer<Backend>::backward(Act* dx, const Act* dout, const Act* x, const P
   Backend::zero(da, size_t(rows) * F * sizeof(Act));
   Backend::zero(dh, size_t(rows) * FC1 * sizeof(Act));
   Backend::zero(dxe, size_t(rows) * C * sizeof(Act));
+  // Every fc2 and activation, then every fc1 (FP8 scales fc1's output gradient's rows as one).
   op_clock::set_gemm(op_clock::kExperts);
+  expert_rows(layer, Fp8State::kFc2, Fp8State::kGrad, dye, size_t(rows) * C);
+  expert_rows(layer, Fp8State::kFc2, Fp8State::kInput, p.a, size_t(rows) * F);
   for (int e = 0; e < held(); ++e) {
     const int n = (*counts)[size_t(e)];
     if (n == 0) continue;
     const size_t r0 = size_t((*offsets)[size_t(e)]);
-    Backend::matmul_backward(da + r0 * F, w.dfc2 + size_t(e) * C * F,
-                             w.dfc2_bias ? w.dfc2_bias + size_t(e) * C : nullptr,
-                             dye + r0 * C, p.a + r0 * F, w.fc2 + size_t(e) * C * F, n, F, C);
+    expert_backward(layer, Fp8State::kFc2, e, da + r0 * F, w.dfc2 + size_t(e) * C * F,
+                    w.dfc2_bias ? w.dfc2_bias + size_t(e) * C : nullptr, dye + r0 * C,
+                    p.a + r0 * F, w.fc2 + size_t(e) * C * F, n, F, C);
     switch (mlp_) {
       case MlpKind::Gelu:
         Backend::gelu_backward(dh + r0 * FC1, p.h + r0 * FC1, da + r0 * F, size_t(n) * F);
@@ -340,10 +373,16 @@ void MoeLayer<Backend>::backward(Act* dx, const Act* dout, const Act* x, const P
         Backend::swiglu_backward(dh + r0 * FC1, p.h + r0 * FC1, da + r0 * F, n, F);
         break;
     }
-    Backend::matmul_backward(dxe + r0 * C, w.dfc1 + size_t(e) * FC1 * C,
-                             w.dfc1_bias ? w.dfc1_bias + size_t(e) * FC1 : nullptr,
-                             dh + r0 * FC1, p.xe + r0 * C, w.fc1 + size_t(e) * FC1 * C, n, C,
-                             FC1);
+  }
+  expert_rows(layer, Fp8State::kFc1, Fp8State::kGrad, dh, size_t(rows) * FC1);
+  expert_rows(layer, Fp8State::kFc1, Fp8State::kInput, p.xe, size_t(rows) * C);
+  for (int e = 0; e < held(); ++e) {
+    const int n = (*counts)[size_t(e)];
+    if (n == 0) continue;
+    const size_t r0 = size_t((*offsets)[size_t(e)]);
+    expert_backward(layer, Fp8State::kFc1, e, dxe + r0 * C, w.dfc1 + size_t(e) * FC1 * C,
+                    w.dfc1_bias ? w.dfc1_bias + size_t(e) * FC1 : nullptr, dh + r0 * FC1,
+                    p.xe + r0 * C, w.fc1 + size_t(e) * FC1 * C, n, C, FC1);
   }
   if (xc) {
     Backend::moe_gather_rows(ex2, dxe, p.to_source, rows, C);
@@ -384,6 +423,8 @@ template MoeLayer<DeclareBackend<Bf16Bytes>>::MoeLayer(const ModelShape&, const 
                                                        int, Comm*, Comm*, Comm*, Arena&, Comm*);
 template size_t MoeLayer<DeclareBackend<float>>::activation_bytes() const;
 template size_t MoeLayer<DeclareBackend<Bf16Bytes>>::activation_bytes() const;
+template size_t MoeLayer<DeclareBackend<float>>::rows_in() const;
+template size_t MoeLayer<DeclareBackend<Bf16Bytes>>::rows_in() const;
 #ifdef TESSERA_CUDA
 template class MoeLayer<CudaBackend<float>>;
 template class MoeLayer<CudaBackend<cuda::bf16>>;

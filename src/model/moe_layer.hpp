@@ -38,6 +38,12 @@
 //
 // The choice is read back to the host once per layer and micro-batch (the dispatch plan is host
 // code); the plan and the exchange's are kept per slot and layer for the backward.
+//
+// FP8 (device.precision fp8, model/fp8.hpp): the experts' fc1 and fc2 run on FP8 codes, each
+// expert's weight at a scale of its own, all the held experts' rows at one scale per layer and
+// GEMM role; so each pass computes every expert's fc1 before any fc2 (the activation's rows
+// whole for their scale), and the backward every fc2 before any fc1. The router stays in the
+// compute type.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -45,6 +51,7 @@
 #include "backend/arena.hpp"
 #include "backend/moe_routing.hpp"
 #include "model/family.hpp"
+#include "model/fp8.hpp"
 #include "model/moe_dispatch.hpp"
 #include "model/options.hpp"
 #include "model/param_layout.hpp"
@@ -79,7 +86,8 @@ class MoeLayer {
            Arena& arena, Comm* rows_tp = nullptr);
   // Whether it takes this rank's own rows (whole experts), not the rows gathered over tp.
   bool own_rows() const { return rows_tp_ != nullptr; }
-  void bind();
+  // fp8: the chunk's FP8 GEMMs, which then run the experts' (nullptr: the compute type's).
+  void bind(Fp8Linear<Backend>* fp8 = nullptr);
   bool routed(int layer) const { return index_of(layer) >= 0; }
   // Layer `layer`'s MoE MLP on micro-batch `slot`: x (N,C) the gathered norm output; out (N,C)
   // this rank's partial product (summed over tp by the caller), or with `accumulate` added to it
@@ -96,6 +104,10 @@ class MoeLayer {
   size_t activation_bytes() const;
   std::vector<MoeLayerStats>& stats() { return stats_; }  // by this chunk's MoE layer
   const std::vector<int>& layers() const { return layers_; }
+  int held() const { return shape_.moe.experts / ep_size_; }  // experts on this rank
+  int first_held() const { return ep_ != nullptr ? ep_->rank() * held() : 0; }
+  // The most rows the held experts compute in one layer and micro-batch (R = N k without ep).
+  size_t rows_in() const;
 
   // The auxiliary-loss-free bias (bias_rate > 0): each layer's choices this step, by this
   // chunk's MoE layer then expert (zeroed by the caller at the step's start; recomputed
@@ -128,9 +140,15 @@ class MoeLayer {
   // Sends the routed rows' counts and builds the exchange's row maps (into p.to_expert and
   // p.to_source) from the plan.
   void plan_exchange(const MoeDispatch& d, const Kept& p, Exchange* x);
-  int held() const { return shape_.moe.experts / ep_size_; }  // experts on this rank
-  // The most rows the held experts compute in one layer and micro-batch (R = N k without ep).
-  size_t rows_in() const;
+  // Held expert e's fc1 or fc2 (gemm: Fp8State::kFc1, kFc2) on n rows, in FP8 or the compute type.
+  void expert_forward(int layer, int gemm, int e, Act* out, const Act* in, const Act* weight,
+                      const Act* bias, int n, int IC, int OC);
+  void expert_backward(int layer, int gemm, int e, Act* din, float* dweight, float* dbias,
+                       const Act* dout, const Act* in, const Act* weight, int n, int IC, int OC);
+  // FP8: all the held experts' rows of one GEMM role before their blocks are cast.
+  void expert_rows(int layer, int gemm, Fp8State::Role role, const Act* x, size_t n) {
+    if (fp8_) fp8_->expert_rows(layer, gemm, role, x, n);
+  }
   Act* exchange_scratch() const;  // ep > 1: two buffers of the most rows the experts compute
 
   ModelShape shape_;
@@ -161,6 +179,7 @@ class MoeLayer {
   float* bias_ = nullptr;            // bias_rate > 0: the device's copy of host_bias_
   std::vector<float> host_bias_;     // by layer then expert
   std::vector<double> step_loads_;   // by layer then expert
+  Fp8Linear<Backend>* fp8_ = nullptr;
 };
 
 }  // namespace tessera

@@ -236,12 +236,13 @@ LayerTime layer_time(const LayerInputs& x, const BlockCost& k) {
   for (size_t i = 0; i < k.gemms.size(); ++i)
     out.ops[op_clock::linear_slot(k.gemms[i].gemm)] +=
         linear.each_fwd_bwd[i] + (full ? linear.each_fwd[i] : 0);
-  // The MoE MLP: the router on all n rows, each of the E experts on its balanced n k / E.
+  // The MoE MLP: the router on all n rows (in the compute type under fp8 too), each of the E
+  // experts on its balanced n k / E (FP8's, as the linear layers').
   const MoeCost& moe = k.moe;
   double dispatch = 0, dispatch_exps = 0;  // forward elements and exps
   if (moe.experts > 0) {
     const LinearTimes router = linear_times(c, n, {moe.router});
-    const LinearTimes expert = linear_times(c, n * moe.top_k / moe.experts, moe.expert);
+    const LinearTimes expert = linear_times(lin, n * moe.top_k / moe.experts, moe.expert);
     linear.fwd += router.fwd + moe.experts * expert.fwd;
     linear.fwd_bwd += router.fwd_bwd + moe.experts * expert.fwd_bwd;
     out.ops[op_clock::kRouting] += router.fwd_bwd + (full ? router.fwd : 0);
@@ -276,8 +277,14 @@ LayerTime layer_time(const LayerInputs& x, const BlockCost& k) {
   // Kernel launches of a layer: its forward's, and twice that backward, the full recompute's
   // forward again.
   const double launches = double(k.forward_kernels) * (3 + (full ? 1 : 0));
+  // The experts' casts: their n k rows through fc1 and fc2, the E experts' weights.
+  const double weight_bytes = x.fp8 ? fp8_weight_bytes(x.cfg, x.run, a) : 0;
   const double casts =
-      x.fp8 ? fp8_cast_seconds(c, n, k.gemms, a, fp8_weight_bytes(x.cfg, x.run, a)) : 0;
+      x.fp8 ? fp8_cast_seconds(c, n, k.gemms, a, weight_bytes) +
+                  (moe.experts > 0 ? fp8_cast_seconds(c, n * moe.top_k, moe.expert, a,
+                                                      moe.experts * weight_bytes)
+                                   : 0)
+            : 0;
   out.other = x.machine.measured ? 0 : launches * x.machine.kernel_overhead;
   out.total = layer_gemm + layer_mem + recompute + casts + out.other;
   // The attention's products and softmax passes (a selective recompute reruns them), the

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "common/error.hpp"
+#include "model/cost.hpp"
 #include "model/shard.hpp"
 #include "train/heartbeat.hpp"
 #include "train/run.hpp"
@@ -17,23 +18,33 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The first row of MoE layer l's routed experts in the checkpoint's FP8 table: after every
+// layer's 12 and the head's 3, each MoE layer's before it.
+size_t fp8_expert_row(const ModelShape& shape, int l) {
+  return Fp8State::table_rows(shape.n_layer, moe_layers(shape, 0, l), shape.moe.experts);
+}
+
 // device.precision fp8: the amax histories of this rank's model chunks (model/fp8.hpp) into the
-// layout-free table of TrainState::fp8_amax, every layer's rows in canonical order; gathered
-// over the world as a max (a rank holds -1 in the rows it has no part of, and the ranks that hold
-// a row hold the same values). Collective; nothing without FP8.
-void gather_fp8(TrainEngine& engine, MPI_Comm world, const Config& cfg, TrainState& state) {
+// layout-free table of TrainState::fp8_amax, every layer's rows in canonical order, then the
+// MoE layers' experts'; gathered over the world as a max (a rank holds -1 in the rows it has no
+// part of, and the ranks that hold a row hold the same values: an expert's too, its amaxes
+// reduced over dp x cp with the others'). Collective; nothing without FP8.
+void gather_fp8(TrainEngine& engine, MPI_Comm world, const Config& cfg, const ModelShape& shape,
+                TrainState& state) {
   state.fp8_amax.clear();
   state.fp8_history = 0;
   if (cfg.device.precision != Precision::Fp8) return;
   const int H = cfg.device.fp8_amax_history, L = cfg.model.n_layer;
-  std::vector<float> table(size_t(L * Fp8State::kPerLayer + Fp8State::kRoles) * H, -1.0f);
+  const size_t rows = fp8_expert_row(shape, L);
+  std::vector<float> table(rows * size_t(H), -1.0f);
   for (Fp8State* s : engine.fp8_states()) {
-    auto put = [&](int layer, size_t row) {
-      const std::vector<float> h = s->history(layer);
+    auto put = [&](int layer, size_t row, bool experts) {
+      const std::vector<float> h = s->history(layer, experts);
       std::copy(h.begin(), h.end(), table.begin() + long(row) * H);
     };
-    for (int l = s->begin(); l < s->end(); ++l) put(l, size_t(l) * Fp8State::kPerLayer);
-    if (s->head()) put(Fp8State::kHead, size_t(L) * Fp8State::kPerLayer);
+    for (int l = s->begin(); l < s->end(); ++l) put(l, size_t(l) * Fp8State::kPerLayer, false);
+    if (s->head()) put(Fp8State::kHead, size_t(L) * Fp8State::kPerLayer, false);
+    for (int l : s->moe()) put(l, fp8_expert_row(shape, l), true);
   }
   MPI_Allreduce(MPI_IN_PLACE, table.data(), int(table.size()), MPI_FLOAT, MPI_MAX, world);
   state.fp8_history = H;
@@ -43,19 +54,22 @@ void gather_fp8(TrainEngine& engine, MPI_Comm world, const Config& cfg, TrainSta
 // The table back into this rank's chunks: the newest min(saved, fp8_amax_history) entries of each
 // row (the deck may change the history's length). A checkpoint without FP8 state (an fp32 run
 // going on in fp8) leaves the histories empty: the next step starts them as a first step does.
-void restore_fp8(TrainEngine& engine, const Config& cfg, const TrainState& state) {
+void restore_fp8(TrainEngine& engine, const Config& cfg, const ModelShape& shape,
+                 const TrainState& state) {
   const int Hs = state.fp8_history, L = cfg.model.n_layer;
   for (Fp8State* s : engine.fp8_states()) {
-    auto get = [&](int layer, size_t row) {
-      std::vector<float> h(size_t(s->rows(layer)) * s->H(), -1.0f);
+    auto get = [&](int layer, size_t row, bool experts) {
+      const int rows = s->rows(layer, experts);
+      std::vector<float> h(size_t(rows) * s->H(), -1.0f);
       if (!state.fp8_amax.empty())
-        for (int r = 0; r < s->rows(layer); ++r)
+        for (int r = 0; r < rows; ++r)
           for (int k = 0; k < std::min(Hs, s->H()); ++k)
             h[size_t(r) * s->H() + k] = state.fp8_amax[(row + r) * Hs + k];
-      s->set_history(layer, h);
+      s->set_history(layer, h, experts);
     };
-    for (int l = s->begin(); l < s->end(); ++l) get(l, size_t(l) * Fp8State::kPerLayer);
-    if (s->head()) get(Fp8State::kHead, size_t(L) * Fp8State::kPerLayer);
+    for (int l = s->begin(); l < s->end(); ++l) get(l, size_t(l) * Fp8State::kPerLayer, false);
+    if (s->head()) get(Fp8State::kHead, size_t(L) * Fp8State::kPerLayer, false);
+    for (int l : s->moe()) get(l, fp8_expert_row(shape, l), true);
   }
 }
 
@@ -137,7 +151,7 @@ void Run::restore() {
                   restart_from_.c_str(), info.optim_rule.c_str(), engine_->optim_rule().c_str(),
                   (long long)info.state.step);
     state_ = info.state;
-    restore_fp8(*engine_, cfg_, state_);
+    restore_fp8(*engine_, cfg_, shape_, state_);
     restore_moe_bias(*engine_, cfg_, state_);
     restored_layout_ = info.saved_layout;
     train_data_->reseed(state_.seed);
@@ -197,7 +211,7 @@ void Run::save() {
   const auto t0 = Clock::now();
   state_.data_sources = train_data_->describe();
   state_.data_position = train_data_->position(uint64_t(state_.next_sample));
-  gather_fp8(*engine_, world_comm_, cfg_, state_);
+  gather_fp8(*engine_, world_comm_, cfg_, shape_, state_);
   gather_moe_bias(*engine_, world_comm_, cfg_, state_);
   state_.optim_step = state_.step - engine_->optim_first_step();
   if (background_) {
@@ -264,7 +278,7 @@ AnomalyPolicy::Rolled Run::rollback() {
   bool fresh = false;
   const CheckpointInfo info = read_into(*engine_, cfg_, world_comm_, writer_, path, &fresh);
   engine_->params_to_device();
-  restore_fp8(*engine_, cfg_, info.state);
+  restore_fp8(*engine_, cfg_, shape_, info.state);
   restore_moe_bias(*engine_, cfg_, info.state);
   const int64_t next = state_.next_sample;
   state_ = info.state;

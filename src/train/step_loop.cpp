@@ -178,7 +178,10 @@ void Run::take_step(double* loss, double* norm, std::string* anomaly) {
       std::fill(moe_stats_.begin(), moe_stats_.end(), 0.0);
     world_->all_reduce_sum(moe_stats_.data(), moe_stats_.size());
   }
-  if (telemetry_.measured_steps() == 0)
+  // Where the FP8 GEMMs ran, after the first step; with experts after the second too, the first
+  // whose experts' GEMMs are on codes (a run's first records their amaxes: docs/fp8.md).
+  const long measured = telemetry_.measured_steps();
+  if (measured == 0 || (shape_.moe.experts > 0 && measured == 1))
     if (const std::string report = engine_->fp8_report(); !report.empty())
       log_->say("%s", report.c_str());
   telemetry_.after_step(*engine_);

@@ -12,8 +12,10 @@ comparisons' loss and parameter bounds (bf16's 2e-2) do not see an amax that is 
 micro-batch's worth (a cast keeping only its own amax instead of the step's largest: 13% on the
 inputs and 22% on the gradients at the first step there): the scales move a little and the
 losses with them, well inside those bounds. The later steps' differences (the runs' parameters
-drift apart: up to 5% and 12%) are printed, not judged. Prints one line; exit 0 within R, 1 beyond
-it, 2 on bad input (h5py needed).
+drift apart: up to 5% and 12%) are printed, not judged. An MoE model's rows after the layers' and
+the head's, its experts' (per MoE layer and GEMM the dispatched rows' input and output gradient,
+then each expert's weight), are judged alike and counted under their kinds. Prints one line;
+exit 0 within R, 1 beyond it, 2 on bad input (h5py needed).
 """
 import argparse
 import sys
@@ -29,10 +31,19 @@ except ImportError:
 
 
 def history(path):
+    """The histories, and each row's kind (an index into KINDS)."""
     with h5py.File(path, "r") as f:
         if "train/fp8_amax_history" not in f:
             raise KeyError(f"{path}: no /train/fp8_amax_history (not an fp8 run's checkpoint?)")
-        return np.asarray(f["train/fp8_amax_history"][...], dtype=np.float64)
+        h = np.asarray(f["train/fp8_amax_history"][...], dtype=np.float64)
+        model = f["model"].attrs if "model" in f else {}
+        layers = int(model.get("n_layer", 0)) * 12 + 3
+        experts = int(model.get("moe_experts", 0))
+    kind = np.arange(len(h)) % 3
+    if layers < len(h) and experts > 0:  # per GEMM: input, output gradient, each expert's weight
+        j = (np.arange(len(h) - layers)) % (2 + experts)
+        kind[layers:] = np.where(j == 0, 0, np.where(j == 1, 2, 1))
+    return h, kind
 
 
 def main():
@@ -46,7 +57,7 @@ def main():
         print("compare_amax: no h5py in this Python", file=sys.stderr)
         return 2
     try:
-        ref, run = history(a.ref), history(a.run)
+        (ref, kind), (run, _) = history(a.ref), history(a.run)
     except (OSError, KeyError) as e:
         print(f"compare_amax: {e}", file=sys.stderr)
         return 2
@@ -64,9 +75,9 @@ def main():
         return 1
     first = rel[:, steps - 1]  # newest first: the oldest entry is the first step's
     worst = float(first.max())
-    later = ", ".join(f"{k} {float(rel[i::3].max()):.2e}" for i, k in enumerate(KINDS))
+    later = ", ".join(f"{k} {float(rel[kind == i].max()):.2e}" for i, k in enumerate(KINDS))
     print(f"amax histories: the first step's worst relative difference {worst:.2e} (tolerance "
-          f"{a.rtol:g}; " + ", ".join(f"{k} {float(first[i::3].max()):.2e}"
+          f"{a.rtol:g}; " + ", ".join(f"{k} {float(first[kind == i].max()):.2e}"
                                       for i, k in enumerate(KINDS)) +
           f"); over all {steps} steps: {later}")
     return 0 if worst <= a.rtol else 1

@@ -18,7 +18,8 @@
 # (GPT-2 every second layer, LLaMA every layer) in fp32 and bf16, and with 2 GPUs on dp=2,
 # tp=2, ep=2 and ep=2 under ZeRO-3 and ZeRO-1 (fp32 and bf16), hybrid ZeRO-3 with ep=2 on
 # dp2 x cp2, whole experts on tp=2 (expert_tp=1), Adafactor at ep=2 (fp32), and
-# with the auxiliary-loss-free bias and with shared experts (one GPU and ep=2). Document-masked
+# with the auxiliary-loss-free bias and with shared experts (one GPU and ep=2), and in fp8 with the
+# experts' GEMMs on codes (one GPU and ep=2, against the CPU's fp8). Document-masked
 # attention (gemm, fused, bf16, and cp=2 with 2 GPUs) against the CPU's masked run.
 # Without a GPU: skipped,
 # exit 0.
@@ -65,6 +66,20 @@ train() {  # NAME NP OVERRIDES...: trains into $WORK/NAME
   return 1
 }
 
+# amax_near CPU_RUN CUDA_RUN: the first step's FP8 amaxes within 7% (tests/gpu/compare_amax.py).
+amax_near() {
+  if ! "$PYTHON" -c "import h5py, numpy" 2>/dev/null; then
+    echo "test_trainer: no h5py in $PYTHON: the fp8 amax comparison of $2 is skipped"
+    return
+  fi
+  if out=$("$PYTHON" "$ROOT/tests/gpu/compare_amax.py" "$1/checkpoints/step_00000010.h5" \
+             "$2/checkpoints/step_00000010.h5" --rtol 0.07 2>&1); then
+    pass "$2_amax_near_$1: $out"
+  else
+    fail "$2_amax_near_$1: $out"
+  fi
+}
+
 train cpu 1 device.backend=cpu
 if train cuda 1 device.backend=cuda; then
   if grep -q '^device: cuda: CUDA, fp32' cuda.log && grep -q '^device memory (rank 0, fp32):' cuda.log
@@ -88,16 +103,7 @@ if train cpu_fp8 1 device.backend=cpu device.precision=fp8 &&
     pass "cuda_fp8: $line" || fail "cuda_fp8: GEMMs off cuBLASLt: '$line'"
   cmp cuda_fp8_near_cpu_fp8 cpu_fp8 cuda_fp8 --loss-rtol 2e-2 --param-norm-tol 2e-2
   # The amaxes themselves, which those bounds do not see move (tests/gpu/compare_amax.py; h5py).
-  if "$PYTHON" -c "import h5py, numpy" 2>/dev/null; then
-    if out=$("$PYTHON" "$ROOT/tests/gpu/compare_amax.py" cpu_fp8/checkpoints/step_00000010.h5 \
-               cuda_fp8/checkpoints/step_00000010.h5 --rtol 0.07 2>&1); then
-      pass "cuda_fp8_amax_near_cpu_fp8: $out"
-    else
-      fail "cuda_fp8_amax_near_cpu_fp8: $out"
-    fi
-  else
-    echo "test_trainer: no h5py in $PYTHON: the fp8 amax comparison is skipped"
-  fi
+  amax_near cpu_fp8 cuda_fp8
   [ -d "$WORK/bf16" ] && cmp cuda_fp8_near_bf16 bf16 cuda_fp8 --loss-rtol 2e-2 --param-norm-tol 2e-2
   if [ "$gpus" -ge 2 ]; then
     for layout in parallel.tp=2 parallel.pp=2; do
@@ -300,6 +306,29 @@ if train cpu_moe 1 device.backend=cpu "${moe[@]}"; then
     train cpu_moe_ada 1 device.backend=cpu "${ada[@]}" &&
       train cuda_moe_ada_ep2 2 device.backend=cuda parallel.dp=2 parallel.ep=2 "${ada[@]}" &&
       cmp cuda_moe_ada_ep2 cpu_moe_ada cuda_moe_ada_ep2 --loss-rtol 1e-5 --param-tol 1e-4
+  fi
+  # FP8 with experts (docs/fp8.md): the routed experts' GEMMs on one-byte codes too (each
+  # expert's weight at its own scale; blocks of rows not a multiple of 16 on tessera's kernel),
+  # within the fp8 case's bounds of the CPU's fp8 run, on one GPU and on ep=2 over NCCL.
+  if train cpu_moe_fp8 1 device.backend=cpu device.precision=fp8 "${moe[@]}" &&
+     train cuda_moe_fp8 1 device.backend=cuda device.precision=fp8 "${moe[@]}"; then
+    # The log's counts after steps 1 and 2: the first step's experts run in bf16 (recording
+    # their amaxes), the second's on codes: step 2 runs more FP8 GEMMs than the 36 of the layers'
+    # own (2 micro-batches x (layer 0's 4 + MoE layer 1's attention's 2) x forward, input and
+    # weight gradient), up to 48 more (4 experts x 2 x 3 a micro-batch).
+    if out=$(grep '^fp8: ' cuda_moe_fp8.log | "$PYTHON" -c '
+import re, sys
+n = [sum(map(int, re.findall(r"(\d+) (?:GEMMs so far on cuBLASLt|on tessera)", l))) for l in sys.stdin]
+assert len(n) == 2 and 36 < n[1] - n[0] <= 36 + 2 * 24, n
+print(f"FP8 GEMMs: {n[0]} by step 1 (with the evaluation), {n[1] - n[0]} in step 2, the experts {n[1] - n[0] - 36} of them")' 2>&1)
+    then pass "cuda_moe_fp8: $out"; else fail "cuda_moe_fp8: $out"; fi
+    cmp cuda_moe_fp8_near_cpu_fp8 cpu_moe_fp8 cuda_moe_fp8 --loss-rtol 2e-2 --param-norm-tol 2e-2
+    # The first step's amaxes, the experts' among them, within the dense case's 7% of the CPU's.
+    amax_near cpu_moe_fp8 cuda_moe_fp8
+    [ "$gpus" -ge 2 ] && train cuda_moe_fp8_ep2 2 device.backend=cuda device.precision=fp8 \
+      parallel.dp=2 parallel.ep=2 "${moe[@]}" &&
+      cmp cuda_moe_fp8_ep2_near_cpu_fp8 cpu_moe_fp8 cuda_moe_fp8_ep2 --loss-rtol 2e-2 \
+        --param-norm-tol 2e-2
   fi
 fi
 llama_moe=("${llama[@]}" model.moe.experts=4 model.moe.top_k=2 model.moe.score=sigmoid)

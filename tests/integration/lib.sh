@@ -86,12 +86,12 @@ DECK
 # matches the extended regex PATTERN, and nothing on stdout (unless ALLOW_STDOUT=1: errors found
 # once training has started follow the start-up log).
 # NAME against the run REF, both in $WORK with their step-10 checkpoints and NAME.log, within the
-# suite's tolerances (compare_runs.py).
-compare_to() {  # compare_to REF NAME
+# suite's tolerances (compare_runs.py) or the options given.
+compare_to() {  # compare_to REF NAME [compare_runs.py options]
   local out
   if out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$WORK/$1/metrics.jsonl" \
        "$WORK/$1/checkpoints/step_00000010.h5" "$WORK/$2/metrics.jsonl" \
-       "$WORK/$2/checkpoints/step_00000010.h5"); then
+       "$WORK/$2/checkpoints/step_00000010.h5" "${@:3}"); then
     pass "$2: $out"
   else
     fail "$2: $out"; tail -3 "$WORK/$2.log" | sed 's/^/    /'

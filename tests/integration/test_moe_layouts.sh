@@ -243,6 +243,8 @@ refuse whole_no_sp "parallel.expert_tp = 1 with parallel.tp = 2 needs parallel.s
   2 parallel.tp=2 parallel.ep=2 parallel.expert_tp=1
 refuse whole_capacity "each tp rank would drop its own rows' choices" 2 parallel.tp=2 \
   parallel.ep=2 "${whole[@]}" model.moe.capacity_factor=1.0
+refuse whole_fp8 "and device.precision: fp8: not combined yet" 2 parallel.tp=2 parallel.ep=2 \
+  "${whole[@]}" device.precision=fp8
 refuse whole_ep_tp "parallel.ep = 2 is not a multiple of parallel.tp = 4" 4 parallel.tp=4 \
   parallel.ep=2 "${whole[@]}"
 refuse expert_tp "parallel.expert_tp = 3 must be 1 (whole experts on every tp rank) or parallel.tp = 2" \

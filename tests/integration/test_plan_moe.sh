@@ -4,11 +4,13 @@
 # bytes it hands to each communicator per step, the MoE gates' tp all-reduce, the router
 # statistics' cp sum, expert parallelism's all-to-alls (ep) and its experts' gradient sum over
 # edp (dp) among them, equal `tessera plan --json` of the same deck
-# (tools/reference/plan_check.py), as test_comm_volume.sh holds dense decks, on twenty layouts
-# (ep = 2 under ZeRO-1, 2 and 3 among them: ZeRO-1's sums as ZeRO-0's and its gather by unit;
-# two with shared experts, whose MLP is wider than the dense one: S x ffn = 128 and 192; two
+# (tools/reference/plan_check.py), as test_comm_volume.sh holds dense decks, on twenty-two
+# layouts (ep = 2 under ZeRO-1, 2 and 3 among them: ZeRO-1's sums as ZeRO-0's and its gather by
+# unit; two with shared experts, whose MLP is wider than the dense one: S x ffn = 128 and 192; two
 # with hybrid sharding, the experts' state split over a ZeRO group's ranks holding them; three
-# with whole experts on every tp rank, parallel.expert_tp = 1, the ep groups folded over tp).
+# with whole experts on every tp rank, parallel.expert_tp = 1, the ep groups folded over tp; two in
+# fp8, whose experts' weight codes, one place per held expert and MoE layer, count with the
+# parameters, and whose ZeRO-3 gathers the layers' GEMM weights as codes, the experts' as values).
 # Eight have ep > 1 (one with two ranks holding each expert, edp = 2): their expert bytes a rank
 # fall by ep, and the step's all-to-all bytes in metrics.jsonl (moe_a2a_bytes) equal the plan's;
 # they route every token to every expert (top_k = E), so the load is balanced as the plan assumes.
@@ -42,7 +44,9 @@ for layout in "dp2 2 1 1" "tp2 1 2 1" "pp2 1 1 2" \
               "ep2_cp2_hybrid_zero3 4 1 1 parallel.cp=2 parallel.ep=2 parallel.zero=3 parallel.zero_group=4 model.attention=fused model.moe.top_k=4" \
               "etp1_tp2_dp2_ep4 2 2 1 parallel.ep=4 parallel.expert_tp=1 parallel.sequence_parallel=true model.moe.top_k=4" \
               "etp1_tp2_pp2_ep2_zero1_full 1 2 2 parallel.ep=2 parallel.expert_tp=1 parallel.sequence_parallel=true parallel.zero=1 train.recompute=full model.moe.top_k=4" \
-              "etp1_tp2_dp2_ep2_zero3 2 2 1 parallel.ep=2 parallel.expert_tp=1 parallel.sequence_parallel=true parallel.zero=3 model.moe.top_k=4"; do
+              "etp1_tp2_dp2_ep2_zero3 2 2 1 parallel.ep=2 parallel.expert_tp=1 parallel.sequence_parallel=true parallel.zero=3 model.moe.top_k=4" \
+              "fp8_ep2_tp2 2 2 1 parallel.ep=2 model.moe.top_k=4 device.precision=fp8 model.moe.shared_experts=2" \
+              "fp8_ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3 model.moe.top_k=4 device.precision=fp8 device.fp8_head=true"; do
   set -- $layout
   name=$1 cp=1
   for arg in "${@:5}"; do [[ $arg == parallel.cp=* ]] && cp=${arg#parallel.cp=}; done

@@ -270,6 +270,20 @@ struct NormalValues {
   }
 };
 
+// The largest magnitude of n values; the values of their codes at `scale`, unscaled again (in
+// double: the exact products' sums).
+static float amax_of(const float* v, size_t n) {
+  float m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(v[i]));
+  return m;
+}
+static std::vector<double> coded_values(const float* v, size_t n, float scale, Fp8Format f) {
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i)
+    out[i] = double(fp8_decode(fp8_encode(v[i] * scale, f), f)) * double(1.0f / scale);
+  return out;
+}
+
 // The simulated FP8 GEMMs (Fp8Linear<CpuBackend>) against products worked out here in double
 // from the codes of fp8_encode at the scales worked out by hand: the forward on E4M3 input and
 // weight, the backward on the E5M2 output gradient, the bias gradient from the unrounded one; the
@@ -279,17 +293,9 @@ TEST(Fp8Linear, GemmsOnTheCodesOfEachOperand) {
   NormalValues random{std::mt19937(3)};
   const std::vector<float> x = random(size_t(N) * IC, 3.0f), w = random(size_t(OC) * IC, 0.05f),
                            b = random(OC, 0.1f), g = random(size_t(N) * OC, 1e-4f);
-  auto amax = [](const std::vector<float>& v) {
-    float m = 0;
-    for (float a : v) m = std::max(m, std::fabs(a));
-    return m;
-  };
-  // The values of v's codes at `scale`, unscaled again (in double: the exact products' sums).
+  auto amax = [](const std::vector<float>& v) { return amax_of(v.data(), v.size()); };
   auto coded = [](const std::vector<float>& v, float scale, Fp8Format f) {
-    std::vector<double> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i)
-      out[i] = double(fp8_decode(fp8_encode(v[i] * scale, f), f)) * double(1.0f / scale);
-    return out;
+    return coded_values(v.data(), v.size(), scale, f);
   };
   const float sx = 448.0f / amax(x), sw = 448.0f / amax(w), sg = 57344.0f / amax(g);
   const std::vector<double> qx = coded(x, sx, Fp8Format::E4M3), qw = coded(w, sw, Fp8Format::E4M3),
@@ -361,6 +367,26 @@ TEST(Fp8Linear, GemmsOnTheCodesOfEachOperand) {
     EXPECT_NEAR(again[i] - b[i % OC], -(out[i] - b[i % OC]), 1e-6) << i;
 }
 
+// What a run of the ZeRO-3 tests' GEMMs gives: each GEMM's outputs, a forward again at the end,
+// the step's amaxes and the weights' codes' bytes; and the check that codes taking turns
+// (`turns`) give what a place for every weight gives (`whole`), from half the bytes: `again` is
+// that of whole.out[again_of], which differs from whole.out[other].
+struct TurnsRun {
+  std::vector<std::vector<float>> out, dx, dw;
+  std::vector<float> again, amax;
+  size_t bytes = 0;
+};
+void expect_turns_as_whole(const TurnsRun& whole, const TurnsRun& turns, size_t again_of,
+                           size_t other) {
+  EXPECT_EQ(turns.bytes * 2, whole.bytes);
+  EXPECT_EQ(turns.out, whole.out);
+  EXPECT_EQ(turns.dx, whole.dx);
+  EXPECT_EQ(turns.dw, whole.dw);
+  EXPECT_EQ(turns.again, whole.out[again_of]);
+  EXPECT_EQ(turns.amax, whole.amax);
+  EXPECT_NE(whole.out[again_of], whole.out[other]);  // another layer's codes would show
+}
+
 // Under ZeRO-3 (Fp8Options::layer_codes) four layers' weight codes take turns in two layers'
 // places: forward 0..3, backward 3..0, then layer 0's forward again (its place held layer 2's
 // codes since) give exactly what codes kept for every weight give, from half the bytes.
@@ -376,11 +402,6 @@ TEST(Fp8Linear, UnderZero3TwoLayersOfCodesTakeTurns) {
   sizes.input = size_t(N) * IC;
   sizes.grad = size_t(N) * OC;
   sizes.weight[Fp8State::kFc1] = size_t(OC) * IC;
-  struct Run {
-    std::vector<std::vector<float>> out, dx, dw;
-    std::vector<float> again, amax;
-    size_t bytes = 0;
-  };
   auto run = [&](bool layer_codes) {
     Fp8Options o;
     o.on = true;
@@ -389,7 +410,7 @@ TEST(Fp8Linear, UnderZero3TwoLayersOfCodesTakeTurns) {
     Fp8Linear<CpuBackend> fp8(o, 0, L, false, &tp, nullptr, sizes, arena);
     arena.allocate();
     fp8.bind();
-    Run r;
+    TurnsRun r;
     r.bytes = fp8.weight_bytes();
     for (int l = 0; l < L; ++l) {
       r.out.emplace_back(size_t(N) * OC);
@@ -409,12 +430,224 @@ TEST(Fp8Linear, UnderZero3TwoLayersOfCodesTakeTurns) {
     r.amax = fp8.state().pending();
     return r;
   };
-  const Run whole = run(false), turns = run(true);
-  EXPECT_EQ(turns.bytes * 2, whole.bytes);
-  EXPECT_EQ(turns.out, whole.out);
-  EXPECT_EQ(turns.dx, whole.dx);
-  EXPECT_EQ(turns.dw, whole.dw);
-  EXPECT_EQ(turns.again, whole.out[0]);
-  EXPECT_EQ(turns.amax, whole.amax);
-  EXPECT_NE(whole.out[0], whole.out[2]);  // layer 2's codes in layer 0's place would show
+  expect_turns_as_whole(run(false), run(true), 0, 2);  // layer 0's, layer 2's place-mate's
+}
+
+// An MoE layer's routed experts (Fp8State::expert_tensor): per MoE layer, fc1's and fc2's
+// dispatched rows' input and output gradient, then each expert's weight; after every layer's
+// and the head's tensors, in the checkpoint's table too.
+TEST(Fp8Scaling, ExpertTensorsAfterTheHead) {
+  Fp8Options o;
+  o.on = true;
+  o.history = 2;
+  Fp8State s(o, 2, 4, true, {3}, 4);  // layers 2 and 3 (3 an MoE layer of 4 experts), the head
+  const int at = 2 * Fp8State::kPerLayer + Fp8State::kRoles;
+  EXPECT_EQ(s.tensors(), at + 2 * (2 + 4));
+  EXPECT_EQ(s.expert_tensor(3, Fp8State::kFc1, Fp8State::kInput, 0), at);
+  EXPECT_EQ(s.expert_tensor(3, Fp8State::kFc1, Fp8State::kGrad, 0), at + 1);
+  EXPECT_EQ(s.expert_tensor(3, Fp8State::kFc1, Fp8State::kWeight, 3), at + 5);
+  EXPECT_EQ(s.expert_tensor(3, Fp8State::kFc2, Fp8State::kInput, 0), at + 6);
+  EXPECT_EQ(s.expert_tensor(3, Fp8State::kFc2, Fp8State::kWeight, 0), at + 8);
+  EXPECT_THROW(s.expert_tensor(2, Fp8State::kFc1, Fp8State::kInput, 0), std::logic_error);
+  // Each row's format by its role: the output gradients' E5M2 (hybrid), the rest E4M3.
+  EXPECT_EQ(s.scale(at + 1, 4.0f), 57344.0f / 4.0f);
+  EXPECT_EQ(s.scale(at + 5, 4.0f), 448.0f / 4.0f);
+  EXPECT_EQ(s.scale(at + 6, 4.0f), 448.0f / 4.0f);
+  EXPECT_EQ(s.scale(at + 7, 4.0f), 57344.0f / 4.0f);
+  // The experts' histories apart from the layer's (a checkpoint's rows after the head's).
+  s.observe(at + 5, 3.0f);
+  s.commit();
+  const std::vector<float> h = s.history(3, true);
+  ASSERT_EQ(h.size(), size_t(s.expert_rows()) * 2);
+  EXPECT_EQ(h[5 * 2], 3.0f);
+  EXPECT_EQ(h[5 * 2 + 1], -1.0f);
+  EXPECT_EQ(s.history(3).size(), size_t(Fp8State::kPerLayer) * 2);
+  EXPECT_EQ(Fp8State::table_rows(4, 2, 4), size_t(4 * 12 + 3 + 2 * 12));
+}
+
+// The experts' GEMMs (Fp8Linear::expert_forward, expert_backward) of an MoE layer on a rank
+// holding experts 1 and 2 of 3, against products worked out here in double from fp8_encode's
+// codes: a step without histories runs them in the compute type (the products of cpu::matmul,
+// bit for bit) and records the amaxes of the rows (all of them, one per role) and of each
+// expert's weight; the next step casts the rows of both experts at one scale, from their amax,
+// and each expert's weight at its own. Scales shared between the experts' weights, or one per
+// expert's rows, would give other products (checked here to differ).
+TEST(Fp8Linear, ExpertsOnCodesWithAScaleEachAndOneForTheirRows) {
+  const int IC = 5, OC = 4, n[2] = {3, 4}, N = n[0] + n[1];
+  NormalValues random{std::mt19937(11)};
+  const std::vector<float> x = random(size_t(N) * IC, 3.0f), b = random(OC, 0.1f);
+  const std::vector<float> w[2] = {random(size_t(OC) * IC, 0.05f), random(size_t(OC) * IC, 2.0f)};
+  std::vector<float> g = random(size_t(N) * OC, 1e-4f);
+  for (size_t i = 0; i < size_t(n[0]) * OC; ++i) g[i] *= 100.0f;  // expert 0's rows the larger
+  const auto amax = amax_of;
+  const auto coded = coded_values;
+  const size_t W = size_t(OC) * IC;
+  Fp8Options o;
+  o.on = true;
+  Comm tp(MPI_COMM_SELF);
+  Arena arena(CpuBackend::memory());
+  Fp8Sizes sizes;
+  sizes.input = size_t(N) * IC;
+  sizes.grad = size_t(N) * OC;
+  Fp8Experts experts{{0}, 3, 2, 1, W, 0};
+  Fp8Linear<CpuBackend> fp8(o, 0, 1, false, &tp, nullptr, sizes, arena, experts);
+  arena.allocate();
+  fp8.bind();
+  Fp8State& s = fp8.state();
+  const int tx = s.expert_tensor(0, Fp8State::kFc1, Fp8State::kInput, 0);
+  const int tg = s.expert_tensor(0, Fp8State::kFc1, Fp8State::kGrad, 0);
+  auto tw = [&](int e) { return s.expert_tensor(0, Fp8State::kFc1, Fp8State::kWeight, e); };
+  // Both experts forward and backward on their blocks of rows.
+  struct Pass {
+    std::vector<float> out, dx, dw[2], db;
+  };
+  auto pass = [&] {
+    Pass p;
+    p.out.assign(size_t(N) * OC, 0.0f);
+    p.dx.assign(size_t(N) * IC, 0.0f);
+    p.db.assign(size_t(2) * OC, 0.0f);
+    fp8.expert_rows(0, Fp8State::kFc1, Fp8State::kInput, x.data(), x.size());
+    for (int e = 0, r0 = 0; e < 2; r0 += n[e++])
+      fp8.expert_forward(0, Fp8State::kFc1, e, p.out.data() + size_t(r0) * OC,
+                         x.data() + size_t(r0) * IC, w[e].data(), b.data(), n[e], IC, OC);
+    fp8.expert_rows(0, Fp8State::kFc1, Fp8State::kGrad, g.data(), g.size());
+    for (int e = 0, r0 = 0; e < 2; r0 += n[e++]) {
+      p.dw[e].assign(W, 0.0f);
+      fp8.expert_backward(0, Fp8State::kFc1, e, p.dx.data() + size_t(r0) * IC, p.dw[e].data(),
+                          p.db.data() + size_t(e) * OC, g.data() + size_t(r0) * OC,
+                          x.data() + size_t(r0) * IC, w[e].data(), n[e], IC, OC);
+    }
+    return p;
+  };
+
+  // No histories: the compute type's products, and the amaxes recorded.
+  EXPECT_FALSE(fp8.experts_fp8(0));
+  const Pass first = pass();
+  for (int e = 0, r0 = 0; e < 2; r0 += n[e++]) {
+    std::vector<float> out(size_t(n[e]) * OC), dx(size_t(n[e]) * IC, 0.0f), dw(W, 0.0f), db(OC);
+    cpu::matmul_forward(out.data(), x.data() + size_t(r0) * IC, w[e].data(), b.data(), n[e], IC, OC);
+    cpu::matmul_backward(dx.data(), dw.data(), db.data(), g.data() + size_t(r0) * OC,
+                         x.data() + size_t(r0) * IC, w[e].data(), n[e], IC, OC);
+    EXPECT_EQ(out, std::vector<float>(first.out.begin() + long(r0) * OC,
+                                      first.out.begin() + long(r0 + n[e]) * OC));
+    EXPECT_EQ(dx, std::vector<float>(first.dx.begin() + long(r0) * IC,
+                                     first.dx.begin() + long(r0 + n[e]) * IC));
+    EXPECT_EQ(dw, first.dw[e]);
+  }
+  fp8.collect();
+  EXPECT_EQ(s.pending()[size_t(tx)], amax(x.data(), x.size()));
+  EXPECT_EQ(s.pending()[size_t(tg)], amax(g.data(), g.size()));
+  EXPECT_EQ(s.pending()[size_t(tw(0))], 0.0f);  // expert 0 is another rank's
+  EXPECT_EQ(s.pending()[size_t(tw(1))], amax(w[0].data(), W));
+  EXPECT_EQ(s.pending()[size_t(tw(2))], amax(w[1].data(), W));
+  s.commit();
+
+  // With histories: on codes. The rows at one scale, each expert's weight at its own.
+  ASSERT_TRUE(fp8.experts_fp8(0));
+  const Pass second = pass();
+  const float sx = 448.0f / amax(x.data(), x.size()), sg = 57344.0f / amax(g.data(), g.size());
+  const std::vector<double> qx = coded(x.data(), x.size(), sx, Fp8Format::E4M3),
+                            qg = coded(g.data(), g.size(), sg, Fp8Format::E5M2);
+  // want(weight scale of each expert, row scales of each expert): the products in double.
+  auto want = [&](const float sw[2], const float srow[2], std::vector<double>* out,
+                  std::vector<double>* dx, std::vector<double> dw[2]) {
+    out->assign(size_t(N) * OC, 0.0);
+    dx->assign(size_t(N) * IC, 0.0);
+    for (int e = 0, r0 = 0; e < 2; r0 += n[e++]) {
+      const std::vector<double> qw = coded(w[e].data(), W, sw[e], Fp8Format::E4M3);
+      const std::vector<double> rx = coded(x.data() + size_t(r0) * IC, size_t(n[e]) * IC,
+                                           srow[e] * sx, Fp8Format::E4M3);
+      const std::vector<double> rg = coded(g.data() + size_t(r0) * OC, size_t(n[e]) * OC,
+                                           srow[e] * sg, Fp8Format::E5M2);
+      dw[e].assign(W, 0.0);
+      for (int r = 0; r < n[e]; ++r)
+        for (int oc = 0; oc < OC; ++oc) {
+          double sum = b[size_t(oc)];
+          for (int i = 0; i < IC; ++i) {
+            sum += rx[size_t(r) * IC + i] * qw[size_t(oc) * IC + i];
+            (*dx)[size_t(r0 + r) * IC + i] += rg[size_t(r) * OC + oc] * qw[size_t(oc) * IC + i];
+            dw[e][size_t(oc) * IC + i] += rg[size_t(r) * OC + oc] * rx[size_t(r) * IC + i];
+          }
+          (*out)[size_t(r0 + r) * OC + oc] = sum;
+        }
+    }
+  };
+  auto close = [](const std::vector<float>& got, const std::vector<double>& ref) {
+    for (size_t i = 0; i < got.size(); ++i)
+      if (std::fabs(got[i] - ref[i]) > 1e-6 * (1.0 + std::fabs(ref[i]))) return false;
+    return true;
+  };
+  const float own[2] = {448.0f / amax(w[0].data(), W), 448.0f / amax(w[1].data(), W)};
+  const float one[2] = {1.0f, 1.0f};
+  std::vector<double> out, dx, dw[2];
+  want(own, one, &out, &dx, dw);
+  EXPECT_TRUE(close(second.out, out));
+  EXPECT_TRUE(close(second.dx, dx));
+  EXPECT_TRUE(close(second.dw[0], dw[0]));
+  EXPECT_TRUE(close(second.dw[1], dw[1]));
+  EXPECT_EQ(second.db, first.db);  // from the unquantized gradient
+  EXPECT_FALSE(close(second.out, std::vector<double>(first.out.begin(), first.out.end())));
+  // The largest expert's weight scale for both: expert 0's products differ.
+  const float shared[2] = {own[1], own[1]};
+  std::vector<double> out_s, dx_s, dw_s[2];
+  want(shared, one, &out_s, &dx_s, dw_s);
+  EXPECT_FALSE(close(second.out, out_s));
+  // Each expert's rows at their own amax: expert 1's gradient rows (the smaller) differ.
+  const float rows[2] = {1.0f, amax(g.data(), g.size()) /
+                                   amax(g.data() + size_t(n[0]) * OC, size_t(n[1]) * OC)};
+  std::vector<double> out_r, dx_r, dw_r[2];
+  want(own, rows, &out_r, &dx_r, dw_r);
+  EXPECT_FALSE(close(second.dx, dx_r) && close(second.dw[1], dw_r[1]));
+}
+
+// Under ZeRO-3 the held experts' codes of four MoE layers take turns in two MoE layers' places
+// as the dense layers' do: after a step of histories, forward 0..3, backward 3..0 and layer 0's
+// forward again give what a place for every layer's experts gives, from half the bytes.
+TEST(Fp8Linear, UnderZero3TwoMoeLayersOfExpertCodesTakeTurns) {
+  const int n = 3, IC = 5, OC = 4, L = 4, held = 2;
+  const size_t W = size_t(OC) * IC;
+  NormalValues random{std::mt19937(13)};
+  std::vector<std::vector<float>> w;  // by layer then held expert
+  for (int i = 0; i < L * held; ++i) w.push_back(random(W, 0.05f * float(i + 1)));
+  const std::vector<float> x = random(size_t(n) * IC, 3.0f), g = random(size_t(n) * OC, 1e-4f);
+  Comm tp(MPI_COMM_SELF);
+  Fp8Sizes sizes;
+  sizes.input = size_t(n) * IC;
+  sizes.grad = size_t(n) * OC;
+  auto run = [&](bool layer_codes) {
+    Fp8Options o;
+    o.on = true;
+    o.layer_codes = layer_codes;
+    Arena arena(CpuBackend::memory());
+    Fp8Linear<CpuBackend> fp8(o, 0, L, false, &tp, nullptr, sizes, arena,
+                              Fp8Experts{{0, 1, 2, 3}, 4, held, 2, W, W});
+    arena.allocate();
+    fp8.bind();
+    Fp8State& s = fp8.state();
+    for (int i = 0; i < s.tensors(); ++i) s.observe(i, 1.0f + 0.1f * float(i));
+    s.commit();
+    TurnsRun r;
+    r.bytes = fp8.weight_bytes();
+    for (int l = 0; l < L; ++l)
+      for (int e = 0; e < held; ++e) {
+        r.out.emplace_back(size_t(n) * OC);
+        fp8.expert_forward(l, Fp8State::kFc1, e, r.out.back().data(), x.data(),
+                           w[size_t(l * held + e)].data(), nullptr, n, IC, OC);
+      }
+    for (int l = L - 1; l >= 0; --l)
+      for (int e = 0; e < held; ++e) {
+        r.dx.emplace_back(size_t(n) * IC, 0.0f);
+        r.dw.emplace_back(W, 0.0f);
+        fp8.expert_backward(l, Fp8State::kFc1, e, r.dx.back().data(), r.dw.back().data(), nullptr,
+                            g.data(), x.data(), w[size_t(l * held + e)].data(), n, IC, OC);
+      }
+    r.again.resize(size_t(n) * OC);
+    fp8.expert_forward(0, Fp8State::kFc1, 1, r.again.data(), x.data(), w[1].data(), nullptr, n,
+                       IC, OC);
+    fp8.collect();
+    r.amax = fp8.state().pending();
+    return r;
+  };
+  // Layer 0's expert 1, and layer 2's, its place-mate's.
+  expect_turns_as_whole(run(false), run(true), 1, size_t(2 * held + 1));
 }
