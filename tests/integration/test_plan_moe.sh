@@ -67,7 +67,10 @@ step = [r for r in rows if r["type"] == "train"][-1]
 # far above 1: its five decimals are then many digits).
 run = step["mfu"] * int(sys.argv[3]) * 0.5e6 / step["tokens_per_s"]
 planned = plan["model_flops_per_step"] / (8 * 16)
-assert abs(planned / run - 1) < 5e-4, (planned, run)
+# The logged tokens/s (%.1f) and MFU (%.5f) bound the run's figure's precision: on a loaded
+# machine a few hundred tokens/s leave it a few 1e-4 (a router's FLOPs are 1.6e-3 of a token's).
+tol = 5e-4 + 0.05 / step["tokens_per_s"] + 5e-6 / step["mfu"]
+assert abs(planned / run - 1) < tol, (planned, run, tol)
 assert plan["experts"] == 4 and (plan["params_active"] < plan["params_total"] or
                                  plan["top_k"] == 4), plan
 for r in plan["roles"]:
