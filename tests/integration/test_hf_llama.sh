@@ -236,7 +236,7 @@ json.dump(p, open(sys.argv[2], "w"))' hf/meta/params.json meta_scaled/params.jso
 import_error "meta-llama with use_scaled_rope" "meta_scaled/consolidated.00.pth: params.json use_scaled_rope = true: tessera's rotary embedding has no scaling" meta_scaled/consolidated.00.pth
 cp meta_scaled/consolidated.00.pth meta_scaled/consolidated.01.pth
 import_error "Meta's tensor-parallel split" "meta_scaled: Meta's checkpoint in several consolidated.\*.pth files" meta_scaled
-import_error "unknown --layout" "unknown layout 'hf-llama3' \(known: hf-gpt2, hf-llama, meta-llama, hf-mixtral\)" hf --layout hf-llama3
+import_error "unknown --layout" "unknown layout 'hf-llama3' \(known: hf-gpt2, hf-llama, meta-llama, hf-mixtral, hf-qwen3-moe\)" hf --layout hf-llama3
 import_error "HF weights read as meta-llama" "hf: no layers.0.attention.wq.weight: not a meta-llama state dict" hf --layout meta-llama
 import_error "no config.json, no deck" "bare/model.safetensors: hf-llama weights without a config.json: give it .* or --deck" bare/model.safetensors
 sed 's/n_kv_head: 2/n_kv_head: 4/' "$deck" >deck_kv4.yaml
@@ -261,7 +261,7 @@ expect_error "export: a llama checkpoint as hf-gpt2" 2 "imp.h5: a llama model; t
 "$TESSERA" train "$(tiny_deck untied)" model.tie_embeddings=false train.steps=0 >untied.log 2>&1
 expect_error "export: an untied GPT-2" 2 "step_00000000.h5: the model's tensor lm_head.weight has no place in the hf-gpt2 layout \(GPT2LMHeadModel\)" \
   $EXPORT "$WORK/untied/checkpoints" --out exp_bad
-expect_error "export: --format meta-llama" 2 "--format meta-llama: an import layout only \(export formats: hf-gpt2, hf-llama, hf-mixtral\)" \
+expect_error "export: --format meta-llama" 2 "--format meta-llama: an import layout only \(export formats: hf-gpt2, hf-llama, hf-mixtral, hf-qwen3-moe\)" \
   $EXPORT imp.h5 --out exp_bad --format meta-llama
 if [ -z "$(ls -A exp_bad)" ]; then pass "export errors wrote nothing"; else fail "export errors wrote $(ls exp_bad)"; fi
 finish

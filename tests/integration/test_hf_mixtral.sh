@@ -4,7 +4,7 @@
 # into tessera's model.moe, tessera's eval loss against an independent PyTorch forward of
 # Mixtral's sparse MoE block; export -> import round trips to the bit, every config.json key
 # back; a trained tessera MoE model out and in again; every bad input one line, exit 2, nothing
-# written; a Qwen3-MoE refused (its attention normalises q and k per head, tessera's does not).
+# written; a Qwen3-MoE not taken for a Mixtral (test_hf_qwen_moe.sh imports it).
 source "$(dirname "$0")/lib.sh"
 HF="$PYTHON $ROOT/tests/integration/hf_mixtral.py"
 IMPORT="$PYTHON $ROOT/tools/interop/import_weights.py"
@@ -192,8 +192,10 @@ sed 's/ffn: 24/ffn: 24\n    score: sigmoid/' "$deck" >deck_sigmoid.yaml
 import_error "deck model.moe.score" "deck_sigmoid.yaml: model.moe.score = sigmoid, but MixtralForCausalLM routes with score softmax" hf --deck deck_sigmoid.yaml
 sed '/^  moe:$/,/^    ffn: 24$/d' "$deck" >deck_dense.yaml
 import_error "a dense deck" "deck_dense.yaml: model.moe.experts = 0, but hf has 4 experts" hf --deck deck_dense.yaml
-import_error "Qwen3-MoE" "hf/qwen3_moe: hf/qwen3_moe/config.json: model_type 'qwen3_moe' \(Qwen3MoeForCausalLM: Qwen3 q_norm/k_norm: not supported" hf/qwen3_moe
-import_error "Qwen3-MoE without config.json" "qwen3_moe_bare/model.safetensors: tensor model.layers.0.self_attn.k_norm.weight: Qwen3 q_norm/k_norm: not supported" hf/qwen3_moe_bare/model.safetensors --deck "$deck"
+# A Qwen3-MoE is not a Mixtral: its config.json says so, and without one its q_norm tensors
+# make it hf-qwen3-moe, whose q/k norms this deck (model.qk_norm false) does not have.
+import_error "Qwen3-MoE as hf-mixtral" "hf/qwen3_moe/config.json: model_type 'qwen3_moe', but the layout is hf-mixtral \(mixtral\)" hf/qwen3_moe --layout hf-mixtral
+import_error "Qwen3-MoE without config.json, Mixtral's deck" "mixtral.yaml: model.qk_norm = false, but hf/qwen3_moe_bare/model.safetensors has qk_norm true \(model.layers.0.self_attn.q_norm.weight \[8\]\)" hf/qwen3_moe_bare/model.safetensors --deck "$deck"
 
 # 7. Export errors: a model Mixtral cannot hold; nothing written.
 mkdir -p exp_bad
