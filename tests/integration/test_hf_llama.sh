@@ -51,8 +51,6 @@ checkpoint:
 run:
   dir: $WORK/ft
 DECK
-eval_loss() { "$TESSERA" eval "$1" --data "$DATA/val.h5" --batches 4 | sed -n 's/.*loss \([0-9.]*\)$/\1/p'; }
-close() { "$PYTHON" -c "import sys; a,b=float('$1'),float('$2'); sys.exit(not abs(a-b) <= $3*abs(b))"; }
 
 # 1. Import the torch state dict against the deck: the model section on stdout.
 if $IMPORT hf/pytorch_model.bin --out imp.h5 --deck "$deck" >model.yaml 2>import.log &&
@@ -216,13 +214,6 @@ else
 fi
 
 # 7. Import errors: one line naming the tensor, the key and the values, exit 2, nothing written.
-import_error() {  # NAME PATTERN SRC [ARGS...]
-  local name=$1 pattern=$2 src=$3
-  shift 3
-  rm -f bad.h5
-  expect_error "import: $name" 2 "$pattern" $IMPORT "$src" --out bad.h5 "$@"
-  if [ -e bad.h5 ] || ls bad.h5.* >/dev/null 2>&1; then fail "import: $name: wrote bad.h5"; fi
-}
 import_error "missing tensor" "hf/bad/missing: missing tensor model.layers.1.mlp.up_proj.weight \[96, 32\] \(hf-llama, n_layer 2\)" hf/bad/missing
 import_error "extra tensor (a bias)" "hf/bad/extra: unexpected tensor layers.0.self_attn.q_proj.bias \[32\]: not part of the hf-llama layout" hf/bad/extra
 import_error "wrong shape" "hf/bad/shape: model.layers.1.self_attn.k_proj.weight is \[32, 32\], .* needs \[16, 32\]" hf/bad/shape

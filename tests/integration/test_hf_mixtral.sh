@@ -53,8 +53,6 @@ checkpoint:
 run:
   dir: $WORK/ft
 DECK
-eval_loss() { "$TESSERA" eval "$1" --data "$DATA/val.h5" --batches 4 | sed -n 's/.*loss \([0-9.]*\)$/\1/p'; }
-close() { "$PYTHON" -c "import sys; a,b=float('$1'),float('$2'); sys.exit(not abs(a-b) <= $3*abs(b))"; }
 
 # 1. Import against the deck: the model section, model.moe included, on stdout. Mixtral's
 # router_aux_loss_coef 0.02 is one loss over all 3 layers, 2 choices a token: 0.02 x 2 / 3 a layer.
@@ -168,13 +166,6 @@ else
 fi
 
 # 6. Import errors: one line naming the tensor or key and the numbers, exit 2, nothing written.
-import_error() {  # NAME PATTERN SRC [ARGS...]
-  local name=$1 pattern=$2 src=$3
-  shift 3
-  rm -f bad.h5
-  expect_error "import: $name" 2 "$pattern" $IMPORT "$src" --out bad.h5 "$@"
-  if [ -e bad.h5 ] || ls bad.h5.* >/dev/null 2>&1; then fail "import: $name: wrote bad.h5"; fi
-}
 import_error "config.json's expert count" "hf/bad/experts_config: config.json num_local_experts = 8, but model.layers.0.block_sparse_moe.gate.weight \[4, 32\] routes to 4 experts" hf/bad/experts_config
 import_error "a router of another shape" "hf/bad/router_shape: model.layers.1.block_sparse_moe.gate.weight is \[3, 32\], the hf-mixtral layout with .*4 experts of width 24 needs \[4, 32\]" hf/bad/router_shape
 import_error "an expert missing" "hf/bad/expert_missing: model.layers.0.block_sparse_moe.gate.weight \[4, 32\] routes to 4 experts, but layer 0 has the tensors of experts 0 .. 2" hf/bad/expert_missing
