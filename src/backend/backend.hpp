@@ -64,6 +64,8 @@
   TESSERA_BACKEND_TIMED(ns, layernorm_backward, kNorms)                                          \
   TESSERA_BACKEND_TIMED(ns, rmsnorm_forward, kNorms)                                             \
   TESSERA_BACKEND_TIMED(ns, rmsnorm_backward, kNorms)                                            \
+  TESSERA_BACKEND_TIMED(ns, qk_norm_forward, kNorms)                                             \
+  TESSERA_BACKEND_TIMED(ns, qk_norm_backward, kNorms)                                            \
   TESSERA_BACKEND_TIMED(ns, matmul_forward, kGemm)                                               \
   TESSERA_BACKEND_TIMED(ns, bias_add, kElementwise)                                              \
   TESSERA_BACKEND_TIMED(ns, bias_backward, kElementwise)                                         \

@@ -93,6 +93,9 @@ struct ModelConfig {
   Tie tie_embeddings = Tie::Auto;  // auto (gpt2: true, llama: false) | true | false
   double norm_eps = 1e-5;    // llama's RMSNorm epsilon (GPT-2's LayerNorm: 1e-5)
   double rope_theta = 10000.0;  // llama's rotary base
+  // llama only: each head's q and k RMS-normalised (weight of head size, eps norm_eps) before the
+  // rotary embedding, as Qwen3's attention (q_norm, k_norm)
+  bool qk_norm = false;
   MoeConfig moe;
 };
 

@@ -134,6 +134,7 @@ std::vector<Field> fields_of(Config& c) {
       {"model", "tie_embeddings", choice(&c.model.tie_embeddings)},
       {"model", "norm_eps", &c.model.norm_eps},
       {"model", "rope_theta", &c.model.rope_theta},
+      {"model", "qk_norm", &c.model.qk_norm},
       {"model", "moe.experts", &c.model.moe.experts},
       {"model", "moe.top_k", &c.model.moe.top_k},
       {"model", "moe.ffn", &c.model.moe.ffn},
@@ -347,6 +348,8 @@ std::string to_yaml(const Config& config) {
     // model.moe's keys only with experts (each is a deck error without).
     const std::string_view key = f.key;
     if (key.rfind("moe.", 0) == 0 && config.model.moe.experts == 0) continue;
+    // model.qk_norm only where it is on: the resolved decks of models without it stay as they were.
+    if (key == "qk_norm" && !config.model.qk_norm) continue;
     // Dropless routing is capacity_factor left out: a 0 written back would be refused on reading.
     if (key == "moe.capacity_factor" && !(config.model.moe.capacity_factor > 0)) continue;
     if (std::string_view(section) != f.section) {

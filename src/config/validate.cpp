@@ -105,6 +105,11 @@ void validate_model(const Config& c, const Deck& deck) {
                         " needs model.arch: llama (GPT-2's LayerNorm uses 1e-5)");
   }
   positive(deck, "model.rope_theta", m.rope_theta);
+  if (!llama && m.qk_norm) {
+    deck.fail_later("model.arch", "model.qk_norm",
+                    "model.qk_norm = true needs model.arch: llama (GPT-2's attention normalises "
+                    "no head)");
+  }
   if (m.attention == Attention::Fused && m.n_embd % m.n_head == 0 &&
              m.n_embd / m.n_head > limits::kFusedHeadSize) {
     deck.fail_later("model.n_head", "model.attention",

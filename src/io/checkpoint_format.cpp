@@ -54,7 +54,9 @@ std::string state_text(const TrainState& st, const ModelShape& s) {
                                               "," + std::to_string(m.every) + "," +
                                               std::to_string(m.first_dense)
                                         : "";
-  return std::string(buf) + optim + moe + " data_sources=" + st.data_sources +
+  // q/k norms only where the model has them, likewise.
+  const std::string qk = s.qk_norm ? " qk_norm=1" : "";
+  return std::string(buf) + optim + moe + qk + " data_sources=" + st.data_sources +
          " data_position=" + st.data_position;
 }
 

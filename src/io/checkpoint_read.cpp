@@ -232,6 +232,10 @@ CheckpointInfo read_info_here(const std::string& path) {
   info.shape.tied = h5_read_int_attr(model.get(), "tie_embeddings").value_or(1) != 0;
   info.shape.norm_eps = h5_read_double_attr(model.get(), "norm_eps").value_or(1e-5);
   info.shape.rope_theta = h5_read_double_attr(model.get(), "rope_theta").value_or(10000.0);
+  info.shape.qk_norm = h5_read_int_attr(model.get(), "qk_norm").value_or(0) != 0;
+  if (info.shape.qk_norm && info.shape.arch != Arch::Llama)
+    throw UserError(path + ": /model attribute qk_norm 1 on a " + arch +
+                    " model (q/k norms are llama's)");
   if (h5_read_int_attr(model.get(), "moe_experts")) {
     MoeShape& m = info.shape.moe;
     m.experts = int(require_int(model.get(), path, "moe_experts", 1, limits::kExperts));
@@ -321,6 +325,7 @@ void check_checkpoint_shape(const CheckpointInfo& info, const LocalLayout& layou
   check("model.arch", std::string(arch_name(a.arch)), std::string(arch_name(b.arch)));
   check("model.norm_eps", a.norm_eps, b.norm_eps);
   check("model.rope_theta", a.rope_theta, b.rope_theta);
+  check("model.qk_norm", boolean(a.qk_norm), boolean(b.qk_norm));
   check("model.moe.experts", a.moe.experts, b.moe.experts);
   if (a.moe.experts > 0 && b.moe.experts > 0) {
     check("model.moe.top_k", a.moe.top_k, b.moe.top_k);

@@ -259,6 +259,8 @@ void write_metadata(hid_t root, const LocalLayout& layout, const TrainState& sta
     h5_write_int_attr(model.get(), "tie_embeddings", s.tied ? 1 : 0);
     h5_write_double_attr(model.get(), "norm_eps", s.norm_eps);
     h5_write_double_attr(model.get(), "rope_theta", s.rope_theta);
+    // Only with it: the checkpoints of models without q/k norms stay as they were.
+    if (s.qk_norm) h5_write_int_attr(model.get(), "qk_norm", 1);
     if (s.moe.experts > 0) {  // a dense model's /model is as it was before MoE
       h5_write_int_attr(model.get(), "moe_experts", s.moe.experts);
       h5_write_int_attr(model.get(), "moe_top_k", s.moe.top_k);

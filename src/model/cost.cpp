@@ -15,9 +15,13 @@ BlockCost block_cost(const ModelShape& s, int tp, bool moe) {
              {Fp8State::kFc1, kFc1W, w.fc1, C},
              {Fp8State::kFc2, kFc2W, C, w.f}};
   c.residual_elems = 2 * 2 * double(C) + 2 * 3 * double(C);
-  c.gemm_out_elems = 2 * (double(w.qkv) + C + w.fc1);
+  // model.qk_norm: one more pass over the q and k heads (read, and written twice: the norm's
+  // output and the raw copy the backward reads), one more launch.
+  const double qk = s.qk_norm ? 3.0 * double(w.nh + w.nkv) * w.hs : 0;
+  c.gemm_out_elems = 2 * (double(w.qkv) + C + w.fc1) + qk;
   c.activation_elems = 2 * double(w.f);
   c.activation_exps = w.f;
+  c.forward_kernels += s.qk_norm ? 1 : 0;
   if (!moe) return c;
   // The experts' fc1, activation and fc2 on k rows a token; the dense MLP's three launches
   // replaced by the router's and dispatch's seven and each expert's three.
@@ -31,7 +35,7 @@ BlockCost block_cost(const ModelShape& s, int tp, bool moe) {
   m.route_elems = 2 * E;
   m.route_exps = E;
   m.forward_kernels = 7 + 3 * m.experts;
-  c.gemm_out_elems = 2 * (double(w.qkv) + C + k * w.efc1);
+  c.gemm_out_elems = 2 * (double(w.qkv) + C + k * w.efc1) + qk;
   c.activation_elems = 2 * k * w.ef;
   c.activation_exps = k * w.ef;
   c.forward_kernels += m.forward_kernels - 3;

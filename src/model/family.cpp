@@ -105,6 +105,14 @@ std::vector<LayerParam> layer_params(const ModelShape& s, int l) {
   std::vector<LayerParam> out;
   norm_params(f, f.norm1, C, &out, kNorm1W, kNorm1B);
   attention_params(f, C, Q, KV, &out);
+  // Qwen3's q_norm and k_norm (Qwen3MoeAttention): one RMSNorm weight of head size each, shared
+  // by all the heads of q (of k).
+  if (s.qk_norm) {
+    if (f.norm != NormKind::RmsNorm) throw std::logic_error("model.qk_norm needs RMSNorm");
+    const std::string at = std::string(f.attention) + ".";
+    out.push_back({kQkNormW, at + "q_norm.weight", {hs}, Init::Ones, Split::Replicated});
+    out.push_back({kQkNormW, at + "k_norm.weight", {hs}, Init::Ones, Split::Replicated});
+  }
   norm_params(f, f.norm2, C, &out, kNorm2W, kNorm2B);
   if (s.moe.layer(l)) {
     // The shared experts are one dense MLP under their own names (DeepSeek's

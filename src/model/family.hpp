@@ -67,9 +67,12 @@ enum class MlpKind { Gelu, SwiGlu };         // model/mlp.hpp
 // LLaMA's gate and up), fc2 its second (GPT-2's mlp.c_proj, LLaMA's down).
 // An MoE layer (model/moe_layer.hpp) has a router (kRouterW) and its experts' fc1 and fc2 in
 // place of the dense MLP's (kExpertFc1W...: each the E experts' tensors stacked by rows).
+// model.qk_norm (llama): the per-head RMSNorm weights of q and k (kQkNormW: q_norm then k_norm,
+// each of head size, replicated over tp; each tp rank's gradient sums over its heads only, so it
+// is summed over tp: Gpt::tp_partial_gradients).
 enum LayerRole {
   kNorm1W, kNorm1B, kQkvW, kQkvB, kProjW, kProjB, kNorm2W, kNorm2B, kFc1W, kFc1B, kFc2W, kFc2B,
-  kRouterW, kExpertFc1W, kExpertFc1B, kExpertFc2W, kExpertFc2B,
+  kRouterW, kExpertFc1W, kExpertFc1B, kExpertFc2W, kExpertFc2B, kQkNormW,
   kLayerRoles
 };
 

@@ -70,10 +70,13 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
   const size_t last = last_ ? 1 : 0;
   // LayerNorm keeps each row's mean and rstd, RMSNorm its rstd alone.
   const size_t mean = family.norm == NormKind::LayerNorm ? Nr : 0;
+  // model.qk_norm: the q and k heads before their norm, and each one's rstd.
+  const size_t qk_heads = layout.canonical.shape.qk_norm ? size_t(w.nh + w.nkv) : 0;
   // Per-layer kinds (`layers` true) are kept per slot and layer, or live in the workspace.
   struct { Slot kind; size_t size; bool layers; size_t count; } plan[] = {
       {kEncoded, Nr * C, false, 1}, {kNorm1, Nr * C, true, L},    {kQkv, N * QKV, true, L},
-      {kAtt, att, true, L},         {kAttY, N * Q, true, L},      {kAttProj, Nr * C, true, L},
+      {kQkRaw, N * qk_heads * size_t(w.hs), true, L},             {kAtt, att, true, L},
+      {kAttY, N * Q, true, L},      {kAttProj, Nr * C, true, L},
       {kRes2, Nr * C, true, L},     {kNorm2, Nr * C, true, L},    {kFc1, N * FC1, true, L},
       {kMlpAct, N * F, true, L},    {kFc2, Nr * C, true, L},      {kOut, Nr * C, true, L},
       {kNormF, Nr * C, false, last},  {kLogits, N * size_t(layout.vocab_rows), false, last},
@@ -95,8 +98,9 @@ Gpt<Backend>::Gpt(const LocalLayout& layout, Comm* tp, int max_batch, int max_se
     }
   }
   struct { Stat kind; size_t size; bool layers; size_t count; } stat_plan[] = {
-      {kNorm1Mean, mean, true, L}, {kNorm1Rstd, Nr, true, L},  {kNorm2Mean, mean, true, L},
-      {kNorm2Rstd, Nr, true, L},   {kAttLse, lse, true, L},    {kNormFMean, mean, false, last},
+      {kNorm1Mean, mean, true, L},     {kNorm1Rstd, Nr, true, L}, {kNorm2Mean, mean, true, L},
+      {kNorm2Rstd, Nr, true, L},       {kAttLse, lse, true, L},
+      {kQkRstd, N * qk_heads, true, L}, {kNormFMean, mean, false, last},
       {kNormFRstd, Nr, false, last},
   };
   for (const auto& p : stat_plan) {
@@ -225,13 +229,19 @@ const typename Backend::Act* Gpt<Backend>::output(int slot) const {
 template <class Backend>
 std::vector<std::pair<size_t, size_t>> Gpt<Backend>::tp_partial_gradients(int l) const {
   std::vector<std::pair<size_t, size_t>> out;
-  if (!options_.sequence_parallel) return out;
   const LocalLayout& lay = layout_;
   auto add = [&](int tensor) {
     if (tensor < 0) return;
     const LocalTensor& t = lay.tensors[size_t(tensor)];
     out.emplace_back(t.offset, t.offset + t.numel);
   };
+  // q_norm and k_norm (adjacent: one range) see this rank's heads, under sequence parallelism or
+  // not.
+  if (l >= 0 && lay.tp > 1 && lay.canonical.has(l, kQkNormW)) {
+    const LocalTensor& q = lay.tensors[size_t(lay.layer(l, kQkNormW))];
+    out.emplace_back(q.offset, q.offset + 2 * q.numel);
+  }
+  if (!options_.sequence_parallel) return out;
   if (l < 0) {
     add(lay.norm_weight);
     add(lay.norm_bias);
@@ -257,6 +267,9 @@ typename TransformerBlock<Backend>::Acts Gpt<Backend>::layer_acts(int slot, int 
   a.out = recomputing ? work(kOut) : act(kOut, slot, i);
   a.norm1_mean = S(kNorm1Mean), a.norm1_rstd = S(kNorm1Rstd), a.norm2_mean = S(kNorm2Mean);
   a.norm2_rstd = S(kNorm2Rstd), a.lse = S(kAttLse);
+  const bool qk = layout_.canonical.shape.qk_norm;
+  a.qk_raw = qk ? A(kQkRaw) : nullptr;
+  a.qk_rstd = qk ? S(kQkRstd) : nullptr;
   a.doc_start = docs_[size_t(slot)].start;
   a.slot = slot;
   a.recomputing = recomputing;

@@ -72,10 +72,11 @@ class Gpt {
   const Act* output(int slot) const;
   size_t boundary_elems() const { return size_t(max_n_ / seq_split()) * n_embd(); }
 
-  // Gradients that sequence parallelism leaves partial on each tensor-parallel rank (the norms'
-  // weights and biases, computed from this rank's rows only) as [begin, end) ranges of the local
-  // buffer: those of layer l, or with l = -1 those outside the layers. The engine sums them over
-  // tp once per step, after the last backward; empty without sequence parallelism.
+  // Gradients left partial on each tensor-parallel rank, as [begin, end) ranges of the local
+  // buffer: those of layer l, or with l = -1 those outside the layers. Sequence parallelism's
+  // norms' weights and biases (computed from this rank's rows only), and with tp > 1 always
+  // model.qk_norm's q_norm and k_norm (computed from this rank's heads only). The engine sums
+  // them over tp once per step, after the last backward; empty with neither.
   std::vector<std::pair<size_t, size_t>> tp_partial_gradients(int l) const;
 
   // tokens (B,T); targets (B,T) on the last stage, or nullptr for logits only; both in backend
@@ -137,14 +138,17 @@ class Gpt {
   using Blk = TransformerBlock<Backend>;
   // Per-slot activations (Act); per-layer kinds hold n_local_layers consecutive blocks: those of
   // TransformerBlock::Acts, then the final norm's output and the logits.
+  // kQkRaw: model.qk_norm's q and k heads before their norm (empty without it).
   enum Slot {
-    kEncoded, kNorm1, kQkv, kAtt, kAttY, kAttProj, kRes2, kNorm2, kFc1, kMlpAct, kFc2, kOut,
-    kNormF, kLogits, kSlotKinds
+    kEncoded, kNorm1, kQkv, kQkRaw, kAtt, kAttY, kAttProj, kRes2, kNorm2, kFc1, kMlpAct, kFc2,
+    kOut, kNormF, kLogits, kSlotKinds
   };
   // Per-slot fp32 statistics; kAttLse (B,NH/tp,T) per layer with fused attention only (kAtt and
-  // the probabilities' gradient are empty then). RMSNorm keeps no mean.
+  // the probabilities' gradient are empty then). RMSNorm keeps no mean. kQkRstd: model.qk_norm's
+  // rstd of each q and k head (empty without it).
   enum Stat {
-    kNorm1Mean, kNorm1Rstd, kNorm2Mean, kNorm2Rstd, kAttLse, kNormFMean, kNormFRstd, kStatKinds
+    kNorm1Mean, kNorm1Rstd, kNorm2Mean, kNorm2Rstd, kAttLse, kQkRstd, kNormFMean, kNormFRstd,
+    kStatKinds
   };
 
   // Where one layer's activations are for one micro-batch: kept ones in the slot, recomputed

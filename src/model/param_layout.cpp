@@ -34,6 +34,7 @@ ModelShape make_model_shape(const ModelConfig& m, int vocab) {
   s.tied = m.tie_embeddings == Tie::Auto ? f.tied : m.tie_embeddings == Tie::True;
   s.norm_eps = m.norm_eps;
   s.rope_theta = m.rope_theta;
+  s.qk_norm = m.qk_norm;
   if (m.moe.experts > 0) {
     s.moe.experts = m.moe.experts;
     s.moe.top_k = m.moe.top_k;
@@ -54,7 +55,7 @@ bool same_shape(const ModelShape& a, const ModelShape& b) {
          a.n_kv_head == b.n_kv_head && a.n_embd == b.n_embd && a.ffn_hidden == b.ffn_hidden &&
          a.block_size == b.block_size && a.vocab_size == b.vocab_size &&
          a.padded_vocab == b.padded_vocab && a.tied == b.tied && a.norm_eps == b.norm_eps &&
-         a.rope_theta == b.rope_theta && a.moe.experts == b.moe.experts &&
+         a.rope_theta == b.rope_theta && a.qk_norm == b.qk_norm && a.moe.experts == b.moe.experts &&
          a.moe.top_k == b.moe.top_k && a.moe.ffn == b.moe.ffn && a.moe.every == b.moe.every &&
          a.moe.first_dense == b.moe.first_dense && a.moe.shared == b.moe.shared;
 }

@@ -39,6 +39,7 @@ struct ModelShape {
   bool tied = true;     // the LM head is the token embedding
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
+  bool qk_norm = false;  // llama: each q and k head RMS-normalised before the rotary embedding
   MoeShape moe;
   int head_size() const { return n_embd / n_head; }
 };

@@ -152,7 +152,8 @@ void TransformerBlock<Backend>::forward(const LayerUnits& u, int l, const Acts& 
 }
 
 // x (N,C): the first norm's output, all rows. Column-parallel q, k, v (this rank's heads of
-// each), rotary positions on q and k, the core, the row-parallel output projection into out.
+// each), model.qk_norm's per-head norm and rotary positions on q and k, the core, the
+// row-parallel output projection into out.
 template <class Backend>
 void TransformerBlock<Backend>::attention_forward(int l, Act* out, const Act* x, const Params& w,
                                                   const Acts& a, int B, int T) {
@@ -160,6 +161,9 @@ void TransformerBlock<Backend>::attention_forward(int l, Act* out, const Act* x,
   const int N = B * T;
   const Act* none = nullptr;
   linear_forward(l, Fp8State::kQkv, a.qkv, x, w.p[kQkvW], w.p[kQkvB], N);
+  if (w.p[kQkNormW])
+    Backend::qk_norm_forward(a.qkv, a.qk_raw, a.qk_rstd, w.p[kQkNormW], N, wd.nh, wd.nkv, wd.hs,
+                             layout_->canonical.shape.norm_eps);
   if (family_->position == Positions::Rotary)
     Backend::rope_forward(a.qkv, rope_, B, T, wd.nh, wd.nkv, wd.hs);
   attention_core(a, B, T);
@@ -272,6 +276,9 @@ void TransformerBlock<Backend>::attention_backward(int l, const Params& w, const
                                 T, wd.nh, wd.nkv, wd.hs);
   if (family_->position == Positions::Rotary)
     Backend::rope_backward(scratch(kDQkv), rope_, B, T, wd.nh, wd.nkv, wd.hs);
+  if (w.p[kQkNormW])
+    Backend::qk_norm_backward(scratch(kDQkv), w.g[kQkNormW], a.qk_raw, w.p[kQkNormW], a.qk_rstd,
+                              N, wd.nh, wd.nkv, wd.hs);
   zero(scratch(kDNorm), size_t(N) * C);
   linear_backward(l, Fp8State::kQkv, scratch(kDNorm), w.g[kQkvW], w.g[kQkvB], scratch(kDQkv),
                   gather_rows(a.norm1, scratch(kGather), N), w.p[kQkvW], N);

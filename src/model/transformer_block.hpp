@@ -49,6 +49,10 @@ class TransformerBlock {
     const Act* in;
     Act *norm1, *qkv, *att, *atty, *attproj, *res2, *norm2, *fc1, *mlp_act, *fc2, *out;
     float *norm1_mean, *norm1_rstd, *norm2_mean, *norm2_rstd, *lse;
+    // model.qk_norm: the q and k heads before their norm (N, (nh + nkv) hs) and each head's rstd
+    // (N, nh + nkv); nullptr without it.
+    Act* qk_raw;
+    float* qk_rstd;
     // data.document_mask: each token's document start (B,T; true positions under context
     // parallelism), which the attention masks by; nullptr without.
     const int32_t* doc_start;

@@ -158,6 +158,11 @@ CommBytes comm_bytes(const Config& cfg, const ModelShape& shape, const RunLayout
     out.moe_stats_tp = m * whole * 8.0 * (2 * shape.moe.experts + 2) * (full ? 2 : 1);
     out.payload[Traffic::tp] += out.moe_stats_tp;
   }
+  // model.qk_norm: each layer's q_norm and k_norm gradients, partial over tp (each rank's heads),
+  // summed as the norms' are under sequence parallelism.
+  if (l.tp > 1 && shape.qk_norm)
+    out.payload[Traffic::tp] +=
+        4 * L * 2.0 * shape.head_size() * (cfg.parallel.zero >= 2 ? m : 1);
   // An MoE layer's gates' gradient reads the whole expert output: each tp rank's partial dots
   // summed (model/moe_layer.hpp), this rank's b T tokens x top_k.
   if (l.tp > 1 && moe > 0 && !l.experts_whole) {

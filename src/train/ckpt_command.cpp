@@ -143,9 +143,10 @@ int info(const std::string& arg) {
   }
   std::printf("saved_layout %s, optimizer state %s\n", c.saved_layout.c_str(), optim.c_str());
   std::printf("model %s: n_layer %d, n_head %d, n_kv_head %d, n_embd %d, ffn_hidden %d, "
-              "block_size %d, vocab_size %d (padded %d), %s\n",
+              "block_size %d, vocab_size %d (padded %d), %s%s\n",
               arch_name(m.arch), m.n_layer, m.n_head, m.n_kv_head, m.n_embd, m.ffn_hidden,
-              m.block_size, m.vocab_size, m.padded_vocab, m.tied ? "tied" : "untied");
+              m.block_size, m.vocab_size, m.padded_vocab, m.tied ? "tied" : "untied",
+              m.qk_norm ? ", q/k norms" : "");
   std::printf("tokenizer %s, vocab_size %lld, eot %lld\n", c.tokenizer.type.c_str(),
               (long long)c.tokenizer.vocab_size, (long long)c.tokenizer.eot);
   if (!c.state.data_sources.empty())

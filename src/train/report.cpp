@@ -23,10 +23,11 @@ void Run::announce() {
 void Run::announce_model() {
   const ParallelLayout& layout = run_.layout;
   log_->say("tessera: %s, %d layers, %d heads (%d key/value), n_embd %d, ffn %d, vocab %d "
-            "(padded %d), %s head: %.2fM parameters",
+            "(padded %d), %s head%s: %.2fM parameters",
             arch_name(shape_.arch), shape_.n_layer, shape_.n_head, shape_.n_kv_head, shape_.n_embd,
             shape_.ffn_hidden, shape_.vocab_size, shape_.padded_vocab,
-            shape_.tied ? "tied" : "untied", tile_.canonical.total / 1e6);
+            shape_.tied ? "tied" : "untied", shape_.qk_norm ? ", q/k norms" : "",
+            tile_.canonical.total / 1e6);
   if (shape_.moe.experts > 0) {
     int routed = 0;
     for (int l = 0; l < shape_.n_layer; ++l) routed += shape_.moe.layer(l) ? 1 : 0;

@@ -257,6 +257,46 @@ TYPED_TEST(CudaOp, RmsNorm) {
   }
 }
 
+// model.qk_norm's per-head norm of the q and k heads of qkv in place, forward and backward,
+// against the CPU op in double: every element of qkv (the v heads untouched), the raw copy, each
+// head's rstd, the weight's gradient (column sums past one chunk with N = 300); head sizes a
+// multiple of the warp and not (40: idle lanes), one key/value head.
+TYPED_TEST(CudaOp, QkNorm) {
+  using F = TypeParam;
+  const double eps = 1e-6;
+  struct Shape {
+    int N, NH, NKV, hs;
+  };
+  for (Shape s : {Shape{37, 4, 2, 64}, Shape{300, 3, 1, 40}, Shape{5, 2, 2, 128}}) {
+    const std::string shape = " N=" + std::to_string(s.N) + " NH=" + std::to_string(s.NH) +
+                              " NKV=" + std::to_string(s.NKV) + " hs=" + std::to_string(s.hs);
+    const size_t n = size_t(s.N) * (s.NH + 2 * s.NKV) * s.hs;
+    const size_t heads = size_t(s.N) * (s.NH + s.NKV);
+    auto x = random_of<F>(n, -1.0, 2.0), w = random_of<F>(2 * size_t(s.hs), 0.5, 1.5);
+    Dev<F> d_x(x), d_w(w), d_raw(heads * s.hs);
+    Dev<float> d_rstd(heads);
+    std::vector<double> raw(heads * s.hs), rstd(heads);
+    gpu::qk_norm_forward<F>(d_x, d_raw, d_rstd, d_w, s.N, s.NH, s.NKV, s.hs, eps);
+    cpu::qk_norm_forward<double>(x.data(), raw.data(), rstd.data(), w.data(), s.N, s.NH, s.NKV,
+                                 s.hs, eps);
+    EXPECT_CLOSE(d_x.fetch(), x, tolerance<F>(), "qk_norm_forward out" + shape);
+    EXPECT_CLOSE(d_raw.fetch(), raw, 0.0, "qk_norm_forward raw" + shape);
+    EXPECT_CLOSE(d_rstd.fetch(), rstd, tolerance<F>(), "qk_norm_forward rstd" + shape);
+
+    // The backward reads rstd as fp32 on both sides, and the forward's raw heads.
+    rstd = rounded<float>(rstd);
+    d_rstd.put(rstd);
+    auto dx = random_of<F>(n), dw = random_of<float>(2 * size_t(s.hs));
+    Dev<F> d_dx(dx);
+    Dev<float> d_dw(dw);
+    gpu::qk_norm_backward<F>(d_dx, d_dw, d_raw, d_w, d_rstd, s.N, s.NH, s.NKV, s.hs);
+    cpu::qk_norm_backward<double>(dx.data(), dw.data(), raw.data(), w.data(), rstd.data(), s.N,
+                                  s.NH, s.NKV, s.hs);
+    EXPECT_CLOSE(d_dx.fetch(), dx, tolerance<F>(), "qk_norm_backward dqkv" + shape);
+    EXPECT_CLOSE(d_dw.fetch(), dw, tolerance<F>(), "qk_norm_backward dweight" + shape);
+  }
+}
+
 // Rotary embeddings in place, forward and backward, on the grouped-query qkv layout: every
 // element compared (the v heads must come back untouched), odd T and head counts.
 TYPED_TEST(CudaOp, Rope) {

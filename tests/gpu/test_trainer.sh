@@ -20,7 +20,8 @@
 # dp2 x cp2, whole experts on tp=2 (expert_tp=1), Adafactor at ep=2 (fp32), and
 # with the auxiliary-loss-free bias and with shared experts (one GPU and ep=2), and in fp8 with the
 # experts' GEMMs on codes (one GPU and ep=2, against the CPU's fp8). Document-masked
-# attention (gemm, fused, bf16, and cp=2 with 2 GPUs) against the CPU's masked run.
+# attention (gemm, fused, bf16, and cp=2 with 2 GPUs) against the CPU's masked run. LLaMA with
+# model.qk_norm (fp32, fp32 with full recompute, bf16; tp=2 with 2 GPUs).
 # Without a GPU: skipped,
 # exit 0.
 #
@@ -239,6 +240,22 @@ if train cpu_llama 1 device.backend=cpu "${llama[@]}"; then
     # tokens' true positions.
     train cuda_llama_cp2 2 device.backend=cuda parallel.cp=2 model.attention=fused "${llama[@]}" &&
       cmp cuda_llama_cp2 cpu_llama cuda_llama_cp2 --loss-rtol 1e-5 --param-tol 1e-4
+  fi
+fi
+# model.qk_norm (Qwen3's per-head q and k norms) on the device against the CPU: fp32 (with full
+# recompute: the raw heads rerun in the workspace), bf16, and with 2 GPUs tp = 2, where each rank
+# normalises its heads and the norms' gradients are summed over tp.
+qk=("${llama[@]}" model.qk_norm=true)
+if train cpu_qk 1 device.backend=cpu "${qk[@]}"; then
+  train cuda_qk 1 device.backend=cuda "${qk[@]}" &&
+    cmp cuda_qk_matches_cpu cpu_qk cuda_qk --loss-rtol 1e-5 --param-tol 1e-4
+  train cuda_qk_full 1 device.backend=cuda train.recompute=full model.attention=fused "${qk[@]}" &&
+    cmp cuda_qk_full_matches_cpu cpu_qk cuda_qk_full --loss-rtol 1e-5 --param-tol 1e-4
+  train bf16_qk 1 device.backend=cuda device.precision=bf16 "${qk[@]}" &&
+    cmp bf16_qk_near_cpu cpu_qk bf16_qk --loss-rtol 2e-2 --param-norm-tol 2e-2
+  if [ "$gpus" -ge 2 ]; then
+    train cuda_qk_tp2 2 device.backend=cuda parallel.tp=2 "${qk[@]}" &&
+      cmp cuda_qk_tp2 cpu_qk cuda_qk_tp2 --loss-rtol 1e-5 --param-tol 1e-4
   fi
 fi
 # Mixture of experts (model.moe, model/moe_layer.hpp): GPT-2 with MoE on every second layer and

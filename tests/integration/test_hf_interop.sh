@@ -148,13 +148,6 @@ expect_error "init_from a missing file" 1 "checkpoint.init_from = nothing.h5: no
   "$TESSERA" train "$deck" checkpoint.init_from=nothing.h5
 
 # 8. Import errors: one line naming the tensor and the shapes, exit 2, nothing written.
-import_error() {  # NAME PATTERN SRC [ARGS...]
-  local name=$1 pattern=$2 src=$3
-  shift 3
-  rm -f bad.h5
-  expect_error "import: $name" 2 "$pattern" $IMPORT "$src" --out bad.h5 "$@"
-  if [ -e bad.h5 ] || ls bad.h5.* >/dev/null 2>&1; then fail "import: $name: wrote bad.h5"; fi
-}
 for defect in missing extra shape unknown llama untied int; do
   $HF make --out "bad_$defect" --defect "$defect"
 done

@@ -51,8 +51,6 @@ checkpoint:
 run:
   dir: $WORK/ft
 DECK
-eval_loss() { "$TESSERA" eval "$1" --data "$DATA/val.h5" --batches 4 | sed -n 's/.*loss \([0-9.]*\)$/\1/p'; }
-close() { "$PYTHON" -c "import sys; a,b=float('$1'),float('$2'); sys.exit(not abs(a-b) <= $3*abs(b))"; }
 
 # 1. Import the torch state dict against the deck: the model section on stdout.
 if $IMPORT hf/pytorch_model.bin --out imp.h5 --deck "$deck" >model.yaml 2>import.log &&
@@ -216,13 +214,6 @@ else
 fi
 
 # 7. Import errors: one line naming the tensor, the key and the values, exit 2, nothing written.
-import_error() {  # NAME PATTERN SRC [ARGS...]
-  local name=$1 pattern=$2 src=$3
-  shift 3
-  rm -f bad.h5
-  expect_error "import: $name" 2 "$pattern" $IMPORT "$src" --out bad.h5 "$@"
-  if [ -e bad.h5 ] || ls bad.h5.* >/dev/null 2>&1; then fail "import: $name: wrote bad.h5"; fi
-}
 import_error "missing tensor" "hf/bad/missing: missing tensor model.layers.1.mlp.up_proj.weight \[96, 32\] \(hf-llama, n_layer 2\)" hf/bad/missing
 import_error "extra tensor (a bias)" "hf/bad/extra: unexpected tensor layers.0.self_attn.q_proj.bias \[32\]: not part of the hf-llama layout" hf/bad/extra
 import_error "wrong shape" "hf/bad/shape: model.layers.1.self_attn.k_proj.weight is \[32, 32\], .* needs \[16, 32\]" hf/bad/shape
@@ -236,7 +227,7 @@ json.dump(p, open(sys.argv[2], "w"))' hf/meta/params.json meta_scaled/params.jso
 import_error "meta-llama with use_scaled_rope" "meta_scaled/consolidated.00.pth: params.json use_scaled_rope = true: tessera's rotary embedding has no scaling" meta_scaled/consolidated.00.pth
 cp meta_scaled/consolidated.00.pth meta_scaled/consolidated.01.pth
 import_error "Meta's tensor-parallel split" "meta_scaled: Meta's checkpoint in several consolidated.\*.pth files" meta_scaled
-import_error "unknown --layout" "unknown layout 'hf-llama3' \(known: hf-gpt2, hf-llama, meta-llama, hf-mixtral\)" hf --layout hf-llama3
+import_error "unknown --layout" "unknown layout 'hf-llama3' \(known: hf-gpt2, hf-llama, meta-llama, hf-mixtral, hf-qwen3-moe\)" hf --layout hf-llama3
 import_error "HF weights read as meta-llama" "hf: no layers.0.attention.wq.weight: not a meta-llama state dict" hf --layout meta-llama
 import_error "no config.json, no deck" "bare/model.safetensors: hf-llama weights without a config.json: give it .* or --deck" bare/model.safetensors
 sed 's/n_kv_head: 2/n_kv_head: 4/' "$deck" >deck_kv4.yaml
@@ -261,7 +252,7 @@ expect_error "export: a llama checkpoint as hf-gpt2" 2 "imp.h5: a llama model; t
 "$TESSERA" train "$(tiny_deck untied)" model.tie_embeddings=false train.steps=0 >untied.log 2>&1
 expect_error "export: an untied GPT-2" 2 "step_00000000.h5: the model's tensor lm_head.weight has no place in the hf-gpt2 layout \(GPT2LMHeadModel\)" \
   $EXPORT "$WORK/untied/checkpoints" --out exp_bad
-expect_error "export: --format meta-llama" 2 "--format meta-llama: an import layout only \(export formats: hf-gpt2, hf-llama, hf-mixtral\)" \
+expect_error "export: --format meta-llama" 2 "--format meta-llama: an import layout only \(export formats: hf-gpt2, hf-llama, hf-mixtral, hf-qwen3-moe\)" \
   $EXPORT imp.h5 --out exp_bad --format meta-llama
 if [ -z "$(ls -A exp_bad)" ]; then pass "export errors wrote nothing"; else fail "export errors wrote $(ls exp_bad)"; fi
 finish

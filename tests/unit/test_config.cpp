@@ -57,6 +57,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
   EXPECT_EQ(a.model.vocab_multiple, b.model.vocab_multiple);
   EXPECT_EQ(a.model.init_std, b.model.init_std);
+  EXPECT_EQ(a.model.qk_norm, b.model.qk_norm);
   EXPECT_EQ(a.data.train, b.data.train);
   EXPECT_EQ(a.data.val, b.data.val);
   EXPECT_EQ(a.data.seq_len, b.data.seq_len);
@@ -689,7 +690,7 @@ Config unusual_config() {
   c.model.ffn_hidden = 2048, c.model.ffn_multiple = 128, c.model.block_size = 1024;
   c.model.vocab_size = 50257, c.model.vocab_multiple = 128, c.model.init_std = 1.0 / 3.0;
   c.model.attention = Attention::Fused, c.model.tie_embeddings = Tie::True;
-  c.model.norm_eps = 1e-6, c.model.rope_theta = 500000.0;
+  c.model.norm_eps = 1e-6, c.model.rope_theta = 500000.0, c.model.qk_norm = true;
   c.data.train = "data/my \"quoted\" file: #1.h5";
   c.data.val = "tab\there\nnew line \\ back ünïcode 'single'";
   c.data.format = "megatron";
@@ -970,6 +971,11 @@ TEST(Config, LlamaRules) {
   EXPECT_EQ(deck_error(deck + "model:\n  norm_eps: 1.0e-6\n"),
             "deck.yaml:4:13: model.norm_eps: model.norm_eps = 1e-06 needs model.arch: llama "
             "(GPT-2's LayerNorm uses 1e-5)");
+  EXPECT_EQ(deck_error(deck + "model:\n  qk_norm: true\n"),
+            "deck.yaml:4:12: model.qk_norm: model.qk_norm = true needs model.arch: llama (GPT-2's "
+            "attention normalises no head)");
+  EXPECT_TRUE(parse_deck(llama + "  qk_norm: true\n", "deck.yaml", {}).model.qk_norm);
+  EXPECT_EQ(to_yaml(parse_deck(llama, "deck.yaml", {})).find("qk_norm"), std::string::npos);
   EXPECT_EQ(deck_error(llama + "  n_kv_head: 2\nparallel:\n  tp: 4\n"),
             "deck.yaml:7:7: parallel.tp: parallel.tp = 4 does not divide model.n_kv_head = 2 "
             "(each rank needs whole key/value heads)");

@@ -91,10 +91,10 @@ TEST(Family, Gpt2TableIsGpt2sStateDict) {
   EXPECT_EQ(p.tensors[size_t(p.layer(1, kFc2B))].role, kFc2B);
 }
 
-TEST(Family, LlamaTableIsHuggingFacesLlamaModel) {
-  const ModelShape s = llama_shape();
-  const size_t C = 64, F = 176, KV = 32;
-  expect_table(s, {
+// llama_shape()'s layer table, with model.qk_norm's q_norm and k_norm [hs = 16] after o_proj.
+static std::vector<Want> llama_table(bool qk_norm) {
+  const size_t C = 64, F = 176, KV = 32, hs = 16;
+  std::vector<Want> t = {
       {kNorm1W, "input_layernorm.weight", {C}, Init::Ones, Split::Replicated},
       {kQkvW, "self_attn.q_proj.weight", {C, C}, Init::Normal, Split::Rows},
       {kQkvW, "self_attn.k_proj.weight", {KV, C}, Init::Normal, Split::Rows},
@@ -104,7 +104,17 @@ TEST(Family, LlamaTableIsHuggingFacesLlamaModel) {
       {kFc1W, "mlp.gate_proj.weight", {F, C}, Init::Normal, Split::Rows},
       {kFc1W, "mlp.up_proj.weight", {F, C}, Init::Normal, Split::Rows},
       {kFc2W, "mlp.down_proj.weight", {C, F}, Init::Normal, Split::Columns},
-  });
+  };
+  if (qk_norm)
+    t.insert(t.begin() + 5,
+             {{kQkNormW, "self_attn.q_norm.weight", {hs}, Init::Ones, Split::Replicated},
+              {kQkNormW, "self_attn.k_norm.weight", {hs}, Init::Ones, Split::Replicated}});
+  return t;
+}
+
+TEST(Family, LlamaTableIsHuggingFacesLlamaModel) {
+  const ModelShape s = llama_shape();
+  expect_table(s, llama_table(false));
   const ParamLayout p = make_param_layout(s);
   const std::vector<std::string> n = names(p);
   EXPECT_EQ(n.front(), "embed_tokens.weight");
@@ -119,6 +129,32 @@ TEST(Family, LlamaTableIsHuggingFacesLlamaModel) {
   EXPECT_EQ(p.tensors[size_t(p.layer(2, kQkvW) + 2)].name, "layers.2.self_attn.v_proj.weight");
   EXPECT_EQ(p.tensors[size_t(p.layer(2, kFc1W) + 1)].name, "layers.2.mlp.up_proj.weight");
   for (LayerRole r : {kNorm1B, kQkvB, kProjB, kNorm2B, kFc1B, kFc2B}) EXPECT_FALSE(p.has(2, r));
+}
+
+// model.qk_norm: Qwen3's q_norm and k_norm after the attention's projections, one weight of head
+// size each (ones), replicated over tp, adjacent under one role; under tp each rank's gradient of
+// them is partial (its heads) and summed over tp.
+TEST(Family, QkNormAddsQwen3sPerHeadNorms) {
+  ModelShape s = llama_shape();
+  s.qk_norm = true;
+  const size_t hs = 16;
+  expect_table(s, llama_table(true));
+  const ParamLayout p = make_param_layout(s);
+  EXPECT_EQ(p.tensors[size_t(p.layer(1, kQkNormW))].name, "layers.1.self_attn.q_norm.weight");
+  EXPECT_EQ(p.tensors[size_t(p.layer(1, kQkNormW) + 1)].name, "layers.1.self_attn.k_norm.weight");
+  EXPECT_FALSE(p.tensors[size_t(p.layer(1, kQkNormW))].weight_decay);
+  EXPECT_FALSE(make_param_layout(llama_shape()).has(1, kQkNormW));
+  // Every tp rank holds both whole; tp rank 0 owns them.
+  const LocalLayout t1 = make_local_layout(s, 2, 1, 0, 3, true, true);
+  const LocalTensor& q = t1.tensors[size_t(t1.layer(2, kQkNormW))];
+  EXPECT_EQ(q.numel, hs);
+  EXPECT_FALSE(q.owner);
+  EXPECT_EQ(t1.tensors[size_t(t1.layer(2, kQkNormW) + 1)].offset, q.offset + hs);
+  // The cost's streaming: one more pass over the q and k heads.
+  ModelShape plain = llama_shape();
+  EXPECT_EQ(block_cost(s, 2).gemm_out_elems - block_cost(plain, 2).gemm_out_elems,
+            3.0 * (2 + 1) * hs);
+  EXPECT_EQ(block_cost(s, 1).forward_kernels, block_cost(plain, 1).forward_kernels + 1);
 }
 
 // A mixture of experts (model.moe): the layers it names hold a router and the experts' stacked

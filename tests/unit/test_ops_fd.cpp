@@ -435,6 +435,66 @@ TEST(CpuOps, RopeForwardAndGradients) {
   rope_case(2, 4, 4, 1, 2, 500000.0, 16);  // one kv head, the smallest even head size
 }
 
+// model.qk_norm: each q and k head of qkv RMS-normalised in place by its half of the weight
+// (2 hs: q's, then k's), the heads before it kept in raw; the v heads untouched. The backward
+// replaces d(normalised) by d(raw) in place and accumulates the weight's gradient.
+void qk_norm_case(int N, int NH, int NKV, int hs, uint64_t seed) {
+  SCOPED_TRACE("qk_norm N=" + std::to_string(N) + " NH=" + std::to_string(NH) + " NKV=" +
+               std::to_string(NKV) + " hs=" + std::to_string(hs));
+  const double eps = 1e-6;
+  std::mt19937_64 rng(seed);
+  const int heads = NH + NKV;
+  const size_t row = (size_t)(NH + 2 * NKV) * hs;
+  Vec qkv = random_vec((size_t)N * row, rng, -2.0, 3.0), weight = random_vec(2 * (size_t)hs, rng, 0.5, 1.5);
+  const Vec w = random_vec(qkv.size(), rng);
+  Vec y = qkv, raw((size_t)N * heads * hs, kNaN), rstd((size_t)N * heads, kNaN);
+  qk_norm_forward(y.data(), raw.data(), rstd.data(), weight.data(), N, NH, NKV, hs, eps);
+  for (int n = 0; n < N; n++) {
+    for (int j = 0; j < NH + 2 * NKV; j++) {
+      const size_t at = n * row + (size_t)j * hs;
+      if (j >= heads) {  // a v head
+        for (int c = 0; c < hs; c++) EXPECT_EQ(y[at + c], qkv[at + c]);
+        continue;
+      }
+      long double ms = 0.0L;
+      for (int c = 0; c < hs; c++) ms += (long double)qkv[at + c] * qkv[at + c];
+      const long double s = 1.0L / std::sqrt(ms / hs + (long double)eps);
+      EXPECT_NEAR(rstd[(size_t)n * heads + j], (double)s, 1e-14 * (double)s);
+      const double* wj = weight.data() + (j < NH ? 0 : hs);
+      for (int c = 0; c < hs; c++) {
+        EXPECT_EQ(raw[((size_t)n * heads + j) * hs + c], qkv[at + c]);
+        EXPECT_NEAR(y[at + c], (double)(qkv[at + c] * s * wj[c]), 1e-13);
+      }
+    }
+  }
+
+  auto loss = [&] {
+    y = qkv;
+    qk_norm_forward(y.data(), raw.data(), rstd.data(), weight.data(), N, NH, NKV, hs, eps);
+    return weighted_sum(w, y);
+  };
+  loss();
+  Vec grad = w, dweight(2 * (size_t)hs, 0.0);
+  qk_norm_backward(grad.data(), dweight.data(), raw.data(), weight.data(), rstd.data(), N, NH, NKV, hs);
+  EXPECT_LE(fd_max_error(qkv, grad, loss), kTol);
+  EXPECT_LE(fd_max_error(weight, dweight, loss), kTol);
+  for (int n = 0; n < N; n++)  // the v heads' gradient passes untouched
+    for (size_t e = (size_t)heads * hs; e < row; e++) EXPECT_EQ(grad[n * row + e], w[n * row + e]);
+
+  loss();
+  const Vec pre = random_vec(dweight.size(), rng);
+  Vec acc = pre, again = w;
+  qk_norm_backward(again.data(), acc.data(), raw.data(), weight.data(), rstd.data(), N, NH, NKV, hs);
+  expect_accumulates(pre, acc, dweight, "qk_norm dweight");
+  EXPECT_TRUE(again == grad) << "qk_norm's d(raw) is not the same on a second call";
+}
+
+TEST(CpuOps, QkNormForwardAndGradients) {
+  qk_norm_case(6, 4, 2, 8, 21);   // grouped-query
+  qk_norm_case(5, 3, 3, 6, 22);   // multi-head
+  qk_norm_case(3, 2, 1, 70, 23);  // one kv head, the head past one 64-wide column block
+}
+
 // Straightforward causal grouped-query attention and its backward in long double, one (b,h) and
 // one query row at a time: the values the blocked products must reproduce. dqkv accumulates
 // like the op's.
@@ -874,6 +934,17 @@ Results run_all_ops(const OpInputs& in, bool include_blas = true) {
   rope_forward(rope.data(), cs.data(), B, T, in.GQ_NH, in.GQ_NKV, gq_hs);
   rope_backward(drope.data(), cs.data(), B, T, in.GQ_NH, in.GQ_NKV, gq_hs);
   keep("rope.forward", rope), keep("rope.backward", drope);
+
+  std::vector<F> qkn = to<F>(in.gq_qkv), dqkn = to<F>(in.gq_qkv), qk_w(2 * (size_t)gq_hs);
+  std::vector<F> qk_raw((size_t)N * (in.GQ_NH + in.GQ_NKV) * gq_hs);
+  std::vector<F> qk_rstd((size_t)N * (in.GQ_NH + in.GQ_NKV)), dqk_w(qk_w.size(), F(0));
+  for (size_t i = 0; i < qk_w.size(); i++) qk_w[i] = ln_w[i];
+  qk_norm_forward(qkn.data(), qk_raw.data(), qk_rstd.data(), qk_w.data(), N, in.GQ_NH, in.GQ_NKV,
+                  gq_hs, 1e-6);
+  qk_norm_backward(dqkn.data(), dqk_w.data(), qk_raw.data(), qk_w.data(), qk_rstd.data(), N,
+                   in.GQ_NH, in.GQ_NKV, gq_hs);
+  keep("qk_norm.forward", qkn), keep("qk_norm.rstd", qk_rstd), keep("qk_norm.backward", dqkn);
+  keep("qk_norm.dweight", dqk_w);
 
   std::vector<F> g((size_t)N * OC), dg((size_t)N * OC, F(0)), res((size_t)N * OC), acc = gelu_in;
   gelu_forward(g.data(), gelu_in.data(), g.size());

@@ -2,12 +2,16 @@
 """Exports a tessera checkpoint's model in a Hugging Face layout.
 
 Usage:
-  export_weights.py CKPT --out DIR [--format auto|hf-gpt2|hf-llama|hf-mixtral] [--torch-bin]
+  export_weights.py CKPT --out DIR [--format auto|hf-gpt2|hf-llama|hf-mixtral|hf-qwen3-moe]
+                    [--torch-bin]
 
 CKPT is a checkpoint file or a checkpoint directory (its `latest`, else its newest
 step_*.h5). The format follows the model (auto): hf-gpt2 for model.arch gpt2, hf-llama for
 llama, hf-mixtral for a llama with model.moe (every layer an MoE layer, routed as Mixtral routes:
-the checkpoint's deck has score softmax, renormalize true, no shared experts, no bias_rate).
+the checkpoint's deck has score softmax, renormalize true, no shared experts, no bias_rate),
+hf-qwen3-moe for a llama with model.moe and model.qk_norm (score softmax, no shared experts, no
+bias_rate; every, first_dense and renormalize become decoder_sparse_step, mlp_only_layers
+[0 .. first_dense-1] and norm_topk_prob).
 DIR receives
   model.safetensors   the weights (float32), written by tools/interop/safetensors_io.py, with the names
                       save_pretrained gives them and __metadata__ {"format": "pt"}, which
@@ -22,10 +26,14 @@ DIR receives
                         hf-mixtral: MixtralForCausalLM's: hf-llama's names outside the MLPs,
                           each layer's router as block_sparse_moe.gate.weight and tessera's
                           stacked experts cut into block_sparse_moe.experts.e.w1 / w3 / w2;
-  config.json         GPT2Config, LlamaConfig or MixtralConfig for the model's shape (vocab_size
-                      is the real vocabulary: the padding rows of the embedding and head are
-                      dropped; Mixtral's router_aux_loss_coef is the deck's model.moe.aux_loss
-                      x layers / top_k, the inverse of the import's);
+                        hf-qwen3-moe: Qwen3MoeForCausalLM's: hf-llama's names and
+                          self_attn.q_norm / k_norm, the MoE layers' router as mlp.gate.weight
+                          and the experts cut into mlp.experts.e.gate_proj / up_proj /
+                          down_proj, the dense layers' MLP as LLaMA's;
+  config.json         GPT2Config, LlamaConfig, MixtralConfig or Qwen3MoeConfig for the model's
+                      shape (vocab_size is the real vocabulary: the padding rows of the
+                      embedding and head are dropped; router_aux_loss_coef is the deck's
+                      model.moe.aux_loss x MoE layers / top_k, the inverse of the import's);
   pytorch_model.bin   with --torch-bin: the same state dict through torch.save, a tied
                       lm_head.weight included (sharing the embedding's storage);
   tokenizer.json, tokenizer_config.json   when the checkpoint carries an hf-bpe tokenizer (from
@@ -103,8 +111,9 @@ def hf_state_dict(layout, shape, tensors):
 
 
 def deck_moe(ck, path, layout):
-    """The checkpoint deck's model.moe.aux_loss, after checking that the deck routes as the
-    layout's model does (the routing keys are not /model attributes: the deck has them)."""
+    """The checkpoint deck's model.moe.aux_loss and renormalize, after checking that the deck
+    routes as the layout's model does (the routing keys are not /model attributes: the deck has
+    them)."""
     import yaml
     try:
         moe = ((yaml.safe_load(ck["deck"]) or {}).get("model") or {}).get("moe") or {}
@@ -120,7 +129,7 @@ def deck_moe(ck, path, layout):
     if float(moe.get("bias_rate", 0.0)) > 0:
         raise ToolError(f"{path}: the deck's model.moe.bias_rate is {moe['bias_rate']}: the experts "
                         f"were chosen with a bias {layout.architecture} does not have")
-    return float(moe.get("aux_loss", 0.01))
+    return float(moe.get("aux_loss", 0.01)), bool(moe.get("renormalize", True))
 
 
 def main():
@@ -140,11 +149,13 @@ def main():
     shape, tensors = ck["shape"], ck["model"]
     moe = shape.get("moe_experts", 0) > 0
     if layout is None:
+        qk = bool(shape.get("qk_norm", 0))
         layout = next((LAYOUTS[f] for f in FORMATS if LAYOUTS[f].arch == shape["arch"] and
-                       (LAYOUTS[f].routing is not None) == moe), None)
+                       (LAYOUTS[f].routing is not None) == moe and LAYOUTS[f].qk_norm == qk), None)
         if layout is None:
             raise ToolError(f"{path}: a {shape['arch']} model with {shape.get('moe_experts', 0)} "
-                            f"experts: no export format holds it ({', '.join(FORMATS)})")
+                            f"experts{' and q/k norms' if qk else ''}: no export format holds it "
+                            f"({', '.join(FORMATS)})")
     if layout.arch != shape["arch"]:
         raise ToolError(f"{path}: a {shape['arch']} model; the {layout.name} format holds "
                         f"{layout.arch} models ({layout.architecture})")
@@ -153,7 +164,8 @@ def main():
     except ToolError as e:
         raise ToolError(f"{path}: {e}") from None
     if layout.routing is not None:
-        shape = dict(shape, moe_aux_loss=deck_moe(ck, path, layout))
+        aux, renormalize = deck_moe(ck, path, layout)
+        shape = dict(shape, moe_aux_loss=aux, moe_renormalize=renormalize)
     config = layout.config_json(shape, ck["eot"])
     stored = f"{path} (its hf-bpe tokenizer.json)"
     config.update(special_tokens(ck, shape, stored))

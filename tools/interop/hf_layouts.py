@@ -27,10 +27,14 @@ and the config.json to write). Four layouts:
               and the rows of wq and wk permuted within each head;
   hf-mixtral  MixtralForCausalLM: LLaMA's attention and norms, every layer's MLP a router
               (block_sparse_moe.gate) and experts w1, w3, w2 (gate, up, down) stacked into
-              tessera's experts.gate_up_proj and experts.down_proj.
+              tessera's experts.gate_up_proj and experts.down_proj;
+  hf-qwen3-moe  Qwen3MoeForCausalLM: LLaMA's attention with each head's q and k RMS-normalised
+              (self_attn.q_norm, k_norm: tessera's model.qk_norm), the MoE layers' MLP a router
+              (mlp.gate) and experts gate_proj, up_proj, down_proj stacked as Mixtral's, the
+              others (mlp_only_layers, decoder_sparse_step) LLaMA's dense MLP.
 
-Other Hugging Face models with experts are refused by name (UNSUPPORTED): Qwen3-MoE normalises
-each head's q and k (q_norm, k_norm), Qwen2-MoE has a shared expert and q/k/v biases.
+Other Hugging Face models are refused by name (UNSUPPORTED): the dense Qwen3 and Qwen2-MoE (a
+shared expert, q/k/v biases).
 
 No Hugging Face LLaMA row is permuted. The checkpoints Meta published rotate interleaved pairs
 (2i, 2i + 1) of each head, so Hugging Face's convert_llama_weights_to_hf.py permutes the rows of
@@ -99,7 +103,7 @@ class Layout:
 
     def __init__(self, name, arch, model_type, architecture, prefix, rows, detect, embed, head,
                  buffers, shape_from, config_json, config_file="config.json", routing=None,
-                 fits=None):
+                 fits=None, qk_norm=False):
         self.name = name
         self.arch = arch                  # tessera's model.arch of this layout
         self.model_type = model_type      # config.json "model_type"
@@ -116,6 +120,7 @@ class Layout:
         # An MoE layout: the deck's model.moe routing keys its HF model computes; None: dense.
         self.routing = routing
         self.fits = fits                  # (model shape) -> None, or a ToolError: not this layout's
+        self.qk_norm = qk_norm            # the attention normalises each head's q and k
 
     def full(self, hname):
         """The name a file gives HF tensor `hname`: the head as it is, the rest with the prefix."""
@@ -126,6 +131,10 @@ class Layout:
         tessera's order; a STACK row's HF name is the tuple of its parts' names (hf_parts). A
         tensor the table does not hold (the untied head of a GPT-2) is an error: this layout
         cannot carry the model."""
+        if bool(shape.get("qk_norm", 0)) != self.qk_norm:
+            raise ToolError(("q/k norms (model.qk_norm): the {} layout ({}) has none" if not self.qk_norm
+                             else "no q/k norms (model.qk_norm false): the {} layout ({}) normalises "
+                             "each head's q and k").format(self.name, self.architecture))
         if self.fits:
             self.fits(shape)
         elif shape.get("moe_experts", 0):
@@ -380,7 +389,9 @@ def _llama_shape(hf, config, hints, src=_HF_SOURCE):
         head_dim = c.get("head_dim")
         if head_dim is not None and shape["n_head"] and head_dim * shape["n_head"] != shape["n_embd"]:
             raise ToolError(f"{src.cfg('head_dim')} = {head_dim}: tessera's head size is hidden_size "
-                            f"/ num_attention_heads = {shape['n_embd']} / {shape['n_head']}")
+                            f"/ num_attention_heads = {shape['n_embd']} / {shape['n_head']}"
+                            + (f" = {shape['n_embd'] // shape['n_head']}"
+                               if shape["n_embd"] % shape["n_head"] == 0 else ""))
     elif deck is not None:
         shape.update(n_head=deck["n_head"], block_size=deck["block_size"],
                      norm_eps=deck["norm_eps"], rope_theta=deck["rope_theta"],
@@ -576,6 +587,34 @@ def aux_loss_to_hf(aux, top_k, moe_layers):
     return float(f"{aux * moe_layers / top_k:.10g}")
 
 
+def _router(hf, name, C, why):
+    """(E, its description "model.NAME [E, C]") of an MoE layer's router tensor `name` (no
+    prefix), which must be [E, C]; `why` says, when it is missing, why it is looked for."""
+    if name not in hf:
+        raise ToolError(f"missing tensor model.{name} ({why})")
+    r = tuple(hf[name].shape)
+    r_s = f"model.{name} {list(r)}"
+    if len(r) != 2 or r[1] != C or r[0] < 1:
+        raise ToolError(f"{r_s} is not a router of hidden_size {C} ([experts, {C}])")
+    return r[0], r_s
+
+
+def _check_experts(hf, prefix, E, r_s):
+    """The layer's expert tensors (prefix "layers.L....experts.", then the expert's index) are
+    those of experts 0 .. E-1, E the router's (r_s) rows."""
+    named = set()
+    for name in hf:
+        index = name[len(prefix):].split(".")[0]
+        if name.startswith(prefix) and index.isdigit():
+            named.add(int(index))
+    if named != set(range(E)):
+        have = ("none" if not named else f"0 .. {max(named)}" if named == set(range(len(named)))
+                else ", ".join(map(str, sorted(named))))
+        layer = prefix.split(".")[1]
+        raise ToolError(f"{r_s} routes to {E} experts, but layer {layer} has the tensors of experts "
+                        f"{have} (model.{prefix}N)")
+
+
 def _mixtral_shape(hf, config, hints):
     """The model shape of Mixtral tensors `hf` (no "model." prefix) and config.json `config`
     (MixtralConfig's keys, its defaults where absent): LLaMA's by _llama_shape (the expert width
@@ -591,19 +630,7 @@ def _mixtral_shape(hf, config, hints):
         c.update({key: v for key, v in config.items() if v is not None})
     shape = _llama_shape(view, c, hints, _MIXTRAL_SOURCE)
     C, ev = shape["n_embd"], shape["evidence"]
-    router = "layers.0.block_sparse_moe.gate.weight"
-    if router not in hf:
-        raise ToolError(f"missing tensor model.{router} (hf-mixtral layout)")
-    r = tuple(hf[router].shape)
-    r_s = f"model.{router} {list(r)}"
-    if len(r) != 2 or r[1] != C or r[0] < 1:
-        raise ToolError(f"{r_s} is not a router of hidden_size {C} ([experts, {C}])")
-    E = r[0]
-    named = set()
-    for name in hf:
-        parts = name.split(".")
-        if name.startswith("layers.0.block_sparse_moe.experts.") and parts[4].isdigit():
-            named.add(int(parts[4]))
+    E, r_s = _router(hf, "layers.0.block_sparse_moe.gate.weight", C, "hf-mixtral layout")
     if c is not None:
         if c["num_local_experts"] != E:
             raise ToolError(f"config.json num_local_experts = {c['num_local_experts']}, but {r_s} "
@@ -618,11 +645,7 @@ def _mixtral_shape(hf, config, hints):
     else:
         top_k = hints["deck"]["moe"]["top_k"]
         ev.update(moe_experts=r_s, moe_top_k="the deck")
-    if named != set(range(E)):
-        have = ("none" if not named else f"0 .. {max(named)}" if named == set(range(len(named)))
-                else ", ".join(map(str, sorted(named))))
-        raise ToolError(f"{r_s} routes to {E} experts, but layer 0 has the tensors of experts "
-                        f"{have} (model.layers.0.block_sparse_moe.experts.N)")
+    _check_experts(hf, "layers.0.block_sparse_moe.experts.", E, r_s)
     if not 1 <= top_k <= E:
         raise ToolError(f"num_experts_per_tok = {top_k} ({ev['moe_top_k']}): must be 1 .. "
                         f"num_local_experts = {E}")
@@ -659,11 +682,193 @@ def _mixtral_config(shape, eot):
     return c
 
 
+# --------------------------------------------------------------------------------------------
+# hf-qwen3-moe: Qwen3MoeForCausalLM (transformers' modeling_qwen3_moe.py): LLaMA's embedding,
+# norms, rotary embedding and head; its attention RMS-normalises each head of q and of k over
+# the head's values (q_norm, k_norm: a weight of head_dim each, eps rms_norm_eps) before the
+# rotary embedding (tessera's model.qk_norm); no biases. Layer l's MLP is a sparse MoE block
+# when l is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0, else LLaMA's dense
+# MLP of intermediate_size: tessera's model.moe.every = decoder_sparse_step and
+# first_dense = m for mlp_only_layers [0 .. m-1] (other lists are refused). The MoE block:
+# router logits x gate^T over the num_experts experts, softmax over all of them, the top
+# num_experts_per_tok, divided by their sum when norm_topk_prob (tessera's model.moe with score
+# softmax and renormalize = norm_topk_prob), each expert down(silu(gate x) * up x) of
+# moe_intermediate_size (model.moe.ffn), stacked into experts.gate_up_proj and down_proj.
+
+QWEN3_MOE_ROWS = LLAMA_ROWS[:6] + [
+    ("layers.{L}.self_attn.q_norm.weight", "layers.{L}.self_attn.q_norm.weight", COPY),
+    ("layers.{L}.self_attn.k_norm.weight", "layers.{L}.self_attn.k_norm.weight", COPY),
+] + LLAMA_ROWS[6:-1] + [
+    ("layers.{L}.mlp.router.weight", "layers.{L}.mlp.gate.weight", COPY),
+    ("layers.{L}.mlp.experts.gate_up_proj.weight",
+     ("layers.{L}.mlp.experts.{E}.gate_proj.weight", "layers.{L}.mlp.experts.{E}.up_proj.weight"),
+     STACK),
+    ("layers.{L}.mlp.experts.down_proj.weight", ("layers.{L}.mlp.experts.{E}.down_proj.weight",),
+     STACK),
+    LLAMA_ROWS[-1],                                       # lm_head, untied models only
+]
+# Qwen3MoeConfig's defaults (transformers' configuration_qwen3_moe.py) where they are not
+# LlamaConfig's, and its MoE keys. head_dim absent: hidden_size / num_attention_heads.
+QWEN3_MOE_CONFIG_DEFAULTS = dict(LLAMA_CONFIG_DEFAULTS, max_position_embeddings=32768,
+                                 rms_norm_eps=1e-6, num_key_value_heads=4,
+                                 intermediate_size=6144, moe_intermediate_size=768,
+                                 num_experts=128, num_experts_per_tok=8, norm_topk_prob=False,
+                                 decoder_sparse_step=1, mlp_only_layers=[],
+                                 router_aux_loss_coef=0.001, use_sliding_window=False,
+                                 sliding_window=None)
+
+
+class _Dims:
+    """A stand-in for a tensor of which only the shape is read (_llama_shape's dims)."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+
+def _qwen3_moe_layers(c, n_layer, deck):
+    """(every, first_dense, where they came from) of config.json `c` (its decoder_sparse_step
+    and mlp_only_layers), or of the deck's model.moe without one."""
+    if c is None:
+        return deck["moe"]["every"], deck["moe"]["first_dense"], "the deck"
+    step, only = c["decoder_sparse_step"], c["mlp_only_layers"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise ToolError(f"config.json decoder_sparse_step = {json.dumps(step)}: must be an "
+                        "integer >= 1")
+    if not isinstance(only, list) or not all(isinstance(l, int) and not isinstance(l, bool)
+                                             for l in only):
+        raise ToolError(f"config.json mlp_only_layers = {json.dumps(only)}: not a list of layer "
+                        "indices")
+    if sorted(only) != list(range(len(only))):
+        raise ToolError(f"config.json mlp_only_layers = {json.dumps(only)}: tessera's dense layers "
+                        "are the first model.moe.first_dense ones, so the list must be [] or "
+                        "[0, 1, ..., m - 1]")
+    if len(only) > n_layer:
+        raise ToolError(f"config.json mlp_only_layers = {json.dumps(only)} names layers past "
+                        f"num_hidden_layers = {n_layer}")
+    return step, len(only), "config.json decoder_sparse_step, mlp_only_layers"
+
+
+def _qwen3_moe_shape(hf, config, hints):
+    """The model shape of Qwen3-MoE tensors `hf` (no "model." prefix) and config.json `config`
+    (Qwen3MoeConfig's keys, its defaults where absent): LLaMA's by _llama_shape (head_dim must be
+    hidden_size / num_attention_heads; the dense MLP's width from layer 0's gate_proj where layer
+    0 is dense, else intermediate_size), q and k normalised per head, then the experts: which
+    layers are MoE layers (decoder_sparse_step, mlp_only_layers; the deck's every and
+    first_dense without a config.json), E from the first MoE layer's router, which config.json's
+    num_experts and the experts' tensors must agree with; their width from expert 0's gate_proj
+    (checked against moe_intermediate_size); top_k and renormalize from num_experts_per_tok and
+    norm_topk_prob (the deck's model.moe.top_k and renormalize without a config.json)."""
+    deck = hints.get("deck")
+    c = None
+    if config is not None:
+        c = dict(QWEN3_MOE_CONFIG_DEFAULTS)
+        c.update({key: v for key, v in config.items() if v is not None})
+        if c.get("use_sliding_window"):
+            raise ToolError(f"config.json use_sliding_window = true (sliding_window "
+                            f"{c.get('sliding_window')}): tessera's attention sees the whole "
+                            "sequence, not a window")
+    elif deck is None:
+        raise ToolError("hf-qwen3-moe weights without a config.json: give it (beside the weights, "
+                        "or --config) or --deck, for the heads, the experts' routing and the "
+                        "dense layers")
+    n_layer = _layer_count(hf, "layers")
+    every, first_dense, layers_ev = _qwen3_moe_layers(c, n_layer, deck)
+    moe_layers = [l for l in range(n_layer) if l >= first_dense and (l + 1) % every == 0]
+    if n_layer and not moe_layers:
+        raise ToolError(f"none of the {n_layer} layers is a mixture of experts (decoder_sparse_step "
+                        f"{every}, the first {first_dense} dense; {layers_ev}): a dense model")
+    l0 = moe_layers[0] if moe_layers else 0
+    view = dict(hf)
+    dense_gate = "layers.0.mlp.gate_proj.weight"
+    dense0 = l0 != 0 and dense_gate in hf
+    if not dense0:
+        # No dense layer 0: the dense MLP's width is intermediate_size (or the deck's ffn_hidden).
+        emb = hf.get("embed_tokens.weight")
+        C = tuple(emb.shape)[-1] if emb is not None else 0
+        view[dense_gate] = _Dims((c["intermediate_size"] if c is not None else deck["ffn_hidden"], C))
+    shape = _llama_shape(view, c, hints, _QWEN3_MOE_SOURCE)
+    C, ev = shape["n_embd"], shape["evidence"]
+    if not dense0:
+        ev["ffn_hidden"] = "config.json intermediate_size" if c is not None else "the deck"
+    qn = "layers.0.self_attn.q_norm.weight"
+    if qn not in hf:
+        raise ToolError(f"missing tensor model.{qn} [{C // shape['n_head']}] (hf-qwen3-moe: each "
+                        "head's q and k normalised)")
+    shape["qk_norm"] = 1
+    ev["qk_norm"] = f"model.{qn} {list(hf[qn].shape)}"
+    E, r_s = _router(hf, f"layers.{l0}.mlp.gate.weight", C,
+                     f"hf-qwen3-moe: layer {l0} is the first mixture of experts by {layers_ev}")
+    prefix = f"layers.{l0}.mlp.experts."
+    expert0 = f"{prefix}0.gate_proj.weight"
+    F = tuple(hf[expert0].shape)[0] if expert0 in hf else 0
+    ev_ffn = f"model.{expert0} {list(hf[expert0].shape)}" if expert0 in hf else ""
+    if c is not None:
+        if c["num_experts"] != E:
+            raise ToolError(f"config.json num_experts = {c['num_experts']}, but {r_s} routes to "
+                            f"{E} experts")
+        if F and c["moe_intermediate_size"] != F:
+            raise ToolError(f"config.json moe_intermediate_size = {c['moe_intermediate_size']}, "
+                            f"but the tensors say {F} ({ev_ffn})")
+        top_k, renormalize = c["num_experts_per_tok"], c["norm_topk_prob"]
+        if not isinstance(renormalize, bool):
+            raise ToolError(f"config.json norm_topk_prob = {json.dumps(renormalize)}: not true "
+                            "or false")
+        ev.update(moe_experts=f"config.json num_experts, {r_s}",
+                  moe_top_k="config.json num_experts_per_tok",
+                  moe_renormalize="config.json norm_topk_prob")
+    else:
+        top_k, renormalize = deck["moe"]["top_k"], deck["moe"]["renormalize"]
+        ev.update(moe_experts=r_s, moe_top_k="the deck", moe_renormalize="the deck")
+    _check_experts(hf, prefix, E, r_s)
+    if not F:
+        raise ToolError(f"missing tensor model.{expert0} (hf-qwen3-moe layout)")
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= E:
+        raise ToolError(f"num_experts_per_tok = {top_k} ({ev['moe_top_k']}): must be 1 .. "
+                        f"num_experts = {E}")
+    shape.update(moe_experts=E, moe_top_k=top_k, moe_ffn=F, moe_every=every,
+                 moe_first_dense=first_dense, moe_renormalize=renormalize)
+    ev.update(moe_ffn=ev_ffn, moe_every=layers_ev, moe_first_dense=layers_ev)
+    if c is not None:
+        shape["moe_aux_loss"] = aux_loss_from_hf(float(c["router_aux_loss_coef"]), top_k,
+                                                 len(moe_layers))
+    return shape
+
+
+_QWEN3_MOE_SOURCE = _Source("hf-qwen3-moe", "config.json", lambda n: "model." + n, lambda k: k)
+
+
+def moe_layer_count(shape):
+    """The layers of `shape` that are mixtures of experts (every, first_dense)."""
+    return sum(1 for l in range(shape["n_layer"])
+               if l >= shape["moe_first_dense"] and (l + 1) % shape["moe_every"] == 0)
+
+
+def _qwen3_moe_fits(shape):
+    if not shape.get("moe_experts", 0):
+        raise ToolError("a dense model: the hf-qwen3-moe layout (Qwen3MoeForCausalLM) has experts")
+
+
+def _qwen3_moe_config(shape, eot):
+    c = _llama_config(shape, eot)
+    for key in ("mlp_bias", "pretraining_tp"):  # not Qwen3-MoE's
+        del c[key]
+    E, k = shape["moe_experts"], shape["moe_top_k"]
+    c.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+             moe_intermediate_size=shape["moe_ffn"], num_experts=E, num_experts_per_tok=k,
+             norm_topk_prob=bool(shape.get("moe_renormalize", True)),
+             decoder_sparse_step=shape["moe_every"],
+             mlp_only_layers=list(range(shape["moe_first_dense"])),
+             use_sliding_window=False, sliding_window=None, max_window_layers=shape["n_layer"],
+             output_router_logits=False,
+             router_aux_loss_coef=aux_loss_to_hf(shape.get("moe_aux_loss", 0.01), k,
+                                                 moe_layer_count(shape)))
+    return c
+
+
 # Hugging Face models tessera's blocks cannot compute, by config.json model_type: why, in a line.
-_QK_NORM = "Qwen3 q_norm/k_norm: not supported (tessera's attention has no RMSNorm of each head's q and k)"
 UNSUPPORTED = {
-    "qwen3_moe": "Qwen3MoeForCausalLM: " + _QK_NORM,
-    "qwen3": "Qwen3ForCausalLM: " + _QK_NORM,
+    "qwen3": "Qwen3ForCausalLM: the dense Qwen3 is not mapped by these tools (Qwen3-MoE is: "
+             "hf-qwen3-moe)",
     "qwen2_moe": "Qwen2MoeForCausalLM: its gated shared expert and q/k/v biases: not supported "
                  "(tessera's model.moe.shared_experts are DeepSeek's, ungated, and not mapped by "
                  "these tools yet; its LLaMA has no biases)",
@@ -671,13 +876,10 @@ UNSUPPORTED = {
 
 
 def refuse_unsupported(names, config, config_path):
-    """A ToolError for a model of UNSUPPORTED (by config.json, or its q_norm/k_norm tensors)."""
+    """A ToolError for a model of UNSUPPORTED (by config.json)."""
     model_type = (config or {}).get("model_type")
     if model_type in UNSUPPORTED:
         raise ToolError(f"{config_path}: model_type {model_type!r} ({UNSUPPORTED[model_type]})")
-    for name in sorted(names):
-        if name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
-            raise ToolError(f"tensor {name}: {_QK_NORM}")
 
 
 LAYOUTS = {
@@ -710,6 +912,14 @@ LAYOUTS = {
         shape_from=_mixtral_shape, config_json=_mixtral_config,
         routing={"score": "softmax", "renormalize": True, "shared_experts": 0},
         fits=_mixtral_fits),
+    # Its renormalize is config.json's norm_topk_prob: the shape's moe_renormalize.
+    "hf-qwen3-moe": Layout(
+        name="hf-qwen3-moe", arch="llama", model_type="qwen3_moe",
+        architecture="Qwen3MoeForCausalLM", prefix="model.", rows=QWEN3_MOE_ROWS,
+        detect="layers.0.self_attn.q_norm.weight", embed="embed_tokens.weight",
+        head="lm_head.weight", buffers=(".self_attn.rotary_emb.inv_freq",),
+        shape_from=_qwen3_moe_shape, config_json=_qwen3_moe_config,
+        routing={"score": "softmax", "shared_experts": 0}, fits=_qwen3_moe_fits, qk_norm=True),
 }
 
 

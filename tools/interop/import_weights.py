@@ -2,7 +2,8 @@
 """Imports published Hugging Face or Meta LLaMA weights into a tessera checkpoint to start from.
 
 Usage:
-  import_weights.py SRC --out FILE.h5 [--layout auto|hf-gpt2|hf-llama|meta-llama|hf-mixtral]
+  import_weights.py SRC --out FILE.h5 [--layout auto|hf-gpt2|hf-llama|meta-llama|hf-mixtral|
+                                        hf-qwen3-moe]
                     [--config config.json|params.json]
                     [--deck DECK.yaml] [--n-head N] [--vocab-multiple 64]
                     [--tokenizer auto|none|tokenizer.json|vocab.json|DIR]
@@ -45,9 +46,20 @@ config.json's model_type or the tensor names (tools/interop/hf_layouts.py):
             intermediate_size is each expert's width. router_aux_loss_coef c becomes
             model.moe.aux_loss c top_k / layers (Mixtral's loss is one over all layers; tessera
             sums one a layer). sliding_window shorter than max_position_embeddings is refused.
-  Refused by name: Qwen3-MoE and Qwen3 (model_type qwen3_moe, qwen3, or q_norm/k_norm tensors:
-            their attention normalises each head's q and k, tessera's does not), Qwen2-MoE (a
-            shared expert, q/k/v biases).
+  hf-qwen3-moe  Qwen3MoeForCausalLM: hf-llama's rules for the attention, norms and head, with
+            each head's q and k RMS-normalised before the rotary embedding (self_attn.q_norm,
+            k_norm [head_dim]: tessera's model.qk_norm; head_dim must be hidden_size /
+            num_attention_heads); the MoE layers' MLP a router (mlp.gate [E, C]) and E experts
+            (mlp.experts.e.gate_proj, up_proj, down_proj) stacked as hf-mixtral's, the layers
+            mlp_only_layers and decoder_sparse_step leave dense LLaMA's MLP of intermediate_size.
+            decoder_sparse_step becomes model.moe.every, mlp_only_layers [0 .. m-1]
+            model.moe.first_dense m (another list is refused), moe_intermediate_size
+            model.moe.ffn, norm_topk_prob model.moe.renormalize, router_aux_loss_coef c
+            model.moe.aux_loss c top_k / (the MoE layers). E is the first MoE layer's router's
+            rows; num_experts and the experts' tensors must agree with it. attention_bias and
+            use_sliding_window are refused.
+  Refused by name: the dense Qwen3 (model_type qwen3), Qwen2-MoE (a shared expert, q/k/v
+            biases).
 
 The tensors are converted to float32 (F16, BF16 and F32 exactly) and to tessera's names and
 shapes; the embedding (and an untied head) gets zero padding rows up to model.vocab_multiple.
@@ -71,9 +83,10 @@ made with the same tokenizer: tools/data/prepare_data.py --tokenizer (see docs/i
 resolves it, and the vocabulary: model.vocab_size, or the vocab_size of an HDF5 data.train)
 before anything is written, and gives n_head and vocab_multiple when the weights do not (and,
 for hf-llama without a config.json or meta-llama without params.json, norm_eps, rope_theta,
-block_size and the head's tying; for hf-mixtral, model.moe.top_k). An MoE model's model.moe
-keys are checked too: experts, top_k, ffn, every, first_dense, and the routing the layout's
-model computes (score, renormalize, shared_experts).
+block_size and the head's tying; for hf-mixtral, model.moe.top_k; for hf-qwen3-moe,
+model.moe.top_k, renormalize, every and first_dense). model.qk_norm must be the weights' (true
+for hf-qwen3-moe). An MoE model's model.moe keys are checked too: experts, top_k, ffn, every,
+first_dense, and the routing the layout's model computes (score, renormalize, shared_experts).
 
 Exit status: 0 done; 2 bad input (unknown layout, a missing, extra or misshapen tensor, a shape
 or config.json setting tessera's model cannot take, a shape that disagrees with config.json or
@@ -110,7 +123,7 @@ MOE_CHECKS = (("moe_top_k", "top_k"), ("moe_ffn", "ffn"), ("moe_every", "every")
               ("moe_first_dense", "first_dense"))
 # The model keys a deck and the weights must agree on, in the order they are checked.
 SHAPE_CHECKS = ("n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "block_size",
-                "tie_embeddings", "norm_eps", "rope_theta")
+                "tie_embeddings", "norm_eps", "rope_theta", "qk_norm")
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
@@ -272,6 +285,10 @@ def resolve_model(section, path):
     if tie not in ("auto", "true", "false"):
         raise ToolError(f"{path}: model.tie_embeddings = {tie!r}: must be auto, true or false")
     out["tie_embeddings"] = int(out["arch"] == "gpt2" if tie == "auto" else tie == "true")
+    qk = section.get("qk_norm", False)
+    if not isinstance(qk, bool):
+        raise ToolError(f"{path}: model.qk_norm = {qk!r} is not true or false")
+    out["qk_norm"] = int(qk)
     moe = dict(MOE_DEFAULTS)
     section = model.get("moe") or {}
     if not isinstance(section, dict):
@@ -292,9 +309,10 @@ def check_against_deck(shape, deck_path, model, data_vocab, src, layout):
         raise ToolError(f"{deck_path}: model.arch = {model['arch']}, but {src} holds a "
                         f"{shape['arch']} model ({ev['arch']})")
     for key in SHAPE_CHECKS:
-        if model[key] != shape[key]:
+        if model[key] != shape.get(key, 0):
+            why = ev.get(key, f"{ev['arch']}: none")
             raise ToolError(f"{deck_path}: model.{key} = {yaml_value(model[key], key)}, but {src} "
-                            f"has {key} {yaml_value(shape[key], key)} ({ev[key]})")
+                            f"has {key} {yaml_value(shape.get(key, 0), key)} ({why})")
     moe, experts = model["moe"], shape.get("moe_experts", 0)
     if moe["experts"] != experts:
         raise ToolError(f"{deck_path}: model.moe.experts = {moe['experts']}, but {src} has "
@@ -308,6 +326,11 @@ def check_against_deck(shape, deck_path, model, data_vocab, src, layout):
             if moe[key] != want:
                 raise ToolError(f"{deck_path}: model.moe.{key} = {yaml_value(moe[key], key)}, but "
                                 f"{layout.architecture} routes with {key} {yaml_value(want, key)}")
+        if "moe_renormalize" in shape and moe["renormalize"] != shape["moe_renormalize"]:
+            raise ToolError(f"{deck_path}: model.moe.renormalize = "
+                            f"{yaml_value(moe['renormalize'], 'renormalize')}, but {src} has "
+                            f"renormalize {yaml_value(shape['moe_renormalize'], 'renormalize')} "
+                            f"({ev['moe_renormalize']})")
     vocab = model["vocab_size"] or data_vocab
     if not vocab:
         raise ToolError(f"{deck_path}: model.vocab_size is not set and data.train records none: "
@@ -321,7 +344,7 @@ def check_against_deck(shape, deck_path, model, data_vocab, src, layout):
 def yaml_value(v, key):
     """A model value as a deck writes it, read back the same by yaml-cpp and PyYAML: tying as
     true/false, reals with a decimal point in the mantissa (PyYAML reads 1e-05 as a string)."""
-    if key == "tie_embeddings" or isinstance(v, bool):
+    if key in ("tie_embeddings", "qk_norm") or isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
         text = repr(v)
@@ -335,12 +358,14 @@ def deck_model_section(shape):
     if shape["arch"] == "llama":
         keys = ("arch", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "block_size",
                 "vocab_size", "vocab_multiple", "tie_embeddings", "norm_eps", "rope_theta")
+    if shape.get("qk_norm", 0):
+        keys += ("qk_norm",)
     text = "model:\n" + "".join(f"  {k}: {yaml_value(shape[k], k)}\n" for k in keys)
     if shape.get("moe_experts", 0):
         moe = [("experts", shape["moe_experts"]), ("top_k", shape["moe_top_k"]),
                ("ffn", shape["moe_ffn"]), ("every", shape["moe_every"]),
                ("first_dense", shape["moe_first_dense"]), ("score", "softmax"),
-               ("renormalize", True)]
+               ("renormalize", shape.get("moe_renormalize", True))]
         if "moe_aux_loss" in shape:
             moe.append(("aux_loss", shape["moe_aux_loss"]))
         text += "  moe:\n" + "".join(f"    {k}: {yaml_value(v, k)}\n" for k, v in moe)

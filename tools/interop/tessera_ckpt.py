@@ -10,7 +10,8 @@ A checkpoint is one HDF5 file:
                     (SHAPE_KEYS) n_layer, n_head, n_embd, block_size, vocab_size, padded_vocab,
                     arch ("gpt2" | "llama"), n_kv_head, ffn_hidden, tie_embeddings (0 | 1),
                     norm_eps, rope_theta; a checkpoint from before the LLaMA family lacks the
-                    last six and is read with GPT-2's values (shape_defaults), as tessera does
+                    last six and is read with GPT-2's values (shape_defaults), as tessera does;
+                    qk_norm = 1 only on a LLaMA with q/k norms (model.qk_norm; absent: 0)
   /optim            the optimizer's state (src/optim/rule.hpp), absent from the model-only
                     checkpoints written here, which start a run through checkpoint.init_from and
                     cannot continue one; attributes rule (the update rule: RULE_STATE; absent in
@@ -134,8 +135,10 @@ def model_tensors(shape):
             p = f"layers.{l}."
             out += [(p + "input_layernorm.weight", (C,)),
                     (p + "self_attn.q_proj.weight", (Q, C)), (p + "self_attn.k_proj.weight", (KV, C)),
-                    (p + "self_attn.v_proj.weight", (KV, C)), (p + "self_attn.o_proj.weight", (C, Q)),
-                    (p + "post_attention_layernorm.weight", (C,))]
+                    (p + "self_attn.v_proj.weight", (KV, C)), (p + "self_attn.o_proj.weight", (C, Q))]
+            if shape.get("qk_norm", 0):   # model.qk_norm: Qwen3's per-head norms of q and k
+                out += [(p + "self_attn.q_norm.weight", (hs,)), (p + "self_attn.k_norm.weight", (hs,))]
+            out.append((p + "post_attention_layernorm.weight", (C,)))
             out += moe_tensors(shape, p) if moe_layer(shape, l) else [
                 (p + "mlp.gate_proj.weight", (F, C)), (p + "mlp.up_proj.weight", (F, C)),
                 (p + "mlp.down_proj.weight", (C, F))]
@@ -179,6 +182,8 @@ def read_shape(attrs, where):
         # Written only with shared experts (model.moe.shared_experts).
         shape["moe_shared"] = (attr_int(attrs, "moe_shared_experts", where)
                                if "moe_shared_experts" in attrs else 0)
+    # Written only on a model with q/k norms (model.qk_norm).
+    shape["qk_norm"] = int(attr_int(attrs, "qk_norm", where) != 0) if "qk_norm" in attrs else 0
     shape = shape_defaults(shape)
     if shape["arch"] not in ARCHES:
         raise ToolError(f"{where}: attribute arch '{shape['arch']}' is neither gpt2 nor llama")
@@ -195,6 +200,8 @@ def write_shape(attrs, shape):
             attrs[key] = shape[key]
         else:
             attrs[key] = np.float64(shape[key])
+    if shape.get("qk_norm", 0):
+        attrs["qk_norm"] = np.int64(1)
     if shape.get("moe_experts", 0) > 0:
         for key in MOE_KEYS:
             attrs[key] = np.int64(shape[key])

@@ -21,6 +21,10 @@ its definition by its parameter names, in fp32 on the CPU, for reading, not spee
     h = RMSNorm(x) (input_layernorm), RMSNorm(x) = x * rsqrt(mean(x^2) + norm_eps) * weight;
     q, k, v = q_proj(h), k_proj(h), v_proj(h): n_head query heads, n_kv_head key/value heads of
       head size hs = n_embd / n_head;
+    with model.qk_norm (the checkpoint's /model qk_norm 1), Qwen3's attention (transformers'
+      modeling_qwen3.py Qwen3Attention): each head of q and of k RMS-normalised over its hs
+      values, q = q_norm(q), k = k_norm(k), by a weight of size hs shared by the heads
+      (self_attn.q_norm.weight, self_attn.k_norm.weight) and norm_eps, before the rotary embedding;
     rotary embedding of q and k (rotate_half): with cos, sin of angle t * rope_theta^(-2i/hs) for
       i < hs/2, repeated for the two halves, q' = q * cos + rotate_half(q) * sin where
       rotate_half([a, b]) = [-b, a] (a pairs dimension i with i + hs/2);
@@ -80,7 +84,8 @@ def rotary_cos_sin(T, hs, theta):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, n_embd, n_head, n_kv_head, rope_theta):
+    def __init__(self, n_embd, n_head, n_kv_head, rope_theta, qk_norm_eps=None):
+        # qk_norm_eps: None, or Qwen3's q_norm and k_norm with that eps
         super().__init__()
         self.n_head, self.n_kv_head = n_head, n_kv_head
         self.hs = n_embd // n_head
@@ -89,6 +94,10 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(n_embd, n_kv_head * self.hs, bias=False)
         self.v_proj = nn.Linear(n_embd, n_kv_head * self.hs, bias=False)
         self.o_proj = nn.Linear(n_head * self.hs, n_embd, bias=False)
+        self.qk_norm = qk_norm_eps is not None
+        if self.qk_norm:
+            self.q_norm = LlamaRMSNorm(self.hs, qk_norm_eps)
+            self.k_norm = LlamaRMSNorm(self.hs, qk_norm_eps)
 
     def forward(self, x, hidden=None):
         # hidden (B|1, 1, T, T): the keys each query does not see (reference_train.attention_hidden;
@@ -97,8 +106,12 @@ class LlamaAttention(nn.Module):
         hs = self.hs
         if hidden is None:
             hidden = causal_hidden(T)
-        q = self.q_proj(x).view(B, T, self.n_head, hs).transpose(1, 2)       # (B, nh, T, hs)
-        k = self.k_proj(x).view(B, T, self.n_kv_head, hs).transpose(1, 2)    # (B, nkv, T, hs)
+        q = self.q_proj(x).view(B, T, self.n_head, hs)
+        k = self.k_proj(x).view(B, T, self.n_kv_head, hs)
+        if self.qk_norm:            # over each head's hs values, before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.transpose(1, 2)                                                 # (B, nh, T, hs)
+        k = k.transpose(1, 2)                                                 # (B, nkv, T, hs)
         v = self.v_proj(x).view(B, T, self.n_kv_head, hs).transpose(1, 2)
         cos, sin = rotary_cos_sin(T, hs, self.rope_theta)
         q = q * cos + rotate_half(q) * sin
@@ -129,7 +142,8 @@ class LlamaDecoderLayer(nn.Module):
         # moe: None (the dense MLP), or the MoE MLP's config (reference_moe.layer_config)
         super().__init__()
         self.input_layernorm = LlamaRMSNorm(m["n_embd"], m["norm_eps"])
-        self.self_attn = LlamaAttention(m["n_embd"], m["n_head"], m["n_kv_head"], m["rope_theta"])
+        self.self_attn = LlamaAttention(m["n_embd"], m["n_head"], m["n_kv_head"], m["rope_theta"],
+                                        m["norm_eps"] if m.get("qk_norm", 0) else None)
         self.post_attention_layernorm = LlamaRMSNorm(m["n_embd"], m["norm_eps"])
         self.mlp = (LlamaMLP(m["n_embd"], m["ffn_hidden"]) if moe is None
                     else MoeMlp(m["n_embd"], moe, "swiglu"))

@@ -54,6 +54,20 @@ template <typename F>
 void rmsnorm_backward(F* dinp, F* dweight, const F* dout, const F* inp, const F* weight,
                       const F* rstd, int N, int C);
 
+// Per-head RMSNorm of q and k (model.qk_norm, Qwen3's q_norm and k_norm), in place on the q and k
+// heads of qkv (N rows of (NH + 2*NKV)*hs, the attention's layout; the v heads untouched): each
+// head x (hs) becomes x * rstd * w, rstd = 1/sqrt(mean(x²) + eps), w = weight[0, hs) for the NH
+// q heads and weight[hs, 2 hs) for the NKV k heads. raw (N, (NH + NKV)*hs) receives the heads as
+// they were, rstd (N, NH + NKV) each head's: the backward's inputs.
+template <typename F>
+void qk_norm_forward(F* qkv, F* raw, F* rstd, const F* weight, int N, int NH, int NKV, int hs,
+                     double eps);
+// Its backward in place on dqkv's q and k heads, d(normalised) on entry and d(raw) on exit (not an
+// accumulation, as rope_backward; the v heads untouched); accumulates dweight (2 hs).
+template <typename F>
+void qk_norm_backward(F* dqkv, F* dweight, const F* raw, const F* weight, const F* rstd, int N,
+                      int NH, int NKV, int hs);
+
 // out (N,OC) = inp (N,IC) · weightᵀ + bias; weight (OC,IC) as torch nn.Linear; bias (OC) or nullptr.
 template <typename F>
 void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int N, int IC, int OC);

@@ -69,6 +69,16 @@ template <typename F>
 void rmsnorm_backward(F* dinp, float* dweight, const F* dout, const F* inp, const F* weight,
                       const float* rstd, int N, int C);
 
+// model.qk_norm's per-head RMSNorm of qkv's q and k heads in place (cpu::qk_norm_forward and
+// qk_norm_backward state them): raw (N, (NH+NKV)*hs) the heads before it, rstd (N, NH+NKV);
+// the backward replaces dqkv's q and k heads' gradients in place and accumulates dweight (2 hs).
+template <typename F>
+void qk_norm_forward(F* qkv, F* raw, float* rstd, const F* weight, int N, int NH, int NKV, int hs,
+                     double eps);
+template <typename F>
+void qk_norm_backward(F* dqkv, float* dweight, const F* raw, const F* weight, const float* rstd,
+                      int N, int NH, int NKV, int hs);
+
 // out (N,OC) = inp (N,IC) · weightᵀ + bias; weight (OC,IC) as torch nn.Linear; bias (OC) or nullptr.
 template <typename F>
 void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int N, int IC, int OC);
