@@ -62,6 +62,7 @@ suite gpt "dp2 2 1 1" "tp2 1 2 1" "pp2 1 1 2 parallel.schedule=1f1b" \
 suite gpt "ep2 2 1 1 parallel.ep=2" "ep4 4 1 1 parallel.ep=4" "ep2_edp2 4 1 1 parallel.ep=2" \
   "ep2_tp2_sp 2 2 1 parallel.ep=2 parallel.sequence_parallel=true" \
   "ep2_pp2 2 1 2 parallel.ep=2 parallel.schedule=1f1b" \
+  "ep2_pp2_v2 2 1 2 parallel.ep=2 parallel.virtual_stages=2" \
   "ep2_cp2 1 1 1 parallel.cp=2 parallel.ep=2 model.attention=fused"
 # Under ZeRO the experts shard over the ranks holding the same experts (each MoE layer's
 # experts a unit of their own), the rest over dp x cp; ZeRO-1 by the same units.
