@@ -4,6 +4,7 @@
 # the HF names; export -> import round trips to the bit; checkpoint.init_from on 1 and 2 ranks;
 # every bad input one line, exit 2, nothing written.
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/hf_import.sh"
 HF="$PYTHON $ROOT/tests/integration/hf_gpt2.py"
 IMPORT="$PYTHON $ROOT/tools/interop/import_weights.py"
 EXPORT="$PYTHON $ROOT/tools/interop/export_weights.py"

@@ -7,6 +7,7 @@
 # round trips to the bit; transformers loads the export (where it is installed); init_from on
 # tp=2; every bad input one line, exit 2, nothing written.
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/hf_import.sh"
 HF="$PYTHON $ROOT/tests/integration/hf_llama.py"
 IMPORT="$PYTHON $ROOT/tools/interop/import_weights.py"
 EXPORT="$PYTHON $ROOT/tools/interop/export_weights.py"

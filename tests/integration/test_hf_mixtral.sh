@@ -6,6 +6,7 @@
 # back; a trained tessera MoE model out and in again; every bad input one line, exit 2, nothing
 # written; a Qwen3-MoE not taken for a Mixtral (test_hf_qwen_moe.sh imports it).
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/hf_import.sh"
 HF="$PYTHON $ROOT/tests/integration/hf_mixtral.py"
 IMPORT="$PYTHON $ROOT/tools/interop/import_weights.py"
 EXPORT="$PYTHON $ROOT/tools/interop/export_weights.py"

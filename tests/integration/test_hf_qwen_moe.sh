@@ -8,6 +8,7 @@
 # rank and at tp 2 and ep 2 alike; a trained model out and in again; every bad input one line,
 # exit 2, nothing written.
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/hf_import.sh"
 HF="$PYTHON $ROOT/tests/integration/hf_qwen_moe.py"
 IMPORT="$PYTHON $ROOT/tools/interop/import_weights.py"
 EXPORT="$PYTHON $ROOT/tools/interop/export_weights.py"
