@@ -9,9 +9,7 @@ Usage:
       DIR/model.safetensors, DIR/pytorch_model.bin and DIR/config.json: a random untied
       MixtralForCausalLM (MixtralConfig's keys; rms_norm_eps 1e-6, rope_theta 2000 and
       router_aux_loss_coef 0.02, none of them the defaults, so each must be carried);
-      DIR/bad/NAME/ for each of DEFECTS: that model with its tensors or config.json spoilt;
-      DIR/qwen3_moe/ (config.json + model.safetensors) and DIR/qwen3_moe_bare/model.safetensors:
-      a Qwen3MoeForCausalLM of the same size (q_norm and k_norm in every attention).
+      DIR/bad/NAME/ for each of DEFECTS: that model with its tensors or config.json spoilt.
   hf_mixtral.py loss --weights FILE --config config.json --data TOKENS.h5 --seq-len T
                      --windows N [--swap-gate-up]
       The mean cross-entropy of the first N windows of T+1 tokens of the token file under the
@@ -47,7 +45,7 @@ DEFECTS = ("experts_config", "router_shape", "expert_missing", "expert_extra", "
            "top_k", "sliding_window")
 
 
-def make_state_dict(a, qwen3=False):
+def make_state_dict(a):
     import torch
     g = torch.Generator().manual_seed(a.seed)
     C, F, E, hs = a.embd, a.ffn, a.experts, a.embd // a.heads
@@ -66,15 +64,6 @@ def make_state_dict(a, qwen3=False):
             p + "self_attn.o_proj.weight": rnd(C, a.heads * hs),
             p + "post_attention_layernorm.weight": rnd(C, std=0.1, mean=1.0),
         })
-        if qwen3:   # Qwen3MoeAttention's RMSNorm of each head's q and k, and Qwen's MoE names
-            sd[p + "self_attn.q_norm.weight"] = rnd(hs, std=0.1, mean=1.0)
-            sd[p + "self_attn.k_norm.weight"] = rnd(hs, std=0.1, mean=1.0)
-            sd[p + "mlp.gate.weight"] = rnd(E, C, std=0.5)
-            for e in range(E):
-                q = f"{p}mlp.experts.{e}."
-                sd.update({q + "gate_proj.weight": rnd(F, C), q + "up_proj.weight": rnd(F, C),
-                           q + "down_proj.weight": rnd(C, F)})
-            continue
         # A router of std 0.5 spreads the tokens over the experts: every expert gets some.
         sd[p + "block_sparse_moe.gate.weight"] = rnd(E, C, std=0.5)
         for e in range(E):
@@ -97,18 +86,6 @@ def hf_config(a):
             "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0,
             "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
             "torch_dtype": "float32"}
-
-
-def qwen3_config(a):
-    return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-            "vocab_size": a.vocab, "hidden_size": a.embd, "intermediate_size": 2 * a.ffn,
-            "moe_intermediate_size": a.ffn, "num_hidden_layers": a.layers,
-            "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads,
-            "head_dim": a.embd // a.heads, "hidden_act": "silu",
-            "max_position_embeddings": a.positions, "rms_norm_eps": 1e-6, "rope_theta": 2000.0,
-            "num_experts": a.experts, "num_experts_per_tok": a.top_k, "norm_topk_prob": True,
-            "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001,
-            "tie_word_embeddings": False, "torch_dtype": "float32"}
 
 
 def spoil(sd, config, defect, a):
@@ -148,12 +125,6 @@ def cmd_make(a):
         sd, config = make_state_dict(a), hf_config(a)
         spoil(sd, config, defect, a)
         write_hf(os.path.join(a.out, "bad", defect), sd, config)
-    q = make_state_dict(a, qwen3=True)
-    write_hf(os.path.join(a.out, "qwen3_moe"), q, qwen3_config(a))
-    bare = os.path.join(a.out, "qwen3_moe_bare")
-    os.makedirs(bare, exist_ok=True)
-    safetensors_io.write_file(os.path.join(bare, "model.safetensors"),
-                              {k: v.numpy() for k, v in q.items()}, {"format": "pt"})
 
 
 def sparse_moe_block(w, c):

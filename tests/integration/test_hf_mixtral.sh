@@ -15,6 +15,11 @@ cd "$WORK" || exit 1
 # 3 layers, 4 heads on 2 key/value heads, n_embd 32, 4 experts of width 24, top 2, 64 positions,
 # vocab 257, untied; rms_norm_eps 1e-6, rope_theta 2000, router_aux_loss_coef 0.02.
 $HF make --out hf >/dev/null || { fail "make the random HF Mixtral"; finish; }
+# A Qwen3-MoE of the same size (hf_qwen_moe.py's, every layer sparse), and its weights alone,
+# without config.json: neither is a Mixtral.
+$PYTHON "$ROOT/tests/integration/hf_qwen_moe.py" make --out hf/qwen3_moe --dense 0 >/dev/null &&
+  mkdir -p hf/qwen3_moe_bare && cp hf/qwen3_moe/model.safetensors hf/qwen3_moe_bare/ ||
+  { fail "make the random HF Qwen3-MoE"; finish; }
 
 deck=$WORK/mixtral.yaml
 cat >"$deck" <<DECK
