@@ -288,16 +288,14 @@ void validate_moe(const Config& c, const Deck& deck) {
   at_least(deck, "parallel.expert_tp", p.expert_tp, 0);
   // With whole experts on every tp rank the ep groups fold over tp x dp x cp.
   const bool folded = p.expert_tp == 1 && p.tp > 1;
-  if (p.dp > 0 && !folded && (long long)p.dp * p.cp % p.ep != 0)
+  if (p.dp > 0 && (folded ? p.tp : 1LL) * p.dp * p.cp % p.ep != 0)
     deck.fail_later("parallel.dp", "parallel.ep",
-                    "parallel.ep = " + num(p.ep) + " does not divide parallel.dp x parallel.cp = " +
-                        num(p.dp) + " x " + num(p.cp) +
-                        " (the expert ranks are carved from the data-parallel ones)");
-  if (p.dp > 0 && folded && (long long)p.tp * p.dp * p.cp % p.ep != 0)
-    deck.fail_later("parallel.dp", "parallel.ep",
-                    "parallel.ep = " + num(p.ep) + " does not divide parallel.tp x parallel.dp x "
-                    "parallel.cp = " + num(p.tp) + " x " + num(p.dp) + " x " + num(p.cp) +
-                        " (with parallel.expert_tp = 1 the expert ranks fold over tp, dp and cp)");
+                    "parallel.ep = " + num(p.ep) + " does not divide " +
+                        (folded ? "parallel.tp x " : "") + "parallel.dp x parallel.cp = " +
+                        (folded ? num(p.tp) + " x " : "") + num(p.dp) + " x " + num(p.cp) +
+                        (folded ? " (with parallel.expert_tp = 1 the expert ranks fold over tp, "
+                                  "dp and cp)"
+                                : " (the expert ranks are carved from the data-parallel ones)"));
 }
 
 // Context parallelism: each sequence in 2 x cp chunks, K/V passed round a ring or all-gathered.

@@ -365,6 +365,7 @@ std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long 
                             ? deck.parallel.zero_group
                             : 0;
       const ParallelLayout layout{dp, tp, pp, group, cp, ep, deck.parallel.expert_tp == 1 && tp > 1};
+      const int ranks_ep = (layout.experts_whole ? tp : 1) * dp * cp;  // the ranks ep cuts
       Config base = deck;
       base.parallel.dp = dp;
       base.parallel.tp = tp;
@@ -378,9 +379,7 @@ std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long 
           for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
             for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full})
               for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
-                if (deck.train.batch_size % dp || per_dp % mb ||
-                    (layout.experts_whole ? tp : 1) * dp * cp % ep)
-                  continue;
+                if (deck.train.batch_size % dp || per_dp % mb || ranks_ep % ep) continue;
                 Config cfg = base;
                 cfg.train.micro_batch = mb;
                 cfg.parallel.virtual_stages = v;
@@ -394,7 +393,6 @@ std::vector<Candidate> search(const Config& deck, const ModelShape& shape, long 
         Candidate c;
         c.cfg = base;
         c.run.layout = layout;
-        const int ranks_ep = (layout.experts_whole ? tp : 1) * dp * cp;  // those ep cuts
         c.refused = ranks_ep % ep ? "parallel.ep = " + std::to_string(ep) + " does not divide " +
                                         (layout.experts_whole ? "tp x " : "") + "dp x cp = " +
                                         std::to_string(ranks_ep)
