@@ -32,6 +32,8 @@
 //                   memory_report(arena, bf16), peak_gflops(bf16, fp8)   for the start-up log
 //                   fp8_amax, fp8_cast, fp8_place, fp8_gemm, fp8_report, bias_backward   the FP8 GEMMs
 //                                     (device.precision fp8, model/fp8.hpp)
+//                   experts_forward/backward   a mixture of experts' held linear layers, each on
+//                                     its block of rows (grouped on CUDA: device.expert_gemm)
 //                   moe_route_forward/backward, moe_router_stats, moe_gather_rows, moe_combine,
 //                                     moe_combine_backward   mixture of experts' router and
 //                                     dispatch (backend/moe_routing.hpp)
@@ -75,6 +77,8 @@
   TESSERA_BACKEND_TIMED(ns, fp8_gemm, kGemm)                                                     \
   TESSERA_BACKEND_FORWARD(ns, fp8_report)                                                        \
   TESSERA_BACKEND_TIMED(ns, matmul_backward, kGemm)                                              \
+  TESSERA_BACKEND_TIMED(ns, experts_forward, kGemm)                                              \
+  TESSERA_BACKEND_TIMED(ns, experts_backward, kGemm)                                             \
   TESSERA_BACKEND_TIMED(ns, attention_forward, kAttention)                                       \
   TESSERA_BACKEND_TIMED(ns, attention_backward, kAttention)                                      \
   TESSERA_BACKEND_TIMED(ns, attention_fused_forward, kAttention)                                 \

@@ -23,6 +23,7 @@ enum class DeviceBackend { Cpu, Cuda, Auto };       // device.backend
 enum class Precision { Fp32, Bf16, Fp8 };           // device.precision
 enum class Fp8Recipe { Hybrid, E4M3 };              // device.fp8_format
 enum class AmaxAlgo { Max, MostRecent };            // device.fp8_amax_algo
+enum class ExpertGemm { Loop, Grouped };            // device.expert_gemm
 // parallel.schedule. GPipe: all forwards 0..m-1, then all backwards in reverse order m-1..0.
 // OneFOneB: PipeDream-Flush / Megatron 1F1B; with virtual_stages > 1 Megatron's interleaved 1F1B
 // (there is no "interleaved" word: one key, parallel.virtual_stages, turns it on).
@@ -46,6 +47,7 @@ const char* deck_word(DeviceBackend v);
 const char* deck_word(Precision v);
 const char* deck_word(Fp8Recipe v);
 const char* deck_word(AmaxAlgo v);
+const char* deck_word(ExpertGemm v);
 const char* deck_word(ScheduleKind v);
 const char* deck_word(CpComm v);
 const char* deck_word(OptimRule v);
@@ -196,6 +198,9 @@ struct DeviceConfig {
   // compute stream's work (false: every collective on the compute stream, for a cluster where two
   // NCCL communicators in flight at once hang).
   bool nccl_overlap = true;
+  // CUDA, mixture of experts: the routed experts' GEMMs one cuBLAS call per expert (loop) or one
+  // cublasGemmGroupedBatchedEx per product over the rank's experts (grouped).
+  ExpertGemm expert_gemm = ExpertGemm::Loop;
   // precision fp8 only (a deck error otherwise): the recipe of Transformer Engine's delayed
   // scaling. hybrid: E4M3 forward (weights, activations), E5M2 output gradients; e4m3: E4M3 for
   // all three. Each tensor's scale is (max of the format / amax) / 2^margin, amax the largest of

@@ -93,6 +93,7 @@ TESSERA_WORDS(DeviceBackend, "cpu", "cuda", "auto")
 TESSERA_WORDS(Precision, "fp32", "bf16", "fp8")
 TESSERA_WORDS(Fp8Recipe, "hybrid", "e4m3")
 TESSERA_WORDS(AmaxAlgo, "max", "most_recent")
+TESSERA_WORDS(ExpertGemm, "loop", "grouped")
 TESSERA_WORDS(ScheduleKind, "gpipe", "1f1b")
 TESSERA_WORDS(CpComm, "ring", "allgather")
 TESSERA_WORDS(OptimRule, "adamw", "adafactor")
@@ -207,6 +208,7 @@ std::vector<Field> fields_of(Config& c) {
       {"device", "fp8_head", &c.device.fp8_head},
       {"device", "threads", &c.device.threads},
       {"device", "nccl_overlap", &c.device.nccl_overlap},
+      {"device", "expert_gemm", choice(&c.device.expert_gemm)},
       {"parallel", "dp", IntOrAuto{&c.parallel.dp}},
       {"parallel", "tp", IntOrAuto{&c.parallel.tp}},
       {"parallel", "pp", IntOrAuto{&c.parallel.pp}},
@@ -320,6 +322,7 @@ TESSERA_DECK_WORD(DeviceBackend)
 TESSERA_DECK_WORD(Precision)
 TESSERA_DECK_WORD(Fp8Recipe)
 TESSERA_DECK_WORD(AmaxAlgo)
+TESSERA_DECK_WORD(ExpertGemm)
 TESSERA_DECK_WORD(ScheduleKind)
 TESSERA_DECK_WORD(CpComm)
 TESSERA_DECK_WORD(OptimRule)
@@ -347,7 +350,8 @@ std::string to_yaml(const Config& config) {
       continue;
     // model.moe's keys only with experts (each is a deck error without).
     const std::string_view key = f.key;
-    if (key.rfind("moe.", 0) == 0 && config.model.moe.experts == 0) continue;
+    if ((key.rfind("moe.", 0) == 0 || key == "expert_gemm") && config.model.moe.experts == 0)
+      continue;
     // model.qk_norm only where it is on: the resolved decks of models without it stay as they were.
     if (key == "qk_norm" && !config.model.qk_norm) continue;
     // Dropless routing is capacity_factor left out: a 0 written back would be refused on reading.

@@ -227,6 +227,10 @@ void validate_device(const Config& c, const Deck& deck) {
                     "is fp32)");
   }
   validate_fp8(c, deck);
+  // The routed experts' GEMMs: a dense model has none (a key that would do nothing is a mistake).
+  if (c.model.moe.experts == 0 && deck.sources[deck.index("device.expert_gemm")].present)
+    deck.fail_key("device.expert_gemm",
+                  "device.expert_gemm is for a mixture of experts (model.moe.experts > 0)");
   at_least(deck, "device.threads", c.device.threads, 0);
   at_most(deck, "device.threads", c.device.threads, limits::kThreads, limits::kThreadsWhy);
 }

@@ -26,6 +26,8 @@ struct Context {
   void* workspace = nullptr;
   double* scratch = nullptr;
   float* column_scratch = nullptr;
+  void** pointer_scratch = nullptr;
+  bool grouped_experts = false;
   // Non-blocking, so the copies do not serialise with the legacy default stream; the compute
   // stream waits on `uploaded`, not the host.
   cudaStream_t copy_stream = nullptr;
@@ -53,6 +55,7 @@ void init(cudaStream_t stream) {
   CUDA_CHECK(cudaMalloc(&g.workspace, kBlasWorkspace));
   CUDA_CHECK(cudaMalloc(&g.scratch, kScratchDoubles * sizeof(double)));
   CUDA_CHECK(cudaMalloc(&g.column_scratch, kColumnScratchFloats * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&g.pointer_scratch, kPointerScratch * sizeof(void*)));
   CUBLAS_CHECK(cublasCreate(&g.blas));
   CUBLAS_CHECK(cublasSetStream(g.blas, g.stream));
   CUBLAS_CHECK(cublasSetWorkspace(g.blas, g.workspace, kBlasWorkspace));
@@ -68,6 +71,7 @@ void shutdown() {
   cudaStreamSynchronize(g.stream);
   cublasDestroy(g.blas);
   if (g.blas_lt) cublasLtDestroy(g.blas_lt);
+  cudaFree(g.pointer_scratch);
   cudaFree(g.column_scratch);
   cudaFree(g.scratch);
   cudaFree(g.workspace);
@@ -82,7 +86,7 @@ bool initialized() { return g.ready; }
 cudaStream_t stream() { return g.stream; }
 size_t bytes_allocated() {
   return g.ready ? kBlasWorkspace + kScratchDoubles * sizeof(double) +
-                       kColumnScratchFloats * sizeof(float)
+                       kColumnScratchFloats * sizeof(float) + kPointerScratch * sizeof(void*)
                  : 0;
 }
 cublasHandle_t blas() { return g.blas; }
@@ -95,6 +99,9 @@ void* blas_workspace() { return g.workspace; }
 size_t blas_workspace_bytes() { return kBlasWorkspace; }
 double* scratch() { return g.scratch; }
 float* column_scratch() { return g.column_scratch; }
+void** pointer_scratch() { return g.pointer_scratch; }
+void set_grouped_experts(bool on) { g.grouped_experts = on; }
+bool grouped_experts() { return g.grouped_experts; }
 cudaStream_t copy_stream() { return g.copy_stream; }
 cudaEvent_t uploaded() { return g.uploaded; }
 cudaEvent_t consumed() { return g.consumed; }

@@ -15,6 +15,9 @@ namespace tessera::device {
 inline constexpr int kScratchDoubles = 1024;
 // Floats of device scratch for pass 1 of the column sums (backend/cuda/common.cuh): 4 MB.
 inline constexpr size_t kColumnScratchFloats = size_t(1) << 20;
+// Device pointers of one grouped GEMM's operand arrays (backend/cuda/gemm.cu): 3 x 128 problems.
+inline constexpr int kGroupedProblems = 128;
+inline constexpr size_t kPointerScratch = 3 * size_t(kGroupedProblems);
 
 // `stream` = nullptr creates a non-blocking stream of its own. Logs nothing; `bytes_allocated()`
 // is what init took from the device (for the start-up memory log).
@@ -32,6 +35,11 @@ void* blas_workspace();
 size_t blas_workspace_bytes();
 double* scratch();         // kScratchDoubles
 float* column_scratch();   // kColumnScratchFloats
+void** pointer_scratch();  // kPointerScratch
+// device.expert_gemm: the routed experts' GEMMs one cublasGemmGroupedBatchedEx per product (true)
+// or one cuBLAS call per expert (false, the default); set by device::activate.
+void set_grouped_experts(bool on);
+bool grouped_experts();
 // The copy stream of the step's token uploads, the event the compute stream waits on, and the
 // event the copy stream waits on before it overwrites tokens the compute stream may still read.
 cudaStream_t copy_stream();

@@ -211,6 +211,11 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
     set_identity(rank, dev);
     choice.cuda = true;
     choice.device = dev;
+    choice.grouped_experts = cfg.device.expert_gemm == ExpertGemm::Grouped;
+    const std::string experts =
+        cfg.model.moe.experts == 0 ? ""
+        : choice.grouped_experts   ? "; experts' GEMMs grouped (cublasGemmGroupedBatchedEx)"
+                                   : "; experts' GEMMs one per expert";
     const Precision precision = cfg.device.precision;
     choice.note = std::string("device: ") + deck_word(want) + ": CUDA, " +
                   (precision == Precision::Fp8 ? std::string("fp8 GEMMs, bf16 activations")
@@ -218,7 +223,7 @@ DeviceChoice choose_backend(const Config& cfg, MPI_Comm world) {
                   ", GPU by rank: " + devices_by_rank(dev, world) + " (node-local rank from " +
                   source + "; rank 0 sees " + std::to_string(visible) + " GPU" +
                   (visible == 1 ? "" : "s") + "; host waits on the GPU end after " +
-                  seconds(choice.wait_limit) + " s)";
+                  seconds(choice.wait_limit) + " s)" + experts;
     return choice;
   }
   // Rank 0 prints the message; it knows its own reason, and only the rank of another's (a
@@ -244,6 +249,7 @@ void activate(const DeviceChoice& choice) {
   CUDA_CHECK(cudaSetDevice(choice.device));
   init();
   set_wait_limit(choice.wait_limit);
+  set_grouped_experts(choice.grouped_experts);
 #endif
 }
 

@@ -40,6 +40,9 @@ struct DeviceChoice {
   // The longest host wait on the GPU (device/stream_wait): run.hang_timeout, else
   // kDefaultWaitLimit.
   double wait_limit = 0;
+  // device.expert_gemm == grouped (cuda only): the routed experts' GEMMs one grouped cuBLAS call
+  // per product (backend/cuda/matmul.cu).
+  bool grouped_experts = false;
 };
 
 // Applies device.backend and device.precision to what this build and this machine have:

@@ -196,18 +196,42 @@ void MoeLayer<Backend>::plan_exchange(const MoeDispatch& d, const Kept& p, Excha
 }
 
 template <class Backend>
-void MoeLayer<Backend>::expert_forward(int layer, int gemm, int e, Act* out, const Act* in,
-                                       const Act* weight, const Act* bias, int n, int IC, int OC) {
-  if (fp8_) fp8_->expert_forward(layer, gemm, e, out, in, weight, bias, n, IC, OC);
-  else Backend::matmul_forward(out, in, weight, bias, n, IC, OC);
+void MoeLayer<Backend>::experts_forward(int layer, int gemm, Act* out, const Act* in,
+                                        const Act* weight, const Act* bias,
+                                        const std::vector<int>& counts,
+                                        const std::vector<int>& offsets, int IC, int OC) {
+  if (!fp8_)
+    return Backend::experts_forward(out, in, weight, bias, counts.data(), offsets.data(), held(),
+                                    IC, OC);
+  for (int e = 0; e < held(); ++e) {
+    const int n = counts[size_t(e)];
+    const Act* w = weight + size_t(e) * OC * IC;
+    if (n == 0) {  // no rows: the weight's amax still goes into its history
+      fp8_->expert_weight(layer, gemm, e, w, OC, IC);
+      continue;
+    }
+    const size_t r0 = size_t(offsets[size_t(e)]);
+    fp8_->expert_forward(layer, gemm, e, out + r0 * OC, in + r0 * IC, w,
+                         bias ? bias + size_t(e) * OC : nullptr, n, IC, OC);
+  }
 }
 
 template <class Backend>
-void MoeLayer<Backend>::expert_backward(int layer, int gemm, int e, Act* din, float* dweight,
-                                        float* dbias, const Act* dout, const Act* in,
-                                        const Act* weight, int n, int IC, int OC) {
-  if (fp8_) fp8_->expert_backward(layer, gemm, e, din, dweight, dbias, dout, in, weight, n, IC, OC);
-  else Backend::matmul_backward(din, dweight, dbias, dout, in, weight, n, IC, OC);
+void MoeLayer<Backend>::experts_backward(int layer, int gemm, Act* din, float* dweight,
+                                         float* dbias, const Act* dout, const Act* in,
+                                         const Act* weight, const std::vector<int>& counts,
+                                         const std::vector<int>& offsets, int IC, int OC) {
+  if (!fp8_)
+    return Backend::experts_backward(din, dweight, dbias, dout, in, weight, counts.data(),
+                                     offsets.data(), held(), IC, OC);
+  for (int e = 0; e < held(); ++e) {
+    const int n = counts[size_t(e)];
+    if (n == 0) continue;
+    const size_t r0 = size_t(offsets[size_t(e)]), wt = size_t(e) * OC * IC;
+    fp8_->expert_backward(layer, gemm, e, din + r0 * IC, dweight + wt,
+                          dbias ? dbias + size_t(e) * OC : nullptr, dout + r0 * OC, in + r0 * IC,
+                          weight + wt, n, IC, OC);
+  }
 }
 
 template <class Backend>
@@ -247,37 +271,20 @@ void MoeLayer<Backend>::forward(Act* out, const Act* x, const Params& w, int lay
     offsets = &xc.offsets;
   }
   // Each held expert on its block of rows (its fc1 rows, its fc2 rows in the local tensors):
-  // every fc1 and activation, then every fc2 (FP8 scales the activation's rows as one).
+  // every fc1, the activation over all the rows, then every fc2 (FP8 scales each GEMM's rows as
+  // one).
   const bool bias_here = tp_ == nullptr || tp_->rank() == 0;
   const int rows_e = offsets->back();
   op_clock::set_gemm(op_clock::kExperts);
   expert_rows(layer, Fp8State::kFc1, Fp8State::kInput, p.xe, size_t(rows_e) * C);
-  for (int e = 0; e < held(); ++e) {
-    const int n = (*counts)[size_t(e)];
-    if (n == 0 && fp8_) {  // no rows: the weights' amaxes still go into their histories
-      fp8_->expert_weight(layer, Fp8State::kFc1, e, w.fc1 + size_t(e) * FC1 * C, FC1, C);
-      fp8_->expert_weight(layer, Fp8State::kFc2, e, w.fc2 + size_t(e) * C * F, C, F);
-    }
-    if (n == 0) continue;
-    const size_t r0 = size_t((*offsets)[size_t(e)]);
-    Act* h = p.h + r0 * FC1;
-    Act* a = p.a + r0 * F;
-    expert_forward(layer, Fp8State::kFc1, e, h, p.xe + r0 * C, w.fc1 + size_t(e) * FC1 * C,
-                   w.fc1_bias ? w.fc1_bias + size_t(e) * FC1 : nullptr, n, C, FC1);
-    switch (mlp_) {
-      case MlpKind::Gelu: Backend::gelu_forward(a, h, size_t(n) * F); break;
-      case MlpKind::SwiGlu: Backend::swiglu_forward(a, h, n, F); break;
-    }
+  experts_forward(layer, Fp8State::kFc1, p.h, p.xe, w.fc1, w.fc1_bias, *counts, *offsets, C, FC1);
+  switch (mlp_) {
+    case MlpKind::Gelu: Backend::gelu_forward(p.a, p.h, size_t(rows_e) * F); break;
+    case MlpKind::SwiGlu: Backend::swiglu_forward(p.a, p.h, rows_e, F); break;
   }
   expert_rows(layer, Fp8State::kFc2, Fp8State::kInput, p.a, size_t(rows_e) * F);
-  for (int e = 0; e < held(); ++e) {
-    const int n = (*counts)[size_t(e)];
-    if (n == 0) continue;
-    const size_t r0 = size_t((*offsets)[size_t(e)]);
-    const Act* b2 = w.fc2_bias && bias_here ? w.fc2_bias + size_t(e) * C : nullptr;
-    expert_forward(layer, Fp8State::kFc2, e, p.ye + r0 * C, p.a + r0 * F,
-                   w.fc2 + size_t(e) * C * F, b2, n, F, C);
-  }
+  experts_forward(layer, Fp8State::kFc2, p.ye, p.a, w.fc2, bias_here ? w.fc2_bias : nullptr,
+                  *counts, *offsets, F, C);
   if (ep_size_ > 1) {
     const Exchange& xc = exchanges_[at(layer, slot)];
     Backend::moe_gather_rows(ex, p.ye, p.to_source, xc.offsets.back(), C);
@@ -354,36 +361,21 @@ void MoeLayer<Backend>::backward(Act* dx, const Act* dout, const Act* x, const P
   Backend::zero(da, size_t(rows) * F * sizeof(Act));
   Backend::zero(dh, size_t(rows) * FC1 * sizeof(Act));
   Backend::zero(dxe, size_t(rows) * C * sizeof(Act));
-  // Every fc2 and activation, then every fc1 (FP8 scales fc1's output gradient's rows as one).
+  // Every fc2, the activation's backward over all the rows, then every fc1 (FP8 scales each
+  // GEMM's rows as one).
   op_clock::set_gemm(op_clock::kExperts);
   expert_rows(layer, Fp8State::kFc2, Fp8State::kGrad, dye, size_t(rows) * C);
   expert_rows(layer, Fp8State::kFc2, Fp8State::kInput, p.a, size_t(rows) * F);
-  for (int e = 0; e < held(); ++e) {
-    const int n = (*counts)[size_t(e)];
-    if (n == 0) continue;
-    const size_t r0 = size_t((*offsets)[size_t(e)]);
-    expert_backward(layer, Fp8State::kFc2, e, da + r0 * F, w.dfc2 + size_t(e) * C * F,
-                    w.dfc2_bias ? w.dfc2_bias + size_t(e) * C : nullptr, dye + r0 * C,
-                    p.a + r0 * F, w.fc2 + size_t(e) * C * F, n, F, C);
-    switch (mlp_) {
-      case MlpKind::Gelu:
-        Backend::gelu_backward(dh + r0 * FC1, p.h + r0 * FC1, da + r0 * F, size_t(n) * F);
-        break;
-      case MlpKind::SwiGlu:
-        Backend::swiglu_backward(dh + r0 * FC1, p.h + r0 * FC1, da + r0 * F, n, F);
-        break;
-    }
+  experts_backward(layer, Fp8State::kFc2, da, w.dfc2, w.dfc2_bias, dye, p.a, w.fc2, *counts,
+                   *offsets, F, C);
+  switch (mlp_) {
+    case MlpKind::Gelu: Backend::gelu_backward(dh, p.h, da, size_t(rows) * F); break;
+    case MlpKind::SwiGlu: Backend::swiglu_backward(dh, p.h, da, rows, F); break;
   }
   expert_rows(layer, Fp8State::kFc1, Fp8State::kGrad, dh, size_t(rows) * FC1);
   expert_rows(layer, Fp8State::kFc1, Fp8State::kInput, p.xe, size_t(rows) * C);
-  for (int e = 0; e < held(); ++e) {
-    const int n = (*counts)[size_t(e)];
-    if (n == 0) continue;
-    const size_t r0 = size_t((*offsets)[size_t(e)]);
-    expert_backward(layer, Fp8State::kFc1, e, dxe + r0 * C, w.dfc1 + size_t(e) * FC1 * C,
-                    w.dfc1_bias ? w.dfc1_bias + size_t(e) * FC1 : nullptr, dh + r0 * FC1,
-                    p.xe + r0 * C, w.fc1 + size_t(e) * FC1 * C, n, C, FC1);
-  }
+  experts_backward(layer, Fp8State::kFc1, dxe, w.dfc1, w.dfc1_bias, dh, p.xe, w.fc1, *counts,
+                   *offsets, C, FC1);
   if (xc) {
     Backend::moe_gather_rows(ex2, dxe, p.to_source, rows, C);
     ep_->all_to_all_rows(ex2, xc->recv_rows.data(), dxs, xc->send_rows.data(), size_t(C));

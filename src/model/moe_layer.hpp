@@ -140,11 +140,15 @@ class MoeLayer {
   // Sends the routed rows' counts and builds the exchange's row maps (into p.to_expert and
   // p.to_source) from the plan.
   void plan_exchange(const MoeDispatch& d, const Kept& p, Exchange* x);
-  // Held expert e's fc1 or fc2 (gemm: Fp8State::kFc1, kFc2) on n rows, in FP8 or the compute type.
-  void expert_forward(int layer, int gemm, int e, Act* out, const Act* in, const Act* weight,
-                      const Act* bias, int n, int IC, int OC);
-  void expert_backward(int layer, int gemm, int e, Act* din, float* dweight, float* dbias,
-                       const Act* dout, const Act* in, const Act* weight, int n, int IC, int OC);
+  // The held experts' fc1 or fc2 (gemm: Fp8State::kFc1, kFc2), each on its block of rows
+  // (counts, offsets): one GEMM per expert on FP8 codes, or the backend's experts ops.
+  void experts_forward(int layer, int gemm, Act* out, const Act* in, const Act* weight,
+                       const Act* bias, const std::vector<int>& counts,
+                       const std::vector<int>& offsets, int IC, int OC);
+  void experts_backward(int layer, int gemm, Act* din, float* dweight, float* dbias,
+                        const Act* dout, const Act* in, const Act* weight,
+                        const std::vector<int>& counts, const std::vector<int>& offsets, int IC,
+                        int OC);
   // FP8: all the held experts' rows of one GEMM role before their blocks are cast.
   void expert_rows(int layer, int gemm, Fp8State::Role role, const Act* x, size_t n) {
     if (fp8_) fp8_->expert_rows(layer, gemm, role, x, n);

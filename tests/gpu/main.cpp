@@ -81,6 +81,7 @@ Compare compare(const std::vector<double>& got, const std::vector<double>& want,
 }
 
 int run_bench(double budget_s);
+int run_experts_bench(bool tiny);
 
 // GPUs the NVIDIA kernel driver knows of: entries of /proc/driver/nvidia/gpus (or of the folder
 // TESSERA_NVIDIA_PROC names, for the test of this check), else /dev/nvidia0, 1, ... files.
@@ -107,11 +108,14 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  // --bench [--budget SECONDS]: the bench, no row started after that many seconds.
-  bool bench = false;
+  // --bench [--budget SECONDS]: the bench, no row started after that many seconds;
+  // --bench-experts [--tiny]: the experts' GEMMs looped and grouped (bench_experts.cpp).
+  bool bench = false, experts = false, tiny = false;
   double budget = 0;
   for (int i = 1; i < argc; i++) {
     if (std::strcmp(argv[i], "--bench") == 0) bench = true;
+    if (std::strcmp(argv[i], "--bench-experts") == 0) bench = experts = true;
+    if (std::strcmp(argv[i], "--tiny") == 0) tiny = true;
     if (std::strcmp(argv[i], "--budget") == 0 && i + 1 < argc) budget = std::atof(argv[i + 1]);
   }
   const char* what = bench ? "bench-gpu" : "test-gpu";
@@ -155,7 +159,7 @@ int main(int argc, char** argv) {
   device::init();
   int rc = 0;
   if (bench) {
-    rc = rank == 0 ? gpu_test::run_bench(budget) : 0;
+    rc = rank != 0 ? 0 : experts ? gpu_test::run_experts_bench(tiny) : gpu_test::run_bench(budget);
   } else {
     const char* s = std::getenv("TESSERA_GPU_TEST_SEED");
     unsigned long long seed = s ? std::strtoull(s, nullptr, 10) : std::random_device{}();

@@ -53,6 +53,10 @@ done
 # missing event wait must then show as a wrong answer in some drain, as it did before the detector.
 run "stream tests, race detector off" env TESSERA_EMU_RACES=off TESSERA_EMU_STREAMS=async:$seed \
   "$ROOT/bin/gpu_tests-emu" --gtest_filter='EmulatorStreams.*'
+# The GPU bundle's experts' GEMM bench (tools/gpu/bundle_run.sh: bench_experts) at toy shapes:
+# both ways run and each row is printed (balanced and skewed).
+run "gpu_tests --bench-experts --tiny" bash -c "TESSERA_EMU_STREAMS=async:$seed \"$ROOT/bin/gpu_tests-emu\" \
+  --bench-experts --tiny | grep -c '^| toy 4 experts | ' | grep -qx 2"
 for script in test_trainer test_device_choice; do
   echo "=== $script (forward order, async:$seed streams)"
   TESSERA=$ROOT/bin/tessera-emu TESSERA_GPUS=8 TESSERA_EMU=1 TESSERA_EMU_STREAMS=async:$seed \

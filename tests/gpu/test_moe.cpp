@@ -1,7 +1,7 @@
-// The CUDA mixture-of-experts ops (backend/cuda/moe.cu) against their CPU twins in double on the
-// very values the device holds (tests/gpu/test_ops.cpp's measure and bounds): every router rule,
-// the router's statistics, and the rows moved between token and expert order, dropped choices
-// included.
+// The CUDA mixture-of-experts ops (backend/cuda/moe.cu, the experts' GEMMs of matmul.cu) against
+// their CPU twins in double on the very values the device holds (tests/gpu/test_ops.cpp's measure
+// and bounds): every router rule, the router's statistics, the rows moved between token and
+// expert order, dropped choices included, and the experts' linear layers, looped and grouped.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.hpp"
+#include "device/context.hpp"
 #include "gpu_test.hpp"
 
 namespace tessera::gpu_test {
@@ -144,6 +145,65 @@ TYPED_TEST(CudaMoe, RowsBetweenTokenAndExpertOrder) {
         for (int c = 0; c < C; c++) got[size_t(s) * C + c] = drows[size_t(s) * C + c] = 0;
     EXPECT_CLOSE(got, drows, tolerance<F>(), "moe_combine_backward rows" + what);
     EXPECT_CLOSE(d_dgates.fetch(), dgates, tolerance<F>(), "moe_combine_backward gates" + what);
+  }
+}
+
+// The held experts' linear layers, each on its block of rows, one cuBLAS GEMM per expert and
+// grouped (device.expert_gemm), against the CPU's per-expert matmuls in double: an expert without
+// rows, biases and none, and 130 experts with rows (two grouped calls of at most 128 products).
+TYPED_TEST(CudaMoe, ExpertsLoopAndGroupedAgainstCpu) {
+  using F = TypeParam;
+  struct Case {
+    std::vector<int> counts;
+    int IC, OC;
+  };
+  std::vector<Case> cases = {{{7, 0, 13, 1, 9}, 24, 40}, {{}, 8, 6}};
+  std::uniform_int_distribution<int> rows(1, 3);
+  for (int e = 0; e < 130; e++) cases[1].counts.push_back(rows(rng()));
+  for (const Case& c : cases) {
+    const int held = int(c.counts.size()), IC = c.IC, OC = c.OC;
+    std::vector<int> offsets(size_t(held) + 1, 0);
+    for (int e = 0; e < held; e++) offsets[size_t(e) + 1] = offsets[size_t(e)] + c.counts[size_t(e)];
+    const size_t R = size_t(offsets.back()), W = size_t(held) * OC * IC;
+    const auto inp = random_of<F>(R * IC), w = random_of<F>(W), bias = random_of<F>(size_t(held) * OC);
+    const auto dout = random_of<F>(R * OC);
+    Dev<F> d_inp(inp), d_w(w), d_bias(bias), d_dout(dout);
+    for (bool grouped : {false, true}) {
+      device::set_grouped_experts(grouped);
+      const long calls = gpu::grouped_gemm_calls();
+      for (bool with_bias : {true, false}) {
+        const std::string what = std::string(grouped ? " grouped" : " loop") +
+                                 (with_bias ? " bias" : "") + " held=" + std::to_string(held);
+        Dev<F> d_out(R * OC);
+        std::vector<double> out(R * OC);
+        gpu::experts_forward<F>(d_out, d_inp, d_w, with_bias ? d_bias.get() : nullptr,
+                                c.counts.data(), offsets.data(), held, IC, OC);
+        cpu::experts_forward<double>(out.data(), inp.data(), w.data(),
+                                     with_bias ? bias.data() : nullptr, c.counts.data(),
+                                     offsets.data(), held, IC, OC);
+        EXPECT_CLOSE(d_out.fetch(), out, tolerance<F>(), "experts_forward" + what);
+
+        auto dinp = random_of<F>(R * IC);
+        auto dw = random_of<float>(W), db = random_of<float>(size_t(held) * OC);
+        Dev<F> d_dinp(dinp);
+        Dev<float> d_dw(dw), d_db(db);
+        gpu::experts_backward<F>(d_dinp, d_dw, with_bias ? d_db.get() : nullptr, d_dout, d_inp,
+                                 d_w, c.counts.data(), offsets.data(), held, IC, OC);
+        cpu::experts_backward<double>(dinp.data(), dw.data(), with_bias ? db.data() : nullptr,
+                                      dout.data(), inp.data(), w.data(), c.counts.data(),
+                                      offsets.data(), held, IC, OC);
+        EXPECT_CLOSE(d_dinp.fetch(), dinp, tolerance<F>(), "experts_backward dinp" + what);
+        EXPECT_CLOSE(d_dw.fetch(), dw, tolerance<F>(), "experts_backward dweight" + what);
+        EXPECT_CLOSE(d_db.fetch(), db, tolerance<F>(), "experts_backward dbias" + what);
+      }
+      // Twice (bias, none): the forward and the input gradient grouped, and in fp32 the weight
+      // gradient; 130 experts take two calls of at most 128 each.
+      const long busy = held - long(std::count(c.counts.begin(), c.counts.end(), 0));
+      const long per_call = (busy + 127) / 128, products = sizeof(F) == 4 ? 3 : 2;
+      EXPECT_EQ(gpu::grouped_gemm_calls() - calls, grouped ? 2 * products * per_call : 0)
+          << "cublasGemmGroupedBatchedEx calls, held=" << held;
+    }
+    device::set_grouped_experts(false);
   }
 }
 

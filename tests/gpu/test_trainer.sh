@@ -267,6 +267,18 @@ if train cpu_moe 1 device.backend=cpu "${moe[@]}"; then
     cmp cuda_moe_matches_cpu cpu_moe cuda_moe --loss-rtol 1e-5 --param-tol 1e-4
   train bf16_moe 1 device.backend=cuda device.precision=bf16 "${moe[@]}" &&
     cmp bf16_moe_near_cpu cpu_moe bf16_moe --loss-rtol 2e-2 --param-norm-tol 2e-2
+  # device.expert_gemm grouped: the experts' GEMMs one cublasGemmGroupedBatchedEx per product
+  # (the bf16 weight gradient one GEMM per expert), the same model; the log says which ran.
+  train cuda_moe_grouped 1 device.backend=cuda device.expert_gemm=grouped "${moe[@]}" &&
+    cmp cuda_moe_grouped_matches_cpu cpu_moe cuda_moe_grouped --loss-rtol 1e-5 --param-tol 1e-4 &&
+    if grep -q "experts' GEMMs grouped (cublasGemmGroupedBatchedEx)" "$WORK/cuda_moe_grouped.log" &&
+       grep -q "experts' GEMMs one per expert" "$WORK/cuda_moe.log"; then
+      pass "cuda_moe_grouped_logged: $(grep -o "experts' GEMMs grouped[^;]*" "$WORK/cuda_moe_grouped.log")"
+    else
+      fail "cuda_moe_grouped_logged: no \"experts' GEMMs grouped\" line in the log"
+    fi
+  train bf16_moe_grouped 1 device.backend=cuda device.precision=bf16 device.expert_gemm=grouped \
+    "${moe[@]}" && cmp bf16_moe_grouped_near_cpu cpu_moe bf16_moe_grouped --loss-rtol 2e-2 --param-norm-tol 2e-2
   # The auxiliary-loss-free selection bias: the CUDA router adds it for the choice.
   train cpu_moe_bias 1 device.backend=cpu "${moe[@]}" model.moe.bias_rate=0.02 &&
     train cuda_moe_bias 1 device.backend=cuda "${moe[@]}" model.moe.bias_rate=0.02 &&
@@ -291,6 +303,9 @@ if train cpu_moe 1 device.backend=cpu "${moe[@]}"; then
       cmp cuda_moe_ep2 cpu_moe cuda_moe_ep2 --loss-rtol 1e-5 --param-tol 1e-4
     train bf16_moe_ep2 2 device.backend=cuda device.precision=bf16 parallel.dp=2 parallel.ep=2 \
       "${moe[@]}" && cmp bf16_moe_ep2_near_cpu cpu_moe bf16_moe_ep2 --loss-rtol 2e-2 --param-norm-tol 2e-2
+    train cuda_moe_ep2_grouped 2 device.backend=cuda parallel.dp=2 parallel.ep=2 \
+      device.expert_gemm=grouped "${moe[@]}" &&
+      cmp cuda_moe_ep2_grouped cpu_moe cuda_moe_ep2_grouped --loss-rtol 1e-5 --param-tol 1e-4
     # Under ZeRO-3 the experts' units gather and reduce over their own group (the dense ones
     # over dp): fp32 and bf16 (the bf16 master sharded in both groups).
     train cuda_moe_ep2_zero3 2 device.backend=cuda parallel.dp=2 parallel.ep=2 parallel.zero=3 \

@@ -44,7 +44,7 @@ if env -i PATH=/usr/bin:/bin HOME="$HOME" bash "$B/run.sh" --plan --budget 480 -
      >"$WORK/plan.log" 2>&1 &&
    head -1 "$WORK/plan/summary.md" | grep -q '^CANNOT RUN: the node lacks a GPU (nvidia-smi lists none)' &&
    [ "$(grep -o '^would run [a-z_0-9]*' "$WORK/plan.log" | cut -d' ' -f3 | grep -v '^sanitizer_' | tr '\n' ' ' |
-        sed 's/ breakdown $/ /')" = "gpu_tests test_trainer test_device_choice bench_fp8 bench_tessera bench_torch " ] &&
+        sed 's/ breakdown $/ /')" = "gpu_tests test_trainer test_device_choice bench_experts bench_fp8 bench_tessera bench_torch " ] &&
    env -i PATH=/usr/bin:/bin HOME="$HOME" bash "$B/run.sh" --plan --budget 100 --out "$WORK/plan100" \
      >"$WORK/plan100.log" 2>&1 &&
    grep -q '^SKIP bench_tessera: [0-9]* s of the budget left, it needs about 50 s (--only bench_tessera runs it)$' "$WORK/plan100.log" &&

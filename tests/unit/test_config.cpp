@@ -51,6 +51,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(ea.bias_rate, eb.bias_rate);
   EXPECT_EQ(ea.capacity_factor, eb.capacity_factor);
   EXPECT_EQ(a.parallel.ep, b.parallel.ep);
+  EXPECT_EQ(a.device.expert_gemm, b.device.expert_gemm);
   EXPECT_EQ(a.model.n_head, b.model.n_head);
   EXPECT_EQ(a.model.n_embd, b.model.n_embd);
   EXPECT_EQ(a.model.block_size, b.model.block_size);
@@ -759,7 +760,8 @@ TEST(Config, ToYamlWritesEveryKeyAsPlainYaml) {
                        // data.document_mask and windows; the five device.fp8_* keys only
                        // with precision fp8 (Config.Fp8Keys), the three optim.adafactor_* keys
                        // only with optim.name adafactor (Config.OptimRuleKeys), the twelve
-                       // model.moe.* keys only with experts (Config.MoeKeysNestUnderModel)
+                       // model.moe.* keys and device.expert_gemm only with experts
+                       // (Config.MoeKeysNestUnderModel)
   // auto and the stage list as a deck would write them.
   std::string unusual = to_yaml(unusual_config());
   for (const char* line : {"  dp: auto\n", "  tp: 4\n", "  schedule: \"gpipe\"\n",
@@ -1124,7 +1126,8 @@ TEST(Config, MoeKeysNestUnderModel) {
                            "model:\n  n_layer: 4\n  moe:\n    experts: 8\n    top_k: 2\n"
                            "    score: sigmoid\n    capacity_factor: 1.25\n"
                            "parallel:\n  dp: 4\n  ep: 2\n";
-  const Config c = parse_deck(deck, "deck.yaml", {"model.moe.every=2"});
+  const Config c = parse_deck(deck, "deck.yaml", {"model.moe.every=2", "device.expert_gemm=grouped"});
+  EXPECT_EQ(c.device.expert_gemm, ExpertGemm::Grouped);
   EXPECT_EQ(c.model.moe.experts, 8);
   EXPECT_EQ(c.model.moe.top_k, 2);
   EXPECT_EQ(c.model.moe.score, MoeScore::Sigmoid);
@@ -1138,6 +1141,15 @@ TEST(Config, MoeKeysNestUnderModel) {
   // A dense deck writes no moe key, and reads back.
   const Config dense = parse_deck(kMinimal, "deck.yaml", {});
   EXPECT_EQ(to_yaml(dense).find("moe"), std::string::npos);
+  EXPECT_EQ(to_yaml(dense).find("expert_gemm"), std::string::npos);
+  // ... and refuses the experts' GEMM choice (it would do nothing).
+  EXPECT_EQ(deck_error(kMinimal, {"device.expert_gemm=grouped"}),
+            "command line: device.expert_gemm=grouped: device.expert_gemm is for a mixture of "
+            "experts (model.moe.experts > 0)");
+  EXPECT_NE(deck_error(std::string(kMinimal) + "model:\n  moe:\n    experts: 4\n",
+                       {"device.expert_gemm=batched"})
+                .find("device.expert_gemm=batched: must be"),
+            std::string::npos);
 }
 
 // Layout sizes near the int's limit: their products are taken in 64 bits, so the message names

@@ -18,6 +18,9 @@
 #                         sequences, restarts across backends; 2+ GPUs: the multi-rank layouts,
 #                         one multi-communicator layout with device.nccl_overlap on and off
 #   test_device_choice 0.02 which GPU each rank takes, two ranks on one GPU refused
+#   bench_experts    0.2  (estimate) a MoE layer's expert GEMMs one cuBLAS call per expert
+#                         against cublasGemmGroupedBatchedEx at Mixtral, Qwen3-MoE and
+#                         DeepSeek-V3 shapes (device.expert_gemm's default comes from it)
 #   bench_fp8        0.3  FP8 against bf16 training curves, a small GPT-2 and LLaMA, 400 steps
 #   sanitizer_*      1.0  each of racecheck, synccheck, memcheck, initcheck over the CUDA op
 #                         tests, boxed to 60 s (what the emulator cannot see)
@@ -251,6 +254,7 @@ step gpu_tests 10 10 "$HERE/bin/gpu_tests"
   --gtest_filter='CudaModelTp.*:CudaModelDp.*'
 step test_trainer 45 45 bash "$HERE/tests/gpu/test_trainer.sh"
 step test_device_choice 5 5 bash "$HERE/tests/gpu/test_device_choice.sh"
+step bench_experts 15 15 "$HERE/bin/gpu_tests" --bench-experts
 # FP8 against bf16 in training: the small GPT-2 and LLaMA of tools/bench/fp8.sh on cuda, one seed
 # (the loss curves; the speed is bench_tessera's fp8 rows).
 step bench_fp8 20 20 env BACKEND=cuda PRECISIONS="bf16 fp8" SEEDS=29 DATA="$HERE/build/testdata" \
@@ -289,6 +293,8 @@ step breakdown 30 30 env BACKEND=cuda DATA="$HERE/build/testdata" OUT="$OUT" PYT
   grep -h '^|' "$OUT/bench_tessera.log" 2>/dev/null
   grep -h '^| ' "$OUT/bench_torch.log" 2>/dev/null | grep -v '^| shape'
   grep -h '^fp8: \|budget\|set-up' "$OUT/bench_tessera.log" "$OUT/bench_torch.log" 2>/dev/null
+  echo
+  [ -f "$OUT/bench_experts.log" ] && grep -h '^|\|^experts' "$OUT/bench_experts.log"
   echo
   [ -f "$OUT/bench_fp8.log" ] && grep -v '^bench_fp8: ' "$OUT/bench_fp8.log"
   [ -f "$OUT/breakdown.log" ] && { echo; cat "$OUT/breakdown.log"; }

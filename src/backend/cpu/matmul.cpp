@@ -55,7 +55,37 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
   }
 }
 
+// Each of `held` experts' linear layer on its block of rows: expert e's rows start at
+// offsets[e], counts[e] of them (host arrays), its weight (OC,IC) at weight + e OC IC, its bias at
+// bias + e OC. The CPU calls one GEMM per expert (the CUDA backend may group them).
+template <typename F>
+void experts_forward(F* out, const F* inp, const F* weight, const F* bias, const int* counts,
+                     const int* offsets, int held, int IC, int OC) {
+  for (int e = 0; e < held; e++) {
+    if (counts[e] == 0) continue;
+    const size_t r0 = size_t(offsets[e]);
+    matmul_forward(out + r0 * OC, inp + r0 * IC, weight + size_t(e) * OC * IC,
+                   bias ? bias + size_t(e) * OC : nullptr, counts[e], IC, OC);
+  }
+}
+
+template <typename F>
+void experts_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
+                      const int* counts, const int* offsets, int held, int IC, int OC) {
+  for (int e = 0; e < held; e++) {
+    if (counts[e] == 0) continue;
+    const size_t r0 = size_t(offsets[e]);
+    matmul_backward(dinp ? dinp + r0 * IC : nullptr, dweight + size_t(e) * OC * IC,
+                    dbias ? dbias + size_t(e) * OC : nullptr, dout + r0 * OC, inp + r0 * IC,
+                    weight + size_t(e) * OC * IC, counts[e], IC, OC);
+  }
+}
+
 #define TESSERA_INSTANTIATE(F)                                                                     \
+  template void experts_forward<F>(F*, const F*, const F*, const F*, const int*, const int*, int, \
+                                   int, int);                                                     \
+  template void experts_backward<F>(F*, F*, F*, const F*, const F*, const F*, const int*,         \
+                                    const int*, int, int, int);                                   \
   template void bias_add<F>(F*, const F*, int, int);                                             \
   template void matmul_forward<F>(F*, const F*, const F*, const F*, int, int, int);               \
   template void matmul_backward<F>(F*, F*, F*, const F*, const F*, const F*, int, int, int);

@@ -79,6 +79,15 @@ void bias_add(F* out, const F* bias, int N, int OC);
 template <typename F>
 void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
                      int N, int IC, int OC);
+// A mixture of experts' `held` linear layers, each on its block of rows: expert e's rows start at
+// offsets[e], counts[e] of them (host arrays); its weight (OC,IC) at weight + e OC IC, its bias
+// (or nullptr) at bias + e OC, its gradients likewise. matmul_forward/backward per expert.
+template <typename F>
+void experts_forward(F* out, const F* inp, const F* weight, const F* bias, const int* counts,
+                     const int* offsets, int held, int IC, int OC);
+template <typename F>
+void experts_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
+                      const int* counts, const int* offsets, int held, int IC, int OC);
 
 // The qkv activation (B,T,(NH + 2*NKV)*hs) of grouped-query attention: q heads in columns
 // [0, NH*hs), k heads in [NH*hs, (NH+NKV)*hs), v heads in [(NH+NKV)*hs, (NH+2*NKV)*hs), head h of

@@ -68,6 +68,21 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float
                           long long stride_b, cudaDataType_t ab_type, float beta, void* C,
                           int ldc, long long stride_c, cudaDataType_t c_type, int batch);
 
+// Products of gemm_ex's meaning, one cublasGemmGroupedBatchedEx per 128 of them (each its own
+// group): product i is C_i (M_i,N) = alpha op(A_i) op(B_i) + beta_i C_i over K_i, the transposes,
+// N, leading dimensions and types the same for all. A product with M_i = 0 is skipped, one with
+// K_i = 0 is C_i = beta_i C_i. Defined in gemm.cu.
+struct GroupedProduct {
+  int M, K;
+  const void* A;
+  const void* B;
+  void* C;
+  float beta;
+};
+void gemm_grouped(bool trans_a, bool trans_b, int N, float alpha, const GroupedProduct* products,
+                  int count, int lda, int ldb, cudaDataType_t ab_type, int ldc,
+                  cudaDataType_t c_type);
+
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <typename T>

@@ -4,6 +4,9 @@
 // column-major, its (N,M) transpose with the same ld, so the row-major C = op(A) op(B) is the
 // column-major Cᵀ = op(B)ᵀ op(A)ᵀ: swap the operands and the sizes M and N, keep each operand's
 // transpose flag. No data moves.
+#include <stdexcept>
+#include <vector>
+
 #include "backend/cuda/common.cuh"
 
 namespace tessera::cuda {
@@ -41,6 +44,25 @@ void scale_matrices(void* C, cudaDataType_t type, int M, int N, int ldc, long lo
   CUDA_CHECK_LAUNCH();
 }
 
+// The operand pointers of up to kGroupedProblems products, passed by value: the launch copies
+// them, so the device arrays cuBLAS reads are written in stream order with no host wait.
+long g_grouped_calls = 0;
+
+struct OperandPointers {
+  const void* a[device::kGroupedProblems];
+  const void* b[device::kGroupedProblems];
+  void* c[device::kGroupedProblems];
+  int count;
+};
+
+__global__ void store_pointers_kernel(void** out, OperandPointers p) {
+  const int i = int(threadIdx.x);
+  if (i >= p.count) return;
+  out[i] = const_cast<void*>(p.a[i]);
+  out[device::kGroupedProblems + i] = const_cast<void*>(p.b[i]);
+  out[2 * device::kGroupedProblems + i] = p.c[i];
+}
+
 }  // namespace
 
 void gemm_ex(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
@@ -65,6 +87,61 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float
                                           C, c_type, ldc, stride_c, batch, CUBLAS_COMPUTE_32F,
                                           CUBLAS_GEMM_DEFAULT));
 }
+
+void gemm_grouped(bool trans_a, bool trans_b, int N, float alpha, const GroupedProduct* products,
+                  int count, int lda, int ldb, cudaDataType_t ab_type, int ldc,
+                  cudaDataType_t c_type) {
+  if (N <= 0) return;
+  if (c_type != ab_type)  // cuBLAS's grouped call takes A, B and C of one type
+    throw std::logic_error("gemm_grouped: C's type differs from A's and B's");
+  constexpr int kMax = device::kGroupedProblems;
+  void** arrays = device::pointer_scratch();
+  // Column-major as gemm_ex: cuBLAS's A is our B, its B our A, its (m, n) our (N, M_i).
+  OperandPointers p{};
+  std::vector<int> m, n, k, lda_of, ldb_of, ldc_of, one;
+  std::vector<float> alphas, betas;
+  auto run = [&] {
+    const int g = p.count;
+    if (g == 0) return;
+    launch<store_pointers_kernel>(1, kMax, 0, stream(), arrays, p);
+    CUDA_CHECK_LAUNCH();
+    const std::vector<cublasOperation_t> ta(size_t(g), op(trans_b)), tb(size_t(g), op(trans_a));
+    m.assign(size_t(g), N);
+    lda_of.assign(size_t(g), ldb);
+    ldb_of.assign(size_t(g), lda);
+    ldc_of.assign(size_t(g), ldc);
+    one.assign(size_t(g), 1);  // each product its own group: their sizes differ
+    alphas.assign(size_t(g), alpha);
+    CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+        blas(), ta.data(), tb.data(), m.data(), n.data(), k.data(), alphas.data(), arrays,
+        ab_type, lda_of.data(), arrays + kMax, ab_type, ldb_of.data(), betas.data(),
+        arrays + 2 * kMax, c_type, ldc_of.data(), g, one.data(), CUBLAS_COMPUTE_32F));
+    g_grouped_calls++;
+    p.count = 0;
+    n.clear();
+    k.clear();
+    betas.clear();
+  };
+  for (int i = 0; i < count; i++) {
+    const GroupedProduct& q = products[i];
+    if (q.M <= 0) continue;
+    if (q.K <= 0) {
+      scale_matrices(q.C, c_type, q.M, N, ldc, 0, 1, q.beta);
+      continue;
+    }
+    p.a[p.count] = q.B;
+    p.b[p.count] = q.A;
+    p.c[p.count] = q.C;
+    p.count++;
+    n.push_back(q.M);
+    k.push_back(q.K);
+    betas.push_back(q.beta);
+    if (p.count == kMax) run();
+  }
+  run();
+}
+
+long grouped_gemm_calls() { return g_grouped_calls; }
 
 // C (M,N) = alpha * op(A) (M,K) · op(B) (K,N) + beta * C, row-major, leading dimensions given.
 template <typename F>

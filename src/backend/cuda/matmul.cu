@@ -1,4 +1,6 @@
 // Linear layer (torch nn.Linear layout): forward and backward through cuBLAS, twin of matmul.cpp.
+#include <vector>
+
 #include "backend/cuda/common.cuh"
 
 namespace tessera::cuda {
@@ -105,7 +107,70 @@ void bias_backward(float* dbias, const F* dout, int N, int OC) {
   add_column_partials(dbias, column_scratch(), split.chunks, OC);
 }
 
+// Each held expert's linear layer on its block of rows (ops.hpp), as matmul_forward per expert,
+// or grouped: the biases preloaded, then one grouped product over the experts.
+template <typename F>
+void experts_forward(F* out, const F* inp, const F* weight, const F* bias, const int* counts,
+                     const int* offsets, int held, int IC, int OC) {
+  const bool grouped = device::grouped_experts();
+  std::vector<GroupedProduct> products;
+  for (int e = 0; e < held; e++) {
+    const int n = counts[e];
+    if (n == 0) continue;
+    const size_t r0 = size_t(offsets[e]);
+    const F* b = bias ? bias + size_t(e) * OC : nullptr;
+    const F* w = weight + size_t(e) * OC * IC;
+    if (!grouped) {
+      matmul_forward(out + r0 * OC, inp + r0 * IC, w, b, n, IC, OC);
+      continue;
+    }
+    if (b) bias_rows(out + r0 * OC, b, n, OC, /*add=*/false);
+    products.push_back({n, IC, inp + r0 * IC, w, out + r0 * OC, b ? 1.0f : 0.0f});
+  }
+  gemm_grouped(false, true, OC, 1.0f, products.data(), int(products.size()), IC, IC,
+               data_type<F>(), OC, data_type<F>());
+}
+
+template <typename F>
+void experts_backward(F* dinp, float* dweight, float* dbias, const F* dout, const F* inp,
+                      const F* weight, const int* counts, const int* offsets, int held, int IC,
+                      int OC) {
+  const bool grouped = device::grouped_experts();
+  // The weight gradient groups only where its operands are fp32 like the sum it adds into.
+  const bool group_dweight = grouped && data_type<F>() == CUDA_R_32F;
+  std::vector<GroupedProduct> dinps, dweights;
+  for (int e = 0; e < held; e++) {
+    const int n = counts[e];
+    if (n == 0) continue;
+    const size_t r0 = size_t(offsets[e]);
+    const F* w = weight + size_t(e) * OC * IC;
+    const F* dout_e = dout + r0 * OC;
+    const F* inp_e = inp + r0 * IC;
+    float* dw = dweight + size_t(e) * OC * IC;
+    float* db = dbias ? dbias + size_t(e) * OC : nullptr;
+    if (!grouped) {
+      matmul_backward(dinp ? dinp + r0 * IC : nullptr, dw, db, dout_e, inp_e, w, n, IC, OC);
+      continue;
+    }
+    if (dinp) dinps.push_back({n, OC, dout_e, w, dinp + r0 * IC, 1.0f});
+    if (group_dweight)
+      dweights.push_back({OC, n, dout_e, inp_e, dw, 1.0f});
+    else
+      gemm_ex(true, false, OC, IC, n, 1.0f, dout_e, OC, inp_e, IC, data_type<F>(), 1.0f, dw, IC,
+              CUDA_R_32F);
+    if (db) bias_backward(db, dout_e, n, OC);
+  }
+  gemm_grouped(false, false, IC, 1.0f, dinps.data(), int(dinps.size()), OC, IC, data_type<F>(),
+               IC, data_type<F>());
+  gemm_grouped(true, false, IC, 1.0f, dweights.data(), int(dweights.size()), OC, IC, CUDA_R_32F,
+               IC, CUDA_R_32F);
+}
+
 #define TESSERA_INSTANTIATE(F)                                                                     \
+  template void experts_forward<F>(F*, const F*, const F*, const F*, const int*, const int*, int, \
+                                   int, int);                                                     \
+  template void experts_backward<F>(F*, float*, float*, const F*, const F*, const F*, const int*, \
+                                    const int*, int, int, int);                                   \
   template void bias_add<F>(F*, const F*, int, int);                                             \
   template void matmul_forward<F>(F*, const F*, const F*, const F*, int, int, int);               \
   template void matmul_backward<F>(F*, float*, float*, const F*, const F*, const F*, int, int, int); \

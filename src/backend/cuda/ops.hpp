@@ -90,6 +90,21 @@ void bias_add(F* out, const F* bias, int N, int OC);
 template <typename F>
 void matmul_backward(F* dinp, float* dweight, float* dbias, const F* dout, const F* inp,
                      const F* weight, int N, int IC, int OC);
+// A mixture of experts' `held` linear layers, each on its block of rows (backend/cpu/ops.hpp):
+// expert e's rows start at offsets[e], counts[e] of them (host arrays). One cuBLAS GEMM per
+// expert and product, or with device::grouped_experts() (device.expert_gemm: grouped) one
+// cublasGemmGroupedBatchedEx over the experts per product; the bf16 weight gradient (bf16
+// operands into an fp32 sum) is a type combination the grouped call lacks: one GEMM per expert.
+// grouped_gemm_calls: cublasGemmGroupedBatchedEx calls since the process started (the tests'
+// evidence that grouped ran).
+long grouped_gemm_calls();
+template <typename F>
+void experts_forward(F* out, const F* inp, const F* weight, const F* bias, const int* counts,
+                     const int* offsets, int held, int IC, int OC);
+template <typename F>
+void experts_backward(F* dinp, float* dweight, float* dbias, const F* dout, const F* inp,
+                      const F* weight, const int* counts, const int* offsets, int held, int IC,
+                      int OC);
 // dbias (OC) += colsum(dout (N,OC)): matmul_backward's bias gradient alone (the FP8 GEMMs take
 // the bias gradient from the unquantized output gradient).
 template <typename F>

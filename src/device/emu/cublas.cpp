@@ -1,4 +1,4 @@
-// The CUDA emulator's cuBLAS: the handle calls and the two GEMMs the backend makes (gemm.cu), as
+// The CUDA emulator's cuBLAS: the handle calls and the three GEMMs the backend makes (gemm.cu), as
 // a reference product with cuBLAS's column-major meaning of every argument: transposes, leading
 // dimensions, batch strides, fp32 or bf16 operands, an fp32 or bf16 result, fp32 accumulation.
 //
@@ -163,6 +163,49 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
   return gemm("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda,
               strideA, B, Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount,
               computeType);
+}
+
+// Each product through gemm() above, its pointers read from the device arrays. Those arrays are
+// written by work queued before this call (a kernel, a copy): that work runs first, as the
+// grouped kernel would read them after it in stream order. cuBLAS's table for this call has A, B
+// and C of one type (fp32, or bf16 with fp32 compute): a bf16 product into fp32 C is refused.
+cublasStatus_t cublasGemmGroupedBatchedEx(
+    cublasHandle_t handle, const cublasOperation_t transa_array[],
+    const cublasOperation_t transb_array[], const int m_array[], const int n_array[],
+    const int k_array[], const void* alpha_array, const void* const Aarray[], cudaDataType_t Atype,
+    const int lda_array[], const void* const Barray[], cudaDataType_t Btype, const int ldb_array[],
+    const void* beta_array, void* const Carray[], cudaDataType_t Ctype, const int ldc_array[],
+    int group_count, const int group_size[], cublasComputeType_t computeType) {
+  static const char* call = "cublasGemmGroupedBatchedEx";
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (group_count < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (Ctype != Atype || Btype != Atype) return CUBLAS_STATUS_NOT_SUPPORTED;
+  long long total = 0;
+  for (int g = 0; g < group_count; g++) {
+    if (group_size[g] < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    total += group_size[g];
+  }
+  const size_t bytes = size_t(total) * sizeof(void*);
+  for (const void* arr : {static_cast<const void*>(Aarray), static_cast<const void*>(Barray),
+                          static_cast<const void*>(Carray)})
+    if (const std::string why = check_device_range(arr, bytes); bytes && !why.empty()) {
+      say(std::string(call) + ": a pointer array (" + std::to_string(bytes) + " bytes): " + why);
+      return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+  touch(handle->stream, call, {{Aarray, bytes, false}, {Barray, bytes, false}, {Carray, bytes, false}});
+  flush(handle->stream);
+  const float* alpha = static_cast<const float*>(alpha_array);
+  const float* beta = static_cast<const float*>(beta_array);
+  long long at = 0;
+  for (int g = 0; g < group_count; g++)
+    for (int j = 0; j < group_size[g]; j++, at++) {
+      const cublasStatus_t st =
+          gemm(call, handle, transa_array[g], transb_array[g], m_array[g], n_array[g],
+               k_array[g], alpha + g, Aarray[at], Atype, lda_array[g], 0, Barray[at], Btype,
+               ldb_array[g], 0, beta + g, Carray[at], Ctype, ldc_array[g], 0, 1, computeType);
+      if (st != CUBLAS_STATUS_SUCCESS) return st;
+    }
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 }  // extern "C"
