@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2154  # $deck: the sourcing script's
 # Sourced after lib.sh by the Hugging Face import tests (test_hf_*.sh): kept out of lib.sh, which
 # the GPU bundle carries without tools/interop (tools/gpu/bundle.sh).
 # The import tests' (test_hf_*.sh) helpers. eval_loss CKPT: `tessera eval`'s loss on 4 batches of
@@ -55,4 +56,39 @@ transformers_loads() {
     3) echo "    ($1 check skipped: $(tail -1 tf.log))" ;;
     *) fail "transformers' $1 on the export"; tail -5 tf.log ;;
   esac
+}
+
+# hf_deck FILE LR [OPTIM...]: FILE, the model section on stdin and then the import tests' run
+# (lib.sh's deck_run): 4 steps, optim.lr LR with 2 warmup steps (and each OPTIM, a "key: value"
+# line of optim), run.dir $WORK/ft.
+hf_deck() {
+  local file=$1 lr=$2
+  shift 2
+  { cat; deck_run 4 "$WORK/ft" "lr: $lr" "warmup_steps: 2" "$@"; } >"$file"
+}
+# import_against_deck SUMMARY LINE...: hf/pytorch_model.bin imported against $deck as imp.h5,
+# its summary on stderr (import.log) holding SUMMARY and the model section it prints (model.yaml)
+# each LINE, whole.
+import_against_deck() {
+  local summary=$1 line ok=1
+  shift
+  if $IMPORT hf/pytorch_model.bin --out imp.h5 --deck "$deck" >model.yaml 2>import.log &&
+     grep -qF -- "$summary" import.log; then
+    for line in "$@"; do grep -qxF -- "$line" model.yaml || ok=0; done
+  else
+    ok=0
+  fi
+  if [ "$ok" = 1 ]; then pass "import pytorch_model.bin: $(cat import.log)"
+  else fail "import pytorch_model.bin"; cat import.log model.yaml; fi
+}
+# same_imports: hf imported as a directory into dir.h5 (the deck it makes from config.json on
+# stdout, dir.yaml) and bare/model.safetensors (hf's weights without config.json) against $deck
+# into bare.h5; true when both equal imp.h5 to the bit and the Python on stdin, given imp.h5
+# bare.h5 dir.h5, passes.
+same_imports() {
+  $IMPORT hf --out dir.h5 >dir.yaml 2>&1
+  mkdir -p bare && cp hf/model.safetensors bare/
+  $IMPORT bare/model.safetensors --out bare.h5 --deck "$deck" >/dev/null 2>&1
+  $HF compare imp.h5 dir.h5 >/dev/null && $HF compare imp.h5 bare.h5 >/dev/null &&
+    "$PYTHON" - imp.h5 bare.h5 dir.h5
 }

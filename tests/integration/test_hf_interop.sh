@@ -12,13 +12,7 @@ $HF make --out hf >/dev/null || { fail "make the random HF GPT-2"; finish; }
 
 deck=$(tiny_deck ft)   # 2 layers, 2 heads, n_embd 32, block 32, T 16, B 4, mb 2, eval.batches 4
 # 1. Import the torch state dict against the deck: the model section on stdout.
-if $IMPORT hf/pytorch_model.bin --out imp.h5 --deck "$deck" >model.yaml 2>import.log &&
-   grep -q '^  n_embd: 32$' model.yaml && grep -q '^  vocab_size: 257$' model.yaml &&
-   grep -q 'hf-gpt2, 2 layers' import.log; then
-  pass "import pytorch_model.bin: $(cat import.log)"
-else
-  fail "import pytorch_model.bin"; cat import.log model.yaml
-fi
+import_against_deck 'hf-gpt2, 2 layers' '  n_embd: 32' '  vocab_size: 257'
 
 # 2. tessera eval equals the HF forward (float64, written from the HF names) to 1e-5.
 got=$(eval_loss imp.h5)

@@ -17,7 +17,7 @@ cd "$WORK" || exit 1
 $HF make --out hf >/dev/null || { fail "make the random HF LLaMAs"; finish; }
 
 deck=$WORK/llama.yaml
-cat >"$deck" <<DECK
+hf_deck "$deck" 3.0e-3 <<'MODEL'
 model:
   arch: llama
   n_layer: 2
@@ -28,39 +28,11 @@ model:
   block_size: 64
   norm_eps: 1.0e-6
   rope_theta: 500.0
-data:
-  train: $DATA/train.h5
-  val: $DATA/val.h5
-  seq_len: 16
-train:
-  steps: 4
-  batch_size: 4
-  micro_batch: 2
-  seed: 7
-optim:
-  lr: 3.0e-3
-  warmup_steps: 2
-eval:
-  batches: 4
-log:
-  every: 1
-  peak_gflops: 50
-checkpoint:
-  restart: none
-run:
-  dir: $WORK/ft
-DECK
+MODEL
 
 # 1. Import the torch state dict against the deck: the model section on stdout.
-if $IMPORT hf/pytorch_model.bin --out imp.h5 --deck "$deck" >model.yaml 2>import.log &&
-   grep -q '^  arch: llama$' model.yaml && grep -q '^  n_kv_head: 2$' model.yaml &&
-   grep -q '^  ffn_hidden: 96$' model.yaml && grep -q '^  tie_embeddings: false$' model.yaml &&
-   grep -q '^  norm_eps: 1.0e-06$' model.yaml && grep -q '^  rope_theta: 500.0$' model.yaml &&
-   grep -q 'hf-llama, 2 layers, 4 heads (2 key/value)' import.log; then
-  pass "import pytorch_model.bin: $(cat import.log)"
-else
-  fail "import pytorch_model.bin"; cat import.log model.yaml
-fi
+import_against_deck 'hf-llama, 2 layers, 4 heads (2 key/value)' '  arch: llama' '  n_kv_head: 2' \
+  '  ffn_hidden: 96' '  tie_embeddings: false' '  norm_eps: 1.0e-06' '  rope_theta: 500.0'
 
 # 2. tessera eval equals the HF LLaMA forward (float64, written from the HF names) to 1e-5, with
 # q_proj and k_proj as Hugging Face stores them; the same weights with the row permutation the
@@ -84,13 +56,9 @@ fi
 
 # 3. A model directory (model.safetensors + config.json) and the bare safetensors with --deck
 # (no config.json: the deck gives the heads, eps, theta and block) give the same tensors.
-$IMPORT hf --out dir.h5 >/dev/null 2>&1
-mkdir -p bare && cp hf/model.safetensors bare/
-$IMPORT bare/model.safetensors --out bare.h5 --deck "$deck" >/dev/null 2>&1
-if $HF compare imp.h5 dir.h5 >/dev/null && $HF compare imp.h5 bare.h5 >/dev/null &&
-   "$PYTHON" - imp.h5 bare.h5 <<'PY'
+if same_imports <<'PY'
 import sys, h5py
-a, b = (h5py.File(p, "r")["model"].attrs for p in sys.argv[1:])
+a, b = (h5py.File(p, "r")["model"].attrs for p in sys.argv[1:3])
 assert all(a[k] == b[k] for k in a), {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 assert not h5py.File(sys.argv[1], "r")["model/lm_head.weight"][257:].any()
 PY

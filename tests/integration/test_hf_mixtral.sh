@@ -20,7 +20,7 @@ $PYTHON "$ROOT/tests/integration/hf_qwen_moe.py" make --out hf/qwen3_moe --dense
   { fail "make the random HF Qwen3-MoE"; finish; }
 
 deck=$WORK/mixtral.yaml
-cat >"$deck" <<DECK
+hf_deck "$deck" 3.0e-3 <<'MODEL'
 model:
   arch: llama
   n_layer: 3
@@ -35,42 +35,13 @@ model:
     experts: 4
     top_k: 2
     ffn: 24
-data:
-  train: $DATA/train.h5
-  val: $DATA/val.h5
-  seq_len: 16
-train:
-  steps: 4
-  batch_size: 4
-  micro_batch: 2
-  seed: 7
-optim:
-  lr: 3.0e-3
-  warmup_steps: 2
-eval:
-  batches: 4
-log:
-  every: 1
-  peak_gflops: 50
-checkpoint:
-  restart: none
-run:
-  dir: $WORK/ft
-DECK
+MODEL
 
 # 1. Import against the deck: the model section, model.moe included, on stdout. Mixtral's
 # router_aux_loss_coef 0.02 is one loss over all 3 layers, 2 choices a token: 0.02 x 2 / 3 a layer.
-if $IMPORT hf/pytorch_model.bin --out imp.h5 --deck "$deck" >model.yaml 2>import.log &&
-   grep -q '^  arch: llama$' model.yaml && grep -q '^  ffn_hidden: 24$' model.yaml &&
-   grep -q '^  moe:$' model.yaml && grep -q '^    experts: 4$' model.yaml &&
-   grep -q '^    top_k: 2$' model.yaml && grep -q '^    ffn: 24$' model.yaml &&
-   grep -q '^    score: softmax$' model.yaml && grep -q '^    renormalize: true$' model.yaml &&
-   grep -q '^    aux_loss: 0.0133333333333$' model.yaml &&
-   grep -q 'hf-mixtral, 3 layers, 4 heads (2 key/value), 4 experts (top 2) of width 24' import.log; then
-  pass "import pytorch_model.bin: $(cat import.log)"
-else
-  fail "import pytorch_model.bin"; cat import.log model.yaml
-fi
+import_against_deck 'hf-mixtral, 3 layers, 4 heads (2 key/value), 4 experts (top 2) of width 24' \
+  '  arch: llama' '  ffn_hidden: 24' '  moe:' '    experts: 4' '    top_k: 2' '    ffn: 24' \
+  '    score: softmax' '    renormalize: true' '    aux_loss: 0.0133333333333'
 
 # 2. tessera eval equals Mixtral's forward (float64, by the HF names) to 1e-5; the same weights
 # with each expert's w1 and w3 exchanged give another loss, so gate and up taken the wrong way
@@ -91,11 +62,7 @@ fi
 
 # 3. A model directory (its deck made from config.json) and the bare safetensors with --deck (no
 # config.json) give the same tensors and /model attributes; the made deck evaluates.
-$IMPORT hf --out dir.h5 >dir.yaml 2>&1
-mkdir -p bare && cp hf/model.safetensors bare/
-$IMPORT bare/model.safetensors --out bare.h5 --deck "$deck" >/dev/null 2>&1
-if $HF compare imp.h5 dir.h5 >/dev/null && $HF compare imp.h5 bare.h5 >/dev/null &&
-   "$PYTHON" - imp.h5 bare.h5 dir.h5 <<'PY'
+if same_imports <<'PY'
 import sys, h5py, yaml
 a, b = (h5py.File(p, "r")["model"].attrs for p in sys.argv[1:3])
 assert all(a[k] == b[k] for k in a) and set(a) == set(b), {k: (a[k], b.get(k)) for k in a}

@@ -18,7 +18,7 @@ cd "$WORK" || exit 1
 $HF make --out hf >/dev/null || { fail "make the random HF Qwen3-MoE"; finish; }
 
 deck=$WORK/qwen.yaml
-cat >"$deck" <<DECK
+hf_deck "$deck" 1.0e-3 "eps: 1.0e-6" <<'MODEL'
 model:
   arch: llama
   n_layer: 3
@@ -36,44 +36,14 @@ model:
     ffn: 24
     first_dense: 1
     renormalize: false
-data:
-  train: $DATA/train.h5
-  val: $DATA/val.h5
-  seq_len: 16
-train:
-  steps: 4
-  batch_size: 4
-  micro_batch: 2
-  seed: 7
-optim:
-  lr: 1.0e-3
-  warmup_steps: 2
-  eps: 1.0e-6
-eval:
-  batches: 4
-log:
-  every: 1
-  peak_gflops: 50
-checkpoint:
-  restart: none
-run:
-  dir: $WORK/ft
-DECK
+MODEL
 
 # 1. Import against the deck: the model section, q/k norms and model.moe included, on stdout.
 # Qwen3-MoE's router_aux_loss_coef 0.02 is one loss over its 2 MoE layers, 2 choices a token:
 # 0.02 x 2 / 2 a layer.
-if $IMPORT hf/pytorch_model.bin --out imp.h5 --deck "$deck" >model.yaml 2>import.log &&
-   grep -q '^  arch: llama$' model.yaml && grep -q '^  ffn_hidden: 40$' model.yaml &&
-   grep -q '^  qk_norm: true$' model.yaml && grep -q '^    experts: 4$' model.yaml &&
-   grep -q '^    ffn: 24$' model.yaml && grep -q '^    first_dense: 1$' model.yaml &&
-   grep -q '^    every: 1$' model.yaml && grep -q '^    renormalize: false$' model.yaml &&
-   grep -q '^    aux_loss: 0.02$' model.yaml &&
-   grep -q 'hf-qwen3-moe, 3 layers, 4 heads (2 key/value), 4 experts (top 2) of width 24' import.log; then
-  pass "import pytorch_model.bin: $(cat import.log)"
-else
-  fail "import pytorch_model.bin"; cat import.log model.yaml
-fi
+import_against_deck 'hf-qwen3-moe, 3 layers, 4 heads (2 key/value), 4 experts (top 2) of width 24' \
+  '  arch: llama' '  ffn_hidden: 40' '  qk_norm: true' '    experts: 4' '    ffn: 24' \
+  '    first_dense: 1' '    every: 1' '    renormalize: false' '    aux_loss: 0.02'
 
 # 2. tessera eval equals Qwen3-MoE's forward (float64, by the HF names) to 1e-5; the forward with
 # one convention wrong (no q/k norms, norm_topk_prob flipped, gate and up exchanged) gives
@@ -94,11 +64,7 @@ fi
 
 # 3. A model directory (its deck made from config.json) and the bare safetensors with --deck (no
 # config.json) give the same tensors and /model attributes; the made deck evaluates.
-$IMPORT hf --out dir.h5 >dir.yaml 2>&1
-mkdir -p bare && cp hf/model.safetensors bare/
-$IMPORT bare/model.safetensors --out bare.h5 --deck "$deck" >/dev/null 2>&1
-if $HF compare imp.h5 dir.h5 >/dev/null && $HF compare imp.h5 bare.h5 >/dev/null &&
-   "$PYTHON" - imp.h5 bare.h5 dir.h5 <<'PY'
+if same_imports <<'PY'
 import sys, h5py, yaml
 a, b = (h5py.File(p, "r")["model"].attrs for p in sys.argv[1:3])
 assert all(a[k] == b[k] for k in a) and set(a) == set(b), {k: (a[k], b.get(k)) for k in a}
