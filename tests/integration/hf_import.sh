@@ -92,3 +92,34 @@ same_imports() {
   $HF compare imp.h5 dir.h5 >/dev/null && $HF compare imp.h5 bare.h5 >/dev/null &&
     "$PYTHON" - imp.h5 bare.h5 dir.h5
 }
+# trained_round_trip DIR ROWS...: DIR's step-4 checkpoint exported to exp_trained/ and imported
+# back against $deck as trained_back.h5; true when every tensor equals the checkpoint's to the bit
+# (for each ROWS, NAME:N, NAME's first N rows: the padding rows are not exported; `$HF compare`'s
+# words in trained.cmp) and both evaluate to the same loss.
+trained_round_trip() {
+  local dir=$1 rows=() r a b
+  shift
+  for r in "$@"; do rows+=(--rows "$r"); done
+  $EXPORT "$dir" --out exp_trained >/dev/null 2>&1
+  $IMPORT exp_trained --out trained_back.h5 --deck "$deck" >/dev/null 2>&1
+  $HF compare "$dir/step_00000004.h5" trained_back.h5 "${rows[@]}" >trained.cmp || return 1
+  a=$(eval_loss "$dir") && b=$(eval_loss trained_back.h5) && [ -n "$a" ] && [ "$a" = "$b" ]
+}
+# fine_tune NAME NP [OVERRIDE...]: $deck trained from imp.h5 (checkpoint.init_from) on NP ranks of
+# one thread, with the OVERRIDEs, in $WORK/NAME (the log NAME.log); 5 minutes at most.
+fine_tune() {
+  local name=$1 np=$2
+  shift 2
+  # shellcheck disable=SC2086  # MPIEXEC may carry its options
+  OMP_NUM_THREADS=1 timeout 300 $MPIEXEC -n "$np" "$TESSERA" train "$deck" \
+    checkpoint.init_from=imp.h5 run.dir="$WORK/$name" "$@" >"$name.log" 2>&1
+}
+# runs_agree REF NAME STEP [OPTION...]: tests/integration/compare_runs.py on the runs in REF/ and
+# NAME/, their losses and step STEP's checkpoints, within its tolerances or the OPTIONs; prints its
+# summary.
+runs_agree() {
+  local ckpt
+  ckpt=checkpoints/step_$(printf %08d "$3").h5
+  "$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$1/metrics.jsonl" "$1/$ckpt" \
+    "$2/metrics.jsonl" "$2/$ckpt" "${@:4}"
+}

@@ -78,15 +78,10 @@ reimported
 # 5. A trained tessera checkpoint -> HF -> tessera: every tensor to the bit (wte's real rows:
 # the padding rows are dropped on export), and the same eval loss to the printed digit.
 "$TESSERA" train "$deck" train.steps=4 run.dir="$WORK/trained" >trained.log 2>&1 || fail "train"
-trained=$WORK/trained/checkpoints
-$EXPORT "$trained" --out exp_trained >/dev/null 2>&1
-$IMPORT exp_trained --out trained_back.h5 --deck "$deck" >/dev/null 2>&1
-if $HF compare "$trained/step_00000004.h5" trained_back.h5 --rows wte:257 >/dev/null &&
-   [ "$("$TESSERA" eval "$trained" --data "$DATA/val.h5" | sed 's/.*loss //')" = \
-     "$("$TESSERA" eval trained_back.h5 --data "$DATA/val.h5" | sed 's/.*loss //')" ]; then
+if trained_round_trip "$WORK/trained/checkpoints" wte:257; then
   pass "trained checkpoint -> export -> import: tensors to the bit, same eval loss"
 else
-  fail "trained round trip: $($HF compare "$trained/step_00000004.h5" trained_back.h5 --rows wte:257)"
+  fail "trained round trip: $(cat trained.cmp)"
 fi
 
 # 6. checkpoint.init_from: step 0's val_loss is the imported model's, a fresh optimizer trains
@@ -104,13 +99,11 @@ fi
 # each layout's rounding noise there into full-size steps of its own sign.
 for layout in "parallel.tp=2" "parallel.pp=2"; do
   name=${layout#parallel.}; name=${name/=/}
-  OMP_NUM_THREADS=1 $MPIEXEC -n 2 "$TESSERA" train "$deck" checkpoint.init_from=imp.h5 train.steps=6 "$layout" \
-    run.dir="$WORK/ft_$name" >"init_$name.log" 2>&1
-  if "$PYTHON" "$ROOT/tests/integration/compare_runs.py" ft/metrics.jsonl ft/checkpoints/step_00000006.h5 \
-       "ft_$name/metrics.jsonl" "ft_$name/checkpoints/step_00000006.h5" --param-norm-tol 1e-4 >cmp.txt 2>&1; then
+  fine_tune "ft_$name" 2 train.steps=6 "$layout"
+  if runs_agree ft "ft_$name" 6 --param-norm-tol 1e-4 >cmp.txt 2>&1; then
     pass "init_from on 2 ranks ($layout) = the 1-rank run: $(cat cmp.txt)"
   else
-    fail "init_from $layout: $(tail -2 cmp.txt)"; tail -3 "init_$name.log"
+    fail "init_from $layout: $(tail -2 cmp.txt)"; tail -3 "ft_$name.log"
   fi
 done
 # A requeued fine-tuning job continues its own checkpoint, not the imported weights.

@@ -138,15 +138,10 @@ fi
 # 6. A trained tessera LLaMA -> HF -> tessera: every tensor to the bit (the real rows of the
 # embedding and the head) and the same eval loss; checkpoint.init_from starts from the import.
 "$TESSERA" train "$deck" run.dir="$WORK/trained" >trained.log 2>&1 || fail "train"
-trained=$WORK/trained/checkpoints
-$EXPORT "$trained" --out exp_trained >/dev/null 2>&1
-$IMPORT exp_trained --out trained_back.h5 --deck "$deck" >/dev/null 2>&1
-if $HF compare "$trained/step_00000004.h5" trained_back.h5 --rows embed_tokens.weight:257 \
-     --rows lm_head.weight:257 >/dev/null &&
-   [ "$(eval_loss "$trained")" = "$(eval_loss trained_back.h5)" ]; then
+if trained_round_trip "$WORK/trained/checkpoints" embed_tokens.weight:257 lm_head.weight:257; then
   pass "trained LLaMA checkpoint -> export -> import: tensors to the bit, same eval loss"
 else
-  fail "trained round trip: $($HF compare "$trained/step_00000004.h5" trained_back.h5 --rows embed_tokens.weight:257 --rows lm_head.weight:257)"
+  fail "trained round trip: $(cat trained.cmp)"
 fi
 "$TESSERA" train "$deck" checkpoint.init_from=imp.h5 train.steps=3 >init.log 2>&1
 v0=$(first_val_loss ft/metrics.jsonl)
@@ -157,13 +152,11 @@ else
   fail "init_from run (val_loss '$v0', eval '$got')"; tail -3 init.log
 fi
 # tp=2 splits the 2 key/value heads one per rank: the 1-rank run's losses and tensors.
-OMP_NUM_THREADS=1 $MPIEXEC -n 2 "$TESSERA" train "$deck" checkpoint.init_from=imp.h5 train.steps=3 \
-  parallel.tp=2 run.dir="$WORK/ft_tp2" >init_tp2.log 2>&1
-if "$PYTHON" "$ROOT/tests/integration/compare_runs.py" ft/metrics.jsonl ft/checkpoints/step_00000003.h5 \
-     ft_tp2/metrics.jsonl ft_tp2/checkpoints/step_00000003.h5 >cmp.txt 2>&1; then
+fine_tune ft_tp2 2 train.steps=3 parallel.tp=2
+if runs_agree ft ft_tp2 3 >cmp.txt 2>&1; then
   pass "init_from on tp=2 = the 1-rank run: $(cat cmp.txt)"
 else
-  fail "init_from tp=2: $(tail -2 cmp.txt)"; tail -3 init_tp2.log
+  fail "init_from tp=2: $(tail -2 cmp.txt)"; tail -3 ft_tp2.log
 fi
 
 # 7. Import errors: one line naming the tensor, the key and the values, exit 2, nothing written.
