@@ -81,16 +81,26 @@ import_against_deck() {
   if [ "$ok" = 1 ]; then pass "import pytorch_model.bin: $(cat import.log)"
   else fail "import pytorch_model.bin"; cat import.log model.yaml; fi
 }
-# same_imports: hf imported as a directory into dir.h5 (the deck it makes from config.json on
-# stdout, dir.yaml) and bare/model.safetensors (hf's weights without config.json) against $deck
-# into bare.h5; true when both equal imp.h5 to the bit and the Python on stdin, given imp.h5
-# bare.h5 dir.h5, passes.
+# same_imports MESSAGE [evaluate]: hf imported as a directory into dir.h5 (the deck it makes from
+# config.json on stdout, dir.yaml) and bare/model.safetensors (hf's weights without config.json)
+# against $deck into bare.h5: PASS MESSAGE when both equal imp.h5 to the bit and the Python on
+# stdin, given imp.h5 bare.h5 dir.h5, passes (with `evaluate`, and tessera evaluates dir.h5 on the
+# deck the import made: PASS "MESSAGE (its loss)").
 same_imports() {
+  local d
   $IMPORT hf --out dir.h5 >dir.yaml 2>&1
   mkdir -p bare && cp hf/model.safetensors bare/
   $IMPORT bare/model.safetensors --out bare.h5 --deck "$deck" >/dev/null 2>&1
-  $HF compare imp.h5 dir.h5 >/dev/null && $HF compare imp.h5 bare.h5 >/dev/null &&
-    "$PYTHON" - imp.h5 bare.h5 dir.h5
+  if ! { $HF compare imp.h5 dir.h5 >/dev/null && $HF compare imp.h5 bare.h5 >/dev/null &&
+         "$PYTHON" - imp.h5 bare.h5 dir.h5; }; then
+    fail "imports differ: $($HF compare imp.h5 dir.h5) / $($HF compare imp.h5 bare.h5)"; cat dir.yaml
+  elif [ "${2:-}" != evaluate ]; then
+    pass "$1"
+  elif d=$(eval_loss dir.h5) && [ -n "$d" ]; then
+    pass "$1 ($d)"
+  else
+    fail "tessera eval of the directory import (its made deck)"
+  fi
 }
 # trained_round_trip DIR ROWS...: DIR's step-4 checkpoint exported to exp_trained/ and imported
 # back against $deck as trained_back.h5; true when every tensor equals the checkpoint's to the bit
@@ -122,4 +132,12 @@ runs_agree() {
   ckpt=checkpoints/step_$(printf %08d "$3").h5
   "$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$1/metrics.jsonl" "$1/$ckpt" \
     "$2/metrics.jsonl" "$2/$ckpt" "${@:4}"
+}
+# export_error NAME PATTERN SRC [ARGS...]: tools/interop/export_weights.py SRC --out exp_bad refused
+# with one line matching PATTERN, exit 2 (each script then finds exp_bad empty).
+export_error() {
+  local name=$1 pattern=$2 src=$3
+  shift 3
+  expect_error "export: $name" 2 "$pattern" "$PYTHON" "$ROOT/tools/interop/export_weights.py" "$src" \
+    --out exp_bad "$@"
 }

@@ -160,8 +160,8 @@ expect_error "import: a missing source (I/O, exit 1)" 1 "nothing.bin: no such fi
 
 # 9. Export errors.
 mkdir -p exp_bad
-expect_error "export: not a checkpoint" 2 "val.h5: not a tessera checkpoint" $EXPORT "$DATA/val.h5" --out exp_bad
-expect_error "export: unknown format" 2 "unknown layout 'hf-t5'" $EXPORT imp.h5 --out exp_bad --format hf-t5
+export_error "not a checkpoint" "val.h5: not a tessera checkpoint" "$DATA/val.h5"
+export_error "unknown format" "unknown layout 'hf-t5'" imp.h5 --format hf-t5
 cp imp.h5 corrupt.h5
 "$PYTHON" -c 'import h5py; f=h5py.File("corrupt.h5","r+"); d=f["model/h.1.mlp.c_fc.weight"]; d[0,0]+=1'
 expect_error "export: checksum" 1 "corrupt.h5: checksum mismatch in /model/h.1.mlp.c_fc.weight" $EXPORT corrupt.h5 --out exp_bad

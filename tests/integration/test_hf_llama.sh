@@ -56,17 +56,12 @@ fi
 
 # 3. A model directory (model.safetensors + config.json) and the bare safetensors with --deck
 # (no config.json: the deck gives the heads, eps, theta and block) give the same tensors.
-if same_imports <<'PY'
+same_imports "directory, safetensors without config.json (--deck) and torch.load imports equal to the bit, shape attributes too" <<'PY'
 import sys, h5py
 a, b = (h5py.File(p, "r")["model"].attrs for p in sys.argv[1:3])
 assert all(a[k] == b[k] for k in a), {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 assert not h5py.File(sys.argv[1], "r")["model/lm_head.weight"][257:].any()
 PY
-then
-  pass "directory, safetensors without config.json (--deck) and torch.load imports equal to the bit, shape attributes too"
-else
-  fail "imports differ: $($HF compare imp.h5 dir.h5) / $($HF compare imp.h5 bare.h5)"
-fi
 
 # 3b. Meta's original layout (consolidated.00.pth, params.json; wq and wk rows in Meta's
 # interleaved pairs, made from the HF model by the inverse of Hugging Face's permute): the import
@@ -193,12 +188,12 @@ import_error "deck n_embd (no config.json)" "deck_embd.yaml: model.n_embd = 64, 
 
 # 8. Export errors: a format that cannot hold the model; nothing written.
 mkdir -p exp_bad
-expect_error "export: a llama checkpoint as hf-gpt2" 2 "imp.h5: a llama model; the hf-gpt2 format holds gpt2 models \(GPT2LMHeadModel\)" \
-  $EXPORT imp.h5 --out exp_bad --format hf-gpt2
+export_error "a llama checkpoint as hf-gpt2" "imp.h5: a llama model; the hf-gpt2 format holds gpt2 models \(GPT2LMHeadModel\)" \
+  imp.h5 --format hf-gpt2
 "$TESSERA" train "$(tiny_deck untied)" model.tie_embeddings=false train.steps=0 >untied.log 2>&1
-expect_error "export: an untied GPT-2" 2 "step_00000000.h5: the model's tensor lm_head.weight has no place in the hf-gpt2 layout \(GPT2LMHeadModel\)" \
-  $EXPORT "$WORK/untied/checkpoints" --out exp_bad
-expect_error "export: --format meta-llama" 2 "--format meta-llama: an import layout only \(export formats: hf-gpt2, hf-llama, hf-mixtral, hf-qwen3-moe\)" \
-  $EXPORT imp.h5 --out exp_bad --format meta-llama
+export_error "an untied GPT-2" "step_00000000.h5: the model's tensor lm_head.weight has no place in the hf-gpt2 layout \(GPT2LMHeadModel\)" \
+  "$WORK/untied/checkpoints"
+export_error "--format meta-llama" "--format meta-llama: an import layout only \(export formats: hf-gpt2, hf-llama, hf-mixtral, hf-qwen3-moe\)" \
+  imp.h5 --format meta-llama
 if [ -z "$(ls -A exp_bad)" ]; then pass "export errors wrote nothing"; else fail "export errors wrote $(ls exp_bad)"; fi
 finish

@@ -62,7 +62,8 @@ fi
 
 # 3. A model directory (its deck made from config.json) and the bare safetensors with --deck (no
 # config.json) give the same tensors and /model attributes; the made deck evaluates.
-if same_imports <<'PY'
+same_imports "directory, bare safetensors (--deck) and torch.load imports equal to the bit; the made deck evaluates" \
+  evaluate <<'PY'
 import sys, h5py, yaml
 a, b = (h5py.File(p, "r")["model"].attrs for p in sys.argv[1:3])
 assert all(a[k] == b[k] for k in a) and set(a) == set(b), {k: (a[k], b.get(k)) for k in a}
@@ -71,13 +72,6 @@ moe = yaml.safe_load(h5py.File(sys.argv[3], "r").attrs["deck"])["model"]["moe"]
 assert moe == {"experts": 4, "top_k": 2, "ffn": 24, "every": 1, "first_dense": 0,
                "score": "softmax", "renormalize": True, "aux_loss": 0.0133333333333}, moe
 PY
-then
-  d=$(eval_loss dir.h5)
-  if [ -n "$d" ]; then pass "directory, bare safetensors (--deck) and torch.load imports equal to the bit; the made deck evaluates ($d)"
-  else fail "tessera eval of the directory import (its made deck)"; fi
-else
-  fail "imports differ: $($HF compare imp.h5 dir.h5) / $($HF compare imp.h5 bare.h5)"; cat dir.yaml
-fi
 
 # 4. HF -> tessera (the deck made from config.json) -> HF gives every tensor back to the bit, and
 # config.json every key of the original (MixtralConfig's; router_aux_loss_coef 0.02 through
@@ -142,19 +136,19 @@ import_error "Qwen3-MoE without config.json, Mixtral's deck" "mixtral.yaml: mode
 
 # 7. Export errors: a model Mixtral cannot hold; nothing written.
 mkdir -p exp_bad
-expect_error "export: an MoE model as hf-llama" 2 "imp.h5: a mixture-of-experts model \(4 experts\): the hf-llama layout \(LlamaForCausalLM\) has none" \
-  $EXPORT imp.h5 --out exp_bad --format hf-llama
+export_error "an MoE model as hf-llama" "imp.h5: a mixture-of-experts model \(4 experts\): the hf-llama layout \(LlamaForCausalLM\) has none" \
+  imp.h5 --format hf-llama
 "$TESSERA" train "$deck" train.steps=0 model.moe.every=2 run.dir="$WORK/every2" >every2.log 2>&1
-expect_error "export: MoE every second layer" 2 "step_00000000.h5: model.moe.every 2 and first_dense 0 leave dense layers: MixtralForCausalLM routes every layer through experts" \
-  $EXPORT "$WORK/every2/checkpoints" --out exp_bad
+export_error "MoE every second layer" "step_00000000.h5: model.moe.every 2 and first_dense 0 leave dense layers: MixtralForCausalLM routes every layer through experts" \
+  "$WORK/every2/checkpoints"
 "$TESSERA" train "$deck" train.steps=0 model.moe.score=sigmoid run.dir="$WORK/sigmoid" >sigmoid.log 2>&1
-expect_error "export: sigmoid scores" 2 "step_00000000.h5: the deck's model.moe.score is 'sigmoid': MixtralForCausalLM routes with score 'softmax'" \
-  $EXPORT "$WORK/sigmoid/checkpoints" --out exp_bad
+export_error "sigmoid scores" "step_00000000.h5: the deck's model.moe.score is 'sigmoid': MixtralForCausalLM routes with score 'softmax'" \
+  "$WORK/sigmoid/checkpoints"
 "$TESSERA" train deck_dense.yaml train.steps=0 run.dir="$WORK/dense" >dense.log 2>&1
-expect_error "export: a dense LLaMA as hf-mixtral" 2 "step_00000000.h5: a dense model: the hf-mixtral layout \(MixtralForCausalLM\) has experts in every layer" \
-  $EXPORT "$WORK/dense/checkpoints" --out exp_bad --format hf-mixtral
+export_error "a dense LLaMA as hf-mixtral" "step_00000000.h5: a dense model: the hf-mixtral layout \(MixtralForCausalLM\) has experts in every layer" \
+  "$WORK/dense/checkpoints" --format hf-mixtral
 "$TESSERA" train "$(tiny_deck gpt2moe)" train.steps=0 model.moe.experts=4 >gpt2moe.log 2>&1
-expect_error "export: a GPT-2 with experts" 2 "step_00000000.h5: a gpt2 model with 4 experts: no export format holds it" \
-  $EXPORT "$WORK/gpt2moe/checkpoints" --out exp_bad
+export_error "a GPT-2 with experts" "step_00000000.h5: a gpt2 model with 4 experts: no export format holds it" \
+  "$WORK/gpt2moe/checkpoints"
 if [ -z "$(ls -A exp_bad)" ]; then pass "export errors wrote nothing"; else fail "export errors wrote $(ls exp_bad)"; fi
 finish

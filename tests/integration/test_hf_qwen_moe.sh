@@ -64,7 +64,8 @@ fi
 
 # 3. A model directory (its deck made from config.json) and the bare safetensors with --deck (no
 # config.json) give the same tensors and /model attributes; the made deck evaluates.
-if same_imports <<'PY'
+same_imports "directory, bare safetensors (--deck) and torch.load imports equal to the bit; the made deck evaluates" \
+  evaluate <<'PY'
 import sys, h5py, yaml
 a, b = (h5py.File(p, "r")["model"].attrs for p in sys.argv[1:3])
 assert all(a[k] == b[k] for k in a) and set(a) == set(b), {k: (a[k], b.get(k)) for k in a}
@@ -75,13 +76,6 @@ assert model["qk_norm"] is True, model
 assert model["moe"] == {"experts": 4, "top_k": 2, "ffn": 24, "every": 1, "first_dense": 1,
                         "score": "softmax", "renormalize": False, "aux_loss": 0.02}, model["moe"]
 PY
-then
-  d=$(eval_loss dir.h5)
-  if [ -n "$d" ]; then pass "directory, bare safetensors (--deck) and torch.load imports equal to the bit; the made deck evaluates ($d)"
-  else fail "tessera eval of the directory import (its made deck)"; fi
-else
-  fail "imports differ: $($HF compare imp.h5 dir.h5) / $($HF compare imp.h5 bare.h5)"; cat dir.yaml
-fi
 
 # 4. HF -> tessera (the deck made from config.json) -> HF gives every tensor back to the bit, and
 # config.json every key of the original (Qwen3MoeConfig's; mlp_only_layers [0] through
@@ -159,17 +153,17 @@ import_error "deck model.moe.first_dense" "deck_fd0.yaml: model.moe.first_dense 
 
 # 7. Export errors: a model Qwen3-MoE (or Mixtral, or LLaMA) cannot hold; nothing written.
 mkdir -p exp_bad
-expect_error "export: q/k norms as hf-mixtral" 2 "imp.h5: q/k norms \(model.qk_norm\): the hf-mixtral layout \(MixtralForCausalLM\) has none" \
-  $EXPORT imp.h5 --out exp_bad --format hf-mixtral
+export_error "q/k norms as hf-mixtral" "imp.h5: q/k norms \(model.qk_norm\): the hf-mixtral layout \(MixtralForCausalLM\) has none" \
+  imp.h5 --format hf-mixtral
 "$TESSERA" train "$deck" train.steps=0 model.qk_norm=false run.dir="$WORK/noqk" >noqk.log 2>&1
-expect_error "export: no q/k norms as hf-qwen3-moe" 2 "step_00000000.h5: no q/k norms \(model.qk_norm false\): the hf-qwen3-moe layout \(Qwen3MoeForCausalLM\) normalises each head's q and k" \
-  $EXPORT "$WORK/noqk/checkpoints" --out exp_bad --format hf-qwen3-moe
+export_error "no q/k norms as hf-qwen3-moe" "step_00000000.h5: no q/k norms \(model.qk_norm false\): the hf-qwen3-moe layout \(Qwen3MoeForCausalLM\) normalises each head's q and k" \
+  "$WORK/noqk/checkpoints" --format hf-qwen3-moe
 sed '/^  moe:$/,/^    renormalize: false$/d' "$deck" >deck_dense.yaml
 "$TESSERA" train deck_dense.yaml train.steps=0 run.dir="$WORK/dense" >dense.log 2>&1
-expect_error "export: a dense LLaMA with q/k norms" 2 "step_00000000.h5: a llama model with 0 experts and q/k norms: no export format holds it" \
-  $EXPORT "$WORK/dense/checkpoints" --out exp_bad
+export_error "a dense LLaMA with q/k norms" "step_00000000.h5: a llama model with 0 experts and q/k norms: no export format holds it" \
+  "$WORK/dense/checkpoints"
 "$TESSERA" train "$deck" train.steps=0 model.moe.score=sigmoid run.dir="$WORK/sigmoid" >sigmoid.log 2>&1
-expect_error "export: sigmoid scores" 2 "step_00000000.h5: the deck's model.moe.score is 'sigmoid': Qwen3MoeForCausalLM routes with score 'softmax'" \
-  $EXPORT "$WORK/sigmoid/checkpoints" --out exp_bad
+export_error "sigmoid scores" "step_00000000.h5: the deck's model.moe.score is 'sigmoid': Qwen3MoeForCausalLM routes with score 'softmax'" \
+  "$WORK/sigmoid/checkpoints"
 if [ -z "$(ls -A exp_bad)" ]; then pass "export errors wrote nothing"; else fail "export errors wrote $(ls exp_bad)"; fi
 finish
