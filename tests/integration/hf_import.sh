@@ -1,63 +1,18 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2154  # $deck: the sourcing script's
-# Sourced after lib.sh by the Hugging Face import tests (test_hf_*.sh): kept out of lib.sh, which
-# the GPU bundle carries without tools/interop (tools/gpu/bundle.sh).
-# The import tests' (test_hf_*.sh) helpers. eval_loss CKPT: `tessera eval`'s loss on 4 batches of
-# the test data's val.h5. close A B RTOL: |A - B| <= RTOL |B|. import_error NAME PATTERN SRC
-# [ARGS...]: tools/interop/import_weights.py SRC refused with one line matching PATTERN, exit 2,
-# and no bad.h5 written.
+# The Hugging Face import tests' (test_hf_*.sh) helpers, sourced after lib.sh: kept out of lib.sh,
+# which the GPU bundle carries without tools/interop (tools/gpu/bundle.sh). The steps the four
+# scripts take alike, in the order they take them; each script keeps its own assertions (the lines,
+# the Python on a helper's stdin, the messages) and calls them in $WORK with its names: $HF, its
+# maker of the random HF model (whose `compare A B` says whether two weight files hold the same
+# tensors to the bit), hf/, that model's directory (model.safetensors, pytorch_model.bin,
+# config.json), $deck, and imp.h5, hf imported against it.
 IMPORT="$PYTHON $ROOT/tools/interop/import_weights.py"
 EXPORT="$PYTHON $ROOT/tools/interop/export_weights.py"
+# eval_loss CKPT: `tessera eval`'s loss on 4 batches of the test data's val.h5.
 eval_loss() { "$TESSERA" eval "$1" --data "$DATA/val.h5" --batches 4 | sed -n 's/.*loss \([0-9.]*\)$/\1/p'; }
+# close A B RTOL: |A - B| <= RTOL |B|.
 close() { "$PYTHON" -c "import sys; a,b=float('$1'),float('$2'); sys.exit(not abs(a-b) <= $3*abs(b))"; }
-import_error() {
-  local name=$1 pattern=$2 src=$3
-  shift 3
-  rm -f bad.h5
-  expect_error "import: $name" 2 "$pattern" "$PYTHON" "$ROOT/tools/interop/import_weights.py" "$src" \
-    --out bad.h5 "$@"
-  if [ -e bad.h5 ] || ls bad.h5.* >/dev/null 2>&1; then fail "import: $name: wrote bad.h5"; fi
-}
-# first_val_loss METRICS: the first val_loss of a run's metrics.jsonl (step 0's); nothing where
-# there is none.
-first_val_loss() {
-  "$PYTHON" -c 'import json,sys
-print([json.loads(l) for l in open(sys.argv[1]) if "val_loss" in l][0]["val_loss"])' "$1" 2>/dev/null
-}
-
-# The rest run in $WORK on the script's names: $HF, its maker of the random HF model (with its
-# `compare A B` of two weight files, to the bit, and `transformers`), and hf/, that model's
-# directory (model.safetensors, pytorch_model.bin, config.json); imp.h5 is hf imported against the
-# script's $deck.
-# exported CKPT: CKPT exported to exp/ (model.safetensors, pytorch_model.bin, config.json; stderr
-# in export.log); true when both weight files equal hf/'s to the bit and the Python on stdin,
-# given the folders hf and exp, passes.
-exported() {
-  $EXPORT "$1" --out exp --torch-bin 2>export.log &&
-    $HF compare hf/model.safetensors exp/model.safetensors >/dev/null &&
-    $HF compare hf/pytorch_model.bin exp/pytorch_model.bin >/dev/null &&
-    "$PYTHON" - hf exp
-}
-# reimported: exp/ imported again gives imp.h5's tensors to the bit.
-reimported() {
-  $IMPORT exp --out reimp.h5 >/dev/null 2>&1
-  if $HF compare imp.h5 reimp.h5 >/dev/null; then
-    pass "import -> export -> import: the checkpoint's tensors to the bit"
-  else
-    fail "re-import differs: $($HF compare imp.h5 reimp.h5)"
-  fi
-}
-# transformers_loads CLASS: transformers' own CLASS on exp/ (`$HF transformers`, exit 3 where
-# $PYTHON has no transformers: skipped).
-transformers_loads() {
-  $HF transformers --dir exp --data "$DATA/val.h5" --seq-len 16 --windows 4 >tf.log 2>&1
-  case $? in
-    0) pass "$(cat tf.log)" ;;
-    3) echo "    ($1 check skipped: $(tail -1 tf.log))" ;;
-    *) fail "transformers' $1 on the export"; tail -5 tf.log ;;
-  esac
-}
-
 # hf_deck FILE LR [OPTIM...]: FILE, the model section on stdin and then the import tests' run
 # (lib.sh's deck_run): 4 steps, optim.lr LR with 2 warmup steps (and each OPTIM, a "key: value"
 # line of optim), run.dir $WORK/ft.
@@ -102,6 +57,34 @@ same_imports() {
     fail "tessera eval of the directory import (its made deck)"
   fi
 }
+# exported CKPT: CKPT exported to exp/ (model.safetensors, pytorch_model.bin, config.json; stderr
+# in export.log); true when both weight files equal hf/'s to the bit and the Python on stdin,
+# given the folders hf and exp, passes.
+exported() {
+  $EXPORT "$1" --out exp --torch-bin 2>export.log &&
+    $HF compare hf/model.safetensors exp/model.safetensors >/dev/null &&
+    $HF compare hf/pytorch_model.bin exp/pytorch_model.bin >/dev/null &&
+    "$PYTHON" - hf exp
+}
+# transformers_loads CLASS: transformers' own CLASS on exp/ (`$HF transformers`, exit 3 where
+# $PYTHON has no transformers: skipped).
+transformers_loads() {
+  $HF transformers --dir exp --data "$DATA/val.h5" --seq-len 16 --windows 4 >tf.log 2>&1
+  case $? in
+    0) pass "$(cat tf.log)" ;;
+    3) echo "    ($1 check skipped: $(tail -1 tf.log))" ;;
+    *) fail "transformers' $1 on the export"; tail -5 tf.log ;;
+  esac
+}
+# reimported: exp/ imported again gives imp.h5's tensors to the bit.
+reimported() {
+  $IMPORT exp --out reimp.h5 >/dev/null 2>&1
+  if $HF compare imp.h5 reimp.h5 >/dev/null; then
+    pass "import -> export -> import: the checkpoint's tensors to the bit"
+  else
+    fail "re-import differs: $($HF compare imp.h5 reimp.h5)"
+  fi
+}
 # trained_round_trip DIR ROWS...: DIR's step-4 checkpoint exported to exp_trained/ and imported
 # back against $deck as trained_back.h5; true when every tensor equals the checkpoint's to the bit
 # (for each ROWS, NAME:N, NAME's first N rows: the padding rows are not exported; `$HF compare`'s
@@ -114,6 +97,12 @@ trained_round_trip() {
   $IMPORT exp_trained --out trained_back.h5 --deck "$deck" >/dev/null 2>&1
   $HF compare "$dir/step_00000004.h5" trained_back.h5 "${rows[@]}" >trained.cmp || return 1
   a=$(eval_loss "$dir") && b=$(eval_loss trained_back.h5) && [ -n "$a" ] && [ "$a" = "$b" ]
+}
+# first_val_loss METRICS: the first val_loss of a run's metrics.jsonl (step 0's); nothing where
+# there is none.
+first_val_loss() {
+  "$PYTHON" -c 'import json,sys
+print([json.loads(l) for l in open(sys.argv[1]) if "val_loss" in l][0]["val_loss"])' "$1" 2>/dev/null
 }
 # fine_tune NAME NP [OVERRIDE...]: $deck trained from imp.h5 (checkpoint.init_from) on NP ranks of
 # one thread, with the OVERRIDEs, in $WORK/NAME (the log NAME.log); 5 minutes at most.
@@ -132,6 +121,16 @@ runs_agree() {
   ckpt=checkpoints/step_$(printf %08d "$3").h5
   "$PYTHON" "$ROOT/tests/integration/compare_runs.py" "$1/metrics.jsonl" "$1/$ckpt" \
     "$2/metrics.jsonl" "$2/$ckpt" "${@:4}"
+}
+# import_error NAME PATTERN SRC [ARGS...]: tools/interop/import_weights.py SRC refused with one
+# line matching PATTERN, exit 2, and no bad.h5 written.
+import_error() {
+  local name=$1 pattern=$2 src=$3
+  shift 3
+  rm -f bad.h5
+  expect_error "import: $name" 2 "$pattern" "$PYTHON" "$ROOT/tools/interop/import_weights.py" "$src" \
+    --out bad.h5 "$@"
+  if [ -e bad.h5 ] || ls bad.h5.* >/dev/null 2>&1; then fail "import: $name: wrote bad.h5"; fi
 }
 # export_error NAME PATTERN SRC [ARGS...]: tools/interop/export_weights.py SRC --out exp_bad refused
 # with one line matching PATTERN, exit 2 (each script then finds exp_bad empty).
