@@ -48,27 +48,39 @@ npm_reference() {
 tiny_deck() {
   local name=$1
   test_data
-  cat >"$WORK/$name.yaml" <<DECK
+  {
+    cat <<DECK
 model:
   n_layer: 2
   n_head: 2
   n_embd: 32
   block_size: 32
+DECK
+    deck_run 10 "$WORK/$name" "lr: 3.0e-3" "min_lr: 3.0e-4" "warmup_steps: 3" "weight_decay: 0.1" \
+      "grad_clip: 1.0"
+  } >"$WORK/$name.yaml"
+  echo "$WORK/$name.yaml"
+}
+# deck_run STEPS DIR OPTIM...: the sections of a test deck after its model: the test data at
+# seq_len 16, STEPS steps of batch 4 in micro-batches of 2, seed 7, the optim lines OPTIM ("key:
+# value"), 4 eval batches, a log line a step, no restart, run.dir DIR.
+deck_run() {
+  local steps=$1 dir=$2 line
+  shift 2
+  cat <<DECK
 data:
   train: $DATA/train.h5
   val: $DATA/val.h5
   seq_len: 16
 train:
-  steps: 10
+  steps: $steps
   batch_size: 4
   micro_batch: 2
   seed: 7
 optim:
-  lr: 3.0e-3
-  min_lr: 3.0e-4
-  warmup_steps: 3
-  weight_decay: 0.1
-  grad_clip: 1.0
+DECK
+  for line in "$@"; do echo "  $line"; done
+  cat <<DECK
 eval:
   batches: 4
 log:
@@ -77,9 +89,8 @@ log:
 checkpoint:
   restart: none
 run:
-  dir: $WORK/$name
+  dir: $dir
 DECK
-  echo "$WORK/$name.yaml"
 }
 
 # expect_error NAME CODE PATTERN CMD...: CMD exits CODE, prints exactly one line on stderr that

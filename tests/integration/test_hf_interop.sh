@@ -6,26 +6,18 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/hf_import.sh"
 HF="$PYTHON $ROOT/tests/integration/hf_gpt2.py"
-IMPORT="$PYTHON $ROOT/tools/interop/import_weights.py"
-EXPORT="$PYTHON $ROOT/tools/interop/export_weights.py"
 test_data
 cd "$WORK" || exit 1
 $HF make --out hf >/dev/null || { fail "make the random HF GPT-2"; finish; }
 
 deck=$(tiny_deck ft)   # 2 layers, 2 heads, n_embd 32, block 32, T 16, B 4, mb 2, eval.batches 4
 # 1. Import the torch state dict against the deck: the model section on stdout.
-if $IMPORT hf/pytorch_model.bin --out imp.h5 --deck "$deck" >model.yaml 2>import.log &&
-   grep -q '^  n_embd: 32$' model.yaml && grep -q '^  vocab_size: 257$' model.yaml &&
-   grep -q 'hf-gpt2, 2 layers' import.log; then
-  pass "import pytorch_model.bin: $(cat import.log)"
-else
-  fail "import pytorch_model.bin"; cat import.log model.yaml
-fi
+import_against_deck 'hf-gpt2, 2 layers' '  n_embd: 32' '  vocab_size: 257'
 
 # 2. tessera eval equals the HF forward (float64, written from the HF names) to 1e-5.
-got=$("$TESSERA" eval imp.h5 --data "$DATA/val.h5" --batches 4 | sed -n 's/.*loss \([0-9.]*\)$/\1/p')
+got=$(eval_loss imp.h5)
 want=$($HF loss --weights hf/pytorch_model.bin --heads 2 --data "$DATA/val.h5" --seq-len 16 --windows 16)
-if "$PYTHON" -c "import sys; a,b=float('$got'),float('$want'); sys.exit(not abs(a-b) <= 1e-5*abs(b))"; then
+if close "$got" "$want" 1e-5; then
   pass "tessera eval $got equals the HF GPT-2 forward $want (16 windows of 17 tokens)"
 else
   fail "tessera eval '$got' vs HF forward '$want'"
@@ -62,20 +54,17 @@ done
 
 # 4. export -> import round trips: HF -> tessera -> HF equals the original tensors, and
 # tessera -> HF -> tessera equals the checkpoint; config.json is GPT2Config's.
-if $EXPORT imp.h5 --out exp --torch-bin 2>export.log &&
-   $HF compare hf/model.safetensors exp/model.safetensors >/dev/null &&
-   $HF compare hf/pytorch_model.bin exp/pytorch_model.bin >/dev/null &&
-   "$PYTHON" - exp <<'PY'
+if exported imp.h5 <<'PY'
 import json, sys, torch
-c = json.load(open(sys.argv[1] + "/config.json"))
+c = json.load(open(sys.argv[2] + "/config.json"))
 want = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_head": 2,
         "n_embd": 32, "n_positions": 32, "vocab_size": 257, "activation_function": "gelu_new",
         "layer_norm_epsilon": 1e-05, "tie_word_embeddings": True}
 assert all(c[k] == v for k, v in want.items()), c
-sd = torch.load(sys.argv[1] + "/pytorch_model.bin")
+sd = torch.load(sys.argv[2] + "/pytorch_model.bin")
 assert sd["lm_head.weight"].data_ptr() == sd["transformer.wte.weight"].data_ptr()  # tied
 import safetensors_io
-with safetensors_io.File(sys.argv[1] + "/model.safetensors") as f:
+with safetensors_io.File(sys.argv[2] + "/model.safetensors") as f:
     assert f.metadata == {"format": "pt"}, f.metadata
     assert all(k.startswith("transformer.") for k in f.tensors), list(f.tensors)[:3]
 PY
@@ -84,34 +73,23 @@ then
 else
   fail "export"; cat export.log
 fi
-$IMPORT exp --out reimp.h5 >/dev/null 2>&1
-if $HF compare imp.h5 reimp.h5 >/dev/null; then
-  pass "import -> export -> import: the checkpoint's tensors to the bit"
-else
-  fail "re-import differs: $($HF compare imp.h5 reimp.h5)"
-fi
+reimported
 
 # 5. A trained tessera checkpoint -> HF -> tessera: every tensor to the bit (wte's real rows:
 # the padding rows are dropped on export), and the same eval loss to the printed digit.
 "$TESSERA" train "$deck" train.steps=4 run.dir="$WORK/trained" >trained.log 2>&1 || fail "train"
-trained=$WORK/trained/checkpoints
-$EXPORT "$trained" --out exp_trained >/dev/null 2>&1
-$IMPORT exp_trained --out trained_back.h5 --deck "$deck" >/dev/null 2>&1
-if $HF compare "$trained/step_00000004.h5" trained_back.h5 --rows wte:257 >/dev/null &&
-   [ "$("$TESSERA" eval "$trained" --data "$DATA/val.h5" | sed 's/.*loss //')" = \
-     "$("$TESSERA" eval trained_back.h5 --data "$DATA/val.h5" | sed 's/.*loss //')" ]; then
+if trained_round_trip "$WORK/trained/checkpoints" wte:257; then
   pass "trained checkpoint -> export -> import: tensors to the bit, same eval loss"
 else
-  fail "trained round trip: $($HF compare "$trained/step_00000004.h5" trained_back.h5 --rows wte:257)"
+  fail "trained round trip: $(cat trained.cmp)"
 fi
 
 # 6. checkpoint.init_from: step 0's val_loss is the imported model's, a fresh optimizer trains
 # from it, and 2 ranks (tp=2, and pp=2) give the 1-rank losses.
 "$TESSERA" train "$deck" checkpoint.init_from=imp.h5 train.steps=6 >init1.log 2>&1
-v0=$("$PYTHON" -c 'import json,sys
-print([json.loads(l) for l in open(sys.argv[1]) if "val_loss" in l][0]["val_loss"])' ft/metrics.jsonl)
+v0=$(first_val_loss ft/metrics.jsonl)
 if grep -q "^init: weights from imp.h5 (step 0" init1.log && grep -q "^step      6/6" init1.log &&
-   "$PYTHON" -c "import sys; sys.exit(not abs(float('$v0')-float('$got')) <= 1e-5*float('$got'))"; then
+   close "${v0:-nan}" "$got" 1e-5; then
   pass "init_from: step 0 val_loss $v0 = the imported model's eval loss $got; 6 steps trained"
 else
   fail "init_from run (val_loss '$v0', eval '$got')"; tail -3 init1.log
@@ -121,13 +99,11 @@ fi
 # each layout's rounding noise there into full-size steps of its own sign.
 for layout in "parallel.tp=2" "parallel.pp=2"; do
   name=${layout#parallel.}; name=${name/=/}
-  OMP_NUM_THREADS=1 $MPIEXEC -n 2 "$TESSERA" train "$deck" checkpoint.init_from=imp.h5 train.steps=6 "$layout" \
-    run.dir="$WORK/ft_$name" >"init_$name.log" 2>&1
-  if "$PYTHON" "$ROOT/tests/integration/compare_runs.py" ft/metrics.jsonl ft/checkpoints/step_00000006.h5 \
-       "ft_$name/metrics.jsonl" "ft_$name/checkpoints/step_00000006.h5" --param-norm-tol 1e-4 >cmp.txt 2>&1; then
+  fine_tune "ft_$name" 2 train.steps=6 "$layout"
+  if runs_agree ft "ft_$name" 6 --param-norm-tol 1e-4 >cmp.txt 2>&1; then
     pass "init_from on 2 ranks ($layout) = the 1-rank run: $(cat cmp.txt)"
   else
-    fail "init_from $layout: $(tail -2 cmp.txt)"; tail -3 "init_$name.log"
+    fail "init_from $layout: $(tail -2 cmp.txt)"; tail -3 "ft_$name.log"
   fi
 done
 # A requeued fine-tuning job continues its own checkpoint, not the imported weights.
@@ -184,8 +160,8 @@ expect_error "import: a missing source (I/O, exit 1)" 1 "nothing.bin: no such fi
 
 # 9. Export errors.
 mkdir -p exp_bad
-expect_error "export: not a checkpoint" 2 "val.h5: not a tessera checkpoint" $EXPORT "$DATA/val.h5" --out exp_bad
-expect_error "export: unknown format" 2 "unknown layout 'hf-t5'" $EXPORT imp.h5 --out exp_bad --format hf-t5
+export_error "not a checkpoint" "val.h5: not a tessera checkpoint" "$DATA/val.h5"
+export_error "unknown format" "unknown layout 'hf-t5'" imp.h5 --format hf-t5
 cp imp.h5 corrupt.h5
 "$PYTHON" -c 'import h5py; f=h5py.File("corrupt.h5","r+"); d=f["model/h.1.mlp.c_fc.weight"]; d[0,0]+=1'
 expect_error "export: checksum" 1 "corrupt.h5: checksum mismatch in /model/h.1.mlp.c_fc.weight" $EXPORT corrupt.h5 --out exp_bad

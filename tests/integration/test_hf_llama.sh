@@ -9,8 +9,6 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/hf_import.sh"
 HF="$PYTHON $ROOT/tests/integration/hf_llama.py"
-IMPORT="$PYTHON $ROOT/tools/interop/import_weights.py"
-EXPORT="$PYTHON $ROOT/tools/interop/export_weights.py"
 test_data
 cd "$WORK" || exit 1
 # 2 layers, 4 heads on 2 key/value heads, n_embd 32, ffn 96, 64 positions, vocab 257, untied;
@@ -19,7 +17,7 @@ cd "$WORK" || exit 1
 $HF make --out hf >/dev/null || { fail "make the random HF LLaMAs"; finish; }
 
 deck=$WORK/llama.yaml
-cat >"$deck" <<DECK
+hf_deck "$deck" 3.0e-3 <<'MODEL'
 model:
   arch: llama
   n_layer: 2
@@ -30,39 +28,11 @@ model:
   block_size: 64
   norm_eps: 1.0e-6
   rope_theta: 500.0
-data:
-  train: $DATA/train.h5
-  val: $DATA/val.h5
-  seq_len: 16
-train:
-  steps: 4
-  batch_size: 4
-  micro_batch: 2
-  seed: 7
-optim:
-  lr: 3.0e-3
-  warmup_steps: 2
-eval:
-  batches: 4
-log:
-  every: 1
-  peak_gflops: 50
-checkpoint:
-  restart: none
-run:
-  dir: $WORK/ft
-DECK
+MODEL
 
 # 1. Import the torch state dict against the deck: the model section on stdout.
-if $IMPORT hf/pytorch_model.bin --out imp.h5 --deck "$deck" >model.yaml 2>import.log &&
-   grep -q '^  arch: llama$' model.yaml && grep -q '^  n_kv_head: 2$' model.yaml &&
-   grep -q '^  ffn_hidden: 96$' model.yaml && grep -q '^  tie_embeddings: false$' model.yaml &&
-   grep -q '^  norm_eps: 1.0e-06$' model.yaml && grep -q '^  rope_theta: 500.0$' model.yaml &&
-   grep -q 'hf-llama, 2 layers, 4 heads (2 key/value)' import.log; then
-  pass "import pytorch_model.bin: $(cat import.log)"
-else
-  fail "import pytorch_model.bin"; cat import.log model.yaml
-fi
+import_against_deck 'hf-llama, 2 layers, 4 heads (2 key/value)' '  arch: llama' '  n_kv_head: 2' \
+  '  ffn_hidden: 96' '  tie_embeddings: false' '  norm_eps: 1.0e-06' '  rope_theta: 500.0'
 
 # 2. tessera eval equals the HF LLaMA forward (float64, written from the HF names) to 1e-5, with
 # q_proj and k_proj as Hugging Face stores them; the same weights with the row permutation the
@@ -86,21 +56,12 @@ fi
 
 # 3. A model directory (model.safetensors + config.json) and the bare safetensors with --deck
 # (no config.json: the deck gives the heads, eps, theta and block) give the same tensors.
-$IMPORT hf --out dir.h5 >/dev/null 2>&1
-mkdir -p bare && cp hf/model.safetensors bare/
-$IMPORT bare/model.safetensors --out bare.h5 --deck "$deck" >/dev/null 2>&1
-if $HF compare imp.h5 dir.h5 >/dev/null && $HF compare imp.h5 bare.h5 >/dev/null &&
-   "$PYTHON" - imp.h5 bare.h5 <<'PY'
+same_imports "directory, safetensors without config.json (--deck) and torch.load imports equal to the bit, shape attributes too" <<'PY'
 import sys, h5py
-a, b = (h5py.File(p, "r")["model"].attrs for p in sys.argv[1:])
+a, b = (h5py.File(p, "r")["model"].attrs for p in sys.argv[1:3])
 assert all(a[k] == b[k] for k in a), {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 assert not h5py.File(sys.argv[1], "r")["model/lm_head.weight"][257:].any()
 PY
-then
-  pass "directory, safetensors without config.json (--deck) and torch.load imports equal to the bit, shape attributes too"
-else
-  fail "imports differ: $($HF compare imp.h5 dir.h5) / $($HF compare imp.h5 bare.h5)"
-fi
 
 # 3b. Meta's original layout (consolidated.00.pth, params.json; wq and wk rows in Meta's
 # interleaved pairs, made from the HF model by the inverse of Hugging Face's permute): the import
@@ -121,12 +82,9 @@ fi
 
 # 4. HF -> tessera -> HF gives the original tensors back to the bit; config.json is LlamaConfig's;
 # tessera -> HF -> tessera the checkpoint.
-if $EXPORT imp.h5 --out exp --torch-bin 2>export.log &&
-   $HF compare hf/model.safetensors exp/model.safetensors >/dev/null &&
-   $HF compare hf/pytorch_model.bin exp/pytorch_model.bin >/dev/null &&
-   "$PYTHON" - exp <<'PY'
+if exported imp.h5 <<'PY'
 import json, sys
-c = json.load(open(sys.argv[1] + "/config.json"))
+c = json.load(open(sys.argv[2] + "/config.json"))
 want = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 32,
         "intermediate_size": 96, "max_position_embeddings": 64, "vocab_size": 257,
@@ -134,7 +92,7 @@ want = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidde
         "attention_bias": False, "tie_word_embeddings": False, "head_dim": 8}
 assert all(c[k] == v for k, v in want.items()), {k: c.get(k) for k in want}
 import safetensors_io
-with safetensors_io.File(sys.argv[1] + "/model.safetensors") as f:
+with safetensors_io.File(sys.argv[2] + "/model.safetensors") as f:
     assert f.metadata == {"format": "pt"}, f.metadata
     names = set(f.tensors)
     assert f.tensors["model.layers.1.self_attn.k_proj.weight"].shape == (16, 32)
@@ -146,18 +104,8 @@ else
   fail "export"; cat export.log
 fi
 # transformers' own LlamaForCausalLM on the export, where /usr/bin/python3 has transformers.
-$HF transformers --dir exp --data "$DATA/val.h5" --seq-len 16 --windows 4 >tf.log 2>&1
-case $? in
-  0) pass "$(cat tf.log)" ;;
-  3) echo "    (LlamaForCausalLM check skipped: $(tail -1 tf.log))" ;;
-  *) fail "transformers' LlamaForCausalLM on the export"; tail -5 tf.log ;;
-esac
-$IMPORT exp --out reimp.h5 >/dev/null 2>&1
-if $HF compare imp.h5 reimp.h5 >/dev/null; then
-  pass "import -> export -> import: the checkpoint's tensors to the bit"
-else
-  fail "re-import differs: $($HF compare imp.h5 reimp.h5)"
-fi
+transformers_loads LlamaForCausalLM
+reimported
 
 # 5. Tied embeddings (tie_word_embeddings true: no lm_head in the safetensors, a shared one in the
 # torch file): imported without lm_head, the same loss as the HF forward, exported tied.
@@ -185,19 +133,13 @@ fi
 # 6. A trained tessera LLaMA -> HF -> tessera: every tensor to the bit (the real rows of the
 # embedding and the head) and the same eval loss; checkpoint.init_from starts from the import.
 "$TESSERA" train "$deck" run.dir="$WORK/trained" >trained.log 2>&1 || fail "train"
-trained=$WORK/trained/checkpoints
-$EXPORT "$trained" --out exp_trained >/dev/null 2>&1
-$IMPORT exp_trained --out trained_back.h5 --deck "$deck" >/dev/null 2>&1
-if $HF compare "$trained/step_00000004.h5" trained_back.h5 --rows embed_tokens.weight:257 \
-     --rows lm_head.weight:257 >/dev/null &&
-   [ "$(eval_loss "$trained")" = "$(eval_loss trained_back.h5)" ]; then
+if trained_round_trip "$WORK/trained/checkpoints" embed_tokens.weight:257 lm_head.weight:257; then
   pass "trained LLaMA checkpoint -> export -> import: tensors to the bit, same eval loss"
 else
-  fail "trained round trip: $($HF compare "$trained/step_00000004.h5" trained_back.h5 --rows embed_tokens.weight:257 --rows lm_head.weight:257)"
+  fail "trained round trip: $(cat trained.cmp)"
 fi
 "$TESSERA" train "$deck" checkpoint.init_from=imp.h5 train.steps=3 >init.log 2>&1
-v0=$("$PYTHON" -c 'import json,sys
-print([json.loads(l) for l in open(sys.argv[1]) if "val_loss" in l][0]["val_loss"])' ft/metrics.jsonl 2>/dev/null)
+v0=$(first_val_loss ft/metrics.jsonl)
 if grep -q "^init: weights from imp.h5 (step 0" init.log && grep -q "^step      3/3" init.log &&
    close "${v0:-nan}" "$got" 1e-5; then
   pass "init_from: step 0 val_loss $v0 = the imported model's eval loss; 3 steps trained"
@@ -205,13 +147,11 @@ else
   fail "init_from run (val_loss '$v0', eval '$got')"; tail -3 init.log
 fi
 # tp=2 splits the 2 key/value heads one per rank: the 1-rank run's losses and tensors.
-OMP_NUM_THREADS=1 $MPIEXEC -n 2 "$TESSERA" train "$deck" checkpoint.init_from=imp.h5 train.steps=3 \
-  parallel.tp=2 run.dir="$WORK/ft_tp2" >init_tp2.log 2>&1
-if "$PYTHON" "$ROOT/tests/integration/compare_runs.py" ft/metrics.jsonl ft/checkpoints/step_00000003.h5 \
-     ft_tp2/metrics.jsonl ft_tp2/checkpoints/step_00000003.h5 >cmp.txt 2>&1; then
+fine_tune ft_tp2 2 train.steps=3 parallel.tp=2
+if runs_agree ft ft_tp2 3 >cmp.txt 2>&1; then
   pass "init_from on tp=2 = the 1-rank run: $(cat cmp.txt)"
 else
-  fail "init_from tp=2: $(tail -2 cmp.txt)"; tail -3 init_tp2.log
+  fail "init_from tp=2: $(tail -2 cmp.txt)"; tail -3 ft_tp2.log
 fi
 
 # 7. Import errors: one line naming the tensor, the key and the values, exit 2, nothing written.
@@ -248,12 +188,12 @@ import_error "deck n_embd (no config.json)" "deck_embd.yaml: model.n_embd = 64, 
 
 # 8. Export errors: a format that cannot hold the model; nothing written.
 mkdir -p exp_bad
-expect_error "export: a llama checkpoint as hf-gpt2" 2 "imp.h5: a llama model; the hf-gpt2 format holds gpt2 models \(GPT2LMHeadModel\)" \
-  $EXPORT imp.h5 --out exp_bad --format hf-gpt2
+export_error "a llama checkpoint as hf-gpt2" "imp.h5: a llama model; the hf-gpt2 format holds gpt2 models \(GPT2LMHeadModel\)" \
+  imp.h5 --format hf-gpt2
 "$TESSERA" train "$(tiny_deck untied)" model.tie_embeddings=false train.steps=0 >untied.log 2>&1
-expect_error "export: an untied GPT-2" 2 "step_00000000.h5: the model's tensor lm_head.weight has no place in the hf-gpt2 layout \(GPT2LMHeadModel\)" \
-  $EXPORT "$WORK/untied/checkpoints" --out exp_bad
-expect_error "export: --format meta-llama" 2 "--format meta-llama: an import layout only \(export formats: hf-gpt2, hf-llama, hf-mixtral, hf-qwen3-moe\)" \
-  $EXPORT imp.h5 --out exp_bad --format meta-llama
+export_error "an untied GPT-2" "step_00000000.h5: the model's tensor lm_head.weight has no place in the hf-gpt2 layout \(GPT2LMHeadModel\)" \
+  "$WORK/untied/checkpoints"
+export_error "--format meta-llama" "--format meta-llama: an import layout only \(export formats: hf-gpt2, hf-llama, hf-mixtral, hf-qwen3-moe\)" \
+  imp.h5 --format meta-llama
 if [ -z "$(ls -A exp_bad)" ]; then pass "export errors wrote nothing"; else fail "export errors wrote $(ls exp_bad)"; fi
 finish

@@ -8,8 +8,6 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/hf_import.sh"
 HF="$PYTHON $ROOT/tests/integration/hf_mixtral.py"
-IMPORT="$PYTHON $ROOT/tools/interop/import_weights.py"
-EXPORT="$PYTHON $ROOT/tools/interop/export_weights.py"
 test_data
 cd "$WORK" || exit 1
 # 3 layers, 4 heads on 2 key/value heads, n_embd 32, 4 experts of width 24, top 2, 64 positions,
@@ -22,7 +20,7 @@ $PYTHON "$ROOT/tests/integration/hf_qwen_moe.py" make --out hf/qwen3_moe --dense
   { fail "make the random HF Qwen3-MoE"; finish; }
 
 deck=$WORK/mixtral.yaml
-cat >"$deck" <<DECK
+hf_deck "$deck" 3.0e-3 <<'MODEL'
 model:
   arch: llama
   n_layer: 3
@@ -37,42 +35,13 @@ model:
     experts: 4
     top_k: 2
     ffn: 24
-data:
-  train: $DATA/train.h5
-  val: $DATA/val.h5
-  seq_len: 16
-train:
-  steps: 4
-  batch_size: 4
-  micro_batch: 2
-  seed: 7
-optim:
-  lr: 3.0e-3
-  warmup_steps: 2
-eval:
-  batches: 4
-log:
-  every: 1
-  peak_gflops: 50
-checkpoint:
-  restart: none
-run:
-  dir: $WORK/ft
-DECK
+MODEL
 
 # 1. Import against the deck: the model section, model.moe included, on stdout. Mixtral's
 # router_aux_loss_coef 0.02 is one loss over all 3 layers, 2 choices a token: 0.02 x 2 / 3 a layer.
-if $IMPORT hf/pytorch_model.bin --out imp.h5 --deck "$deck" >model.yaml 2>import.log &&
-   grep -q '^  arch: llama$' model.yaml && grep -q '^  ffn_hidden: 24$' model.yaml &&
-   grep -q '^  moe:$' model.yaml && grep -q '^    experts: 4$' model.yaml &&
-   grep -q '^    top_k: 2$' model.yaml && grep -q '^    ffn: 24$' model.yaml &&
-   grep -q '^    score: softmax$' model.yaml && grep -q '^    renormalize: true$' model.yaml &&
-   grep -q '^    aux_loss: 0.0133333333333$' model.yaml &&
-   grep -q 'hf-mixtral, 3 layers, 4 heads (2 key/value), 4 experts (top 2) of width 24' import.log; then
-  pass "import pytorch_model.bin: $(cat import.log)"
-else
-  fail "import pytorch_model.bin"; cat import.log model.yaml
-fi
+import_against_deck 'hf-mixtral, 3 layers, 4 heads (2 key/value), 4 experts (top 2) of width 24' \
+  '  arch: llama' '  ffn_hidden: 24' '  moe:' '    experts: 4' '    top_k: 2' '    ffn: 24' \
+  '    score: softmax' '    renormalize: true' '    aux_loss: 0.0133333333333'
 
 # 2. tessera eval equals Mixtral's forward (float64, by the HF names) to 1e-5; the same weights
 # with each expert's w1 and w3 exchanged give another loss, so gate and up taken the wrong way
@@ -93,11 +62,8 @@ fi
 
 # 3. A model directory (its deck made from config.json) and the bare safetensors with --deck (no
 # config.json) give the same tensors and /model attributes; the made deck evaluates.
-$IMPORT hf --out dir.h5 >dir.yaml 2>&1
-mkdir -p bare && cp hf/model.safetensors bare/
-$IMPORT bare/model.safetensors --out bare.h5 --deck "$deck" >/dev/null 2>&1
-if $HF compare imp.h5 dir.h5 >/dev/null && $HF compare imp.h5 bare.h5 >/dev/null &&
-   "$PYTHON" - imp.h5 bare.h5 dir.h5 <<'PY'
+same_imports "directory, bare safetensors (--deck) and torch.load imports equal to the bit; the made deck evaluates" \
+  evaluate <<'PY'
 import sys, h5py, yaml
 a, b = (h5py.File(p, "r")["model"].attrs for p in sys.argv[1:3])
 assert all(a[k] == b[k] for k in a) and set(a) == set(b), {k: (a[k], b.get(k)) for k in a}
@@ -106,21 +72,11 @@ moe = yaml.safe_load(h5py.File(sys.argv[3], "r").attrs["deck"])["model"]["moe"]
 assert moe == {"experts": 4, "top_k": 2, "ffn": 24, "every": 1, "first_dense": 0,
                "score": "softmax", "renormalize": True, "aux_loss": 0.0133333333333}, moe
 PY
-then
-  d=$(eval_loss dir.h5)
-  if [ -n "$d" ]; then pass "directory, bare safetensors (--deck) and torch.load imports equal to the bit; the made deck evaluates ($d)"
-  else fail "tessera eval of the directory import (its made deck)"; fi
-else
-  fail "imports differ: $($HF compare imp.h5 dir.h5) / $($HF compare imp.h5 bare.h5)"; cat dir.yaml
-fi
 
 # 4. HF -> tessera (the deck made from config.json) -> HF gives every tensor back to the bit, and
 # config.json every key of the original (MixtralConfig's; router_aux_loss_coef 0.02 through
 # tessera's 0.0133333333333; imp.h5's --deck has aux_loss 0.01, section 5's number).
-if $EXPORT dir.h5 --out exp --torch-bin 2>export.log &&
-   $HF compare hf/model.safetensors exp/model.safetensors >/dev/null &&
-   $HF compare hf/pytorch_model.bin exp/pytorch_model.bin >/dev/null &&
-   "$PYTHON" - hf exp <<'PY'
+if exported dir.h5 <<'PY'
 import json, sys
 a, b = (json.load(open(d + "/config.json")) for d in sys.argv[1:])
 assert all(b.get(k, "absent") == v for k, v in a.items()), {k: (v, b.get(k)) for k, v in a.items() if b.get(k) != v}
@@ -135,36 +91,20 @@ then
 else
   fail "export"; cat export.log
 fi
-$HF transformers --dir exp --data "$DATA/val.h5" --seq-len 16 --windows 4 >tf.log 2>&1
-case $? in
-  0) pass "$(cat tf.log)" ;;
-  3) echo "    (MixtralForCausalLM check skipped: $(tail -1 tf.log))" ;;
-  *) fail "transformers' MixtralForCausalLM on the export"; tail -5 tf.log ;;
-esac
-$IMPORT exp --out reimp.h5 >/dev/null 2>&1
-if $HF compare imp.h5 reimp.h5 >/dev/null; then
-  pass "import -> export -> import: the checkpoint's tensors to the bit"
-else
-  fail "re-import differs: $($HF compare imp.h5 reimp.h5)"
-fi
+transformers_loads MixtralForCausalLM
+reimported
 
 # 5. A trained tessera MoE checkpoint -> HF -> tessera: every tensor to the bit and the same eval
 # loss; checkpoint.init_from starts from the import at its eval loss.
 "$TESSERA" train "$deck" run.dir="$WORK/trained" >trained.log 2>&1 || fail "train"
-trained=$WORK/trained/checkpoints
-$EXPORT "$trained" --out exp_trained >/dev/null 2>&1
-$IMPORT exp_trained --out trained_back.h5 --deck "$deck" >/dev/null 2>&1
-if $HF compare "$trained/step_00000004.h5" trained_back.h5 --rows embed_tokens.weight:257 \
-     --rows lm_head.weight:257 >/dev/null &&
-   [ "$(eval_loss "$trained")" = "$(eval_loss trained_back.h5)" ] &&
+if trained_round_trip "$WORK/trained/checkpoints" embed_tokens.weight:257 lm_head.weight:257 &&
    grep -q '"router_aux_loss_coef": 0.015' exp_trained/config.json; then
   pass "trained MoE checkpoint -> export -> import: tensors to the bit, same eval loss; aux_loss 0.01 out as router_aux_loss_coef 0.015"
 else
-  fail "trained round trip: $($HF compare "$trained/step_00000004.h5" trained_back.h5 --rows embed_tokens.weight:257 --rows lm_head.weight:257)"
+  fail "trained round trip: $(cat trained.cmp)"
 fi
 "$TESSERA" train "$deck" checkpoint.init_from=imp.h5 train.steps=2 >init.log 2>&1
-v0=$("$PYTHON" -c 'import json,sys
-print([json.loads(l) for l in open(sys.argv[1]) if "val_loss" in l][0]["val_loss"])' ft/metrics.jsonl 2>/dev/null)
+v0=$(first_val_loss ft/metrics.jsonl)
 if grep -q "^init: weights from imp.h5 (step 0" init.log && close "${v0:-nan}" "$got" 1e-5; then
   pass "init_from: step 0 val_loss $v0 = the imported model's eval loss"
 else
@@ -196,19 +136,19 @@ import_error "Qwen3-MoE without config.json, Mixtral's deck" "mixtral.yaml: mode
 
 # 7. Export errors: a model Mixtral cannot hold; nothing written.
 mkdir -p exp_bad
-expect_error "export: an MoE model as hf-llama" 2 "imp.h5: a mixture-of-experts model \(4 experts\): the hf-llama layout \(LlamaForCausalLM\) has none" \
-  $EXPORT imp.h5 --out exp_bad --format hf-llama
+export_error "an MoE model as hf-llama" "imp.h5: a mixture-of-experts model \(4 experts\): the hf-llama layout \(LlamaForCausalLM\) has none" \
+  imp.h5 --format hf-llama
 "$TESSERA" train "$deck" train.steps=0 model.moe.every=2 run.dir="$WORK/every2" >every2.log 2>&1
-expect_error "export: MoE every second layer" 2 "step_00000000.h5: model.moe.every 2 and first_dense 0 leave dense layers: MixtralForCausalLM routes every layer through experts" \
-  $EXPORT "$WORK/every2/checkpoints" --out exp_bad
+export_error "MoE every second layer" "step_00000000.h5: model.moe.every 2 and first_dense 0 leave dense layers: MixtralForCausalLM routes every layer through experts" \
+  "$WORK/every2/checkpoints"
 "$TESSERA" train "$deck" train.steps=0 model.moe.score=sigmoid run.dir="$WORK/sigmoid" >sigmoid.log 2>&1
-expect_error "export: sigmoid scores" 2 "step_00000000.h5: the deck's model.moe.score is 'sigmoid': MixtralForCausalLM routes with score 'softmax'" \
-  $EXPORT "$WORK/sigmoid/checkpoints" --out exp_bad
+export_error "sigmoid scores" "step_00000000.h5: the deck's model.moe.score is 'sigmoid': MixtralForCausalLM routes with score 'softmax'" \
+  "$WORK/sigmoid/checkpoints"
 "$TESSERA" train deck_dense.yaml train.steps=0 run.dir="$WORK/dense" >dense.log 2>&1
-expect_error "export: a dense LLaMA as hf-mixtral" 2 "step_00000000.h5: a dense model: the hf-mixtral layout \(MixtralForCausalLM\) has experts in every layer" \
-  $EXPORT "$WORK/dense/checkpoints" --out exp_bad --format hf-mixtral
+export_error "a dense LLaMA as hf-mixtral" "step_00000000.h5: a dense model: the hf-mixtral layout \(MixtralForCausalLM\) has experts in every layer" \
+  "$WORK/dense/checkpoints" --format hf-mixtral
 "$TESSERA" train "$(tiny_deck gpt2moe)" train.steps=0 model.moe.experts=4 >gpt2moe.log 2>&1
-expect_error "export: a GPT-2 with experts" 2 "step_00000000.h5: a gpt2 model with 4 experts: no export format holds it" \
-  $EXPORT "$WORK/gpt2moe/checkpoints" --out exp_bad
+export_error "a GPT-2 with experts" "step_00000000.h5: a gpt2 model with 4 experts: no export format holds it" \
+  "$WORK/gpt2moe/checkpoints"
 if [ -z "$(ls -A exp_bad)" ]; then pass "export errors wrote nothing"; else fail "export errors wrote $(ls exp_bad)"; fi
 finish

@@ -10,8 +10,6 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/hf_import.sh"
 HF="$PYTHON $ROOT/tests/integration/hf_qwen_moe.py"
-IMPORT="$PYTHON $ROOT/tools/interop/import_weights.py"
-EXPORT="$PYTHON $ROOT/tools/interop/export_weights.py"
 test_data
 cd "$WORK" || exit 1
 # 3 layers, 4 heads on 2 key/value heads, n_embd 32 (head_dim 8), the dense MLP 40 wide, 4 experts
@@ -20,7 +18,7 @@ cd "$WORK" || exit 1
 $HF make --out hf >/dev/null || { fail "make the random HF Qwen3-MoE"; finish; }
 
 deck=$WORK/qwen.yaml
-cat >"$deck" <<DECK
+hf_deck "$deck" 1.0e-3 "eps: 1.0e-6" <<'MODEL'
 model:
   arch: llama
   n_layer: 3
@@ -38,44 +36,14 @@ model:
     ffn: 24
     first_dense: 1
     renormalize: false
-data:
-  train: $DATA/train.h5
-  val: $DATA/val.h5
-  seq_len: 16
-train:
-  steps: 4
-  batch_size: 4
-  micro_batch: 2
-  seed: 7
-optim:
-  lr: 1.0e-3
-  warmup_steps: 2
-  eps: 1.0e-6
-eval:
-  batches: 4
-log:
-  every: 1
-  peak_gflops: 50
-checkpoint:
-  restart: none
-run:
-  dir: $WORK/ft
-DECK
+MODEL
 
 # 1. Import against the deck: the model section, q/k norms and model.moe included, on stdout.
 # Qwen3-MoE's router_aux_loss_coef 0.02 is one loss over its 2 MoE layers, 2 choices a token:
 # 0.02 x 2 / 2 a layer.
-if $IMPORT hf/pytorch_model.bin --out imp.h5 --deck "$deck" >model.yaml 2>import.log &&
-   grep -q '^  arch: llama$' model.yaml && grep -q '^  ffn_hidden: 40$' model.yaml &&
-   grep -q '^  qk_norm: true$' model.yaml && grep -q '^    experts: 4$' model.yaml &&
-   grep -q '^    ffn: 24$' model.yaml && grep -q '^    first_dense: 1$' model.yaml &&
-   grep -q '^    every: 1$' model.yaml && grep -q '^    renormalize: false$' model.yaml &&
-   grep -q '^    aux_loss: 0.02$' model.yaml &&
-   grep -q 'hf-qwen3-moe, 3 layers, 4 heads (2 key/value), 4 experts (top 2) of width 24' import.log; then
-  pass "import pytorch_model.bin: $(cat import.log)"
-else
-  fail "import pytorch_model.bin"; cat import.log model.yaml
-fi
+import_against_deck 'hf-qwen3-moe, 3 layers, 4 heads (2 key/value), 4 experts (top 2) of width 24' \
+  '  arch: llama' '  ffn_hidden: 40' '  qk_norm: true' '    experts: 4' '    ffn: 24' \
+  '    first_dense: 1' '    every: 1' '    renormalize: false' '    aux_loss: 0.02'
 
 # 2. tessera eval equals Qwen3-MoE's forward (float64, by the HF names) to 1e-5; the forward with
 # one convention wrong (no q/k norms, norm_topk_prob flipped, gate and up exchanged) gives
@@ -96,11 +64,8 @@ fi
 
 # 3. A model directory (its deck made from config.json) and the bare safetensors with --deck (no
 # config.json) give the same tensors and /model attributes; the made deck evaluates.
-$IMPORT hf --out dir.h5 >dir.yaml 2>&1
-mkdir -p bare && cp hf/model.safetensors bare/
-$IMPORT bare/model.safetensors --out bare.h5 --deck "$deck" >/dev/null 2>&1
-if $HF compare imp.h5 dir.h5 >/dev/null && $HF compare imp.h5 bare.h5 >/dev/null &&
-   "$PYTHON" - imp.h5 bare.h5 dir.h5 <<'PY'
+same_imports "directory, bare safetensors (--deck) and torch.load imports equal to the bit; the made deck evaluates" \
+  evaluate <<'PY'
 import sys, h5py, yaml
 a, b = (h5py.File(p, "r")["model"].attrs for p in sys.argv[1:3])
 assert all(a[k] == b[k] for k in a) and set(a) == set(b), {k: (a[k], b.get(k)) for k in a}
@@ -111,22 +76,12 @@ assert model["qk_norm"] is True, model
 assert model["moe"] == {"experts": 4, "top_k": 2, "ffn": 24, "every": 1, "first_dense": 1,
                         "score": "softmax", "renormalize": False, "aux_loss": 0.02}, model["moe"]
 PY
-then
-  d=$(eval_loss dir.h5)
-  if [ -n "$d" ]; then pass "directory, bare safetensors (--deck) and torch.load imports equal to the bit; the made deck evaluates ($d)"
-  else fail "tessera eval of the directory import (its made deck)"; fi
-else
-  fail "imports differ: $($HF compare imp.h5 dir.h5) / $($HF compare imp.h5 bare.h5)"; cat dir.yaml
-fi
 
 # 4. HF -> tessera (the deck made from config.json) -> HF gives every tensor back to the bit, and
 # config.json every key of the original (Qwen3MoeConfig's; mlp_only_layers [0] through
 # first_dense 1, norm_topk_prob false through renormalize, router_aux_loss_coef 0.02 through
 # aux_loss 0.02).
-if $EXPORT dir.h5 --out exp --torch-bin 2>export.log &&
-   $HF compare hf/model.safetensors exp/model.safetensors >/dev/null &&
-   $HF compare hf/pytorch_model.bin exp/pytorch_model.bin >/dev/null &&
-   "$PYTHON" - hf exp <<'PY'
+if exported dir.h5 <<'PY'
 import json, sys
 a, b = (json.load(open(d + "/config.json")) for d in sys.argv[1:])
 assert all(b.get(k, "absent") == v for k, v in a.items()), {k: (v, b.get(k)) for k, v in a.items() if b.get(k) != v}
@@ -143,12 +98,7 @@ then
 else
   fail "export"; cat export.log
 fi
-$IMPORT exp --out reimp.h5 >/dev/null 2>&1
-if $HF compare imp.h5 reimp.h5 >/dev/null; then
-  pass "import -> export -> import: the checkpoint's tensors to the bit"
-else
-  fail "re-import differs: $($HF compare imp.h5 reimp.h5)"
-fi
+reimported
 
 # 5. Fine-tuning the import: 4 steps at 1 rank, and at tp 2 (each rank half the heads: the q/k
 # norms' gradients summed over tp; with sequence parallelism too) and ep 2 (2 experts a rank),
@@ -157,15 +107,8 @@ fi
 # of 76, and fp32's rounding of the tp split, 1e-8 on the first steps, grows there to 1e-5.) The
 # trained checkpoint -> HF -> tessera: every tensor to the bit, the same eval loss.
 export OMP_NUM_THREADS=1
-tune() {  # tune NAME NP [overrides...]
-  local name=$1 np=$2
-  shift 2
-  timeout 300 $MPIEXEC -n "$np" "$TESSERA" train "$deck" checkpoint.init_from=imp.h5 \
-    run.dir="$WORK/$name" "$@" >"$name.log" 2>&1
-}
-tune one 1
-v0=$("$PYTHON" -c 'import json,sys
-print([json.loads(l) for l in open(sys.argv[1]) if "val_loss" in l][0]["val_loss"])' one/metrics.jsonl 2>/dev/null)
+fine_tune one 1
+v0=$(first_val_loss one/metrics.jsonl)
 if grep -q "^init: weights from imp.h5 (step 0" one.log && close "${v0:-nan}" "$got" 1e-5; then
   pass "init_from: step 0 val_loss $v0 = the imported model's eval loss"
 else
@@ -176,27 +119,19 @@ for layout in "tp2 parallel.dp=1 parallel.tp=2" "ep2 parallel.dp=2 parallel.ep=2
   set -- $layout
   name=$1
   shift
-  if tune "$name" 2 "$@" &&
-     out=$("$PYTHON" "$ROOT/tests/integration/compare_runs.py" one/metrics.jsonl \
-           one/checkpoints/step_00000004.h5 "$name/metrics.jsonl" "$name/checkpoints/step_00000004.h5" \
-           --steps 1:4); then
+  if fine_tune "$name" 2 "$@" && out=$(runs_agree one "$name" 4 --steps 1:4); then
     pass "fine-tune at $*: $out"
   else
     fail "fine-tune at $*: ${out:-}"; tail -3 "$name.log"
   fi
 done
-trained=$WORK/one/checkpoints
-$EXPORT "$trained" --out exp_trained >/dev/null 2>&1
-$IMPORT exp_trained --out trained_back.h5 --deck "$deck" >/dev/null 2>&1
-if $HF compare "$trained/step_00000004.h5" trained_back.h5 --rows embed_tokens.weight:257 \
-     --rows lm_head.weight:257 >/dev/null &&
-   [ "$(eval_loss "$trained")" = "$(eval_loss trained_back.h5)" ] &&
+if trained_round_trip "$WORK/one/checkpoints" embed_tokens.weight:257 lm_head.weight:257 &&
    grep -q '"router_aux_loss_coef": 0.01' exp_trained/config.json &&
    grep -q '"mlp_only_layers": \[$' exp_trained/config.json &&
    grep -q '"norm_topk_prob": false' exp_trained/config.json; then
   pass "trained checkpoint -> export -> import: tensors to the bit, same eval loss; aux_loss 0.01 out as router_aux_loss_coef 0.01"
 else
-  fail "trained round trip: $($HF compare "$trained/step_00000004.h5" trained_back.h5 --rows embed_tokens.weight:257 --rows lm_head.weight:257)"
+  fail "trained round trip: $(cat trained.cmp)"
 fi
 
 # 6. Import errors: one line naming the key or tensor and the numbers, exit 2, nothing written.
@@ -218,17 +153,17 @@ import_error "deck model.moe.first_dense" "deck_fd0.yaml: model.moe.first_dense 
 
 # 7. Export errors: a model Qwen3-MoE (or Mixtral, or LLaMA) cannot hold; nothing written.
 mkdir -p exp_bad
-expect_error "export: q/k norms as hf-mixtral" 2 "imp.h5: q/k norms \(model.qk_norm\): the hf-mixtral layout \(MixtralForCausalLM\) has none" \
-  $EXPORT imp.h5 --out exp_bad --format hf-mixtral
+export_error "q/k norms as hf-mixtral" "imp.h5: q/k norms \(model.qk_norm\): the hf-mixtral layout \(MixtralForCausalLM\) has none" \
+  imp.h5 --format hf-mixtral
 "$TESSERA" train "$deck" train.steps=0 model.qk_norm=false run.dir="$WORK/noqk" >noqk.log 2>&1
-expect_error "export: no q/k norms as hf-qwen3-moe" 2 "step_00000000.h5: no q/k norms \(model.qk_norm false\): the hf-qwen3-moe layout \(Qwen3MoeForCausalLM\) normalises each head's q and k" \
-  $EXPORT "$WORK/noqk/checkpoints" --out exp_bad --format hf-qwen3-moe
+export_error "no q/k norms as hf-qwen3-moe" "step_00000000.h5: no q/k norms \(model.qk_norm false\): the hf-qwen3-moe layout \(Qwen3MoeForCausalLM\) normalises each head's q and k" \
+  "$WORK/noqk/checkpoints" --format hf-qwen3-moe
 sed '/^  moe:$/,/^    renormalize: false$/d' "$deck" >deck_dense.yaml
 "$TESSERA" train deck_dense.yaml train.steps=0 run.dir="$WORK/dense" >dense.log 2>&1
-expect_error "export: a dense LLaMA with q/k norms" 2 "step_00000000.h5: a llama model with 0 experts and q/k norms: no export format holds it" \
-  $EXPORT "$WORK/dense/checkpoints" --out exp_bad
+export_error "a dense LLaMA with q/k norms" "step_00000000.h5: a llama model with 0 experts and q/k norms: no export format holds it" \
+  "$WORK/dense/checkpoints"
 "$TESSERA" train "$deck" train.steps=0 model.moe.score=sigmoid run.dir="$WORK/sigmoid" >sigmoid.log 2>&1
-expect_error "export: sigmoid scores" 2 "step_00000000.h5: the deck's model.moe.score is 'sigmoid': Qwen3MoeForCausalLM routes with score 'softmax'" \
-  $EXPORT "$WORK/sigmoid/checkpoints" --out exp_bad
+export_error "sigmoid scores" "step_00000000.h5: the deck's model.moe.score is 'sigmoid': Qwen3MoeForCausalLM routes with score 'softmax'" \
+  "$WORK/sigmoid/checkpoints"
 if [ -z "$(ls -A exp_bad)" ]; then pass "export errors wrote nothing"; else fail "export errors wrote $(ls exp_bad)"; fi
 finish
