@@ -215,7 +215,7 @@ class DiskWatch {
       }
       if (!full) full_since = Clock::now();
       full = true;
-      if (Clock::now() - full_since < std::chrono::duration<double>(kAgreeSeconds)) continue;
+      if (Clock::now() - full_since < std::chrono::duration<double>(agree_seconds())) continue;
       abort_with_line(line_(), kExitIO);
     }
   }

@@ -94,7 +94,7 @@ void IoErrorWatch::watch() {
     const long long when = g_recorded.when.load();
     if (when == 0) continue;
     const Clock::time_point at{Clock::duration(when)};
-    if (Clock::now() - at < std::chrono::duration<double>(kAgreeSeconds)) continue;
+    if (Clock::now() - at < std::chrono::duration<double>(agree_seconds())) continue;
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     cleanup_();

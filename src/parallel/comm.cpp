@@ -350,6 +350,15 @@ std::string agree_on_failure(MPI_Comm comm, const std::string& failure) {
   return agree_on_failure(comm, failure, [](const std::string& why) { return why; }, 1);
 }
 
+double agree_seconds() {
+  static const double seconds = [] {
+    const char* v = std::getenv("TESSERA_TEST_AGREE_SECONDS");
+    const double s = v ? std::atof(v) : 0.0;
+    return s > 0 ? s : kAgreeSeconds;
+  }();
+  return seconds;
+}
+
 void abort_with_line(std::string text, int status) {
   static std::atomic<bool> said{false};
   int world_rank = 0;

@@ -146,6 +146,10 @@ class Comm {
 // and ends the job with MPI_Abort(status), so that no job waits for ever on a rank that gave up.
 // Ranks without a failure wait as long as it takes (they would be waited for in turn).
 constexpr double kAgreeSeconds = 10.0;
+// kAgreeSeconds, or for tests only the seconds TESSERA_TEST_AGREE_SECONDS names (> 0): a test
+// that meets the bound on purpose (tests/integration/test_write_errors.sh) need not wait 10 s
+// each time. The same bound for the write watches (io/io_error_watch, the disk watch).
+double agree_seconds();
 // Ends the job from this rank with one line on stderr (MPI_Abort(status)). Of the ranks that give
 // up at the same moment (a full disk fails them all) one line is printed: world rank w first
 // waits min(w, 4) x 1.5 s, so the lowest one's abort ends the others before they print; of two
@@ -154,7 +158,7 @@ constexpr double kAgreeSeconds = 10.0;
 std::string agree_on_failure(MPI_Comm comm, const std::string& failure);
 std::string agree_on_failure(MPI_Comm comm, const std::string& failure,
                              const std::function<std::string(const std::string&)>& line,
-                             int status, double seconds = kAgreeSeconds);
+                             int status, double seconds = agree_seconds());
 
 // x (n), values the host holds, = their largest over the ranks of `mpi` (MPI_COMM_NULL: left as
 // they are): for host values on a communicator of either backend, whose mpi() is Comm's

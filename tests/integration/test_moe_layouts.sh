@@ -66,7 +66,7 @@ suite gpt "ep2 2 1 1 parallel.ep=2" "ep4 4 1 1 parallel.ep=4" "ep2_edp2 4 1 1 pa
   "ep2_cp2 1 1 1 parallel.cp=2 parallel.ep=2 model.attention=fused"
 # Under ZeRO the experts shard over the ranks holding the same experts (each MoE layer's
 # experts a unit of their own), the rest over dp x cp; ZeRO-1 by the same units.
-suite gpt "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1" \
+suite gpt "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1 checkpoint.every=5" \
   "ep2_edp2_zero1 4 1 1 parallel.ep=2 parallel.zero=1" \
   "ep4_zero1 4 1 1 parallel.ep=4 parallel.zero=1" \
   "ep2_pp2_zero1 2 1 2 parallel.ep=2 parallel.zero=1 parallel.schedule=1f1b" \
@@ -78,17 +78,17 @@ suite gpt "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1" \
 # the same parts replicated across the groups. dp4 x cp2 with groups of 4: eshard 2, 2 replicas.
 suite gpt "ep2_hybrid_zero1 4 1 1 parallel.ep=2 parallel.zero=1 parallel.zero_group=2" \
   "ep2_hybrid_zero2 4 1 1 parallel.ep=2 parallel.zero=2 parallel.zero_group=2" \
-  "ep2_cp2_hybrid_zero3 4 1 1 parallel.cp=2 parallel.ep=2 parallel.zero=3 parallel.zero_group=4 model.attention=fused"
+  "ep2_cp2_hybrid_zero3 4 1 1 parallel.cp=2 parallel.ep=2 parallel.zero=3 parallel.zero_group=4 model.attention=fused checkpoint.every=5"
 # Whole experts on every tp rank (parallel.expert_tp = 1, sequence parallelism): each tp rank
 # routes its own rows, the ep groups folded over tp x dp x cp (ep2 on tp2 alone; ep4 over
 # tp2 x dp2), under ZeRO-1, 2, 3, with pp2 and full recompute, with cp2.
 whole=(parallel.sequence_parallel=true parallel.expert_tp=1)
 suite gpt "etp1_tp2_ep2 1 2 1 parallel.ep=2 ${whole[*]}" \
-  "etp1_tp2_dp2_ep4_zero1 2 2 1 parallel.ep=4 parallel.zero=1 ${whole[*]}" \
+  "etp1_tp2_dp2_ep4_zero1 2 2 1 parallel.ep=4 parallel.zero=1 ${whole[*]} checkpoint.every=5" \
   "etp1_tp2_dp2_ep2_zero3 2 2 1 parallel.ep=2 parallel.zero=3 ${whole[*]}" \
   "etp1_tp2_pp2_full 1 2 2 parallel.ep=2 train.recompute=full parallel.schedule=1f1b ${whole[*]}" \
   "etp1_tp2_cp2_ep4_zero2 1 2 1 parallel.cp=2 model.attention=fused parallel.ep=4 parallel.zero=2 ${whole[*]}"
-suite bias "dp2 2 1 1" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" "tp2_pp2 1 2 2" \
+suite bias "dp2 2 1 1 checkpoint.every=5" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" "tp2_pp2 1 2 2" \
   "cp2 1 1 1 parallel.cp=2 model.attention=fused"
 suite capacity "dp2 2 1 1" "tp2_pp2 1 2 2 parallel.zero=1" "ep2 2 1 1 parallel.ep=2" \
   "ep4 4 1 1 parallel.ep=4"
@@ -100,13 +100,13 @@ suite llama "dp2_tp2 2 2 1 parallel.zero=1" "ep2_tp2 2 2 1 parallel.ep=2" \
 
 # Adafactor with ep: without ZeRO (the sums over ep, the dense tensors counted on ep rank 0),
 # by parts under ZeRO-1, 2, 3 (the dp x cp group holds every element once), and with tp.
-suite ada "ep2 2 1 1 parallel.ep=2" "ep2_edp2 4 1 1 parallel.ep=2" \
+suite ada "ep2 2 1 1 parallel.ep=2 checkpoint.every=5" "ep2_edp2 4 1 1 parallel.ep=2" \
   "ep2_zero1 2 1 1 parallel.ep=2 parallel.zero=1" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
   "ep2_edp2_zero2 4 1 1 parallel.ep=2 parallel.zero=2" "ep2_tp2 2 2 1 parallel.ep=2" \
   "ep2_tp2_zero1 2 2 1 parallel.ep=2 parallel.zero=1" \
   "ep2_hybrid_zero1 4 1 1 parallel.ep=2 parallel.zero=1 parallel.zero_group=2"
 
-suite shared "ep2 2 1 1 parallel.ep=2" "tp2_sp 1 2 1 parallel.sequence_parallel=true" \
+suite shared "ep2 2 1 1 parallel.ep=2" "tp2_sp 1 2 1 parallel.sequence_parallel=true checkpoint.every=5" \
   "pp2 1 1 2 parallel.schedule=1f1b" "ep2_zero3 2 1 1 parallel.ep=2 parallel.zero=3" \
   "ep2_tp2_full 2 2 1 parallel.ep=2 train.recompute=full"
 suite shared_llama "ep2_tp2_sp 2 2 1 parallel.ep=2 parallel.sequence_parallel=true" \
@@ -119,7 +119,9 @@ else
   fail "capacity 1.0 dropped nothing"
 fi
 
-# continued REF NAME LABEL: NAME, restarted from a step-5 checkpoint, is REF's steps 6-10.
+# continued REF NAME LABEL: NAME, restarted from a step-5 checkpoint, is REF's steps 6-10. Where a
+# layout above is the one a restart is saved on, its run wrote the step-5 checkpoint too
+# (checkpoint.every=5; the same tensors, bit for bit, as a 5-step run's): no run of its own.
 continued() {
   local out=""
   if [ -f "$WORK/$2/checkpoints/step_00000010.h5" ] &&
@@ -145,39 +147,32 @@ run ep_saved 4 1 1 "${gpt[@]}" parallel.ep=4 parallel.zero=2 train.steps=5 &&
 continued gpt_ref ep_restart "restart ep = 4 ZeRO-2 step 5 -> ep = 2 x tp = 2"
 # The bias is state: 5 steps on dp = 2, continued to 10 on ep = 2 x tp = 2, are the 1-rank
 # run's steps 6-10 (a bias restarted at zero routes differently).
-run bias_saved 2 1 1 "${bias[@]}" train.steps=5 &&
-  run bias_restart 2 2 1 "${bias[@]}" parallel.ep=2 \
-    checkpoint.restart="$WORK/bias_saved/checkpoints/step_00000005.h5"
+run bias_restart 2 2 1 "${bias[@]}" parallel.ep=2 \
+  checkpoint.restart="$WORK/bias_dp2/checkpoints/step_00000005.h5"
 continued bias_ref bias_restart "bias: restart dp = 2 step 5 -> ep = 2 x tp = 2"
 # ZeRO-1 with ep = 2 (each rank writing its units' parts) continued without ep on (1,2,1).
-run zero1_saved 2 1 1 "${gpt[@]}" parallel.ep=2 parallel.zero=1 train.steps=5 &&
-  run zero1_restart 1 2 1 "${gpt[@]}" \
-    checkpoint.restart="$WORK/zero1_saved/checkpoints/step_00000005.h5"
+run zero1_restart 1 2 1 "${gpt[@]}" \
+  checkpoint.restart="$WORK/gpt_ep2_zero1/checkpoints/step_00000005.h5"
 continued gpt_ref zero1_restart "restart ep = 2 ZeRO-1 step 5 -> (1,2,1)"
 # Adafactor's whole row and column vectors: written once per canonical tensor from ep = 2
 # without ZeRO, read into ZeRO-1 by parts on ep = 2 x edp = 2 (each vector taken from one rank).
-run ada_saved 2 1 1 "${ada[@]}" parallel.ep=2 train.steps=5 &&
-  run ada_restart 4 1 1 "${ada[@]}" parallel.ep=2 parallel.zero=1 \
-    checkpoint.restart="$WORK/ada_saved/checkpoints/step_00000005.h5"
+run ada_restart 4 1 1 "${ada[@]}" parallel.ep=2 parallel.zero=1 \
+  checkpoint.restart="$WORK/ada_ep2/checkpoints/step_00000005.h5"
 continued ada_ref ada_restart "restart Adafactor ep = 2 step 5 -> ep = 2 x edp = 2 ZeRO-1"
 # Hybrid sharding with ep: saved on dp4 x cp2 ep = 2 ZeRO-3 in groups of 4 (the first group's
 # ranks writing their parts), continued on ep = 4 under ZeRO-2.
-run hybrid_saved 4 1 1 "${gpt[@]}" parallel.cp=2 parallel.ep=2 parallel.zero=3 \
-  parallel.zero_group=4 model.attention=fused train.steps=5 &&
-  run hybrid_restart 4 1 1 "${gpt[@]}" parallel.ep=4 parallel.zero=2 \
-    checkpoint.restart="$WORK/hybrid_saved/checkpoints/step_00000005.h5"
+run hybrid_restart 4 1 1 "${gpt[@]}" parallel.ep=4 parallel.zero=2 \
+  checkpoint.restart="$WORK/gpt_ep2_cp2_hybrid_zero3/checkpoints/step_00000005.h5"
 continued gpt_ref hybrid_restart "restart ep = 2 x cp2 hybrid ZeRO-3 step 5 -> ep = 4 ZeRO-2"
 # Whole experts: saved on tp2 x dp2 with ep = 4 folded over them (ZeRO-1), continued on dp2
 # with ep = 2 carved from dp (each expert's rows written whole either way).
-run whole_saved 2 2 1 "${gpt[@]}" parallel.ep=4 parallel.zero=1 "${whole[@]}" train.steps=5 &&
-  run whole_restart 2 1 1 "${gpt[@]}" parallel.ep=2 \
-    checkpoint.restart="$WORK/whole_saved/checkpoints/step_00000005.h5"
+run whole_restart 2 1 1 "${gpt[@]}" parallel.ep=2 \
+  checkpoint.restart="$WORK/gpt_etp1_tp2_dp2_ep4_zero1/checkpoints/step_00000005.h5"
 continued gpt_ref whole_restart "restart expert_tp = 1 ep = 4 over tp2 x dp2 step 5 -> ep = 2 on dp2"
 # The shared experts' tensors are whole in a checkpoint: saved on (1,2,1) with sequence
 # parallelism, continued on ep = 2 under ZeRO-3.
-run shared_saved 1 2 1 "${shared[@]}" parallel.sequence_parallel=true train.steps=5 &&
-  run shared_restart 2 1 1 "${shared[@]}" parallel.ep=2 parallel.zero=3 \
-    checkpoint.restart="$WORK/shared_saved/checkpoints/step_00000005.h5"
+run shared_restart 2 1 1 "${shared[@]}" parallel.ep=2 parallel.zero=3 \
+  checkpoint.restart="$WORK/shared_tp2_sp/checkpoints/step_00000005.h5"
 continued shared_ref shared_restart "shared experts: restart (1,2,1) SP step 5 -> ep = 2 ZeRO-3"
 refused_restart() {  # refused_restart WHAT PATTERN OVERRIDES...: exit 2, the shapes named
   local what=$1 pattern=$2 out rc
@@ -195,7 +190,7 @@ refused_restart() {  # refused_restart WHAT PATTERN OVERRIDES...: exit 2, the sh
 refused_restart "a checkpoint with shared experts, a deck without" \
   "model.moe.shared_experts 2 in the checkpoint, 0 in the deck" "${common[@]}" model.moe.every=2 \
   train.steps=7 run.dir="$WORK/shared_dropped" \
-  checkpoint.restart="$WORK/shared_saved/checkpoints/step_00000005.h5"
+  checkpoint.restart="$WORK/shared_tp2_sp/checkpoints/step_00000005.h5"
 # A dense checkpoint does not restart as an MoE model: the shapes named.
 timeout 120 "$TESSERA" train "$deck" "${common[@]:0:10}" train.steps=2 run.dir="$WORK/dense_saved" \
   >dense_saved.log 2>&1

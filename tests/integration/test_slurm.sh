@@ -142,13 +142,13 @@ printf 'parallel:\n  dp: 2\n' >>"$deck"
 export OMP_NUM_THREADS=1
 cd "$WORK" || exit 1
 # Steps for at least ~25 s of training, from the fastest of 10 steps (a busy machine only makes
-# the runs longer): Slurm's warning comes ~10 s in; the chain needs 150.
+# the runs longer): Slurm's warning comes ~10 s in; the chain needs 100.
 $MPIEXEC -n 2 "$TESSERA" train "$deck" train.steps=10 run.dir="$WORK/calibrate" >calibrate.log 2>&1 ||
   { fail "calibration run"; tail -5 calibrate.log; finish; }
 steps=$("$PYTHON" -c 'import json,sys,math
 ms = [r["ms"] for r in map(json.loads, open(sys.argv[1])) if r["type"] == "train"][2:]
-print(min(3000, max(150, math.ceil(25000 / min(ms)))))' "$WORK/calibrate/metrics.jsonl")
-chain_steps=150
+print(min(3000, max(100, math.ceil(25000 / min(ms)))))' "$WORK/calibrate/metrics.jsonl")
+chain_steps=100
 sed -i -e "s/^  steps: .*/  steps: $steps/" -e "s/^  warmup_steps: .*/  warmup_steps: 10\n  decay_steps: 3000/" "$deck"
 
 t=$SECONDS

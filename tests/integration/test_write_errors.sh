@@ -3,14 +3,15 @@
 # write/pwrite/writev fail with EDQUOT (a project quota), EIO or ENOSPC on one rank for the step-4
 # checkpoint's .tmp, as a quota or a failing target seen by one client would. Inside HDF5's
 # collective calls that rank then takes another path than its peers and every rank would wait for
-# ever; the job must end within a bounded time (kAgreeSeconds plus start-up) with exit 1 and one
+# ever; the job must end within a bounded time (kAgreeSeconds, here shortened to 2 s by
+# TESSERA_TEST_AGREE_SECONDS, plus start-up; each case waits it out) with exit 1 and one
 # line naming the rank, the error and the file, the step-2 checkpoint whole and `latest`, and no
 # .tmp left: on 1 rank, dp = 2 (the failing rank 1 or 0), tp = 2, cp = 2, ZeRO-3 with the space
 # reserved, and ZeRO-3 with the write in the background.
 source "$(dirname "$0")/lib.sh"
 deck=$(tiny_deck write_errors)
 cd "$WORK" || exit 1
-export OMP_NUM_THREADS=1
+export OMP_NUM_THREADS=1 TESSERA_TEST_AGREE_SECONDS=2
 if ! ${CC:-gcc} -O1 -Wall -Wextra -Werror -shared -fPIC -o shim.so \
      "$ROOT/tests/integration/write_fail_shim.c" -ldl 2>shim.err; then
   fail "the shim does not build: $(head -3 shim.err)"
