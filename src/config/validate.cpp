@@ -227,16 +227,12 @@ void validate_device(const Config& c, const Deck& deck) {
                     "is fp32)");
   }
   validate_fp8(c, deck);
-  // The routed experts' GEMMs: a dense model has none (a key that would do nothing is a mistake).
-  if (c.model.moe.experts == 0 && deck.sources[deck.index("device.expert_gemm")].present)
-    deck.fail_key("device.expert_gemm",
-                  "device.expert_gemm is for a mixture of experts (model.moe.experts > 0)");
   at_least(deck, "device.threads", c.device.threads, 0);
   at_most(deck, "device.threads", c.device.threads, limits::kThreads, limits::kThreadsWhy);
 }
 
-// model.moe (and parallel.ep, which only MoE layers have a use for): with experts = 0 every other
-// moe key is a mistake, as the fp8 keys without fp8.
+// model.moe (and parallel.ep, expert_tp and device.expert_gemm, which only MoE layers have a use
+// for): with experts = 0 every other moe key is a mistake, as the fp8 keys without fp8.
 void validate_moe(const Config& c, const Deck& deck) {
   const MoeConfig& e = c.model.moe;
   at_least(deck, "model.moe.experts", e.experts, 0);
@@ -245,8 +241,8 @@ void validate_moe(const Config& c, const Deck& deck) {
   if (e.experts == 0) {
     for (const Field& f : deck.fields) {
       const std::string name = dotted(f);
-      if (name.rfind("model.moe.", 0) == 0 && name != "model.moe.experts" &&
-          deck.sources[deck.index(name)].present)
+      if ((name.rfind("model.moe.", 0) == 0 || name == "device.expert_gemm") &&
+          name != "model.moe.experts" && deck.sources[deck.index(name)].present)
         deck.fail_key(name, name + " needs model.moe.experts > 0 (a dense model has no experts)");
     }
     if (c.parallel.expert_tp != 0)

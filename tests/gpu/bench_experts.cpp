@@ -44,51 +44,42 @@ std::vector<int> split_rows(int rows, int held, bool skewed) {
   return counts;
 }
 
-struct Buffers {
-  void* p = nullptr;
-  explicit Buffers(size_t bytes) {
-    ck(cudaMalloc(&p, bytes), "cudaMalloc");
-    // bf16 0x3c3c: 0.0115, finite everywhere; on the stream the GEMMs run on.
-    ck(cudaMemsetAsync(p, 0x3c, bytes, device::stream()), "cudaMemsetAsync");
+// One MoE layer's expert tensors at a shape, bf16 (their weight gradients fp32), every byte
+// 0x3c (bf16 0x3c3c: 0.0115; fp32 about 0.0115 too): finite everywhere, unlike Dev's NaN poison.
+struct ExpertTensors {
+  size_t R, C, F, E;
+  Dev<gpu::bf16> x, h, a, y, dx, dh, da, dy, fc1, fc2;
+  Dev<float> dfc1, dfc2;
+  explicit ExpertTensors(const ExpertShape& s)
+      : R(size_t(s.rows)), C(size_t(s.C)), F(size_t(s.F)), E(size_t(s.held)),
+        x(R * C), h(R * 2 * F), a(R * F), y(R * C), dx(R * C), dh(R * 2 * F), da(R * F),
+        dy(R * C), fc1(E * 2 * F * C), fc2(E * C * F), dfc1(E * 2 * F * C), dfc2(E * C * F) {
+    for (Dev<gpu::bf16>* d : {&x, &h, &a, &y, &dx, &dh, &da, &dy, &fc1, &fc2}) finite(*d);
+    for (Dev<float>* d : {&dfc1, &dfc2}) finite(*d);
   }
-  ~Buffers() { cudaFree(p); }
   template <typename T>
-  T* at(size_t byte_offset) const {
-    return reinterpret_cast<T*>(static_cast<char*>(p) + byte_offset);
+  static void finite(const Dev<T>& d) {
+    ck(cudaMemsetAsync(d.get(), 0x3c, d.size() * sizeof(T), device::stream()), "cudaMemsetAsync");
   }
 };
 
 // Milliseconds of fc1 + fc2 forward and backward, the median of 5 after 2 untimed.
-double pass_ms(const ExpertShape& s, const std::vector<int>& counts, bool grouped) {
+double pass_ms(const ExpertShape& s, const ExpertTensors& t, const std::vector<int>& counts,
+               bool grouped) {
   using gpu::bf16;
   device::set_grouped_experts(grouped);
   std::vector<int> offsets(counts.size() + 1, 0);
   for (size_t e = 0; e < counts.size(); e++) offsets[e + 1] = offsets[e] + counts[e];
-  const size_t R = size_t(s.rows), C = size_t(s.C), F = size_t(s.F), E = size_t(s.held);
-  const size_t w1 = E * 2 * F * C, w2 = E * C * F;
-  // bf16: x, h (2F), a (F), y, and their gradients; fc1, fc2; fp32: their gradients.
-  const size_t act = R * (C + 2 * F + F + C) * 2, weights = (w1 + w2) * 2, grads = (w1 + w2) * 4;
-  Buffers buf(2 * act + weights + grads);
-  size_t at = 0;
-  auto take = [&](size_t elements, size_t bytes_each) {
-    const size_t here = at;
-    at += (elements * bytes_each + 255) / 256 * 256;
-    return here;
-  };
-  bf16 *x = buf.at<bf16>(take(R * C, 2)), *h = buf.at<bf16>(take(R * 2 * F, 2));
-  bf16 *a = buf.at<bf16>(take(R * F, 2)), *y = buf.at<bf16>(take(R * C, 2));
-  bf16 *dx = buf.at<bf16>(take(R * C, 2)), *dh = buf.at<bf16>(take(R * 2 * F, 2));
-  bf16 *da = buf.at<bf16>(take(R * F, 2)), *dy = buf.at<bf16>(take(R * C, 2));
-  bf16 *fc1 = buf.at<bf16>(take(w1, 2)), *fc2 = buf.at<bf16>(take(w2, 2));
-  float *dfc1 = buf.at<float>(take(w1, 4)), *dfc2 = buf.at<float>(take(w2, 4));
   const int held = s.held;
   auto pass = [&] {
-    gpu::experts_forward<bf16>(h, x, fc1, nullptr, counts.data(), offsets.data(), held, s.C, 2 * s.F);
-    gpu::experts_forward<bf16>(y, a, fc2, nullptr, counts.data(), offsets.data(), held, s.F, s.C);
-    gpu::experts_backward<bf16>(da, dfc2, nullptr, dy, a, fc2, counts.data(), offsets.data(), held,
-                                s.F, s.C);
-    gpu::experts_backward<bf16>(dx, dfc1, nullptr, dh, x, fc1, counts.data(), offsets.data(),
-                                held, s.C, 2 * s.F);
+    gpu::experts_forward<bf16>(t.h, t.x, t.fc1, nullptr, counts.data(), offsets.data(), held,
+                               s.C, 2 * s.F);
+    gpu::experts_forward<bf16>(t.y, t.a, t.fc2, nullptr, counts.data(), offsets.data(), held,
+                               s.F, s.C);
+    gpu::experts_backward<bf16>(t.da, t.dfc2, nullptr, t.dy, t.a, t.fc2, counts.data(),
+                                offsets.data(), held, s.F, s.C);
+    gpu::experts_backward<bf16>(t.dx, t.dfc1, nullptr, t.dh, t.x, t.fc1, counts.data(),
+                                offsets.data(), held, s.C, 2 * s.F);
   };
   cudaEvent_t start, stop;
   ck(cudaEventCreate(&start), "cudaEventCreate");
@@ -99,9 +90,9 @@ double pass_ms(const ExpertShape& s, const std::vector<int>& counts, bool groupe
     pass();
     ck(cudaEventRecord(stop, device::stream()), "cudaEventRecord");
     ck(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float t = 0;
-    ck(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-    if (i >= 2) ms.push_back(t);
+    float t_ms = 0;
+    ck(cudaEventElapsedTime(&t_ms, start, stop), "cudaEventElapsedTime");
+    if (i >= 2) ms.push_back(t_ms);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
@@ -127,14 +118,15 @@ int run_experts_bench(bool tiny) {
   std::printf("experts' GEMMs (fc1 + fc2, forward + backward, bf16): one per expert vs grouped\n");
   std::printf("| shape | rows/expert | experts | loop ms | grouped ms | loop/grouped |\n");
   std::printf("|---|---|---|---|---|---|\n");
-  for (const ExpertShape& s : shapes)
+  for (const ExpertShape& s : shapes) {
+    const ExpertTensors t(s);  // both ways and both row splits on the same tensors
     for (bool skewed : {false, true}) {
       const std::vector<int> counts = split_rows(s.rows, s.held, skewed);
       const int most = *std::max_element(counts.begin(), counts.end());
-      const double loop = pass_ms(s, counts, false);
+      const double loop = pass_ms(s, t, counts, false);
       // A shape this GPU's cuBLAS refuses grouped is a row that says so, not the end of the table.
       try {
-        const double grouped = pass_ms(s, counts, true);
+        const double grouped = pass_ms(s, t, counts, true);
         std::printf("| %s | %s %d | %d | %.3f | %.3f | %.2f |\n", s.name,
                     skewed ? "skewed, max" : "balanced", most, s.held, loop, grouped, loop / grouped);
       } catch (const std::exception& e) {
@@ -144,6 +136,7 @@ int run_experts_bench(bool tiny) {
       }
       std::fflush(stdout);
     }
+  }
   return 0;
 }
 

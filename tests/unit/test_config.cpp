@@ -1144,8 +1144,8 @@ TEST(Config, MoeKeysNestUnderModel) {
   EXPECT_EQ(to_yaml(dense).find("expert_gemm"), std::string::npos);
   // ... and refuses the experts' GEMM choice (it would do nothing).
   EXPECT_EQ(deck_error(kMinimal, {"device.expert_gemm=grouped"}),
-            "command line: device.expert_gemm=grouped: device.expert_gemm is for a mixture of "
-            "experts (model.moe.experts > 0)");
+            "command line: device.expert_gemm=grouped: device.expert_gemm needs "
+            "model.moe.experts > 0 (a dense model has no experts)");
   EXPECT_NE(deck_error(std::string(kMinimal) + "model:\n  moe:\n    experts: 4\n",
                        {"device.expert_gemm=batched"})
                 .find("device.expert_gemm=batched: must be"),

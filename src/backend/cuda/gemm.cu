@@ -44,10 +44,10 @@ void scale_matrices(void* C, cudaDataType_t type, int M, int N, int ldc, long lo
   CUDA_CHECK_LAUNCH();
 }
 
+long g_grouped_calls = 0;  // cublasGemmGroupedBatchedEx calls (grouped_gemm_calls)
+
 // The operand pointers of up to kGroupedProblems products, passed by value: the launch copies
 // them, so the device arrays cuBLAS reads are written in stream order with no host wait.
-long g_grouped_calls = 0;
-
 struct OperandPointers {
   const void* a[device::kGroupedProblems];
   const void* b[device::kGroupedProblems];
@@ -91,27 +91,25 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float
 void gemm_grouped(bool trans_a, bool trans_b, int N, float alpha, const GroupedProduct* products,
                   int count, int lda, int ldb, cudaDataType_t ab_type, int ldc,
                   cudaDataType_t c_type) {
-  if (N <= 0) return;
+  if (N <= 0 || count == 0) return;
   if (c_type != ab_type)  // cuBLAS's grouped call takes A, B and C of one type
     throw std::logic_error("gemm_grouped: C's type differs from A's and B's");
   constexpr int kMax = device::kGroupedProblems;
   void** arrays = device::pointer_scratch();
-  // Column-major as gemm_ex: cuBLAS's A is our B, its B our A, its (m, n) our (N, M_i).
+  // Column-major as gemm_ex: cuBLAS's A is our B, its B our A, its (m, n) our (N, M_i). What
+  // every product shares, once; each product is its own group (their sizes differ).
+  const std::vector<cublasOperation_t> ta(kMax, op(trans_b)), tb(kMax, op(trans_a));
+  const std::vector<int> m(kMax, N), lda_of(kMax, ldb), ldb_of(kMax, lda), ldc_of(kMax, ldc),
+      one(kMax, 1);
+  const std::vector<float> alphas(kMax, alpha);
   OperandPointers p{};
-  std::vector<int> m, n, k, lda_of, ldb_of, ldc_of, one;
-  std::vector<float> alphas, betas;
+  std::vector<int> n, k;
+  std::vector<float> betas;
   auto run = [&] {
     const int g = p.count;
     if (g == 0) return;
     launch<store_pointers_kernel>(1, kMax, 0, stream(), arrays, p);
     CUDA_CHECK_LAUNCH();
-    const std::vector<cublasOperation_t> ta(size_t(g), op(trans_b)), tb(size_t(g), op(trans_a));
-    m.assign(size_t(g), N);
-    lda_of.assign(size_t(g), ldb);
-    ldb_of.assign(size_t(g), lda);
-    ldc_of.assign(size_t(g), ldc);
-    one.assign(size_t(g), 1);  // each product its own group: their sizes differ
-    alphas.assign(size_t(g), alpha);
     CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
         blas(), ta.data(), tb.data(), m.data(), n.data(), k.data(), alphas.data(), arrays,
         ab_type, lda_of.data(), arrays + kMax, ab_type, ldb_of.data(), betas.data(),
